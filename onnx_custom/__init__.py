@@ -1,0 +1,64 @@
+"""onnx-custom: declare once how PyTorch custom ops map to ONNX, export with either exporter,
+run custom nodes in ONNX Runtime with Python kernels, and verify against PyTorch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from onnx_custom import attributes as attr
+from onnx_custom._torchscript import registered
+from onnx_custom.errors import (
+    ExtensionBuildError,
+    KernelError,
+    OnnxCustomError,
+    SymbolicError,
+    UnsupportedOpError,
+    VerificationError,
+)
+from onnx_custom.export import export
+from onnx_custom.registry import Registry, SymbolicEntry, default_registry, symbolic
+from onnx_custom.verify import VerificationReport, verify
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ExtensionBuildError",
+    "InferenceSession",
+    "KernelError",
+    "OnnxCustomError",
+    "Registry",
+    "SymbolicEntry",
+    "SymbolicError",
+    "UnsupportedOpError",
+    "VerificationError",
+    "VerificationReport",
+    "attr",
+    "default_registry",
+    "export",
+    "kernel",
+    "registered",
+    "session_options",
+    "symbolic",
+    "translation_table",
+    "verify",
+]
+
+
+def translation_table(opset: int = 18, registry: Registry | None = None) -> dict[Any, Any]:
+    """``custom_translation_table`` for your own ``torch.onnx.export(..., dynamo=True)``."""
+    from onnx_custom._dynamo import translation_table as build
+
+    return build(opset, registry)
+
+
+def __getattr__(name: str) -> Any:
+    # The kernel host pulls in onnxruntime and a compiled shim: load it only when asked for.
+    if name in ("InferenceSession", "session_options", "kernel", "KernelRegistry", "reference_evaluator"):
+        from onnx_custom import runtime
+
+        return getattr(runtime, name)
+    if name == "check":
+        from onnx_custom.check import check
+
+        return check
+    raise AttributeError(f"module 'onnx_custom' has no attribute {name!r}")

@@ -1,0 +1,116 @@
+"""Which ops of a model have no translation, found in one pass (not one failure per export)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+from typing import Any
+
+import torch
+
+from onnx_custom.names import QualifiedName, Target
+from onnx_custom.registry import Registry, default_registry
+
+__all__ = ["MissingOp", "format_missing", "missing_ops_dynamo", "missing_ops_torchscript"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MissingOp:
+    """An op with no translation at the requested opset (``available``: opsets that have one)."""
+
+    name: str
+    count: int
+    available: tuple[int, ...] = ()
+
+    def describe(self) -> str:
+        where = f"translations exist from opset {list(self.available)}" if self.available else "no translation registered"
+        return f"{self.name} (x{self.count}): {where}"
+
+
+def format_missing(missing: list[MissingOp], exporter: str, opset: int) -> str:
+    lines = [f"{len(missing)} op(s) cannot be exported with the {exporter} exporter at opset {opset}:"]
+    lines += [f"  - {m.describe()}" for m in missing]
+    lines.append(
+        "Fix: register a translation with @onnx_custom.symbolic('<ns>::<op>', opset=N), or pick an "
+        "opset listed above."
+    )
+    return "\n".join(lines)
+
+
+@functools.lru_cache(maxsize=8)
+def _torchlib_supported(opset: int) -> frozenset[Any]:
+    from torch.onnx._internal.exporter import _decomp, _registration
+
+    registry = _registration.ONNXRegistry.from_torchlib(opset)
+    supported = set(_decomp.get_onnx_implemented_overloads(registry))
+    decomposable = set(_decomp.create_onnx_friendly_decomposition_table(supported))
+    return frozenset(supported | decomposable)
+
+
+def _count(names: list[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for name in names:
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def missing_ops_dynamo(exported_program: torch.export.ExportedProgram, opset: int, registry: Registry | None = None) -> list[MissingOp]:
+    """Ops of an ExportedProgram that neither torchlib nor ``registry`` translates at ``opset``."""
+    reg = registry if registry is not None else default_registry()
+    supported = _torchlib_supported(opset)
+    names = []
+    for node in exported_program.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        ns, _, rest = node.target.name().partition("::")
+        op, _, overload = rest.partition(".")
+        target = Target(QualifiedName(ns, op, overload or "default"))
+        if any(e.opset <= opset for e in reg.entries_for(target)):
+            continue
+        if node.target in supported:
+            continue
+        names.append(str(target))
+    return [
+        MissingOp(name, count, tuple(reg.opsets_for(Target(QualifiedName.parse(name)))))
+        for name, count in _count(names).items()
+    ]
+
+
+def _ts_has_symbolic(kind: str, opset: int) -> bool:
+    from torch.onnx._internal.torchscript_exporter import registration
+
+    if kind.endswith("_"):
+        kind = kind[:-1]
+    return registration.registry.is_registered_op(kind, opset)
+
+
+def missing_ops_torchscript(model: torch.nn.Module, args: tuple[Any, ...], opset: int, registry: Registry | None = None) -> list[MissingOp]:
+    """Ops in the traced TorchScript graph with no torch symbolic and no ``registry`` entry."""
+    from onnx_custom._torchscript import registered
+
+    reg = registry if registry is not None else default_registry()
+    with torch.no_grad():
+        graph, *_ = torch.jit._get_trace_graph(model, args)
+    names = []
+    with registered(reg):  # our translations count as torch symbolics inside this block
+        for node in graph.nodes():
+            kind = node.kind()
+            ns = kind.split("::")[0]
+            if ns in ("prim", "onnx") and kind != "prim::PythonOp":
+                continue
+            if kind == "prim::PythonOp":
+                cls = getattr(node.pyobj(), "__self__", None)
+                if cls is not None and hasattr(cls, "symbolic"):
+                    continue
+                names.append(f"prim::PythonOp[{node.pyname()}]")
+                continue
+            if not _ts_has_symbolic(kind, opset):
+                names.append(kind)
+    result = []
+    for name, count in _count(names).items():
+        available: tuple[int, ...] = ()
+        with contextlib.suppress(Exception):
+            available = tuple(reg.opsets_for(Target(QualifiedName.parse(name))))
+        result.append(MissingOp(name, count, available))
+    return result

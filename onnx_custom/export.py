@@ -1,0 +1,254 @@
+"""``onnx_custom.export``: one call, either exporter, our translations scoped to the call."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import onnx
+import torch
+
+from onnx_custom._torchscript import TS_MAX_OPSET, TS_MIN_OPSET, registered
+from onnx_custom.coverage import format_missing, missing_ops_dynamo, missing_ops_torchscript
+from onnx_custom.errors import OnnxCustomError, SymbolicError, UnsupportedOpError
+from onnx_custom.registry import Registry, default_registry
+
+__all__ = ["DEFAULT_OPSET", "EXPORTERS", "MAX_IR_VERSION", "export", "finalize_model"]
+
+DEFAULT_OPSET = 18
+EXPORTERS = ("dynamo", "torchscript")
+MAX_IR_VERSION = 10  # ORT 1.31 accepts <= 13; 10 covers opsets up to 21 and every older runtime
+_PROTOBUF_LIMIT = 2**31 - 1
+_NO_FAKE = re.compile(r"no fake impl registered for (?:<CustomOpDef\()?(?P<op>[\w:.]+)")
+
+
+def _validate(model: Any, args: Any, exporter: str, opset: int) -> tuple[Any, ...]:
+    if exporter not in EXPORTERS:
+        raise OnnxCustomError(f"exporter must be one of {EXPORTERS}, got {exporter!r}.")
+    if not isinstance(model, (torch.nn.Module, torch.export.ExportedProgram)):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}. Wrap functions in an nn.Module.")
+    if not isinstance(opset, int) or isinstance(opset, bool):
+        raise TypeError(f"opset must be an int, got {opset!r}.")
+    if exporter == "torchscript" and not TS_MIN_OPSET <= opset <= TS_MAX_OPSET:
+        raise OnnxCustomError(f"The TorchScript exporter supports opsets {TS_MIN_OPSET}..{TS_MAX_OPSET}, got {opset}.")
+    if exporter == "dynamo" and opset < 18:
+        # The dynamo exporter builds at opset 18 and down-converts; keep going but the
+        # translations themselves see the requested opset.
+        pass
+    if isinstance(args, torch.Tensor):
+        return (args,)
+    if not isinstance(args, tuple):
+        raise TypeError(f"args must be a tuple of example inputs (or one tensor), got {type(args).__name__}.")
+    return args
+
+
+def _custom_domains(model: onnx.ModelProto) -> set[str]:
+    domains: set[str] = set()
+
+    def visit(graph: onnx.GraphProto) -> None:
+        for node in graph.node:
+            if node.domain not in ("", "ai.onnx"):
+                domains.add(node.domain)
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    visit(attr.g)
+                for sub in attr.graphs:
+                    visit(sub)
+
+    visit(model.graph)
+    for function in model.functions:
+        domains.update(n.domain for n in function.node if n.domain not in ("", "ai.onnx"))
+    return domains
+
+
+def finalize_model(model: onnx.ModelProto, domain_versions: dict[str, int] | None = None) -> onnx.ModelProto:
+    """Declare every used domain in ``opset_import`` and set an IR version ORT accepts."""
+    declared = {o.domain for o in model.opset_import}
+    for domain in sorted(_custom_domains(model) - declared):
+        model.opset_import.append(onnx.helper.make_opsetid(domain, (domain_versions or {}).get(domain, 1)))
+    model.ir_version = min(model.ir_version or MAX_IR_VERSION, MAX_IR_VERSION)
+    return model
+
+
+def _save(model: onnx.ModelProto, f: str | os.PathLike[str] | io.IOBase) -> None:
+    if isinstance(f, io.IOBase):
+        f.write(model.SerializeToString())  # type: ignore[arg-type]
+        return
+    path = os.fspath(f)
+    too_big = model.ByteSize() > _PROTOBUF_LIMIT
+    onnx.save_model(
+        model,
+        path,
+        save_as_external_data=too_big,
+        all_tensors_to_one_file=True,
+        location=os.path.basename(path) + ".data" if too_big else None,
+    )
+
+
+def _find_cause(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, kind):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _dynamic_axes(dynamic_shapes: Any, input_names: Sequence[str]) -> dict[str, dict[int, str]]:
+    """torch.export-style ``dynamic_shapes`` -> TorchScript ``dynamic_axes``."""
+    specs = list(dynamic_shapes.values()) if isinstance(dynamic_shapes, dict) else list(dynamic_shapes)
+    axes: dict[str, dict[int, str]] = {}
+    for name, spec in zip(input_names, specs, strict=False):
+        if not spec:
+            continue
+        if isinstance(spec, dict):
+            axes[name] = {int(k): getattr(v, "__name__", f"{name}_dim{k}") for k, v in spec.items()}
+        elif isinstance(spec, (list, tuple)):
+            axes[name] = {i: getattr(v, "__name__", f"{name}_dim{i}") for i, v in enumerate(spec) if v is not None}
+    return axes
+
+
+def _export_torchscript(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, dynamic_shapes: Any, input_names: Any, output_names: Any, kwargs: dict[str, Any]) -> onnx.ModelProto:
+    names = list(input_names) if input_names else [f"input_{i}" for i in range(len(args))]
+    if dynamic_shapes is not None and "dynamic_axes" not in kwargs:
+        kwargs["dynamic_axes"] = _dynamic_axes(dynamic_shapes, names)
+    buffer = io.BytesIO()
+    try:
+        with registered(reg), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            torch.onnx.export(model, args, buffer, dynamo=False, opset_version=opset, input_names=names, output_names=output_names, **kwargs)
+    except torch.onnx.errors.UnsupportedOperatorError as exc:
+        missing = missing_ops_torchscript(model, args, opset, reg)
+        if not missing:
+            raise
+        raise UnsupportedOpError(format_missing(missing, "torchscript", opset), tuple(m.name for m in missing)) from exc
+    except OnnxCustomError:
+        raise
+    except Exception as exc:
+        inner = _find_cause(exc, OnnxCustomError)
+        if inner is not None:
+            raise inner from exc
+        raise
+    return onnx.load_from_string(buffer.getvalue())
+
+
+@contextlib.contextmanager
+def _reject_autograd_functions(reg: Registry) -> Any:
+    """The dynamo exporter silently inlines autograd.Functions, ignoring their translation.
+
+    Make that loud: a registered Function that runs while tracing raises `SymbolicError`.
+    """
+    patched = []
+    for target in reg.targets():
+        cls = target.function
+        if cls is None:
+            continue
+        original = cls.__dict__.get("forward")
+
+        def forward(*a: Any, __cls: type = cls, __orig: Any = original, **k: Any) -> Any:
+            raise SymbolicError(
+                f"{__cls.__qualname__} is a torch.autograd.Function with an onnx-custom translation, "
+                "but the dynamo exporter ignores Function translations (it inlines forward). Fix: "
+                "wrap the computation as a torch.library.custom_op with register_fake and register "
+                "the translation for that op, or export with exporter='torchscript'."
+            )
+
+        cls.forward = staticmethod(forward)  # type: ignore[assignment]
+        patched.append((cls, original))
+    try:
+        yield
+    finally:
+        for cls, original in patched:
+            cls.forward = original  # type: ignore[assignment]
+
+
+def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, dynamic_shapes: Any, input_names: Any, output_names: Any, kwargs: dict[str, Any]) -> onnx.ModelProto:
+    from onnx_custom._dynamo import translation_table
+
+    if isinstance(model, torch.export.ExportedProgram):
+        program = model
+    else:
+        try:
+            with _reject_autograd_functions(reg):
+                program = torch.export.export(model, args, kwargs=kwargs.pop("kwargs", None), dynamic_shapes=dynamic_shapes, strict=False)
+        except Exception as exc:
+            inner = _find_cause(exc, SymbolicError)
+            if inner is not None:
+                raise inner from exc
+            match = _NO_FAKE.search(str(exc))
+            if match:
+                op = match["op"]
+                raise SymbolicError(
+                    f"The custom op {op} has no fake (meta) kernel, which the dynamo exporter needs to "
+                    f"trace it. Fix: add @torch.library.register_fake('{op}') returning empty outputs of "
+                    "the right shape/dtype, or export with exporter='torchscript'."
+                ) from exc
+            raise
+    missing = missing_ops_dynamo(program, opset, reg)
+    if missing:
+        raise UnsupportedOpError(format_missing(missing, "dynamo", opset), tuple(m.name for m in missing))
+    table = translation_table(opset, reg)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            onnx_program = torch.onnx.export(
+                program, args, dynamo=True, opset_version=opset, custom_translation_table=table,
+                input_names=input_names, output_names=output_names, verbose=False, **kwargs,
+            )
+    except Exception as exc:
+        inner = _find_cause(exc, OnnxCustomError)
+        if inner is not None:  # torch wraps translation errors in its own; surface ours
+            raise inner.with_traceback(inner.__traceback__) from exc
+        raise
+    return onnx_program.model_proto  # type: ignore[union-attr]
+
+
+def export(
+    model: torch.nn.Module,
+    args: tuple[Any, ...] | torch.Tensor,
+    f: str | os.PathLike[str] | io.IOBase | None = None,
+    *,
+    exporter: str = "dynamo",
+    opset: int | None = None,
+    dynamic_shapes: Any = None,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
+    registry: Registry | None = None,
+    verify: bool = False,
+    functions: bool = False,
+    **exporter_kwargs: Any,
+) -> onnx.ModelProto:
+    """Export ``model`` with the ``"dynamo"`` or ``"torchscript"`` exporter using our translations.
+
+    The translations are visible only during the call. Every custom domain is declared in
+    ``opset_import`` and the IR version is one ONNX Runtime accepts. With ``f`` the model is written
+    as one self-contained file (external data only past protobuf's 2 GB limit). ``functions=True``
+    embeds the ONNX function bodies of custom nodes that have one (for runtimes without our
+    kernels). ``verify=True`` runs `onnx_custom.verify` and raises on mismatch.
+    """
+    opset = DEFAULT_OPSET if opset is None else opset
+    args = _validate(model, args, exporter, opset)
+    reg = registry if registry is not None else default_registry()
+    if not isinstance(reg, Registry):
+        raise TypeError(f"registry must be an onnx_custom.Registry, got {type(reg).__name__}.")
+    run = _export_dynamo if exporter == "dynamo" else _export_torchscript
+    proto = run(model, args, opset, reg, dynamic_shapes, input_names, output_names, dict(exporter_kwargs))
+    proto = finalize_model(proto)
+    if functions:
+        from onnx_custom.runtime import embed_functions
+
+        proto = embed_functions(proto)
+    if f is not None:
+        _save(proto, f)
+    if verify:
+        from onnx_custom.verify import verify as run_verify
+
+        if isinstance(model, torch.export.ExportedProgram):
+            model = model.module()
+        run_verify(model, args, proto, raise_on_mismatch=True)
+    return proto

@@ -1,0 +1,194 @@
+"""Every bad input gets a clear, typed error (real exporters, no mocks)."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+import onnx_custom
+import onnx_custom.ops.seed
+from onnx_custom import (
+    OnnxCustomError,
+    Registry,
+    SymbolicError,
+    UnsupportedOpError,
+    VerificationError,
+)
+
+EXPORTERS = [("torchscript", 13), ("dynamo", 18)]
+
+
+@torch.library.custom_op("octest::no_translation_a", mutates_args=())
+def no_translation_a(x: torch.Tensor) -> torch.Tensor:
+    return x + 1
+
+
+@no_translation_a.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("octest::no_translation_b", mutates_args=())
+def no_translation_b(x: torch.Tensor) -> torch.Tensor:
+    return x * 3
+
+
+@no_translation_b.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("octest::no_fake", mutates_args=())
+def no_fake(x: torch.Tensor) -> torch.Tensor:
+    return x - 1
+
+
+class TwoMissing(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.octest.no_translation_b(torch.ops.octest.no_translation_a(x))
+
+
+class NoFake(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.octest.no_fake(x)
+
+
+class MyAdd(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mylib.my_add(x, y)
+
+
+ARGS2 = (torch.randn(2, 3), torch.randn(2, 3))
+
+
+@pytest.mark.parametrize(("exporter", "opset"), EXPORTERS, ids=[e for e, _ in EXPORTERS])
+def test_every_missing_op_listed_at_once(exporter: str, opset: int) -> None:
+    with pytest.raises(UnsupportedOpError) as info:
+        onnx_custom.export(TwoMissing(), (torch.randn(3),), exporter=exporter, opset=opset)
+    assert set(info.value.missing) >= {"octest::no_translation_a", "octest::no_translation_b"} or set(info.value.missing) >= {"octest::no_translation_a.default", "octest::no_translation_b.default"}
+    assert exporter in str(info.value) and f"opset {opset}" in str(info.value)
+
+
+def test_missing_fake_under_dynamo() -> None:
+    with pytest.raises(SymbolicError, match=r"octest::no_fake has no fake.*register_fake"):
+        onnx_custom.export(NoFake(), (torch.randn(3),), exporter="dynamo")
+
+
+def test_export_opset_below_every_translation() -> None:
+    class Asinh(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.asinh(x)
+
+    with pytest.raises(UnsupportedOpError, match=r"aten::asinh.*from opset \[9\]"):
+        onnx_custom.export(Asinh(), (torch.randn(3),), exporter="torchscript", opset=8)
+
+
+def _broken_registry(fn) -> Registry:  # type: ignore[no-untyped-def]
+    reg = onnx_custom.default_registry().copy()
+    reg.symbolic("mylib::my_add", opset=1, replace=True)(fn)
+    return reg
+
+
+@pytest.mark.parametrize(("exporter", "opset"), EXPORTERS, ids=[e for e, _ in EXPORTERS])
+def test_wrong_number_of_outputs(exporter: str, opset: int) -> None:
+    def two_outputs(g, a, b):  # type: ignore[no-untyped-def]
+        return g.op("Add", a, b), g.op("Sub", a, b)
+
+    with pytest.raises(SymbolicError, match=r"returned 2 output\(s\) but the torch op has 1"):
+        onnx_custom.export(MyAdd(), ARGS2, exporter=exporter, opset=opset, registry=_broken_registry(two_outputs))
+
+
+@pytest.mark.parametrize(("exporter", "opset"), EXPORTERS, ids=[e for e, _ in EXPORTERS])
+def test_unsupported_attribute_value(exporter: str, opset: int) -> None:
+    def bad_attr(g, a, b):  # type: ignore[no-untyped-def]
+        return g.op("custom::my_add", a, b, alpha={"no": "dicts"})
+
+    with pytest.raises(SymbolicError, match="Attribute 'alpha' has unsupported type dict"):
+        onnx_custom.export(MyAdd(), ARGS2, exporter=exporter, opset=opset, registry=_broken_registry(bad_attr))
+
+
+@pytest.mark.parametrize(("exporter", "opset"), EXPORTERS, ids=[e for e, _ in EXPORTERS])
+def test_python_scalar_input_needs_constant(exporter: str, opset: int) -> None:
+    def scalar_input(g, a, b):  # type: ignore[no-untyped-def]
+        return g.op("Add", a, 2.0)
+
+    with pytest.raises(SymbolicError, match=r"g\.constant\(value, like=x\)"):
+        onnx_custom.export(MyAdd(), ARGS2, exporter=exporter, opset=opset, registry=_broken_registry(scalar_input))
+
+
+def test_autograd_function_under_dynamo_is_refused() -> None:
+    class Double(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):  # type: ignore[no-untyped-def]
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):  # type: ignore[no-untyped-def]
+            return grad * 2
+
+    class UsesFunction(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return Double.apply(x)
+
+    reg = Registry()
+    reg.symbolic(Double, opset=1)(lambda g, x: g.op("Mul", x, g.constant(2.0, like=x)))
+    with pytest.raises(SymbolicError, match=r"autograd.Function.*torch.library.custom_op"):
+        onnx_custom.export(UsesFunction(), (torch.randn(3),), exporter="dynamo", registry=reg)
+    # The same declaration works with the TorchScript exporter, and forward is restored.
+    proto = onnx_custom.export(UsesFunction(), (torch.randn(3),), exporter="torchscript", opset=13, registry=reg, verify=True)
+    assert [n.op_type for n in proto.graph.node if n.op_type != "Constant"] == ["Mul"]
+    assert torch.equal(Double.apply(torch.ones(2)), torch.full((2,), 2.0))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"exporter": "onnxscript"}, OnnxCustomError, "exporter must be one of"),
+        ({"exporter": "torchscript", "opset": 25}, OnnxCustomError, "supports opsets 7..20"),
+        ({"opset": "18"}, TypeError, "opset must be an int"),
+        ({"registry": {}}, TypeError, "registry must be an onnx_custom.Registry"),
+    ],
+    ids=["exporter", "ts-opset", "opset-type", "registry-type"],
+)
+def test_bad_export_arguments(kwargs, error, match) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(error, match=match):
+        onnx_custom.export(MyAdd(), ARGS2, **kwargs)
+
+
+def test_bad_model_and_args() -> None:
+    with pytest.raises(TypeError, match="must be a torch.nn.Module"):
+        onnx_custom.export(lambda x: x, ARGS2)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="args must be a tuple"):
+        onnx_custom.export(MyAdd(), [torch.randn(2)])  # type: ignore[arg-type]
+
+
+def test_verify_flag_raises_on_planted_mismatch() -> None:
+    def three_a_plus_b(g, a, b):  # type: ignore[no-untyped-def]
+        return g.op("Add", g.op("Mul", a, g.constant(3.0, like=a)), b)
+
+    with pytest.raises(VerificationError, match="FAILED"):
+        onnx_custom.export(MyAdd(), ARGS2, exporter="dynamo", registry=_broken_registry(three_a_plus_b), verify=True)
+
+
+def test_verify_structure_mismatch_and_bad_files(tmp_path) -> None:
+    proto = onnx_custom.export(MyAdd(), ARGS2, exporter="dynamo")
+
+    class TwoOutputs(torch.nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return x, y
+
+    with pytest.raises(VerificationError, match=r"returns 2 tensor\(s\).*1 output"):
+        onnx_custom.verify(TwoOutputs(), ARGS2, proto)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        onnx_custom.verify(MyAdd(), ARGS2, tmp_path / "missing.onnx")
+    corrupt = tmp_path / "corrupt.onnx"
+    corrupt.write_bytes(b"\x08\x07garbage" * 10)
+    with pytest.raises(OnnxCustomError, match="corrupt"):
+        onnx_custom.verify(MyAdd(), ARGS2, corrupt)
+    with pytest.raises(VerificationError, match="takes 2 input"):
+        onnx_custom.verify(MyAdd(), (torch.randn(2, 3),), proto)
+    buffer = io.BytesIO()
+    onnx_custom.export(MyAdd(), ARGS2, buffer)
+    assert buffer.getvalue()
