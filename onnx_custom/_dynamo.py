@@ -22,7 +22,7 @@ from onnx_custom.attributes import AttrKind, AttrValue
 from onnx_custom.builder import GraphBuilder
 from onnx_custom.errors import SymbolicError
 from onnx_custom.names import QualifiedName, Target
-from onnx_custom.registry import Registry, SymbolicEntry, default_registry
+from onnx_custom.registry import Registry, SymbolicEntry, resolve_registry
 
 __all__ = ["DynamoBuilder", "resolve_overloads", "translation_table"]
 
@@ -182,7 +182,7 @@ def translation_table(opset: int = 18, registry: Registry | None = None) -> dict
     Only torch ops that exist in this process (their library is loaded) and have a translation
     valid at ``opset`` are included; autograd.Function targets are skipped (TorchScript only).
     """
-    reg = registry if registry is not None else default_registry()
+    reg = resolve_registry(registry)
     if not isinstance(opset, int) or opset < 1:
         raise SymbolicError(f"opset must be a positive int, got {opset!r}.")
     table: dict[torch._ops.OpOverload, Any] = {}

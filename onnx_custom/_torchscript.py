@@ -22,7 +22,7 @@ from onnx_custom.attributes import AttrKind, AttrValue
 from onnx_custom.builder import GraphBuilder
 from onnx_custom.errors import SymbolicError
 from onnx_custom.names import Target
-from onnx_custom.registry import Registry, default_registry
+from onnx_custom.registry import Registry, resolve_registry
 
 __all__ = ["TS_MAX_OPSET", "TS_MIN_OPSET", "TorchScriptBuilder", "registered"]
 
@@ -199,7 +199,7 @@ def registered(registry: Registry | None = None) -> Iterator[Registry]:
     Torch's symbolic table (and any ``symbolic`` attribute of autograd.Functions) is restored to
     its exact previous state on exit, also when the body raises.
     """
-    reg = registry if registry is not None else default_registry()
+    reg = resolve_registry(registry)
     table = ts_registration.registry._registry
     # name -> (group existed before, {opset: previous override or _MISSING})
     touched: dict[str, tuple[bool, dict[int, Any]]] = {}

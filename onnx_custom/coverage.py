@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from onnx_custom.names import QualifiedName, Target
-from onnx_custom.registry import Registry, default_registry
+from onnx_custom.registry import Registry, resolve_registry
 
 __all__ = ["MissingOp", "format_missing", "missing_ops_dynamo", "missing_ops_torchscript"]
 
@@ -57,7 +57,7 @@ def _count(names: list[str]) -> dict[str, int]:
 
 def missing_ops_dynamo(exported_program: torch.export.ExportedProgram, opset: int, registry: Registry | None = None) -> list[MissingOp]:
     """Ops of an ExportedProgram that neither torchlib nor ``registry`` translates at ``opset``."""
-    reg = registry if registry is not None else default_registry()
+    reg = resolve_registry(registry)
     supported = _torchlib_supported(opset)
     names = []
     for node in exported_program.graph.nodes:
@@ -89,7 +89,7 @@ def missing_ops_torchscript(model: torch.nn.Module, args: tuple[Any, ...], opset
     """Ops in the traced TorchScript graph with no torch symbolic and no ``registry`` entry."""
     from onnx_custom._torchscript import registered
 
-    reg = registry if registry is not None else default_registry()
+    reg = resolve_registry(registry)
     with torch.no_grad():
         graph, *_ = torch.jit._get_trace_graph(model, args)
     names = []

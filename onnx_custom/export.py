@@ -13,10 +13,11 @@ from typing import Any
 import onnx
 import torch
 
+from onnx_custom._opset_compat import lower_default_opset
 from onnx_custom._torchscript import TS_MAX_OPSET, TS_MIN_OPSET, registered
 from onnx_custom.coverage import format_missing, missing_ops_dynamo, missing_ops_torchscript
 from onnx_custom.errors import OnnxCustomError, SymbolicError, UnsupportedOpError
-from onnx_custom.registry import Registry, default_registry
+from onnx_custom.registry import Registry, resolve_registry
 
 __all__ = ["DEFAULT_OPSET", "EXPORTERS", "MAX_IR_VERSION", "export", "finalize_model"]
 
@@ -24,6 +25,7 @@ DEFAULT_OPSET = 18
 EXPORTERS = ("dynamo", "torchscript")
 MAX_IR_VERSION = 10  # ORT 1.31 accepts <= 13; 10 covers opsets up to 21 and every older runtime
 _PROTOBUF_LIMIT = 2**31 - 1
+_DYNAMO_NATIVE_OPSET = 18
 _NO_FAKE = re.compile(r"no fake impl registered for (?:<CustomOpDef\()?(?P<op>[\w:.]+)")
 
 
@@ -36,10 +38,6 @@ def _validate(model: Any, args: Any, exporter: str, opset: int) -> tuple[Any, ..
         raise TypeError(f"opset must be an int, got {opset!r}.")
     if exporter == "torchscript" and not TS_MIN_OPSET <= opset <= TS_MAX_OPSET:
         raise OnnxCustomError(f"The TorchScript exporter supports opsets {TS_MIN_OPSET}..{TS_MAX_OPSET}, got {opset}.")
-    if exporter == "dynamo" and opset < 18:
-        # The dynamo exporter builds at opset 18 and down-converts; keep going but the
-        # translations themselves see the requested opset.
-        pass
     if isinstance(args, torch.Tensor):
         return (args,)
     if not isinstance(args, tuple):
@@ -196,8 +194,10 @@ def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry,
     try:
         with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            # Build at >= 18 (the exporter's native opset) and lower ourselves: torch's own
+            # down-conversion silently keeps opset 18 whenever onnx lacks an adapter.
             onnx_program = torch.onnx.export(
-                program, args, dynamo=True, opset_version=opset, custom_translation_table=table,
+                program, args, dynamo=True, opset_version=max(opset, _DYNAMO_NATIVE_OPSET), custom_translation_table=table,
                 input_names=input_names, output_names=output_names, verbose=False, **kwargs,
             )
     except Exception as exc:
@@ -205,7 +205,7 @@ def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry,
         if inner is not None:  # torch wraps translation errors in its own; surface ours
             raise inner.with_traceback(inner.__traceback__) from exc
         raise
-    return onnx_program.model_proto  # type: ignore[union-attr]
+    return lower_default_opset(onnx_program.model_proto, opset)  # type: ignore[union-attr]
 
 
 def export(
@@ -233,9 +233,7 @@ def export(
     """
     opset = DEFAULT_OPSET if opset is None else opset
     args = _validate(model, args, exporter, opset)
-    reg = registry if registry is not None else default_registry()
-    if not isinstance(reg, Registry):
-        raise TypeError(f"registry must be an onnx_custom.Registry, got {type(reg).__name__}.")
+    reg = resolve_registry(registry)
     run = _export_dynamo if exporter == "dynamo" else _export_torchscript
     proto = run(model, args, opset, reg, dynamic_shapes, input_names, output_names, dict(exporter_kwargs))
     proto = finalize_model(proto)

@@ -16,6 +16,7 @@ __all__ = [
     "Registry",
     "SymbolicEntry",
     "default_registry",
+    "resolve_registry",
     "symbolic",
 ]
 
@@ -196,6 +197,15 @@ _default: Registry | None = None
 _default_lock = threading.Lock()
 
 
+def resolve_registry(registry: Registry | None) -> Registry:
+    """``registry`` or the default one; a clear TypeError for anything else."""
+    if registry is None:
+        return default_registry()
+    if not isinstance(registry, Registry):
+        raise TypeError(f"registry must be an onnx_custom.Registry or None, got {type(registry).__name__}. Build one with onnx_custom.Registry() or default_registry().copy().")
+    return registry
+
+
 def default_registry() -> Registry:
     """The registry holding the built-in translations (assembled on first use) plus user ones."""
     global _default
@@ -227,5 +237,5 @@ def symbolic(
     ``opset`` is the first opset the translation is valid for; the highest ``opset`` <= the export
     opset wins. Without ``registry`` it goes to the default registry.
     """
-    reg = registry if registry is not None else default_registry()
+    reg = resolve_registry(registry)
     return reg.symbolic(target, opset=opset, variant=variant, emits=emits, replace=replace)

@@ -88,3 +88,25 @@ def test_translation_scoped_to_the_call() -> None:
 
     onnx_custom.export(AsinhModel(), (torch.randn(3),), exporter="torchscript", opset=9)
     assert registration.registry.get_function_group("aten::asinh") is None or not registration.registry.is_registered_op("aten::asinh", 9)
+
+
+class ReluMyAdd(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mylib.my_add(torch.relu(x), y) * 2
+
+
+@pytest.mark.parametrize("opset", [11, 13, 17])
+def test_dynamo_below_18_is_really_lowered(opset: int) -> None:
+    # torch alone keeps opset 18 here (onnx has no Relu 14->13 adapter) while claiming success.
+    proto = onnx_custom.export(ReluMyAdd(), _args(), exporter="dynamo", opset=opset)
+    assert {o.domain: o.version for o in proto.opset_import}[""] == opset
+    onnx_custom.verify(ReluMyAdd(), _args(), proto)
+
+
+def test_dynamo_lowering_refuses_ops_that_changed_meaning() -> None:
+    class Softmax(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.softmax(x, dim=0)
+
+    with pytest.raises(onnx_custom.OnnxCustomError, match=r"Softmax \(changed at opset 13\).*torchscript"):
+        onnx_custom.export(Softmax(), (torch.randn(3, 4),), exporter="dynamo", opset=11)

@@ -83,3 +83,14 @@ def test_translation_table_custom_variant() -> None:
 def test_translation_table_bad_opset() -> None:
     with pytest.raises(onnx_custom.SymbolicError, match="opset must be a positive int"):
         onnx_custom.translation_table(opset=0)
+
+
+@pytest.mark.parametrize("bad", [{}, "default", 3])
+def test_bad_registry_argument(bad: object) -> None:
+    with pytest.raises(TypeError, match="registry must be an onnx_custom.Registry"):
+        with onnx_custom.registered(bad):  # type: ignore[arg-type]
+            pass
+    with pytest.raises(TypeError, match="registry must be an onnx_custom.Registry"):
+        onnx_custom.translation_table(18, bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="registry must be an onnx_custom.Registry"):
+        onnx_custom.symbolic("mylib::x", registry=bad)  # type: ignore[arg-type]
