@@ -91,7 +91,7 @@ def _numpy_to_onnx(dtype: np.dtype) -> int:
 def _build_onnx_to_torch() -> dict[int, torch.dtype]:
     import onnx
 
-    table = {}
+    table: dict[int, torch.dtype] = {}
     for dt in (torch.float16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128):
         table[onnx.helper.np_dtype_to_tensor_dtype(torch.empty((), dtype=dt).numpy().dtype)] = dt
     table[onnx.TensorProto.BFLOAT16] = torch.bfloat16

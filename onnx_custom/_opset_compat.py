@@ -57,7 +57,7 @@ def _blockers(nodes: list[onnx.NodeProto], target: int, built: int) -> list[str]
         if node.domain not in ("", "ai.onnx"):
             continue
         old, new = _since(node.op_type, target), _since(node.op_type, built)
-        if old is None:
+        if old is None or new is None:
             problems.append(f"{node.op_type} (does not exist at opset {target})")
             continue
         attrs = {a.name for a in node.attribute}

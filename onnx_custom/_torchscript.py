@@ -117,7 +117,7 @@ def _constant(value: Any, typ: Any) -> Any:
     inner = text[len("Optional[") : -1] if optional else text
     desc = {"int": "i", "float": "f", "bool": "b", "str": "s", "List[int]": "is", "List[float]": "fs", "SymInt": "i", "List[SymInt]": "is"}.get(inner)
     if desc is not None:
-        return symbolic_helper._parse_arg(value, desc)
+        return symbolic_helper._parse_arg(value, desc)  # type: ignore[arg-type]
     const = symbolic_helper._maybe_get_const(value, "t")
     if isinstance(const, torch.Tensor):
         return const.item() if const.numel() == 1 else const.tolist()
@@ -180,7 +180,7 @@ def _op_symbolic(registry: Registry, target: Target) -> Any:
 
 def _function_symbolic(registry: Registry, target: Target) -> Any:
     assert target.function is not None
-    params = list(inspect.signature(target.function.forward).parameters)[1:]  # drop ctx
+    params = list(inspect.signature(target.function.forward).parameters)[1:]  # type: ignore[attr-defined]  # drop ctx
 
     def symbolic(ctx: Any, *args: Any) -> Any:
         entry = registry.lookup(target, ctx.opset, exporter="torchscript")
@@ -208,7 +208,7 @@ def registered(registry: Registry | None = None) -> Iterator[Registry]:
         for target in reg.targets():
             if target.function is not None:
                 saved_functions.append((target.function, target.function.__dict__.get("symbolic", _MISSING)))
-                target.function.symbolic = _function_symbolic(reg, target)
+                target.function.symbolic = _function_symbolic(reg, target)  # type: ignore[attr-defined]
                 continue
             assert target.name is not None
             name = target.name.op

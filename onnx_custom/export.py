@@ -119,7 +119,7 @@ def _export_torchscript(model: Any, args: tuple[Any, ...], opset: int, reg: Regi
     try:
         with registered(reg), warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
-            torch.onnx.export(model, args, buffer, dynamo=False, opset_version=opset, input_names=names, output_names=output_names, **kwargs)
+            torch.onnx.export(model, args, buffer, dynamo=False, opset_version=opset, input_names=names, output_names=output_names, **kwargs)  # type: ignore[arg-type]
     except torch.onnx.errors.UnsupportedOperatorError as exc:
         missing = missing_ops_torchscript(model, args, opset, reg)
         if not missing:
@@ -156,13 +156,13 @@ def _reject_autograd_functions(reg: Registry) -> Any:
                 "the translation for that op, or export with exporter='torchscript'."
             )
 
-        cls.forward = staticmethod(forward)  # type: ignore[assignment]
+        cls.forward = staticmethod(forward)  # type: ignore[attr-defined]
         patched.append((cls, original))
     try:
         yield
     finally:
         for cls, original in patched:
-            cls.forward = original  # type: ignore[assignment]
+            cls.forward = original  # type: ignore[attr-defined]
 
 
 def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, dynamic_shapes: Any, input_names: Any, output_names: Any, kwargs: dict[str, Any]) -> onnx.ModelProto:
@@ -197,7 +197,7 @@ def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry,
             # Build at >= 18 (the exporter's native opset) and lower ourselves: torch's own
             # down-conversion silently keeps opset 18 whenever onnx lacks an adapter.
             onnx_program = torch.onnx.export(
-                program, args, dynamo=True, opset_version=max(opset, _DYNAMO_NATIVE_OPSET), custom_translation_table=table,
+                program, args, dynamo=True, opset_version=max(opset, _DYNAMO_NATIVE_OPSET), custom_translation_table=table,  # type: ignore[arg-type]
                 input_names=input_names, output_names=output_names, verbose=False, **kwargs,
             )
     except Exception as exc:
@@ -240,7 +240,7 @@ def export(
     if functions:
         from onnx_custom.runtime import embed_functions
 
-        proto = embed_functions(proto)
+        proto = embed_functions(proto)  # type: ignore[operator]
     if f is not None:
         _save(proto, f)
     if verify:
