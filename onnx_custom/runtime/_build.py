@@ -1,0 +1,114 @@
+"""Compile the C shim on first use and load it.
+
+The shared object is both a CPython extension (imported here) and an ONNX Runtime custom-op
+library (loaded by ORT from the same absolute path, so both see one copy of its globals). It is
+cached under ``$ONNX_CUSTOM_CACHE_DIR`` (default ``~/.cache/onnx_custom``)/``ort_shim/<key>/``,
+where the key hashes the C source, the Python ABI, numpy's and onnxruntime's versions. A build
+goes to a temporary file first and is renamed into place, so concurrent first uses are safe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+from pathlib import Path
+from types import ModuleType
+
+from onnx_custom.errors import ExtensionBuildError
+
+__all__ = ["MODULE_NAME", "cache_root", "load_shim", "shim_path"]
+
+MODULE_NAME = "_onnx_custom_shim"
+_SOURCE = Path(__file__).with_name("_shim.c")
+_lock = threading.Lock()
+_loaded: tuple[ModuleType, str] | None = None
+
+
+def cache_root() -> Path:
+    """Folder holding cached native builds (override with ``ONNX_CUSTOM_CACHE_DIR``)."""
+    env = os.environ.get("ONNX_CUSTOM_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "onnx_custom"
+
+
+def _build_key(source: bytes) -> str:
+    import numpy
+    import onnxruntime
+
+    h = hashlib.sha256(source)
+    for part in (sys.version, sysconfig.get_config_var("EXT_SUFFIX") or "", numpy.__version__,
+                 onnxruntime.__version__):
+        h.update(part.encode())
+    return h.hexdigest()[:16]
+
+
+def _compiler() -> str:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name.split()[0]):
+            return name
+    raise ExtensionBuildError(
+        "onnx-custom needs a C compiler to build its ONNX Runtime kernel shim: expected `cc`, `gcc` "
+        "or `clang` on PATH (or $CC), found none; fix: install one (e.g. `apt-get install gcc`)."
+    )
+
+
+def _compile(source: Path, target: Path) -> None:
+    import numpy
+
+    cc = _compiler()
+    py_inc = sysconfig.get_paths()["include"]
+    if not (Path(py_inc) / "Python.h").exists():
+        raise ExtensionBuildError(
+            f"Python headers not found: expected {py_inc}/Python.h; fix: install the Python "
+            f"development package (e.g. `apt-get install python{sys.version_info.major}."
+            f"{sys.version_info.minor}-dev`)."
+        )
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    cmd = [*cc.split(), "-shared", "-fPIC", "-O2", "-std=c11", "-D_GNU_SOURCE",
+           f"-I{py_inc}", f"-I{numpy.get_include()}", str(source), "-o", tmp]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise ExtensionBuildError(
+                f"compiling the ONNX Runtime kernel shim failed (exit {proc.returncode}).\n"
+                f"command: {' '.join(cmd)}\n{proc.stderr[-4000:]}"
+            )
+        os.replace(tmp, target)  # atomic: a concurrent builder's identical file is fine too
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def shim_path() -> Path:
+    """Path of the compiled shim, building it if needed."""
+    source = _SOURCE.read_bytes()
+    folder = cache_root() / "ort_shim" / _build_key(source)
+    target = folder / f"{MODULE_NAME}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
+    if not target.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        _compile(_SOURCE, target)
+    return target
+
+
+def load_shim() -> tuple[ModuleType, str]:
+    """Import the shim (once per process); returns ``(module, absolute_path)``."""
+    global _loaded
+    with _lock:
+        if _loaded is None:
+            path = str(shim_path().resolve())
+            loader = importlib.machinery.ExtensionFileLoader(MODULE_NAME, path)
+            spec = importlib.util.spec_from_file_location(MODULE_NAME, path, loader=loader)
+            if spec is None:
+                raise ExtensionBuildError(f"cannot load the kernel shim from {path}")
+            module = importlib.util.module_from_spec(spec)
+            loader.exec_module(module)
+            _loaded = (module, path)
+        return _loaded

@@ -1,0 +1,1192 @@
+/* onnx-custom kernel host: a CPython extension that is also an ONNX Runtime custom-op library.
+ *
+ * Python imports this file's shared object as a module, describes kernels with make_op(), queues
+ * them with set_pending(), then asks ORT to load the very same file
+ * (SessionOptions.register_custom_ops_library). ORT calls RegisterCustomOps(), which adds the
+ * queued ops. Every kernel invocation crosses into Python exactly once.
+ *
+ * ORT's headers are not available here: the few declarations below are written from the public
+ * C API description (struct OrtCustomOp field order, 0-based OrtApi slot indices). Only the
+ * OrtApiBase pointer that ORT hands to RegisterCustomOps is used, never another ORT copy.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#define PY_ARRAY_UNIQUE_SYMBOL onnx_custom_shim_ARRAY_API
+#include <numpy/arrayobject.h>
+#include <stdint.h>
+#include <string.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdbool.h>
+
+#if PY_VERSION_HEX >= 0x030D0000
+#define OC_FINALIZING() Py_IsFinalizing()
+#else
+#define OC_FINALIZING() _Py_IsFinalizing()
+#endif
+
+/* ---- minimal ABI declarations ------------------------------------------------------------ */
+typedef struct OrtStatus OrtStatus;
+typedef struct OrtApiBase {
+  const void* (*GetApi)(uint32_t version);
+  const char* (*GetVersionString)(void);
+} OrtApiBase;
+
+enum { ORT_OK_ = 0, ORT_FAIL_ = 1, ORT_INVALID_ARGUMENT_ = 2 };
+enum { CHAR_REQUIRED = 0, CHAR_OPTIONAL = 1, CHAR_VARIADIC = 2 };
+enum { ATTR_UNDEF = 0, ATTR_INT = 1, ATTR_INTS = 2, ATTR_FLOAT = 3, ATTR_FLOATS = 4, ATTR_STRING = 5,
+       ATTR_STRINGS = 6 };
+enum { RULE_LIKE0 = 0, RULE_BROADCAST = 1, RULE_PY = 2 };
+
+/* 0-based slots in struct OrtApi (append-only across ORT releases). */
+enum {
+  S_CreateStatus = 0, S_GetErrorCode = 1, S_GetErrorMessage = 2,
+  S_CreateCustomOpDomain = 26, S_CustomOpDomain_Add = 27, S_AddCustomOpDomain = 28,
+  S_GetTensorMutableData = 51, S_CastTypeInfoToTensorInfo = 55,
+  S_CreateTensorTypeAndShapeInfo = 57, S_SetTensorElementType = 58, S_SetDimensions = 59,
+  S_GetTensorElementType = 60, S_GetDimensionsCount = 61, S_GetDimensions = 62,
+  S_GetSymbolicDimensions = 63, S_GetTensorTypeAndShape = 65,
+  S_AllocatorFree = 76, S_GetAllocatorWithDefaultOptions = 78,
+  S_KernelInfoGetAttribute_float = 85, S_KernelInfoGetAttribute_int64 = 86,
+  S_KernelInfoGetAttribute_string = 87,
+  S_KernelContext_GetInputCount = 88, S_KernelContext_GetOutputCount = 89,
+  S_KernelContext_GetInput = 90, S_KernelContext_GetOutput = 91,
+  S_ReleaseStatus = 93, S_ReleaseTypeInfo = 98, S_ReleaseTensorTypeAndShapeInfo = 99,
+  S_KernelInfoGetAttributeArray_float = 162, S_KernelInfoGetAttributeArray_int64 = 163,
+  S_KernelInfo_GetInputCount = 230, S_KernelInfo_GetOutputCount = 231,
+  S_KernelInfo_GetInputTypeInfo = 234, S_KernelInfo_GetOutputTypeInfo = 235,
+  S_ShapeInferContext_GetInputCount = 267, S_ShapeInferContext_GetInputTypeShape = 268,
+  S_ShapeInferContext_GetAttribute = 269, S_ShapeInferContext_SetOutputTypeShape = 270,
+  S_SetSymbolicDimensions = 271, S_ReadOpAttr = 272,
+  S_KernelInfo_GetOperatorType = 393,
+  S_TensorTypeAndShape_HasShape = 390,
+  S_GetTensorElementTypeAndShapeDataReference = 414,
+  S_KernelInfoGetAttributeArray_string = 417,
+};
+
+typedef OrtStatus* (*fn_CreateStatus)(int, const char*);
+typedef int (*fn_GetErrorCode)(const OrtStatus*);
+typedef const char* (*fn_GetErrorMessage)(const OrtStatus*);
+typedef void (*fn_Release)(void*);
+typedef OrtStatus* (*fn_p_pp)(const void*, void**);
+typedef OrtStatus* (*fn_pp)(void**);
+typedef OrtStatus* (*fn_p_p)(void*, const void*);
+typedef OrtStatus* (*fn_cstr_pp)(const char*, void**);
+typedef OrtStatus* (*fn_p_sz)(const void*, size_t*);
+typedef OrtStatus* (*fn_p_sz_pp)(const void*, size_t, void**);
+typedef OrtStatus* (*fn_GetOutput)(void*, size_t, const int64_t*, size_t, void**);
+typedef OrtStatus* (*fn_GetElemType)(const void*, int*);
+typedef OrtStatus* (*fn_GetDims)(const void*, int64_t*, size_t);
+typedef OrtStatus* (*fn_GetSymDims)(const void*, const char**, size_t);
+typedef OrtStatus* (*fn_SetElemType)(void*, int);
+typedef OrtStatus* (*fn_SetDims)(void*, const int64_t*, size_t);
+typedef OrtStatus* (*fn_SetSymDims)(void*, const char**, size_t);
+typedef OrtStatus* (*fn_SetOutputTypeShape)(const void*, size_t, const void*);
+typedef OrtStatus* (*fn_ReadOpAttr)(const void*, int, void*, size_t, size_t*);
+typedef OrtStatus* (*fn_GetAttrByName)(const void*, const char*, const void**);
+typedef OrtStatus* (*fn_AttrF)(const void*, const char*, float*);
+typedef OrtStatus* (*fn_AttrI)(const void*, const char*, int64_t*);
+typedef OrtStatus* (*fn_AttrS)(const void*, const char*, char*, size_t*);
+typedef OrtStatus* (*fn_AttrArrF)(const void*, const char*, float*, size_t*);
+typedef OrtStatus* (*fn_AttrArrI)(const void*, const char*, int64_t*, size_t*);
+typedef OrtStatus* (*fn_AttrArrS)(const void*, const char*, void*, char***, size_t*);
+typedef OrtStatus* (*fn_AllocatorFree)(void*, void*);
+typedef OrtStatus* (*fn_ElemShapeRef)(const void*, int*, const int64_t**, size_t*);
+typedef OrtStatus* (*fn_StrOut)(const void*, char*, size_t*);
+typedef bool (*fn_HasShape)(const void*);
+
+/* Field order of struct OrtCustomOp (version 17 layout plus the later tail, all filled). */
+typedef struct CustomOpAbi {
+  uint32_t version;
+  void* (*CreateKernel)(const void* op, const void* api, const void* info);
+  const char* (*GetName)(const void* op);
+  const char* (*GetExecutionProviderType)(const void* op);
+  int (*GetInputType)(const void* op, size_t index);
+  size_t (*GetInputTypeCount)(const void* op);
+  int (*GetOutputType)(const void* op, size_t index);
+  size_t (*GetOutputTypeCount)(const void* op);
+  void (*KernelCompute)(void* kernel, void* context);
+  void (*KernelDestroy)(void* kernel);
+  int (*GetInputCharacteristic)(const void* op, size_t index);
+  int (*GetOutputCharacteristic)(const void* op, size_t index);
+  int (*GetInputMemoryType)(const void* op, size_t index);
+  int (*GetVariadicInputMinArity)(const void* op);
+  int (*GetVariadicInputHomogeneity)(const void* op);
+  int (*GetVariadicOutputMinArity)(const void* op);
+  int (*GetVariadicOutputHomogeneity)(const void* op);
+  OrtStatus* (*CreateKernelV2)(const void* op, const void* api, const void* info, void** kernel);
+  OrtStatus* (*KernelComputeV2)(void* kernel, void* context);
+  OrtStatus* (*InferOutputShapeFn)(const void* op, void* ctx);
+  int (*GetStartVersion)(const void* op);
+  int (*GetEndVersion)(const void* op);
+  size_t (*GetMayInplace)(int** input_index, int** output_index);
+  void (*ReleaseMayInplace)(int* input_index, int* output_index);
+  size_t (*GetAliasMap)(int** input_index, int** output_index);
+  void (*ReleaseAliasMap)(int* input_index, int* output_index);
+} CustomOpAbi;
+
+/* ---- our objects ------------------------------------------------------------------------- */
+typedef struct AttrDesc {
+  char* name;
+  int kind;
+} AttrDesc;
+
+/* One per (kernel spec, domain, op type); allocated once and never freed (ORT keeps pointers). */
+typedef struct Op {
+  CustomOpAbi abi; /* must stay first: ORT passes &abi back to us */
+  char* name;
+  char* qualname;
+  size_t n_in, n_out;
+  int* in_char;
+  int* out_char;
+  size_t n_attrs;
+  AttrDesc* attrs;
+  int rule;
+  int out_mode;         /* kernel writes into preallocated outputs passed as out= */
+  PyObject* bind;       /* bind(attrs, missing, input_elems) -> (fn, kwargs, shape_fn or None) */
+  PyObject* infer;      /* infer(inputs: list, attrs: dict) -> list[(elem, dims)] */
+} Op;
+
+typedef struct Kernel {
+  Op* op;
+  PyObject* fn;
+  PyObject* kwargs;
+  PyObject* shape_fn;
+  size_t n_static;
+  int64_t* static_rank; /* -1: unknown */
+  int64_t** static_dims;
+} Kernel;
+
+static const void* const* g_api = NULL; /* OrtApi function table from ORT's OrtApiBase */
+static int g_api_version = 0;
+static PyObject* g_descr[32];           /* ONNX element type -> numpy dtype (owned refs) */
+static PyObject* g_format_error = NULL; /* format_error(qualname, exc) -> str */
+static PyObject* g_out_key = NULL;
+static volatile int g_shutdown = 0;
+
+#define API(slot, type) ((type)(g_api[(slot)]))
+
+static OrtStatus* make_status(int code, const char* msg) {
+  return API(S_CreateStatus, fn_CreateStatus)(code, msg);
+}
+
+static void release_status(OrtStatus* st) {
+  if (st) API(S_ReleaseStatus, fn_Release)(st);
+}
+
+/* Turns the pending Python exception into an ORT status carrying the traceback text. */
+static OrtStatus* status_from_pyerr(const Op* op) {
+  PyObject *etype = NULL, *exc = NULL, *etb = NULL;
+  PyErr_Fetch(&etype, &exc, &etb);
+  PyErr_NormalizeException(&etype, &exc, &etb);
+  if (exc && etb) PyException_SetTraceback(exc, etb);
+  Py_XDECREF(etype);
+  Py_XDECREF(etb);
+  PyObject* text = NULL;
+  if (g_format_error && exc) {
+    text = PyObject_CallFunction(g_format_error, "sO", op ? op->qualname : "?", exc);
+  }
+  OrtStatus* st;
+  if (text && PyUnicode_Check(text)) {
+    st = make_status(ORT_FAIL_, PyUnicode_AsUTF8(text));
+  } else {
+    PyErr_Clear();
+    st = make_status(ORT_FAIL_, "onnx-custom: Python kernel failed (error text unavailable)");
+  }
+  Py_XDECREF(text);
+  Py_XDECREF(exc);
+  PyErr_Clear();
+  return st;
+}
+
+static OrtStatus* status_fmt(const Op* op, const char* fmt, ...) {
+  char buf[1024];
+  int off = snprintf(buf, sizeof buf, "onnx-custom kernel %s: ", op ? op->qualname : "?");
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf + off, sizeof buf - (size_t)off, fmt, ap);
+  va_end(ap);
+  return make_status(ORT_FAIL_, buf);
+}
+
+/* ---- OrtCustomOp callbacks ---------------------------------------------------------------- */
+static const char* op_get_name(const void* op) { return ((const Op*)op)->name; }
+static const char* op_get_ep(const void* op) { (void)op; return "CPUExecutionProvider"; }
+static int op_type_undefined(const void* op, size_t i) { (void)op; (void)i; return 0; }
+static size_t op_in_count(const void* op) { return ((const Op*)op)->n_in; }
+static size_t op_out_count(const void* op) { return ((const Op*)op)->n_out; }
+static int op_in_char(const void* op, size_t i) {
+  const Op* o = op;
+  return i < o->n_in ? o->in_char[i] : CHAR_REQUIRED;
+}
+static int op_out_char(const void* op, size_t i) {
+  const Op* o = op;
+  return i < o->n_out ? o->out_char[i] : CHAR_REQUIRED;
+}
+static int op_mem_default(const void* op, size_t i) { (void)op; (void)i; return 0; }
+static int op_one(const void* op) { (void)op; return 1; }
+static int op_zero(const void* op) { (void)op; return 0; }
+static int op_end_version(const void* op) { (void)op; return INT_MAX; }
+static size_t op_no_pairs(int** a, int** b) { *a = NULL; *b = NULL; return 0; }
+static void op_release_pairs(int* a, int* b) { (void)a; (void)b; }
+static void* op_create_kernel_v1(const void* op, const void* api, const void* info) {
+  (void)op; (void)api; (void)info;
+  return NULL; /* never used: ORT takes CreateKernelV2 for version >= 16 */
+}
+static void op_compute_v1(void* k, void* ctx) { (void)k; (void)ctx; }
+
+static int interpreter_alive(void) {
+  return !g_shutdown && Py_IsInitialized() && !OC_FINALIZING();
+}
+
+static void kernel_free(Kernel* k) {
+  if (!k) return;
+  if (k->static_dims) {
+    for (size_t i = 0; i < k->n_static; i++) free(k->static_dims[i]);
+  }
+  free(k->static_dims);
+  free(k->static_rank);
+  free(k);
+}
+
+static void op_kernel_destroy(void* kp) {
+  Kernel* k = kp;
+  if (!k) return;
+  if (interpreter_alive()) {
+    PyGILState_STATE gs = PyGILState_Ensure();
+    Py_XDECREF(k->fn);
+    Py_XDECREF(k->kwargs);
+    Py_XDECREF(k->shape_fn);
+    PyGILState_Release(gs);
+  } /* else: the interpreter is gone; leaking the references is the only safe choice */
+  kernel_free(k);
+}
+
+/* Reads one declared attribute into a Python value; *missing set when the node lacks it. */
+static PyObject* read_kernel_attr(const void* info, const AttrDesc* a, int* missing) {
+  OrtStatus* st = NULL;
+  *missing = 0;
+  switch (a->kind) {
+    case ATTR_INT: {
+      int64_t v = 0;
+      st = API(S_KernelInfoGetAttribute_int64, fn_AttrI)(info, a->name, &v);
+      if (st) { release_status(st); *missing = 1; return NULL; }
+      return PyLong_FromLongLong(v);
+    }
+    case ATTR_FLOAT: {
+      float v = 0;
+      st = API(S_KernelInfoGetAttribute_float, fn_AttrF)(info, a->name, &v);
+      if (st) { release_status(st); *missing = 1; return NULL; }
+      return PyFloat_FromDouble((double)v);
+    }
+    case ATTR_STRING: {
+      size_t n = 0;
+      st = API(S_KernelInfoGetAttribute_string, fn_AttrS)(info, a->name, NULL, &n);
+      if (st) { release_status(st); *missing = 1; return NULL; }
+      char* buf = malloc(n + 1);
+      if (!buf) return PyErr_NoMemory();
+      st = API(S_KernelInfoGetAttribute_string, fn_AttrS)(info, a->name, buf, &n);
+      if (st) { free(buf); release_status(st); *missing = 1; return NULL; }
+      buf[n ? n - 1 : 0] = '\0';
+      PyObject* s = PyUnicode_FromString(buf);
+      free(buf);
+      return s;
+    }
+    case ATTR_INTS:
+    case ATTR_FLOATS: {
+      size_t n = 0;
+      int is_int = a->kind == ATTR_INTS;
+      st = is_int ? API(S_KernelInfoGetAttributeArray_int64, fn_AttrArrI)(info, a->name, NULL, &n)
+                  : API(S_KernelInfoGetAttributeArray_float, fn_AttrArrF)(info, a->name, NULL, &n);
+      if (st) { release_status(st); *missing = 1; return NULL; }
+      void* buf = malloc((n ? n : 1) * 8);
+      if (!buf) return PyErr_NoMemory();
+      if (n) {
+        st = is_int ? API(S_KernelInfoGetAttributeArray_int64, fn_AttrArrI)(info, a->name, buf, &n)
+                    : API(S_KernelInfoGetAttributeArray_float, fn_AttrArrF)(info, a->name, buf, &n);
+        if (st) { free(buf); release_status(st); *missing = 1; return NULL; }
+      }
+      PyObject* lst = PyList_New((Py_ssize_t)n);
+      for (size_t i = 0; lst && i < n; i++) {
+        PyObject* v = is_int ? PyLong_FromLongLong(((int64_t*)buf)[i])
+                             : PyFloat_FromDouble((double)((float*)buf)[i]);
+        PyList_SET_ITEM(lst, (Py_ssize_t)i, v);
+      }
+      free(buf);
+      return lst;
+    }
+    case ATTR_STRINGS: {
+      if (g_api_version < 30) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "STRINGS attributes need onnxruntime >= 1.30 (KernelInfoGetAttributeArray_string)");
+        return NULL;
+      }
+      void* alloc = NULL;
+      st = API(S_GetAllocatorWithDefaultOptions, fn_pp)(&alloc);
+      if (st) { release_status(st); PyErr_SetString(PyExc_RuntimeError, "no ORT allocator"); return NULL; }
+      char** strs = NULL;
+      size_t n = 0;
+      st = API(S_KernelInfoGetAttributeArray_string, fn_AttrArrS)(info, a->name, alloc, &strs, &n);
+      if (st) { release_status(st); *missing = 1; return NULL; }
+      PyObject* lst = PyList_New((Py_ssize_t)n);
+      for (size_t i = 0; i < n; i++) {
+        if (lst) PyList_SET_ITEM(lst, (Py_ssize_t)i, PyUnicode_FromString(strs[i] ? strs[i] : ""));
+        if (strs[i]) release_status(API(S_AllocatorFree, fn_AllocatorFree)(alloc, strs[i]));
+      }
+      if (strs) release_status(API(S_AllocatorFree, fn_AllocatorFree)(alloc, strs));
+      return lst;
+    }
+    default:
+      PyErr_Format(PyExc_RuntimeError, "unsupported attribute kind %d", a->kind);
+      return NULL;
+  }
+}
+
+/* Static output shapes ORT inferred for this node: used to reject wrongly shaped results. */
+static void read_static_shapes(Kernel* k, const void* info) {
+  size_t n = 0;
+  OrtStatus* st = API(S_KernelInfo_GetOutputCount, fn_p_sz)(info, &n);
+  if (st) { release_status(st); return; }
+  k->n_static = n;
+  k->static_rank = calloc(n ? n : 1, sizeof(int64_t));
+  k->static_dims = calloc(n ? n : 1, sizeof(int64_t*));
+  for (size_t i = 0; i < n; i++) {
+    k->static_rank[i] = -1;
+    void* tinfo = NULL;
+    st = API(S_KernelInfo_GetOutputTypeInfo, fn_p_sz_pp)(info, i, &tinfo);
+    if (st) { release_status(st); continue; }
+    const void* tsi = NULL;
+    st = API(S_CastTypeInfoToTensorInfo, fn_p_pp)(tinfo, (void**)&tsi);
+    if (!st && tsi) {
+      size_t r = 0;
+      OrtStatus* s2 = API(S_GetDimensionsCount, fn_p_sz)(tsi, &r);
+      if (!s2 && r > 0) {
+        int64_t* d = calloc(r, sizeof(int64_t));
+        if (d && !(s2 = API(S_GetDimensions, fn_GetDims)(tsi, d, r))) {
+          k->static_rank[i] = (int64_t)r;
+          k->static_dims[i] = d;
+        } else {
+          free(d);
+        }
+      }
+      release_status(s2);
+    }
+    release_status(st);
+    API(S_ReleaseTypeInfo, fn_Release)(tinfo);
+  }
+}
+
+/* Static element types of the node's inputs (0 where unknown or absent). */
+static PyObject* read_input_elems(const void* info) {
+  size_t n = 0;
+  OrtStatus* st = API(S_KernelInfo_GetInputCount, fn_p_sz)(info, &n);
+  if (st) { release_status(st); n = 0; }
+  PyObject* lst = PyList_New((Py_ssize_t)n);
+  for (size_t i = 0; lst && i < n; i++) {
+    int elem = 0;
+    void* tinfo = NULL;
+    st = API(S_KernelInfo_GetInputTypeInfo, fn_p_sz_pp)(info, i, &tinfo);
+    if (!st && tinfo) {
+      const void* tsi = NULL;
+      st = API(S_CastTypeInfoToTensorInfo, fn_p_pp)(tinfo, (void**)&tsi);
+      if (!st && tsi) st = API(S_GetTensorElementType, fn_GetElemType)(tsi, &elem);
+      API(S_ReleaseTypeInfo, fn_Release)(tinfo);
+    }
+    release_status(st);
+    PyList_SET_ITEM(lst, (Py_ssize_t)i, PyLong_FromLong(elem));
+  }
+  return lst;
+}
+
+static OrtStatus* op_create_kernel_v2(const void* opp, const void* api, const void* info, void** out) {
+  (void)api;
+  const Op* op = opp;
+  *out = NULL;
+  if (!interpreter_alive()) return make_status(ORT_FAIL_, "onnx-custom: Python interpreter is shutting down");
+  Kernel* k = calloc(1, sizeof(Kernel));
+  if (!k) return make_status(ORT_FAIL_, "onnx-custom: out of memory");
+  k->op = (Op*)op;
+  read_static_shapes(k, info);
+  OrtStatus* result = NULL;
+  PyGILState_STATE gs = PyGILState_Ensure();
+  PyObject* attrs = PyDict_New();
+  PyObject* missing_list = PyList_New(0);
+  PyObject* bound = NULL;
+  PyObject* elems = read_input_elems(info);
+  for (size_t i = 0; attrs && missing_list && i < op->n_attrs; i++) {
+    int missing = 0;
+    PyObject* v = read_kernel_attr(info, &op->attrs[i], &missing);
+    if (v) {
+      PyDict_SetItemString(attrs, op->attrs[i].name, v);
+      Py_DECREF(v);
+    } else if (missing) {
+      PyObject* nm = PyUnicode_FromString(op->attrs[i].name);
+      PyList_Append(missing_list, nm);
+      Py_XDECREF(nm);
+    } else {
+      goto error;
+    }
+  }
+  if (!attrs || !missing_list || !elems) goto error;
+  bound = PyObject_CallFunctionObjArgs(op->bind, attrs, missing_list, elems, NULL);
+  if (!bound) goto error;
+  if (!PyTuple_Check(bound) || PyTuple_GET_SIZE(bound) != 3) {
+    PyErr_SetString(PyExc_TypeError, "internal: bind() must return (fn, kwargs, shape_fn)");
+    goto error;
+  }
+  k->fn = PyTuple_GET_ITEM(bound, 0);
+  k->kwargs = PyTuple_GET_ITEM(bound, 1);
+  k->shape_fn = PyTuple_GET_ITEM(bound, 2);
+  Py_INCREF(k->fn);
+  Py_INCREF(k->kwargs);
+  Py_INCREF(k->shape_fn);
+  *out = k;
+  goto done;
+error:
+  result = status_from_pyerr(op);
+  kernel_free(k);
+done:
+  Py_XDECREF(bound);
+  Py_XDECREF(attrs);
+  Py_XDECREF(missing_list);
+  Py_XDECREF(elems);
+  PyGILState_Release(gs);
+  return result;
+}
+
+/* Element type, dims and data of one tensor OrtValue. */
+static OrtStatus* tensor_view(const void* value, int* elem, int64_t* dims, size_t* rank, void** data) {
+  OrtStatus* st;
+  if (g_api_version >= 25) {
+    const int64_t* shp = NULL;
+    size_t n = 0;
+    st = API(S_GetTensorElementTypeAndShapeDataReference, fn_ElemShapeRef)(value, elem, &shp, &n);
+    if (st) return st;
+    if (n > 32) return make_status(ORT_FAIL_, "onnx-custom: tensors of rank > 32 are not supported");
+    if (n) memcpy(dims, shp, n * sizeof(int64_t));
+    *rank = n;
+  } else {
+    void* info = NULL;
+    st = API(S_GetTensorTypeAndShape, fn_p_pp)(value, &info);
+    if (st) return st;
+    size_t n = 0;
+    if (!(st = API(S_GetTensorElementType, fn_GetElemType)(info, elem)) &&
+        !(st = API(S_GetDimensionsCount, fn_p_sz)(info, &n))) {
+      if (n > 32) {
+        st = make_status(ORT_FAIL_, "onnx-custom: tensors of rank > 32 are not supported");
+      } else {
+        st = API(S_GetDimensions, fn_GetDims)(info, dims, n);
+        *rank = n;
+      }
+    }
+    API(S_ReleaseTensorTypeAndShapeInfo, fn_Release)(info);
+    if (st) return st;
+  }
+  return API(S_GetTensorMutableData, fn_p_pp)(value, data);
+}
+
+static PyObject* wrap_array(int elem, const int64_t* dims, size_t rank, void* data, int writable) {
+  PyObject* descr = (elem >= 0 && elem < 32) ? g_descr[elem] : NULL;
+  if (!descr) {
+    PyErr_Format(PyExc_TypeError, "tensor element type %d (ONNX TensorProto.DataType) has no numpy "
+                 "equivalent here; supported: float16, bfloat16, float32, float64, int8-64, uint8-64, bool",
+                 elem);
+    return NULL;
+  }
+  npy_intp shp[32];
+  for (size_t i = 0; i < rank; i++) shp[i] = (npy_intp)dims[i];
+  Py_INCREF(descr); /* stolen by PyArray_NewFromDescr */
+  int flags = NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | (writable ? NPY_ARRAY_WRITEABLE : 0);
+  int64_t count = 1;
+  for (size_t i = 0; i < rank; i++) count *= dims[i];
+  if (count == 0 || !data) {
+    /* empty tensor: ORT may hand out NULL data; give numpy its own (empty) buffer */
+    return PyArray_NewFromDescr(&PyArray_Type, (PyArray_Descr*)descr, (int)rank, shp, NULL, NULL, 0, NULL);
+  }
+  return PyArray_NewFromDescr(&PyArray_Type, (PyArray_Descr*)descr, (int)rank, shp, NULL, data, flags, NULL);
+}
+
+/* Shapes of the outputs for out= kernels, by rule; returns 0 on success, -1 with exception set. */
+static int output_shapes(Kernel* k, PyObject* args, PyObject** in_arrays, size_t n_in, size_t n_out,
+                         int64_t (*dims)[32], size_t* ranks) {
+  const Op* op = k->op;
+  if (op->rule == RULE_LIKE0 || op->rule == RULE_BROADCAST) {
+    if (n_in == 0 || !in_arrays[0]) {
+      PyErr_SetString(PyExc_ValueError, "the default output shape rule needs input 0");
+      return -1;
+    }
+    int64_t res[32];
+    size_t r = 0;
+    for (size_t i = 0; i < n_in; i++) {
+      if (!in_arrays[i]) continue;
+      PyArrayObject* a = (PyArrayObject*)in_arrays[i];
+      size_t ra = (size_t)PyArray_NDIM(a);
+      if (i == 0) {
+        r = ra;
+        for (size_t d = 0; d < ra; d++) res[d] = PyArray_DIMS(a)[d];
+        if (op->rule == RULE_LIKE0) break;
+        continue;
+      }
+      size_t nr = ra > r ? ra : r;
+      int64_t tmp[32];
+      for (size_t d = 0; d < nr; d++) {
+        int64_t x = d + r >= nr ? res[d + r - nr] : 1;
+        int64_t y = d + ra >= nr ? PyArray_DIMS(a)[d + ra - nr] : 1;
+        if (x != y && x != 1 && y != 1) {
+          PyErr_Format(PyExc_ValueError, "inputs do not broadcast (dimension %zu: %lld vs %lld)", d,
+                       (long long)x, (long long)y);
+          return -1;
+        }
+        tmp[d] = x == 1 ? y : x;
+      }
+      r = nr;
+      memcpy(res, tmp, nr * sizeof(int64_t));
+    }
+    for (size_t j = 0; j < n_out; j++) {
+      ranks[j] = r;
+      memcpy(dims[j], res, r * sizeof(int64_t));
+    }
+    return 0;
+  }
+  /* RULE_PY: shape_fn(args) -> sequence of shape tuples */
+  PyObject* shapes = PyObject_CallOneArg(k->shape_fn, args);
+  if (!shapes) return -1;
+  PyObject* seq = PySequence_Fast(shapes, "shape function must return a sequence of shapes");
+  Py_DECREF(shapes);
+  if (!seq) return -1;
+  if ((size_t)PySequence_Fast_GET_SIZE(seq) != n_out) {
+    PyErr_Format(PyExc_ValueError, "shape function returned %zd shapes, expected %zu (one per output)",
+                 PySequence_Fast_GET_SIZE(seq), n_out);
+    Py_DECREF(seq);
+    return -1;
+  }
+  for (size_t j = 0; j < n_out; j++) {
+    PyObject* s = PySequence_Fast(PySequence_Fast_GET_ITEM(seq, j), "each shape must be a sequence of ints");
+    if (!s) { Py_DECREF(seq); return -1; }
+    Py_ssize_t r = PySequence_Fast_GET_SIZE(s);
+    if (r > 32) { Py_DECREF(s); Py_DECREF(seq); PyErr_SetString(PyExc_ValueError, "rank > 32"); return -1; }
+    for (Py_ssize_t d = 0; d < r; d++) {
+      dims[j][d] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(s, d));
+      if (dims[j][d] == -1 && PyErr_Occurred()) { Py_DECREF(s); Py_DECREF(seq); return -1; }
+    }
+    ranks[j] = (size_t)r;
+    Py_DECREF(s);
+  }
+  Py_DECREF(seq);
+  return 0;
+}
+
+static const char* descr_name(PyObject* descr, char* buf, size_t n) {
+  PyObject* s = descr ? PyObject_Str(descr) : NULL;
+  snprintf(buf, n, "%s", s ? PyUnicode_AsUTF8(s) : "?");
+  Py_XDECREF(s);
+  PyErr_Clear();
+  return buf;
+}
+
+static void shape_text(const int64_t* d, size_t r, char* buf, size_t n) {
+  size_t off = (size_t)snprintf(buf, n, "(");
+  for (size_t i = 0; i < r && off < n; i++)
+    off += (size_t)snprintf(buf + off, n - off, i + 1 < r || r == 1 ? "%lld," : "%lld", (long long)d[i]);
+  if (off < n) snprintf(buf + off, n - off, ")");
+}
+
+/* Copies one returned value into ORT output j (allocated here, or preallocated when ov given). */
+static OrtStatus* emit_output(Kernel* k, void* ctx, size_t j, PyObject* value, void* ov) {
+  const Op* op = k->op;
+  if (value == Py_None || PyUnicode_Check(value) || PyBytes_Check(value) || PyDict_Check(value)) {
+    return status_fmt(op, "output %zu is a %s; expected a numpy array (or a torch tensor with "
+                      "tensor_type='torch')", j, Py_TYPE(value)->tp_name);
+  }
+  PyArrayObject* arr = (PyArrayObject*)PyArray_FROM_OF(value, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED);
+  if (!arr) return status_from_pyerr(op);
+  size_t r = (size_t)PyArray_NDIM(arr);
+  int64_t d[32];
+  OrtStatus* st = NULL;
+  if (r > 32) { Py_DECREF(arr); return status_fmt(op, "output %zu has rank > 32", j); }
+  for (size_t i = 0; i < r; i++) d[i] = PyArray_DIMS(arr)[i];
+  if (j < k->n_static && k->static_rank[j] >= 0) {
+    int bad = (int64_t)r != k->static_rank[j];
+    for (size_t i = 0; !bad && i < r; i++) bad = k->static_dims[j][i] >= 0 && k->static_dims[j][i] != d[i];
+    if (bad) {
+      char want[400], got[400];
+      shape_text(k->static_dims[j], (size_t)k->static_rank[j], want, sizeof want);
+      shape_text(d, r, got, sizeof got);
+      Py_DECREF(arr);
+      return status_fmt(op, "output %zu: expected shape %s (-1 = any), received %s; fix: return an "
+                        "array of the inferred shape or correct the kernel's shape_fn", j, want, got);
+    }
+  }
+  if (!ov) {
+    st = API(S_KernelContext_GetOutput, fn_GetOutput)(ctx, j, d, r, &ov);
+    if (st) { Py_DECREF(arr); return st; }
+    if (!ov) { Py_DECREF(arr); return status_fmt(op, "ORT returned no buffer for output %zu", j); }
+  }
+  int elem = 0;
+  int64_t od[32];
+  size_t orank = 0;
+  void* data = NULL;
+  st = tensor_view(ov, &elem, od, &orank, &data);
+  if (st) { Py_DECREF(arr); return st; }
+  PyObject* want = (elem >= 0 && elem < 32) ? g_descr[elem] : NULL;
+  if (!want || !PyArray_EquivTypes(PyArray_DESCR(arr), (PyArray_Descr*)want)) {
+    char a[64], b[64];
+    descr_name(want, a, sizeof a);
+    descr_name((PyObject*)PyArray_DESCR(arr), b, sizeof b);
+    Py_DECREF(arr);
+    return status_fmt(op, "output %zu: expected dtype %s, received %s; fix: cast the result with "
+                      ".astype(np.%s) or fix the kernel's shape_fn output dtype", j, a, b, a);
+  }
+  int same = orank == r;
+  for (size_t i = 0; same && i < r; i++) same = od[i] == d[i];
+  if (!same) {
+    char want_s[400], got[400];
+    shape_text(od, orank, want_s, sizeof want_s);
+    shape_text(d, r, got, sizeof got);
+    Py_DECREF(arr);
+    return status_fmt(op, "output %zu: expected shape %s (preallocated), received %s", j, want_s, got);
+  }
+  size_t nbytes = (size_t)PyArray_NBYTES(arr);
+  if (nbytes && data != PyArray_DATA(arr)) memcpy(data, PyArray_DATA(arr), nbytes);
+  Py_DECREF(arr);
+  return NULL;
+}
+
+static OrtStatus* compute_locked(Kernel* k, void* ctx) {
+  const Op* op = k->op;
+  size_t n_in = 0, n_out = 0;
+  OrtStatus* st = API(S_KernelContext_GetInputCount, fn_p_sz)(ctx, &n_in);
+  if (st) return st;
+  if ((st = API(S_KernelContext_GetOutputCount, fn_p_sz)(ctx, &n_out))) return st;
+  if (n_in > 256 || n_out > 256) return status_fmt(op, "more than 256 inputs/outputs");
+  PyObject* in_arrays[256];
+  void* out_values[256];
+  PyObject* args = PyTuple_New((Py_ssize_t)n_in);
+  PyObject* result = NULL;
+  PyObject* kwargs = NULL;
+  if (!args) return status_from_pyerr(op);
+  for (size_t i = 0; i < n_in; i++) {
+    const void* v = NULL;
+    in_arrays[i] = NULL;
+    if ((st = API(S_KernelContext_GetInput, fn_p_sz_pp)(ctx, i, (void**)&v))) goto fail;
+    if (!v) {
+      Py_INCREF(Py_None);
+      PyTuple_SET_ITEM(args, (Py_ssize_t)i, Py_None);
+      continue;
+    }
+    int elem = 0;
+    int64_t dims[32];
+    size_t rank = 0;
+    void* data = NULL;
+    if ((st = tensor_view(v, &elem, dims, &rank, &data))) goto fail;
+    PyObject* a = wrap_array(elem, dims, rank, data, 0);
+    if (!a) { st = status_from_pyerr(op); goto fail; }
+    PyTuple_SET_ITEM(args, (Py_ssize_t)i, a);
+    in_arrays[i] = a;
+  }
+  if (op->out_mode) {
+    int64_t dims[64][32];
+    size_t ranks[64];
+    if (n_out > 64) { st = status_fmt(op, "out= kernels support at most 64 outputs"); goto fail; }
+    if (output_shapes(k, args, in_arrays, n_in, n_out, dims, ranks) < 0) { st = status_from_pyerr(op); goto fail; }
+    PyObject* outs = PyTuple_New((Py_ssize_t)n_out);
+    if (!outs) { st = status_from_pyerr(op); goto fail; }
+    for (size_t j = 0; j < n_out; j++) {
+      void* ov = NULL;
+      if ((st = API(S_KernelContext_GetOutput, fn_GetOutput)(ctx, j, dims[j], ranks[j], &ov))) {
+        Py_DECREF(outs);
+        goto fail;
+      }
+      int elem = 0;
+      int64_t od[32];
+      size_t orank = 0;
+      void* data = NULL;
+      if (!ov || (st = tensor_view(ov, &elem, od, &orank, &data))) {
+        if (!st) st = status_fmt(op, "ORT returned no buffer for output %zu", j);
+        Py_DECREF(outs);
+        goto fail;
+      }
+      out_values[j] = ov;
+      PyObject* a = wrap_array(elem, od, orank, data, 1);
+      if (!a) { Py_DECREF(outs); st = status_from_pyerr(op); goto fail; }
+      PyTuple_SET_ITEM(outs, (Py_ssize_t)j, a);
+    }
+    kwargs = PyDict_Copy(k->kwargs);
+    if (!kwargs || PyDict_SetItem(kwargs, g_out_key, outs) < 0) {
+      Py_DECREF(outs);
+      st = status_from_pyerr(op);
+      goto fail;
+    }
+    Py_DECREF(outs);
+    result = PyObject_Call(k->fn, args, kwargs);
+    if (!result) { st = status_from_pyerr(op); goto fail; }
+    if (result != Py_None) {
+      /* the kernel returned values instead of (or after) writing: copy them over */
+      PyObject* seq = (PyTuple_Check(result) || PyList_Check(result))
+                          ? PySequence_Fast(result, "") : PyTuple_Pack(1, result);
+      if (!seq) { st = status_from_pyerr(op); goto fail; }
+      if ((size_t)PySequence_Fast_GET_SIZE(seq) != n_out) {
+        st = status_fmt(op, "returned %zd outputs, expected %zu", PySequence_Fast_GET_SIZE(seq), n_out);
+        Py_DECREF(seq);
+        goto fail;
+      }
+      for (size_t j = 0; j < n_out && !st; j++) st = emit_output(k, ctx, j, PySequence_Fast_GET_ITEM(seq, j), out_values[j]);
+      Py_DECREF(seq);
+      if (st) goto fail;
+    }
+  } else {
+    result = PyObject_Call(k->fn, args, k->kwargs);
+    if (!result) { st = status_from_pyerr(op); goto fail; }
+    PyObject* seq;
+    if (PyTuple_Check(result) || PyList_Check(result)) {
+      seq = PySequence_Fast(result, "");
+    } else {
+      seq = PyTuple_Pack(1, result);
+    }
+    if (!seq) { st = status_from_pyerr(op); goto fail; }
+    if ((size_t)PySequence_Fast_GET_SIZE(seq) != n_out) {
+      st = status_fmt(op, "returned %zd output(s), expected %zu; fix: return one array per declared "
+                      "output (a tuple when there are several)", PySequence_Fast_GET_SIZE(seq), n_out);
+      Py_DECREF(seq);
+      goto fail;
+    }
+    for (size_t j = 0; j < n_out && !st; j++) {
+      PyObject* item = PySequence_Fast_GET_ITEM(seq, j);
+      if (item == Py_None) {
+        st = status_fmt(op, "output %zu is None; fix: return an array for every output", j);
+        break;
+      }
+      st = emit_output(k, ctx, j, item, NULL);
+    }
+    Py_DECREF(seq);
+    if (st) goto fail;
+  }
+  Py_XDECREF(result);
+  Py_XDECREF(kwargs);
+  Py_DECREF(args);
+  return NULL;
+fail:
+  Py_XDECREF(result);
+  Py_XDECREF(kwargs);
+  Py_DECREF(args);
+  return st;
+}
+
+static OrtStatus* op_compute_v2(void* kp, void* ctx) {
+  Kernel* k = kp;
+  if (!k) return make_status(ORT_FAIL_, "onnx-custom: kernel was not created");
+  if (!interpreter_alive()) return make_status(ORT_FAIL_, "onnx-custom: Python interpreter is shutting down");
+  PyGILState_STATE gs = PyGILState_Ensure();
+  OrtStatus* st = compute_locked(k, ctx);
+  PyGILState_Release(gs);
+  return st;
+}
+
+/* ---- ORT graph-time shape inference ------------------------------------------------------- */
+static PyObject* read_infer_attr(void* ctx, const AttrDesc* a) {
+  const void* attr = NULL;
+  OrtStatus* st = API(S_ShapeInferContext_GetAttribute, fn_GetAttrByName)(ctx, a->name, &attr);
+  if (st || !attr) { release_status(st); Py_RETURN_NONE; }
+  fn_ReadOpAttr rd = API(S_ReadOpAttr, fn_ReadOpAttr);
+  size_t need = 0;
+  switch (a->kind) {
+    case ATTR_INT: {
+      int64_t v = 0;
+      if ((st = rd(attr, ATTR_INT, &v, sizeof v, &need))) break;
+      return PyLong_FromLongLong(v);
+    }
+    case ATTR_FLOAT: {
+      float v = 0;
+      if ((st = rd(attr, ATTR_FLOAT, &v, sizeof v, &need))) break;
+      return PyFloat_FromDouble(v);
+    }
+    case ATTR_STRING:
+    case ATTR_INTS:
+    case ATTR_FLOATS: {
+      st = rd(attr, a->kind, NULL, 0, &need);
+      release_status(st);
+      st = NULL;
+      char* buf = calloc(need + 8, 1);
+      if (!buf) break;
+      if ((st = rd(attr, a->kind, buf, need, &need))) { free(buf); break; }
+      PyObject* r = NULL;
+      if (a->kind == ATTR_STRING) {
+        r = PyUnicode_FromStringAndSize(buf, (Py_ssize_t)strnlen(buf, need));
+      } else {
+        size_t n = need / (a->kind == ATTR_INTS ? sizeof(int64_t) : sizeof(float));
+        r = PyList_New((Py_ssize_t)n);
+        for (size_t i = 0; r && i < n; i++)
+          PyList_SET_ITEM(r, (Py_ssize_t)i, a->kind == ATTR_INTS ? PyLong_FromLongLong(((int64_t*)buf)[i])
+                                                                 : PyFloat_FromDouble(((float*)buf)[i]));
+      }
+      free(buf);
+      return r;
+    }
+    default:
+      break;
+  }
+  release_status(st);
+  PyErr_Clear();
+  Py_RETURN_NONE; /* unreadable here: the Python side substitutes the default */
+}
+
+static OrtStatus* infer_locked(const Op* op, void* ctx) {
+  size_t n_in = 0;
+  OrtStatus* st = API(S_ShapeInferContext_GetInputCount, fn_p_sz)(ctx, &n_in);
+  if (st) return st;
+  PyObject* inputs = PyList_New((Py_ssize_t)n_in);
+  PyObject* attrs = PyDict_New();
+  PyObject* res = NULL;
+  PyObject* seq = NULL;
+  if (!inputs || !attrs) goto pyfail;
+  for (size_t i = 0; i < n_in; i++) {
+    void* info = NULL;
+    st = API(S_ShapeInferContext_GetInputTypeShape, fn_p_sz_pp)(ctx, i, &info);
+    if (st || !info) {
+      release_status(st);
+      st = NULL;
+      Py_INCREF(Py_None);
+      PyList_SET_ITEM(inputs, (Py_ssize_t)i, Py_None);
+      continue;
+    }
+    int elem = 0;
+    size_t r = 0;
+    PyObject* item = NULL;
+    if (!(st = API(S_GetTensorElementType, fn_GetElemType)(info, &elem)) &&
+        !(st = API(S_GetDimensionsCount, fn_p_sz)(info, &r))) {
+      int64_t* d = calloc(r ? r : 1, sizeof(int64_t));
+      const char** sym = calloc(r ? r : 1, sizeof(char*));
+      if (d && sym && !(st = API(S_GetDimensions, fn_GetDims)(info, d, r)) &&
+          !(st = API(S_GetSymbolicDimensions, fn_GetSymDims)(info, sym, r))) {
+        /* rank 0 is also what an input of unknown rank reports: ask whether a shape exists */
+        int has_shape = r > 0 || g_api_version < 30 || API(S_TensorTypeAndShape_HasShape, fn_HasShape)(info);
+        PyObject* shp = has_shape ? PyTuple_New((Py_ssize_t)r) : (Py_INCREF(Py_None), Py_None);
+        for (size_t q = 0; has_shape && shp && q < r; q++) {
+          PyObject* dv;
+          if (d[q] >= 0) dv = PyLong_FromLongLong(d[q]);
+          else if (sym[q] && sym[q][0]) dv = PyUnicode_FromString(sym[q]);
+          else { dv = Py_None; Py_INCREF(dv); }
+          PyTuple_SET_ITEM(shp, (Py_ssize_t)q, dv);
+        }
+        item = shp ? Py_BuildValue("(iN)", elem, shp) : NULL;
+      }
+      free(d);
+      free(sym);
+    }
+    /* info belongs to the context (ORT frees it); releasing it here would double-free */
+    if (st) goto fail;
+    if (!item) goto pyfail;
+    PyList_SET_ITEM(inputs, (Py_ssize_t)i, item);
+  }
+  for (size_t i = 0; i < op->n_attrs; i++) {
+    PyObject* v = read_infer_attr(ctx, &op->attrs[i]);
+    if (!v) goto pyfail;
+    PyDict_SetItemString(attrs, op->attrs[i].name, v);
+    Py_DECREF(v);
+  }
+  res = PyObject_CallFunctionObjArgs(op->infer, inputs, attrs, NULL);
+  if (!res) goto pyfail;
+  seq = PySequence_Fast(res, "infer must return a list");
+  if (!seq) goto pyfail;
+  for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(seq); j++) {
+    PyObject* item = PySequence_Fast_GET_ITEM(seq, j);
+    int elem = 0;
+    PyObject* shp = NULL;
+    if (item == Py_None) continue;
+    if (!PyArg_ParseTuple(item, "iO", &elem, &shp)) goto pyfail;
+    /* Unknown rank: an info without dims reads as a scalar and skipping the output does too,
+     * so fail the inference: ORT then keeps the node's outputs untyped-shape instead. */
+    if (shp == Py_None) { st = status_fmt(op, "output %zd: rank unknown at graph time", j); goto fail; }
+    void* info = NULL;
+    if ((st = API(S_CreateTensorTypeAndShapeInfo, fn_pp)(&info))) goto fail;
+    st = API(S_SetTensorElementType, fn_SetElemType)(info, elem);
+    if (!st && shp != Py_None) {
+      Py_ssize_t r = PyTuple_Size(shp);
+      int64_t d[64];
+      const char* sym[64];
+      if (r < 0 || r > 64) {
+        API(S_ReleaseTensorTypeAndShapeInfo, fn_Release)(info);
+        PyErr_Clear();
+        st = status_fmt(op, "shape function returned a bad shape for output %zd", j);
+        goto fail;
+      }
+      int has_sym = 0;
+      for (Py_ssize_t q = 0; q < r; q++) {
+        PyObject* dv = PyTuple_GET_ITEM(shp, q);
+        sym[q] = "";
+        if (PyLong_Check(dv)) d[q] = PyLong_AsLongLong(dv);
+        else {
+          d[q] = -1;
+          if (PyUnicode_Check(dv)) { sym[q] = PyUnicode_AsUTF8(dv); has_sym = 1; }
+        }
+      }
+      st = API(S_SetDimensions, fn_SetDims)(info, d, (size_t)r);
+      if (!st && has_sym) st = API(S_SetSymbolicDimensions, fn_SetSymDims)(info, sym, (size_t)r);
+    }
+    if (!st) st = API(S_ShapeInferContext_SetOutputTypeShape, fn_SetOutputTypeShape)(ctx, (size_t)j, info);
+    API(S_ReleaseTensorTypeAndShapeInfo, fn_Release)(info);
+    if (st) goto fail;
+  }
+  Py_DECREF(seq);
+  Py_DECREF(res);
+  Py_DECREF(inputs);
+  Py_DECREF(attrs);
+  return NULL;
+pyfail:
+  st = status_from_pyerr(op);
+fail:
+  Py_XDECREF(seq);
+  Py_XDECREF(res);
+  Py_XDECREF(inputs);
+  Py_XDECREF(attrs);
+  return st;
+}
+
+static OrtStatus* op_infer(const void* opp, void* ctx) {
+  if (!interpreter_alive()) return make_status(ORT_FAIL_, "onnx-custom: Python interpreter is shutting down");
+  PyGILState_STATE gs = PyGILState_Ensure();
+  OrtStatus* st = infer_locked((const Op*)opp, ctx);
+  PyGILState_Release(gs);
+  return st;
+}
+
+/* ---- registration ------------------------------------------------------------------------- */
+typedef struct DomainEntry {
+  char* key;          /* domain name + op pointers, identifies a cached OrtCustomOpDomain */
+  void* domain;
+  struct DomainEntry* next;
+} DomainEntry;
+
+typedef struct Pending {
+  char* name;
+  size_t n_ops;
+  Op** ops;
+} Pending;
+
+static DomainEntry* g_domains = NULL;
+static Pending* g_pending = NULL;
+static size_t g_n_pending = 0;
+static PyThread_type_lock g_lock = NULL;
+
+static void clear_pending(void) {
+  for (size_t i = 0; i < g_n_pending; i++) {
+    free(g_pending[i].name);
+    free(g_pending[i].ops);
+  }
+  free(g_pending);
+  g_pending = NULL;
+  g_n_pending = 0;
+}
+
+__attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(void* options, const OrtApiBase* base) {
+  const void* const* api = base->GetApi(30);
+  int ver = 30;
+  if (!api) { api = base->GetApi(17); ver = 17; }
+  if (!api) return NULL; /* cannot even create a status; ORT is older than 1.17 */
+  g_api = api;
+  g_api_version = ver;
+  OrtStatus* st = NULL;
+  for (size_t i = 0; i < g_n_pending && !st; i++) {
+    Pending* p = &g_pending[i];
+    size_t klen = strlen(p->name) + 1 + p->n_ops * 20 + 1;
+    char* key = malloc(klen);
+    if (!key) return make_status(ORT_FAIL_, "onnx-custom: out of memory");
+    size_t off = (size_t)snprintf(key, klen, "%s|", p->name);
+    for (size_t j = 0; j < p->n_ops; j++) off += (size_t)snprintf(key + off, klen - off, "%p,", (void*)p->ops[j]);
+    DomainEntry* e = g_domains;
+    while (e && strcmp(e->key, key) != 0) e = e->next;
+    if (!e) {
+      void* dom = NULL;
+      if ((st = API(S_CreateCustomOpDomain, fn_cstr_pp)(p->name, &dom))) { free(key); break; }
+      for (size_t j = 0; j < p->n_ops && !st; j++) st = API(S_CustomOpDomain_Add, fn_p_p)(dom, p->ops[j]);
+      if (st) { free(key); break; } /* the half-built domain is leaked on purpose: ORT may hold it */
+      e = calloc(1, sizeof(DomainEntry));
+      e->key = key;
+      e->domain = dom;
+      e->next = g_domains;
+      g_domains = e;
+    } else {
+      free(key);
+    }
+    st = API(S_AddCustomOpDomain, fn_p_p)(options, e->domain);
+  }
+  clear_pending();
+  return st;
+}
+
+/* ---- Python module ------------------------------------------------------------------------ */
+static char* dup_utf8(PyObject* s) {
+  const char* c = PyUnicode_AsUTF8(s);
+  return c ? strdup(c) : NULL;
+}
+
+/* make_op(name, qualname, in_chars, out_chars, attrs[(name, kind)], rule, out_mode, bind, infer) */
+static PyObject* py_make_op(PyObject* self, PyObject* args) {
+  (void)self;
+  PyObject *name, *qualname, *in_chars, *out_chars, *attrs, *bind, *infer;
+  int rule, out_mode;
+  if (!PyArg_ParseTuple(args, "UUOOOiiOO", &name, &qualname, &in_chars, &out_chars, &attrs, &rule,
+                        &out_mode, &bind, &infer))
+    return NULL;
+  Op* op = calloc(1, sizeof(Op));
+  if (!op) return PyErr_NoMemory();
+  op->name = dup_utf8(name);
+  op->qualname = dup_utf8(qualname);
+  op->n_in = (size_t)PySequence_Size(in_chars);
+  op->n_out = (size_t)PySequence_Size(out_chars);
+  op->in_char = calloc(op->n_in + 1, sizeof(int));
+  op->out_char = calloc(op->n_out + 1, sizeof(int));
+  for (size_t i = 0; i < op->n_in; i++) {
+    PyObject* v = PySequence_GetItem(in_chars, (Py_ssize_t)i);
+    op->in_char[i] = (int)PyLong_AsLong(v);
+    Py_XDECREF(v);
+  }
+  for (size_t i = 0; i < op->n_out; i++) {
+    PyObject* v = PySequence_GetItem(out_chars, (Py_ssize_t)i);
+    op->out_char[i] = (int)PyLong_AsLong(v);
+    Py_XDECREF(v);
+  }
+  op->n_attrs = (size_t)PySequence_Size(attrs);
+  op->attrs = calloc(op->n_attrs + 1, sizeof(AttrDesc));
+  for (size_t i = 0; i < op->n_attrs; i++) {
+    PyObject* t = PySequence_GetItem(attrs, (Py_ssize_t)i);
+    PyObject* nm = t ? PySequence_GetItem(t, 0) : NULL;
+    PyObject* kd = t ? PySequence_GetItem(t, 1) : NULL;
+    op->attrs[i].name = nm ? dup_utf8(nm) : strdup("?");
+    op->attrs[i].kind = kd ? (int)PyLong_AsLong(kd) : 0;
+    Py_XDECREF(nm);
+    Py_XDECREF(kd);
+    Py_XDECREF(t);
+  }
+  if (PyErr_Occurred()) return NULL; /* op leaks; only on malformed internal input */
+  op->rule = rule;
+  op->out_mode = out_mode;
+  Py_INCREF(bind);
+  Py_INCREF(infer);
+  op->bind = bind;
+  op->infer = infer;
+  CustomOpAbi* a = &op->abi;
+  a->version = 17;
+  a->CreateKernel = op_create_kernel_v1;
+  a->GetName = op_get_name;
+  a->GetExecutionProviderType = op_get_ep;
+  a->GetInputType = op_type_undefined;
+  a->GetInputTypeCount = op_in_count;
+  a->GetOutputType = op_type_undefined;
+  a->GetOutputTypeCount = op_out_count;
+  a->KernelCompute = op_compute_v1;
+  a->KernelDestroy = op_kernel_destroy;
+  a->GetInputCharacteristic = op_in_char;
+  a->GetOutputCharacteristic = op_out_char;
+  a->GetInputMemoryType = op_mem_default;
+  a->GetVariadicInputMinArity = op_one;
+  a->GetVariadicInputHomogeneity = op_zero;
+  a->GetVariadicOutputMinArity = op_one;
+  a->GetVariadicOutputHomogeneity = op_zero;
+  a->CreateKernelV2 = op_create_kernel_v2;
+  a->KernelComputeV2 = op_compute_v2;
+  a->InferOutputShapeFn = op_infer;
+  a->GetStartVersion = op_one;
+  a->GetEndVersion = op_end_version;
+  a->GetMayInplace = op_no_pairs;
+  a->ReleaseMayInplace = op_release_pairs;
+  a->GetAliasMap = op_no_pairs;
+  a->ReleaseAliasMap = op_release_pairs;
+  return PyLong_FromVoidPtr(op);
+}
+
+/* set_pending([(domain, [op_address, ...]), ...]): ops for the next RegisterCustomOps call. */
+static PyObject* py_set_pending(PyObject* self, PyObject* arg) {
+  (void)self;
+  PyObject* seq = PySequence_Fast(arg, "expected a list of (domain, ops)");
+  if (!seq) return NULL;
+  clear_pending();
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  g_pending = calloc((size_t)n + 1, sizeof(Pending));
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *dom, *ops;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "UO", &dom, &ops)) goto bad;
+    PyObject* ops_seq = PySequence_Fast(ops, "ops must be a list");
+    if (!ops_seq) goto bad;
+    Pending* p = &g_pending[g_n_pending++];
+    p->name = dup_utf8(dom);
+    p->n_ops = (size_t)PySequence_Fast_GET_SIZE(ops_seq);
+    p->ops = calloc(p->n_ops + 1, sizeof(Op*));
+    for (size_t j = 0; j < p->n_ops; j++) p->ops[j] = PyLong_AsVoidPtr(PySequence_Fast_GET_ITEM(ops_seq, j));
+    Py_DECREF(ops_seq);
+    if (PyErr_Occurred()) goto bad;
+  }
+  Py_DECREF(seq);
+  Py_RETURN_NONE;
+bad:
+  clear_pending();
+  Py_DECREF(seq);
+  return NULL;
+}
+
+/* init(descrs: dict[int, np.dtype], format_error) */
+static PyObject* py_init(PyObject* self, PyObject* args) {
+  (void)self;
+  PyObject *descrs, *fmt;
+  if (!PyArg_ParseTuple(args, "O!O", &PyDict_Type, &descrs, &fmt)) return NULL;
+  PyObject *key, *value;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(descrs, &pos, &key, &value)) {
+    long k = PyLong_AsLong(key);
+    if (k < 0 || k >= 32) { PyErr_SetString(PyExc_ValueError, "element type out of range"); return NULL; }
+    PyArray_Descr* d = NULL;
+    if (!PyArray_DescrConverter(value, &d)) return NULL;
+    Py_XSETREF(g_descr[k], (PyObject*)d);
+  }
+  Py_INCREF(fmt);
+  Py_XSETREF(g_format_error, fmt);
+  Py_RETURN_NONE;
+}
+
+static PyObject* py_shutdown(PyObject* self, PyObject* noargs) {
+  (void)self; (void)noargs;
+  g_shutdown = 1;
+  Py_RETURN_NONE;
+}
+
+static PyObject* py_api_version(PyObject* self, PyObject* noargs) {
+  (void)self; (void)noargs;
+  return PyLong_FromLong(g_api_version);
+}
+
+static PyObject* py_lock(PyObject* self, PyObject* noargs) {
+  (void)self; (void)noargs;
+  Py_BEGIN_ALLOW_THREADS
+  PyThread_acquire_lock(g_lock, WAIT_LOCK);
+  Py_END_ALLOW_THREADS
+  Py_RETURN_NONE;
+}
+
+static PyObject* py_unlock(PyObject* self, PyObject* noargs) {
+  (void)self; (void)noargs;
+  clear_pending();
+  PyThread_release_lock(g_lock);
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"init", py_init, METH_VARARGS, "init(descrs, format_error)"},
+    {"make_op", py_make_op, METH_VARARGS, "describe one custom op; returns its address"},
+    {"set_pending", py_set_pending, METH_O, "queue ops for the next RegisterCustomOps call"},
+    {"shutdown", py_shutdown, METH_NOARGS, "stop calling into Python (interpreter exit)"},
+    {"api_version", py_api_version, METH_NOARGS, "OrtApi version in use (0 before first use)"},
+    {"lock", py_lock, METH_NOARGS, "serialise registrations"},
+    {"unlock", py_unlock, METH_NOARGS, "end a registration"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_onnx_custom_shim", NULL, -1, methods,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__onnx_custom_shim(void) {
+  import_array();
+  g_lock = PyThread_allocate_lock();
+  g_out_key = PyUnicode_InternFromString("out");
+  return PyModule_Create(&moddef);
+}

@@ -1,0 +1,490 @@
+"""Kernel declarations: :class:`KernelSpec`, :class:`KernelRegistry` and the default registry."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import re
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from onnx_custom.errors import KernelError, SymbolicError
+from onnx_custom.runtime._abi import DTYPE_NAMES
+from onnx_custom.runtime.types import TensorInfo, broadcast_shapes
+
+__all__ = [
+    "AttrSpec",
+    "KernelRegistry",
+    "KernelSpec",
+    "ParamSpec",
+    "default_kernel_registry",
+    "kernel",
+    "split_name",
+]
+
+# Domains ONNX Runtime serves itself; kernels may not be registered there.
+RESERVED_DOMAINS = frozenset({
+    "", "ai.onnx", "ai.onnx.ml", "ai.onnx.training", "ai.onnx.preview.training", "com.microsoft",
+    "com.microsoft.nchwc", "com.microsoft.experimental", "com.ms.internal.nhwc",
+    "com.microsoft.mlfeaturizers", "com.microsoft.dml", "org.pytorch.aten",
+})
+_IDENT = r"[A-Za-z_][A-Za-z0-9_\-]*"
+_NAME_RE = re.compile(rf"^({_IDENT}(?:\.{_IDENT})*)::([A-Za-z_][A-Za-z0-9_]*)$")
+_PARAM_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)([?*]?)$")
+_ATTR_TYPES = ("int", "float", "string", "ints", "floats", "strings")
+_BUILTIN_RULES = ("like0", "broadcast")
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """``"com.example::Foo"`` -> ``("com.example", "Foo")``; raises SymbolicError when malformed."""
+    m = _NAME_RE.match(name) if isinstance(name, str) else None
+    if not m:
+        raise SymbolicError(
+            f"kernel name must look like 'domain::OpType' (domain may contain dots, e.g. "
+            f"'com.example::Foo'); received {name!r}; fix: qualify the op type with its domain."
+        )
+    domain, op_type = m.group(1), m.group(2)
+    if domain in RESERVED_DOMAINS:
+        raise SymbolicError(
+            f"kernel {name!r}: domain {domain!r} belongs to ONNX/ONNX Runtime; expected a custom "
+            f"domain; fix: use your own domain, e.g. 'mylib::{op_type}'."
+        )
+    return domain, op_type
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One declared input or output: ``"x"`` required, ``"x?"`` optional, ``"xs*"`` variadic."""
+
+    name: str
+    kind: str = "required"  # "required" | "optional" | "variadic"
+    dtypes: tuple[str, ...] = DTYPE_NAMES
+
+
+@dataclass(frozen=True)
+class AttrSpec:
+    name: str
+    type: str  # int | float | string | ints | floats | strings
+    default: Any = None
+    required: bool = True
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A registered Python kernel (immutable; use :meth:`renamed` to serve another domain)."""
+
+    name: str
+    fn: Callable[..., Any]
+    inputs: tuple[ParamSpec, ...]
+    outputs: tuple[ParamSpec, ...]
+    attrs: tuple[AttrSpec, ...] = ()
+    shape_fn: Callable[..., Any] | str = "like0"
+    function: Any = None
+    tensor_type: str = "numpy"
+    out_mode: bool = False
+    doc: str = ""
+
+    @property
+    def domain(self) -> str:
+        return split_name(self.name)[0]
+
+    @property
+    def op_type(self) -> str:
+        return split_name(self.name)[1]
+
+    def renamed(self, name: str) -> KernelSpec:
+        """The same kernel under another ``domain::OpType``."""
+        split_name(name)
+        return dataclasses.replace(self, name=name)
+
+    def attr_defaults(self) -> dict[str, Any]:
+        return {a.name: a.default for a in self.attrs if not a.required}
+
+    def infer(self, inputs: Sequence[TensorInfo | None], attrs: Mapping[str, Any]) -> list[TensorInfo]:
+        """Output types/shapes from input types/shapes (dims may be symbolic)."""
+        self.check_input_dtypes(inputs)
+        n_out = len(self.outputs)
+        rule = self.shape_fn
+        if rule in _BUILTIN_RULES:
+            first = inputs[0] if inputs else None
+            if first is None:
+                raise KernelError(f"kernel {self.name}: the default shape rule needs input 0")
+            if rule == "like0":
+                return [TensorInfo(first.dtype, first.shape)] * n_out
+            shape = broadcast_shapes(*(i.shape for i in inputs if i is not None))
+            return [TensorInfo(first.dtype, shape)] * n_out
+        merged = {**self.attr_defaults(), **{k: v for k, v in attrs.items() if v is not None}}
+        res = rule(list(inputs), merged)  # type: ignore[operator]
+        res_list = [res] if isinstance(res, TensorInfo) else list(res)
+        for r in res_list:
+            if not isinstance(r, TensorInfo):
+                raise KernelError(
+                    f"kernel {self.name}: shape_fn must return TensorInfo objects (one per output); "
+                    f"received {type(r).__name__}; fix: return TensorInfo(dtype, shape)."
+                )
+        return res_list
+
+    def check_input_dtypes(self, inputs: Sequence[TensorInfo | None]) -> None:
+        for i, info in enumerate(inputs):
+            if info is None:
+                continue
+            param = self.inputs[min(i, len(self.inputs) - 1)] if self.inputs else None
+            if param is None:
+                continue
+            name = _dtype_name(info.dtype)
+            if name not in param.dtypes:
+                raise KernelError(
+                    f"kernel {self.name}: input {i} ({param.name!r}) has dtype {name}; expected one "
+                    f"of {', '.join(param.dtypes)}; fix: cast the input or widen dtypes= at "
+                    f"registration."
+                )
+
+
+def _dtype_name(dt: np.dtype[Any]) -> str:
+    s = str(dt)
+    return "bool" if s == "bool" else s
+
+
+def _parse_params(names: Sequence[str], what: str, qual: str) -> list[ParamSpec]:
+    if isinstance(names, str) or not isinstance(names, Sequence):
+        raise SymbolicError(
+            f"kernel {qual}: {what} must be a list of names such as ['x', 'mask?', 'rest*']; "
+            f"received {names!r}."
+        )
+    out: list[ParamSpec] = []
+    for i, n in enumerate(names):
+        m = _PARAM_RE.match(n) if isinstance(n, str) else None
+        if not m:
+            raise SymbolicError(
+                f"kernel {qual}: bad {what[:-1]} name {n!r}; expected an identifier, optionally "
+                f"suffixed with '?' (optional) or '*' (variadic, last only)."
+            )
+        kind = {"": "required", "?": "optional", "*": "variadic"}[m.group(2)]
+        if kind == "variadic" and i != len(names) - 1:
+            raise SymbolicError(f"kernel {qual}: variadic {what[:-1]} {n!r} must be the last one.")
+        out.append(ParamSpec(m.group(1), kind))
+    if len({p.name for p in out}) != len(out):
+        raise SymbolicError(f"kernel {qual}: duplicate {what} names in {list(names)}.")
+    return out
+
+
+def _check_default(qual: str, name: str, typ: str, value: Any) -> Any:
+    ok = {
+        "int": lambda v: isinstance(v, (int, np.integer)),
+        "float": lambda v: isinstance(v, (int, float, np.floating, np.integer)),
+        "string": lambda v: isinstance(v, str),
+        "ints": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, (int, np.integer)) for x in v),
+        "floats": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) for x in v),
+        "strings": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v),
+    }[typ]
+    if not ok(value):
+        raise SymbolicError(
+            f"kernel {qual}: default of attribute {name!r} must be a {typ}; received {value!r}."
+        )
+    if typ == "int":
+        return int(value)
+    if typ == "float":
+        return float(value)
+    if typ == "ints":
+        return [int(x) for x in value]
+    if typ == "floats":
+        return [float(x) for x in value]
+    if typ == "strings":
+        return list(value)
+    return value
+
+
+def _parse_attrs(attrs: Mapping[str, Any] | None, qual: str) -> list[AttrSpec]:
+    out: list[AttrSpec] = []
+    for name, decl in (attrs or {}).items():
+        if not isinstance(name, str) or not _PARAM_RE.match(name) or name.endswith(("?", "*")):
+            raise SymbolicError(f"kernel {qual}: bad attribute name {name!r}.")
+        if name == "out":
+            raise SymbolicError(f"kernel {qual}: 'out' is reserved for preallocated outputs.")
+        if isinstance(decl, tuple) and len(decl) == 2:
+            typ, default = decl
+            required = False
+        else:
+            typ, default, required = decl, None, True
+        if typ not in _ATTR_TYPES:
+            raise SymbolicError(
+                f"kernel {qual}: attribute {name!r} has type {typ!r}; expected one of "
+                f"{', '.join(_ATTR_TYPES)} (or a (type, default) tuple)."
+            )
+        if not required:
+            default = _check_default(qual, name, typ, default)
+        out.append(AttrSpec(name, typ, default, required))
+    return out
+
+
+def _apply_dtypes(params: list[ParamSpec], dtypes: Any, qual: str) -> list[ParamSpec]:
+    if dtypes is None:
+        return params
+
+    def check(seq: Any) -> tuple[str, ...]:
+        seq = (seq,) if isinstance(seq, str) else tuple(seq)
+        bad = [d for d in seq if d not in DTYPE_NAMES]
+        if bad or not seq:
+            raise SymbolicError(
+                f"kernel {qual}: unknown dtype(s) {bad or seq}; expected names from "
+                f"{', '.join(DTYPE_NAMES)}."
+            )
+        return seq
+
+    if isinstance(dtypes, Mapping):
+        return [dataclasses.replace(p, dtypes=check(dtypes[p.name])) if p.name in dtypes else p
+                for p in params]
+    common = check(dtypes)
+    return [dataclasses.replace(p, dtypes=common) for p in params]
+
+
+def _accepts_out(fn: Callable[..., Any]) -> bool:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return False
+    p = sig.parameters.get("out")
+    return p is not None and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+
+
+def _check_signature(fn: Callable[..., Any], attrs: list[AttrSpec], qual: str) -> None:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    params = sig.parameters
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return
+    missing = [a.name for a in attrs if a.name not in params]
+    if missing:
+        raise SymbolicError(
+            f"kernel {qual}: function {getattr(fn, '__name__', fn)!r} does not accept attribute "
+            f"keyword(s) {missing}; expected e.g. `def f(a, b, *, {', '.join(missing)})`."
+        )
+
+
+def make_spec(
+    name: str,
+    fn: Callable[..., Any],
+    *,
+    inputs: Sequence[str],
+    outputs: Sequence[str],
+    attrs: Mapping[str, Any] | None = None,
+    dtypes: Any = None,
+    shape_fn: Callable[..., Any] | str | None = None,
+    function: Any = None,
+    tensor_type: str = "numpy",
+    out: bool | None = None,
+) -> KernelSpec:
+    """Validate a declaration and build its :class:`KernelSpec`."""
+    split_name(name)
+    if not callable(fn):
+        raise SymbolicError(f"kernel {name}: expected a callable, received {type(fn).__name__}.")
+    ins = _parse_params(inputs, "inputs", name)
+    outs = _parse_params(outputs, "outputs", name)
+    if not outs:
+        raise SymbolicError(f"kernel {name}: declare at least one output.")
+    if isinstance(dtypes, Mapping):
+        unknown = set(dtypes) - {p.name for p in ins + outs}
+        if unknown:
+            raise SymbolicError(f"kernel {name}: dtypes= names {sorted(unknown)} are not inputs/outputs.")
+    ins, outs = _apply_dtypes(ins, dtypes, name), _apply_dtypes(outs, dtypes, name)
+    attr_specs = _parse_attrs(attrs, name)
+    _check_signature(fn, attr_specs, name)
+    rule = "like0" if shape_fn is None else shape_fn
+    if isinstance(rule, str) and rule not in _BUILTIN_RULES:
+        raise SymbolicError(
+            f"kernel {name}: shape_fn={rule!r}; expected a callable or one of {_BUILTIN_RULES}."
+        )
+    if not isinstance(rule, str) and not callable(rule):
+        raise SymbolicError(f"kernel {name}: shape_fn must be callable or a rule name.")
+    if rule in _BUILTIN_RULES and not ins:
+        raise SymbolicError(f"kernel {name}: an op without inputs needs an explicit shape_fn.")
+    if tensor_type not in ("numpy", "torch"):
+        raise SymbolicError(f"kernel {name}: tensor_type must be 'numpy' or 'torch', got {tensor_type!r}.")
+    out_mode = _accepts_out(fn) if out is None else bool(out)
+    return KernelSpec(
+        name=name, fn=fn, inputs=tuple(ins), outputs=tuple(outs), attrs=tuple(attr_specs),
+        shape_fn=rule, function=function, tensor_type=tensor_type, out_mode=out_mode,
+        doc=inspect.getdoc(fn) or "",
+    )
+
+
+class KernelRegistry:
+    """A set of kernels keyed by ``domain::OpType``. Copy with :meth:`copy`, merge with :meth:`update`."""
+
+    def __init__(self, specs: Iterable[KernelSpec] = ()) -> None:
+        self._specs: dict[str, KernelSpec] = {}
+        self._lock = threading.RLock()
+        for s in specs:
+            self.add(s)
+
+    def kernel(
+        self,
+        name: str,
+        *,
+        inputs: Sequence[str],
+        outputs: Sequence[str],
+        attrs: Mapping[str, Any] | None = None,
+        dtypes: Any = None,
+        shape_fn: Callable[..., Any] | str | None = None,
+        function: Any = None,
+        tensor_type: str = "numpy",
+        out: bool | None = None,
+        replace: bool = False,
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator registering ``fn`` as the kernel of ``name`` (returns ``fn`` unchanged).
+
+        ``inputs``/``outputs``: names, ``"x?"`` optional, ``"xs*"`` variadic (last).
+        ``attrs``: ``{"alpha": "float"}`` (required) or ``{"alpha": ("float", 2.0)}`` (default).
+        ``dtypes``: allowed dtype names for every input/output, or ``{param: [...]}``; None = all.
+        ``shape_fn``: ``"like0"`` (default: every output like input 0), ``"broadcast"``, or a
+        callable ``(inputs: list[TensorInfo|None], attrs) -> TensorInfo | list[TensorInfo]``.
+        ``function``: FunctionProto (or callable/onnxscript function producing one) used by
+        :func:`embed_functions`. ``tensor_type="torch"`` passes torch tensors instead of numpy.
+        A kernel with an ``out`` keyword gets preallocated writable outputs (``out=(y0, ...)``)
+        shaped by ``shape_fn`` and should return None.
+
+        Inputs (and ``out`` buffers) are zero-copy views of ONNX Runtime memory, valid only
+        during the call: inputs are read-only, and anything kept after returning must be copied.
+        """
+
+        def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+            spec = make_spec(name, fn, inputs=inputs, outputs=outputs, attrs=attrs, dtypes=dtypes,
+                             shape_fn=shape_fn, function=function, tensor_type=tensor_type, out=out)
+            self.add(spec, replace=replace)
+            return fn
+
+        return deco
+
+    def add(self, spec: KernelSpec, *, replace: bool = False) -> KernelSpec:
+        if not isinstance(spec, KernelSpec):
+            raise KernelError(f"expected a KernelSpec, received {type(spec).__name__}.")
+        split_name(spec.name)
+        with self._lock:
+            if spec.name in self._specs and not replace and self._specs[spec.name] is not spec:
+                raise KernelError(
+                    f"kernel {spec.name!r} is already registered; fix: pass replace=True to "
+                    f"override it, or register under another 'domain::OpType'."
+                )
+            self._specs[spec.name] = spec
+        return spec
+
+    def alias(self, name: str, existing: str, *, replace: bool = False) -> KernelSpec:
+        """Register the kernel of ``existing`` again as ``name`` (e.g. in your own domain)."""
+        return self.add(self[existing].renamed(name), replace=replace)
+
+    def remove(self, name: str) -> None:
+        with self._lock:
+            self._specs.pop(name, None)
+
+    def get(self, name: str) -> KernelSpec | None:
+        return self._specs.get(name)
+
+    def lookup(self, domain: str, op_type: str) -> KernelSpec | None:
+        return self._specs.get(f"{domain}::{op_type}")
+
+    def find(self, node: Any) -> KernelSpec | None:
+        """Kernel for ``"domain::OpType"`` or for an ``onnx.NodeProto`` (None if absent)."""
+        if isinstance(node, str):
+            return self._specs.get(node)
+        return self.lookup(getattr(node, "domain", ""), getattr(node, "op_type", ""))
+
+    def __getitem__(self, name: str) -> KernelSpec:
+        spec = self._specs.get(name)
+        if spec is None:
+            known = ", ".join(sorted(self._specs)) or "(none)"
+            raise KernelError(f"no kernel registered for {name!r}; registered: {known}.")
+        return spec
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+    def __iter__(self) -> Iterator[KernelSpec]:
+        return iter(list(self._specs.values()))
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def names(self) -> list[str]:
+        return sorted(self._specs)
+
+    def copy(self) -> KernelRegistry:
+        return KernelRegistry(self._specs.values())
+
+    def update(self, other: KernelRegistry | Iterable[KernelSpec], *, replace: bool = False) -> KernelRegistry:
+        """Add every kernel of ``other`` (raises on a clash unless ``replace``); returns self."""
+        for spec in other:
+            self.add(spec, replace=replace)
+        return self
+
+    def __repr__(self) -> str:
+        return f"KernelRegistry({self.names()})"
+
+
+# ---- the default registry ------------------------------------------------------------------
+_user = KernelRegistry()
+_builtin: KernelRegistry | None = None
+_builtin_lock = threading.Lock()
+
+
+def _builtin_registry() -> KernelRegistry:
+    global _builtin
+    with _builtin_lock:
+        if _builtin is None:
+            from onnx_custom._builtins import KERNEL_MODULES
+
+            reg = KernelRegistry()
+            for mod_name in KERNEL_MODULES:
+                mod = importlib.import_module(mod_name)
+                kernels = getattr(mod, "kernels", None)
+                if not isinstance(kernels, KernelRegistry):
+                    raise KernelError(
+                        f"{mod_name} is listed in onnx_custom._builtins.KERNEL_MODULES but defines no "
+                        f"`kernels: KernelRegistry`."
+                    )
+                reg.update(kernels)
+            _builtin = reg
+        return _builtin
+
+
+def default_kernel_registry() -> KernelRegistry:
+    """Built-in kernels (``onnx_custom._builtins.KERNEL_MODULES``) plus :func:`kernel` registrations.
+
+    Returns a fresh copy: mutating it does not change the default.
+    """
+    reg = _builtin_registry().copy()
+    return reg.update(_user, replace=True)
+
+
+def kernel(
+    name: str,
+    *,
+    inputs: Sequence[str],
+    outputs: Sequence[str],
+    attrs: Mapping[str, Any] | None = None,
+    dtypes: Any = None,
+    shape_fn: Callable[..., Any] | str | None = None,
+    function: Any = None,
+    tensor_type: str = "numpy",
+    out: bool | None = None,
+    replace: bool = False,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a kernel into the default registry (see :meth:`KernelRegistry.kernel`)."""
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        spec = make_spec(name, fn, inputs=inputs, outputs=outputs, attrs=attrs, dtypes=dtypes,
+                         shape_fn=shape_fn, function=function, tensor_type=tensor_type, out=out)
+        if not replace and name in _builtin_registry():
+            raise KernelError(
+                f"kernel {name!r} is a built-in kernel; fix: pass replace=True to override it."
+            )
+        _user.add(spec, replace=replace)
+        return fn
+
+    return deco

@@ -1,0 +1,223 @@
+"""``InferenceSession`` / ``session_options`` / ``missing_kernels``: run models with Python kernels."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Union
+
+import onnx
+import onnxruntime as ort
+from google.protobuf.message import DecodeError
+
+from onnx_custom.errors import KernelError, OnnxCustomError
+from onnx_custom.runtime.host import register_kernels
+from onnx_custom.runtime.registry import (
+    RESERVED_DOMAINS,
+    KernelRegistry,
+    KernelSpec,
+    default_kernel_registry,
+)
+
+__all__ = [
+    "InferenceSession",
+    "ModelLoadError",
+    "ModelSource",
+    "custom_nodes",
+    "load_model",
+    "missing_kernels",
+    "required_kernels",
+    "session_options",
+]
+
+ModelSource = Union[onnx.ModelProto, bytes, bytearray, memoryview, str, "os.PathLike[str]"]
+_REGISTERED_KEY = "onnx_custom.kernels"  # session config entry recording what we registered
+_SPIN_KEYS = ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning")
+
+
+class ModelLoadError(OnnxCustomError, ValueError):
+    """The model given to onnx-custom is not a readable ONNX model."""
+
+
+def load_model(model: ModelSource) -> tuple[onnx.ModelProto, bytes | str]:
+    """``(ModelProto, what to hand ORT)``; paths stay paths so external data keeps resolving."""
+    if isinstance(model, onnx.ModelProto):
+        return model, model.SerializeToString()
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        data = bytes(model)
+        return _parse(data, "the given bytes"), data
+    if isinstance(model, (str, os.PathLike)):
+        path = Path(model)
+        if not path.exists():
+            raise FileNotFoundError(
+                f"ONNX model file not found: {str(path)!r}; fix: pass the path of an existing .onnx "
+                f"file, the model's bytes, or an onnx.ModelProto."
+            )
+        if not path.is_file():
+            raise ModelLoadError(f"{str(path)!r} is not a file; expected an .onnx model file.")
+        return _parse(path.read_bytes(), repr(str(path))), str(path.resolve())
+    raise ModelLoadError(
+        f"expected an onnx.ModelProto, bytes or a file path; received {type(model).__name__}."
+    )
+
+
+def _parse(data: bytes, what: str) -> onnx.ModelProto:
+    m = onnx.ModelProto()
+    try:
+        m.ParseFromString(data)
+    except (DecodeError, ValueError) as exc:
+        raise ModelLoadError(
+            f"{what} is not a valid ONNX model (protobuf decoding failed: {exc}); fix: re-export "
+            f"the model or check that the file is not truncated."
+        ) from exc
+    if not m.HasField("graph"):
+        raise ModelLoadError(f"{what} is not a valid ONNX model (no graph); fix: re-export the model.")
+    return m
+
+
+def _walk(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _walk(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from _walk(g)
+
+
+def custom_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """Every node (subgraphs and local functions included) outside ONNX Runtime's own domains."""
+    nodes = list(_walk(model.graph))
+    for f in model.functions:
+        for node in f.node:
+            nodes.append(node)
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    nodes.extend(_walk(attr.g))
+    return [n for n in nodes if n.domain not in RESERVED_DOMAINS]
+
+
+def _registry(kernels: KernelRegistry | None) -> KernelRegistry:
+    if kernels is None:
+        return default_kernel_registry()
+    if not isinstance(kernels, KernelRegistry):
+        raise KernelError(f"kernels= expects a KernelRegistry, received {type(kernels).__name__}.")
+    return kernels
+
+
+def _as_model(model: ModelSource) -> onnx.ModelProto:
+    return model if isinstance(model, onnx.ModelProto) else load_model(model)[0]
+
+
+def missing_kernels(model: ModelSource, kernels: KernelRegistry | None = None) -> list[tuple[str, str]]:
+    """``(domain, op_type)`` of custom nodes with neither a kernel nor a model-local function."""
+    m = _as_model(model)
+    reg = _registry(kernels)
+    local = {(f.domain, f.name) for f in m.functions}
+    out: list[tuple[str, str]] = []
+    for node in custom_nodes(m):
+        key = (node.domain, node.op_type)
+        if key in local or reg.lookup(*key) is not None or key in out:
+            continue
+        out.append(key)
+    return out
+
+
+def required_kernels(model: ModelSource, kernels: KernelRegistry | None = None) -> list[KernelSpec]:
+    """Kernels serving the model's custom nodes; raises KernelError naming every missing one."""
+    m = _as_model(model)
+    reg = _registry(kernels)
+    missing = missing_kernels(m, reg)
+    if missing:
+        where: dict[tuple[str, str], list[str]] = {}
+        for node in custom_nodes(m):
+            key = (node.domain, node.op_type)
+            if key in missing:
+                where.setdefault(key, []).append(node.name or "<unnamed>")
+        lines = "\n".join(
+            f"  {d}::{t} (node{'s' if len(where[(d, t)]) > 1 else ''} {', '.join(where[(d, t)][:5])}"
+            f"{', ...' if len(where[(d, t)]) > 5 else ''})"
+            for d, t in missing
+        )
+        known = ", ".join(reg.names()) or "(none)"
+        raise KernelError(
+            f"{len(missing)} custom op(s) in the model have no Python kernel:\n{lines}\n"
+            f"registered kernels: {known}\n"
+            f"fix: register them with @onnx_custom.runtime.kernel('domain::OpType', ...) (or pass "
+            f"kernels=...), or embed function bodies with embed_functions()."
+        )
+    seen: dict[str, KernelSpec] = {}
+    for node in custom_nodes(m):
+        spec = reg.lookup(node.domain, node.op_type)
+        if spec is not None:
+            seen.setdefault(spec.name, spec)
+    return list(seen.values())
+
+
+def _config(so: ort.SessionOptions, key: str) -> str | None:
+    try:
+        return str(so.get_session_config_entry(key))
+    except (RuntimeError, ort.capi.onnxruntime_pybind11_state.Fail):  # type: ignore[attr-defined]
+        return None
+
+
+def session_options(
+    model: ModelSource,
+    base: ort.SessionOptions | None = None,
+    kernels: KernelRegistry | None = None,
+) -> ort.SessionOptions:
+    """SessionOptions with the Python kernels ``model`` needs registered (``base`` is updated in place).
+
+    Also turns thread-pool spinning off unless ``base`` set it: spinning ORT threads starve the
+    Python kernels of CPU on small machines.
+    """
+    specs = required_kernels(model, kernels)
+    so = base if base is not None else ort.SessionOptions()
+    if not isinstance(so, ort.SessionOptions):
+        raise KernelError(f"base= expects onnxruntime.SessionOptions, received {type(so).__name__}.")
+    for key in _SPIN_KEYS:
+        if _config(so, key) is None:
+            so.add_session_config_entry(key, "0")
+    done = _config(so, _REGISTERED_KEY)
+    if done is not None:
+        have = set(filter(None, done.split(",")))
+        need = {s.name for s in specs}
+        if need <= have:
+            return so
+        raise KernelError(
+            f"these SessionOptions already carry onnx-custom kernels ({', '.join(sorted(have))}) "
+            f"and cannot take more ({', '.join(sorted(need - have))}); fix: pass fresh "
+            f"onnxruntime.SessionOptions()."
+        )
+    register_kernels(so, specs)
+    so.add_session_config_entry(_REGISTERED_KEY, ",".join(sorted(s.name for s in specs)))
+    return so
+
+
+class InferenceSession(ort.InferenceSession):
+    """``onnxruntime.InferenceSession`` that registers the Python kernels the model needs.
+
+    Raises :class:`KernelError` listing every custom node without a kernel before ORT sees the
+    model. ``model_or_path``: ModelProto, serialized bytes or a path. ``providers`` defaults to
+    CPU (Python kernels always run on CPU).
+    """
+
+    def __init__(
+        self,
+        model_or_path: ModelSource,
+        sess_options: ort.SessionOptions | None = None,
+        providers: Sequence[str] | None = None,
+        *,
+        kernels: KernelRegistry | None = None,
+        **kwargs: Any,
+    ) -> None:
+        model, source = load_model(model_or_path)
+        self.kernel_specs: tuple[KernelSpec, ...] = tuple(required_kernels(model, kernels))
+        so = session_options(model, base=sess_options, kernels=kernels)
+        super().__init__(
+            source, sess_options=so,
+            providers=list(providers) if providers is not None else ["CPUExecutionProvider"],
+            **kwargs,
+        )
