@@ -18,6 +18,7 @@ SYMBOLIC_MODULES: tuple[str, ...] = (
     "onnx_custom.symbolics.multi_output",
     "onnx_custom.symbolics.bev",
     "onnx_custom.symbolics.linear",
+    "onnx_custom.symbolics.vision",
 )
 
 # Each module defines `kernels: onnx_custom.runtime.KernelRegistry`.
@@ -26,4 +27,5 @@ KERNEL_MODULES: tuple[str, ...] = (
     "onnx_custom.ort_kernels.multi_output",
     "onnx_custom.ort_kernels.bev",
     "onnx_custom.ort_kernels.linear",
+    "onnx_custom.ort_kernels.vision",
 )

@@ -110,3 +110,31 @@ def test_dynamo_lowering_refuses_ops_that_changed_meaning() -> None:
 
     with pytest.raises(onnx_custom.OnnxCustomError, match=r"Softmax \(changed at opset 13\).*torchscript"):
         onnx_custom.export(Softmax(), (torch.randn(3, 4),), exporter="dynamo", opset=11)
+
+
+@torch.library.custom_op("octest_same::scale1", mutates_args=())
+def _scale1(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 + 1
+
+
+@_scale1.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@pytest.mark.parametrize(("exporter", "opset"), EXPORTERS, ids=[e for e, _ in EXPORTERS])
+def test_custom_node_named_like_its_torch_op(exporter: str, opset: int) -> None:
+    # The TorchScript exporter looks such nodes up again at their domain version (1) after export.
+    from onnx_custom.runtime import KernelRegistry, kernel
+
+    reg = onnx_custom.Registry()
+    reg.symbolic("octest_same::scale1", opset=1)(lambda g, x: g.op("octest_same::scale1", x))
+    if KernelRegistry().lookup("octest_same", "scale1") is None:
+        kernel("octest_same::scale1", inputs=["x"], outputs=["y"], replace=True)(lambda x: x * 2 + 1)
+
+    class M(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return _scale1(x)
+
+    proto = onnx_custom.export(M(), (torch.randn(3),), exporter=exporter, opset=opset, registry=reg, verify=True)
+    assert [(n.domain, n.op_type) for n in proto.graph.node] == [("octest_same", "scale1")]
