@@ -58,7 +58,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(runtime, name)
     if name == "check":
-        from onnx_custom.check import check
+        from onnx_custom.preflight import check
 
         return check
     raise AttributeError(f"module 'onnx_custom' has no attribute {name!r}")

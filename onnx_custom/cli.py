@@ -73,7 +73,7 @@ def _verify_extras(ns: argparse.Namespace) -> dict[str, object]:
 
 
 def cmd_check(ns: argparse.Namespace) -> int:
-    import onnx_custom.check as checking
+    import onnx_custom.preflight as checking
 
     loaded = load_model_spec(ns.model)
     args = example_args(loaded, ns.input, ns.seed)

@@ -48,6 +48,17 @@ def _torchlib_supported(opset: int) -> frozenset[Any]:
     return frozenset(supported | decomposable)
 
 
+# Assertion nodes the exporter erases before translating (torch's remove_assertion_nodes).
+_ERASED = {"_assert_async", "_assert_scalar", "_assert_tensor_metadata", "sym_constrain_range_for_size"}
+
+
+def _lowered_by_exporter(op: torch._ops.OpOverload) -> bool:
+    """The exporter decomposes CompositeImplicitAutograd ops (``aten::to.dtype``) and drops asserts."""
+    if op.namespace == "aten" and op._opname in _ERASED:
+        return True
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
+
+
 def _count(names: list[str]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for name in names:
@@ -68,7 +79,7 @@ def missing_ops_dynamo(exported_program: torch.export.ExportedProgram, opset: in
         target = Target(QualifiedName(ns, op, overload or "default"))
         if any(e.opset <= opset for e in reg.entries_for(target)):
             continue
-        if node.target in supported:
+        if node.target in supported or _lowered_by_exporter(node.target):
             continue
         names.append(str(target))
     return [

@@ -138,3 +138,14 @@ def test_custom_node_named_like_its_torch_op(exporter: str, opset: int) -> None:
 
     proto = onnx_custom.export(M(), (torch.randn(3),), exporter=exporter, opset=opset, registry=reg, verify=True)
     assert [(n.domain, n.op_type) for n in proto.graph.node] == [("octest_same", "scale1")]
+
+
+def test_dynamo_precheck_accepts_ops_the_exporter_lowers() -> None:
+    # aten::to.dtype (CompositeImplicit) and aten::_assert_tensor_metadata appear only before
+    # the exporter's own decompositions; the pre-flight must not call them missing.
+    class Cast(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x * 10).to(torch.int32)
+
+    proto = onnx_custom.export(Cast(), (torch.randn(3, 4),), exporter="dynamo", verify=True)
+    assert "Cast" in {n.op_type for n in proto.graph.node}

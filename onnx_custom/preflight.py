@@ -1,0 +1,275 @@
+"""``onnx_custom.check`` (this module is ``preflight`` so it never shadows the function): pre-flight coverage of a model, without exporting a file.
+
+Lists, all at once, every op with no translation for the chosen exporter/opset (with the opsets
+where one exists), and every custom node type the chosen translations would emit
+(``SymbolicEntry.emits``) that has neither a runtime kernel nor an ONNX schema.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any
+
+import onnx
+import torch
+
+from onnx_custom.coverage import MissingOp, missing_ops_dynamo, missing_ops_torchscript
+from onnx_custom.errors import OnnxCustomError, SymbolicError, UnsupportedOpError
+from onnx_custom.names import QualifiedName, Target
+from onnx_custom.registry import Registry, SymbolicEntry, default_registry
+
+__all__ = ["CoverageReport", "MissingKernel", "check", "has_kernel", "kernel_registry_or_none"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MissingKernel:
+    """A custom node type a translation would emit, with no kernel and no schema to run it."""
+
+    node_type: str
+    emitted_by: tuple[str, ...]
+
+    def describe(self) -> str:
+        return f"{self.node_type}: no runtime kernel and no ONNX schema (emitted by {'; '.join(self.emitted_by)})"
+
+
+@dataclasses.dataclass(frozen=True)
+class CoverageReport:
+    """What `check` found; ``str(report)`` is the human listing, ``ok`` means export should work."""
+
+    exporter: str
+    opset: int
+    ops: tuple[str, ...]
+    translations: tuple[str, ...]
+    missing: tuple[MissingOp, ...]
+    emitted: tuple[str, ...]
+    missing_kernels: tuple[MissingKernel, ...]
+    kernels_checked: bool
+    problems: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.missing_kernels or self.problems)
+
+    @property
+    def missing_names(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.missing) + tuple(k.node_type for k in self.missing_kernels)
+
+    def __str__(self) -> str:
+        head = f"Coverage for the {self.exporter} exporter at opset {self.opset}: {len(self.ops)} distinct op(s)"
+        lines = [f"{head} — {'OK' if self.ok else 'PROBLEMS FOUND'}"]
+        for problem in self.problems:
+            lines.append(f"  ! {problem}")
+        if self.missing:
+            lines.append(f"{len(self.missing)} op(s) without a translation:")
+            lines += [f"  - {m.describe()}" for m in self.missing]
+            lines.append(
+                "  Fix: register a translation with @onnx_custom.symbolic('<ns>::<op>', opset=N), "
+                "or pick an opset listed above."
+            )
+        if self.translations:
+            lines.append("Our translations used:")
+            lines += [f"  - {t}" for t in self.translations]
+        if self.emitted:
+            lines.append(f"Custom node types emitted: {', '.join(self.emitted)}")
+        if not self.kernels_checked and self.emitted:
+            lines.append("  (the kernel host onnx_custom.runtime is unavailable: no custom kernel can run)")
+        if self.missing_kernels:
+            lines.append(f"{len(self.missing_kernels)} custom node type(s) that ONNX Runtime cannot run:")
+            lines += [f"  - {k.describe()}" for k in self.missing_kernels]
+            lines.append(
+                "  Fix: register a kernel with @onnx_custom.kernel('<domain>::<Op>', ...), or prefer a "
+                "translation variant that emits standard ops."
+            )
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "exporter": self.exporter,
+            "opset": self.opset,
+            "ok": self.ok,
+            "ops": list(self.ops),
+            "translations": list(self.translations),
+            "missing": [dataclasses.asdict(m) for m in self.missing],
+            "emitted": list(self.emitted),
+            "missing_kernels": [dataclasses.asdict(k) for k in self.missing_kernels],
+            "kernels_checked": self.kernels_checked,
+            "problems": list(self.problems),
+        }
+
+
+def kernel_registry_or_none() -> Any:
+    """The default kernel registry, or None while the kernel host is unavailable."""
+    try:
+        from onnx_custom.runtime import default_kernel_registry
+    except ImportError:
+        return None
+    try:
+        return default_kernel_registry()
+    except Exception:  # a half-built host must not break a pre-flight check
+        return None
+
+
+def has_kernel(kernels: Any, node_type: str) -> bool:
+    """Whether ``kernels`` (a KernelRegistry) has a kernel for ``"domain::OpType"``."""
+    domain, _, op_type = node_type.rpartition("::")
+    for attempt in (
+        lambda: kernels.lookup(domain, op_type),
+        lambda: kernels.get(node_type),
+        lambda: node_type in kernels or None,
+    ):
+        try:
+            if attempt():
+                return True
+        except Exception:
+            continue
+    return False
+
+
+def has_schema(node_type: str) -> bool:
+    domain, _, op_type = node_type.rpartition("::")
+    try:
+        return bool(onnx.defs.has(op_type, domain))
+    except Exception:
+        return False
+
+
+def _entry(registry: Registry, target: Any, opset: int, exporter: str) -> SymbolicEntry | None:
+    try:
+        if not registry.entries_for(target):
+            return None
+        return registry.lookup(target, opset, exporter=exporter)
+    except (UnsupportedOpError, SymbolicError):
+        return None
+
+
+def _export_program(model: torch.nn.Module, args: tuple[Any, ...], registry: Registry) -> torch.export.ExportedProgram:
+    from onnx_custom.export import _NO_FAKE, _find_cause, _reject_autograd_functions
+
+    try:
+        with _reject_autograd_functions(registry), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.export.export(model, args, strict=False)
+    except Exception as exc:
+        inner = _find_cause(exc, SymbolicError)
+        if inner is not None:
+            raise OnnxCustomError(str(inner)) from exc
+        match = _NO_FAKE.search(str(exc))
+        if match:
+            op = match["op"] or match["op2"]
+            raise OnnxCustomError(
+                f"The custom op {op} has no fake (meta) kernel, which the dynamo exporter needs. Fix: "
+                f"add @torch.library.register_fake('{op}'), or use exporter='torchscript'."
+            ) from exc
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise OnnxCustomError(f"torch.export could not trace the model: {type(exc).__name__}: {first}") from exc
+
+
+def _dynamo_ops(model: torch.nn.Module, args: tuple[Any, ...], opset: int, registry: Registry) -> tuple[list[str], list[SymbolicEntry], list[MissingOp]]:
+    program = _export_program(model, args, registry)
+    ops: dict[str, None] = {}
+    used: dict[tuple[str, int, str], SymbolicEntry] = {}
+    for node in program.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        ns, _, rest = node.target.name().partition("::")
+        op = rest.split(".")[0]
+        target = Target(QualifiedName(ns, op, node.target._overloadname))
+        ops[str(target)] = None
+        entry = _entry(registry, target, opset, "dynamo")
+        if entry is not None:
+            used[entry.key] = entry
+    return list(ops), list(used.values()), missing_ops_dynamo(program, opset, registry)
+
+
+def _torchscript_ops(model: torch.nn.Module, args: tuple[Any, ...], opset: int, registry: Registry) -> tuple[list[str], list[SymbolicEntry], list[MissingOp]]:
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graph, *_ = torch.jit._get_trace_graph(model, args)
+    ops: dict[str, None] = {}
+    used: dict[tuple[str, int, str], SymbolicEntry] = {}
+    for node in graph.nodes():
+        kind = node.kind()
+        if kind == "prim::PythonOp":
+            cls = getattr(node.pyobj(), "__self__", None)
+            ops[f"prim::PythonOp[{node.pyname()}]"] = None
+            entry = _entry(registry, cls, opset, "torchscript") if isinstance(cls, type) else None
+        elif kind.split("::")[0] in ("prim", "onnx"):
+            continue
+        else:
+            ops[kind] = None
+            entry = _entry(registry, kind, opset, "torchscript")
+        if entry is not None:
+            used[entry.key] = entry
+    return list(ops), list(used.values()), missing_ops_torchscript(model, args, opset, registry)
+
+
+def check(
+    model: torch.nn.Module,
+    args: tuple[Any, ...] | torch.Tensor,
+    *,
+    exporter: str = "dynamo",
+    opset: int = 18,
+    registry: Registry | None = None,
+    raise_if_missing: bool = False,
+) -> CoverageReport:
+    """Pre-flight: can ``model`` be exported with ``exporter`` at ``opset`` and run in ORT?
+
+    Traces the model (``torch.export`` or ``torch.jit`` trace, like the exporter would) without
+    writing a file. ``raise_if_missing=True`` raises `UnsupportedOpError` (``missing``: every
+    name) with the same text as ``str(report)`` when anything is missing.
+    """
+    from onnx_custom.export import EXPORTERS
+
+    if exporter not in EXPORTERS:
+        raise OnnxCustomError(f"exporter must be one of {EXPORTERS}, got {exporter!r}.")
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
+    if not isinstance(opset, int) or isinstance(opset, bool) or opset < 1:
+        raise TypeError(f"opset must be a positive int, got {opset!r}.")
+    if isinstance(args, torch.Tensor):
+        args = (args,)
+    if not isinstance(args, tuple):
+        raise TypeError(f"args must be a tuple of example inputs (or one tensor), got {type(args).__name__}.")
+    reg = registry if registry is not None else default_registry()
+    problems: list[str] = []
+    ops: list[str] = []
+    entries: list[SymbolicEntry] = []
+    missing: list[MissingOp] = []
+    if exporter == "torchscript":
+        from onnx_custom._torchscript import TS_MAX_OPSET, TS_MIN_OPSET
+
+        if not TS_MIN_OPSET <= opset <= TS_MAX_OPSET:
+            problems.append(f"The TorchScript exporter supports opsets {TS_MIN_OPSET}..{TS_MAX_OPSET}, got {opset}.")
+    try:
+        collect = _dynamo_ops if exporter == "dynamo" else _torchscript_ops
+        ops, entries, missing = collect(model, args, opset, reg)
+    except OnnxCustomError as exc:
+        problems.append(str(exc))
+    except Exception as exc:  # tracing a user model can fail in many ways; report, don't crash
+        problems.append(f"Tracing the model failed: {type(exc).__name__}: {exc}")
+    emitted: dict[str, list[str]] = {}
+    for entry in entries:
+        for node_type in entry.emits:
+            emitted.setdefault(node_type, []).append(entry.describe())
+    kernels = kernel_registry_or_none()
+    # Without the kernel host nothing can run a custom node: every schema-less one is missing.
+    missing_kernels = tuple(
+        MissingKernel(node_type, tuple(by))
+        for node_type, by in emitted.items()
+        if not has_schema(node_type) and (kernels is None or not has_kernel(kernels, node_type))
+    )
+    report = CoverageReport(
+        exporter=exporter,
+        opset=opset,
+        ops=tuple(ops),
+        translations=tuple(e.describe() for e in entries),
+        missing=tuple(missing),
+        emitted=tuple(emitted),
+        missing_kernels=missing_kernels,
+        kernels_checked=kernels is not None,
+        problems=tuple(problems),
+    )
+    if raise_if_missing and not report.ok:
+        raise UnsupportedOpError(str(report), report.missing_names)
+    return report

@@ -1,0 +1,415 @@
+"""``onnx_custom.verify``: PyTorch eager vs ONNX Runtime, dtype-aware tolerances, hard pass/fail."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+import torch
+from torch.testing._comparison import default_tolerances
+
+from onnx_custom.errors import ExtensionBuildError, OnnxCustomError, VerificationError
+
+if TYPE_CHECKING:
+    from onnx_custom.registry import Registry
+
+__all__ = [
+    "BACKENDS",
+    "OutputComparison",
+    "VerificationReport",
+    "compare_arrays",
+    "flatten_outputs",
+    "load_model",
+    "make_reference",
+    "make_session",
+    "verify",
+]
+
+BACKENDS = ("onnxruntime", "reference")
+
+InputGenerator = Callable[[int, tuple[Any, ...]], tuple[Any, ...]]
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputComparison:
+    """How one output of one trial compares. ``tolerance_source`` says why these tolerances."""
+
+    trial: int
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    max_abs_diff: float
+    max_rel_diff: float
+    mismatched: int
+    total: int
+    rtol: float
+    atol: float
+    tolerance_source: str
+    nonfinite_mismatch: int = 0
+    backend: str = "onnxruntime"
+    abs_diffs: np.ndarray | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def passed(self) -> bool:
+        return self.mismatched == 0
+
+    @property
+    def mismatched_percent(self) -> float:
+        return 100.0 * self.mismatched / self.total if self.total else 0.0
+
+
+@dataclasses.dataclass
+class VerificationReport:
+    """Every comparison of every trial; ``str(report)`` is a table."""
+
+    comparisons: list[OutputComparison]
+    trials: int
+    backends: tuple[str, ...] = ("onnxruntime",)
+    localization: Any = None  # filled by verify(..., localize=True)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.comparisons)
+
+    def failures(self) -> list[OutputComparison]:
+        return [c for c in self.comparisons if not c.passed]
+
+    def table(self) -> str:
+        header = f"{'trial':>5} {'backend':<12} {'output':<24} {'shape':<18} {'dtype':<9} {'max_abs':>10} {'max_rel':>10} {'mismatch':>16} {'rtol':>8} {'atol':>8}  tolerance"
+        rows = [header]
+        for c in self.comparisons:
+            mism = f"{c.mismatched}/{c.total} ({c.mismatched_percent:.2f}%)"
+            rows.append(
+                f"{c.trial:>5} {c.backend:<12} {c.name[:24]:<24} {str(list(c.shape))[:18]:<18} {c.dtype:<9} "
+                f"{c.max_abs_diff:>10.3g} {c.max_rel_diff:>10.3g} {mism:>16} {c.rtol:>8.2g} {c.atol:>8.2g}  {c.tolerance_source}"
+            )
+        return "\n".join(rows)
+
+    def passed_by_backend(self) -> dict[str, bool]:
+        return {b: all(c.passed for c in self.comparisons if c.backend == b) for b in self.backends}
+
+    def diagnosis(self) -> str:
+        """Which side to suspect when backends disagree (empty when they agree)."""
+        by_backend = self.passed_by_backend()
+        if len(by_backend) < 2 or len(set(by_backend.values())) == 1:
+            return ""
+        good = [b for b, ok in by_backend.items() if ok]
+        bad = [b for b, ok in by_backend.items() if not ok]
+        return (
+            f"Backends disagree: {', '.join(bad)} mismatch PyTorch but {', '.join(good)} match(es) it. "
+            "The translation is likely right; suspect the runtime or a custom kernel of the failing backend."
+        )
+
+    def __str__(self) -> str:
+        status = "PASSED" if self.passed else "FAILED"
+        text = f"Verification {status}: {len(self.comparisons)} comparison(s) over {self.trials} trial(s)\n{self.table()}"
+        diagnosis = self.diagnosis()
+        if diagnosis:
+            text += f"\n{diagnosis}"
+        if self.localization is not None:
+            text += f"\n{self.localization}"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "trials": self.trials,
+            "backends": list(self.backends),
+            "outputs": [
+                {k: v for k, v in dataclasses.asdict(c).items() if k != "abs_diffs"} | {"passed": c.passed}
+                for c in self.comparisons
+            ],
+            "diagnosis": self.diagnosis(),
+            "localization": self.localization.to_dict() if hasattr(self.localization, "to_dict") else (None if self.localization is None else str(self.localization)),
+        }
+
+
+def flatten_outputs(value: Any, prefix: str = "output") -> list[tuple[str, Any]]:
+    """Nested tuples/lists/dicts -> ``[(path, leaf), ...]`` in order (dict keys in insertion order)."""
+    if isinstance(value, Mapping):
+        return [item for k, v in value.items() for item in flatten_outputs(v, f"{prefix}.{k}")]
+    if isinstance(value, (tuple, list)):
+        return [item for i, v in enumerate(value) for item in flatten_outputs(v, f"{prefix}[{i}]")]
+    return [(prefix, value)]
+
+
+def load_model(onnx_model: onnx.ModelProto | str | os.PathLike[str] | bytes) -> onnx.ModelProto:
+    """A ModelProto from a proto, bytes or path; clear errors for missing or corrupt files."""
+    if isinstance(onnx_model, onnx.ModelProto):
+        return onnx_model
+    if isinstance(onnx_model, bytes):
+        try:
+            return onnx.load_from_string(onnx_model)
+        except Exception as exc:
+            raise OnnxCustomError(f"The given bytes are not a serialized ONNX model ({exc}).") from exc
+    if not isinstance(onnx_model, (str, os.PathLike)):
+        raise TypeError(f"Expected an onnx.ModelProto, bytes or a path, got {type(onnx_model).__name__}.")
+    path = os.fspath(onnx_model)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"ONNX file {path!r} does not exist. Export it first (onnx-custom export ... -o {path}).")
+    try:
+        model = onnx.load(path)
+    except Exception as exc:
+        raise OnnxCustomError(f"{path!r} is not a valid ONNX model (corrupt or truncated?): {exc}") from exc
+    if not model.graph.node and not model.graph.output:
+        raise OnnxCustomError(f"{path!r} parsed as an empty ONNX model (corrupt or not an ONNX file?).")
+    return model
+
+
+def _tolerances(dtype: torch.dtype, rtol: float | None, atol: float | None) -> tuple[float, float, str]:
+    default_rtol, default_atol = default_tolerances(dtype)
+    if rtol is None and atol is None:
+        return default_rtol, default_atol, f"torch.testing default for {str(dtype).removeprefix('torch.')}"
+    if rtol is None or atol is None:
+        raise TypeError("Pass both rtol and atol, or neither (then dtype defaults apply).")
+    return float(rtol), float(atol), "user override"
+
+
+def compare_arrays(expected: torch.Tensor, actual: np.ndarray, *, name: str, trial: int, rtol: float | None = None, atol: float | None = None, backend: str = "onnxruntime") -> OutputComparison:
+    """Compare one output. NaN/Inf must sit at the same positions; ints/bools compare exactly."""
+    exp = expected.detach().cpu()
+    act = torch.from_numpy(np.ascontiguousarray(actual)) if actual.dtype.name != "bfloat16" else torch.from_numpy(actual.view(np.int16)).view(torch.bfloat16)
+    r, a, source = _tolerances(exp.dtype, rtol, atol)
+    common = dict(trial=trial, name=name, shape=tuple(exp.shape), dtype=str(exp.dtype).removeprefix("torch."), rtol=r, atol=a, tolerance_source=source, backend=backend)
+    if tuple(act.shape) != tuple(exp.shape) or act.dtype != exp.dtype:
+        why = f"shape {list(act.shape)} vs {list(exp.shape)}" if tuple(act.shape) != tuple(exp.shape) else f"dtype {act.dtype} vs {exp.dtype}"
+        return OutputComparison(max_abs_diff=float("inf"), max_rel_diff=float("inf"), mismatched=max(exp.numel(), 1), total=max(exp.numel(), 1), **common | {"tolerance_source": f"{source}; ONNX {why}"})  # type: ignore[arg-type]
+    total = exp.numel()
+    if total == 0:
+        return OutputComparison(max_abs_diff=0.0, max_rel_diff=0.0, mismatched=0, total=0, **common)  # type: ignore[arg-type]
+    if exp.dtype == torch.bool or not (exp.is_floating_point() or exp.is_complex()):
+        bad = exp != act
+        diff = (exp.to(torch.float64) - act.to(torch.float64)).abs() if exp.dtype != torch.bool else bad.to(torch.float64)
+        mism = int(bad.sum())
+        return OutputComparison(max_abs_diff=float(diff.max()), max_rel_diff=float((diff / exp.to(torch.float64).abs().clamp_min(1)).max()), mismatched=mism, total=total, abs_diffs=diff.numpy().ravel(), **common)  # type: ignore[arg-type]
+    e64 = exp.to(torch.complex128 if exp.is_complex() else torch.float64)
+    a64 = act.to(e64.dtype)
+    finite_e, finite_a = torch.isfinite(e64), torch.isfinite(a64)
+    # Non-finite values must agree exactly (same NaN positions, same signed infinities).
+    nonfinite_bad = (finite_e != finite_a) | (~finite_e & ~finite_a & ~((e64 == a64) | (torch.isnan(e64) & torch.isnan(a64))))
+    both = finite_e & finite_a
+    diff = torch.zeros_like(e64.real if e64.is_complex() else e64)
+    diff[both] = (e64[both] - a64[both]).abs()
+    rel = torch.zeros_like(diff)
+    rel[both] = diff[both] / e64[both].abs().clamp_min(torch.finfo(torch.float64).tiny)
+    bad = nonfinite_bad | (both & (diff > a + r * e64.abs()))
+    return OutputComparison(
+        max_abs_diff=float(diff.max()), max_rel_diff=float(rel.max()), mismatched=int(bad.sum()), total=total,
+        nonfinite_mismatch=int(nonfinite_bad.sum()), abs_diffs=diff[both].numpy().ravel(), **common,  # type: ignore[arg-type]
+    )
+
+
+def _random_like(example: tuple[Any, ...], generator: torch.Generator) -> tuple[Any, ...]:
+    """Same shapes/dtypes; floats redrawn from N(0, 1), ints/bools kept (they are often indices)."""
+
+    def redraw(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            return torch.randn(x.shape, generator=generator, dtype=torch.float32).to(x.dtype)
+        if isinstance(x, (tuple, list)):
+            return type(x)(redraw(v) for v in x)
+        return x
+
+    return tuple(redraw(x) for x in example)
+
+
+def _tensor_inputs(args: tuple[Any, ...]) -> list[torch.Tensor]:
+    return [leaf for _, leaf in flatten_outputs(args, "input") if isinstance(leaf, torch.Tensor)]
+
+
+def _to_numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def _input_names(proto: onnx.ModelProto, args: tuple[Any, ...]) -> list[str]:
+    tensors = _tensor_inputs(args)
+    initializers = {i.name for i in proto.graph.initializer}
+    names = [i.name for i in proto.graph.input if i.name not in initializers]
+    if len(names) != len(tensors):
+        raise VerificationError(
+            f"The ONNX model takes {len(names)} input(s) {names} but the example arguments hold "
+            f"{len(tensors)} tensor(s). Pass the same example inputs used for export."
+        )
+    return names
+
+
+def run_onnx(session: Any, proto: onnx.ModelProto, args: tuple[Any, ...]) -> list[np.ndarray]:
+    names = _input_names(proto, args)
+    tensors = _tensor_inputs(args)
+    return list(session.run(None, {n: _to_numpy(t) for n, t in zip(names, tensors, strict=True)}))
+
+
+def _plain_session(proto: onnx.ModelProto) -> Any:
+    import onnxruntime
+
+    return onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def make_session(proto: onnx.ModelProto) -> Any:
+    """An ORT session with our custom kernels loaded (plain ORT when the kernel host is unavailable)."""
+    try:
+        from onnx_custom.runtime import InferenceSession
+    except ImportError:  # the kernel host is optional for models without custom nodes
+        return _plain_session(proto)
+    try:
+        return InferenceSession(proto)
+    except ExtensionBuildError:
+        # The native shim could not be built: only models with custom nodes need it.
+        if _custom_node_types(proto):
+            raise
+        return _plain_session(proto)
+
+
+def _custom_node_types(proto: onnx.ModelProto) -> list[str]:
+    found: dict[str, None] = {}
+
+    def visit(graph: onnx.GraphProto) -> None:
+        for node in graph.node:
+            if node.domain not in ("", "ai.onnx", "ai.onnx.ml"):
+                found[f"{node.domain}::{node.op_type}"] = None
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    visit(attr.g)
+                for sub in attr.graphs:
+                    visit(sub)
+
+    visit(proto.graph)
+    return list(found)
+
+
+def make_reference(proto: onnx.ModelProto) -> Any:
+    """onnx's ``ReferenceEvaluator``; custom nodes run our kernels adapted as ``OpRun`` classes."""
+    from onnx.reference import ReferenceEvaluator
+
+    custom = _custom_node_types(proto)
+    if not custom:
+        return ReferenceEvaluator(proto)
+    try:
+        from onnx_custom.runtime import reference_evaluator
+    except ImportError as exc:
+        raise VerificationError(
+            f"The model has custom nodes {custom}; the reference backend needs their kernels as "
+            f"OpRun classes (onnx_custom.runtime.reference_evaluator), which is unavailable: {exc}. "
+            "Fix: install/build the kernel host or verify with backends=('onnxruntime',)."
+        ) from exc
+    return reference_evaluator(proto)
+
+
+def _make_backend(name: str, proto: onnx.ModelProto) -> Any:
+    try:
+        return make_session(proto) if name == "onnxruntime" else make_reference(proto)
+    except OnnxCustomError:
+        raise
+    except Exception as exc:
+        raise VerificationError(f"Could not load the ONNX model in backend {name!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def _localize_safely(model: Any, args: tuple[Any, ...], proto: onnx.ModelProto, trial: int, **options: Any) -> Any:
+    """A `Localization`, or a one-line reason why none could be made (never raises)."""
+    from onnx_custom.localize import localize
+
+    if not isinstance(model, torch.nn.Module):
+        return f"Localization unavailable: it needs a torch.nn.Module, got {type(model).__name__}."
+    try:
+        return localize(model, args, proto, trial=trial, **options)
+    except Exception as exc:
+        return f"Localization unavailable: {type(exc).__name__}: {exc}"
+
+
+def verify(
+    model: torch.nn.Module | Callable[..., Any],
+    args: tuple[Any, ...] | torch.Tensor,
+    onnx_model: onnx.ModelProto | str | os.PathLike[str] | bytes,
+    *,
+    trials: int = 1,
+    input_generator: InputGenerator | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    raise_on_mismatch: bool = True,
+    seed: int = 0,
+    backends: Sequence[str] = ("onnxruntime",),
+    localize: bool = False,
+    exporter: str | None = None,
+    opset: int | None = None,
+    registry: Registry | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> VerificationReport:
+    """Run PyTorch eager and ONNX Runtime on the example inputs (+ ``trials - 1`` random ones).
+
+    Outputs (nested tuples/lists/dicts, flattened in order) are compared with torch.testing's
+    per-dtype default tolerances unless ``rtol``/``atol`` are given; NaN/Inf positions must agree;
+    ints and bools compare exactly. ``input_generator(trial, example_args)`` makes the extra
+    inputs (default: floats redrawn from N(0, 1) at the same shapes, ints/bools kept).
+
+    ``backends``: any of ``"onnxruntime"`` and ``"reference"`` (onnx's ReferenceEvaluator with
+    our kernels); every comparison names its backend, and a disagreement between backends points
+    at the runtime/kernels rather than the translation. ``localize=True``: on the first failing
+    trial, compare every intermediate value (`onnx_custom.localize.localize`) and attach the
+    result as ``report.localization`` (also in the `VerificationError` message); ``exporter``,
+    ``opset`` and ``registry`` tell it how the file was made (defaults: inferred from the file,
+    the default registry). ``progress`` receives one line per trial.
+    """
+    if isinstance(args, torch.Tensor):
+        args = (args,)
+    if not isinstance(args, tuple):
+        raise TypeError(f"args must be a tuple of example inputs (or one tensor), got {type(args).__name__}.")
+    if not isinstance(trials, int) or trials < 1:
+        raise ValueError(f"trials must be a positive int, got {trials!r}.")
+    backends = (backends,) if isinstance(backends, str) else tuple(backends)
+    unknown = [b for b in backends if b not in BACKENDS]
+    if unknown or not backends:
+        raise ValueError(f"backends must be a non-empty subset of {BACKENDS}, got {list(backends)!r}.")
+    proto = load_model(onnx_model)
+    _input_names(proto, args)  # fail on an arity mismatch before running anything
+    sessions = {name: _make_backend(name, proto) for name in backends}
+    generator = torch.Generator().manual_seed(seed)
+    comparisons: list[OutputComparison] = []
+    localization: Any = None
+    for trial in range(trials):
+        if progress is not None:
+            progress(f"verify: trial {trial + 1}/{trials}")
+        trial_args = args if trial == 0 else (input_generator(trial, args) if input_generator else _random_like(args, generator))
+        try:
+            with torch.no_grad():
+                expected = model(*trial_args)
+        except Exception as exc:
+            raise VerificationError(f"The PyTorch model raised in eager mode on trial {trial}: {type(exc).__name__}: {exc}") from exc
+        flat = flatten_outputs(expected)
+        non_tensor = [name for name, leaf in flat if not isinstance(leaf, torch.Tensor)]
+        if non_tensor:
+            raise VerificationError(f"Model outputs {non_tensor} are not tensors; only tensor outputs can be compared with ONNX.")
+        onnx_names = [o.name for o in proto.graph.output]
+        if len(onnx_names) != len(flat):
+            raise VerificationError(
+                f"Output structure mismatch: the PyTorch model returns {len(flat)} tensor(s) "
+                f"({[n for n, _ in flat]}) but the ONNX model has {len(onnx_names)} output(s) "
+                f"({onnx_names}). Was the file exported from this model?"
+            )
+        trial_failed = False
+        for backend, session in sessions.items():
+            try:
+                actual = run_onnx(session, proto, tuple(trial_args))
+            except OnnxCustomError:
+                raise
+            except Exception as exc:
+                raise VerificationError(f"Backend {backend!r} failed to run the ONNX model on trial {trial}: {type(exc).__name__}: {exc}") from exc
+            for (path, exp), act, onnx_name in zip(flat, actual, onnx_names, strict=True):
+                comparison = compare_arrays(exp, np.asarray(act), name=f"{path}={onnx_name}", trial=trial, rtol=rtol, atol=atol, backend=backend)
+                trial_failed |= not comparison.passed
+                comparisons.append(comparison)
+        if localize and trial_failed and localization is None:
+            if progress is not None:
+                progress(f"verify: localizing the mismatch of trial {trial}")
+            localization = _localize_safely(model, tuple(trial_args), proto, trial, exporter=exporter, opset=opset, registry=registry, rtol=rtol, atol=atol)
+    report = VerificationReport(comparisons, trials, backends, localization)
+    if raise_on_mismatch and not report.passed:
+        raise VerificationError(str(report), report)
+    return report
