@@ -1,0 +1,163 @@
+"""Translations of ``deform_conv2d`` (ours: ``onnx_custom::deform_conv2d``; torchvision's
+``torchvision::deform_conv2d`` too when torchvision's compiled ops load).
+
+- opset >= 19: the standard ONNX ``DeformConv`` (pads ``[pad_h, pad_w, pad_h, pad_w]``,
+  ``strides``, ``dilations``, ``group``, ``offset_group``, ``kernel_shape`` when the weight's
+  shape is static, else ONNX infers it from W); bias always passed, mask only when ``use_mask``.
+  Both use torchvision's offset layout (``offset[:, 2*(g*kh*kw + k)]`` = dy, ``+1`` = dx).
+- opset < 19: one custom node ``custom::DeformConv2d`` with all five inputs (input, weight, offset,
+  mask, bias) and the nine scalar arguments as INT attributes named like the torch schema. Its
+  kernel lives in ``onnx_custom.ort_kernels.vision``. The default domain is ``"custom"``
+  (``DEFAULT_DOMAIN``); ``make_registry(domain="acme")`` builds a registry emitting
+  ``acme::DeformConv2d`` instead (pair it with ``ort_kernels.vision.make_kernels("acme")``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import onnx_custom.ops.deform_conv  # noqa: F401  (defines onnx_custom::deform_conv2d)
+from onnx_custom.registry import Registry
+
+__all__ = [
+    "DEFAULT_DOMAIN",
+    "NODE_TYPE",
+    "TARGETS",
+    "deform_conv2d",
+    "make_registry",
+    "registry",
+    "torchvision_ops_available",
+]
+
+DEFAULT_DOMAIN = "custom"
+NODE_TYPE = "DeformConv2d"  # not "deform_conv2d": a node named like a torch op confuses torchscript
+SCHEMA = (
+    "deform_conv2d(Tensor input, Tensor weight, Tensor offset, Tensor mask, Tensor bias, "
+    "int stride_h, int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, "
+    "int groups, int offset_groups, bool use_mask) -> Tensor"
+)
+
+
+def torchvision_ops_available() -> bool:
+    """True when ``torchvision::deform_conv2d`` is registered (torchvision's C++ ops loaded)."""
+    try:
+        import torchvision  # noqa: F401
+
+        torch.ops.torchvision.deform_conv2d.default  # noqa: B018  (raises if the op is missing)
+    except Exception:  # not installed, or compiled against another torch
+        return False
+    return True
+
+
+TARGETS: tuple[str, ...] = ("onnx_custom::deform_conv2d",) + (
+    ("torchvision::deform_conv2d",) if torchvision_ops_available() else ()
+)
+
+
+def _static_shape(value: Any) -> tuple[int, ...] | None:
+    """The value's shape when every dim is a known int (TorchScript or dynamo IR value)."""
+    try:
+        if isinstance(value, torch._C.Value):
+            sizes = value.type().sizes()
+        else:
+            shape = getattr(value, "shape", None)
+            sizes = None if shape is None else list(shape)
+    except Exception:  # no complete tensor type recorded
+        return None
+    if sizes is None or not all(isinstance(d, int) for d in sizes):
+        return None
+    return tuple(sizes)
+
+
+def deform_conv2d(
+    g: Any,
+    input: Any,
+    weight: Any,
+    offset: Any,
+    mask: Any,
+    bias: Any,
+    *,
+    stride_h: int,
+    stride_w: int,
+    pad_h: int,
+    pad_w: int,
+    dilation_h: int,
+    dilation_w: int,
+    groups: int,
+    offset_groups: int,
+    use_mask: bool,
+) -> Any:
+    shape = _static_shape(weight)
+    return g.op(
+        "DeformConv",
+        input,
+        weight,
+        offset,
+        bias,
+        mask if use_mask else None,
+        kernel_shape=list(shape[2:]) if shape is not None and len(shape) == 4 else None,
+        strides=[stride_h, stride_w],
+        pads=[pad_h, pad_w, pad_h, pad_w],
+        dilations=[dilation_h, dilation_w],
+        group=groups,
+        offset_group=offset_groups,
+    )
+
+
+deform_conv2d.__doc__ = SCHEMA
+
+
+def _custom_node(domain: str) -> Any:
+    def deform_conv2d_custom(
+        g: Any,
+        input: Any,
+        weight: Any,
+        offset: Any,
+        mask: Any,
+        bias: Any,
+        *,
+        stride_h: int,
+        stride_w: int,
+        pad_h: int,
+        pad_w: int,
+        dilation_h: int,
+        dilation_w: int,
+        groups: int,
+        offset_groups: int,
+        use_mask: bool,
+    ) -> Any:
+        return g.op(
+            f"{domain}::{NODE_TYPE}",
+            input,
+            weight,
+            offset,
+            mask,
+            bias,
+            stride_h=int(stride_h),
+            stride_w=int(stride_w),
+            pad_h=int(pad_h),
+            pad_w=int(pad_w),
+            dilation_h=int(dilation_h),
+            dilation_w=int(dilation_w),
+            groups=int(groups),
+            offset_groups=int(offset_groups),
+            use_mask=int(bool(use_mask)),
+        )
+
+    deform_conv2d_custom.__doc__ = SCHEMA
+    return deform_conv2d_custom
+
+
+def make_registry(domain: str = DEFAULT_DOMAIN) -> Registry:
+    """Translations for every target in ``TARGETS``; custom nodes (opset < 19) in ``domain``."""
+    reg = Registry()
+    custom = _custom_node(domain)
+    for target in TARGETS:
+        reg.symbolic(target, opset=19)(deform_conv2d)
+        reg.symbolic(target, opset=1, emits=[f"{domain}::{NODE_TYPE}"])(custom)
+    return reg
+
+
+registry = make_registry()

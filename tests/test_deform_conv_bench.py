@@ -1,0 +1,24 @@
+"""Smoke test of benchmarks/deform_conv2d.py (timings themselves are not asserted: shared CPUs)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "deform_conv2d.py"
+
+
+@pytest.mark.slow
+def test_benchmark_runs_and_reports_every_ratio(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = importlib.util.spec_from_file_location("bench_deform_conv2d", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    results = module.main(["--repeat", "1", "--rounds", "1"])
+    assert "eager op (C++) / ORT DeformConv op19" in results
+    assert "ORT custom-node kernel / eager op (C++)" in results
+    assert "DCN net, ORT opset 19 / DCN net, eager" in results
+    assert results["eager_peak_bytes"] > 0
+    assert "peak RSS increase" in capsys.readouterr().out
