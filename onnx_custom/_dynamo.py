@@ -55,6 +55,12 @@ class DynamoBuilder(GraphBuilder):
         except KeyError:
             return None
 
+    def shape(self, value: Any) -> tuple[int | None, ...] | None:
+        shape = getattr(value, "shape", None)
+        if shape is None:
+            return None
+        return tuple(d if isinstance(d, int) else None for d in shape)
+
     def _add_node(self, domain: str, op_type: str, inputs: Sequence[Any], attrs: list[AttrValue], outputs: int) -> list[Any]:
         ir_attrs = []
         for attr in attrs:

@@ -58,6 +58,13 @@ class TorchScriptBuilder(GraphBuilder):
         except Exception:
             return None
 
+    def shape(self, value: Any) -> tuple[int | None, ...] | None:
+        try:
+            sizes = value.type().varyingSizes()
+        except Exception:  # not a tensor type with a known rank
+            return None
+        return None if sizes is None else tuple(sizes)
+
     def _add_node(self, domain: str, op_type: str, inputs: Sequence[Any], attrs: list[AttrValue], outputs: int) -> list[Any]:
         kwargs: dict[str, Any] = {}
         for attr in attrs:

@@ -125,6 +125,10 @@ class GraphBuilder(abc.ABC):
         """The torch dtype of a graph value, or None when the exporter does not know it."""
 
     @abc.abstractmethod
+    def shape(self, value: Any) -> tuple[int | None, ...] | None:
+        """The shape of a graph value (None for a dynamic dim), or None when the rank is unknown."""
+
+    @abc.abstractmethod
     def _add_node(self, domain: str, op_type: str, inputs: Sequence[Any], attrs: list[AttrValue], outputs: int) -> list[Any]: ...
 
     @abc.abstractmethod

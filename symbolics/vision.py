@@ -56,21 +56,6 @@ TARGETS: tuple[str, ...] = ("onnx_custom::deform_conv2d",) + (
 )
 
 
-def _static_shape(value: Any) -> tuple[int, ...] | None:
-    """The value's shape when every dim is a known int (TorchScript or dynamo IR value)."""
-    try:
-        if isinstance(value, torch._C.Value):
-            sizes = value.type().sizes()
-        else:
-            shape = getattr(value, "shape", None)
-            sizes = None if shape is None else list(shape)
-    except Exception:  # no complete tensor type recorded
-        return None
-    if sizes is None or not all(isinstance(d, int) for d in sizes):
-        return None
-    return tuple(sizes)
-
-
 def deform_conv2d(
     g: Any,
     input: Any,
@@ -89,7 +74,8 @@ def deform_conv2d(
     offset_groups: int,
     use_mask: bool,
 ) -> Any:
-    shape = _static_shape(weight)
+    shape = g.shape(weight)
+    static = shape is not None and len(shape) == 4 and None not in shape
     return g.op(
         "DeformConv",
         input,
@@ -97,7 +83,7 @@ def deform_conv2d(
         offset,
         bias,
         mask if use_mask else None,
-        kernel_shape=list(shape[2:]) if shape is not None and len(shape) == 4 else None,
+        kernel_shape=list(shape[2:]) if static else None,  # type: ignore[index]
         strides=[stride_h, stride_w],
         pads=[pad_h, pad_w, pad_h, pad_w],
         dilations=[dilation_h, dilation_w],

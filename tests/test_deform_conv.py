@@ -339,10 +339,10 @@ def test_build_failure_is_an_extension_build_error(tmp_path, monkeypatch) -> Non
 
     blocker = tmp_path / "not_a_dir"
     blocker.write_text("")
-    monkeypatch.setenv("ONNX_CUSTOM_CACHE", str(blocker))
+    monkeypatch.setenv("ONNX_CUSTOM_CACHE_DIR", str(blocker))
     module._load.cache_clear()
     try:
-        with pytest.raises(ExtensionBuildError, match="ONNX_CUSTOM_CACHE"):
+        with pytest.raises(ExtensionBuildError, match="ONNX_CUSTOM_CACHE_DIR"):
             module.load_extension()
     finally:
         monkeypatch.undo()

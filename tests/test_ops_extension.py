@@ -42,7 +42,7 @@ def _env(**extra: str) -> dict[str, str]:
 def test_build_is_cached_on_disk(my_ops_lib: str) -> None:
     directory = extension.build_directory()
     assert directory.parent == extension.cache_root() / "torch_ext"
-    assert (directory / ".complete").exists() and extension._library_file(directory).exists()
+    assert (directory / ".complete").exists() and (directory / f"{extension.EXTENSION_NAME}.so").exists()
     assert torch.ops.my_ops.my_add.default is not None
     assert extension.load_my_ops() == my_ops_lib  # second call: no rebuild, same answer
 

@@ -10,15 +10,13 @@ Same schema and semantics as ``torchvision::deform_conv2d``::
 group ``g``; samples are bilinear with zero padding (a sample at ``y <= -1``, ``y >= H``,
 ``x <= -1`` or ``x >= W``, or a non-finite one, is 0). The kernels are C++ (im2col with bilinear
 sampling, one GEMM per group) built on first use with ``torch.utils.cpp_extension.load`` into
-``$ONNX_CUSTOM_CACHE`` (default ``~/.cache/onnx_custom``). ``validate_deform_conv2d`` is shared
+``$ONNX_CUSTOM_CACHE_DIR`` (default ``~/.cache/onnx_custom``). ``validate_deform_conv2d`` is shared
 by the eager and the fake kernel, so export fails early with the same message as eager.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import os
 import threading
 from pathlib import Path
 from types import ModuleType
@@ -26,7 +24,7 @@ from typing import Any
 
 import torch
 
-from onnx_custom.errors import ExtensionBuildError
+from onnx_custom._native import build_torch_extension
 
 __all__ = [
     "deform_conv2d",
@@ -41,10 +39,6 @@ _DTYPES = (torch.float32, torch.float64)
 _LOCK = threading.Lock()
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("ONNX_CUSTOM_CACHE", "~/.cache/onnx_custom")).expanduser()
-
-
 def _cflags() -> list[str]:
     flags = ["-O3", "-fopenmp"]  # -fopenmp turns at::parallel_for on; torch already loads libgomp
     # AVX2 gathers vectorize the bilinear sampling loop (~15% faster); only where the CPU has them.
@@ -55,28 +49,9 @@ def _cflags() -> list[str]:
 
 @functools.cache
 def _load() -> ModuleType:
-    from torch.utils import cpp_extension
-
-    # Key the build on source, flags and torch version: a stale .so would not load or would crash.
-    flags = _cflags()
-    key = _SOURCE.read_bytes() + torch.__version__.encode() + " ".join(flags).encode()
-    digest = hashlib.sha256(key).hexdigest()[:12]
-    build_dir = _cache_dir() / f"deform_conv2d_{digest}"
-    try:
-        build_dir.mkdir(parents=True, exist_ok=True)
-        return cpp_extension.load(
-            name=f"onnx_custom_deform_conv2d_{digest}",
-            sources=[str(_SOURCE)],
-            build_directory=str(build_dir),
-            extra_cflags=flags,
-            verbose=False,
-        )
-    except Exception as exc:  # compiler, ninja or headers missing, cache not writable
-        raise ExtensionBuildError(
-            f"Building the deform_conv2d C++ extension in {build_dir} failed ({exc}). It needs a "
-            "C++17 compiler (g++/clang++), ninja (`pip install ninja`) and a writable cache "
-            "directory (set ONNX_CUSTOM_CACHE to move it)."
-        ) from exc
+    module = build_torch_extension("onnx_custom_deform_conv2d", _SOURCE, extra_cflags=_cflags(), is_python_module=True)
+    assert isinstance(module, ModuleType)
+    return module
 
 
 def load_extension() -> ModuleType:

@@ -17,18 +17,14 @@ the TorchScript exporter only: the dynamo exporter traces through ``autograd.Fun
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import os
-import shutil
-import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from onnx_custom._native import build_torch_extension, cache_root, extension_directory
 from onnx_custom.errors import ExtensionBuildError
 
 __all__ = [
@@ -48,6 +44,7 @@ EXTENSION_NAME = "my_ops"
 SOURCE = Path(__file__).resolve().parent / "csrc" / "my_ops.cpp"
 QUALNAME = "my_ops::my_add"
 
+_CFLAGS = ("-O2",)
 _lock = threading.Lock()
 _loaded_path: str | None = None
 _failure: ExtensionBuildError | None = None
@@ -77,124 +74,13 @@ def my_add_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- build / load
-def cache_root() -> Path:
-    """``$ONNX_CUSTOM_CACHE_DIR`` or ``~/.cache/onnx_custom`` (same root as the runtime's shim)."""
-    env = os.environ.get("ONNX_CUSTOM_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "onnx_custom"
-
-
-def _compiler() -> str:
-    return os.environ.get("CXX", "c++")
-
-
 def build_directory() -> Path:
     """Cache folder keyed by everything that changes the binary (source, torch, python, compiler)."""
-    key = hashlib.sha256()
-    key.update(SOURCE.read_bytes())
-    for part in (torch.__version__, sys.version, sys.platform, _compiler()):
-        key.update(part.encode())
-    return cache_root() / "torch_ext" / f"{EXTENSION_NAME}-{key.hexdigest()[:16]}"
-
-
-@contextlib.contextmanager
-def _tools_on_path() -> Iterator[None]:
-    """Check the compiler and ninja; use the venv's ninja (pip ``ninja``) when PATH lacks one."""
-    from torch.utils import cpp_extension
-
-    if shutil.which(_compiler()) is None:
-        raise ExtensionBuildError(
-            f"cannot build the C++ extension {EXTENSION_NAME!r}: C++ compiler {_compiler()!r} "
-            "not found on PATH (install g++ or clang++, or set CXX)"
-        )
-    old_path = os.environ.get("PATH", "")
-    venv_bin = os.path.dirname(sys.executable)
-    if not cpp_extension.is_ninja_available() and shutil.which("ninja", path=venv_bin):
-        os.environ["PATH"] = venv_bin + os.pathsep + old_path
-    try:
-        if not cpp_extension.is_ninja_available():
-            raise ExtensionBuildError(
-                f"cannot build the C++ extension {EXTENSION_NAME!r}: 'ninja' not found on PATH "
-                "(pip install ninja)"
-            )
-        yield
-    finally:
-        os.environ["PATH"] = old_path
-
-
-@contextlib.contextmanager
-def _process_lock(directory: Path) -> Iterator[None]:
-    """Inter-process lock that the OS drops if its holder dies.
-
-    cpp_extension's own baton is a plain ``lock`` file that stays behind when a build is killed,
-    making every later build wait forever. Builders hold this flock first, so a baton found while
-    holding it is stale and is removed.
-    """
-    try:
-        import fcntl
-    except ImportError:  # Windows: fall back to cpp_extension's baton alone
-        yield
-        return
-    with open(directory / ".onnx_custom.flock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            stale = directory / "lock"
-            if stale.exists():
-                stale.unlink()
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _library_file(directory: Path) -> Path:
-    return directory / f"{EXTENSION_NAME}.so"
-
-
-def _load_cached(library: Path) -> str:
-    try:
-        torch.ops.load_library(str(library))
-    except OSError as exc:
-        raise ExtensionBuildError(
-            f"the cached C++ extension {library} could not be loaded ({exc}); delete "
-            f"{library.parent} to rebuild it"
-        ) from exc
-    return str(library)
+    return extension_directory(EXTENSION_NAME, SOURCE, _CFLAGS)
 
 
 def _build(verbose: bool) -> str:
-    from torch.utils import cpp_extension
-
-    directory = build_directory()
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ExtensionBuildError(
-            f"cannot create the build cache {directory} ({exc}); set ONNX_CUSTOM_CACHE_DIR to a "
-            "writable folder"
-        ) from exc
-    marker = directory / ".complete"
-    library = _library_file(directory)
-    if marker.exists() and library.exists():  # fast path: built by an earlier process
-        return _load_cached(library)
-    with _tools_on_path(), _process_lock(directory):
-        if marker.exists() and library.exists():  # another process built it while we waited
-            return _load_cached(library)
-        try:
-            cpp_extension.load(
-                name=EXTENSION_NAME,
-                sources=[str(SOURCE)],
-                extra_cflags=["-O2"],
-                build_directory=str(directory),
-                is_python_module=False,
-                verbose=verbose,
-            )
-        except (RuntimeError, OSError, ImportError) as exc:
-            detail = str(exc).strip().splitlines()[-20:]
-            raise ExtensionBuildError(
-                f"building the C++ extension {EXTENSION_NAME!r} in {directory} failed:\n"
-                + "\n".join(detail)
-            ) from exc
-        marker.write_text(torch.__version__)
-    return str(library)
+    return str(build_torch_extension(EXTENSION_NAME, SOURCE, extra_cflags=_CFLAGS, is_python_module=False, verbose=verbose))
 
 
 def load_my_ops(verbose: bool = False) -> str:

@@ -22,6 +22,7 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
+from onnx_custom._native import cache_root
 from onnx_custom.errors import ExtensionBuildError
 
 __all__ = ["MODULE_NAME", "cache_root", "load_shim", "shim_path"]
@@ -30,12 +31,6 @@ MODULE_NAME = "_onnx_custom_shim"
 _SOURCE = Path(__file__).with_name("_shim.c")
 _lock = threading.Lock()
 _loaded: tuple[ModuleType, str] | None = None
-
-
-def cache_root() -> Path:
-    """Folder holding cached native builds (override with ``ONNX_CUSTOM_CACHE_DIR``)."""
-    env = os.environ.get("ONNX_CUSTOM_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "onnx_custom"
 
 
 def _build_key(source: bytes) -> str:

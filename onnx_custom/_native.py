@@ -1,0 +1,133 @@
+"""Building native pieces on first use, cached on disk: one place for every C/C++ build.
+
+Everything lives under ``$ONNX_CUSTOM_CACHE_DIR`` (default ``~/.cache/onnx_custom``) in a folder
+keyed by whatever changes the binary, so a fresh machine builds once and later processes (and
+test runs) reuse the result. Missing tools raise `ExtensionBuildError` naming the tool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import ModuleType
+
+from onnx_custom.errors import ExtensionBuildError
+
+__all__ = ["build_torch_extension", "cache_root"]
+
+
+def cache_root() -> Path:
+    """Folder holding cached native builds (override with ``ONNX_CUSTOM_CACHE_DIR``)."""
+    env = os.environ.get("ONNX_CUSTOM_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "onnx_custom"
+
+
+def _cxx() -> str:
+    return os.environ.get("CXX", "c++")
+
+
+@contextlib.contextmanager
+def _tools_on_path(name: str) -> Iterator[None]:
+    """Check the compiler and ninja; use the venv's ninja (pip ``ninja``) when PATH lacks one."""
+    from torch.utils import cpp_extension
+
+    if shutil.which(_cxx()) is None:
+        raise ExtensionBuildError(
+            f"cannot build the C++ extension {name!r}: C++ compiler {_cxx()!r} not found on PATH "
+            "(install g++ or clang++, or set CXX)"
+        )
+    old_path = os.environ.get("PATH", "")
+    venv_bin = os.path.dirname(sys.executable)
+    if not cpp_extension.is_ninja_available() and shutil.which("ninja", path=venv_bin):
+        os.environ["PATH"] = venv_bin + os.pathsep + old_path
+    try:
+        if not cpp_extension.is_ninja_available():
+            raise ExtensionBuildError(f"cannot build the C++ extension {name!r}: 'ninja' not found on PATH (pip install ninja)")
+        yield
+    finally:
+        os.environ["PATH"] = old_path
+
+
+@contextlib.contextmanager
+def _process_lock(directory: Path) -> Iterator[None]:
+    """Inter-process lock that the OS drops if its holder dies.
+
+    cpp_extension's own baton is a plain ``lock`` file that stays behind when a build is killed,
+    making every later build wait forever. Builders hold this flock first, so a baton found while
+    holding it is stale and is removed.
+    """
+    try:
+        import fcntl
+    except ImportError:  # Windows: fall back to cpp_extension's baton alone
+        yield
+        return
+    with open(directory / ".onnx_custom.flock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            stale = directory / "lock"
+            if stale.exists():
+                stale.unlink()
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def extension_directory(name: str, source: Path, flags: Sequence[str]) -> Path:
+    """Cache folder keyed by source, flags, torch, python and compiler."""
+    import torch
+
+    key = hashlib.sha256(source.read_bytes())
+    for part in (torch.__version__, sys.version, sys.platform, _cxx(), " ".join(flags)):
+        key.update(part.encode())
+    return cache_root() / "torch_ext" / f"{name}-{key.hexdigest()[:16]}"
+
+
+def _load_library(library: Path) -> Path:
+    import torch
+
+    try:
+        torch.ops.load_library(str(library))
+    except OSError as exc:
+        raise ExtensionBuildError(f"the cached C++ extension {library} could not be loaded ({exc}); delete {library.parent} to rebuild it") from exc
+    return library
+
+
+def build_torch_extension(name: str, source: Path, *, extra_cflags: Sequence[str] = ("-O2",), is_python_module: bool, verbose: bool = False) -> ModuleType | Path:
+    """Build (first call) or load ``source`` with ``torch.utils.cpp_extension.load``.
+
+    Returns the Python module, or with ``is_python_module=False`` (a ``TORCH_LIBRARY`` op library)
+    the loaded shared library's path.
+    """
+    from torch.utils import cpp_extension
+
+    directory = extension_directory(name, source, extra_cflags)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ExtensionBuildError(f"cannot create the build cache {directory} ({exc}); set ONNX_CUSTOM_CACHE_DIR to a writable folder") from exc
+    marker = directory / ".complete"
+    library = directory / f"{name}.so"
+    if not is_python_module and marker.exists() and library.exists():  # built by an earlier process
+        return _load_library(library)
+    with _tools_on_path(name), _process_lock(directory):
+        if not is_python_module and marker.exists() and library.exists():  # built while we waited
+            return _load_library(library)
+        try:
+            result = cpp_extension.load(
+                name=name,
+                sources=[str(source)],
+                extra_cflags=list(extra_cflags),
+                build_directory=str(directory),
+                is_python_module=is_python_module,
+                verbose=verbose,
+            )
+        except (RuntimeError, OSError, ImportError, Exception) as exc:
+            detail = str(exc).strip().splitlines()[-20:]
+            raise ExtensionBuildError(f"building the C++ extension {name!r} in {directory} failed:\n" + "\n".join(detail)) from exc
+        marker.write_text("ok")
+    return result if is_python_module else library
