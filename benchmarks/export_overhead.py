@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import io
 import statistics
 import time
@@ -32,18 +33,16 @@ class Model(torch.nn.Module):
         return torch.ops.mylib.multi_out(x)
 
 
-def _time(fn, repeats: int) -> list[float]:  # type: ignore[no-untyped-def]
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return samples
+def _time(fn) -> float:  # type: ignore[no-untyped-def]
+    gc.collect()  # otherwise whichever runs second pays for the first one's garbage
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=10)
     ns = parser.parse_args()
     warnings.simplefilter("ignore")
     model = Model().eval()
@@ -70,10 +69,13 @@ def main() -> None:
         with scope():  # the baseline gets the same symbolics, registered once outside the timing
             raw()
         ours()  # warm-up: caches, lazy imports
-        for _ in range(ns.repeats):
-            with scope():
-                raw_samples += _time(raw, 1)
-            our_samples += _time(ours, 1)
+        for i in range(ns.repeats):  # alternate which goes first: no order bias
+            for which in ((0, 1) if i % 2 == 0 else (1, 0)):
+                if which == 0:
+                    with scope():
+                        raw_samples.append(_time(raw))
+                else:
+                    our_samples.append(_time(ours))
         r, o = statistics.median(raw_samples), statistics.median(our_samples)
         print(f"{name:<12} {r * 1e3:>19.1f} ms {o * 1e3:>17.1f} ms {o / r:>7.3f}")
 

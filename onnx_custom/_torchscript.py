@@ -200,8 +200,11 @@ def _function_symbolic(registry: Registry, target: Target) -> Any:
 
 
 @contextlib.contextmanager
-def registered(registry: Registry | None = None) -> Iterator[Registry]:
+def registered(registry: Registry | None = None, *, opset: int | None = None) -> Iterator[Registry]:
     """Make ``registry``'s translations visible to ``torch.onnx.export(..., dynamo=False)``.
+
+    Without ``opset`` they are registered for every opset torch supports (your export's opset is
+    unknown here); `onnx_custom.export` passes its opset so only that one is touched.
 
     Torch's symbolic table (and any ``symbolic`` attribute of autograd.Functions) is restored to
     its exact previous state on exit, also when the body raises.
@@ -228,11 +231,12 @@ def registered(registry: Registry | None = None) -> Iterator[Registry]:
             # opsets below the translation's own.
             low = max(TS_MIN_OPSET, min(reg.opsets_for(target))) if target.name.namespace == "aten" else 1
             fn = _op_symbolic(reg, target)
-            for opset in range(low, TS_MAX_OPSET + 1):
-                if opset not in previous:
+            wanted = range(low, TS_MAX_OPSET + 1) if opset is None else sorted({v for v in (opset, low) if v >= low and (v == opset or low == 1)})
+            for version in wanted:
+                if version not in previous:
                     overrides = group._functions._overrides if group is not None else {}
-                    previous[opset] = overrides.get(opset, _MISSING)
-                ts_registration.registry.register(name, opset, fn, custom=True)
+                    previous[version] = overrides.get(version, _MISSING)
+                ts_registration.registry.register(name, version, fn, custom=True)
                 group = table[name]
         yield reg
     finally:

@@ -117,7 +117,7 @@ def _export_torchscript(model: Any, args: tuple[Any, ...], opset: int, reg: Regi
         kwargs["dynamic_axes"] = _dynamic_axes(dynamic_shapes, names)
     buffer = io.BytesIO()
     try:
-        with registered(reg), warnings.catch_warnings():
+        with registered(reg, opset=opset), warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             torch.onnx.export(model, args, buffer, dynamo=False, opset_version=opset, input_names=names, output_names=output_names, **kwargs)  # type: ignore[arg-type]
     except torch.onnx.errors.UnsupportedOperatorError as exc:
