@@ -98,26 +98,35 @@ def _ts_has_symbolic(kind: str, opset: int) -> bool:
 
 def missing_ops_torchscript(model: torch.nn.Module, args: tuple[Any, ...], opset: int, registry: Registry | None = None) -> list[MissingOp]:
     """Ops in the traced TorchScript graph with no torch symbolic and no ``registry`` entry."""
-    from onnx_custom._torchscript import registered
-
     reg = resolve_registry(registry)
     with torch.no_grad():
         graph, *_ = torch.jit._get_trace_graph(model, args)
+
+    def ours(target: Target) -> bool | None:
+        # Our registry decides for the ops it knows (torch's dispatch would round opsets up).
+        entries = reg.entries_for(target)
+        return any(e.opset <= opset for e in entries) if entries else None
+
     names = []
-    with registered(reg):  # our translations count as torch symbolics inside this block
-        for node in graph.nodes():
-            kind = node.kind()
-            ns = kind.split("::")[0]
-            if ns in ("prim", "onnx") and kind != "prim::PythonOp":
+    for node in graph.nodes():
+        kind = node.kind()
+        ns = kind.split("::")[0]
+        if kind == "prim::PythonOp":
+            cls = getattr(node.pyobj(), "__self__", None)
+            covered = ours(Target(None, function=cls)) if isinstance(cls, type) else None
+            if covered or (covered is None and cls is not None and hasattr(cls, "symbolic")):
                 continue
-            if kind == "prim::PythonOp":
-                cls = getattr(node.pyobj(), "__self__", None)
-                if cls is not None and hasattr(cls, "symbolic"):
-                    continue
-                names.append(f"prim::PythonOp[{node.pyname()}]")
-                continue
-            if not _ts_has_symbolic(kind, opset):
-                names.append(kind)
+            names.append(f"prim::PythonOp[{node.pyname()}]")
+            continue
+        if ns in ("prim", "onnx"):
+            continue
+        try:
+            covered = ours(Target(QualifiedName.parse(kind.rstrip("_"))))
+        except Exception:
+            covered = None
+        if covered or (covered is None and _ts_has_symbolic(kind, opset)):
+            continue
+        names.append(kind)
     result = []
     for name, count in _count(names).items():
         available: tuple[int, ...] = ()
