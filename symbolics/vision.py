@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 DEFAULT_DOMAIN = "custom"
-NODE_TYPE = "DeformConv2d"  # not "deform_conv2d": a node named like a torch op confuses torchscript
+NODE_TYPE = "DeformConv2d"  # CamelCase, like ONNX op types
 SCHEMA = (
     "deform_conv2d(Tensor input, Tensor weight, Tensor offset, Tensor mask, Tensor bias, "
     "int stride_h, int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, "

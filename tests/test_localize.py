@@ -153,3 +153,38 @@ def test_probe_warns_when_the_file_is_not_the_reexport(broken_add: onnx_custom.R
     other = localize(model, args, proto)
     assert other.first is None and "WARNING: the given file's output for sum_1 differs" in other.note
     assert "not made by this exporter/opset/registry" in other.summary()
+
+
+@pytest.mark.parametrize(("exporter", "opset"), [("dynamo", 19), ("torchscript", 19)])
+def test_planted_dcn_attribute_names_the_deform_node(exporter: str, opset: int) -> None:
+    """The mask dropped: wrong for the first (modulated) DCN block, right for the unmodulated second."""
+    from onnx_custom.models import deform_conv
+    from symbolics_vision_planted import planted_registry  # type: ignore[import-not-found]
+
+    model, args = deform_conv.Model().eval(), deform_conv.example_inputs()
+    registry = planted_registry()
+    proto = onnx_custom.export(model, args, exporter=exporter, opset=opset, registry=registry)
+    result = localize(model, args, proto, exporter=exporter, opset=opset, registry=registry)
+    first = result.first
+    assert first is not None and first.torch_op.startswith("onnx_custom::deform_conv2d")
+    deform_nodes = [n for n in result.nodes if n.torch_op.startswith("onnx_custom::deform_conv2d")]
+    assert len(deform_nodes) == 2
+    assert first.fx_name == deform_nodes[0].fx_name  # the planted node, not the stem before it
+    assert not any(n.diverges for n in result.nodes if n.index < first.index)
+    assert "planted_deform_conv2d" in first.translation
+
+
+def test_runtime_refusal_is_a_verification_error() -> None:
+    """ORT rejecting a planted node (offset_group that does not match the offsets) is typed."""
+    from onnx_custom.models import deform_conv
+    from onnx_custom.symbolics import vision
+
+    def wrong_offset_group(g: Any, input: Any, weight: Any, offset: Any, mask: Any, bias: Any, **attrs: Any) -> Any:
+        return vision.deform_conv2d(g, input, weight, offset, mask, bias, **{**attrs, "offset_groups": 3})
+
+    registry = onnx_custom.default_registry().copy()
+    registry.symbolic("onnx_custom::deform_conv2d", opset=19, replace=True)(wrong_offset_group)
+    model, args = deform_conv.Model().eval(), deform_conv.example_inputs()
+    proto = onnx_custom.export(model, args, exporter="dynamo", opset=19, registry=registry)
+    with pytest.raises(VerificationError, match="failed to run the ONNX model.*Offset channel count"):
+        onnx_custom.verify(model, args, proto)
