@@ -158,8 +158,9 @@ def test_probe_warns_when_the_file_is_not_the_reexport(broken_add: onnx_custom.R
 @pytest.mark.parametrize(("exporter", "opset"), [("dynamo", 19), ("torchscript", 19)])
 def test_planted_dcn_attribute_names_the_deform_node(exporter: str, opset: int) -> None:
     """The mask dropped: wrong for the first (modulated) DCN block, right for the unmodulated second."""
-    from onnx_custom.models import deform_conv
     from symbolics_vision_planted import planted_registry  # type: ignore[import-not-found]
+
+    from onnx_custom.models import deform_conv
 
     model, args = deform_conv.Model().eval(), deform_conv.example_inputs()
     registry = planted_registry()
