@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 from collections.abc import Sequence
 
 from onnx_custom._loading import example_args, load_model_spec
@@ -59,7 +60,7 @@ def cmd_verify(ns: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
-def _verify_extras(ns: argparse.Namespace) -> dict[str, object]:
+def _verify_extras(ns: argparse.Namespace) -> dict[str, Any]:
     """verify() options of the diagnostics flags (--localize, --backend, --exporter/--opset/--variant)."""
     progress = (lambda line: print(line, file=sys.stderr, flush=True)) if ns.trials > 1 or ns.localize else None
     return {

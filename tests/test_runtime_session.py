@@ -10,11 +10,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
-from onnx_custom.ort_kernels.seed import kernels as seed_kernels
-from onnx_custom.ort_kernels.seed import multi_out_math, my_add_math
 
 import onnx_custom.runtime as rt
 from onnx_custom.errors import KernelError
+from onnx_custom.ort_kernels.seed import kernels as seed_kernels
+from onnx_custom.ort_kernels.seed import multi_out_math, my_add_math
 from onnx_custom.runtime import KernelRegistry, TensorInfo
 
 ELEM = {"float16": TensorProto.FLOAT16, "float32": TensorProto.FLOAT,
