@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 from collections.abc import Sequence
+from typing import Any
 
 from onnx_custom._loading import example_args, load_model_spec
 from onnx_custom.errors import OnnxCustomError
