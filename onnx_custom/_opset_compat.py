@@ -13,6 +13,7 @@ from __future__ import annotations
 import onnx
 import onnx.defs
 
+from onnx_custom._onnx_utils import iter_nodes
 from onnx_custom.errors import OnnxCustomError
 
 __all__ = ["lower_default_opset"]
@@ -69,9 +70,6 @@ def _blockers(nodes: list[onnx.NodeProto], target: int, built: int) -> list[str]
             if added is not None and added not in attrs and not (added == "start" and "end" in attrs):
                 continue
             problems.append(f"{node.op_type} (changed at opset {version})")
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                problems += _blockers(list(attr.g.node), target, built)
     return problems
 
 
@@ -80,8 +78,7 @@ def lower_default_opset(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
     built = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), target)
     if built <= target:
         return model
-    nodes = list(model.graph.node) + [n for f in model.functions for n in f.node]
-    problems = sorted(set(_blockers(nodes, target, built)))
+    problems = sorted(set(_blockers(list(iter_nodes(model)), target, built)))
     if problems:
         raise OnnxCustomError(
             f"The dynamo exporter builds at opset {built} and this model cannot be lowered to opset "

@@ -13,6 +13,7 @@ from typing import Any
 import onnx
 import torch
 
+from onnx_custom._onnx_utils import iter_nodes
 from onnx_custom._opset_compat import lower_default_opset
 from onnx_custom._torchscript import TS_MAX_OPSET, TS_MIN_OPSET, registered
 from onnx_custom.coverage import format_missing, missing_ops_dynamo, missing_ops_torchscript
@@ -46,22 +47,7 @@ def _validate(model: Any, args: Any, exporter: str, opset: int) -> tuple[Any, ..
 
 
 def _custom_domains(model: onnx.ModelProto) -> set[str]:
-    domains: set[str] = set()
-
-    def visit(graph: onnx.GraphProto) -> None:
-        for node in graph.node:
-            if node.domain not in ("", "ai.onnx"):
-                domains.add(node.domain)
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    visit(attr.g)
-                for sub in attr.graphs:
-                    visit(sub)
-
-    visit(model.graph)
-    for function in model.functions:
-        domains.update(n.domain for n in function.node if n.domain not in ("", "ai.onnx"))
-    return domains
+    return {n.domain for n in iter_nodes(model) if n.domain not in ("", "ai.onnx")}
 
 
 def finalize_model(model: onnx.ModelProto, domain_versions: dict[str, int] | None = None) -> onnx.ModelProto:

@@ -13,6 +13,7 @@ from typing import Any
 
 import onnx
 
+from onnx_custom._onnx_utils import iter_nodes
 from onnx_custom.preflight import has_kernel, has_schema, kernel_registry_or_none
 from onnx_custom.verify import load_model
 
@@ -95,23 +96,11 @@ def _type_text(info: onnx.ValueInfoProto) -> str:
     return f"{info.name}: {dtype}{'' if dims is None else '[' + ','.join(dims) + ']'}"
 
 
-def _walk(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    nodes = []
-    for node in graph.node:
-        nodes.append(node)
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                nodes += _walk(attr.g)
-            for sub in attr.graphs:
-                nodes += _walk(sub)
-    return nodes
-
-
 def inspect_model(model: onnx.ModelProto | str | os.PathLike[str] | bytes) -> ModelSummary:
     """Summarize an ONNX model (a proto, bytes or a path; clear errors for missing/corrupt files)."""
     source = os.fspath(model) if isinstance(model, (str, os.PathLike)) else "<model>"
     proto = load_model(model)
-    nodes = _walk(proto.graph)
+    nodes = list(iter_nodes(proto, functions=False))
     domain_counts: dict[str, int] = {}
     custom_counts: dict[str, int] = {}
     for node in nodes:

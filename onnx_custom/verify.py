@@ -12,6 +12,7 @@ import onnx
 import torch
 from torch.testing._comparison import default_tolerances
 
+from onnx_custom._onnx_utils import iter_nodes
 from onnx_custom.errors import ExtensionBuildError, OnnxCustomError, VerificationError
 
 if TYPE_CHECKING:
@@ -269,19 +270,7 @@ def make_session(proto: onnx.ModelProto) -> Any:
 
 
 def _custom_node_types(proto: onnx.ModelProto) -> list[str]:
-    found: dict[str, None] = {}
-
-    def visit(graph: onnx.GraphProto) -> None:
-        for node in graph.node:
-            if node.domain not in ("", "ai.onnx", "ai.onnx.ml"):
-                found[f"{node.domain}::{node.op_type}"] = None
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    visit(attr.g)
-                for sub in attr.graphs:
-                    visit(sub)
-
-    visit(proto.graph)
+    found = {f"{n.domain}::{n.op_type}": None for n in iter_nodes(proto, functions=False) if n.domain not in ("", "ai.onnx", "ai.onnx.ml")}
     return list(found)
 
 

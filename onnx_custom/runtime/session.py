@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Union
 
@@ -11,6 +11,7 @@ import onnx
 import onnxruntime as ort
 from google.protobuf.message import DecodeError
 
+from onnx_custom._onnx_utils import iter_nodes
 from onnx_custom.errors import KernelError, OnnxCustomError
 from onnx_custom.runtime.host import register_kernels
 from onnx_custom.runtime.registry import (
@@ -76,27 +77,9 @@ def _parse(data: bytes, what: str) -> onnx.ModelProto:
     return m
 
 
-def _walk(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _walk(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from _walk(g)
-
-
 def custom_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """Every node (subgraphs and local functions included) outside ONNX Runtime's own domains."""
-    nodes = list(_walk(model.graph))
-    for f in model.functions:
-        for node in f.node:
-            nodes.append(node)
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    nodes.extend(_walk(attr.g))
-    return [n for n in nodes if n.domain not in RESERVED_DOMAINS]
+    return [n for n in iter_nodes(model) if n.domain not in RESERVED_DOMAINS]
 
 
 def _registry(kernels: KernelRegistry | None) -> KernelRegistry:
