@@ -385,10 +385,10 @@ def _with_outputs(proto: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
     return extended
 
 
-def _run(proto: onnx.ModelProto, flat_args: tuple[Any, ...]) -> dict[str, np.ndarray]:
+def _run(proto: onnx.ModelProto, flat_args: tuple[Any, ...], kernels: Any = None) -> dict[str, np.ndarray]:
     from onnx_custom.verify import make_session, run_onnx
 
-    session = make_session(proto)
+    session = make_session(proto, kernels)
     values = run_onnx(session, proto, flat_args)
     return {o.name: v for o, v in zip(proto.graph.output, values, strict=True)}
 
@@ -401,13 +401,13 @@ def _placeholder_names(module: torch.fx.GraphModule) -> set[str]:
     return {n.name for n in module.graph.nodes if n.op in ("placeholder", "get_attr")}
 
 
-def _localize_by_names(trace: _TorchTrace, proto: onnx.ModelProto, registry: Registry, opset: int, rtol: float | None, atol: float | None, trial: int) -> Localization:
+def _localize_by_names(trace: _TorchTrace, proto: onnx.ModelProto, registry: Registry, opset: int, rtol: float | None, atol: float | None, trial: int, kernels: Any = None) -> Localization:
     ops = _op_nodes(trace)
     graph = proto.graph
     available = _graph_value_names(graph)
     initializers = {i.name for i in graph.initializer}
     wanted = [o.name for _, outs in ops for o in outs if o.name in available and o.name not in initializers]
-    values = _run(_with_outputs(proto, wanted), trace.flat_args)
+    values = _run(_with_outputs(proto, wanted), trace.flat_args, kernels)
     by_fx = _nodes_by_fx_name(graph)
     placeholders = _placeholder_names(trace.module)
 
@@ -442,14 +442,14 @@ def _probe_module(trace: _TorchTrace, outs: list[torch.fx.Node]) -> torch.fx.Gra
     return torch.fx.GraphModule(trace.module, graph)
 
 
-def _file_vs_probe(trace: _TorchTrace, file: onnx.ModelProto, arrays: dict[str, np.ndarray], by_name: dict[str, str]) -> str:
+def _file_vs_probe(trace: _TorchTrace, file: onnx.ModelProto, arrays: dict[str, np.ndarray], by_name: dict[str, str], kernels: Any = None) -> str:
     """Does the given file compute what the re-export computes? (If not, the probe proves little.)"""
     output_node = next(n for n in trace.module.graph.nodes if n.op == "output")
     finals = [n for n in torch.utils._pytree.tree_leaves(output_node.args) if isinstance(n, torch.fx.Node)]
     if len(finals) != len(file.graph.output) or any(n.name not in by_name for n in finals):
         return ""
     try:
-        from_file = list(_run(file, trace.flat_args).values())
+        from_file = list(_run(file, trace.flat_args, kernels).values())
     except Exception as exc:
         return f"the given file could not be run for comparison ({type(exc).__name__})"
     for node, value in zip(finals, from_file, strict=True):
@@ -463,7 +463,7 @@ def _file_vs_probe(trace: _TorchTrace, file: onnx.ModelProto, arrays: dict[str, 
     return "the given file's outputs equal the re-export's"
 
 
-def _localize_by_probe(trace: _TorchTrace, exporter: str, registry: Registry, opset: int, rtol: float | None, atol: float | None, trial: int, file: onnx.ModelProto | None = None) -> Localization:
+def _localize_by_probe(trace: _TorchTrace, exporter: str, registry: Registry, opset: int, rtol: float | None, atol: float | None, trial: int, file: onnx.ModelProto | None = None, kernels: Any = None) -> Localization:
     from onnx_custom.export import export
 
     ops = _op_nodes(trace)
@@ -482,7 +482,7 @@ def _localize_by_probe(trace: _TorchTrace, exporter: str, registry: Registry, op
             ) from exc
     if len(proto.graph.output) != len(outs):
         raise OnnxCustomError(f"The probe export has {len(proto.graph.output)} outputs, expected {len(outs)}.")
-    arrays = _run(proto, trace.flat_args)
+    arrays = _run(proto, trace.flat_args, kernels)
     by_name = {o.name: proto.graph.output[i].name for i, o in enumerate(outs)}
     placeholders = _placeholder_names(trace.module)
 
@@ -507,7 +507,7 @@ def _localize_by_probe(trace: _TorchTrace, exporter: str, registry: Registry, op
         "with every intermediate as an output (same exporter, opset and registry)"
     )
     if file is not None:
-        agreement = _file_vs_probe(trace, file, arrays, by_name)
+        agreement = _file_vs_probe(trace, file, arrays, by_name, kernels)
         note += f"; {agreement}" if agreement else ""
     return Localization("probe", exporter, opset, trial, tuple(nodes), note=note)
 
@@ -533,6 +533,7 @@ def localize(
     rtol: float | None = None,
     atol: float | None = None,
     trial: int = 0,
+    kernels: Any = None,
 ) -> Localization:
     """Compare every intermediate value of ``model(*args)`` with the ONNX side, node by node.
 
@@ -557,7 +558,7 @@ def localize(
     if proto is not None and exporter in (None, "dynamo"):
         fx_names = {o.name for _, outs in _op_nodes(trace) for o in outs}
         if fx_names and len(fx_names & _graph_value_names(proto.graph)) >= max(1, len(fx_names) // 4):
-            return _localize_by_names(trace, proto, reg, opset, rtol, atol, trial)
+            return _localize_by_names(trace, proto, reg, opset, rtol, atol, trial, kernels)
     chosen = exporter or ("torchscript" if proto is not None else "dynamo")
-    return _localize_by_probe(trace, chosen, reg, opset, rtol, atol, trial, proto)
+    return _localize_by_probe(trace, chosen, reg, opset, rtol, atol, trial, proto, kernels)
 

@@ -254,14 +254,14 @@ def _plain_session(proto: onnx.ModelProto) -> Any:
     return onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
-def make_session(proto: onnx.ModelProto) -> Any:
+def make_session(proto: onnx.ModelProto, kernels: Any = None) -> Any:
     """An ORT session with our custom kernels loaded (plain ORT when the kernel host is unavailable)."""
     try:
         from onnx_custom.runtime import InferenceSession
     except ImportError:  # the kernel host is optional for models without custom nodes
         return _plain_session(proto)
     try:
-        return InferenceSession(proto)
+        return InferenceSession(proto, kernels=kernels)
     except ExtensionBuildError:
         # The native shim could not be built: only models with custom nodes need it.
         if _custom_node_types(proto):
@@ -274,7 +274,7 @@ def _custom_node_types(proto: onnx.ModelProto) -> list[str]:
     return list(found)
 
 
-def make_reference(proto: onnx.ModelProto) -> Any:
+def make_reference(proto: onnx.ModelProto, kernels: Any = None) -> Any:
     """onnx's ``ReferenceEvaluator``; custom nodes run our kernels adapted as ``OpRun`` classes."""
     from onnx.reference import ReferenceEvaluator
 
@@ -289,12 +289,12 @@ def make_reference(proto: onnx.ModelProto) -> Any:
             f"OpRun classes (onnx_custom.runtime.reference_evaluator), which is unavailable: {exc}. "
             "Fix: install/build the kernel host or verify with backends=('onnxruntime',)."
         ) from exc
-    return reference_evaluator(proto)
+    return reference_evaluator(proto, kernels=kernels)
 
 
-def _make_backend(name: str, proto: onnx.ModelProto) -> Any:
+def _make_backend(name: str, proto: onnx.ModelProto, kernels: Any = None) -> Any:
     try:
-        return make_session(proto) if name == "onnxruntime" else make_reference(proto)
+        return make_session(proto, kernels) if name == "onnxruntime" else make_reference(proto, kernels)
     except OnnxCustomError:
         raise
     except Exception as exc:
@@ -330,6 +330,7 @@ def verify(
     opset: int | None = None,
     registry: Registry | None = None,
     progress: Callable[[str], None] | None = None,
+    kernels: Any = None,
 ) -> VerificationReport:
     """Run PyTorch eager and ONNX Runtime on the example inputs (+ ``trials - 1`` random ones).
 
@@ -344,7 +345,8 @@ def verify(
     trial, compare every intermediate value (`onnx_custom.localize.localize`) and attach the
     result as ``report.localization`` (also in the `VerificationError` message); ``exporter``,
     ``opset`` and ``registry`` tell it how the file was made (defaults: inferred from the file,
-    the default registry). ``progress`` receives one line per trial.
+    the default registry). ``progress`` receives one line per trial. ``kernels``: the
+    `onnx_custom.runtime.KernelRegistry` for custom nodes (default: the default kernel registry).
     """
     if isinstance(args, torch.Tensor):
         args = (args,)
@@ -358,7 +360,7 @@ def verify(
         raise ValueError(f"backends must be a non-empty subset of {BACKENDS}, got {list(backends)!r}.")
     proto = load_model(onnx_model)
     _input_names(proto, args)  # fail on an arity mismatch before running anything
-    sessions = {name: _make_backend(name, proto) for name in backends}
+    sessions = {name: _make_backend(name, proto, kernels) for name in backends}
     generator = torch.Generator().manual_seed(seed)
     comparisons: list[OutputComparison] = []
     localization: Any = None
@@ -397,7 +399,7 @@ def verify(
         if localize and trial_failed and localization is None:
             if progress is not None:
                 progress(f"verify: localizing the mismatch of trial {trial}")
-            localization = _localize_safely(model, tuple(trial_args), proto, trial, exporter=exporter, opset=opset, registry=registry, rtol=rtol, atol=atol)
+            localization = _localize_safely(model, tuple(trial_args), proto, trial, exporter=exporter, opset=opset, registry=registry, rtol=rtol, atol=atol, kernels=kernels)
     report = VerificationReport(comparisons, trials, backends, localization)
     if raise_on_mismatch and not report.passed:
         raise VerificationError(str(report), report)

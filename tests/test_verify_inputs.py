@@ -203,3 +203,23 @@ def test_wrong_inputs_and_non_tensor_outputs() -> None:
         verify(OneOut(), (torch.randn(3), torch.randn(3)), proto)
     with pytest.raises(VerificationError, match=r"outputs \['output\[1\]'\] are not tensors"):
         verify(WithInt(), (torch.randn(3),), proto)
+
+
+def test_verify_with_a_users_own_kernel_registry() -> None:
+    """A kernel that lives only in the user's KernelRegistry (not the default one) is used."""
+    from onnx_custom.runtime import KernelRegistry
+
+    kernels = KernelRegistry()
+    kernels.kernel("octest_own::my_add", inputs=["a", "b"], outputs=["y"], attrs={"alpha": ("float", 2.0)})(lambda a, b, *, alpha: alpha * a + b)
+    registry = onnx_custom.default_registry().copy()
+    registry.symbolic("mylib::my_add", opset=1, replace=True)(lambda g, a, b: g.op("octest_own::my_add", a, b, alpha=2.0))
+
+    class M(torch.nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return torch.ops.mylib.my_add(a, b)
+
+    args = (torch.randn(2, 3), torch.randn(2, 3))
+    proto = onnx_custom.export(M(), args, exporter="dynamo", registry=registry)
+    assert verify(M(), args, proto, kernels=kernels, backends=("onnxruntime", "reference")).passed
+    with pytest.raises(onnx_custom.KernelError, match="octest_own::my_add"):
+        verify(M(), args, proto)
