@@ -207,6 +207,7 @@ def export(
     registry: Registry | None = None,
     verify: bool = False,
     functions: bool = False,
+    kernels: Any = None,
     **exporter_kwargs: Any,
 ) -> onnx.ModelProto:
     """Export ``model`` with the ``"dynamo"`` or ``"torchscript"`` exporter using our translations.
@@ -215,7 +216,8 @@ def export(
     ``opset_import`` and the IR version is one ONNX Runtime accepts. With ``f`` the model is written
     as one self-contained file (external data only past protobuf's 2 GB limit). ``functions=True``
     embeds the ONNX function bodies of custom nodes that have one (for runtimes without our
-    kernels). ``verify=True`` runs `onnx_custom.verify` and raises on mismatch.
+    kernels). ``verify=True`` runs `onnx_custom.verify` (with ``kernels``, a
+    `onnx_custom.runtime.KernelRegistry`, for custom nodes) and raises on mismatch.
     """
     opset = DEFAULT_OPSET if opset is None else opset
     args = _validate(model, args, exporter, opset)
@@ -234,5 +236,5 @@ def export(
 
         if isinstance(model, torch.export.ExportedProgram):
             model = model.module()
-        run_verify(model, args, proto, raise_on_mismatch=True)
+        run_verify(model, args, proto, raise_on_mismatch=True, kernels=kernels)
     return proto

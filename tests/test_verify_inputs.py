@@ -219,7 +219,7 @@ def test_verify_with_a_users_own_kernel_registry() -> None:
             return torch.ops.mylib.my_add(a, b)
 
     args = (torch.randn(2, 3), torch.randn(2, 3))
-    proto = onnx_custom.export(M(), args, exporter="dynamo", registry=registry)
+    proto = onnx_custom.export(M(), args, exporter="dynamo", registry=registry, verify=True, kernels=kernels)
     assert verify(M(), args, proto, kernels=kernels, backends=("onnxruntime", "reference")).passed
     with pytest.raises(onnx_custom.KernelError, match="octest_own::my_add"):
         verify(M(), args, proto)
