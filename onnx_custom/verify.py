@@ -140,25 +140,9 @@ def flatten_outputs(value: Any, prefix: str = "output") -> list[tuple[str, Any]]
 
 def load_model(onnx_model: onnx.ModelProto | str | os.PathLike[str] | bytes) -> onnx.ModelProto:
     """A ModelProto from a proto, bytes or path; clear errors for missing or corrupt files."""
-    if isinstance(onnx_model, onnx.ModelProto):
-        return onnx_model
-    if isinstance(onnx_model, bytes):
-        try:
-            return onnx.load_from_string(onnx_model)
-        except Exception as exc:
-            raise OnnxCustomError(f"The given bytes are not a serialized ONNX model ({exc}).") from exc
-    if not isinstance(onnx_model, (str, os.PathLike)):
-        raise TypeError(f"Expected an onnx.ModelProto, bytes or a path, got {type(onnx_model).__name__}.")
-    path = os.fspath(onnx_model)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"ONNX file {path!r} does not exist. Export it first (onnx-custom export ... -o {path}).")
-    try:
-        model = onnx.load(path)
-    except Exception as exc:
-        raise OnnxCustomError(f"{path!r} is not a valid ONNX model (corrupt or truncated?): {exc}") from exc
-    if not model.graph.node and not model.graph.output:
-        raise OnnxCustomError(f"{path!r} parsed as an empty ONNX model (corrupt or not an ONNX file?).")
-    return model
+    from onnx_custom.runtime.session import load_model as load
+
+    return load(onnx_model)[0]
 
 
 def _tolerances(dtype: torch.dtype, rtol: float | None, atol: float | None) -> tuple[float, float, str]:

@@ -478,13 +478,12 @@ def kernel(
     """Register a kernel into the default registry (see :meth:`KernelRegistry.kernel`)."""
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        spec = make_spec(name, fn, inputs=inputs, outputs=outputs, attrs=attrs, dtypes=dtypes,
-                         shape_fn=shape_fn, function=function, tensor_type=tensor_type, out=out)
         if not replace and name in _builtin_registry():
             raise KernelError(
                 f"kernel {name!r} is a built-in kernel; fix: pass replace=True to override it."
             )
-        _user.add(spec, replace=replace)
-        return fn
+        return _user.kernel(name, inputs=inputs, outputs=outputs, attrs=attrs, dtypes=dtypes,
+                            shape_fn=shape_fn, function=function, tensor_type=tensor_type,
+                            out=out, replace=replace)(fn)
 
     return deco

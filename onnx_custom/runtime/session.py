@@ -52,8 +52,8 @@ def load_model(model: ModelSource) -> tuple[onnx.ModelProto, bytes | str]:
         path = Path(model)
         if not path.exists():
             raise FileNotFoundError(
-                f"ONNX model file not found: {str(path)!r}; fix: pass the path of an existing .onnx "
-                f"file, the model's bytes, or an onnx.ModelProto."
+                f"ONNX model file {str(path)!r} does not exist (not found); fix: export it first "
+                f"(onnx-custom export ... -o {path}), or pass the model's bytes or an onnx.ModelProto."
             )
         if not path.is_file():
             raise ModelLoadError(f"{str(path)!r} is not a file; expected an .onnx model file.")
@@ -69,11 +69,11 @@ def _parse(data: bytes, what: str) -> onnx.ModelProto:
         m.ParseFromString(data)
     except (DecodeError, ValueError) as exc:
         raise ModelLoadError(
-            f"{what} is not a valid ONNX model (protobuf decoding failed: {exc}); fix: re-export "
+            f"{what} is not a valid ONNX model (corrupt or truncated; protobuf decoding failed: {exc}); fix: re-export "
             f"the model or check that the file is not truncated."
         ) from exc
     if not m.HasField("graph"):
-        raise ModelLoadError(f"{what} is not a valid ONNX model (no graph); fix: re-export the model.")
+        raise ModelLoadError(f"{what} is not a valid ONNX model (corrupt or not an ONNX file: no graph); fix: re-export the model.")
     return m
 
 
@@ -156,7 +156,10 @@ def session_options(
     Also turns thread-pool spinning off unless ``base`` set it: spinning ORT threads starve the
     Python kernels of CPU on small machines.
     """
-    specs = required_kernels(model, kernels)
+    return _options_for(required_kernels(model, kernels), base)
+
+
+def _options_for(specs: Sequence[KernelSpec], base: ort.SessionOptions | None) -> ort.SessionOptions:
     so = base if base is not None else ort.SessionOptions()
     if not isinstance(so, ort.SessionOptions):
         raise KernelError(f"base= expects onnxruntime.SessionOptions, received {type(so).__name__}.")
@@ -198,7 +201,7 @@ class InferenceSession(ort.InferenceSession):
     ) -> None:
         model, source = load_model(model_or_path)
         self.kernel_specs: tuple[KernelSpec, ...] = tuple(required_kernels(model, kernels))
-        so = session_options(model, base=sess_options, kernels=kernels)
+        so = _options_for(self.kernel_specs, sess_options)
         super().__init__(
             source, sess_options=so,
             providers=list(providers) if providers is not None else ["CPUExecutionProvider"],
