@@ -20,7 +20,7 @@ from onnx_custom.coverage import format_missing, missing_ops_dynamo, missing_ops
 from onnx_custom.errors import OnnxCustomError, SymbolicError, UnsupportedOpError
 from onnx_custom.registry import Registry, resolve_registry
 
-__all__ = ["DEFAULT_OPSET", "EXPORTERS", "MAX_IR_VERSION", "export", "finalize_model"]
+__all__ = ["DEFAULT_OPSET", "EXPORTERS", "MAX_IR_VERSION", "export", "finalize_model", "trace_program"]
 
 DEFAULT_OPSET = 18
 EXPORTERS = ("dynamo", "torchscript")
@@ -74,13 +74,13 @@ def _save(model: onnx.ModelProto, f: str | os.PathLike[str] | io.IOBase) -> None
     )
 
 
-def _find_cause(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
-    seen: BaseException | None = exc
+def _raise_ours(exc: BaseException) -> None:
+    """Torch wraps errors raised in our translations/checks in its own; surface ours instead."""
+    seen: BaseException | None = exc.__cause__ or exc.__context__
     while seen is not None:
-        if isinstance(seen, kind):
-            return seen
+        if isinstance(seen, OnnxCustomError):
+            raise seen from exc
         seen = seen.__cause__ or seen.__context__
-    return None
 
 
 def _dynamic_axes(dynamic_shapes: Any, input_names: Sequence[str]) -> dict[str, dict[int, str]]:
@@ -114,9 +114,7 @@ def _export_torchscript(model: Any, args: tuple[Any, ...], opset: int, reg: Regi
     except OnnxCustomError:
         raise
     except Exception as exc:
-        inner = _find_cause(exc, OnnxCustomError)
-        if inner is not None:
-            raise inner from exc
+        _raise_ours(exc)
         raise
     return onnx.load_from_string(buffer.getvalue())
 
@@ -151,28 +149,32 @@ def _reject_autograd_functions(reg: Registry) -> Any:
             cls.forward = original  # type: ignore[attr-defined]
 
 
+def trace_program(model: torch.nn.Module, args: tuple[Any, ...], registry: Registry, *, kwargs: dict[str, Any] | None = None, dynamic_shapes: Any = None) -> torch.export.ExportedProgram:
+    """``torch.export`` as the dynamo exporter runs it, with our errors for its sharp edges
+    (a registered autograd.Function, a custom op without a fake kernel); others propagate."""
+    try:
+        with _reject_autograd_functions(registry):
+            return torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+    except Exception as exc:
+        _raise_ours(exc)
+        match = _NO_FAKE.search(str(exc))
+        if match:
+            op = match["op"]
+            raise SymbolicError(
+                f"The custom op {op} has no fake (meta) kernel, which the dynamo exporter needs to "
+                f"trace it. Fix: add @torch.library.register_fake('{op}') returning empty outputs of "
+                "the right shape/dtype, or export with exporter='torchscript'."
+            ) from exc
+        raise
+
+
 def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, dynamic_shapes: Any, input_names: Any, output_names: Any, kwargs: dict[str, Any]) -> onnx.ModelProto:
     from onnx_custom._dynamo import translation_table
 
     if isinstance(model, torch.export.ExportedProgram):
         program = model
     else:
-        try:
-            with _reject_autograd_functions(reg):
-                program = torch.export.export(model, args, kwargs=kwargs.pop("kwargs", None), dynamic_shapes=dynamic_shapes, strict=False)
-        except Exception as exc:
-            inner = _find_cause(exc, SymbolicError)
-            if inner is not None:
-                raise inner from exc
-            match = _NO_FAKE.search(str(exc))
-            if match:
-                op = match["op"]
-                raise SymbolicError(
-                    f"The custom op {op} has no fake (meta) kernel, which the dynamo exporter needs to "
-                    f"trace it. Fix: add @torch.library.register_fake('{op}') returning empty outputs of "
-                    "the right shape/dtype, or export with exporter='torchscript'."
-                ) from exc
-            raise
+        program = trace_program(model, args, reg, kwargs=kwargs.pop("kwargs", None), dynamic_shapes=dynamic_shapes)
     missing = missing_ops_dynamo(program, opset, reg)
     if missing:
         raise UnsupportedOpError(format_missing(missing, "dynamo", opset), tuple(m.name for m in missing))
@@ -187,9 +189,7 @@ def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry,
                 input_names=input_names, output_names=output_names, verbose=False, **kwargs,
             )
     except Exception as exc:
-        inner = _find_cause(exc, OnnxCustomError)
-        if inner is not None:  # torch wraps translation errors in its own; surface ours
-            raise inner.with_traceback(inner.__traceback__) from exc
+        _raise_ours(exc)
         raise
     return lower_default_opset(onnx_program.model_proto, opset)  # type: ignore[union-attr]
 

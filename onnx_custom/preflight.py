@@ -144,23 +144,15 @@ def _entry(registry: Registry, target: Any, opset: int, exporter: str) -> Symbol
 
 
 def _export_program(model: torch.nn.Module, args: tuple[Any, ...], registry: Registry) -> torch.export.ExportedProgram:
-    from onnx_custom.export import _NO_FAKE, _find_cause, _reject_autograd_functions
+    from onnx_custom.export import trace_program
 
     try:
-        with _reject_autograd_functions(registry), warnings.catch_warnings():
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return torch.export.export(model, args, strict=False)
+            return trace_program(model, args, registry)
+    except OnnxCustomError:
+        raise
     except Exception as exc:
-        inner = _find_cause(exc, SymbolicError)
-        if inner is not None:
-            raise OnnxCustomError(str(inner)) from exc
-        match = _NO_FAKE.search(str(exc))
-        if match:
-            op = match["op"] or match["op2"]
-            raise OnnxCustomError(
-                f"The custom op {op} has no fake (meta) kernel, which the dynamo exporter needs. Fix: "
-                f"add @torch.library.register_fake('{op}'), or use exporter='torchscript'."
-            ) from exc
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise OnnxCustomError(f"torch.export could not trace the model: {type(exc).__name__}: {first}") from exc
 
