@@ -15,7 +15,7 @@ import onnx
 
 from onnx_custom._onnx_utils import iter_nodes
 from onnx_custom.preflight import has_kernel, has_schema, kernel_registry_or_none
-from onnx_custom.verify import load_model
+from onnx_custom.runner import load_model
 
 __all__ = ["CustomNodeInfo", "ModelSummary", "inspect_model"]
 

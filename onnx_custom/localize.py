@@ -31,8 +31,11 @@ import numpy as np
 import onnx
 import torch
 
+from onnx_custom._exporters import DEFAULT_OPSET, EXPORTERS, export_model
+from onnx_custom.compare import compare_arrays
 from onnx_custom.errors import OnnxCustomError
 from onnx_custom.registry import Registry, default_registry
+from onnx_custom.runner import load_model, make_session, run_onnx
 
 __all__ = ["Localization", "NodeLocalization", "ValueDiff", "localize"]
 
@@ -310,8 +313,6 @@ def _translation_of(node: torch.fx.Node, registry: Registry, opset: int, exporte
 
 
 def _compare(name: str, onnx_name: str, expected: torch.Tensor, actual: np.ndarray | None, rtol: float | None, atol: float | None) -> ValueDiff:
-    from onnx_custom.verify import compare_arrays
-
     shape, dtype = tuple(expected.shape), str(expected.dtype).removeprefix("torch.")
     if actual is None:
         return ValueDiff(name, onnx_name, shape, dtype, 0.0, 0.0, 0, 0, observed=False)
@@ -386,8 +387,6 @@ def _with_outputs(proto: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
 
 
 def _run(proto: onnx.ModelProto, flat_args: tuple[Any, ...], kernels: Any = None) -> dict[str, np.ndarray]:
-    from onnx_custom.verify import make_session, run_onnx
-
     session = make_session(proto, kernels)
     values = run_onnx(session, proto, flat_args)
     return {o.name: v for o, v in zip(proto.graph.output, values, strict=True)}
@@ -464,8 +463,6 @@ def _file_vs_probe(trace: _TorchTrace, file: onnx.ModelProto, arrays: dict[str, 
 
 
 def _localize_by_probe(trace: _TorchTrace, exporter: str, registry: Registry, opset: int, rtol: float | None, atol: float | None, trial: int, file: onnx.ModelProto | None = None, kernels: Any = None) -> Localization:
-    from onnx_custom.export import export
-
     ops = _op_nodes(trace)
     outs = [o for _, node_outs in ops for o in node_outs]
     if not outs:
@@ -474,7 +471,7 @@ def _localize_by_probe(trace: _TorchTrace, exporter: str, registry: Registry, op
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            proto = export(probe, trace.flat_args, exporter=exporter, opset=opset, registry=registry)
+            proto = export_model(probe, trace.flat_args, exporter=exporter, opset=opset, registry=registry)
         except Exception as exc:
             raise OnnxCustomError(
                 f"Localization re-exports the program with every intermediate as an output, and that "
@@ -517,8 +514,6 @@ def _default_opset(proto: onnx.ModelProto | None) -> int:
         for entry in proto.opset_import:
             if entry.domain in ("", "ai.onnx"):
                 return int(entry.version)
-    from onnx_custom.export import DEFAULT_OPSET
-
     return DEFAULT_OPSET
 
 
@@ -542,9 +537,6 @@ def localize(
     re-exported with ``exporter`` (default: ``"torchscript"`` when a file was given, else
     ``"dynamo"``) at ``opset`` (default: the file's) with ``registry`` and compared by position.
     """
-    from onnx_custom.export import EXPORTERS
-    from onnx_custom.verify import load_model
-
     if isinstance(args, torch.Tensor):
         args = (args,)
     if not isinstance(model, torch.nn.Module):

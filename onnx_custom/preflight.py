@@ -144,7 +144,7 @@ def _entry(registry: Registry, target: Any, opset: int, exporter: str) -> Symbol
 
 
 def _export_program(model: torch.nn.Module, args: tuple[Any, ...], registry: Registry) -> torch.export.ExportedProgram:
-    from onnx_custom.export import trace_program
+    from onnx_custom._exporters import trace_program
 
     try:
         with warnings.catch_warnings():
@@ -211,7 +211,7 @@ def check(
     writing a file. ``raise_if_missing=True`` raises `UnsupportedOpError` (``missing``: every
     name) with the same text as ``str(report)`` when anything is missing.
     """
-    from onnx_custom.export import EXPORTERS
+    from onnx_custom._exporters import EXPORTERS
 
     if exporter not in EXPORTERS:
         raise OnnxCustomError(f"exporter must be one of {EXPORTERS}, got {exporter!r}.")

@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from onnx_custom.compare import OutputComparison
 from onnx_custom.errors import OnnxCustomError
-from onnx_custom.verify import OutputComparison, VerificationReport
+from onnx_custom.verify import VerificationReport
 
 __all__ = [
     "HISTOGRAM_EDGES",

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 import torch
-from torch.testing._comparison import default_tolerances
 
-from onnx_custom._onnx_utils import iter_nodes
-from onnx_custom.errors import ExtensionBuildError, OnnxCustomError, VerificationError
+from onnx_custom.compare import OutputComparison, compare_arrays, flatten_outputs
+from onnx_custom.errors import OnnxCustomError, VerificationError
+from onnx_custom.localize import localize as localize_trial
+from onnx_custom.runner import input_names, load_model, make_reference, make_session, run_onnx
 
 if TYPE_CHECKING:
     from onnx_custom.registry import Registry
@@ -33,34 +34,6 @@ __all__ = [
 BACKENDS = ("onnxruntime", "reference")
 
 InputGenerator = Callable[[int, tuple[Any, ...]], tuple[Any, ...]]
-
-
-@dataclasses.dataclass(frozen=True)
-class OutputComparison:
-    """How one output of one trial compares. ``tolerance_source`` says why these tolerances."""
-
-    trial: int
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-    max_abs_diff: float
-    max_rel_diff: float
-    mismatched: int
-    total: int
-    rtol: float
-    atol: float
-    tolerance_source: str
-    nonfinite_mismatch: int = 0
-    backend: str = "onnxruntime"
-    abs_diffs: np.ndarray | None = dataclasses.field(default=None, repr=False, compare=False)
-
-    @property
-    def passed(self) -> bool:
-        return self.mismatched == 0
-
-    @property
-    def mismatched_percent(self) -> float:
-        return 100.0 * self.mismatched / self.total if self.total else 0.0
 
 
 @dataclasses.dataclass
@@ -129,65 +102,6 @@ class VerificationReport:
         }
 
 
-def flatten_outputs(value: Any, prefix: str = "output") -> list[tuple[str, Any]]:
-    """Nested tuples/lists/dicts -> ``[(path, leaf), ...]`` in order (dict keys in insertion order)."""
-    if isinstance(value, Mapping):
-        return [item for k, v in value.items() for item in flatten_outputs(v, f"{prefix}.{k}")]
-    if isinstance(value, (tuple, list)):
-        return [item for i, v in enumerate(value) for item in flatten_outputs(v, f"{prefix}[{i}]")]
-    return [(prefix, value)]
-
-
-def load_model(onnx_model: onnx.ModelProto | str | os.PathLike[str] | bytes) -> onnx.ModelProto:
-    """A ModelProto from a proto, bytes or path; clear errors for missing or corrupt files."""
-    from onnx_custom.runtime.session import load_model as load
-
-    return load(onnx_model)[0]
-
-
-def _tolerances(dtype: torch.dtype, rtol: float | None, atol: float | None) -> tuple[float, float, str]:
-    default_rtol, default_atol = default_tolerances(dtype)
-    if rtol is None and atol is None:
-        return default_rtol, default_atol, f"torch.testing default for {str(dtype).removeprefix('torch.')}"
-    if rtol is None or atol is None:
-        raise TypeError("Pass both rtol and atol, or neither (then dtype defaults apply).")
-    return float(rtol), float(atol), "user override"
-
-
-def compare_arrays(expected: torch.Tensor, actual: np.ndarray, *, name: str, trial: int, rtol: float | None = None, atol: float | None = None, backend: str = "onnxruntime") -> OutputComparison:
-    """Compare one output. NaN/Inf must sit at the same positions; ints/bools compare exactly."""
-    exp = expected.detach().cpu()
-    act = torch.from_numpy(np.ascontiguousarray(actual)) if actual.dtype.name != "bfloat16" else torch.from_numpy(actual.view(np.int16)).view(torch.bfloat16)
-    r, a, source = _tolerances(exp.dtype, rtol, atol)
-    common = dict(trial=trial, name=name, shape=tuple(exp.shape), dtype=str(exp.dtype).removeprefix("torch."), rtol=r, atol=a, tolerance_source=source, backend=backend)
-    if tuple(act.shape) != tuple(exp.shape) or act.dtype != exp.dtype:
-        why = f"shape {list(act.shape)} vs {list(exp.shape)}" if tuple(act.shape) != tuple(exp.shape) else f"dtype {act.dtype} vs {exp.dtype}"
-        return OutputComparison(max_abs_diff=float("inf"), max_rel_diff=float("inf"), mismatched=max(exp.numel(), 1), total=max(exp.numel(), 1), **common | {"tolerance_source": f"{source}; ONNX {why}"})  # type: ignore[arg-type]
-    total = exp.numel()
-    if total == 0:
-        return OutputComparison(max_abs_diff=0.0, max_rel_diff=0.0, mismatched=0, total=0, **common)  # type: ignore[arg-type]
-    if exp.dtype == torch.bool or not (exp.is_floating_point() or exp.is_complex()):
-        bad = exp != act
-        diff = (exp.to(torch.float64) - act.to(torch.float64)).abs() if exp.dtype != torch.bool else bad.to(torch.float64)
-        mism = int(bad.sum())
-        return OutputComparison(max_abs_diff=float(diff.max()), max_rel_diff=float((diff / exp.to(torch.float64).abs().clamp_min(1)).max()), mismatched=mism, total=total, abs_diffs=diff.numpy().ravel(), **common)  # type: ignore[arg-type]
-    e64 = exp.to(torch.complex128 if exp.is_complex() else torch.float64)
-    a64 = act.to(e64.dtype)
-    finite_e, finite_a = torch.isfinite(e64), torch.isfinite(a64)
-    # Non-finite values must agree exactly (same NaN positions, same signed infinities).
-    nonfinite_bad = (finite_e != finite_a) | (~finite_e & ~finite_a & ~((e64 == a64) | (torch.isnan(e64) & torch.isnan(a64))))
-    both = finite_e & finite_a
-    diff = torch.zeros_like(e64.real if e64.is_complex() else e64)
-    diff[both] = (e64[both] - a64[both]).abs()
-    rel = torch.zeros_like(diff)
-    rel[both] = diff[both] / e64[both].abs().clamp_min(torch.finfo(torch.float64).tiny)
-    bad = nonfinite_bad | (both & (diff > a + r * e64.abs()))
-    return OutputComparison(
-        max_abs_diff=float(diff.max()), max_rel_diff=float(rel.max()), mismatched=int(bad.sum()), total=total,
-        nonfinite_mismatch=int(nonfinite_bad.sum()), abs_diffs=diff[both].numpy().ravel(), **common,  # type: ignore[arg-type]
-    )
-
-
 def _random_like(example: tuple[Any, ...], generator: torch.Generator) -> tuple[Any, ...]:
     """Same shapes/dtypes; floats redrawn from N(0, 1), ints/bools kept (they are often indices)."""
 
@@ -201,81 +115,6 @@ def _random_like(example: tuple[Any, ...], generator: torch.Generator) -> tuple[
     return tuple(redraw(x) for x in example)
 
 
-def _tensor_inputs(args: tuple[Any, ...]) -> list[torch.Tensor]:
-    return [leaf for _, leaf in flatten_outputs(args, "input") if isinstance(leaf, torch.Tensor)]
-
-
-def _to_numpy(t: torch.Tensor) -> np.ndarray:
-    t = t.detach().cpu().contiguous()
-    if t.dtype == torch.bfloat16:
-        import ml_dtypes
-
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
-
-
-def _input_names(proto: onnx.ModelProto, args: tuple[Any, ...]) -> list[str]:
-    tensors = _tensor_inputs(args)
-    initializers = {i.name for i in proto.graph.initializer}
-    names = [i.name for i in proto.graph.input if i.name not in initializers]
-    if len(names) != len(tensors):
-        raise VerificationError(
-            f"The ONNX model takes {len(names)} input(s) {names} but the example arguments hold "
-            f"{len(tensors)} tensor(s). Pass the same example inputs used for export."
-        )
-    return names
-
-
-def run_onnx(session: Any, proto: onnx.ModelProto, args: tuple[Any, ...]) -> list[np.ndarray]:
-    names = _input_names(proto, args)
-    tensors = _tensor_inputs(args)
-    return list(session.run(None, {n: _to_numpy(t) for n, t in zip(names, tensors, strict=True)}))
-
-
-def _plain_session(proto: onnx.ModelProto) -> Any:
-    import onnxruntime
-
-    return onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-
-
-def make_session(proto: onnx.ModelProto, kernels: Any = None) -> Any:
-    """An ORT session with our custom kernels loaded (plain ORT when the kernel host is unavailable)."""
-    try:
-        from onnx_custom.runtime import InferenceSession
-    except ImportError:  # the kernel host is optional for models without custom nodes
-        return _plain_session(proto)
-    try:
-        return InferenceSession(proto, kernels=kernels)
-    except ExtensionBuildError:
-        # The native shim could not be built: only models with custom nodes need it.
-        if _custom_node_types(proto):
-            raise
-        return _plain_session(proto)
-
-
-def _custom_node_types(proto: onnx.ModelProto) -> list[str]:
-    found = {f"{n.domain}::{n.op_type}": None for n in iter_nodes(proto, functions=False) if n.domain not in ("", "ai.onnx", "ai.onnx.ml")}
-    return list(found)
-
-
-def make_reference(proto: onnx.ModelProto, kernels: Any = None) -> Any:
-    """onnx's ``ReferenceEvaluator``; custom nodes run our kernels adapted as ``OpRun`` classes."""
-    from onnx.reference import ReferenceEvaluator
-
-    custom = _custom_node_types(proto)
-    if not custom:
-        return ReferenceEvaluator(proto)
-    try:
-        from onnx_custom.runtime import reference_evaluator
-    except ImportError as exc:
-        raise VerificationError(
-            f"The model has custom nodes {custom}; the reference backend needs their kernels as "
-            f"OpRun classes (onnx_custom.runtime.reference_evaluator), which is unavailable: {exc}. "
-            "Fix: install/build the kernel host or verify with backends=('onnxruntime',)."
-        ) from exc
-    return reference_evaluator(proto, kernels=kernels)
-
-
 def _make_backend(name: str, proto: onnx.ModelProto, kernels: Any = None) -> Any:
     try:
         return make_session(proto, kernels) if name == "onnxruntime" else make_reference(proto, kernels)
@@ -287,12 +126,10 @@ def _make_backend(name: str, proto: onnx.ModelProto, kernels: Any = None) -> Any
 
 def _localize_safely(model: Any, args: tuple[Any, ...], proto: onnx.ModelProto, trial: int, **options: Any) -> Any:
     """A `Localization`, or a one-line reason why none could be made (never raises)."""
-    from onnx_custom.localize import localize
-
     if not isinstance(model, torch.nn.Module):
         return f"Localization unavailable: it needs a torch.nn.Module, got {type(model).__name__}."
     try:
-        return localize(model, args, proto, trial=trial, **options)
+        return localize_trial(model, args, proto, trial=trial, **options)
     except Exception as exc:
         return f"Localization unavailable: {type(exc).__name__}: {exc}"
 
@@ -343,7 +180,7 @@ def verify(
     if unknown or not backends:
         raise ValueError(f"backends must be a non-empty subset of {BACKENDS}, got {list(backends)!r}.")
     proto = load_model(onnx_model)
-    _input_names(proto, args)  # fail on an arity mismatch before running anything
+    input_names(proto, args)  # fail on an arity mismatch before running anything
     sessions = {name: _make_backend(name, proto, kernels) for name in backends}
     generator = torch.Generator().manual_seed(seed)
     comparisons: list[OutputComparison] = []

@@ -1,0 +1,219 @@
+"""The exporters themselves: run either PyTorch exporter with our translations, return a ModelProto.
+
+`export` (the public call) adds verification, function bodies and saving on top; `localize`
+re-exports probes through `export_model` here, so the verify path never imports `export`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import onnx
+import torch
+
+from onnx_custom._onnx_utils import iter_nodes
+from onnx_custom._opset_compat import lower_default_opset
+from onnx_custom._torchscript import TS_MAX_OPSET, TS_MIN_OPSET, registered
+from onnx_custom.coverage import format_missing, missing_ops_dynamo, missing_ops_torchscript
+from onnx_custom.errors import OnnxCustomError, SymbolicError, UnsupportedOpError
+from onnx_custom.registry import Registry, resolve_registry
+
+__all__ = ["DEFAULT_OPSET", "EXPORTERS", "MAX_IR_VERSION", "export_model", "finalize_model", "save_model", "trace_program"]
+
+DEFAULT_OPSET = 18
+EXPORTERS = ("dynamo", "torchscript")
+MAX_IR_VERSION = 10  # ORT 1.31 accepts <= 13; 10 covers opsets up to 21 and every older runtime
+_PROTOBUF_LIMIT = 2**31 - 1
+_DYNAMO_NATIVE_OPSET = 18
+_NO_FAKE = re.compile(r"no fake impl registered for (?:<CustomOpDef\()?(?P<op>[\w:.]+)")
+
+
+def _validate(model: Any, args: Any, exporter: str, opset: int) -> tuple[Any, ...]:
+    if exporter not in EXPORTERS:
+        raise OnnxCustomError(f"exporter must be one of {EXPORTERS}, got {exporter!r}.")
+    if not isinstance(model, (torch.nn.Module, torch.export.ExportedProgram)):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}. Wrap functions in an nn.Module.")
+    if not isinstance(opset, int) or isinstance(opset, bool):
+        raise TypeError(f"opset must be an int, got {opset!r}.")
+    if exporter == "torchscript" and not TS_MIN_OPSET <= opset <= TS_MAX_OPSET:
+        raise OnnxCustomError(f"The TorchScript exporter supports opsets {TS_MIN_OPSET}..{TS_MAX_OPSET}, got {opset}.")
+    if isinstance(args, torch.Tensor):
+        return (args,)
+    if not isinstance(args, tuple):
+        raise TypeError(f"args must be a tuple of example inputs (or one tensor), got {type(args).__name__}.")
+    return args
+
+
+def _custom_domains(model: onnx.ModelProto) -> set[str]:
+    return {n.domain for n in iter_nodes(model) if n.domain not in ("", "ai.onnx")}
+
+
+def finalize_model(model: onnx.ModelProto, domain_versions: dict[str, int] | None = None) -> onnx.ModelProto:
+    """Declare every used domain in ``opset_import`` and set an IR version ORT accepts."""
+    declared = {o.domain for o in model.opset_import}
+    for domain in sorted(_custom_domains(model) - declared):
+        model.opset_import.append(onnx.helper.make_opsetid(domain, (domain_versions or {}).get(domain, 1)))
+    model.ir_version = min(model.ir_version or MAX_IR_VERSION, MAX_IR_VERSION)
+    return model
+
+
+def save_model(model: onnx.ModelProto, f: str | os.PathLike[str] | io.IOBase) -> None:
+    if isinstance(f, io.IOBase):
+        f.write(model.SerializeToString())  # type: ignore[arg-type]
+        return
+    path = os.fspath(f)
+    too_big = model.ByteSize() > _PROTOBUF_LIMIT
+    onnx.save_model(
+        model,
+        path,
+        save_as_external_data=too_big,
+        all_tensors_to_one_file=True,
+        location=os.path.basename(path) + ".data" if too_big else None,
+    )
+
+
+def _raise_ours(exc: BaseException) -> None:
+    """Torch wraps errors raised in our translations/checks in its own; surface ours instead."""
+    seen: BaseException | None = exc.__cause__ or exc.__context__
+    while seen is not None:
+        if isinstance(seen, OnnxCustomError):
+            raise seen from exc
+        seen = seen.__cause__ or seen.__context__
+
+
+def _dynamic_axes(dynamic_shapes: Any, input_names: Sequence[str]) -> dict[str, dict[int, str]]:
+    """torch.export-style ``dynamic_shapes`` -> TorchScript ``dynamic_axes``."""
+    specs = list(dynamic_shapes.values()) if isinstance(dynamic_shapes, dict) else list(dynamic_shapes)
+    axes: dict[str, dict[int, str]] = {}
+    for name, spec in zip(input_names, specs, strict=False):
+        if not spec:
+            continue
+        if isinstance(spec, dict):
+            axes[name] = {int(k): getattr(v, "__name__", f"{name}_dim{k}") for k, v in spec.items()}
+        elif isinstance(spec, (list, tuple)):
+            axes[name] = {i: getattr(v, "__name__", f"{name}_dim{i}") for i, v in enumerate(spec) if v is not None}
+    return axes
+
+
+def _export_torchscript(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, dynamic_shapes: Any, input_names: Any, output_names: Any, kwargs: dict[str, Any]) -> onnx.ModelProto:
+    names = list(input_names) if input_names else [f"input_{i}" for i in range(len(args))]
+    if dynamic_shapes is not None and "dynamic_axes" not in kwargs:
+        kwargs["dynamic_axes"] = _dynamic_axes(dynamic_shapes, names)
+    buffer = io.BytesIO()
+    try:
+        with registered(reg, opset=opset), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            torch.onnx.export(model, args, buffer, dynamo=False, opset_version=opset, input_names=names, output_names=output_names, **kwargs)  # type: ignore[arg-type]
+    except torch.onnx.errors.UnsupportedOperatorError as exc:
+        missing = missing_ops_torchscript(model, args, opset, reg)
+        if not missing:
+            raise
+        raise UnsupportedOpError(format_missing(missing, "torchscript", opset), tuple(m.name for m in missing)) from exc
+    except OnnxCustomError:
+        raise
+    except Exception as exc:
+        _raise_ours(exc)
+        raise
+    return onnx.load_from_string(buffer.getvalue())
+
+
+@contextlib.contextmanager
+def _reject_autograd_functions(reg: Registry) -> Any:
+    """The dynamo exporter silently inlines autograd.Functions, ignoring their translation.
+
+    Make that loud: a registered Function that runs while tracing raises `SymbolicError`.
+    """
+    patched = []
+    for target in reg.targets():
+        cls = target.function
+        if cls is None:
+            continue
+        original = cls.__dict__.get("forward")
+
+        def forward(*a: Any, __cls: type = cls, __orig: Any = original, **k: Any) -> Any:
+            raise SymbolicError(
+                f"{__cls.__qualname__} is a torch.autograd.Function with an onnx-custom translation, "
+                "but the dynamo exporter ignores Function translations (it inlines forward). Fix: "
+                "wrap the computation as a torch.library.custom_op with register_fake and register "
+                "the translation for that op, or export with exporter='torchscript'."
+            )
+
+        cls.forward = staticmethod(forward)  # type: ignore[attr-defined]
+        patched.append((cls, original))
+    try:
+        yield
+    finally:
+        for cls, original in patched:
+            cls.forward = original  # type: ignore[attr-defined]
+
+
+def trace_program(model: torch.nn.Module, args: tuple[Any, ...], registry: Registry, *, kwargs: dict[str, Any] | None = None, dynamic_shapes: Any = None) -> torch.export.ExportedProgram:
+    """``torch.export`` as the dynamo exporter runs it, with our errors for its sharp edges
+    (a registered autograd.Function, a custom op without a fake kernel); others propagate."""
+    try:
+        with _reject_autograd_functions(registry):
+            return torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+    except Exception as exc:
+        _raise_ours(exc)
+        match = _NO_FAKE.search(str(exc))
+        if match:
+            op = match["op"]
+            raise SymbolicError(
+                f"The custom op {op} has no fake (meta) kernel, which the dynamo exporter needs to "
+                f"trace it. Fix: add @torch.library.register_fake('{op}') returning empty outputs of "
+                "the right shape/dtype, or export with exporter='torchscript'."
+            ) from exc
+        raise
+
+
+def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, dynamic_shapes: Any, input_names: Any, output_names: Any, kwargs: dict[str, Any]) -> onnx.ModelProto:
+    from onnx_custom._dynamo import translation_table
+
+    if isinstance(model, torch.export.ExportedProgram):
+        program = model
+    else:
+        program = trace_program(model, args, reg, kwargs=kwargs.pop("kwargs", None), dynamic_shapes=dynamic_shapes)
+    missing = missing_ops_dynamo(program, opset, reg)
+    if missing:
+        raise UnsupportedOpError(format_missing(missing, "dynamo", opset), tuple(m.name for m in missing))
+    table = translation_table(opset, reg)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            # Build at >= 18 (the exporter's native opset) and lower ourselves: torch's own
+            # down-conversion silently keeps opset 18 whenever onnx lacks an adapter.
+            onnx_program = torch.onnx.export(
+                program, args, dynamo=True, opset_version=max(opset, _DYNAMO_NATIVE_OPSET), custom_translation_table=table,  # type: ignore[arg-type]
+                input_names=input_names, output_names=output_names, verbose=False, **kwargs,
+            )
+    except Exception as exc:
+        _raise_ours(exc)
+        raise
+    return lower_default_opset(onnx_program.model_proto, opset)  # type: ignore[union-attr]
+
+
+def export_model(
+    model: Any,
+    args: Any,
+    *,
+    exporter: str = "dynamo",
+    opset: int | None = None,
+    dynamic_shapes: Any = None,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
+    registry: Registry | None = None,
+    **exporter_kwargs: Any,
+) -> onnx.ModelProto:
+    """Export with ``exporter`` at ``opset`` using ``registry``; every used domain declared."""
+    opset = DEFAULT_OPSET if opset is None else opset
+    args = _validate(model, args, exporter, opset)
+    reg = resolve_registry(registry)
+    run = _export_dynamo if exporter == "dynamo" else _export_torchscript
+    proto = run(model, args, opset, reg, dynamic_shapes, input_names, output_names, dict(exporter_kwargs))
+    return finalize_model(proto)
