@@ -17,6 +17,7 @@ from onnx_custom.errors import (
 )
 from onnx_custom.export import export
 from onnx_custom.registry import Registry, SymbolicEntry, default_registry, symbolic
+from onnx_custom.spec import OpSpec, load_specs, register_spec
 from onnx_custom.verify import VerificationReport, verify
 
 __version__ = "0.1.0"
@@ -26,6 +27,7 @@ __all__ = [
     "InferenceSession",
     "KernelError",
     "OnnxCustomError",
+    "OpSpec",
     "Registry",
     "SymbolicEntry",
     "SymbolicError",
@@ -36,6 +38,8 @@ __all__ = [
     "default_registry",
     "export",
     "kernel",
+    "load_specs",
+    "register_spec",
     "registered",
     "session_options",
     "symbolic",
