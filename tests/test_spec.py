@@ -367,3 +367,54 @@ def test_yaml_folder_with_translations_by_opset(tmp_path: Path, monkeypatch: pyt
     labels = {c.name.split(",")[0] for c in report.cases if c.passed}
     assert any(label.startswith("translation opset>=9") for label in labels)
     assert "custom node acme::ScaleAdd" in labels
+
+
+def scale_add_body() -> onnx.FunctionProto:
+    """ONNX function body of acme-style ScaleAdd: CastLike(alpha, x) * x + y."""
+    alpha = onnx.helper.make_node("Constant", [], ["alpha"])
+    alpha.attribute.append(onnx.AttributeProto(name="value_float", ref_attr_name="alpha", type=onnx.AttributeProto.FLOAT))
+    nodes = [
+        alpha,
+        onnx.helper.make_node("CastLike", ["alpha", "x"], ["alpha_t"]),
+        onnx.helper.make_node("Mul", ["x", "alpha_t"], ["scaled"]),
+        onnx.helper.make_node("Add", ["scaled", "y"], ["out"]),
+    ]
+    return onnx.helper.make_function("spectest", "ScaleAddFn", ["x", "y"], ["out"], nodes, [onnx.helper.make_opsetid("", 17)], attributes=["alpha"])
+
+
+def test_function_body_runs_without_our_kernels_and_native_is_reported() -> None:
+    from onnx_custom.testing import check_op
+
+    spec = OpSpec(
+        "spectest::scale_add_fn", op_type="ScaleAddFn",
+        inputs=[Input("x", ["float32"]), Input("y", ["float32"])],
+        outputs=[Output("out", shape="broadcast")],
+        attributes=[Attribute("alpha", "float", 2.0)],
+        impl=lambda x, y, *, alpha: alpha * x + y,
+        kernel=lambda x, y, *, alpha: (x.dtype.type(alpha) * x + y).astype(x.dtype),
+        function=scale_add_body, native=True,
+    )
+    report = check_op(spec, [(torch.randn(2, 3), torch.randn(1, 3), 0.5)], exporters=["torchscript"], dtypes=False)
+    (body,) = [c for c in report.cases if c.name.startswith("function body")]
+    assert body.passed, body.detail
+    (native,) = [c for c in report.cases if c.name.startswith("native kernel")]
+    assert native.passed in (None, True)  # skipped (with its reason) until the native library ships
+    if native.passed is None:
+        assert "not part of this build" in native.detail
+
+
+@pytest.mark.parametrize(
+    "exporter",
+    [
+        "dynamo",
+        pytest.param("torchscript", marks=pytest.mark.xfail(strict=True, reason="issue 9: TorchScript gives custom-node outputs the static shapes traced at export")),
+    ],
+)
+def test_check_op_verifies_one_file_at_every_sample_size(acme: Path, exporter: str) -> None:
+    from onnx_custom.testing import check_op
+
+    (spec,) = onnx_custom.load_specs(acme)
+    samples = [(torch.randn(2, 3), torch.randn(2, 3), 0.5), (torch.randn(7, 3), torch.randn(7, 3), 0.5), (torch.randn(1, 3), torch.randn(1, 3), 0.5)]
+    report = check_op(spec, samples, exporters=[exporter], dtypes=False)
+    (case,) = [c for c in report.cases if c.name.startswith("custom node")]
+    assert "at 2x3, 7x3, 1x3" in case.detail
