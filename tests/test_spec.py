@@ -10,6 +10,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -160,20 +161,20 @@ def tile_scale_np(x: np.ndarray, *, repeats: list[int], scale: float, reduce: st
     return x * x.dtype.type(scale), np.tile(x, repeats), reduced.astype(x.dtype)
 
 
-def _save(ctx: object, inputs: tuple[object, ...], output: object) -> None:
-    x, repeats, scale, reduce = inputs
-    ctx.shape, ctx.repeats, ctx.scale, ctx.reduce = x.shape, list(repeats), scale, reduce  # type: ignore[attr-defined, union-attr]
+def _save(ctx: Any, inputs: Any, output: object) -> None:
+    # `inputs` is the tuple torch passes, with the spec's names: no signature to repeat here
+    ctx.shape, ctx.repeats, ctx.scale, ctx.reduce = inputs.x.shape, list(inputs.repeats), inputs.scale, inputs.reduce
 
 
-def _tile_scale_backward(ctx: object, g_scaled: torch.Tensor, g_tiled: torch.Tensor, g_reduced: torch.Tensor) -> tuple[object, ...]:
+def _tile_scale_backward(ctx: Any, g_scaled: torch.Tensor, g_tiled: torch.Tensor, g_reduced: torch.Tensor) -> tuple[object, ...]:
     split: list[int] = []
-    for size, reps in zip(g_tiled.shape, ctx.repeats, strict=True):  # type: ignore[attr-defined]
+    for size, reps in zip(g_tiled.shape, ctx.repeats, strict=True):
         split += [reps, size // reps]
     folded = g_tiled.reshape(split).sum(dim=tuple(range(0, len(split), 2)))
-    spread = g_reduced.unsqueeze(-1).expand(ctx.shape)  # type: ignore[attr-defined]
-    if ctx.reduce == "mean":  # type: ignore[attr-defined]
-        spread = spread / ctx.shape[-1]  # type: ignore[attr-defined]
-    return g_scaled * ctx.scale + folded + spread, None, None, None  # type: ignore[attr-defined]
+    spread = g_reduced.unsqueeze(-1).expand(ctx.shape)
+    if ctx.reduce == "mean":
+        spread = spread / ctx.shape[-1]
+    return g_scaled * ctx.scale + folded + spread, None, None, None
 
 
 TILE_SCALE = OpSpec(

@@ -16,7 +16,16 @@ import onnx_custom
 from onnx_custom import SymbolicError, VerificationError
 from onnx_custom.registry import default_registry
 from onnx_custom.runtime import KernelRegistry, default_kernel_registry
-from onnx_custom.spec import Attribute, Input, OpSpec, Output, SpecError, register_spec, registered_specs, spec_scope
+from onnx_custom.spec import (
+    Attribute,
+    Input,
+    OpSpec,
+    Output,
+    SpecError,
+    register_spec,
+    registered_specs,
+    spec_scope,
+)
 from onnx_custom.testing import check_op
 
 F32 = ["float32"]
@@ -326,3 +335,10 @@ def test_check_op_fails_a_wrong_kernel() -> None:
     assert len(failed) == 2 and all("custom node vtest::ScaleAdd" in n for n in failed)
     assert all(c.passed for c in report.cases if c.name.startswith("opcheck"))  # type: ignore[attr-defined]
     assert "vtest::scale_add" not in registered_specs()
+
+
+def test_a_kernel_declared_elsewhere_is_checked_then_served() -> None:
+    """kernel: a KernelRegistry (e.g. a family module's) whose declaration agrees with the spec."""
+    spec = OpSpec(**_base(kernel=_kernel_decl(["float32", "float64"])))
+    report = check_op(spec, [(torch.randn(2, 3), torch.randn(2, 3), 0.5)], dtypes=False)
+    assert [c.passed for c in report.cases if "custom node" in c.name] == [True, True]

@@ -180,7 +180,7 @@ def test_every_documented_key_is_accepted(folder: Path) -> None:
     (spec,) = onnx_custom.load_specs(folder / "all.yaml")
     assert spec.node_type == "com.ytest::Everything" and spec.native is True
     assert spec.schema == '(Tensor x, Tensor? bias, int k, str[] names, bool flag=True, str mode="fast", int[] dims=[0, 1], float[] ratio=[0.5]) -> Tensor'
-    assert [a.doc for a in spec.attributes][0] == "the factor" and spec.inputs[0].format == "ND"
+    assert spec.attributes[0].doc == "the factor" and spec.inputs[0].format == "ND"
     x = torch.randn(3, dtype=torch.float64, requires_grad=True)
     y = torch.ops.ytest.everything(x, None, 3, ["a"])
     y.sum().backward()

@@ -186,15 +186,13 @@ def register_spec(spec: OpSpec) -> SpecRegistration:
 
 
 def _register(spec: OpSpec, resolved: _Resolved, undo: list[Callable[[], None]]) -> SpecRegistration:
-    kernel = resolved.kernel_decl
-    if kernel is None and spec.node_type is not None:
-        kernel = onnx_side.kernel_spec(spec, resolved.kernel_fn, resolved.meta, resolved.function)
-    serve_kernel = kernel is not None and (resolved.kernel_fn is not None or resolved.kernel_decl is not None)
-    if serve_kernel:
-        assert kernel is not None
-        taken = default_kernel_registry().get(kernel.name)
-        if taken is not None and taken is not kernel:
-            raise SpecError(f"op {spec.name}: a kernel for {kernel.name} is already registered ({taken.fn!r}); fix: pick another op_type/domain, or drop the other kernel.", op=spec.name, key=("op_type",))
+    declaration = resolved.kernel_decl
+    if declaration is None and spec.node_type is not None:
+        declaration = onnx_side.kernel_spec(spec, resolved.kernel_fn, resolved.meta, resolved.function)
+    served = declaration if resolved.kernel_fn is not None or resolved.kernel_decl is not None else None
+    present = None if served is None else default_kernel_registry().get(served.name)
+    if served is not None and present is not None and present is not served:
+        raise SpecError(f"op {spec.name}: a kernel for {served.name} is already registered ({present.fn!r}); fix: pick another op_type/domain, or drop the other kernel.", op=spec.name, key=("op_type",))
     op = torch_op.define_op(spec, resolved.impl, resolved.meta, resolved.backward, resolved.setup_context)
     undo.append(op.undo)
     registry = default_registry()
@@ -203,17 +201,17 @@ def _register(spec: OpSpec, resolved: _Resolved, undo: list[Callable[[], None]])
         try:
             registry.add(entry)
         except SymbolicError as exc:
-            key = ("translations", entry.opset) if entry.variant == DEFAULT_VARIANT and entry.emits == () else ("op_type",)
+            key = ("translations", entry.opset) if not entry.emits else ("op_type",)
             raise SpecError(f"op {spec.name}: {exc}", op=spec.name, key=key) from None
         undo.append(functools.partial(registry.remove, str(entry.target), opset=entry.opset, variant=entry.variant))
-    if serve_kernel and kernel is not None and resolved.kernel_decl is None:
-        _user_kernels().add(kernel)
-        undo.append(lambda: _user_kernels().remove(kernel.name))
-    if kernel is not None:
-        schema_undo = onnx_side.register_onnx_schema(kernel)
+    if served is not None and present is None:  # a built-in kernel is served already
+        _user_kernels().add(served)
+        undo.append(functools.partial(_user_kernels().remove, served.name))
+    if declaration is not None:
+        schema_undo = onnx_side.register_onnx_schema(declaration)
         if schema_undo is not None:
             undo.append(schema_undo)
-    return SpecRegistration(spec, op.overload, kernel if serve_kernel else None, kernel, tuple(entries), True, undo)
+    return SpecRegistration(spec, op.overload, served, declaration, tuple(entries), True, undo)
 
 
 def unregister_spec(spec: OpSpec | str) -> None:

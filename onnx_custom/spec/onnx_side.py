@@ -126,6 +126,20 @@ def make_shape_fn(spec: OpSpec, meta: Callable[..., Any] | None) -> Callable[...
     return shape_fn
 
 
+def _builtin_rule(spec: OpSpec) -> str | None:
+    """"like0"/"broadcast" when every output follows that rule with input 0's dtype: the kernel
+    host then evaluates it natively, without calling back into Python."""
+    first = spec.inputs[0]
+    if spec.shape is not None or first.optional or first.variadic:
+        return None
+    rules = {str(spec.shape_rule(i)) for i in range(len(spec.outputs))}
+    dtypes = {spec.dtype_source(i) for i in range(len(spec.outputs))}
+    if dtypes != {("like", first.name)} or len(rules) != 1:
+        return None
+    rule = rules.pop()
+    return "like0" if rule == f"like:{first.name}" else "broadcast" if rule == "broadcast" else None
+
+
 def _meta_shapes(spec: OpSpec, meta: Callable[..., Any], infos: Sequence[TensorInfo | None], attrs: dict[str, Any], dtype_of: Callable[..., Any]) -> list[TensorInfo]:
     """Run the meta function on meta tensors when every dim is known; else shapes are unknown."""
     import torch
@@ -202,7 +216,7 @@ def kernel_spec(spec: OpSpec, fn: Callable[..., Any] | None, meta: Callable[...,
     dtypes.update({o.name: list(spec.output_dtypes(n)) for n, o in enumerate(spec.outputs)})
     made = make_spec(
         node, _kernel_wrapper(spec, fn), inputs=inputs, outputs=[o.name for o in spec.outputs],
-        attrs=_kernel_attrs(spec), dtypes=dtypes, shape_fn=make_shape_fn(spec, meta),
+        attrs=_kernel_attrs(spec), dtypes=dtypes, shape_fn=_builtin_rule(spec) or make_shape_fn(spec, meta),
         function=function, out=out_mode,
     )
     if spec.doc:

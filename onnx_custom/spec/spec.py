@@ -345,6 +345,8 @@ class OpSpec:
             raise _fail(op, (*key, "type"), f"attribute {attr.name!r} has type {attr.type!r}, which an op-spec attribute cannot express; expected one of {', '.join(ATTRIBUTE_TYPES)}; fix: {hint or 'use one of those types'}.")
         if attr.type != typ:
             attr = dataclasses.replace(attr, type=typ)
+        if attr.has_default and typ == "str[]":
+            raise _fail(op, (*key, "default"), f"attribute {attr.name!r}: the torch schema cannot express a default for str[] attributes (received {attr.default!r}); fix: drop the default (make it required).")
         if attr.has_default:
             attr = dataclasses.replace(attr, default=_normalize_default(op, (*key, "default"), attr))
         return attr

@@ -8,6 +8,7 @@ shape rules and never calls ``int()`` on a dim, so symbolic (dynamic) dims stay 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -174,6 +175,21 @@ def make_eager(spec: OpSpec, impl: Callable[..., Any]) -> Callable[..., Any]:
     return eager
 
 
+def named_inputs(spec: OpSpec, setup_context: Callable[..., Any] | None) -> Callable[..., Any] | None:
+    """``setup_context(ctx, inputs, output)`` where ``inputs`` is a named tuple (``inputs.x``,
+    ``inputs.alpha``): still the tuple torch passes, without repeating the signature to unpack it."""
+    if setup_context is None:
+        return None
+    fields = [i.name for i in spec.inputs] + [a.name for a in spec.attributes]
+    inputs_type = collections.namedtuple(f"{spec.op_name}_inputs", fields, rename=True)  # type: ignore[misc]
+
+    def setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> Any:
+        return setup_context(ctx, inputs_type(*inputs), output)
+
+    setup.__qualname__ = getattr(setup_context, "__qualname__", "setup_context")
+    return setup
+
+
 def existing_schema(name: str) -> Any:
     """The default overload's schema of op ``name`` if torch knows it, else None."""
     schemas = torch._C._jit_get_schemas_for_operator(name)
@@ -231,7 +247,7 @@ def define_op(spec: OpSpec, impl: Callable[..., Any] | None, meta: Callable[...,
                     if "already has" not in str(exc):  # the library's own fake kernel wins
                         raise
             if backward is not None:
-                torch.library.register_autograd(spec.name, backward, setup_context=setup_context, lib=lib)
+                torch.library.register_autograd(spec.name, backward, setup_context=named_inputs(spec, setup_context), lib=lib)
         except Exception:
             op.undo()
             raise
@@ -242,7 +258,7 @@ def define_op(spec: OpSpec, impl: Callable[..., Any] | None, meta: Callable[...,
     try:
         opdef.register_fake(make_fake(spec, meta))
         if backward is not None:
-            opdef.register_autograd(backward, setup_context=setup_context)
+            opdef.register_autograd(backward, setup_context=named_inputs(spec, setup_context))
     except Exception:
         op.undo()
         raise

@@ -93,11 +93,11 @@ class _Document:
         except yaml.YAMLError as exc:
             raise SpecError(f"not valid YAML: {exc}", file=path) from None
 
-    def value(self, node: yaml.Node) -> Any:
+    def value(self, node: yaml.Node, op: str = "", label: str = "") -> Any:
         try:
             return self.loader.construct_object(node, deep=True)
         except yaml.MarkedYAMLError as exc:
-            raise self.error(node, f"cannot read this value: {exc.problem}") from None
+            raise self.error(node, f"cannot read this value: {exc.problem}; fix: write plain YAML (strings, numbers, lists, mappings).", op, label) from None
 
     def error(self, node: yaml.Node | None, message: str, op: str = "", key: str = "") -> SpecError:
         line = None if node is None else node.start_mark.line + 1
@@ -113,8 +113,7 @@ class _Document:
             key = self.value(key_node)
             label = f"{prefix}.{key}" if prefix else str(key)
             if not isinstance(key, str) or key not in allowed:
-                close = difflib.get_close_matches(str(key), list(allowed), n=1)
-                hint = f"did you mean {close[0]!r}? " if close else ""
+                hint = _suggest(str(key), allowed)
                 raise self.error(key_node, f"unknown key {key!r} in {what}; {hint}expected one of {', '.join(allowed)}; fix: rename or remove it.", op, label)
             if key in out:
                 raise self.error(key_node, f"key {key!r} appears twice in {what}; fix: keep one.", op, label)
@@ -123,10 +122,17 @@ class _Document:
 
     def typed(self, entries: dict[str, tuple[yaml.Node, yaml.Node]], key: str, expected: str, op: str, label: str) -> Any:
         _, node = entries[key]
-        value = self.value(node)
+        value = self.value(node, op, label)
         if not _TYPE_CHECKS[expected](value):
             raise self.error(node, f"expected {expected}; received {type(value).__name__} {value!r}; fix: write {expected} here.", op, label)
         return value
+
+
+def _suggest(key: str, allowed: dict[str, str]) -> str:
+    """'did you mean ...? ' for a misspelt or abbreviated/expanded key ('' when nothing is close)."""
+    close = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
+    close = close or [k for k in allowed if key.startswith(k) or k.startswith(key)][:1]
+    return f"did you mean {close[0]!r}? " if close else ""
 
 
 def _kind(node: yaml.Node) -> str:
