@@ -196,6 +196,10 @@ def _op_module(spec: OpSpec, op: Any, sample: _Sample) -> _OpModule:
     return cls(spec, op, sample)
 
 
+def _smallest_dim(sample: _Sample) -> int:
+    return min((d for t in sample.tensors for d in t.shape), default=0)
+
+
 def _as_tuple(value: Any) -> tuple[Any, ...]:
     return tuple(value) if isinstance(value, (tuple, list)) else (value,)
 
@@ -216,10 +220,12 @@ class _Checker:
         return self.registration.op
 
     def kinds(self) -> list[_Sample]:
-        """The first sample of each kind (each gets its own exported file)."""
+        """One sample per kind, the one each kind's file is exported with: the sample whose
+        smallest dim is largest, since torch.export specializes dims of size 0 and 1."""
         if not self.dynamic:
             return list(self.samples)
-        return [s for i, s in enumerate(self.samples) if not any(s.same_kind(t) for t in self.samples[:i])]
+        firsts = [s for i, s in enumerate(self.samples) if not any(s.same_kind(t) for t in self.samples[:i])]
+        return [max((s for s in self.samples if s.same_kind(f)), key=_smallest_dim) for f in firsts]
 
     def opcheck(self, sample: _Sample) -> str:
         results = torch.library.opcheck(self.op, sample.args, sample.kwargs, raise_exception=False)
@@ -287,7 +293,7 @@ class _Checker:
             proto = embed_functions(proto, KernelRegistry([body]))
             if not proto.functions:
                 raise AssertionError(f"no function body was embedded for {self.spec.node_type}")
-        runs = [s for s in self.samples if s.same_kind(first)] if dynamic else [first]
+        runs = [first, *(s for s in self.samples if s.same_kind(first) and s is not first)] if dynamic else [first]
         for sample in runs:
             verify(model, sample.tensors, proto, trials=self.trials, kernels=kernels)
         sizes = ", ".join("x".join(map(str, s.tensors[0].shape)) or "0-d" for s in runs)
