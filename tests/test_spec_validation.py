@@ -342,3 +342,28 @@ def test_a_kernel_declared_elsewhere_is_checked_then_served() -> None:
     spec = OpSpec(**_base(kernel=_kernel_decl(["float32", "float64"])))
     report = check_op(spec, [(torch.randn(2, 3), torch.randn(2, 3), 0.5)], dtypes=False)
     assert [c.passed for c in report.cases if "custom node" in c.name] == [True, True]
+
+
+def _body(inputs: list[str], outputs: list[str], attributes: list[str]) -> Any:
+    import onnx
+
+    nodes = [onnx.helper.make_node("Identity", [inputs[0]], [o]) for o in outputs]
+    return onnx.helper.make_function("vtest", "ScaleAdd", inputs, outputs, nodes, [onnx.helper.make_opsetid("", 17)], attributes=attributes)
+
+
+FUNCTION_BODIES = [
+    ("not-a-body", lambda: 42, ["could not be built (KernelError", "fix: give an onnx.FunctionProto"]),
+    ("raising-builder", lambda: 1 / 0, ["could not be built (ZeroDivisionError"]),
+    ("wrong-inputs", lambda: _body(["x"], ["out"], ["alpha"]), ["takes 1 input(s) ['x'], the spec declares 2"]),
+    ("wrong-outputs", lambda: _body(["x", "y"], ["a", "b"], ["alpha"]), ["has 2 output(s) ['a', 'b'], the spec declares 1"]),
+    ("unknown-attribute", lambda: _body(["x", "y"], ["out"], ["beta"]), ["reads attribute(s) ['beta'] that the spec does not declare (it has ['alpha'])", "fix: declare them in attr_desc"]),
+]
+
+
+@pytest.mark.parametrize(("function", "parts"), [f[1:] for f in FUNCTION_BODIES], ids=[f[0] for f in FUNCTION_BODIES])
+def test_function_body_checked_at_registration(function: Any, parts: list[str]) -> None:
+    with pytest.raises(SpecError) as info:
+        register_spec(OpSpec(**_base(function=function)))
+    assert info.value.key == ("function",)
+    _assert_names(info.value, "op vtest::scale_add: the function body", *parts)
+    assert torch._C._jit_get_schemas_for_operator("vtest::scale_add") == []

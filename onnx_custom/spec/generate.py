@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from onnx_custom.errors import SymbolicError
+from onnx_custom.names import Target, normalize_target
 from onnx_custom.registry import DEFAULT_VARIANT, SymbolicEntry, default_registry
 from onnx_custom.runtime import registry as kernel_registry
 from onnx_custom.runtime.registry import KernelRegistry, KernelSpec, default_kernel_registry
@@ -142,9 +143,7 @@ def _translation_entries(spec: OpSpec, resolved: _Resolved) -> list[SymbolicEntr
     return entries
 
 
-def _target(spec: OpSpec) -> Any:
-    from onnx_custom.names import normalize_target
-
+def _target(spec: OpSpec) -> Target:
     return normalize_target(spec.name)
 
 
@@ -189,6 +188,8 @@ def _register(spec: OpSpec, resolved: _Resolved, undo: list[Callable[[], None]])
     declaration = resolved.kernel_decl
     if declaration is None and spec.node_type is not None:
         declaration = onnx_side.kernel_spec(spec, resolved.kernel_fn, resolved.meta, resolved.function)
+    if declaration is not None and resolved.function is not None:
+        onnx_side.check_function_body(spec, declaration)
     served = declaration if resolved.kernel_fn is not None or resolved.kernel_decl is not None else None
     present = None if served is None else default_kernel_registry().get(served.name)
     if served is not None and present is not None and present is not served:

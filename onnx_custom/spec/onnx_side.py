@@ -259,6 +259,28 @@ def check_kernel_spec(spec: OpSpec, kernel: KernelSpec | KernelRegistry) -> Kern
     return kernel
 
 
+def check_function_body(spec: OpSpec, declaration: KernelSpec) -> None:
+    """The function body must build, and take the node's inputs, outputs and attributes."""
+    from onnx_custom.runtime.functions import function_proto
+
+    def fail(problem: str, fix: str) -> SpecError:
+        return SpecError(f"op {spec.name}: the function body {problem}; fix: {fix}.", op=spec.name, key=("function",))
+
+    try:
+        body = function_proto(declaration)
+    except Exception as exc:  # a builder that raises, or an object that is no function body
+        raise fail(f"could not be built ({type(exc).__name__}: {exc})", "give an onnx.FunctionProto, an onnxscript function or a zero-argument builder returning one") from None
+    assert body is not None
+    if not any(i.variadic or i.optional for i in spec.inputs) and len(body.input) != len(spec.inputs):
+        raise fail(f"takes {len(body.input)} input(s) {list(body.input)}, the spec declares {len(spec.inputs)}", "give the body one input per spec input, in order")
+    if len(body.output) != len(spec.outputs):
+        raise fail(f"has {len(body.output)} output(s) {list(body.output)}, the spec declares {len(spec.outputs)}", "give the body one output per spec output")
+    declared = {a.name for a in spec.attributes}
+    unknown = sorted((set(body.attribute) | {a.name for a in body.attribute_proto}) - declared)
+    if unknown:
+        raise fail(f"reads attribute(s) {unknown} that the spec does not declare (it has {sorted(declared)})", "declare them in attr_desc or rename them in the body")
+
+
 # -- ONNX OpSchema ----------------------------------------------------------------------------
 
 _schema_lock = threading.Lock()
