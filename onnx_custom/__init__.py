@@ -65,4 +65,8 @@ def __getattr__(name: str) -> Any:
         from onnx_custom.preflight import check
 
         return check
+    if name == "testing":  # onnx_custom.testing.check_op without an explicit submodule import
+        import importlib
+
+        return importlib.import_module("onnx_custom.testing")
     raise AttributeError(f"module 'onnx_custom' has no attribute {name!r}")

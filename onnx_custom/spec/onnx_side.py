@@ -31,7 +31,14 @@ from onnx_custom.spec.shape_rules import (
 )
 from onnx_custom.spec.spec import OpSpec, SpecError
 
-__all__ = ["check_kernel_spec", "custom_node_translation", "kernel_spec", "register_onnx_schema"]
+__all__ = [
+    "check_function_body",
+    "check_kernel_spec",
+    "custom_node_translation",
+    "kernel_spec",
+    "make_shape_fn",
+    "register_onnx_schema",
+]
 
 _LIST_ATTRS: dict[str, Callable[[Any], Any]] = {"int[]": attributes.ints, "float[]": attributes.floats, "str[]": attributes.strings}
 _SCALAR_ATTRS: dict[str, Callable[[Any], Any]] = {"int": int, "bool": int, "float": float, "str": str}
@@ -46,7 +53,10 @@ def custom_node_translation(spec: OpSpec) -> Callable[..., Any]:
     def translate(g: Any, *inputs: Any, **attrs: Any) -> Any:
         values: list[Any] = []
         for item, value in zip(spec.inputs, inputs, strict=True):
-            values.extend(value or ()) if item.variadic else values.append(value)
+            if item.variadic:
+                values.extend(value or ())
+            else:
+                values.append(value)
         typed: dict[str, Any] = {}
         for attr in spec.attributes:
             value = attrs.get(attr.name)

@@ -70,7 +70,7 @@ _RESERVED_NAMES = {
     "g": "the translation's graph builder", "out": "kernels' preallocated outputs",
     "outputs": "g.op's output count", "node_type": "g.op's first parameter",
 }
-# Domains ONNX Runtime serves itself (mirrors the kernel registry's list).
+# Spellings of the default ONNX domain, where only standard ops live.
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
@@ -282,7 +282,9 @@ class OpSpec:
             raise _fail(op, ("name",), str(exc)) from None
         if qualified.overload:
             raise _fail(op, ("name",), f"name {self.name!r} has an overload; expected 'namespace::op' (specs define the default overload); fix: drop '.{qualified.overload}'.")
-        set_ = lambda field, value: object.__setattr__(self, field, value)  # noqa: E731
+        def set_(field: str, value: Any) -> None:  # normalize a field of this frozen instance
+            object.__setattr__(self, field, value)
+
         set_("inputs", tuple(i if isinstance(i, Input) else Input(i) for i in _as_list(op, "inputs", self.inputs)))
         set_("outputs", tuple(o if isinstance(o, Output) else Output(o) for o in _as_list(op, "outputs", self.outputs)))
         set_("attributes", tuple(_as_list(op, "attributes", self.attributes)))
