@@ -42,7 +42,7 @@ def _shapes(inputs: list[TensorInfo | None], attrs: dict[str, Any]) -> list[Tens
     attrs={"repeats": "ints", "scale": "float"},
     dtypes=_FLOATS,
     shape_fn=_shapes,
-    function=TranslationBody("onnx_custom.symbolics.multi_output:multi_out3", min_opset=7),
+    function=TranslationBody("onnx_custom.symbolics.multi_output:multi_out3", min_opset=12),
 )
 def multi_out3(x: np.ndarray, *, repeats: list[int], scale: float) -> tuple[np.ndarray, ...]:
     """(x * scale, tile(x, repeats), x.sum(-1))"""

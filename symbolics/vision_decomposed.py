@@ -35,7 +35,7 @@ from onnx_custom.symbolics.vision import SCHEMA, TARGETS
 
 __all__ = ["MIN_OPSET", "deform_conv2d_decomposed", "registry"]
 
-MIN_OPSET = 11  # Range, Pad with a pads input, negative Slice/Gather axes
+MIN_OPSET = 11  # Range; negative axes in Slice and Flatten
 _OFFSET_TO_A = [0, 5, 6, 2, 3, 1, 4]  # (N, OG, kh, kw, 2|1, Ho, Wo) -> (N, Ho, Wo, kh, kw, OG, 2|1)
 
 
@@ -73,6 +73,16 @@ def _sample_axis(g: Any, origins: Any, shift: Any, size: Any, like: Any) -> tupl
     upper = cast_like(g, _scalar(g, size), like)
     inside = g.op("And", g.op("Greater", coord, g.constant(-1.0, like=like)), g.op("Less", coord, upper))
     return inside, coord
+
+
+def _zero_border(g: Any, x: Any, n: Any, c: Any, h: Any, w: Any, zero: Any) -> Any:
+    """``x`` (N, C, H, W) with a one-pixel zero border. (Concat, not Pad: Pad changed at opsets 13
+    and 18, which would stop the dynamo exporter's opset-18 graph from lowering to opset 11.)"""
+    one = _i64(g, [1])
+    rows = g.op("Expand", zero, g.op("Concat", n, c, one, w, axis=0))
+    x = g.op("Concat", rows, x, rows, axis=2)
+    cols = g.op("Expand", zero, g.op("Concat", n, c, g.op("Add", h, _i64(g, [2])), one, axis=0))
+    return g.op("Concat", cols, x, cols, axis=3)
 
 
 def _modulation(g: Any, mask: Any, use_mask: Any, dims: dict[str, Any], like: Any) -> Any:
@@ -163,7 +173,7 @@ def deform_conv2d_decomposed(
     bottom_left = g.op("Add", top_left, wp)
 
     cg = g.op("Div", c, og)
-    padded = g.op("Pad", input, _i64(g, [0, 0, 1, 1, 0, 0, 1, 1]))
+    padded = _zero_border(g, input, n, c, h, w, zero_t)
     image = g.op("Transpose", _reshape(g, padded, n, og, cg, hp, wp), perm=[0, 1, 3, 4, 2])
     image = _reshape(g, image, g.op("Mul", g.op("Mul", n, og), g.op("Mul", hp, wp)), cg)
     corners = (

@@ -250,18 +250,25 @@ class FunctionBuilder(GraphBuilder):
 
     def _read_attribute_before_12(self, ref: AttrRef) -> Any:
         """Constant has no value_int/value_float before opset 12: read the attribute through an
-        op that takes one. INT: the column of EyeLike(k=ref)'s 1 in a (1, limit) row, so the
-        value must lie in [0, limit) (`build_function` checks the nodes); FLOAT: Gemm(1, 1,
-        alpha=ref). Both fold to constants when ONNX Runtime loads the model."""
+        op that takes one. INT (opset 9+): the column of EyeLike(k=ref)'s 1 in a (1, limit) row,
+        so the value must lie in [0, limit) (`build_function` checks the nodes); FLOAT: Gemm(1, 1,
+        0, alpha=ref). Both fold to constants when ONNX Runtime loads the model."""
         scalar_shape = super().constant(np.zeros(0, dtype=np.int64))
         if ref.kind == "int":
+            if self.opset < 9:
+                raise SymbolicError(
+                    f"{self.target}: a function body reads INT attribute {ref.name!r} with EyeLike "
+                    f"below opset 12, which needs opset >= 9; the model is at opset {self.opset}; "
+                    "fix: export at opset >= 9 (>= 12 for any value)."
+                )
             row = self.op("ConstantOfShape", super().constant(np.asarray([1, INT_ATTRIBUTE_LIMIT], dtype=np.int64)))
             self.decoded_ints.add(ref.name)
             column = self.op("ArgMax", self.op("EyeLike", row, k=ref), axis=1, keepdims=0)
             return self.op("Reshape", column, scalar_shape)
         if ref.kind == "float":
             one = super().constant(np.ones((1, 1), dtype=np.float32))
-            return self.op("Reshape", self.op("Gemm", one, one, alpha=ref), scalar_shape)
+            zero = super().constant(np.zeros((1, 1), dtype=np.float32))  # C is optional only from 11
+            return self.op("Reshape", self.op("Gemm", one, one, zero, alpha=ref), scalar_shape)
         raise SymbolicError(
             f"{self.target}: a function body reads list attribute {ref.name!r} ({ref.kind}) only "
             f"from opset {_CONSTANT_REF_OPSET} on (Constant value_{ref.kind}); the model is at "
