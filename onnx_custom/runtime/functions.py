@@ -173,6 +173,10 @@ def embed_functions(model: ModelSource, kernels: KernelRegistry | None = None) -
                 imports[op.domain] = op.version
         out.functions.append(body)
         present.add(key)
+        for node in nodes:
+            # Absent trailing optional inputs as explicit "": onnx.reference (and other runtimes)
+            # bind a call's inputs to the body's by count; ONNX Runtime accepts both forms.
+            node.input.extend([""] * (len(body.input) - len(node.input)))
     if out.functions:
         # Functions need IR 8; attribute defaults inside them (attribute_proto) need IR 9.
         needed = 9 if any(f.attribute_proto for f in out.functions) else 8
