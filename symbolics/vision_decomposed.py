@@ -13,7 +13,7 @@ zero padding and is 0 unless -1 < y < H and -1 < x < W (non-finite offsets inclu
 zero-padded by one pixel so all four corners of an inside sample are in bounds; corner (y0, x0)
 of offset group g in batch n is row ``((n*OG + g)*(H+2) + y0+1)*(W+2) + x0+1`` of the padded
 image laid out as (N*OG*(H+2)*(W+2), C/OG), fetched with one Gather per corner. The sampled
-columns, laid out (N, Ho*Wo, kh*kw, C), meet the weight in one batched MatMul per group.
+columns, laid out (N, Ho*Wo, kh*kw, C), meet the weight in one MatMul (a GEMM per group).
 
 Every size comes from ``Shape`` at run time (dynamic batch and image size) and every attribute
 goes through ``g.constant``, so the same code runs with Python attribute values (translation) and
@@ -187,14 +187,16 @@ def deform_conv2d_decomposed(
         term = g.op("Mul", g.op("Gather", image, rows, axis=0), weight_c)
         sampled = term if sampled is None else g.op("Add", sampled, term)
 
-    # (N, Ho, Wo, kh, kw, OG, C/OG) = (N, P, K, C) -> (N, G, P, K*Cpg) @ (G, K*Cpg, Cout/G).
+    # (N, Ho, Wo, kh, kw, OG, C/OG) = (N, P, K, C) -> (G, N*P, K*Cpg) @ (G, K*Cpg, Cout/G): one
+    # GEMM per group over the whole batch (and no batch broadcasting, which ORT's MatMul gets
+    # wrong for a zero batch).
     p, cog = dims["p"], g.op("Div", cout, grp)
-    columns = g.op("Transpose", _reshape(g, sampled, n, p, k, grp, cpg), perm=[0, 3, 1, 2, 4])
-    columns = _reshape(g, columns, n, grp, p, g.op("Mul", k, cpg))
+    columns = g.op("Transpose", _reshape(g, sampled, n, p, k, grp, cpg), perm=[3, 0, 1, 2, 4])
+    columns = _reshape(g, columns, grp, g.op("Mul", n, p), g.op("Mul", k, cpg))
     kernel = g.op("Transpose", _reshape(g, weight, grp, cog, cpg, k), perm=[0, 3, 2, 1])
     kernel = _reshape(g, kernel, grp, g.op("Mul", k, cpg), cog)
-    out = g.op("Transpose", g.op("MatMul", columns, kernel), perm=[0, 1, 3, 2])  # (N, G, Cog, P)
-    out = _reshape(g, out, n, cout, ho, wo)
+    out = _reshape(g, g.op("MatMul", columns, kernel), grp, n, p, cog)
+    out = _reshape(g, g.op("Transpose", out, perm=[1, 0, 3, 2]), n, cout, ho, wo)  # (N, G, Cog, P)
     return g.op("Add", out, _reshape(g, bias, cout, one, one))
 
 

@@ -13,7 +13,6 @@ import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 from typing import Any
 
 import numpy as np

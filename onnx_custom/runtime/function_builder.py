@@ -177,11 +177,13 @@ class FunctionBuilder(GraphBuilder):
     def op(self, node_type: str, *inputs: Any, outputs: int = 1, **attributes: Any) -> Any:
         refs = {k: v for k, v in attributes.items() if isinstance(v, AttrRef)}
         plain = {k: v for k, v in attributes.items() if k not in refs}
+        # Arrays become Constants now, so that the one _add_node below is this node's.
+        ready = [self.constant(v) if isinstance(v, (np.ndarray, torch.Tensor, np.generic)) else v for v in inputs]
         self._pending_refs = [
             AttributeProto(name=k, type=_ATTR_TYPES[v.kind], ref_attr_name=v.name) for k, v in refs.items()
         ]
         try:
-            return super().op(node_type, *inputs, outputs=outputs, **plain)
+            return super().op(node_type, *ready, outputs=outputs, **plain)
         finally:
             self._pending_refs = []
 
@@ -194,6 +196,7 @@ class FunctionBuilder(GraphBuilder):
         )
         node.attribute.extend(_attribute_proto(a) for a in attrs)
         node.attribute.extend(self._pending_refs)
+        self._pending_refs = []
         self.nodes.append(node)
         dtype = self._result_dtype(op_type, inputs, attrs)
         for name in names:
@@ -376,7 +379,7 @@ def build_function(
     unknown = [name for name in attrs if name not in accepted]
     if unknown and not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
         raise KernelError(
-            f"{spec.name}: its function body {translation.__qualname__} does not accept the "
+            f"{spec.name}: its function body {_name(translation)} does not accept the "
             f"node attribute(s) {unknown}; expected keyword parameters named like the kernel's "
             "attributes."
         )
@@ -398,8 +401,12 @@ def build_function(
     return helper.make_function(
         spec.domain, spec.op_type, [p.name for p in spec.inputs], [p.name for p in spec.outputs],
         g.nodes, opset_imports=imports, attributes=required, attribute_protos=defaults,
-        doc_string=f"{spec.name} in standard ONNX ops (opset {opset}), from {translation.__module__}.{translation.__qualname__}",
+        doc_string=f"{spec.name} in standard ONNX ops (opset {opset}), from {_name(translation)}",
     )
+
+
+def _name(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
 def _check_readable(spec: KernelSpec, decoded: set[str], nodes: Sequence[onnx.NodeProto]) -> None:

@@ -57,6 +57,7 @@ def function_proto(
     torch dtype; needed below opset 15 when the body casts), checked against ``nodes``.
     """
     body = TranslationBody(spec.function) if isinstance(spec.function, str) else spec.function
+    proto: onnx.FunctionProto | None
     if isinstance(body, TranslationBody):
         at = _BODY_OPSET if opset is None else opset
         try:
