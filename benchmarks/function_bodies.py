@@ -5,8 +5,9 @@ Run: ``python benchmarks/function_bodies.py [--repeat 10] [--rounds 5]``. Shape 
 3x3, Cout=64, pad 1, mask on, float32; every session has 2 intra-op threads, spinning off, and is
 a plain ``onnxruntime.InferenceSession`` (nothing registered). Times are measured side by side in
 one process, paired round by round in alternating order; the ratio is the median of the per-round
-ratios. Peak memory is the RSS high-water increase of one warm call, each model in a fresh
-subprocess that imports only onnxruntime and numpy.
+ratios. Peak memory is the RSS high-water increase (session + first call, and one warm call) of
+each model in a fresh subprocess that imports only onnxruntime and numpy. ``--instructions``
+also counts instructions per call under callgrind (load-independent; minutes).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -64,31 +66,49 @@ def _options() -> ort.SessionOptions:
     return opts
 
 
-def _rss_child(model_path: str, feeds_path: str) -> None:
-    """Subprocess body (onnxruntime + numpy only): RSS high-water increase (KiB) of one warm call."""
+def _child(model_path: str, feeds_path: str, calls: int) -> None:
+    """Subprocess body (onnxruntime + numpy only): session, ``calls`` runs, then prints the RSS
+    high-water increase (KiB) over the RSS before the session, and of the last (warm) call."""
 
     def kib(field: str) -> int:
         with open("/proc/self/status") as f:
             return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
+    start = kib("VmRSS")
     sess = ort.InferenceSession(model_path, _options(), providers=["CPUExecutionProvider"])
     with np.load(feeds_path) as data:
         feeds = {i.name: data[i.name] for i in sess.get_inputs()}
-    sess.run(None, feeds)  # warm: arena and thread-pool growth are not one call's working set
+    for _ in range(calls - 1):
+        sess.run(None, feeds)
+    first = kib("VmHWM") - start
     before = kib("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM to the current RSS
     sess.run(None, feeds)
     assert "torch" not in sys.modules and "onnx_custom" not in sys.modules
-    print(kib("VmHWM") - before)
+    print(first, kib("VmHWM") - before)
 
 
-def _peak_bytes(model_path: Path, feeds_path: Path) -> int:
-    # glibc maps and unmaps large buffers right away, so memory freed by the warm call is not reused
+def _run_child(model_path: Path, feeds_path: Path, calls: int, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    # glibc maps and unmaps large buffers right away, so memory freed by a call is not reused
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    out = subprocess.run([sys.executable, "-I", __file__, "--rss-child", str(model_path), str(feeds_path)],
-                         env=env, check=True, capture_output=True, text=True).stdout  # fmt: skip
-    return int(out.split()[-1]) * 1024
+    command = [*prefix, sys.executable, "-I", __file__, "--child", str(model_path), str(feeds_path), str(calls)]
+    return subprocess.run(command, env=env, check=True, capture_output=True, text=True)
+
+
+def _peaks(model_path: Path, feeds_path: Path) -> tuple[int, int]:
+    """(peak RSS increase of session + first call, of one warm call), bytes, fresh subprocess."""
+    first, warm = _run_child(model_path, feeds_path, 2).stdout.split()[-2:]
+    return int(first) * 1024, int(warm) * 1024
+
+
+def _instructions(model_path: Path, feeds_path: Path) -> int:
+    """Instructions of one call under callgrind: (session + 3 calls) - (session + 1 call), / 2."""
+    counts = []
+    for calls in (1, 3):
+        done = _run_child(model_path, feeds_path, calls, ("valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"))
+        counts.append(int(re.findall(r"Collected : (\d+)", done.stderr)[-1]))
+    return (counts[1] - counts[0]) // 2
 
 
 def builtin_model(k: int, pad: int) -> onnx.ModelProto:
@@ -104,10 +124,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--rss-child", nargs=2, metavar=("MODEL", "FEEDS"), help=argparse.SUPPRESS)
+    parser.add_argument("--instructions", action="store_true", help="also count instructions per call with callgrind (slow)")
+    parser.add_argument("--child", nargs=3, metavar=("MODEL", "FEEDS", "CALLS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.rss_child:
-        _rss_child(*args.rss_child)
+    if args.child:
+        _child(args.child[0], args.child[1], int(args.child[2]))
         return {}
     bench: Any = _sibling("deform_conv2d")  # same inputs and timer as benchmarks/deform_conv2d.py
     shape = bench.SHAPE
@@ -131,22 +152,30 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         feeds_path = Path(tmp) / "feeds.npz"
         np.savez(feeds_path, **feeds)
-        peaks = {}
+        peaks, instructions = {}, {}
         for i, (label, model) in enumerate(models.items()):
             path = Path(tmp) / f"model{i}.onnx"
             path.write_bytes(model.SerializeToString())
-            peaks[label] = _peak_bytes(path, feeds_path)
+            peaks[label] = _peaks(path, feeds_path)
+            if args.instructions:
+                instructions[label] = _instructions(path, feeds_path)
     mib = 1024 * 1024
     dims = ", ".join(f"{k}={v}" for k, v in shape.items())
     print(f"DeformConv2d forward, float32, {dims}, pad 1, mask on; plain onnxruntime "
           f"{ort.__version__}, 2 intra-op threads, spinning off; {args.rounds} paired rounds")  # fmt: skip
-    print(f"{'model':<28}{'median ms':>11}{'x builtin':>11}{'peak RSS MiB':>14}")
+    print(f"{'model':<28}{'median ms':>10}{'x builtin':>10}{'instr x':>9}{'peak MiB: 1st call':>20}{'warm':>7}")
     results: dict[str, float] = {}
     for label in labels:
         ratio = statistics.median(a / b for a, b in zip(rounds[label], rounds[base], strict=True))
         results[f"{label} / {base}"] = ratio
-        results[f"{label} peak_bytes"] = peaks[label]
-        print(f"{label:<28}{statistics.median(rounds[label]):>11.2f}{ratio:>10.2f}x{peaks[label] / mib:>14.1f}")
+        results[f"{label} peak_bytes"], results[f"{label} warm_peak_bytes"] = peaks[label]
+        instr = f"{instructions[label] / instructions[base]:>8.2f}x" if instructions else f"{'-':>9}"
+        if instructions:
+            results[f"{label} instructions"] = instructions[label]
+        print(f"{label:<28}{statistics.median(rounds[label]):>10.2f}{ratio:>9.2f}x{instr}"
+              f"{peaks[label][0] / mib:>20.1f}{peaks[label][1] / mib:>7.1f}")  # fmt: skip
+    print("peak MiB: RSS high-water increase over the RSS before the session (session + first call), "
+          "and of one warm call; each model in a fresh onnxruntime+numpy subprocess")
     return results
 
 
