@@ -280,3 +280,21 @@ def test_fixed_body_written_for_another_opset_is_refused() -> None:
     with pytest.raises(KernelError, match=r"written for opset 18.*CastLike differs at the model's opset 13.*fix"):
         embed_functions(model, reg)
     assert embed_functions(node_model("Old", [{}], ["float32"], 18), reg).functions
+
+
+@pytest.mark.slow
+def test_benchmark_runs_and_reports_ratio_and_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    """Smoke test of benchmarks/function_bodies.py (timings are not asserted: shared CPUs)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "function_bodies.py"
+    spec = importlib.util.spec_from_file_location("bench_function_bodies", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    results = module.main(["--repeat", "1", "--rounds", "2"])
+    for label in ("function body (opset 11)", "function body (opset 18)"):
+        assert results[f"{label} / ORT DeformConv (opset 19)"] > 0
+        assert results[f"{label} peak_bytes"] > results["ORT DeformConv (opset 19) peak_bytes"]
+    assert "peak MiB" in capsys.readouterr().out
