@@ -131,6 +131,7 @@ def test_zoo_file_runs_in_plain_onnxruntime(exported: dict[str, Any], short: str
     proto: onnx.ModelProto = row["proto"]
     custom = {(n.domain, n.op_type) for n in proto.graph.node if n.domain}
     assert custom and custom <= {(f.domain, f.name) for f in proto.functions}
+    onnx.checker.check_model(proto, full_check=True)  # bodies' opsets agree with the model's
     for args, out_path in zip(row["trials"], row["outputs"], strict=True):
         with np.load(out_path) as saved:
             got = [saved[f"arr_{i}"] for i in range(len(saved.files))]
