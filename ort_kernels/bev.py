@@ -13,6 +13,7 @@ import numpy as np
 
 from onnx_custom.errors import KernelError
 from onnx_custom.runtime import KernelRegistry
+from onnx_custom.runtime.function_builder import TranslationBody
 from onnx_custom.runtime.types import TensorInfo
 
 __all__ = ["kernels"]
@@ -56,6 +57,7 @@ def _check_range(name: str, values: np.ndarray, upper: int) -> None:
     attrs={"bev_feat_shape": "ints"},
     dtypes=_DTYPES,
     shape_fn=_shape,
+    function=TranslationBody("onnx_custom.symbolics.bev:bev_pool_v2", min_opset=16),
 )
 def bev_pool_v2(
     depth: np.ndarray,

@@ -16,6 +16,7 @@ import torch
 from onnx_custom.errors import KernelError
 from onnx_custom.ops.deform_conv import deform_conv2d_op, output_size
 from onnx_custom.runtime import KernelRegistry
+from onnx_custom.runtime.function_builder import TranslationBody
 from onnx_custom.runtime.types import Dim, TensorInfo
 
 __all__ = ["ATTRS", "deform_conv2d_shape", "deform_conv2d_torch", "kernels", "make_kernels"]
@@ -94,6 +95,9 @@ def make_kernels(domain: str = DEFAULT_DOMAIN) -> KernelRegistry:
         dtypes=_FLOATS,
         shape_fn=deform_conv2d_shape,
         tensor_type="torch",
+        function=TranslationBody(
+            "onnx_custom.symbolics.vision_decomposed:deform_conv2d_decomposed", min_opset=11
+        ),
     )(deform_conv2d_torch)
     return reg
 
