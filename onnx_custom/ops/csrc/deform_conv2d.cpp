@@ -122,7 +122,11 @@ void build_grad_taps(const Geometry& g, const T* off, const T* mask, int64_t og,
       T y, x;
       sample_point(g, off, og, k, p, &y, &x);
       t.m = g.use_mask ? mask[(og * g.K + k) * g.P + p] : T(1);
-      t.inside = inside(y, x, g.H, g.W);
+      // The offset gradient is the derivative of the interpolation on the cell [floor(y),
+      // floor(y)+1] x [floor(x), floor(x)+1] (torchvision's one-sided rule): non-zero while one
+      // cell row and one cell column touch the image, i.e. on -1 <= y < H, -1 <= x < W, one
+      // more line on each low side than the forward's support. NaN fails the test.
+      t.inside = y >= T(-1) && y < static_cast<T>(g.H) && x >= T(-1) && x < static_cast<T>(g.W);
       t.ly = t.lx = T(0);
       for (int c = 0; c < 4; ++c) t.idx[c] = -1;
       if (t.inside) corners(y, x, g.H, g.W, t.idx, &t.ly, &t.lx);
@@ -365,7 +369,9 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_, const at::Tensor& inpu
               "deform_conv2d: (H+2)*(W+2) must be below 2^31 (32-bit plane indices)");
   at::Tensor grad_input = at::zeros_like(input);
   at::Tensor grad_offset = at::zeros_like(offset);
-  at::Tensor grad_mask = at::zeros_like(mask_);
+  // From the contiguous copy: the kernels below write it densely (zeros_like(mask_) would keep a
+  // caller's permuted strides and receive the values in the wrong places).
+  at::Tensor grad_mask = at::zeros_like(use_mask ? mask : mask_, at::MemoryFormat::Contiguous);
   at::Tensor grad_weight = at::zeros_like(weight);
   at::Tensor grad_bias = grad.sum({0, 2, 3}).to(bias_.dtype());
   if (grad.numel() == 0) return {grad_input, grad_weight, grad_offset, grad_mask, grad_bias};
