@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 _SOURCE = Path(__file__).parent / "csrc" / "deform_conv2d.cpp"
-_DTYPES = (torch.float32, torch.float64)
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 _LOCK = threading.Lock()
 
 
