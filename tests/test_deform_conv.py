@@ -287,7 +287,7 @@ ERRORS = [
     ("negative_pad", _bad(pad_h=-1), ValueError, r"padding must be non-negative"),
     ("input_3d", _bad(input=lambda x: x[0]), ValueError, r"input must be 4-D .*got shape \(4, 9, 7\)"),
     ("weight_dtype", _bad(weight=lambda w: w.double()), TypeError, r"weight has dtype torch.float64 but input has torch.float32"),
-    ("int_input", _bad(input=lambda x: x.int()), TypeError, r"supports float32 and float64"),
+    ("int_input", _bad(input=lambda x: x.int()), TypeError, r"supports float32, float64, float16, bfloat16 input, got torch.int32"),
     ("bias_shape", _bad(bias=lambda b: b[:-1]), ValueError, r"bias shape \(3,\) does not match out channels 4"),
     ("too_small", _bad(input=lambda x: x[:, :, :1, :1]), ValueError, r"too small"),
 ]  # fmt: skip

@@ -178,21 +178,23 @@ void im2col_tile(const Geometry& g, const T* padded, const T* off, const T* mask
 
 // ---- backward ---------------------------------------------------------------------------------
 //
-// One fused pass per tile of output positions computes, from the same four corner reads of the
-// zero-bordered image, the im2col column (for the weight gradient), the offset and mask
-// gradients, and scatters the input gradient into a zero-bordered gradient image. Work items are
-// (image, tile) pairs split into one contiguous chunk per thread, as in the forward.
+// The backward works channels-last: the bordered image is [H+2, W+2, C], so the four corners of a
+// sample are four contiguous channel vectors, and one pass over a sample's channels computes,
+// from the same corner reads, the im2col column (for the weight gradient), the offset and mask
+// gradient sums, and scatters the input gradient into a bordered channels-last gradient image --
+// all vectorized, no gathers. Columns are per position t, channels grouped as [group][tap][c],
+// so each convolution group is one plain GEMM operand. Work items are (image, tile) pairs split
+// into one contiguous chunk per thread, as in the forward.
 
-// Backward taps of one tile, structure-of-arrays: the padded-image index of the cell's top-left
+// Backward taps of one tile, structure-of-arrays: the bordered-image pixel of the cell's top-left
 // corner, the fractional parts and the mask value. The support is torchvision's offset-gradient
-// support, -1 <= y < H and -1 <= x < W (one more line on each low side than the forward's open
-// interval; on those lines the cell puts all weight on the zero border, so the forward value,
-// the column and the input gradient stay zero). Outside it (NaN included) a tap gets base 0,
-// fractions 0 and mask 0: its corners are then the border zeros at 0, 1 and Wp plus a pixel
-// with weight 0, so every term below vanishes without a branch and nothing reads out of bounds.
+// support, -1 <= y < H and -1 <= x < W: one more line on each low side than the forward's open
+// interval (on those lines the cell puts all weight on the zero border, so the forward value, the
+// column and the input gradient stay zero there). Outside it, NaN included, base is -1 and the
+// sample is skipped: no read at all.
 template <typename T>
 struct GradTaps {
-  std::vector<int32_t> base;
+  std::vector<int64_t> base;
   std::vector<T> ly, lx, m;
   explicit GradTaps(int64_t n) : base(n), ly(n), lx(n), m(n) {}
 };
@@ -207,111 +209,137 @@ void build_grad_taps(const Geometry& g, const T* off, const T* mask, int64_t og,
     T y, x;
     sample_point(g, off, og, k, p, &y, &x);
     if (!(y >= T(-1) && y < static_cast<T>(g.H) && x >= T(-1) && x < static_cast<T>(g.W))) {
-      tp.base[i] = 0;
+      tp.base[i] = -1;
       tp.ly[i] = tp.lx[i] = tp.m[i] = T(0);
       continue;
     }
     const int64_t y0 = static_cast<int64_t>(std::floor(y)), x0 = static_cast<int64_t>(std::floor(x));
-    tp.base[i] = static_cast<int32_t>((y0 + 1) * Wp + (x0 + 1));
+    tp.base[i] = (y0 + 1) * Wp + (x0 + 1);
     tp.ly[i] = y - static_cast<T>(y0);
     tp.lx[i] = x - static_cast<T>(x0);
     tp.m[i] = g.use_mask ? mask[(og * g.K + k) * g.P + p] : T(1);
   }
 }
 
-// One (channel, tap) row of a tile. For each sample with corners v00 v01 / v10 v11, fractions
-// (ly, lx), mask m and column gradient gc:
-//   column   = m * value,  value = (1-ly) * top + ly * bottom,  top/bottom = row interpolations
-//   d/dy    += gc * (bottom - top)          d/dx += gc * ((1-ly)(v01-v00) + ly(v11-v10))
-//   d/dmask += gc * value                   the offset gradient is m * (d/dy, d/dx)
-//   grad image corners += bilinear weight * m * gc
+// One sample over `count` channels. p00 / g00 point at the cell's top-left pixel (first channel)
+// of the bordered image / gradient image; the other corners are one pixel (C) and one row
+// (row = (W+2)*C) further. With gc the column gradient of each channel:
+//   column = m * value,  value = (1-ly) * top + ly * bottom  (top/bottom: row interpolations)
+//   sums: d/dy += gc * (bottom - top), d/dx += gc * ((1-ly)(v01-v00) + ly(v11-v10)),
+//         d/dmask += gc * value  (the offset gradient is m * (d/dy, d/dx))
+//   each corner of the gradient image += its bilinear weight * m * gc
 template <typename T>
-inline void backward_row(const T* __restrict plane, T* __restrict gplane, int64_t Wp,
-                         const GradTaps<T>& tp, int64_t at, int64_t len,
-                         const T* __restrict gcol, T* __restrict col, T* __restrict gy,
-                         T* __restrict gx, T* __restrict gm) {
-  const int32_t* __restrict base = tp.base.data() + at;
-  const T* __restrict fy = tp.ly.data() + at;
-  const T* __restrict fx = tp.lx.data() + at;
-  const T* __restrict mk = tp.m.data() + at;
-  for (int64_t t = 0; t < len; ++t) {
-    const int64_t b = base[t];
-    const T ly = fy[t], lx = fx[t], hy = 1 - ly, hx = 1 - lx, m = mk[t], gc = gcol[t];
-    const T v00 = plane[b], v01 = plane[b + 1], v10 = plane[b + Wp], v11 = plane[b + Wp + 1];
+inline void sample_channels(const T* __restrict p00, T* __restrict g00, int64_t C, int64_t row,
+                            int64_t count, T ly, T lx, T m, const T* __restrict gc,
+                            T* __restrict col, T& sy, T& sx, T& sm) {
+  const T hy = 1 - ly, hx = 1 - lx;
+  const T* __restrict p01 = p00 + C;
+  const T* __restrict p10 = p00 + row;
+  const T* __restrict p11 = p10 + C;
+  T ay = 0, ax = 0, am = 0;
+#pragma omp simd reduction(+ : ay, ax, am)
+  for (int64_t c = 0; c < count; ++c) {
+    const T v00 = p00[c], v01 = p01[c], v10 = p10[c], v11 = p11[c];
     const T top = hx * v00 + lx * v01, bottom = hx * v10 + lx * v11;
     const T value = hy * top + ly * bottom;
-    col[t] = m * value;
-    gm[t] += gc * value;
-    gy[t] += gc * (bottom - top);
-    gx[t] += gc * (hy * (v01 - v00) + ly * (v11 - v10));
-    const T gmc = gc * m, gt = hy * gmc, gb = ly * gmc;
-    gplane[b] += hx * gt;
-    gplane[b + 1] += lx * gt;
-    gplane[b + Wp] += hx * gb;
-    gplane[b + Wp + 1] += lx * gb;
+    col[c] = m * value;
+    ay += gc[c] * (bottom - top);
+    ax += gc[c] * (hy * (v01 - v00) + ly * (v11 - v10));
+    am += gc[c] * value;
   }
+  sy += ay;
+  sx += ax;
+  sm += am;
+  const T w00 = hy * hx * m, w01 = hy * lx * m, w10 = ly * hx * m, w11 = ly * lx * m;
+  T* g01 = g00 + C;
+  T* g10 = g00 + row;
+  T* g11 = g10 + C;
+  // The four corner ranges are disjoint (count <= C), so there is no dependence across c.
+#pragma omp simd
+  for (int64_t c = 0; c < count; ++c) {
+    const T v = gc[c];
+    g00[c] += w00 * v;
+    g01[c] += w01 * v;
+    g10[c] += w10 * v;
+    g11[c] += w11 * v;
+  }
+}
+
+// Channels of one offset group split at convolution-group boundaries: [lo, hi) within group grp.
+struct Segment {
+  int64_t grp, lo, hi;
+};
+
+std::vector<Segment> segments(const Geometry& g, int64_t og) {
+  const int64_t cin_g = g.C / g.groups;
+  std::vector<Segment> out;
+  for (int64_t c = og * g.cpog; c < (og + 1) * g.cpog;) {
+    const int64_t grp = c / cin_g, end = std::min((og + 1) * g.cpog, (grp + 1) * cin_g);
+    out.push_back({grp, c - grp * cin_g, end - grp * cin_g});
+    c = end;
+  }
+  return out;
 }
 
 // Per-thread buffers of the backward.
 template <typename T>
 struct BackwardScratch {
-  at::Tensor gcols, cols;      // [C*K, tile] column gradients / columns of the current tile
-  at::Tensor gpadded;          // [C, H+2, W+2] input gradient of the current image (bordered)
-  GradTaps<T> taps;            // K * tile taps of one offset group
-  std::vector<T> gy, gx, gm;   // K * tile coordinate / mask gradient sums of one offset group
+  at::Tensor gcols, cols;  // [tile, C*K]: column gradients / columns, [group][tap][c] per position
+  at::Tensor gpadded;      // [H+2, W+2, C] input gradient of the current image (bordered)
+  GradTaps<T> taps;        // K * tile taps of one offset group
   BackwardScratch(const Geometry& g, int64_t tile, const at::TensorOptions& opts)
-      : gcols(at::empty({g.C * g.K * tile}, opts)), cols(at::empty({g.C * g.K * tile}, opts)),
-        gpadded(at::zeros({g.C, g.H + 2, g.W + 2}, opts)), taps(g.K * tile), gy(g.K * tile),
-        gx(g.K * tile), gm(g.K * tile) {}
+      : gcols(at::empty({tile * g.C * g.K}, opts)), cols(at::empty({tile * g.C * g.K}, opts)),
+        gpadded(at::zeros({g.H + 2, g.W + 2, g.C}, opts)), taps(g.K * tile) {}
 };
 
-// Everything of one tile [p0, p0 + len) of image n except the image-gradient flush.
+// Everything of one tile [p0, p0 + len) of image n except the image-gradient flush. wt is the
+// weight as [Cout, K * cin_g] ([tap][c] per output channel); gw accumulates in that layout.
 template <typename T>
 void backward_tile(const Geometry& g, int64_t n, int64_t p0, int64_t len, const at::Tensor& grad,
-                   const at::Tensor& w, const T* padded, const T* off, const T* mask,
+                   const at::Tensor& wt, const T* image, const T* off, const T* mask,
                    BackwardScratch<T>& s, at::Tensor& gw, T* grad_off, T* grad_mask) {
   const int64_t cin_g = g.C / g.groups, cout_g = g.Cout / g.groups, rows = cin_g * g.K;
-  const int64_t HWp = (g.H + 2) * (g.W + 2), Wp = g.W + 2;
+  const int64_t CK = g.C * g.K, row = (g.W + 2) * g.C;
   const at::Tensor go = grad[n].view({g.Cout, g.P}).narrow(1, p0, len);
-  at::Tensor gcols = s.gcols.narrow(0, 0, g.C * g.K * len).view({g.C * g.K, len});
-  at::Tensor cols = s.cols.narrow(0, 0, g.C * g.K * len).view({g.C * g.K, len});
+  at::Tensor gcols = s.gcols.narrow(0, 0, len * CK).view({len, CK});
+  at::Tensor cols = s.cols.narrow(0, 0, len * CK).view({len, CK});
   for (int64_t grp = 0; grp < g.groups; ++grp) {
-    at::Tensor out = gcols.narrow(0, grp * rows, rows);
-    at::mm_out(out, w.narrow(0, grp * cout_g, cout_g).t(), go.narrow(0, grp * cout_g, cout_g));
+    at::Tensor out = gcols.narrow(1, grp * rows, rows);
+    at::mm_out(out, go.narrow(0, grp * cout_g, cout_g).t(), wt.narrow(0, grp * cout_g, cout_g));
   }
-  const T* gc = gcols.data_ptr<T>();
-  T* col = cols.data_ptr<T>();
+  const T* gc = gcols.template data_ptr<T>();
+  T* col = cols.template data_ptr<T>();
   T* gpad = s.gpadded.template data_ptr<T>();
   for (int64_t og = 0; og < g.offset_groups; ++og) {
     for (int64_t k = 0; k < g.K; ++k) {
       build_grad_taps(g, off, mask, og, k * g.P + p0, k * g.P + p0 + len, s.taps, k * len);
     }
-    std::fill(s.gy.begin(), s.gy.begin() + g.K * len, T(0));
-    std::fill(s.gx.begin(), s.gx.begin() + g.K * len, T(0));
-    std::fill(s.gm.begin(), s.gm.begin() + g.K * len, T(0));
-    for (int64_t c = og * g.cpog; c < (og + 1) * g.cpog; ++c) {
-      for (int64_t k = 0; k < g.K; ++k) {
-        const int64_t row = (c * g.K + k) * len;
-        backward_row(padded + c * HWp, gpad + c * HWp, Wp, s.taps, k * len, len, gc + row,
-                     col + row, s.gy.data() + k * len, s.gx.data() + k * len,
-                     s.gm.data() + k * len);
-      }
-    }
+    const std::vector<Segment> segs = segments(g, og);
     for (int64_t k = 0; k < g.K; ++k) {
       const int64_t ch = og * g.K + k;
-      T* oy = grad_off + (2 * ch) * g.P + p0;
-      T* ox = grad_off + (2 * ch + 1) * g.P + p0;
       for (int64_t t = 0; t < len; ++t) {
-        const T m = s.taps.m[k * len + t];
-        oy[t] = m * s.gy[k * len + t];
-        ox[t] = m * s.gx[k * len + t];
+        const int64_t i = k * len + t, base = s.taps.base[i];
+        T sy = 0, sx = 0, sm = 0;
+        for (const Segment& seg : segs) {
+          const int64_t at = t * CK + seg.grp * rows + k * cin_g + seg.lo, count = seg.hi - seg.lo;
+          if (base < 0) {
+            std::fill_n(col + at, count, T(0));
+            continue;
+          }
+          const int64_t pixel = base * g.C + seg.grp * cin_g + seg.lo;
+          sample_channels(image + pixel, gpad + pixel, g.C, row, count, s.taps.ly[i],
+                          s.taps.lx[i], s.taps.m[i], gc + at, col + at, sy, sx, sm);
+        }
+        const T m = s.taps.m[i];
+        grad_off[(2 * ch) * g.P + p0 + t] = m * sy;
+        grad_off[(2 * ch + 1) * g.P + p0 + t] = m * sx;
+        if (g.use_mask) grad_mask[ch * g.P + p0 + t] = sm;
       }
-      if (g.use_mask) std::copy_n(s.gm.data() + k * len, len, grad_mask + ch * g.P + p0);
     }
   }
   for (int64_t grp = 0; grp < g.groups; ++grp) {
     gw.narrow(0, grp * cout_g, cout_g)
-        .addmm_(go.narrow(0, grp * cout_g, cout_g), cols.narrow(0, grp * rows, rows).t());
+        .addmm_(go.narrow(0, grp * cout_g, cout_g), cols.narrow(1, grp * rows, rows));
   }
 }
 
@@ -390,8 +418,13 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_, const at::Tensor& inpu
   constexpr int64_t kTile = 128;
   const int64_t tiles = (g.P + kTile - 1) / kTile, items = g.N * tiles;
   const int64_t chunks = std::min<int64_t>(at::get_num_threads(), items);
-  const at::Tensor padded = padded_copy(input_, ct);
-  const at::Tensor w = weight.view({g.Cout, -1});
+  // Bordered channels-last image, weight as [Cout, K * cin_g] ([tap][c] per output channel).
+  at::Tensor padded = at::zeros({g.N, g.H + 2, g.W + 2, g.C}, opts);
+  padded.slice(1, 1, g.H + 1).slice(2, 1, g.W + 1).copy_(input_.permute({0, 2, 3, 1}));
+  const at::Tensor wt = weight.permute({0, 2, 3, 1}).reshape({g.Cout, -1}).contiguous();
+  const auto interior = [&](const at::Tensor& bordered) {  // [H+2, W+2, C] -> [C, H, W] view
+    return bordered.slice(0, 1, g.H + 1).slice(1, 1, g.W + 1).permute({2, 0, 1});
+  };
   // Images a chunk covers only partly are accumulated privately and summed afterwards in chunk
   // order, as are the per-chunk weight gradients: results do not depend on thread timing.
   std::vector<std::vector<std::pair<int64_t, at::Tensor>>> partials(chunks);
@@ -399,19 +432,19 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_, const at::Tensor& inpu
   AT_DISPATCH_FLOATING_TYPES(ct, "deform_conv2d_backward", [&] {
     using T = scalar_t;
     const int64_t off_stride = 2 * g.offset_groups * g.K * g.P, mask_stride = off_stride / 2;
-    const int64_t image_stride = g.C * (g.H + 2) * (g.W + 2);
+    const int64_t image_stride = (g.H + 2) * (g.W + 2) * g.C;
     const at::ThreadLocalState tls;  // see forward
     at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
       at::ThreadLocalStateGuard tls_guard(tls);
       for (int64_t j = c0; j < c1; ++j) {
         const int64_t b0 = j * items / chunks, b1 = (j + 1) * items / chunks;
         BackwardScratch<T> s(g, kTile, opts);
-        at::Tensor gw = at::zeros({g.Cout, w.size(1)}, opts);
+        at::Tensor gw = at::zeros({g.Cout, wt.size(1)}, opts);
         int64_t current = -1;
         const auto flush = [&]() {
           if (current < 0) return;
           if (current * tiles >= b0 && (current + 1) * tiles <= b1) {  // the whole image is ours
-            grad_input[current].copy_(s.gpadded.slice(1, 1, g.H + 1).slice(2, 1, g.W + 1));
+            grad_input[current].copy_(interior(s.gpadded));
             s.gpadded.zero_();
           } else {
             partials[j].emplace_back(current, s.gpadded);
@@ -424,7 +457,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_, const at::Tensor& inpu
             flush();
             current = n;
           }
-          backward_tile(g, n, p0, len, grad, w, padded.data_ptr<T>() + n * image_stride,
+          backward_tile(g, n, p0, len, grad, wt, padded.data_ptr<T>() + n * image_stride,
                         offset.data_ptr<T>() + n * off_stride,
                         use_mask ? mask.data_ptr<T>() + n * mask_stride : nullptr, s, gw,
                         grad_offset.data_ptr<T>() + n * off_stride,
@@ -436,12 +469,13 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_, const at::Tensor& inpu
     });
   });
   for (const auto& chunk : partials) {
-    for (const auto& [n, buf] : chunk) {
-      grad_input[n].add_(buf.slice(1, 1, g.H + 1).slice(2, 1, g.W + 1));
-    }
+    for (const auto& [n, buf] : chunk) grad_input[n].add_(interior(buf));
   }
-  at::Tensor gw_all = grad_weight.view({g.Cout, -1});
-  for (const auto& part : weight_parts) gw_all.add_(part);
+  at::Tensor gw_sum = weight_parts[0];
+  for (size_t j = 1; j < weight_parts.size(); ++j) gw_sum = gw_sum + weight_parts[j];
+  // [Cout, K, cin_g] -> [Cout, cin_g, kh, kw]
+  grad_weight.copy_(gw_sum.view({g.Cout, g.K, g.C / groups}).permute({0, 2, 1})
+                        .reshape(grad_weight.sizes()));
   return result();
 }
 
