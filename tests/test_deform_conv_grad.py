@@ -463,3 +463,38 @@ def test_thread_counts_agree_with_reference(case: Case, threads: int) -> None:
     assert torch.equal(first[0], again[0])
     for name in first[1]:
         assert torch.equal(first[1][name], again[1][name]), name
+
+
+# -- opcheck with non-contiguous, grad-requiring inputs; zero-size tensors ------------------------
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "permuted", "sliced"])
+def test_opcheck_with_grad_in_layout(layout: str) -> None:
+    case = CASES[1]
+    t = {k: v.float() for k, v in case.tensors(seed=8).items()}
+    args = [LAYOUTS[layout](t[k]) if t[k].dim() == 4 else t[k] for k in NAMES]
+    args = [a.detach().requires_grad_() for a in args]
+    assert not args[0].is_contiguous() and not args[3].is_contiguous()
+    torch.library.opcheck(OP, (*args, *case.geo.params()))
+
+
+ZERO_SIZE = [
+    pytest.param(0, 4, 6, id="n0_c4_co6"),
+    pytest.param(2, 4, 0, id="n2_c4_co0"),
+]
+
+
+@pytest.mark.parametrize(("n", "c", "cout"), ZERO_SIZE)
+def test_zero_size_batch_or_out_channels(n: int, c: int, cout: int) -> None:
+    geo = Geometry(pad=(1, 1))
+    x = torch.randn(n, c, 5, 4, requires_grad=True)
+    w = torch.randn(cout, c, 3, 3, requires_grad=True)
+    offset = torch.randn(n, 18, 5, 4, requires_grad=True)
+    mask = torch.rand(n, 9, 5, 4, requires_grad=True)
+    b = torch.randn(cout, requires_grad=True)
+    out = OP(x, w, offset, mask, b, *geo.params())
+    assert tuple(out.shape) == (n, cout, 5, 4)
+    out.sum().backward()
+    for leaf in (x, w, offset, mask, b):
+        assert leaf.grad is not None and leaf.grad.shape == leaf.shape
+        assert not leaf.grad.any()
