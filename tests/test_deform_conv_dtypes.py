@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 import torch
-from test_deform_conv_grad import NAMES, Case, run
+from test_deform_conv import Case
+from test_deform_conv_grad import NAMES, run
 from test_deform_conv_reference import Geometry, reference_deform_conv2d
 from torch._subclasses.fake_tensor import FakeTensorMode
 

@@ -10,13 +10,13 @@ followed by ``.contiguous()``: the op must give bit-identical output and gradien
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from test_deform_conv import Case
 from test_deform_conv_reference import Geometry, reference_deform_conv2d
 
 from onnx_custom.ops.deform_conv import load_extension
@@ -30,56 +30,9 @@ def _extension() -> None:
     load_extension()
 
 
-@dataclasses.dataclass(frozen=True)
-class Case:
-    n: int
-    c: int
-    h: int
-    w: int
-    cout: int
-    kh: int
-    kw: int
-    geo: Geometry
-    offset_scale: float = 1.3
-
-    @property
-    def id(self) -> str:
-        g = self.geo
-        return (f"n{self.n}c{self.c}_{self.h}x{self.w}_co{self.cout}_k{self.kh}x{self.kw}"
-                f"_s{g.stride[0]}{g.stride[1]}_p{g.pad[0]}{g.pad[1]}_d{g.dil[0]}{g.dil[1]}"
-                f"_g{g.groups}_og{g.offset_groups}{'_mask' if g.use_mask else ''}")  # fmt: skip
-
-    def out_hw(self) -> tuple[int, int]:
-        return self.geo.out_hw(self.h, self.w, self.kh, self.kw)
-
-    def shapes(self) -> dict[str, tuple[int, ...]]:
-        ho, wo = self.out_hw()
-        k, og = self.kh * self.kw, self.geo.offset_groups
-        return {
-            "input": (self.n, self.c, self.h, self.w),
-            "weight": (self.cout, self.c // self.geo.groups, self.kh, self.kw),
-            "offset": (self.n, 2 * og * k, ho, wo),
-            "mask": (self.n, og * k, ho, wo),
-            "bias": (self.cout,),
-            "grad": (self.n, self.cout, ho, wo),
-        }
-
-    def tensors(self, seed: int = 0) -> dict[str, torch.Tensor]:
-        g = torch.Generator().manual_seed(seed)
-        out = {}
-        for name, shape in self.shapes().items():
-            t = torch.randn(shape, generator=g, dtype=torch.float64)
-            if name == "offset":
-                t = t * self.offset_scale
-            elif name == "mask":
-                t = torch.rand(shape, generator=g, dtype=torch.float64)
-            out[name] = t
-        return out
-
-
 CASES = [
-    Case(2, 4, 7, 6, 3, 3, 3, Geometry(pad=(1, 1))),
-    Case(2, 4, 6, 5, 4, 2, 3, Geometry((2, 1), (1, 1), (1, 2), groups=2, offset_groups=2)),
+    Case(2, 4, 7, 6, 3, 3, 3, Geometry(pad=(1, 1)), offset_scale=1.3),
+    Case(2, 4, 6, 5, 4, 2, 3, Geometry((2, 1), (1, 1), (1, 2), groups=2, offset_groups=2), 1.3),
     Case(1, 4, 5, 6, 2, 2, 2, Geometry(offset_groups=4, use_mask=False), offset_scale=2.5),
 ]
 
@@ -157,7 +110,7 @@ def reference(input, weight, offset, mask, bias, geo: Geometry) -> torch.Tensor:
 
 
 def check_against_reference_and_dense(case: Case, layouts: dict[str, str], seed: int = 0) -> None:
-    full = case.tensors(seed)
+    full = case.tensors(seed=seed)
     leaves, transforms = {}, {}
     for name, t in full.items():
         leaves[name], transforms[name] = prepare(t, name, layouts.get(name, "contiguous"))

@@ -73,11 +73,32 @@ inline void sample_point(const Geometry& g, const T* off, int64_t og, int64_t k,
   *x = static_cast<T>(ow * g.sw - g.pw + j * g.dw) + dx;
 }
 
-// torchvision's bilinear_interpolate support: zero unless -1 < y < H and -1 < x < W. Written as
-// a negated conjunction so NaN coordinates land outside too.
+// Which samples a tap table keeps. kForward: torchvision's bilinear_interpolate support, -1 < y < H
+// and -1 < x < W. kGradient: torchvision's offset-gradient support, -1 <= y < H and -1 <= x < W,
+// one more line on each low side (on those lines the cell puts all weight on the zero border, so
+// the forward value, the column and the input gradient stay zero there, but the derivative from
+// above does not). Both are conjunctions of comparisons, so NaN coordinates land outside.
+enum class Support { kForward, kGradient };
+
+// The cell of sample (k, p) = kp of offset group og: the bordered-image pixel (W+2 per row) of its
+// top-left corner, the fractional parts and the mask value. False when outside `support`.
 template <typename T>
-inline bool inside(T y, T x, int64_t H, int64_t W) {
-  return y > T(-1) && y < static_cast<T>(H) && x > T(-1) && x < static_cast<T>(W);
+inline bool sample_cell(const Geometry& g, const T* off, const T* mask, int64_t og, int64_t kp,
+                        Support support, int64_t* base, T* ly, T* lx, T* m) {
+  const int64_t k = kp / g.P, p = kp % g.P;
+  T y, x;
+  sample_point(g, off, og, k, p, &y, &x);
+  const T H = static_cast<T>(g.H), W = static_cast<T>(g.W);
+  const bool in = support == Support::kForward
+                      ? (y > T(-1) && y < H && x > T(-1) && x < W)
+                      : (y >= T(-1) && y < H && x >= T(-1) && x < W);
+  if (!in) return false;
+  const int64_t y0 = static_cast<int64_t>(std::floor(y)), x0 = static_cast<int64_t>(std::floor(x));
+  *base = (y0 + 1) * (g.W + 2) + (x0 + 1);
+  *ly = y - static_cast<T>(y0);
+  *lx = x - static_cast<T>(x0);
+  *m = g.use_mask ? mask[(og * g.K + k) * g.P + p] : T(1);
+  return true;
 }
 
 // Forward taps on a zero-bordered image (H+2 x W+2), structure-of-arrays so the sampling loop
@@ -96,20 +117,16 @@ struct TapBlock {
 template <typename T>
 void build_pad_taps(const Geometry& g, const T* off, const T* mask, int64_t og, int64_t begin,
                     int64_t end, TapBlock<T>& tb, int64_t at) {
-  const int64_t Wp = g.W + 2;
   for (int64_t kp = begin; kp < end; ++kp) {
-    const int64_t k = kp / g.P, p = kp % g.P, i = at + kp - begin;
-    T y, x;
-    sample_point(g, off, og, k, p, &y, &x);
-    if (!inside(y, x, g.H, g.W)) {
+    const int64_t i = at + kp - begin;
+    int64_t base;
+    T ly, lx, m;
+    if (!sample_cell(g, off, mask, og, kp, Support::kForward, &base, &ly, &lx, &m)) {
       tb.base[i] = 0;
       tb.top[2 * i] = tb.top[2 * i + 1] = tb.bottom[2 * i] = tb.bottom[2 * i + 1] = T(0);
       continue;
     }
-    const int64_t y0 = static_cast<int64_t>(std::floor(y)), x0 = static_cast<int64_t>(std::floor(x));
-    const T ly = y - static_cast<T>(y0), lx = x - static_cast<T>(x0);
-    const T m = g.use_mask ? mask[(og * g.K + k) * g.P + p] : T(1);
-    tb.base[i] = static_cast<int32_t>((y0 + 1) * Wp + (x0 + 1));
+    tb.base[i] = static_cast<int32_t>(base);
     tb.top[2 * i] = (1 - ly) * (1 - lx) * m;
     tb.top[2 * i + 1] = (1 - ly) * lx * m;
     tb.bottom[2 * i] = ly * (1 - lx) * m;
@@ -187,11 +204,8 @@ void im2col_tile(const Geometry& g, const T* padded, const T* off, const T* mask
 // into one contiguous chunk per thread, as in the forward.
 
 // Backward taps of one tile, structure-of-arrays: the bordered-image pixel of the cell's top-left
-// corner, the fractional parts and the mask value. The support is torchvision's offset-gradient
-// support, -1 <= y < H and -1 <= x < W: one more line on each low side than the forward's open
-// interval (on those lines the cell puts all weight on the zero border, so the forward value, the
-// column and the input gradient stay zero there). Outside it, NaN included, base is -1 and the
-// sample is skipped: no read at all.
+// corner, the fractional parts and the mask value, for samples in the gradient support; base -1
+// (and zeros) outside it, NaN included: such samples are skipped, nothing is read.
 template <typename T>
 struct GradTaps {
   std::vector<int64_t> base;
@@ -203,21 +217,13 @@ struct GradTaps {
 template <typename T>
 void build_grad_taps(const Geometry& g, const T* off, const T* mask, int64_t og, int64_t begin,
                      int64_t end, GradTaps<T>& tp, int64_t at) {
-  const int64_t Wp = g.W + 2;
   for (int64_t kp = begin; kp < end; ++kp) {
-    const int64_t k = kp / g.P, p = kp % g.P, i = at + kp - begin;
-    T y, x;
-    sample_point(g, off, og, k, p, &y, &x);
-    if (!(y >= T(-1) && y < static_cast<T>(g.H) && x >= T(-1) && x < static_cast<T>(g.W))) {
+    const int64_t i = at + kp - begin;
+    if (!sample_cell(g, off, mask, og, kp, Support::kGradient, &tp.base[i], &tp.ly[i], &tp.lx[i],
+                     &tp.m[i])) {
       tp.base[i] = -1;
       tp.ly[i] = tp.lx[i] = tp.m[i] = T(0);
-      continue;
     }
-    const int64_t y0 = static_cast<int64_t>(std::floor(y)), x0 = static_cast<int64_t>(std::floor(x));
-    tp.base[i] = (y0 + 1) * Wp + (x0 + 1);
-    tp.ly[i] = y - static_cast<T>(y0);
-    tp.lx[i] = x - static_cast<T>(x0);
-    tp.m[i] = g.use_mask ? mask[(og * g.K + k) * g.P + p] : T(1);
   }
 }
 
