@@ -36,6 +36,7 @@ __all__ = [
     "rename_dims",
     "rename_in_text",
     "resolve_dynamic_shapes",
+    "tensor_dims",
     "value_infos",
     "write_metadata",
 ]
@@ -101,6 +102,19 @@ class DynamicSpec:
         onnx_name, axis = spec.sites[0]
         leaf = next(leaf for leaf in self.leaves if leaf.onnx_name == onnx_name)
         return int(leaf.tensor.shape[axis])
+
+    def without(self, sites: set[tuple[str, int]]) -> DynamicSpec:
+        """This spec with the axes at ``sites`` (ONNX input name, axis) made static."""
+        if not sites:
+            return self
+        axes = {name: {a: d for a, d in leaf_axes.items() if (name, a) not in sites} for name, leaf_axes in self.axes.items()}
+        used = {d for leaf_axes in axes.values() for d in leaf_axes.values()}
+        dims = {
+            name: dataclasses.replace(spec, sites=tuple(s for s in spec.sites if s not in sites))
+            for name, spec in self.dims.items()
+            if name in used or any(d.root == name for d in self.dims.values() if d.name in used)
+        }
+        return dataclasses.replace(self, axes=axes, dims=dims)
 
     def metadata(self, used: set[str] | None = None) -> str | None:
         """The ``onnx_custom.dynamic_dims`` JSON for the dims in ``used`` (default: all)."""
@@ -513,7 +527,7 @@ def value_infos(graph: onnx.GraphProto) -> Iterator[onnx.ValueInfoProto]:
                 yield from value_infos(sub)
 
 
-def _dims(info: onnx.ValueInfoProto) -> Iterator[onnx.TensorShapeProto.Dimension]:
+def tensor_dims(info: onnx.ValueInfoProto) -> Iterator[onnx.TensorShapeProto.Dimension]:
     typ = info.type
     while typ.HasField("sequence_type") or typ.HasField("optional_type"):
         typ = typ.sequence_type.elem_type if typ.HasField("sequence_type") else typ.optional_type.elem_type
@@ -522,18 +536,23 @@ def _dims(info: onnx.ValueInfoProto) -> Iterator[onnx.TensorShapeProto.Dimension
 
 
 def dim_params(model: onnx.ModelProto) -> set[str]:
-    return {d.dim_param for info in value_infos(model.graph) for d in _dims(info) if d.dim_param}
+    return {d.dim_param for info in value_infos(model.graph) for d in tensor_dims(info) if d.dim_param}
 
 
 def rename_dims(model: onnx.ModelProto, mapping: Mapping[str, str], *, exact: bool = False) -> None:
     """Rename symbolic dims everywhere in ``model``: identifiers inside each dim_param (``s77`` ->
-    ``batch``, so ``2*s77`` -> ``2*batch``), or whole dim_params with ``exact``."""
-    if not mapping:
-        return
+    ``batch``, so ``2*s77`` -> ``2*batch``), or whole dim_params with ``exact``.
+
+    A dim_param that is a plain number (torch writes a Dim.AUTO it made static as ``"2"``)
+    becomes that static size: as a name it would let any size through."""
     for info in value_infos(model.graph):
-        for dim in _dims(info):
-            if dim.dim_param:
+        for dim in tensor_dims(info):
+            if not dim.dim_param:
+                continue
+            if mapping:
                 dim.dim_param = mapping.get(dim.dim_param, dim.dim_param) if exact else rename_in_text(dim.dim_param, mapping)
+            if dim.dim_param.isdecimal():
+                dim.dim_value = int(dim.dim_param)
 
 
 def write_metadata(model: onnx.ModelProto, spec: DynamicSpec) -> None:
@@ -549,44 +568,65 @@ def write_metadata(model: onnx.ModelProto, spec: DynamicSpec) -> None:
 
 
 _VIOLATION_NAME = re.compile(r"Constraints violated \(([^)]*)\)")
+_SOURCE = re.compile(r"""\[['"]([^'"]+)['"]\]\.(?:size\(\)|shape)\[(\d+)\]""")
+_SPECIALIZED = re.compile(r"You marked (.+?) as dynamic but your code specialized it to be a constant \((-?\d+)\)")
+_ZERO_ONE = re.compile(r"0/1 specialized due to hint of (\d+) for dimension (\S+?)\.?$", re.MULTILINE)
+_TIED = re.compile(r"The values of (\S+) = .*? and (\S+) = .*? must always be equal")
 
 
-def constraint_violation(exc: BaseException, spec: DynamicSpec) -> DynamicShapesError | None:
-    """torch.export's constraint violation (a dynamic dim the model fixes or ties to another)
-    as our error, naming the inputs, the dims and the fix; None for any other error."""
+def _violation_text(exc: BaseException) -> str:
     seen: BaseException | None = exc
-    text = ""
     while seen is not None:
-        if "Constraints violated" in str(seen) or ("specialized" in str(seen) and "Dim" in str(seen)):
-            text = str(seen)
-            break
+        text = str(seen)
+        if "Constraints violated" in text or ("specialized" in text and "Dim" in text):
+            return text
         seen = seen.__cause__ or seen.__context__
+    return ""
+
+
+def constraint_violation(exc: BaseException, spec: DynamicSpec, *, allow_zero_one: bool = False) -> DynamicShapesError | None:
+    """torch.export's constraint violation (a dynamic dim the model fixes or ties to another)
+    as our error, naming the inputs, the dims and the fix; None for any other error.
+
+    ``allow_zero_one``: ignore torch fixing a dim whose example size is 0 or 1 (an artifact of
+    tracing with that size, not something the model does; the TorchScript exporter keeps such
+    a dim dynamic)."""
+    text = _violation_text(exc)
     if not text:
         return None
     names = {**{n: n for n in spec.dims}, **spec.torch_names}
 
+    def user_name(torch_name: str) -> str:
+        found = _SOURCE.search(torch_name)
+        if found:  # Dim.DYNAMIC is reported by source: L['x'].size()[0]
+            axes = spec.axes.get(found.group(1), {})
+            return axes.get(int(found.group(2)), torch_name)
+        return names.get(torch_name, torch_name)
+
     def where(torch_name: str) -> str:
-        user = names.get(torch_name, torch_name)
+        user = user_name(torch_name)
         dim = spec.dims.get(user)
         sites = ", ".join(f"{n}[{a}]" for n, a in dim.sites) if dim else "?"
         return f"{user!r} (input axes {sites})"
 
     lines = []
-    for match in re.finditer(r"You marked (\S+) as dynamic but your code specialized it to be a constant \((-?\d+)\)", text):
-        name, value = match.groups()
+    found_specialized = [m.groups() for m in _SPECIALIZED.finditer(text)]
+    found_specialized += [(m.group(2), m.group(1)) for m in _ZERO_ONE.finditer(text)]
+    for name, value in found_specialized:
+        if allow_zero_one and value in ("0", "1"):
+            continue
         hint = " (torch.export fixes sizes 0 and 1: export with an example of size >= 2)" if value in ("0", "1") else ""
         lines.append(
             f"dynamic dim {where(name)} is specialized by the model to the constant {value}{hint}. Fix: make "
             "it static (drop it from dynamic_shapes), use Dim.AUTO to let torch decide, or change the "
             "model so it does not depend on that size (e.g. reshape(-1, ...) instead of a fixed size)."
         )
-    for match in re.finditer(r"The values of (\S+) = .*? and (\S+) = .*? must always be equal", text):
+    for match in _TIED.finditer(text):
         a, b = match.groups()
-        lines.append(
-            f"dims {where(a)} and {where(b)} must always be equal in this model. Fix: give them the "
-            "same name."
-        )
+        lines.append(f"dims {where(a)} and {where(b)} must always be equal in this model. Fix: give them the same name.")
     if not lines:
+        if allow_zero_one and found_specialized:
+            return None
         found = _VIOLATION_NAME.search(text)
         header = found.group(1) if found else "?"
         lines.append(f"torch.export refused the dynamic dims ({', '.join(where(n.strip()) for n in header.split(','))}).")

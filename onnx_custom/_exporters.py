@@ -101,7 +101,42 @@ def _raise_ours(exc: BaseException) -> None:
         seen = seen.__cause__ or seen.__context__
 
 
-def _export_torchscript(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, spec: DynamicSpec, output_names: Any, kwargs: dict[str, Any]) -> onnx.ModelProto:
+def _static_in(program: torch.export.ExportedProgram, spec: DynamicSpec) -> set[tuple[str, int]]:
+    """(input, axis) of the spec's dynamic axes that torch.export made static (a Dim.AUTO)."""
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    static = set()
+    for leaf in spec.leaves:
+        node = placeholders.get(leaf.onnx_name)
+        val = None if node is None else node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            static |= {(leaf.onnx_name, axis) for axis in spec.axes.get(leaf.onnx_name, {}) if _static(val.shape[axis])}
+    return static
+
+
+def _static(size: Any) -> bool:
+    return isinstance(size, int) or bool(size.node.expr.is_number)
+
+
+def _checked_by_torch_export(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None, spec: DynamicSpec) -> DynamicSpec:
+    """The TorchScript tracer records sizes without noticing that the model fixes a dynamic one;
+    torch.export does. Trace once with it: a dim the model specializes or ties to another is our
+    error, a Dim.AUTO it made static stays static here too (as under the dynamo exporter). Any
+    other torch.export failure (a TorchScript-only model) skips the check."""
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            program = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=spec.export_shapes, strict=False)
+    except Exception as exc:
+        violation = constraint_violation(exc, spec, allow_zero_one=True)
+        if violation is not None:
+            raise violation from exc
+        return spec
+    return spec.without(_static_in(program, spec))
+
+
+def _export_torchscript(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, spec: DynamicSpec, output_names: Any, kwargs: dict[str, Any]) -> tuple[onnx.ModelProto, DynamicSpec]:
+    if spec.export_shapes is not None:
+        spec = _checked_by_torch_export(model, args, kwargs.get("kwargs"), spec)
     keyword_inputs = kwargs.pop("kwargs", None)
     if keyword_inputs:
         args = (*args, keyword_inputs)  # TorchScript takes keyword inputs as a trailing dict
@@ -127,7 +162,7 @@ def _export_torchscript(model: Any, args: tuple[Any, ...], opset: int, reg: Regi
         raise
     proto = onnx.load_from_string(buffer.getvalue())
     name_derived_dims(proto, dims)
-    return proto
+    return proto, spec
 
 
 @contextlib.contextmanager
@@ -205,7 +240,7 @@ def _symbol_names(program: torch.export.ExportedProgram, spec: DynamicSpec) -> d
             continue
         for axis, name in spec.axes.get(leaf.onnx_name, {}).items():
             size = val.shape[axis]
-            if isinstance(size, int):
+            if _static(size):
                 continue  # a Dim.AUTO torch made static
             expr = size.node.expr
             dim = spec.dims[name]
@@ -216,7 +251,7 @@ def _symbol_names(program: torch.export.ExportedProgram, spec: DynamicSpec) -> d
     return mapping
 
 
-def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, spec: DynamicSpec, output_names: Any, kwargs: dict[str, Any]) -> onnx.ModelProto:
+def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, spec: DynamicSpec, output_names: Any, kwargs: dict[str, Any]) -> tuple[onnx.ModelProto, DynamicSpec]:
     from onnx_custom._dynamo import translation_table
 
     if isinstance(model, torch.export.ExportedProgram):
@@ -243,7 +278,9 @@ def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry,
         raise
     proto = lower_default_opset(onnx_program.model_proto, opset)  # type: ignore[union-attr]
     rename_dims(proto, names)
-    return proto
+    if not isinstance(model, torch.export.ExportedProgram):
+        spec = spec.without(_static_in(program, spec))
+    return proto, spec
 
 
 def export_model(
@@ -285,6 +322,6 @@ def export_model(
             input_names=input_names, output_names=output_names,
         )
     run = _export_dynamo if exporter == "dynamo" else _export_torchscript
-    proto = run(model, args, opset, reg, spec, output_names, kwargs)
+    proto, spec = run(model, args, opset, reg, spec, output_names, kwargs)
     write_metadata(proto, spec)
     return finalize_model(proto)

@@ -189,7 +189,8 @@ def ts_dims(ctx: Any) -> TsDims:
 
 def name_derived_dims(model: Any, spec: ExportDims) -> None:
     """Drop our node tags; where torch named a dim we derived (``Relu4_dim_0``), use the
-    expression's name (``2*batch``), as the dynamo exporter writes it."""
+    expression's name (``2*batch``), as the dynamo exporter writes it; then name the dims
+    torch lost downstream of our nodes (`_adopt_inferred_names`)."""
     from onnx_custom._dynamic_shapes import rename_dims, value_infos
 
     infos = {info.name: info for info in value_infos(model.graph)}
@@ -209,6 +210,43 @@ def name_derived_dims(model: Any, spec: ExportDims) -> None:
                 if isinstance(name, str) and dim.dim_param and dim.dim_param not in declared:
                     mapping.setdefault(dim.dim_param, name)
     rename_dims(model, mapping, exact=True)
+    known = declared | {d for names in spec.tagged.values() for d in names if isinstance(d, str)}
+    if known:
+        _adopt_inferred_names(model, known)
+
+
+def _adopt_inferred_names(model: Any, known: set[str]) -> None:
+    """torch trusts a custom node's declared type only when every output has a static dim; past
+    an output like ``[batch, seq]`` it renames the dims of everything downstream
+    (``Relu3_dim_0``). ONNX shape inference from our typed custom outputs finds their real names
+    again; a torch-made name that inference equates with a known name is renamed to it (a name
+    stands for one symbol, so the rename is global). Static sizes are never introduced."""
+    import onnx
+
+    from onnx_custom._dynamic_shapes import rename_dims, tensor_dims, value_infos
+
+    def made_up(dim: Any) -> bool:
+        return bool(dim.dim_param) and dim.dim_param not in known
+
+    trial = onnx.ModelProto()
+    trial.CopyFrom(model)
+    for info in [*trial.graph.value_info, *trial.graph.output]:
+        if not any(d.dim_param in known for d in tensor_dims(info)):  # not one of our typed outputs
+            for dim in tensor_dims(info):
+                if made_up(dim):
+                    dim.Clear()
+    try:
+        inferred = onnx.shape_inference.infer_shapes(trial, strict_mode=False)
+    except Exception:  # too big for in-memory inference, or a graph onnx cannot read: keep torch's names
+        return
+    found = {info.name: list(tensor_dims(info)) for info in value_infos(inferred.graph)}
+    mapping: dict[str, str] = {}
+    clashes: set[str] = set()
+    for info in value_infos(model.graph):
+        for old, new in zip(tensor_dims(info), found.get(info.name, ()), strict=False):
+            if made_up(old) and new.dim_param in known and mapping.setdefault(old.dim_param, new.dim_param) != new.dim_param:
+                clashes.add(old.dim_param)
+    rename_dims(model, {k: v for k, v in mapping.items() if k not in clashes}, exact=True)
 
 
 def _all_nodes(graph: Any) -> Iterator[Any]:
