@@ -37,6 +37,7 @@ __all__ = [
     "rename_in_text",
     "resolve_dynamic_shapes",
     "tensor_dims",
+    "unchecked_zero_one",
     "value_infos",
     "write_metadata",
 ]
@@ -584,6 +585,19 @@ def _violation_text(exc: BaseException) -> str:
     return ""
 
 
+def _specializations(text: str) -> list[tuple[str, str]]:
+    """(torch's name for the dim, the constant) for each dim torch.export fixed."""
+    found = [(m.group(1), m.group(2)) for m in _SPECIALIZED.finditer(text)]
+    return found + [(m.group(2), m.group(1)) for m in _ZERO_ONE.finditer(text)]
+
+
+def unchecked_zero_one(exc: BaseException, spec: DynamicSpec) -> list[str]:
+    """User names of dynamic dims torch.export fixed because their example size is 0 or 1:
+    whether the model itself fixes them cannot be told from such an example."""
+    names = {**{n: n for n in spec.dims}, **spec.torch_names}
+    return sorted({names.get(name, name) for name, value in _specializations(_violation_text(exc)) if value in ("0", "1")})
+
+
 def constraint_violation(exc: BaseException, spec: DynamicSpec, *, allow_zero_one: bool = False) -> DynamicShapesError | None:
     """torch.export's constraint violation (a dynamic dim the model fixes or ties to another)
     as our error, naming the inputs, the dims and the fix; None for any other error.
@@ -610,8 +624,7 @@ def constraint_violation(exc: BaseException, spec: DynamicSpec, *, allow_zero_on
         return f"{user!r} (input axes {sites})"
 
     lines = []
-    found_specialized = [m.groups() for m in _SPECIALIZED.finditer(text)]
-    found_specialized += [(m.group(2), m.group(1)) for m in _ZERO_ONE.finditer(text)]
+    found_specialized = _specializations(text)
     for name, value in found_specialized:
         if allow_zero_one and value in ("0", "1"):
             continue
@@ -632,5 +645,5 @@ def constraint_violation(exc: BaseException, spec: DynamicSpec, *, allow_zero_on
         lines.append(f"torch.export refused the dynamic dims ({', '.join(where(n.strip()) for n in header.split(','))}).")
     detail = text.split("The error above occurred")[0].strip()
     return DynamicShapesError(
-        "The model does not accept the dynamic shapes requested:\n  - " + "\n  - ".join(lines) + f"\ntorch.export said:\n{detail}"
+        "The model does not accept the dynamic shapes requested:\n  - " + "\n  - ".join(dict.fromkeys(lines)) + f"\ntorch.export said:\n{detail}"
     )

@@ -98,6 +98,8 @@ class DynamoBuilder(GraphBuilder):
             outputs=[_tensors.SymbolicTensor(self.recorder.opset) for _ in range(outputs)],
         )
         self.recorder.nodes.append(node)
+        if not domain:
+            _infer_types(node, self.recorder.opset.version)
         return list(node.outputs)
 
     def _set_type(self, value: Any, meta: OutputMeta, index: int | None = None) -> None:
@@ -114,6 +116,39 @@ class DynamoBuilder(GraphBuilder):
         value.dtype = ir.DataType(_numpy_to_onnx(array.dtype))
         value.shape = ir.Shape(array.shape)
         return value
+
+
+def _infer_types(node: ir.Node, opset: int) -> None:
+    """ONNX type inference for one standard node, so ``g.dtype``/``g.shape`` see its outputs
+    (the TorchScript exporter infers each node as it is added; torch's dynamo exporter only
+    types the values a translation returns). Nothing is set when inference cannot tell."""
+    import onnx
+
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, "")
+        types = {}
+        names = []
+        for index, value in enumerate(node.inputs):
+            if value is None:
+                names.append("")
+                continue
+            if value.dtype is None:
+                return
+            shape = None if value.shape is None else [d if isinstance(d, int) else d.value for d in value.shape]
+            names.append(f"in{index}")
+            types[names[-1]] = onnx.helper.make_tensor_type_proto(int(value.dtype), shape)
+        proto = onnx.helper.make_node(node.op_type, names, [f"out{i}" for i in range(len(node.outputs))])
+        proto.attribute.extend(ir.serde.serialize_attribute(a) for a in node.attributes.values())
+        inferred = onnx.shape_inference.infer_node_outputs(schema, proto, types)
+    except Exception:  # an op or attribute inference does not handle: leave the outputs untyped
+        return
+    for index, value in enumerate(node.outputs):
+        typ = inferred.get(f"out{index}")
+        if typ is None or not typ.HasField("tensor_type") or not typ.tensor_type.elem_type:
+            continue
+        value.dtype = ir.DataType(typ.tensor_type.elem_type)
+        if typ.tensor_type.HasField("shape"):
+            value.shape = ir.Shape([d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in typ.tensor_type.shape.dim])
 
 
 def _numpy_to_onnx(dtype: np.dtype) -> int:

@@ -22,6 +22,7 @@ from onnx_custom._dynamic_shapes import (
     constraint_violation,
     rename_dims,
     resolve_dynamic_shapes,
+    unchecked_zero_one,
     write_metadata,
 )
 from onnx_custom._dynamo_shapes import symbol_names
@@ -130,6 +131,15 @@ def _checked_by_torch_export(model: Any, args: tuple[Any, ...], kwargs: dict[str
         violation = constraint_violation(exc, spec, allow_zero_one=True)
         if violation is not None:
             raise violation from exc
+        unchecked = unchecked_zero_one(exc, spec)
+        if unchecked:
+            warnings.warn(
+                f"Dynamic dim(s) {unchecked} were traced at size 0 or 1, so onnx-custom cannot check "
+                "that the model accepts other sizes (torch.export fixes such dims). Fix: export with "
+                "examples of size >= 2 along them, or verify the file at other sizes.",
+                UserWarning,
+                stacklevel=4,
+            )
         return spec
     return spec.without(_static_in(program, spec))
 
@@ -240,7 +250,7 @@ def _symbol_names(program: torch.export.ExportedProgram, spec: DynamicSpec) -> d
             continue
         for axis, name in spec.axes.get(leaf.onnx_name, {}).items():
             size = val.shape[axis]
-            if _static(size):
+            if isinstance(size, int) or _static(size):
                 continue  # a Dim.AUTO torch made static
             expr = size.node.expr
             dim = spec.dims[name]
