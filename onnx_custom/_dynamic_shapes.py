@@ -20,29 +20,13 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import onnx
 import torch
 from torch.export.dynamic_shapes import Dim, _DerivedDim, _DimHint, _DimHintType
 
 from onnx_custom.errors import DynamicShapesError
 
-__all__ = [
-    "METADATA_KEY",
-    "DimSpec",
-    "DynamicSpec",
-    "InputLeaf",
-    "constraint_violation",
-    "dim_params",
-    "rename_dims",
-    "rename_in_text",
-    "resolve_dynamic_shapes",
-    "tensor_dims",
-    "unchecked_zero_one",
-    "value_infos",
-    "write_metadata",
-]
+__all__ = ["DimSpec", "DynamicSpec", "InputLeaf", "resolve_dynamic_shapes"]
 
-METADATA_KEY = "onnx_custom.dynamic_dims"
 _FORMS = (
     "a dict keyed by forward's parameter names ({'x': {0: 'batch'}}), a tuple/list with one entry "
     "per input, per tensor a dict {axis: dim} or a list with one entry per axis; a dim is a name "
@@ -95,14 +79,6 @@ class DynamicSpec:
     def dynamic_axes(self) -> dict[str, dict[int, str]]:
         """TorchScript ``dynamic_axes``: ONNX input name -> {axis: dim name}."""
         return {name: dict(axes) for name, axes in self.axes.items() if axes}
-
-    def example_size(self, name: str) -> int | None:
-        spec = self.dims.get(name)
-        if spec is None or not spec.sites:
-            return None
-        onnx_name, axis = spec.sites[0]
-        leaf = next(leaf for leaf in self.leaves if leaf.onnx_name == onnx_name)
-        return int(leaf.tensor.shape[axis])
 
     def without(self, sites: set[tuple[str, int]]) -> DynamicSpec:
         """This spec with the axes at ``sites`` (ONNX input name, axis) made static."""
@@ -503,147 +479,3 @@ def _rebuild(value: Any, param: str, leaves: list[InputLeaf], per_leaf: dict[str
     if isinstance(value, Mapping):
         return {k: _rebuild(v, param, leaves, per_leaf, (*path, k)) for k, v in value.items()}
     return None
-
-
-# -- after export -------------------------------------------------------------------------
-
-_TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def rename_in_text(text: str, mapping: Mapping[str, str]) -> str:
-    """Replace whole identifiers of ``text`` (a dim_param, possibly an expression) per ``mapping``."""
-    return _TOKEN.sub(lambda m: mapping.get(m.group(0), m.group(0)), text)
-
-
-def value_infos(graph: onnx.GraphProto) -> Iterator[onnx.ValueInfoProto]:
-    """Every typed value of ``graph`` and its subgraphs (inputs, outputs, value_info)."""
-    yield from graph.input
-    yield from graph.output
-    yield from graph.value_info
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from value_infos(attr.g)
-            for sub in attr.graphs:
-                yield from value_infos(sub)
-
-
-def tensor_dims(info: onnx.ValueInfoProto) -> Iterator[onnx.TensorShapeProto.Dimension]:
-    typ = info.type
-    while typ.HasField("sequence_type") or typ.HasField("optional_type"):
-        typ = typ.sequence_type.elem_type if typ.HasField("sequence_type") else typ.optional_type.elem_type
-    if typ.HasField("tensor_type") and typ.tensor_type.HasField("shape"):
-        yield from typ.tensor_type.shape.dim
-
-
-def dim_params(model: onnx.ModelProto) -> set[str]:
-    return {d.dim_param for info in value_infos(model.graph) for d in tensor_dims(info) if d.dim_param}
-
-
-def rename_dims(model: onnx.ModelProto, mapping: Mapping[str, str], *, exact: bool = False) -> None:
-    """Rename symbolic dims everywhere in ``model``: identifiers inside each dim_param (``s77`` ->
-    ``batch``, so ``2*s77`` -> ``2*batch``), or whole dim_params with ``exact``.
-
-    A dim_param that is a plain number (torch writes a Dim.AUTO it made static as ``"2"``)
-    becomes that static size: as a name it would let any size through."""
-    for info in value_infos(model.graph):
-        for dim in tensor_dims(info):
-            if not dim.dim_param:
-                continue
-            if mapping:
-                dim.dim_param = mapping.get(dim.dim_param, dim.dim_param) if exact else rename_in_text(dim.dim_param, mapping)
-            if dim.dim_param.isdecimal():
-                dim.dim_value = int(dim.dim_param)
-
-
-def write_metadata(model: onnx.ModelProto, spec: DynamicSpec) -> None:
-    """Record every named dynamic dim the file uses (the verifier draws trial sizes from it)."""
-    used = {tok for text in dim_params(model) for tok in [text, *_TOKEN.findall(text)]}
-    payload = spec.metadata(used)
-    for i, entry in enumerate(model.metadata_props):
-        if entry.key == METADATA_KEY:
-            del model.metadata_props[i]
-            break
-    if payload is not None:
-        model.metadata_props.add(key=METADATA_KEY, value=payload)
-
-
-_VIOLATION_NAME = re.compile(r"Constraints violated \(([^)]*)\)")
-_SOURCE = re.compile(r"""\[['"]([^'"]+)['"]\]\.(?:size\(\)|shape)\[(\d+)\]""")
-_SPECIALIZED = re.compile(r"You marked (.+?) as dynamic but your code specialized it to be a constant \((-?\d+)\)")
-_ZERO_ONE = re.compile(r"0/1 specialized due to hint of (\d+) for dimension (\S+?)\.?$", re.MULTILINE)
-_TIED = re.compile(r"The values of (\S+) = .*? and (\S+) = .*? must always be equal")
-
-
-def _violation_text(exc: BaseException) -> str:
-    seen: BaseException | None = exc
-    while seen is not None:
-        text = str(seen)
-        if "Constraints violated" in text or ("specialized" in text and "Dim" in text):
-            return text
-        seen = seen.__cause__ or seen.__context__
-    return ""
-
-
-def _specializations(text: str) -> list[tuple[str, str]]:
-    """(torch's name for the dim, the constant) for each dim torch.export fixed."""
-    found = [(m.group(1), m.group(2)) for m in _SPECIALIZED.finditer(text)]
-    return found + [(m.group(2), m.group(1)) for m in _ZERO_ONE.finditer(text)]
-
-
-def unchecked_zero_one(exc: BaseException, spec: DynamicSpec) -> list[str]:
-    """User names of dynamic dims torch.export fixed because their example size is 0 or 1:
-    whether the model itself fixes them cannot be told from such an example."""
-    names = {**{n: n for n in spec.dims}, **spec.torch_names}
-    return sorted({names.get(name, name) for name, value in _specializations(_violation_text(exc)) if value in ("0", "1")})
-
-
-def constraint_violation(exc: BaseException, spec: DynamicSpec, *, allow_zero_one: bool = False) -> DynamicShapesError | None:
-    """torch.export's constraint violation (a dynamic dim the model fixes or ties to another)
-    as our error, naming the inputs, the dims and the fix; None for any other error.
-
-    ``allow_zero_one``: ignore torch fixing a dim whose example size is 0 or 1 (an artifact of
-    tracing with that size, not something the model does; the TorchScript exporter keeps such
-    a dim dynamic)."""
-    text = _violation_text(exc)
-    if not text:
-        return None
-    names = {**{n: n for n in spec.dims}, **spec.torch_names}
-
-    def user_name(torch_name: str) -> str:
-        found = _SOURCE.search(torch_name)
-        if found:  # Dim.DYNAMIC is reported by source: L['x'].size()[0]
-            axes = spec.axes.get(found.group(1), {})
-            return axes.get(int(found.group(2)), torch_name)
-        return names.get(torch_name, torch_name)
-
-    def where(torch_name: str) -> str:
-        user = user_name(torch_name)
-        dim = spec.dims.get(user)
-        sites = ", ".join(f"{n}[{a}]" for n, a in dim.sites) if dim else "?"
-        return f"{user!r} (input axes {sites})"
-
-    lines = []
-    found_specialized = _specializations(text)
-    for name, value in found_specialized:
-        if allow_zero_one and value in ("0", "1"):
-            continue
-        hint = " (torch.export fixes sizes 0 and 1: export with an example of size >= 2)" if value in ("0", "1") else ""
-        lines.append(
-            f"dynamic dim {where(name)} is specialized by the model to the constant {value}{hint}. Fix: make "
-            "it static (drop it from dynamic_shapes), use Dim.AUTO to let torch decide, or change the "
-            "model so it does not depend on that size (e.g. reshape(-1, ...) instead of a fixed size)."
-        )
-    for match in _TIED.finditer(text):
-        a, b = match.groups()
-        lines.append(f"dims {where(a)} and {where(b)} must always be equal in this model. Fix: give them the same name.")
-    if not lines:
-        if allow_zero_one and found_specialized:
-            return None
-        found = _VIOLATION_NAME.search(text)
-        header = found.group(1) if found else "?"
-        lines.append(f"torch.export refused the dynamic dims ({', '.join(where(n.strip()) for n in header.split(','))}).")
-    detail = text.split("The error above occurred")[0].strip()
-    return DynamicShapesError(
-        "The model does not accept the dynamic shapes requested:\n  - " + "\n  - ".join(dict.fromkeys(lines)) + f"\ntorch.export said:\n{detail}"
-    )

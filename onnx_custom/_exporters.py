@@ -17,14 +17,14 @@ from typing import Any
 import onnx
 import torch
 
-from onnx_custom._dynamic_shapes import (
-    DynamicSpec,
+from onnx_custom._constraints import (
+    check_with_torch_export,
     constraint_violation,
-    rename_dims,
-    resolve_dynamic_shapes,
-    unchecked_zero_one,
-    write_metadata,
+    static_axes,
+    symbol_names_of,
 )
+from onnx_custom._dim_params import rename_dims, write_metadata
+from onnx_custom._dynamic_shapes import DynamicSpec, resolve_dynamic_shapes
 from onnx_custom._dynamo_shapes import symbol_names
 from onnx_custom._onnx_utils import iter_nodes
 from onnx_custom._opset_compat import lower_default_opset
@@ -102,51 +102,9 @@ def _raise_ours(exc: BaseException) -> None:
         seen = seen.__cause__ or seen.__context__
 
 
-def _static_in(program: torch.export.ExportedProgram, spec: DynamicSpec) -> set[tuple[str, int]]:
-    """(input, axis) of the spec's dynamic axes that torch.export made static (a Dim.AUTO)."""
-    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    static = set()
-    for leaf in spec.leaves:
-        node = placeholders.get(leaf.onnx_name)
-        val = None if node is None else node.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            static |= {(leaf.onnx_name, axis) for axis in spec.axes.get(leaf.onnx_name, {}) if _static(val.shape[axis])}
-    return static
-
-
-def _static(size: Any) -> bool:
-    return isinstance(size, int) or bool(size.node.expr.is_number)
-
-
-def _checked_by_torch_export(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None, spec: DynamicSpec) -> DynamicSpec:
-    """The TorchScript tracer records sizes without noticing that the model fixes a dynamic one;
-    torch.export does. Trace once with it: a dim the model specializes or ties to another is our
-    error, a Dim.AUTO it made static stays static here too (as under the dynamo exporter). Any
-    other torch.export failure (a TorchScript-only model) skips the check."""
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            program = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=spec.export_shapes, strict=False)
-    except Exception as exc:
-        violation = constraint_violation(exc, spec, allow_zero_one=True)
-        if violation is not None:
-            raise violation from exc
-        unchecked = unchecked_zero_one(exc, spec)
-        if unchecked:
-            warnings.warn(
-                f"Dynamic dim(s) {unchecked} were traced at size 0 or 1, so onnx-custom cannot check "
-                "that the model accepts other sizes (torch.export fixes such dims). Fix: export with "
-                "examples of size >= 2 along them, or verify the file at other sizes.",
-                UserWarning,
-                stacklevel=4,
-            )
-        return spec
-    return spec.without(_static_in(program, spec))
-
-
 def _export_torchscript(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, spec: DynamicSpec, output_names: Any, kwargs: dict[str, Any]) -> tuple[onnx.ModelProto, DynamicSpec]:
     if spec.export_shapes is not None:
-        spec = _checked_by_torch_export(model, args, kwargs.get("kwargs"), spec)
+        spec = check_with_torch_export(model, args, kwargs.get("kwargs"), spec)
     keyword_inputs = kwargs.pop("kwargs", None)
     if keyword_inputs:
         args = (*args, keyword_inputs)  # TorchScript takes keyword inputs as a trailing dict
@@ -238,38 +196,14 @@ def trace_program(
         raise
 
 
-def _symbol_names(program: torch.export.ExportedProgram, spec: DynamicSpec) -> dict[str, str]:
-    """torch's symbols (``s77``) of the program's inputs -> the user's dim names."""
-    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    user_inputs = list(program.graph_signature.user_inputs)
-    mapping: dict[str, str] = {}
-    for index, leaf in enumerate(spec.leaves):
-        node = placeholders.get(leaf.onnx_name if leaf.onnx_name in user_inputs else user_inputs[index] if index < len(user_inputs) else "")
-        val = None if node is None else node.meta.get("val")
-        if not isinstance(val, torch.Tensor):
-            continue
-        for axis, name in spec.axes.get(leaf.onnx_name, {}).items():
-            size = val.shape[axis]
-            if isinstance(size, int) or _static(size):
-                continue  # a Dim.AUTO torch made static
-            expr = size.node.expr
-            dim = spec.dims[name]
-            if expr.is_Symbol:
-                mapping.setdefault(str(expr), name)
-            elif dim.root is not None and len(expr.free_symbols) == 1:  # 2*s77 for 2*Dim("n"): s77 is n
-                mapping.setdefault(str(next(iter(expr.free_symbols))), dim.root)
-    return mapping
-
-
 def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, spec: DynamicSpec, output_names: Any, kwargs: dict[str, Any]) -> tuple[onnx.ModelProto, DynamicSpec]:
     from onnx_custom._dynamo import translation_table
 
     if isinstance(model, torch.export.ExportedProgram):
-        program, names = model, {}
-        input_names = kwargs.pop("input_names", None)
+        program, names = model, {}  # its dims are torch's (s77): no user names to give them
     else:
         program = trace_program(model, args, reg, kwargs=kwargs.pop("kwargs", None), spec=spec)
-        names, input_names = _symbol_names(program, spec), list(spec.input_names)
+        names = symbol_names_of(program, spec)
     missing = missing_ops_dynamo(program, opset, reg)
     if missing:
         raise UnsupportedOpError(format_missing(missing, "dynamo", opset), tuple(m.name for m in missing))
@@ -281,7 +215,7 @@ def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry,
             # down-conversion silently keeps opset 18 whenever onnx lacks an adapter.
             onnx_program = torch.onnx.export(
                 program, args, dynamo=True, opset_version=max(opset, _DYNAMO_NATIVE_OPSET), custom_translation_table=table,  # type: ignore[arg-type]
-                input_names=input_names, output_names=output_names, verbose=False, **kwargs,
+                input_names=list(spec.input_names), output_names=output_names, verbose=False, **kwargs,
             )
     except Exception as exc:
         _raise_ours(exc)
@@ -289,7 +223,7 @@ def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry,
     proto = lower_default_opset(onnx_program.model_proto, opset)  # type: ignore[union-attr]
     rename_dims(proto, names)
     if not isinstance(model, torch.export.ExportedProgram):
-        spec = spec.without(_static_in(program, spec))
+        spec = spec.without(static_axes(program, spec))
     return proto, spec
 
 
@@ -324,8 +258,7 @@ def export_model(
                 "already fixed its dims. Fix: pass them to torch.export.export, or pass the "
                 "nn.Module to onnx_custom.export."
             )
-        spec = resolve_dynamic_shapes(model.module(), args, kwargs.get("kwargs"))
-        kwargs["input_names"] = input_names
+        spec = resolve_dynamic_shapes(model.module(), args, kwargs.get("kwargs"), input_names=input_names)
     else:
         spec = resolve_dynamic_shapes(
             model, args, kwargs.get("kwargs"), dynamic_shapes=dynamic_shapes, dynamic_axes=dynamic_axes,

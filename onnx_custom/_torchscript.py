@@ -203,7 +203,8 @@ def _list_length(output: Any) -> int | None:
 
 
 def _traced_outputs(ctx: Any, inputs: Sequence[Any]) -> Outputs | None:
-    """No fake run possible: what the trace recorded (dtype; the shape only when static)."""
+    """No fake run possible: what the trace recorded. Its sizes are the example's, so with any
+    dynamic input only the rank is kept (every dim unknown: a symbol of its own in the file)."""
     node = getattr(ctx, "original_node", None)
     if node is None:
         return None
@@ -216,12 +217,13 @@ def _traced_outputs(ctx: Any, inputs: Sequence[Any]) -> Outputs | None:
                 return None
             result.append([TensorDesc(None, None)] * count)
             continue
-        dtype, sizes = None, None
+        dtype, shape = None, None
         with contextlib.suppress(Exception):
             dtype = output.type().dtype()
         with contextlib.suppress(Exception):
-            sizes = output.type().sizes() if static else None
-        result.append(TensorDesc(dtype, None if sizes is None else tuple(sizes)))
+            rank = output.type().dim()
+            shape = None if rank is None else tuple(output.type().sizes()) if static else (None,) * rank
+        result.append(TensorDesc(dtype, shape))
     return result
 
 

@@ -18,9 +18,11 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import onnx
 import sympy
 import torch
 
+from onnx_custom._dim_params import rename_dims, tensor_dims, value_infos
 from onnx_custom._output_meta import DimNames, TensorDesc
 from onnx_custom.builder import OutputMeta
 
@@ -191,8 +193,6 @@ def name_derived_dims(model: Any, spec: ExportDims) -> None:
     """Drop our node tags; where torch named a dim we derived (``Relu4_dim_0``), use the
     expression's name (``2*batch``), as the dynamo exporter writes it; then name the dims
     torch lost downstream of our nodes (`_adopt_inferred_names`)."""
-    from onnx_custom._dynamic_shapes import rename_dims, value_infos
-
     infos = {info.name: info for info in value_infos(model.graph)}
     declared = {name for axes in spec.dynamic_axes.values() for name in axes.values()}
     mapping: dict[str, str] = {}
@@ -221,10 +221,6 @@ def _adopt_inferred_names(model: Any, known: set[str]) -> None:
     (``Relu3_dim_0``). ONNX shape inference from our typed custom outputs finds their real names
     again; a torch-made name that inference equates with a known name is renamed to it (a name
     stands for one symbol, so the rename is global). Static sizes are never introduced."""
-    import onnx
-
-    from onnx_custom._dynamic_shapes import rename_dims, tensor_dims, value_infos
-
     def made_up(dim: Any) -> bool:
         return bool(dim.dim_param) and dim.dim_param not in known
 

@@ -298,6 +298,45 @@ def test_bfloat16_model_types_its_custom_outputs_bf16(exporter: str, opset: int)
     assert types == [(onnx.TensorProto.BFLOAT16, ["batch"]), (onnx.TensorProto.INT64, ["batch"])]
 
 
+@torch.library.custom_op("octest_meta::no_fake", mutates_args=())
+def no_fake(x: torch.Tensor) -> torch.Tensor:
+    return x - 1
+
+
+def test_op_without_fake_kernel_gets_no_static_dims_under_torchscript() -> None:
+    # No fake kernel: TorchScript still exports (dynamo refuses, see test_export_errors). The
+    # trace's dtype and rank are kept; its sizes are the example's, so with a dynamic input every
+    # dim is unknown rather than baked in.
+    reg = onnx_custom.Registry()
+    seen: list[tuple[OutputMeta, ...]] = []
+
+    @reg.symbolic("octest_meta::no_fake")
+    def _no_fake(g: Any, x: Any) -> Any:
+        seen.append(g.outputs)
+        return g.op("octest_meta::NoFake", x)
+
+    class NoFake(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.ops.octest_meta.no_fake(x).relu()
+
+    kernels = KernelRegistry()
+
+    @kernels.kernel("octest_meta::NoFake", inputs=["x"], outputs=["y"], shape_fn="like0")
+    def _kernel(x: np.ndarray) -> np.ndarray:
+        return x - 1
+
+    proto = onnx_custom.export(NoFake(), (torch.randn(2, 3),), exporter="torchscript", opset=17, registry=reg,
+                               dynamic_shapes={"x": {0: "batch"}})  # fmt: skip
+    assert seen == [(OutputMeta(F32, (None, None)),)]
+    typed = [*proto.graph.value_info, *proto.graph.output]
+    assert typed and all(d.dim_param and not d.dim_value for v in typed for d in v.type.tensor_type.shape.dim)
+    session = onnx_custom.InferenceSession(proto, kernels=kernels)
+    for batch in BATCHES:
+        x = torch.randn(batch, 3)
+        (got,) = session.run(None, {"x": x.numpy()})
+        torch.testing.assert_close(torch.from_numpy(got), NoFake()(x))
+
+
 def test_g_outputs_outside_an_export_is_a_clear_error() -> None:
     from onnx_custom._dynamo import DynamoBuilder
 
