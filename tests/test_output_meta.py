@@ -337,6 +337,28 @@ def test_op_without_fake_kernel_gets_no_static_dims_under_torchscript() -> None:
         torch.testing.assert_close(torch.from_numpy(got), NoFake()(x))
 
 
+def test_dynamo_without_the_fx_node_runs_the_fake_kernel_on_onnx_types() -> None:
+    # The dynamo adapter reads torch's FX node; should that ever be out of reach it falls back
+    # to the op's fake kernel on the inputs' ONNX types, and must give the same answer.
+    import onnx_ir as ir
+
+    from onnx_custom._dynamo import DynamoBuilder
+    from onnx_custom._dynamo_shapes import symbol_names, value_outputs
+    from onnx_custom._output_meta import flat_outputs
+    from onnx_custom.models import multi_output3  # noqa: F401  (defines mylib::multi_out3)
+
+    x = ir.Value(name="x")
+    x.dtype, x.shape = ir.DataType.FLOAT, ir.Shape(["s1", 3, 4])
+    with symbol_names({"s1": "batch"}):
+        found = value_outputs(torch.ops.mylib.multi_out3.default, [x, [2, 1, 3], 0.25], {}, DynamoBuilder.dtype_of)
+    assert found is not None
+    outputs, spelled, names = found
+    assert [names.meta(d) for d in flat_outputs(outputs)] == [
+        OutputMeta(F32, ("batch", 3, 4)), OutputMeta(F32, ("2*batch", 3, 12)), OutputMeta(F32, ("batch", 3)),
+    ]
+    assert spelled == [["s1", 3, 4], ["2*s1", 3, 12], ["s1", 3]]  # torch's spelling, renamed after export
+
+
 def test_g_outputs_outside_an_export_is_a_clear_error() -> None:
     from onnx_custom._dynamo import DynamoBuilder
 
