@@ -18,7 +18,7 @@ import torch
 from torch.onnx._internal.torchscript_exporter import registration as ts_registration
 from torch.onnx._internal.torchscript_exporter import symbolic_helper
 
-from onnx_custom._output_meta import Outputs, TensorDesc, flat_outputs, layout, run_fake
+from onnx_custom._output_meta import Outputs, TensorDesc, flat_outputs, layout
 from onnx_custom._ts_shapes import TAG, TsDims, session, ts_dims
 from onnx_custom.attributes import AttrKind, AttrValue
 from onnx_custom.builder import GraphBuilder, OutputMeta
@@ -270,7 +270,7 @@ def _op_symbolic(registry: Registry, target: Target) -> Any:
         outputs = None
         if overload is not None and schema is not None:
             fake_args = [_fake_arg(v, p.type, dims) for p, v in zip(schema.arguments, args, strict=False)]
-            outputs = run_fake(overload, fake_args, {}, dims.dims)
+            outputs = dims.fake_outputs(overload, fake_args)
         if outputs is None:
             outputs = _traced_outputs(ctx, [v for v in args if isinstance(v, torch._C.Value)])
         builder = TorchScriptBuilder(ctx, str(target), None if outputs is None else flat_outputs(outputs))
@@ -292,7 +292,7 @@ def _function_symbolic(registry: Registry, target: Target) -> Any:
         attrs = {name: a for name, a in zip(params, args, strict=False) if not isinstance(a, torch._C.Value)}
         dims = ts_dims(ctx)
         fake_args = [dims.describe(a) if isinstance(a, torch._C.Value) else a for a in args]
-        outputs = run_fake(function.apply, fake_args, {}, dims.dims) or _traced_outputs(ctx, inputs)  # type: ignore[attr-defined]
+        outputs = dims.fake_outputs(function.apply, fake_args) or _traced_outputs(ctx, inputs)  # type: ignore[attr-defined]
         builder = TorchScriptBuilder(ctx, str(target), None if outputs is None else flat_outputs(outputs))
         result = entry.fn(builder, *inputs, **attrs)
         return _finish(ctx, builder, result, None)
