@@ -116,6 +116,11 @@ class Pipeline(torch.nn.Module):
         return values + b.sum(-1), indices + 1
 
 
+class MaxIdx(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.ops.octest_meta.maxidx(x)
+
+
 DYNAMIC = {"x": {0: "batch", 1: "seq"}}
 F32, I64 = torch.float32, torch.int64
 
@@ -202,10 +207,6 @@ def test_output_types_declare_what_g_outputs_cannot(exporter: str, opset: int) -
         seen.update(untyped=g.dtype(extra), values=g.dtype(values), indices=g.dtype(indices))
         return values, indices
 
-    class MaxIdx(torch.nn.Module):
-        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return torch.ops.octest_meta.maxidx(x)
-
     proto = onnx_custom.export(MaxIdx(), (torch.randn(2, 4),), exporter=exporter, opset=opset, registry=reg,
                                dynamic_shapes={"x": {0: "batch"}})  # fmt: skip
     assert seen == {"untyped": None, "values": F32, "indices": I64}
@@ -287,10 +288,6 @@ def test_bfloat16_model_types_its_custom_outputs_bf16(exporter: str, opset: int)
     @reg.symbolic("octest_meta::maxidx")
     def _maxidx(g: Any, x: Any) -> Any:
         return g.op("octest_meta::MaxIdx", x, outputs=2)
-
-    class MaxIdx(torch.nn.Module):
-        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return torch.ops.octest_meta.maxidx(x)
 
     x = torch.randn(2, 4, dtype=torch.bfloat16)
     proto = onnx_custom.export(MaxIdx(), (x,), exporter=exporter, opset=opset, registry=reg, dynamic_shapes={"x": {0: "batch"}})
