@@ -218,6 +218,22 @@ def test_auto_dim_the_model_fixes_is_static_in_both_files(exporter: str, opset: 
     assert _metadata(proto) == {"x_dim1": {"min": None, "max": None}}
 
 
+@pytest.mark.parametrize(("exporter", "opset"), EXPORTERS, ids=[e for e, _ in EXPORTERS])
+def test_derived_dim_keeps_its_expression(exporter: str, opset: int) -> None:
+    class Doubles(torch.nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return torch.cat([a, a]) + b
+
+    n = Dim("n", min=2, max=50)
+    proto = onnx_custom.export(Doubles(), (torch.randn(4, 3), torch.randn(8, 3)), exporter=exporter, opset=opset,
+                               dynamic_shapes={"a": {0: n}, "b": {0: 2 * n}})  # fmt: skip
+    assert _inputs(proto) == {"a": ["n", 3], "b": ["2*n", 3]}
+    assert _metadata(proto) == {"n": {"min": 2, "max": 50}}
+    a, b = torch.randn(5, 3), torch.randn(10, 3)
+    (got,) = onnx_custom.InferenceSession(proto).run(None, {"a": a.numpy(), "b": b.numpy()})
+    torch.testing.assert_close(torch.from_numpy(got), Doubles()(a, b))
+
+
 # -- the user's own torch.onnx.export calls ---------------------------------------------------
 
 
