@@ -94,8 +94,10 @@ class GraphBuilder(abc.ABC):
         exporters."""
         if self._outputs is None:
             raise SymbolicError(
-                f"{self.target}: the output types are unknown here (no torch op is being "
-                "translated). g.outputs exists inside a translation called by an exporter."
+                f"{self.target}: torch's output types are not known here: g.outputs exists inside "
+                "a translation called by an exporter, for an op whose fake kernel (or, under "
+                "TorchScript, whose trace) tells them. Fix: add register_fake to the op, or pass "
+                "output_types= to g.op."
             )
         return self._outputs
 
