@@ -8,6 +8,7 @@ from typing import Any
 from onnx_custom import attributes as attr
 from onnx_custom._torchscript import registered
 from onnx_custom.errors import (
+    DynamicShapesError,
     ExtensionBuildError,
     KernelError,
     OnnxCustomError,
@@ -23,6 +24,7 @@ from onnx_custom.verify import VerificationReport, verify
 __version__ = "0.1.0"
 
 __all__ = [
+    "DynamicShapesError",
     "ExtensionBuildError",
     "InferenceSession",
     "KernelError",
