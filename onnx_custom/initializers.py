@@ -59,6 +59,8 @@ def _difference(param: np.ndarray, init: np.ndarray) -> float | None:
     for candidate in (param, param.T) if param.ndim == 2 else (param,):
         if candidate.shape != init.shape:
             continue
+        if np.array_equal(candidate, init, equal_nan=True):  # the common case, without float64 copies
+            return 0.0
         diff = float(np.max(np.abs(_as_float(candidate) - _as_float(init)), initial=0.0))
         best = diff if best is None else min(best, diff)
     return best

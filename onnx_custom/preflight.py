@@ -168,7 +168,10 @@ def _export_program(model: torch.nn.Module, args: tuple[Any, ...], registry: Reg
         raise OnnxCustomError(f"torch.export could not trace the model: {type(exc).__name__}: {first}") from exc
 
 
-def _dynamo_ops(model: torch.nn.Module, args: tuple[Any, ...], opset: int, registry: Registry) -> tuple[list[str], list[SymbolicEntry], list[MissingOp]]:
+_Ops = tuple[list[str], list[SymbolicEntry], list[MissingOp], Any]  # ..., what the dry export exports
+
+
+def _dynamo_ops(model: torch.nn.Module, args: tuple[Any, ...], opset: int, registry: Registry) -> _Ops:
     program = _export_program(model, args, registry)
     ops: dict[str, None] = {}
     used: dict[tuple[str, int, str], SymbolicEntry] = {}
@@ -182,10 +185,10 @@ def _dynamo_ops(model: torch.nn.Module, args: tuple[Any, ...], opset: int, regis
         entry = _entry(registry, target, opset, "dynamo")
         if entry is not None:
             used[entry.key] = entry
-    return list(ops), list(used.values()), missing_ops_dynamo(program, opset, registry)
+    return list(ops), list(used.values()), missing_ops_dynamo(program, opset, registry), program  # traced once
 
 
-def _torchscript_ops(model: torch.nn.Module, args: tuple[Any, ...], opset: int, registry: Registry) -> tuple[list[str], list[SymbolicEntry], list[MissingOp]]:
+def _torchscript_ops(model: torch.nn.Module, args: tuple[Any, ...], opset: int, registry: Registry) -> _Ops:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         graph, *_ = torch.jit._get_trace_graph(model, args)
@@ -204,7 +207,7 @@ def _torchscript_ops(model: torch.nn.Module, args: tuple[Any, ...], opset: int, 
             entry = _entry(registry, kind, opset, "torchscript")
         if entry is not None:
             used[entry.key] = entry
-    return list(ops), list(used.values()), missing_ops_torchscript(model, args, opset, registry)
+    return list(ops), list(used.values()), missing_ops_torchscript(model, args, opset, registry), model
 
 
 _STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
@@ -220,7 +223,7 @@ class _DryExport:
     problem: str = ""
 
 
-def _dry_export(model: torch.nn.Module, args: tuple[Any, ...], exporter: str, opset: int, registry: Registry) -> _DryExport:
+def _dry_export(model: torch.nn.Module | torch.export.ExportedProgram, args: tuple[Any, ...], exporter: str, opset: int, registry: Registry) -> _DryExport:
     from onnx_custom._exporters import export_model
     from onnx_custom.builder import record_nodes
 
@@ -288,6 +291,7 @@ def check(
     ops: list[str] = []
     entries: list[SymbolicEntry] = []
     missing: list[MissingOp] = []
+    source: Any = model
     if exporter == "torchscript":
         from onnx_custom._torchscript import TS_MAX_OPSET, TS_MIN_OPSET
 
@@ -295,7 +299,7 @@ def check(
             problems.append(f"The TorchScript exporter supports opsets {TS_MIN_OPSET}..{TS_MAX_OPSET}, got {opset}.")
     try:
         collect = _dynamo_ops if exporter == "dynamo" else _torchscript_ops
-        ops, entries, missing = collect(model, args, opset, reg)
+        ops, entries, missing, source = collect(model, args, opset, reg)
     except OnnxCustomError as exc:
         problems.append(str(exc))
     except Exception as exc:  # tracing a user model can fail in many ways; report, don't crash
@@ -303,7 +307,7 @@ def check(
     emitted: dict[str, list[str]] = {}
     ran = False
     if not problems:
-        dry = _dry_export(model, args, exporter, opset, reg)
+        dry = _dry_export(source, args, exporter, opset, reg)
         ran, emitted = dry.succeeded, dry.emitted
         if dry.succeeded:
             missing = []  # the exporter took every op: a trace-level guess of a gap was wrong

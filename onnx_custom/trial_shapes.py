@@ -83,7 +83,6 @@ class DimPlan:
     dims: dict[str, DynamicDim]
     aliases: dict[str, str]
     axes: dict[str, tuple[str | int, ...]]  # ONNX input -> per axis: dim key or static size
-    positions: dict[str, int]  # ONNX input -> tensor position
     notes: tuple[str, ...] = ()
 
     def key(self, name: str) -> str | None:
@@ -267,7 +266,7 @@ def plan_dims(proto: onnx.ModelProto, binding: InputBinding, args: tuple[Any, ..
                 f"range {dim.describe_range()}. Fix: give a range that includes the example's size."
             )
         dims[key] = dim
-    return DimPlan(dims, aliases, axes, positions, tuple(notes))
+    return DimPlan(dims, aliases, axes, tuple(notes))
 
 
 def default_cases(plan: DimPlan, count: int = DEFAULT_SHAPE_TRIALS) -> list[dict[str, int]]:

@@ -20,9 +20,21 @@ import torch
 from onnx_custom.compare import OutputComparison, compare_arrays, flatten_outputs
 from onnx_custom.declared import DeclaredTypes, TypeMismatch
 from onnx_custom.errors import OnnxCustomError, VerificationError
-from onnx_custom.initializers import InitializerMismatch, InitializerMismatchWarning, compare_initializers
+from onnx_custom.initializers import (
+    InitializerMismatch,
+    InitializerMismatchWarning,
+    compare_initializers,
+)
 from onnx_custom.localize import localize as localize_trial
-from onnx_custom.runner import InputBinding, bind_inputs, load_model, make_reference, make_session, run_onnx, tensor_inputs
+from onnx_custom.runner import (
+    InputBinding,
+    bind_inputs,
+    load_model,
+    make_reference,
+    make_session,
+    run_onnx,
+    tensor_inputs,
+)
 from onnx_custom.trial_shapes import (
     DEFAULT_SHAPE_TRIALS,
     DimPlan,

@@ -13,7 +13,7 @@ import torch
 from onnx import TensorProto, helper
 
 import onnx_custom
-import onnx_custom.symbolics.bev  # noqa: F401  (bev::bev_pool_v2 translations)
+import onnx_custom.symbolics.bev
 from onnx_custom.compare import compare_arrays, to_numpy
 from onnx_custom.declared import DeclaredTypes, evaluate_dim
 from onnx_custom.ops.bev_pool import bev_pool_v2, prepare_bev_ranks, synthetic_frustum

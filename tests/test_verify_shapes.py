@@ -14,10 +14,16 @@ import torch
 from onnx import TensorProto, helper
 
 import onnx_custom
-import onnx_custom.ops.seed  # noqa: F401  (mylib::my_add and its custom::my_add variant)
+import onnx_custom.ops.seed
 from onnx_custom.errors import OnnxCustomError, VerificationError
 from onnx_custom.runner import bind_inputs
-from onnx_custom.trial_shapes import METADATA_KEY, ShapeSpecError, default_cases, plan_dims, resize_inputs
+from onnx_custom.trial_shapes import (
+    METADATA_KEY,
+    ShapeSpecError,
+    default_cases,
+    plan_dims,
+    resize_inputs,
+)
 from onnx_custom.verify import DEFAULT_SHAPE_TRIALS, verify
 
 Dim = torch.export.Dim
