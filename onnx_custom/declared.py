@@ -20,12 +20,9 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnx_custom.runner import graph_inputs
+from onnx_custom.runner import STANDARD_DOMAINS, graph_inputs
 
 __all__ = ["DeclaredTypes", "TypeMismatch", "evaluate_dim"]
-
-_STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
-
 
 @dataclasses.dataclass(frozen=True)
 class TypeMismatch:
@@ -117,7 +114,7 @@ class DeclaredTypes:
             kind = f"{node.domain}::{node.op_type}" if node.domain else node.op_type
             for i, out in enumerate(node.output):
                 producers[out] = f"{kind} node {node.name or '<unnamed>'!r} output {i}"
-                if out and node.domain not in _STANDARD_DOMAINS:
+                if out and node.domain not in STANDARD_DOMAINS:
                     custom.append(out)
         outputs = {o.name: o for o in graph.output}
         typed = {v.name: v for v in graph.value_info}

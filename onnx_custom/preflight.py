@@ -27,6 +27,7 @@ from onnx_custom.coverage import MissingOp, missing_ops_dynamo, missing_ops_torc
 from onnx_custom.errors import OnnxCustomError, SymbolicError, UnsupportedOpError
 from onnx_custom.names import QualifiedName, Target
 from onnx_custom.registry import Registry, SymbolicEntry, default_registry
+from onnx_custom.runner import STANDARD_DOMAINS
 
 __all__ = ["CoverageReport", "MissingKernel", "check", "has_kernel", "kernel_registry_or_none"]
 
@@ -210,9 +211,6 @@ def _torchscript_ops(model: torch.nn.Module, args: tuple[Any, ...], opset: int, 
     return list(ops), list(used.values()), missing_ops_torchscript(model, args, opset, registry), model
 
 
-_STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
-
-
 @dataclasses.dataclass(frozen=True)
 class _DryExport:
     """What exporting into a throwaway ModelProto showed."""
@@ -246,11 +244,11 @@ def _dry_export(model: torch.nn.Module | torch.export.ExportedProgram, args: tup
         else:
             outcome["succeeded"] = True
     for record in log:
-        if record.domain not in _STANDARD_DOMAINS:
+        if record.domain not in STANDARD_DOMAINS:
             add(f"{record.domain}::{record.op_type}", f"translation of {record.target}")
     if outcome["succeeded"]:
         for node in iter_nodes(proto, functions=False):
-            if node.domain not in _STANDARD_DOMAINS:
+            if node.domain not in STANDARD_DOMAINS:
                 add(f"{node.domain}::{node.op_type}", "the exported graph")
     return _DryExport(emitted, **outcome)
 

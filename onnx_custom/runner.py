@@ -33,6 +33,7 @@ from onnx_custom.compare import flatten_outputs, to_numpy
 from onnx_custom.errors import ExtensionBuildError, VerificationError
 
 __all__ = [
+    "STANDARD_DOMAINS",
     "InputBinding",
     "argument_names",
     "bind_inputs",
@@ -48,6 +49,7 @@ __all__ = [
 ]
 
 _POSITIONAL_NAME = re.compile(r"input_(\d+)")
+STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")  # ONNX Runtime's own: every other domain is custom
 
 
 def load_model(onnx_model: onnx.ModelProto | str | os.PathLike[str] | bytes) -> onnx.ModelProto:
@@ -282,7 +284,7 @@ def make_session(proto: onnx.ModelProto, kernels: Any = None) -> Any:
 
 
 def custom_node_types(proto: onnx.ModelProto) -> list[str]:
-    found = {f"{n.domain}::{n.op_type}": None for n in iter_nodes(proto, functions=False) if n.domain not in ("", "ai.onnx", "ai.onnx.ml")}
+    found = {f"{n.domain}::{n.op_type}": None for n in iter_nodes(proto, functions=False) if n.domain not in STANDARD_DOMAINS}
     return list(found)
 
 

@@ -13,7 +13,9 @@ int|null}}``), else unbounded.
 Default trials (`default_cases`): up to `DEFAULT_SHAPE_TRIALS` shapes; trial *k* gives every
 dynamic dim its *k*-th candidate size from ``1, e + 1, 2e, e + 2, 3e, e + 3, ...`` (``e`` = the
 export size), keeping those inside the dim's range and different from ``e``. A dim with fewer
-candidates keeps its last one.
+candidates keeps its last one. Candidates depend only on the export size and the range, so dims
+that must agree but that an exporter named apart (the inner dims of a matmul exported with
+``Dim.AUTO``) still get equal sizes in every trial.
 
 Inputs at a new shape (`resize_inputs`): floats are drawn from N(0, 1); integer and bool tensors
 whose shape does not change keep their values (they are often indices); those whose shape changes

@@ -356,3 +356,14 @@ def test_report_lists_shapes_in_dict_and_markdown(tmp_path: Any) -> None:
     assert data["type_mismatches"] == [] and data["pruned_inputs"] == []
     text = render_markdown(report)
     assert "## Shapes tried" in text and "the model cannot take batch=1" in text
+
+
+def test_cli_verify_lists_the_shapes_tried(tmp_path: Any, capsys: Any) -> None:
+    from onnx_custom.cli import main
+    from onnx_custom.models import multi_output3
+
+    path = tmp_path / "m3.onnx"
+    onnx_custom.export(multi_output3.Model().eval(), multi_output3.example_inputs(), path, exporter="dynamo", dynamic_shapes=multi_output3.dynamic_shapes)
+    assert main(["verify", "multi_output3", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "Verification PASSED" in out and "Shapes tried:" in out and out.count("(shape)") == DEFAULT_SHAPE_TRIALS
