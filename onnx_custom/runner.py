@@ -40,6 +40,7 @@ __all__ = [
     "custom_node_types",
     "graph_inputs",
     "input_leaves",
+    "input_names",
     "load_model",
     "make_reference",
     "make_session",
@@ -67,6 +68,14 @@ def graph_inputs(proto: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     """The inputs a caller feeds (initializers listed as inputs excluded)."""
     initializers = {i.name for i in proto.graph.initializer}
     return [i for i in proto.graph.input if i.name not in initializers]
+
+
+def input_names(proto: onnx.ModelProto, args: tuple[Any, ...]) -> list[str]:
+    """The ONNX input names fed by the tensors of ``args`` in order (no name matching)."""
+    names = [i.name for i in graph_inputs(proto)]
+    if len(names) != len(tensor_inputs(args)):
+        raise _arity_error(graph_inputs(proto), [f"input_{i}" for i in range(len(tensor_inputs(args)))], "their counts differ")
+    return names
 
 
 def torch_dtype(elem_type: int) -> torch.dtype | None:
@@ -249,10 +258,7 @@ def run_onnx(session: Any, proto: onnx.ModelProto, args: tuple[Any, ...], bindin
     """
     tensors = tensor_inputs(args)
     if binding is None:
-        names = [i.name for i in graph_inputs(proto)]
-        if len(names) != len(tensors):
-            raise _arity_error(graph_inputs(proto), [f"input_{i}" for i in range(len(tensors))], "their counts differ")
-        feeds = dict(zip(names, tensors, strict=True))
+        feeds = dict(zip(input_names(proto, args), tensors, strict=True))
     else:
         feeds = binding.feeds(tensors)
     output_names = [o.name for o in proto.graph.output]
