@@ -35,7 +35,7 @@ import torch
 from onnx import AttributeProto, helper, numpy_helper
 
 from onnx_custom.attributes import AttrKind, AttrValue
-from onnx_custom.builder import GraphBuilder, _numpy_dtype
+from onnx_custom.builder import GraphBuilder, OutputMeta, _numpy_dtype
 from onnx_custom.errors import KernelError, SymbolicError
 from onnx_custom.runtime.registry import KernelSpec
 
@@ -174,7 +174,7 @@ class FunctionBuilder(GraphBuilder):
         return None  # a body serves every node: shapes exist only at run time
 
     # -- nodes ------------------------------------------------------------------------------
-    def op(self, node_type: str, *inputs: Any, outputs: int = 1, **attributes: Any) -> Any:
+    def op(self, node_type: str, *inputs: Any, outputs: int = 1, output_types: Any = None, **attributes: Any) -> Any:
         refs = {k: v for k, v in attributes.items() if isinstance(v, AttrRef)}
         plain = {k: v for k, v in attributes.items() if k not in refs}
         # Arrays become Constants now, so that the one _add_node below is this node's.
@@ -183,9 +183,15 @@ class FunctionBuilder(GraphBuilder):
             AttributeProto(name=k, type=_ATTR_TYPES[v.kind], ref_attr_name=v.name) for k, v in refs.items()
         ]
         try:
-            return super().op(node_type, *ready, outputs=outputs, **plain)
+            return super().op(node_type, *ready, outputs=outputs, output_types=output_types, **plain)
         finally:
             self._pending_refs = []
+
+    def _set_type(self, value: Any, meta: OutputMeta, index: int | None = None) -> None:
+        # A body's values carry no declared types (ORT infers them when it inlines the body);
+        # only the dtype is kept, for g.dtype() and g.constant(like=...) in later nodes.
+        if meta.dtype is not None and isinstance(value, _Value):
+            self._dtypes[value.name] = meta.dtype
 
     def _add_node(self, domain: str, op_type: str, inputs: Sequence[Any], attrs: list[AttrValue], outputs: int) -> list[Any]:
         self._count += 1
