@@ -404,13 +404,7 @@ def test_function_body_runs_without_our_kernels_and_native_is_reported() -> None
         assert "not part of this build" in native.detail
 
 
-@pytest.mark.parametrize(
-    "exporter",
-    [
-        "dynamo",
-        pytest.param("torchscript", marks=pytest.mark.xfail(strict=True, reason="issue 9: TorchScript gives custom-node outputs the static shapes traced at export")),
-    ],
-)
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
 def test_check_op_verifies_one_file_at_every_sample_size(acme: Path, exporter: str) -> None:
     from onnx_custom.testing import check_op
 
