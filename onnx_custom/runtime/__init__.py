@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # real types for checkers; at run time these load lazily (see
     from onnx_custom.runtime.schemas import make_schema, register_schema, register_schemas
     from onnx_custom.runtime.session import (
         InferenceSession,
+        KernelRunError,
         ModelLoadError,
         missing_kernels,
         required_kernels,
@@ -35,6 +36,7 @@ __all__ = [
     "AttrSpec",
     "InferenceSession",
     "KernelRegistry",
+    "KernelRunError",
     "KernelSpec",
     "ModelLoadError",
     "ParamSpec",
@@ -58,6 +60,7 @@ __all__ = [
 # every kernel module) stays cheap and free of import cycles.
 _LAZY = {
     "InferenceSession": "session",
+    "KernelRunError": "session",
     "ModelLoadError": "session",
     "missing_kernels": "session",
     "required_kernels": "session",

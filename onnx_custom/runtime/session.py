@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, NoReturn, TypeVar, Union
 
 import onnx
 import onnxruntime as ort
@@ -13,16 +15,18 @@ from google.protobuf.message import DecodeError
 
 from onnx_custom._onnx_utils import iter_nodes
 from onnx_custom.errors import KernelError, OnnxCustomError
-from onnx_custom.runtime.host import register_kernels
+from onnx_custom.runtime.host import register_kernels, take_failure
 from onnx_custom.runtime.registry import (
     RESERVED_DOMAINS,
     KernelRegistry,
     KernelSpec,
     default_kernel_registry,
 )
+from onnx_custom.runtime.validate import validate_model
 
 __all__ = [
     "InferenceSession",
+    "KernelRunError",
     "ModelLoadError",
     "ModelSource",
     "custom_nodes",
@@ -35,10 +39,88 @@ __all__ = [
 ModelSource = Union[onnx.ModelProto, bytes, bytearray, memoryview, str, "os.PathLike[str]"]
 _REGISTERED_KEY = "onnx_custom.kernels"  # session config entry recording what we registered
 _SPIN_KEYS = ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning")
+_QUIET = 3  # ORT log severity ERROR: drops VerifyOutputSizes/MergeShapeInfo-style warnings
 
 
 class ModelLoadError(OnnxCustomError, ValueError):
     """The model given to onnx-custom is not a readable ONNX model."""
+
+
+_OrtFail: type[Exception] = ort.capi.onnxruntime_pybind11_state.Fail  # type: ignore[attr-defined]
+
+
+class KernelRunError(KernelError, _OrtFail):  # type: ignore[misc,valid-type]
+    """A Python kernel failed while ONNX Runtime created or ran it.
+
+    ``kernel`` (``"domain::OpType"``), ``node`` (the node's name), ``cause_type`` (the name of the
+    exception the kernel raised, None when the host itself rejected the kernel's result),
+    ``traceback`` (the kernel's traceback text) and ``cause`` (that exception, also chained as
+    ``__cause__``). Still an ``onnxruntime`` ``Fail`` for code written against plain ORT.
+    """
+
+    def __init__(self, message: str, *, kernel: str, node: str, cause_type: str | None = None,
+                 traceback: str = "", cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.kernel = kernel
+        self.node = node
+        self.cause_type = cause_type
+        self.traceback = traceback
+        self.cause = cause
+
+
+_OUR_TEXT = "onnx-custom kernel "
+_ORT_NODE = re.compile(r"Name:'([^']*)'")
+_OUR_KERNEL = re.compile(r"onnx-custom kernel (\S+?)(?::| \(node| raised)")
+_ORT_STATUS = re.compile(r"(?s)Status Message: (.*)")
+
+
+def _raise_typed(exc: Exception, when: str) -> NoReturn:
+    """Re-raise an ORT error that came from one of our kernels as KernelRunError (and a
+    KeyboardInterrupt or SystemExit raised inside a kernel as itself); others unchanged."""
+    text = str(exc)
+    if _OUR_TEXT not in text:
+        raise exc
+    failure = take_failure(text)
+    if failure is not None and isinstance(failure.exception, (KeyboardInterrupt, SystemExit)):
+        raise failure.exception
+    found_kernel = _OUR_KERNEL.search(text)
+    found_node = _ORT_NODE.search(text)
+    kernel = failure.kernel if failure else found_kernel.group(1) if found_kernel else "?"
+    node = (failure.node if failure and failure.node else found_node.group(1) if found_node else "")
+    where = f"node {node!r}" if node else "an unnamed node"
+    if failure is not None:
+        cause = failure.exception
+        if isinstance(cause, KernelError):  # the host's own check, message already has the fix
+            detail = str(cause)
+        else:
+            detail = (f"{type(cause).__name__}: {cause}\n\nkernel traceback:\n{failure.traceback}"
+                      f"fix: the error comes from the kernel's own code (traceback above): "
+                      f"correct the kernel, or the inputs/attributes the node gives it.")
+        raise KernelRunError(
+            f"kernel {kernel} failed while ONNX Runtime {when} {where}: {detail}",
+            kernel=kernel, node=node, cause_type=type(cause).__name__, traceback=failure.traceback,
+            cause=cause,
+        ) from cause
+    status = _ORT_STATUS.search(text)
+    detail = (status.group(1) if status else text).replace(f"{_OUR_TEXT}{kernel}: ", "")
+    raise KernelRunError(f"kernel {kernel} failed while ONNX Runtime {when} {where}: {detail}",
+                         kernel=kernel, node=node) from None
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _typed_kernel_errors(method: _F) -> _F:
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except OnnxCustomError:
+            raise
+        except Exception as exc:
+            _raise_typed(exc, "ran")
+
+    return wrapper  # type: ignore[return-value]
 
 
 def load_model(model: ModelSource) -> tuple[onnx.ModelProto, bytes | str]:
@@ -154,9 +236,13 @@ def session_options(
     """SessionOptions with the Python kernels ``model`` needs registered (``base`` is updated in place).
 
     Also turns thread-pool spinning off unless ``base`` set it: spinning ORT threads starve the
-    Python kernels of CPU on small machines.
+    Python kernels of CPU on small machines. Raises :class:`KernelError` naming every custom node
+    whose inputs, outputs or attributes disagree with its kernel's declaration.
     """
-    return _options_for(required_kernels(model, kernels), base)
+    m = _as_model(model)
+    specs = required_kernels(m, kernels)
+    validate_model(m, specs)
+    return _options_for(specs, base)
 
 
 def _options_for(specs: Sequence[KernelSpec], base: ort.SessionOptions | None) -> ort.SessionOptions:
@@ -185,9 +271,13 @@ def _options_for(specs: Sequence[KernelSpec], base: ort.SessionOptions | None) -
 class InferenceSession(ort.InferenceSession):
     """``onnxruntime.InferenceSession`` that registers the Python kernels the model needs.
 
-    Raises :class:`KernelError` listing every custom node without a kernel before ORT sees the
-    model. ``model_or_path``: ModelProto, serialized bytes or a path. ``providers`` defaults to
-    CPU (Python kernels always run on CPU).
+    Before ORT sees the model, raises :class:`KernelError` listing every custom node without a
+    kernel, or whose inputs, outputs or attributes disagree with its kernel's declaration.
+    ``model_or_path``: ModelProto, serialized bytes or a path. ``providers`` defaults to CPU
+    (Python kernels always run on CPU). A kernel that raises makes ``run`` (and
+    ``run_with_ort_values``, ``run_with_iobinding``) raise :class:`KernelRunError` carrying the
+    kernel's exception type and traceback; Ctrl-C inside a kernel raises KeyboardInterrupt. ORT
+    logs only errors unless ``sess_options.log_severity_level`` was set.
     """
 
     def __init__(
@@ -201,9 +291,21 @@ class InferenceSession(ort.InferenceSession):
     ) -> None:
         model, source = load_model(model_or_path)
         self.kernel_specs: tuple[KernelSpec, ...] = tuple(required_kernels(model, kernels))
+        validate_model(model, self.kernel_specs)
         so = _options_for(self.kernel_specs, sess_options)
-        super().__init__(
-            source, sess_options=so,
-            providers=list(providers) if providers is not None else ["CPUExecutionProvider"],
-            **kwargs,
-        )
+        if so.log_severity_level < 0:  # not chosen by the user: ORT's warnings here are noise
+            so.log_severity_level = _QUIET
+        try:
+            super().__init__(
+                source, sess_options=so,
+                providers=list(providers) if providers is not None else ["CPUExecutionProvider"],
+                **kwargs,
+            )
+        except OnnxCustomError:
+            raise
+        except Exception as exc:
+            _raise_typed(exc, "created the kernel of")
+
+    run = _typed_kernel_errors(ort.InferenceSession.run)
+    run_with_ort_values = _typed_kernel_errors(ort.InferenceSession.run_with_ort_values)
+    run_with_iobinding = _typed_kernel_errors(ort.InferenceSession.run_with_iobinding)
