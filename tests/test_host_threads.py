@@ -143,7 +143,8 @@ def test_a_waiting_kernel_lets_another_kernel_run(via: str) -> None:
             results = [wait() for wait in waits]
         else:
             box: list[Any] = []
-            threads = [threading.Thread(target=lambda s=s: box.append(s.run(None, {"a": x}))) for s in sessions]
+            threads = [threading.Thread(target=lambda s=s, box=box: box.append(s.run(None, {"a": x})))
+                       for s in sessions]
             for t in threads:
                 t.start()
             for t in threads:
@@ -157,7 +158,12 @@ def test_a_waiting_kernel_lets_another_kernel_run(via: str) -> None:
 def run_async_started(sess: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> Any:
     done = threading.Event()
     box: list[Any] = []
-    sess.run_async(None, feeds, lambda results, data, err: (box.append(err or results), done.set()), None)
+
+    def callback(results: Any, user_data: Any, err: str) -> None:
+        box.append(err or results)
+        done.set()
+
+    sess.run_async(None, feeds, callback, None)
 
     def wait() -> list[np.ndarray]:
         assert done.wait(60), "run_async never called back"

@@ -63,6 +63,7 @@ enum {
   S_KernelInfoGetAttributeArray_float = 162, S_KernelInfoGetAttributeArray_int64 = 163,
   S_KernelInfo_GetInputCount = 230, S_KernelInfo_GetOutputCount = 231,
   S_KernelInfo_GetInputTypeInfo = 234, S_KernelInfo_GetOutputTypeInfo = 235,
+  S_CreateOpAttr = 211, S_ReleaseOpAttr = 212,
   S_KernelInfo_GetNodeName = 244,
   S_ShapeInferContext_GetInputCount = 267, S_ShapeInferContext_GetInputTypeShape = 268,
   S_ShapeInferContext_GetAttribute = 269, S_ShapeInferContext_SetOutputTypeShape = 270,
@@ -104,6 +105,7 @@ typedef OrtStatus* (*fn_ElemShapeRef)(const void*, int*, const int64_t**, size_t
 typedef OrtStatus* (*fn_StrOut)(const void*, char*, size_t*);
 typedef bool (*fn_HasShape)(const void*);
 typedef OrtStatus* (*fn_AllocGetInfo)(const void*, const void**);
+typedef OrtStatus* (*fn_CreateOpAttr)(const char*, const void*, int, int, void**);
 
 /* Field order of struct OrtAllocator up to version 14 (Alloc, Free, Info): enough for a
  * caller-provided allocator, which ORT only allocates through. */
@@ -1074,6 +1076,25 @@ static OrtStatus* op_compute_v2(void* kp, void* ctx) {
 }
 
 /* ---- ORT graph-time shape inference ------------------------------------------------------- */
+/* Bytes ReadOpAttr counts beyond a STRING's length: 1 when it counts the terminating NUL (older
+ * releases), 0 when not. Learned once from an attribute we make ourselves, so that the length
+ * of a value with NUL bytes inside (or at its end) is exact either way. */
+static int g_string_extra = -1;
+
+static int string_extra(void) {
+  if (g_string_extra >= 0) return g_string_extra;
+  void* attr = NULL;
+  size_t need = 0;
+  OrtStatus* st = API(S_CreateOpAttr, fn_CreateOpAttr)("probe", "ab", 2, ATTR_STRING, &attr);
+  if (!st) {
+    release_status(API(S_ReadOpAttr, fn_ReadOpAttr)(attr, ATTR_STRING, NULL, 0, &need));
+    API(S_ReleaseOpAttr, fn_Release)(attr);
+  }
+  release_status(st);
+  g_string_extra = need == 2 ? 0 : 1;
+  return g_string_extra;
+}
+
 static PyObject* read_infer_attr(void* ctx, const AttrDesc* a) {
   const void* attr = NULL;
   OrtStatus* st = API(S_ShapeInferContext_GetAttribute, fn_GetAttrByName)(ctx, a->name, &attr);
@@ -1103,8 +1124,9 @@ static PyObject* read_infer_attr(void* ctx, const AttrDesc* a) {
       if ((st = rd(attr, a->kind, buf, need, &need))) { free(buf); break; }
       PyObject* r = NULL;
       if (a->kind == ATTR_STRING) {
-        /* need counts the NUL ORT appends; NUL bytes inside the value are kept */
-        r = PyUnicode_DecodeUTF8(buf, (Py_ssize_t)(need ? need - 1 : 0), NULL);
+        /* NUL bytes inside the value are kept: the length comes from ORT, not strlen */
+        size_t extra = (size_t)string_extra();
+        r = PyUnicode_DecodeUTF8(buf, (Py_ssize_t)(need >= extra ? need - extra : 0), NULL);
       } else if (a->kind == ATTR_STRINGS) {
         /* every string followed by a NUL, no lengths: the Python side splits (and resolves
          * strings that themselves contain NUL bytes against the model) */

@@ -384,8 +384,8 @@ def _check_shape_rule(name: str, rule: Any, ins: Sequence[ParamSpec], out_mode: 
         )
     if not ins:
         raise SymbolicError(
-            f"kernel {name}: shape_fn={rule!r} needs an input to copy from, but the op declares none; "
-            f"fix: pass a callable shape_fn."
+            f"kernel {name}: shape_fn={rule!r} expects a declared input to copy from; received "
+            f"inputs=[]; fix: pass a callable shape_fn."
         )
 
 

@@ -70,7 +70,7 @@ class KernelRunError(KernelError, _OrtFail):  # type: ignore[misc,valid-type]
 
 _OUR_TEXT = "onnx-custom kernel "
 _ORT_NODE = re.compile(r"Name:'([^']*)'")
-_OUR_KERNEL = re.compile(r"onnx-custom kernel (\S+?)(?::| \(node| raised)")
+_OUR_KERNEL = re.compile(r"onnx-custom kernel (\S+?)(?:: | \(node| raised)")
 _ORT_STATUS = re.compile(r"(?s)Status Message: (.*)")
 
 
@@ -105,6 +105,38 @@ def _raise_typed(exc: Exception, when: str) -> NoReturn:
     detail = (status.group(1) if status else text).replace(f"{_OUR_TEXT}{kernel}: ", "")
     raise KernelRunError(f"kernel {kernel} failed while ONNX Runtime {when} {where}: {detail}",
                          kernel=kernel, node=node) from None
+
+
+_ORT_BAD_INPUT = re.compile(r"Type '(tensor\((\w+)\))' of input parameter \((.*?)\) of operator \((\w+)\) "
+                            r"in node \((.*?)\) is invalid")
+_ORT_BAD_OUTPUT = re.compile(r"Type \((tensor\((\w+)\))\) of output arg \((.*?)\) of node \((.*?)\) does not "
+                             r"match expected type \((tensor\((\w+)\))\)")
+
+
+def _raise_for_type_error(exc: Exception, model: onnx.ModelProto, specs: Sequence[KernelSpec]) -> None:
+    """ORT's type errors about our nodes, retold with the declaration and the fix."""
+    text = str(exc)
+    ours = {s.op_type: s for s in specs}
+    bad_in = _ORT_BAD_INPUT.search(text)
+    if bad_in and bad_in.group(4) in ours:
+        spec = ours[bad_in.group(4)]
+        declared = "; ".join(f"{p.name}: {', '.join(p.dtypes)}" for p in spec.inputs)
+        raise KernelError(
+            f"node {bad_in.group(5)!r} ({spec.name}) gives input {bad_in.group(3)!r} of dtype "
+            f"{bad_in.group(2)}, outside the kernel's declared input dtypes ({declared}); fix: cast "
+            f"the input (a Cast node) or widen dtypes= at registration."
+        ) from exc
+    bad_out = _ORT_BAD_OUTPUT.search(text)
+    if bad_out:
+        producer = next((n for n in custom_nodes(model) if bad_out.group(3) in n.output and n.op_type in ours), None)
+        if producer is not None:
+            spec = ours[producer.op_type]
+            raise KernelError(
+                f"node {producer.name!r} ({spec.name}) output {bad_out.group(3)!r}: the model states "
+                f"{bad_out.group(2)} but the kernel produces {bad_out.group(6)} (its shape_fn or "
+                f"declared dtypes); fix: correct the model's type for {bad_out.group(3)!r}, or the "
+                f"kernel's dtypes=/shape_fn."
+            ) from exc
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -304,6 +336,7 @@ class InferenceSession(ort.InferenceSession):
         except OnnxCustomError:
             raise
         except Exception as exc:
+            _raise_for_type_error(exc, model, self.kernel_specs)
             _raise_typed(exc, "created the kernel of")
 
     run = _typed_kernel_errors(ort.InferenceSession.run)

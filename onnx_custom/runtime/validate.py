@@ -11,7 +11,6 @@ from collections.abc import Mapping, Sequence
 import onnx
 from onnx import AttributeProto
 
-from onnx_custom._onnx_utils import iter_nodes
 from onnx_custom.errors import KernelError
 from onnx_custom.runtime import _abi
 from onnx_custom.runtime.host import note_exact_strings
@@ -177,11 +176,27 @@ def validate_nodes(nodes: Sequence[onnx.NodeProto], specs: Sequence[KernelSpec],
     _raise_for(_problem_lines(nodes, specs, known))
 
 
+def _subgraph_nodes(nodes: Sequence[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    found: list[onnx.NodeProto] = []
+    for node in nodes:
+        for attr in node.attribute:
+            for graph in ([attr.g] if attr.type == AttributeProto.GRAPH else []) + list(attr.graphs):
+                found += list(graph.node) + _subgraph_nodes(graph.node)
+    return found
+
+
+def _nested_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """Nodes outside the main graph: its subgraphs and the model's local functions."""
+    found = _subgraph_nodes(model.graph.node)
+    for function in model.functions:
+        found += list(function.node) + _subgraph_nodes(function.node)
+    return found
+
+
 def validate_model(model: onnx.ModelProto, specs: Sequence[KernelSpec]) -> None:
     """:func:`validate_nodes` for every custom node of ``model``; input dtypes are checked where
     the main graph states them (subgraphs and functions have their own value names)."""
-    main = {id(n) for n in model.graph.node}
-    nested = [n for n in iter_nodes(model) if n.domain not in RESERVED_DOMAINS and id(n) not in main]
     top = [n for n in model.graph.node if n.domain not in RESERVED_DOMAINS]
+    nested = [n for n in _nested_nodes(model) if n.domain not in RESERVED_DOMAINS]
     _raise_for(_problem_lines(top, specs, graph_value_types(model.graph))
                + _problem_lines(nested, specs, None))
