@@ -16,6 +16,7 @@ from onnx import TensorProto, helper
 
 import onnx_custom
 import onnx_custom.runtime as rt
+from onnx_custom._builtins import KERNEL_MODULES
 from onnx_custom.runner import input_names
 from onnx_custom.runtime import KernelRegistry, TensorInfo
 from onnx_custom.zoo import discover
@@ -139,7 +140,7 @@ def test_declared_rules_and_dtypes(dtype: str, rows: int) -> None:
 # ---- every shipped kernel on a model whose value_info carries the true shapes -------------
 def _shipped_cases() -> list[tuple[str, onnx.ModelProto, dict[str, np.ndarray]]]:
     """One exported zoo model per shipped kernel (TorchScript first, the faster exporter)."""
-    shipped = set(rt.default_kernel_registry().names())
+    shipped = {name for module in KERNEL_MODULES for name in importlib.import_module(module).kernels.names()}
     covered: set[str] = set()
     cases = []
     for short, module_name in discover().items():

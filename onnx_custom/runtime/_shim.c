@@ -358,7 +358,8 @@ static void tstate_key_destructor(void* p) {
 }
 
 static void after_fork_child(void) {
-  /* Only the forking thread survives; Python already deleted the other threads' states. */
+  /* Only the forking thread survives; Python deletes the other threads' states itself
+   * (PyOS_AfterFork_Child), including any waiting for the reaper: forget them. */
   pthread_mutex_init(&g_reap_mu, NULL);
   pthread_cond_init(&g_reap_cv, NULL);
   g_dead = NULL;
