@@ -76,18 +76,7 @@ def expected(a: np.ndarray, b: np.ndarray, depth: int) -> np.ndarray:
 
 
 def run_async(sess: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    done = threading.Event()
-    box: list[Any] = []
-
-    def callback(results: Any, user_data: Any, err: str) -> None:
-        box.append(err or results)
-        done.set()
-
-    sess.run_async(None, feeds, callback, None)
-    assert done.wait(60), "run_async never called back"
-    if isinstance(box[0], str):
-        raise AssertionError(box[0])
-    return list(box[0])
+    return run_async_started(sess, feeds)()
 
 
 @pytest.mark.parametrize("kind", ["caller", "inter-op", "intra-op", "python-threads"])
