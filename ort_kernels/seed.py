@@ -40,7 +40,7 @@ def my_add(a: np.ndarray, b: np.ndarray, *, alpha: float, out: tuple[np.ndarray,
 
 @kernels.kernel(
     "custom::multi_out", inputs=["x"], outputs=["scaled", "shifted"],
-    attrs={"scale": ("float", 2.0), "shift": ("float", 3.0)},
+    attrs={"scale": ("float", 2.0), "shift": ("float", 3.0)}, shape_fn="like:x",
     function=TranslationBody("onnx_custom.symbolics.seed:scaled_and_shifted"),
 )
 def multi_out(x: np.ndarray, *, scale: float, shift: float) -> tuple[np.ndarray, np.ndarray]:
