@@ -25,7 +25,7 @@ from types import ModuleType
 from onnx_custom._native import cache_root
 from onnx_custom.errors import ExtensionBuildError
 
-__all__ = ["MODULE_NAME", "cache_root", "load_shim", "shim_path"]
+__all__ = ["MODULE_NAME", "cache_root", "load_shim", "shim_built", "shim_path"]
 
 MODULE_NAME = "_onnx_custom_shim"
 _SOURCE = Path(__file__).with_name("_shim.c")
@@ -82,13 +82,21 @@ def _compile(source: Path, target: Path) -> None:
             os.unlink(tmp)
 
 
+def _cached_shim() -> Path:
+    folder = cache_root() / "ort_shim" / _build_key(_SOURCE.read_bytes())
+    return folder / f"{MODULE_NAME}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
+
+
+def shim_built() -> bool:
+    """Whether the shim is already in the build cache (else the first use compiles it, ~5 s)."""
+    return _cached_shim().exists()
+
+
 def shim_path() -> Path:
     """Path of the compiled shim, building it if needed."""
-    source = _SOURCE.read_bytes()
-    folder = cache_root() / "ort_shim" / _build_key(source)
-    target = folder / f"{MODULE_NAME}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
+    target = _cached_shim()
     if not target.exists():
-        folder.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
         _compile(_SOURCE, target)
     return target
 
