@@ -25,15 +25,11 @@ if TYPE_CHECKING:
         VerificationError,
     )
     from onnx_custom.export import export
-    from onnx_custom.preflight import check
+    from onnx_custom.preflight import check as check
     from onnx_custom.registry import Registry, SymbolicEntry, default_registry, symbolic
-    from onnx_custom.runtime import (
-        InferenceSession,
-        KernelRegistry,
-        kernel,
-        reference_evaluator,
-        session_options,
-    )
+    from onnx_custom.runtime import InferenceSession, kernel, session_options
+    from onnx_custom.runtime import KernelRegistry as KernelRegistry
+    from onnx_custom.runtime import reference_evaluator as reference_evaluator
     from onnx_custom.spec import OpSpec, load_specs, register_spec
     from onnx_custom.verify import VerificationReport, verify
 
@@ -66,13 +62,12 @@ __all__ = [
 ]
 
 # public name -> (module, attribute); attribute None: the module itself.
+_ERRORS = ("DynamicShapesError", "ExtensionBuildError", "KernelError", "OnnxCustomError", "SymbolicError", "UnsupportedOpError", "VerificationError")
+_RUNTIME = ("InferenceSession", "session_options", "kernel", "KernelRegistry", "reference_evaluator")
 _LAZY: dict[str, tuple[str, str | None]] = {
     "attr": ("onnx_custom.attributes", None),
     "registered": ("onnx_custom._torchscript", "registered"),
-    **{name: ("onnx_custom.errors", name) for name in (
-        "DynamicShapesError", "ExtensionBuildError", "KernelError", "OnnxCustomError",
-        "SymbolicError", "UnsupportedOpError", "VerificationError",
-    )},  # fmt: skip
+    **{name: ("onnx_custom.errors", name) for name in _ERRORS},
     "export": ("onnx_custom.export", "export"),
     "Registry": ("onnx_custom.registry", "Registry"),
     "SymbolicEntry": ("onnx_custom.registry", "SymbolicEntry"),
@@ -83,10 +78,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "register_spec": ("onnx_custom.spec", "register_spec"),
     "VerificationReport": ("onnx_custom.verify", "VerificationReport"),
     "verify": ("onnx_custom.verify", "verify"),
-    # The kernel host pulls in onnxruntime and a compiled shim.
-    **{name: ("onnx_custom.runtime", name) for name in (
-        "InferenceSession", "session_options", "kernel", "KernelRegistry", "reference_evaluator",
-    )},  # fmt: skip
+    **{name: ("onnx_custom.runtime", name) for name in _RUNTIME},  # onnxruntime + the compiled shim
     "check": ("onnx_custom.preflight", "check"),
     "testing": ("onnx_custom.testing", None),  # onnx_custom.testing.check_op without importing it
 }

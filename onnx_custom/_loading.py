@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_SEED",
-    "LoadedModel",
     "CliInputError",
+    "LoadedModel",
     "example_args",
     "import_user_module",
     "load_model_spec",

@@ -34,8 +34,11 @@ class ZooConsole:
         self.tick = tick
         self.start = time.perf_counter()
         self.model_width = self.case_width = 0
-        self.durations: list[float] = []  # rows without a one-time build, for the ETA
-        self.remaining = 0
+        self.rows: list[ZooCase] = []
+        self.done = 0
+        # seconds of finished rows per exporter: the ETA adds each remaining row's exporter mean
+        # (a dynamo row costs ~10x a TorchScript row)
+        self.durations: dict[str, list[float]] = {}
         self.status = ""
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -50,21 +53,26 @@ class ZooConsole:
             self._note(f"first run here: one-time native build(s) ahead, cached afterwards in {cache_root()}: {names}")
 
     def building(self, build: NativeBuild) -> None:
-        self._note(f"building the {build.name} (one time, {build.duration}) ...")
+        self._note(f"building the {build.name} (one time, usually {build.duration}) ...")
+
+    def built(self, build: NativeBuild, seconds: float, error: BaseException | None) -> None:
+        if error is None:
+            self._note(f"built the {build.name} in {clock(seconds)}")
+        else:  # the rows needing it will skip or fail with the full reason
+            self._note(f"could not build the {build.name}: {' '.join(str(error).split())[:300]}")
 
     def planned(self, rows: Sequence[tuple[str, ZooCase]]) -> None:
         self.model_width = max((len(m) for m, _ in rows), default=5)
         self.case_width = max((len(c.label) for _, c in rows), default=4)
-        self.remaining = len(rows)
+        self.rows = [case for _, case in rows]
         width = 2 * len(str(len(rows))) + 3
         self._print(f"{'':<{width}} {'model':<{self.model_width}}  {'case':<{self.case_width}}  {'status':<6} {'time':>6}  result; nodes")
         if self.live and self._ticker is None:
             self._ticker = threading.Thread(target=self._tick, name="onnx-custom-zoo-progress", daemon=True)
             self._ticker.start()
 
-    def started(self, index: int, total: int, model: str, case: ZooCase, builds: Sequence[NativeBuild]) -> None:
-        building = "".join(f"; building the {b.name} first (one time, {b.duration})" for b in builds)
-        text = f"[{index}/{total}] {model} {case.label}{building}"
+    def started(self, index: int, total: int, model: str, case: ZooCase) -> None:
+        text = f"[{index}/{total}] {model} {case.label}"
         with self._lock:
             self.status = text
             self.row_start = time.perf_counter()
@@ -73,10 +81,10 @@ class ZooConsole:
         else:
             print(f"{text} ... (elapsed {clock(time.perf_counter() - self.start)}, {self._eta()})", file=self.err, flush=True)
 
-    def finished(self, index: int, total: int, result: ZooResult, built: bool) -> None:
-        self.remaining = total - index
-        if not built and result.status != "skip":
-            self.durations.append(result.seconds)
+    def finished(self, index: int, total: int, result: ZooResult) -> None:
+        self.done = index
+        if result.status != "skip" and result.case.exporter:
+            self.durations.setdefault(result.case.exporter, []).append(result.seconds)
         tag = f"[{index:>{len(str(total))}}/{total}]"
         line = (
             f"{tag} {result.model:<{self.model_width}}  {result.case.label:<{self.case_width}}  "
@@ -100,7 +108,10 @@ class ZooConsole:
     def _eta(self) -> str:
         if not self.durations:
             return "ETA --"
-        return f"ETA ~{clock(statistics.fmean(self.durations) * self.remaining)}"
+        overall = statistics.fmean(d for ds in self.durations.values() for d in ds)
+        means = {exporter: statistics.fmean(ds) for exporter, ds in self.durations.items()}
+        left = sum(0.0 if case.skip else means.get(case.exporter, overall) for case in self.rows[self.done :])
+        return f"ETA ~{clock(left)}"
 
     def _status_line(self) -> str:
         running = time.perf_counter() - getattr(self, "row_start", self.start)

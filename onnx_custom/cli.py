@@ -287,9 +287,8 @@ def _shape_trials(ns: argparse.Namespace) -> tuple[dict[str, Any], ...] | None:
 def _verify(ns: argparse.Namespace, model: Any, args: tuple[Any, ...], proto: Any, **options: Any) -> Any:
     """Run verify; the initializer warning becomes one stderr line with the likely cause."""
     import onnx_custom
-    from onnx_custom.initializers import InitializerMismatchWarning
-
     from onnx_custom._loading import CliInputError
+    from onnx_custom.initializers import InitializerMismatchWarning
     from onnx_custom.trial_shapes import ShapeSpecError
 
     with warnings.catch_warnings(record=True) as caught:

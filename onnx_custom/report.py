@@ -117,11 +117,11 @@ class OutputSummary:
     def line(self) -> str:
         first = self.comparisons[0]
         shapes = ", ".join(str(list(s)) for s in self.shapes)
-        verdict = "PASS" if self.passed else f"FAIL in {len(self.failing)}/{len(self.comparisons)} trial(s)"
+        trials = f"{len(self.comparisons)} trial(s)" if self.passed else f"failed in {len(self.failing)} of {len(self.comparisons)} trial(s)"
         backend = "" if self.backend == "onnxruntime" else f" [{self.backend}]"
         return (
-            f"{verdict:<4} {self.label}{backend}: {self.dtype} {shapes}; max abs diff {self.max_abs_diff:.3g} "
-            f"over {len(self.comparisons)} trial(s); rtol {first.rtol:.2g}, atol {first.atol:.2g} ({first.tolerance_source})"
+            f"{'PASS' if self.passed else 'FAIL'} {self.label}{backend}: {self.dtype} {shapes}; max abs diff "
+            f"{self.max_abs_diff:.3g}, {trials}; rtol {first.rtol:.2g}, atol {first.atol:.2g} ({first.tolerance_source})"
         )
 
 
@@ -264,9 +264,13 @@ def _markdown_failing(summary: OutputSummary) -> list[str]:
             f"| {c.trial} | {list(c.shape)} | {c.max_abs_diff:.3g} | {c.max_rel_diff:.3g} | "
             f"{c.mismatched}/{c.total} | {c.rtol:.2g} | {c.atol:.2g} | {c.tolerance_source} |"
         )
-    for c in summary.failing:
-        lines += ["", f"trial {c.trial}, `|torch - onnx|`:", "", *_markdown_histogram(histogram(c.abs_diffs, c.nonfinite_mismatch))]
-    return [*lines, ""]
+    lines += ["", f"`|torch - onnx|` over the failing trial(s) {', '.join(str(c.trial) for c in summary.failing)}:", ""]
+    return [*lines, *_markdown_histogram(_failing_histogram(summary)), ""]
+
+
+def _failing_histogram(summary: OutputSummary) -> dict[str, int]:
+    diffs = [c.abs_diffs for c in summary.failing if c.abs_diffs is not None]
+    return histogram(np.concatenate(diffs) if diffs else None, sum(c.nonfinite_mismatch for c in summary.failing))
 
 
 def _markdown_verification(report: VerificationReport, heading: str = "##") -> list[str]:
@@ -312,8 +316,12 @@ def _zoo_shapes(r: Any) -> str:
     sizes = [dict(t.sizes) for t in verification.shapes_tried if t.kind == "shape"]
     if not sizes:
         return "export shape"
+    exported = next((dict(t.sizes) for t in verification.shapes_tried if t.kind == "example"), {})
     names = sorted({k for s in sizes for k in s})
-    return "; ".join(f"{n}: {', '.join(str(s[n]) for s in sizes if n in s)}" for n in names)
+    return "; ".join(
+        f"{n}: {', '.join(str(s[n]) for s in sizes if n in s)}" + (f" (export {exported[n]})" if n in exported else "")
+        for n in names
+    )
 
 
 def render_markdown(report: VerificationReport | Sequence[Any], *, title: str = "") -> str:

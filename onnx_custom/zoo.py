@@ -32,6 +32,7 @@ __all__ = [
     "format_table",
     "list_zoo",
     "pending_builds",
+    "run_builds",
     "run_case",
     "run_zoo",
 ]
@@ -105,19 +106,29 @@ class ZooResult:
 
 @dataclasses.dataclass(frozen=True)
 class NativeBuild:
-    """A one-time native build some zoo rows trigger (then cached by source hash)."""
+    """A one-time native build zoo rows need (then cached on disk by source hash).
+
+    `run_zoo` runs the pending ones before the first row, each announced with its usual
+    duration, so no row's time (or the ETA) includes a build.
+    """
 
     name: str
     duration: str
-    built: Callable[[], bool]
-    models: frozenset[str] | None  # zoo models whose first row (or import) builds it; None: any row
-    at_import: bool = False  # built when the model module is imported (else by its first row)
+    built: Callable[[], bool]  # already in the build cache?
+    build: Callable[[], Any]  # build (or load) it
+    models: frozenset[str] | None  # zoo models needing it; None: every model
 
 
 def _shim_built() -> bool:
     from onnx_custom.runtime._build import shim_built
 
     return shim_built()
+
+
+def _build_shim() -> None:
+    from onnx_custom.runtime._build import shim_path
+
+    shim_path()
 
 
 def _my_ops_built() -> bool:
@@ -127,6 +138,12 @@ def _my_ops_built() -> bool:
     return extension_built(build_directory())
 
 
+def _build_my_ops() -> None:
+    from onnx_custom.ops.extension import load_my_ops
+
+    load_my_ops()
+
+
 def _deform_conv_built() -> bool:
     from onnx_custom._native import extension_built
     from onnx_custom.ops.deform_conv import build_directory
@@ -134,10 +151,16 @@ def _deform_conv_built() -> bool:
     return extension_built(build_directory())
 
 
+def _build_deform_conv() -> None:
+    from onnx_custom.ops.deform_conv import load_extension
+
+    load_extension()
+
+
 NATIVE_BUILDS = (
-    NativeBuild("ONNX Runtime kernel shim (C)", "~5 s", _shim_built, None),
-    NativeBuild("my_ops C++ extension", "~30 s", _my_ops_built, frozenset({"my_add_ext", "autograd_fn"}), at_import=True),
-    NativeBuild("deform_conv2d C++ kernels", "~30-60 s", _deform_conv_built, frozenset({"deform_conv"})),
+    NativeBuild("ONNX Runtime kernel shim (C)", "~5 s", _shim_built, _build_shim, None),
+    NativeBuild("my_ops C++ extension", "~30 s", _my_ops_built, _build_my_ops, frozenset({"my_add_ext", "autograd_fn"})),
+    NativeBuild("deform_conv2d C++ kernels", "~30-60 s", _deform_conv_built, _build_deform_conv, frozenset({"deform_conv"})),
 )
 
 
@@ -150,11 +173,26 @@ def pending_builds(models: Iterable[str]) -> list[NativeBuild]:
             continue
         try:
             done = build.built()
-        except Exception:  # a missing tool: the build itself will say so (as a skip or failure)
-            done = True
+        except Exception:  # cannot even tell (a broken install): let the build itself report it
+            done = False
         if not done:
             pending.append(build)
     return pending
+
+
+def run_builds(builds: Sequence[NativeBuild], listener: ZooListener | None = None) -> None:
+    """Build each one now (a failure is left to the rows needing it: they skip or fail)."""
+    for build in builds:
+        if listener is not None:
+            listener.building(build)
+        start = time.perf_counter()
+        error: BaseException | None = None
+        try:
+            build.build()
+        except Exception as exc:
+            error = exc
+        if listener is not None:
+            listener.built(build, time.perf_counter() - start, error)
 
 
 # ---------------------------------------------------------------------------- listener
@@ -165,9 +203,10 @@ class ZooListener(Protocol):
 
     def pending(self, builds: Sequence[NativeBuild]) -> None: ...
     def building(self, build: NativeBuild) -> None: ...
+    def built(self, build: NativeBuild, seconds: float, error: BaseException | None) -> None: ...
     def planned(self, rows: Sequence[tuple[str, ZooCase]]) -> None: ...
-    def started(self, index: int, total: int, model: str, case: ZooCase, builds: Sequence[NativeBuild]) -> None: ...
-    def finished(self, index: int, total: int, result: ZooResult, built: bool) -> None: ...
+    def started(self, index: int, total: int, model: str, case: ZooCase) -> None: ...
+    def finished(self, index: int, total: int, result: ZooResult) -> None: ...
 
 
 # ---------------------------------------------------------------------------- running
@@ -205,10 +244,8 @@ def _dynamic_shortfall(report: Any) -> str:
     if len(passed) >= MIN_OTHER_SIZES:
         return ""
     skipped = "; ".join(t.describe() for t in other if t.status == "skipped")
-    return (
-        f"dynamic row verified at {len(passed)} other size(s), expected at least {MIN_OTHER_SIZES}"
-        + (f" (skipped: {skipped})" if skipped else " (does the file have dynamic dims? check the module's dynamic_shapes)")
-    )
+    why = f"skipped: {skipped}" if skipped else "the file's dynamic dims and their ranges allow no more; check the module's dynamic_shapes"
+    return f"dynamic row verified at {len(passed)} other size(s), expected at least {MIN_OTHER_SIZES} ({why})"
 
 
 def run_case(name: str, module: Any, case: ZooCase, *, seed: int = DEFAULT_SEED) -> ZooResult:
@@ -264,38 +301,25 @@ def run_zoo(names: Iterable[str] | None = None, *, seed: int = DEFAULT_SEED, lis
     pending = pending_builds(modules)
     if listener is not None:
         listener.pending(pending)
+    run_builds(pending, listener)
     rows: list[tuple[str, ModuleType | None, ZooCase, ZooResult | None]] = []
     for short, module_name in modules.items():
-        for build in pending:
-            if build.at_import and build.models is not None and short in build.models and not build.built() and listener is not None:
-                listener.building(build)
         imported = _import(short, module_name)
         if isinstance(imported, ZooResult):
             rows.append((short, None, MODULE_ROW, imported))
             continue
         rows += [(short, imported, case, None) for case in getattr(imported, "ZOO", ())]
-    pending = [b for b in pending if not b.at_import]
     if listener is not None:
         listener.planned([(short, case) for short, _, case, _ in rows])
     results = []
     for index, (short, module, case, done) in enumerate(rows, start=1):
-        builds = [b for b in pending if b.models is None or short in b.models]
         if listener is not None:
-            listener.started(index, len(rows), short, case, builds)
+            listener.started(index, len(rows), short, case)
         result = done if done is not None else run_case(short, module, case, seed=seed)
-        built = [b for b in builds if _safe_built(b)]
-        pending = [b for b in pending if b not in built]
         results.append(result)
         if listener is not None:
-            listener.finished(index, len(rows), result, bool(built))
+            listener.finished(index, len(rows), result)
     return results
-
-
-def _safe_built(build: NativeBuild) -> bool:
-    try:
-        return build.built()
-    except Exception:
-        return True
 
 
 def list_zoo(names: Iterable[str] | None = None) -> str:
