@@ -8,12 +8,14 @@ prints the traceback), 130 interrupted. Nothing heavy is imported until a comman
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import sys
 import traceback
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 from onnx_custom import __version__
@@ -438,6 +440,34 @@ def cmd_zoo(ns: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- main
 
+# Log records of torch's exporters nobody can act on, dropped while a command runs (logger ->
+# message prefixes): the dynamo exporter logs four "torchvision is not installed. Skipping
+# torchvision::..." lines per export (104 in a zoo run). Other records and every warning, the
+# user's own included, still reach the terminal.
+_NOISE = {"torch.onnx._internal.exporter._registration": ("torchvision is not installed",)}
+
+
+class _DropNoise(logging.Filter):
+    def __init__(self, prefixes: tuple[str, ...]) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefixes)
+
+
+@contextlib.contextmanager
+def _quiet_exporters() -> Iterator[None]:
+    installed = [(logging.getLogger(name), _DropNoise(prefixes)) for name, prefixes in _NOISE.items()]
+    for logger, noise in installed:
+        logger.addFilter(noise)
+    try:
+        yield
+    finally:
+        for logger, noise in installed:
+            logger.removeFilter(noise)
+
+
 
 def _error_line(exc: BaseException) -> str:
     from onnx_custom.errors import OnnxCustomError
@@ -460,10 +490,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ns = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, usage errors (already printed)
         return exc.code if isinstance(exc.code, int) else EXIT_ERROR
-    from onnx_custom._quiet import quiet_exporters
-
     try:
-        with quiet_exporters():
+        with _quiet_exporters():
             return int(ns.func(ns))
     except KeyboardInterrupt:
         _stderr("onnx-custom: interrupted")
