@@ -187,7 +187,8 @@ class InferenceSession(ort.InferenceSession):
 
     Raises :class:`KernelError` listing every custom node without a kernel before ORT sees the
     model. ``model_or_path``: ModelProto, serialized bytes or a path. ``providers`` defaults to
-    CPU (Python kernels always run on CPU).
+    CPU (Python kernels always run on CPU). ``kernels="native"``: prefer the native library
+    (``onnx_custom.library_path()``) and use Python kernels only for domains it cannot serve.
     """
 
     def __init__(
@@ -196,12 +197,20 @@ class InferenceSession(ort.InferenceSession):
         sess_options: ort.SessionOptions | None = None,
         providers: Sequence[str] | None = None,
         *,
-        kernels: KernelRegistry | None = None,
+        kernels: KernelRegistry | str | None = None,
         **kwargs: Any,
     ) -> None:
         model, source = load_model(model_or_path)
-        self.kernel_specs: tuple[KernelSpec, ...] = tuple(required_kernels(model, kernels))
-        so = _options_for(self.kernel_specs, sess_options)
+        if isinstance(kernels, str):  # "native": see onnx_custom.runtime.native.plan_kernels
+            from onnx_custom.runtime.native import native_session_options
+
+            if kernels != "native":
+                raise KernelError(f"kernels= expects a KernelRegistry, None or 'native'; received {kernels!r}.")
+            so, specs = native_session_options(model, sess_options)
+            self.kernel_specs: tuple[KernelSpec, ...] = tuple(specs)
+        else:
+            self.kernel_specs = tuple(required_kernels(model, kernels))
+            so = _options_for(self.kernel_specs, sess_options)
         super().__init__(
             source, sess_options=so,
             providers=list(providers) if providers is not None else ["CPUExecutionProvider"],
