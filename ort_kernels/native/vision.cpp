@@ -137,8 +137,10 @@ __attribute__((target("avx2,fma"))) void sample_row_pairs(const float* plane, in
                                                           float* row) {
   int64_t i = 0;
   const auto pair = [](const float* lo, const float* hi) {  // (lo[0], lo[1], hi[0], hi[1])
-    const __m128 low = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(lo)));
-    return _mm_loadh_pi(low, reinterpret_cast<const __m64*>(hi));
+    double a, b;  // 8-byte loads from 4-byte aligned addresses: memcpy keeps them well defined
+    std::memcpy(&a, lo, sizeof a);
+    std::memcpy(&b, hi, sizeof b);
+    return _mm_castpd_ps(_mm_set_pd(b, a));
   };
   for (; i + 8 <= len; i += 8) {
     const float* q[8];

@@ -7,7 +7,7 @@
  * version that introduced a function (ask GetApi for at least that version before using it).
  *
  * Plain C (C99 or later) and C++. Used by the native kernel library (the C++ files beside this folder),
- * the example program (examples/run_deform_conv.c) and, later, the Python kernel shim. Opaque ORT
+ * the example program (examples/run_model.c) and, later, the Python kernel shim. Opaque ORT
  * types keep ORT's own names (so this header coexists with ORT's), everything with a layout of
  * ours is prefixed Oc / OC_.
  */
@@ -307,8 +307,9 @@ typedef OrtStatus* (*OcFn_GetTensorElementTypeAndShapeDataReference)(const OrtVa
                                                                      size_t* rank);
 
 /* OC_API(api, Name): the function in slot OC_SLOT_<Name> of an OrtApi table, typed OcFn_<Name>.
- * `api` is what OcOrtApiBase.GetApi returned. */
-#define OC_API(api, Name) ((OcFn_##Name)(((const void* const*)(api))[OC_SLOT_##Name]))
+ * `api` is what OcOrtApiBase.GetApi returned (an array of function pointers). */
+typedef void (*OcAnyFn)(void);
+#define OC_API(api, Name) ((OcFn_##Name)(((const OcAnyFn*)(api))[OC_SLOT_##Name]))
 
 #ifdef __cplusplus
 } /* extern "C" */
