@@ -108,7 +108,7 @@ def multi_out3(rng: np.random.Generator) -> tuple[Case, Case]:
     valid: Case = ("MultiOut3", "custom", {"repeats": reps, "scale": 0.5}, [("x", x)], 3, check, "")
     bad = rng.integers(0, 5)
     if bad == 0:
-        return valid, ("MultiOut3", "custom", {"repeats": reps + [1], "scale": 1.0}, [("x", x)], 3, None, "one repeat per dimension")
+        return valid, ("MultiOut3", "custom", {"repeats": [*reps, 1], "scale": 1.0}, [("x", x)], 3, None, "one repeat per dimension")
     if bad == 1:
         return valid, ("MultiOut3", "custom", {"scale": 1.0}, [("x", x)], 3, None, "lacks the required attribute repeats")
     if bad == 2:

@@ -279,7 +279,7 @@ def test_deform_conv_optional_mask_and_bias_absent() -> None:
 
 
 def test_deform_conv_samples_outside_image_are_exactly_zero_even_next_to_inf() -> None:
-    m, feeds, attrs = dcn_case((1, 1, 4, 4, 1, 1, 1, 1, 0, 1, 1, 1, 0))
+    m, feeds, _attrs = dcn_case((1, 1, 4, 4, 1, 1, 1, 1, 0, 1, 1, 1, 0))
     feeds["input"][...] = np.inf
     feeds["weight"][...] = 1.0
     feeds["offset"][...] = 100.0  # every sample far outside the image: torchvision gives 0
@@ -376,7 +376,8 @@ def path_cases(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.mark.parametrize(
     "env",
     [{"ONNX_CUSTOM_NATIVE_ISA": "generic"}, {"ONNX_CUSTOM_NATIVE_ISA": "avx2"},
-     {"ONNX_CUSTOM_NATIVE_SAMPLER": "gather"}, {"ONNX_CUSTOM_NATIVE_GEMM": "ort"}],
+     {"ONNX_CUSTOM_NATIVE_SAMPLER": "gather"}, {"ONNX_CUSTOM_NATIVE_GEMM": "ort"},
+     {"ONNX_CUSTOM_NATIVE_GEMM": "own"}],
     ids=lambda e: "-".join(f"{k.rsplit('_', 1)[1].lower()}-{v}" for k, v in e.items()),
 )
 def test_every_code_path_matches_eager(env: dict[str, str], path_cases: str) -> None:

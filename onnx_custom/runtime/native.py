@@ -39,9 +39,9 @@ if TYPE_CHECKING:
     from onnx_custom.runtime.registry import KernelRegistry, KernelSpec
 
 __all__ = [
+    "DOMAINS_KEY",
     "LIBRARY_NAME",
     "ONE_LINE",
-    "DOMAINS_KEY",
     "build_library",
     "library_path",
     "native_ops",

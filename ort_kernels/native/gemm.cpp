@@ -66,6 +66,18 @@ void pack_b_block(const T* b, int64_t rs, int64_t cs, int64_t kc, int64_t nc, T*
       for (int64_t k = 0; k < kc; ++k, dst += NR) std::memcpy(dst, b + k * rs + s, NR * sizeof(T));
       continue;
     }
+    if (rs == 1) {  // transposed B (e.g. a weight [N, K]): read each column's run contiguously
+      for (int64_t j = 0; j < NR; ++j) {
+        const T* src = b + (s + j) * cs;
+        if (j < cols) {
+          for (int64_t k = 0; k < kc; ++k) dst[k * NR + j] = src[k];
+        } else {
+          for (int64_t k = 0; k < kc; ++k) dst[k * NR + j] = T(0);
+        }
+      }
+      dst += kc * NR;
+      continue;
+    }
     for (int64_t k = 0; k < kc; ++k, dst += NR) {
       for (int64_t j = 0; j < cols; ++j) dst[j] = b[k * rs + (s + j) * cs];
       for (int64_t j = cols; j < NR; ++j) dst[j] = T(0);

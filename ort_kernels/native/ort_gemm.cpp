@@ -6,9 +6,20 @@
 
 namespace oc {
 
-GemmBackend choose_gemm() {
+GemmBackend choose_gemm(GemmBackend preferred) {
   const char* choice = std::getenv("ONNX_CUSTOM_NATIVE_GEMM");
-  return choice != nullptr && std::strcmp(choice, "ort") == 0 ? GemmBackend::ort : GemmBackend::own;
+  if (choice != nullptr && std::strcmp(choice, "ort") == 0) return GemmBackend::ort;
+  if (choice != nullptr && std::strcmp(choice, "own") == 0) return GemmBackend::own;
+  return preferred;
+}
+
+std::unique_ptr<OrtGemm> make_ort_gemm(GemmBackend backend, const OrtKernelInfo* info, bool trans_b) {
+  if (backend != GemmBackend::ort) return nullptr;
+  try {
+    return std::make_unique<OrtGemm>(info, trans_b);
+  } catch (const Error&) {
+    return nullptr;  // e.g. a minimal ONNX Runtime build without CreateOp: our GEMM serves
+  }
 }
 
 OrtGemm::OrtGemm(const OrtKernelInfo* info, bool trans_b) : trans_b_(trans_b) {

@@ -9,9 +9,15 @@ namespace oc {
 
 enum class GemmBackend { own, ort };
 
-// The back end for a kernel being created: ours unless ONNX_CUSTOM_NATIVE_GEMM=ort (read at
-// kernel creation, so benchmarks can compare both in one process).
-GemmBackend choose_gemm();
+// The back end for a kernel being created: `preferred` (each kernel's measured best, see
+// benchmarks/native_ops.py) unless ONNX_CUSTOM_NATIVE_GEMM=own|ort says otherwise (read at kernel
+// creation, so benchmarks and tests can run both in one process).
+GemmBackend choose_gemm(GemmBackend preferred);
+
+// ORT's Gemm for a kernel being created, or nullptr when `backend` is ours or this ONNX Runtime
+// cannot create it (CreateOp unavailable): the caller then uses our GEMM.
+std::unique_ptr<class OrtGemm> make_ort_gemm(GemmBackend backend, const OrtKernelInfo* info,
+                                             bool trans_b);
 
 class OrtGemm {
  public:

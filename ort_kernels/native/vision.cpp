@@ -313,7 +313,10 @@ class DeformConv2d final : public Kernel {
       : p_(read_params([](const void* a, const char* name, int64_t fallback) {
                          return static_cast<const Attributes*>(a)->int_or(name, fallback);
                        }, &attrs)) {
-    if (choose_gemm() == GemmBackend::ort) ort_gemm_ = std::make_unique<OrtGemm>(attrs.raw(), false);
+    // Our GEMM by default: on par with ORT's Gemm through InvokeOp here (benchmarks/native_ops.py
+    // --only dcn), and it reads the im2col columns in place (packed as it samples them, no staging
+    // copy), for every dtype, without invoking ORT ops from inside thread-pool tasks.
+    ort_gemm_ = make_ort_gemm(choose_gemm(GemmBackend::own), attrs.raw(), /*trans_b=*/false);
   }
 
   void compute(Context& ctx) override {
