@@ -69,8 +69,13 @@ void build_taps(const Geometry& g, const T* off, const T* mask, int64_t og, int6
   const T* dx_row = dy_row + g.P;
   const T* m_row = g.p.use_mask ? mask + (og * g.K + k) * g.P : nullptr;
   const int32_t zeros = static_cast<int32_t>((g.H + 1) * g.Wp);
-  for (int64_t q = 0; q < len; ++q) {
-    const int64_t p = p0 + q, oh = p / g.Wo, ow = p % g.Wo, e = at + q;
+  int64_t oh = p0 / g.Wo, ow = p0 % g.Wo;  // advanced incrementally: no division per sample
+  for (int64_t q = 0; q < len; ++q, ++ow) {
+    if (ow == g.Wo) {
+      ow = 0;
+      ++oh;
+    }
+    const int64_t p = p0 + q, e = at + q;
     const T y = static_cast<T>(oh * g.p.sh - g.p.ph + i * g.p.dh) + dy_row[p];
     const T x = static_cast<T>(ow * g.p.sw - g.p.pw + j * g.p.dw) + dx_row[p];
     // torchvision's support: zero unless -1 < y < H and -1 < x < W (NaN lands outside too)
@@ -102,6 +107,19 @@ void sample_row_generic(const T* plane, int64_t Wp, const int32_t* base, const T
 }
 
 #ifdef OC_X86
+// 8 bilinear samples from their corner pairs: t0/t1 hold the top pairs (x0, x0 + 1) of samples
+// 0-3 / 4-7, d0/d1 the bottom pairs; top/bottom hold the matching interleaved weights.
+__attribute__((target("avx2,fma"))) inline void blend8(__m256 t0, __m256 t1, __m256 d0, __m256 d1,
+                                                       const float* top, const float* bottom,
+                                                       float* row) {
+  const __m256 s0 = _mm256_fmadd_ps(d0, _mm256_loadu_ps(bottom), _mm256_mul_ps(t0, _mm256_loadu_ps(top)));
+  const __m256 s1 =
+      _mm256_fmadd_ps(d1, _mm256_loadu_ps(bottom + 8), _mm256_mul_ps(t1, _mm256_loadu_ps(top + 8)));
+  // hadd yields (o0 o1 o4 o5 | o2 o3 o6 o7); reorder the 64-bit lanes to (o0 .. o7)
+  const __m256 h = _mm256_hadd_ps(s0, s1);
+  _mm256_storeu_ps(row, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(h), 0xD8)));
+}
+
 // 8 samples per step: each horizontal pixel pair is one 64-bit gather lane, so four 4-lane
 // gathers fetch all 32 corners; the pair sums collapse with one horizontal add.
 __attribute__((target("avx2,fma"))) void sample_row_avx2(const float* plane, int64_t Wp,
@@ -118,13 +136,7 @@ __attribute__((target("avx2,fma"))) void sample_row_avx2(const float* plane, int
     const __m256 t1 = _mm256_castsi256_ps(_mm256_i32gather_epi64(pairs, b1, 4));
     const __m256 d0 = _mm256_castsi256_ps(_mm256_i32gather_epi64(pairs, _mm_add_epi32(b0, wp), 4));
     const __m256 d1 = _mm256_castsi256_ps(_mm256_i32gather_epi64(pairs, _mm_add_epi32(b1, wp), 4));
-    const __m256 s0 = _mm256_fmadd_ps(d0, _mm256_loadu_ps(bottom + 2 * i),
-                                      _mm256_mul_ps(t0, _mm256_loadu_ps(top + 2 * i)));
-    const __m256 s1 = _mm256_fmadd_ps(d1, _mm256_loadu_ps(bottom + 2 * i + 8),
-                                      _mm256_mul_ps(t1, _mm256_loadu_ps(top + 2 * i + 8)));
-    // hadd yields (o0 o1 o4 o5 | o2 o3 o6 o7); reorder the 64-bit lanes to (o0 .. o7)
-    const __m256 h = _mm256_hadd_ps(s0, s1);
-    _mm256_storeu_ps(row + i, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(h), 0xD8)));
+    blend8(t0, t1, d0, d1, top + 2 * i, bottom + 2 * i, row + i);
   }
   sample_row_generic(plane, Wp, base + i, top + 2 * i, bottom + 2 * i, len - i, row + i);
 }
@@ -149,12 +161,7 @@ __attribute__((target("avx2,fma"))) void sample_row_pairs(const float* plane, in
     const __m256 t1 = _mm256_set_m128(pair(q[6], q[7]), pair(q[4], q[5]));
     const __m256 d0 = _mm256_set_m128(pair(q[2] + Wp, q[3] + Wp), pair(q[0] + Wp, q[1] + Wp));
     const __m256 d1 = _mm256_set_m128(pair(q[6] + Wp, q[7] + Wp), pair(q[4] + Wp, q[5] + Wp));
-    const __m256 s0 = _mm256_fmadd_ps(d0, _mm256_loadu_ps(bottom + 2 * i),
-                                      _mm256_mul_ps(t0, _mm256_loadu_ps(top + 2 * i)));
-    const __m256 s1 = _mm256_fmadd_ps(d1, _mm256_loadu_ps(bottom + 2 * i + 8),
-                                      _mm256_mul_ps(t1, _mm256_loadu_ps(top + 2 * i + 8)));
-    const __m256 h = _mm256_hadd_ps(s0, s1);
-    _mm256_storeu_ps(row + i, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(h), 0xD8)));
+    blend8(t0, t1, d0, d1, top + 2 * i, bottom + 2 * i, row + i);
   }
   sample_row_generic(plane, Wp, base + i, top + 2 * i, bottom + 2 * i, len - i, row + i);
 }
