@@ -45,7 +45,6 @@ __all__ = [
     "build_library",
     "library_path",
     "native_ops",
-    "native_session_options",
     "plan_kernels",
     "register_library",
     "sources_dir",
@@ -245,13 +244,14 @@ def plan_kernels(model: onnx.ModelProto, kernels: KernelRegistry | None = None) 
     otherwise the whole domain falls back to Python kernels (one definition per domain and
     session). Raises :class:`KernelError` naming every node nothing serves.
     """
-    from onnx_custom.runtime.registry import default_kernel_registry
-    from onnx_custom.runtime.session import custom_nodes
+    from onnx_custom._onnx_utils import iter_nodes
+    from onnx_custom.runtime.registry import RESERVED_DOMAINS, default_kernel_registry
 
     registry = default_kernel_registry() if kernels is None else kernels
     served = {tuple(name.split("::")) for name in native_ops()}
     local = {(f.domain, f.name) for f in model.functions}
-    nodes = [n for n in custom_nodes(model) if (n.domain, n.op_type) not in local]
+    nodes = [n for n in iter_nodes(model)
+             if n.domain not in RESERVED_DOMAINS and (n.domain, n.op_type) not in local]  # fmt: skip
     by_domain: dict[str, set[str]] = {}
     for node in nodes:
         by_domain.setdefault(node.domain, set()).add(node.op_type)
@@ -275,18 +275,3 @@ def plan_kernels(model: onnx.ModelProto, kernels: KernelRegistry | None = None) 
             f"bodies (export(..., functions=True))."
         )
     return native, list(specs.values())
-
-
-def native_session_options(
-    model: onnx.ModelProto, base: ort.SessionOptions | None = None, kernels: KernelRegistry | None = None
-) -> tuple[ort.SessionOptions, list[KernelSpec]]:
-    """Session options running ``model`` on native kernels where they exist, Python ones elsewhere."""
-    import onnxruntime as ort
-
-    from onnx_custom.runtime.session import _options_for
-
-    native, specs = plan_kernels(model, kernels)
-    so = _options_for(specs, base if base is not None else ort.SessionOptions())
-    if native:
-        register_library(so, native)
-    return so, specs

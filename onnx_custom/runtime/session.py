@@ -201,16 +201,19 @@ class InferenceSession(ort.InferenceSession):
         **kwargs: Any,
     ) -> None:
         model, source = load_model(model_or_path)
+        native: frozenset[str] = frozenset()
         if isinstance(kernels, str):  # "native": see onnx_custom.runtime.native.plan_kernels
-            from onnx_custom.runtime.native import native_session_options
+            from onnx_custom.runtime.native import plan_kernels, register_library
 
             if kernels != "native":
                 raise KernelError(f"kernels= expects a KernelRegistry, None or 'native'; received {kernels!r}.")
-            so, specs = native_session_options(model, sess_options)
+            native, specs = plan_kernels(model)
             self.kernel_specs: tuple[KernelSpec, ...] = tuple(specs)
         else:
             self.kernel_specs = tuple(required_kernels(model, kernels))
-            so = _options_for(self.kernel_specs, sess_options)
+        so = _options_for(self.kernel_specs, sess_options)
+        if native:
+            register_library(so, native)
         super().__init__(
             source, sess_options=so,
             providers=list(providers) if providers is not None else ["CPUExecutionProvider"],
