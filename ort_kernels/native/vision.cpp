@@ -232,12 +232,20 @@ void im2col_tile(const Geometry& g, Sampler<T> sample, const T* padded, const T*
 template <typename T>
 void deform_conv(Context& ctx, const Geometry& g, const T* input, const T* weight, const T* offset,
                  const T* mask, const T* bias, T* output, const OrtGemm* ort_gemm) {
-  std::vector<T> padded(static_cast<size_t>(g.N * g.C * g.plane), T(0));
+  // Uninitialized, then every element written once: the border zeros and the image rows (a
+  // zero-filled allocation would write the whole buffer twice).
+  std::unique_ptr<T[]> padded(new T[static_cast<size_t>(g.N * g.C * g.plane)]);
   ctx.parallel_for(static_cast<size_t>(g.N), [&](size_t n) {
     for (int64_t c = 0; c < g.C; ++c) {
       const T* src = input + (static_cast<int64_t>(n) * g.C + c) * g.H * g.W;
-      T* dst = padded.data() + (static_cast<int64_t>(n) * g.C + c) * g.plane + g.Wp + 1;
-      for (int64_t y = 0; y < g.H; ++y) std::copy(src + y * g.W, src + (y + 1) * g.W, dst + y * g.Wp);
+      T* plane = padded.get() + (static_cast<int64_t>(n) * g.C + c) * g.plane;
+      std::fill(plane, plane + g.Wp, T(0));  // top border row
+      for (int64_t y = 0; y < g.H; ++y) {
+        T* row = plane + (y + 1) * g.Wp;
+        row[0] = row[g.W + 1] = T(0);
+        std::copy(src + y * g.W, src + (y + 1) * g.W, row + 1);
+      }
+      std::fill(plane + (g.H + 1) * g.Wp, plane + g.plane, T(0));  // bottom border + zero row
     }
   });
   const int64_t tiles = (g.P + kTile - 1) / kTile, rows = g.cin_g * g.K;
@@ -259,7 +267,7 @@ void deform_conv(Context& ctx, const Geometry& g, const T* input, const T* weigh
     const int64_t group_stride = (len + width - 1) / width * width * rows;
     taps.resize(static_cast<size_t>(g.K * kTile));
     if (cols.size() < static_cast<size_t>(group_stride * g.p.groups)) cols.resize(group_stride * g.p.groups);
-    im2col_tile(g, sample, padded.data() + n * g.C * g.plane, offset + n * off_stride,
+    im2col_tile(g, sample, padded.get() + n * g.C * g.plane, offset + n * off_stride,
                 g.p.use_mask ? mask + n * mask_stride : nullptr, p0, len, width, taps, cols.data());
     for (int64_t grp = 0; grp < g.p.groups; ++grp) {
       const T* b = cols.data() + grp * group_stride;
