@@ -250,7 +250,7 @@ void deform_conv(Context& ctx, const Geometry& g, const T* input, const T* weigh
   });
   const int64_t tiles = (g.P + kTile - 1) / kTile, rows = g.cin_g * g.K;
   const int64_t off_stride = 2 * g.p.offset_groups * g.K * g.P, mask_stride = off_stride / 2;
-  const bool ours = ort_gemm == nullptr || !std::is_same_v<T, float>;
+  const bool ours = ort_gemm == nullptr || !std::is_same_v<T, float> || rows == 0;
   // Our GEMM reads the columns as packed strips and the weights packed once per call.
   const int64_t S = ours ? gemm_nr<T>() : 0;
   const size_t packed_size = ours ? packed_a_size<T>(g.cout_g, rows) : 0;
