@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from onnx_custom.runtime import InferenceSession, kernel, session_options
     from onnx_custom.runtime import KernelRegistry as KernelRegistry
     from onnx_custom.runtime import reference_evaluator as reference_evaluator
+    from onnx_custom.runtime.native import library_path
     from onnx_custom.spec import OpSpec, load_specs, register_spec
     from onnx_custom.verify import VerificationReport, verify
 
@@ -52,6 +53,7 @@ __all__ = [
     "default_registry",
     "export",
     "kernel",
+    "library_path",
     "load_specs",
     "register_spec",
     "registered",
@@ -79,6 +81,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "VerificationReport": ("onnx_custom.verify", "VerificationReport"),
     "verify": ("onnx_custom.verify", "verify"),
     **{name: ("onnx_custom.runtime", name) for name in _RUNTIME},  # onnxruntime + the compiled shim
+    "library_path": ("onnx_custom.runtime.native", "library_path"),  # compiled on first use
     "check": ("onnx_custom.preflight", "check"),
     "testing": ("onnx_custom.testing", None),  # onnx_custom.testing.check_op without importing it
 }

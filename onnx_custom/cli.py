@@ -1,4 +1,4 @@
-"""The ``onnx-custom`` command line: export, verify, check, inspect, ops, zoo.
+"""The ``onnx-custom`` command line: export, verify, check, inspect, ops, zoo, build-library.
 
 Exit codes: 0 success, 1 verification or check failed, 2 error (one line on stderr; ``--debug``
 prints the traceback), 130 interrupted. Nothing heavy is imported until a command runs, so
@@ -210,6 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("ops", "list the translations: targets, opsets, variants, custom nodes and their kernels")
     _add_imports(p)
     p.set_defaults(func=cmd_ops)
+
+    p = command("build-library", "build libonnx_custom_ops.so, the native kernels for plain ONNX Runtime, and print its path")
+    p.add_argument("-o", "--output", metavar="DIR", help="copy the library into DIR (default: leave it in the build cache)")
+    p.set_defaults(func=cmd_build_library)
 
     p = command("zoo", "export and verify every example model with both exporters")
     p.add_argument("models", nargs="*", metavar="NAME", help="only these zoo models (default: all)")
@@ -436,6 +440,15 @@ def cmd_zoo(ns: argparse.Namespace) -> int:
 
         _stderr(f"report written to {write_report(ns.report, results, title='onnx-custom zoo')}")
     return EXIT_FAILED if any(r.status == "fail" for r in results) else 0
+
+
+def cmd_build_library(ns: argparse.Namespace) -> int:
+    from onnx_custom.runtime.native import build_library, native_ops
+
+    path = build_library(ns.output)
+    print(path)
+    _stderr(f"serves {', '.join(native_ops())}; load it with SessionOptions.register_custom_ops_library (Python) or RegisterCustomOpsLibrary_V2 (C API)")
+    return 0
 
 
 # ---------------------------------------------------------------------------- main
