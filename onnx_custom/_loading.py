@@ -32,6 +32,7 @@ __all__ = [
     "example_args",
     "import_user_module",
     "load_model_spec",
+    "load_user_import",
     "parse_input_spec",
     "seeded",
 ]
@@ -168,6 +169,26 @@ def import_user_module(target: str, *, what: str = "--import", seed: int = DEFAU
         local = target.replace(".", os.sep) + ".py"
         hint = f"; fix: write {local!r} (a file path) instead" if os.path.exists(local) else "; fix: install the package, or pass a .py file path"
         raise CliInputError(f"{what}: cannot import {target!r} ({exc}); expected an installed module (the working directory is not on the import path){hint}.") from exc
+
+
+def load_user_import(target: str) -> None:
+    """``--import``: a .yaml/.yml op-spec file (`onnx_custom.load_specs`), a .py file or a module."""
+    if not target.endswith((".yaml", ".yml")):
+        import_user_module(target)
+        return
+    if not os.path.isfile(target):
+        raise CliInputError(f"--import: op-spec file {target!r} does not exist (working directory {os.getcwd()}); expected an existing .yaml file; fix: check the path.")
+    from onnx_custom.spec import load_specs
+
+    folder = os.path.dirname(os.path.abspath(target))
+    sys.path.insert(0, folder)  # the spec's impl/kernel "module:function" paths may be its neighbours
+    try:
+        load_specs(target)
+    except OnnxCustomError as exc:
+        raise CliInputError(f"--import {target}: {' '.join(str(exc).split())}") from exc
+    finally:
+        if folder in sys.path:
+            sys.path.remove(folder)
 
 
 def _resolve_module(target: str, spec: str, seed: int) -> ModuleType:

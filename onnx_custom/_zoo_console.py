@@ -40,6 +40,7 @@ class ZooConsole:
         # (a dynamo row costs ~10x a TorchScript row)
         self.durations: dict[str, list[float]] = {}
         self.status = ""
+        self.row_start = self.start
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
@@ -93,12 +94,16 @@ class ZooConsole:
         self._print(f"{line}; {result.nodes}" if result.nodes else line)
 
     # -- end ----------------------------------------------------------------------------
-    def finish(self, results: Sequence[ZooResult]) -> None:
-        """Stop the live line; print the counts, then every failure in full (stderr)."""
+    def close(self) -> None:
+        """Stop and clear the live line (also when the run is interrupted)."""
         self._stop.set()
         if self._ticker is not None:
             self._ticker.join()
         self._clear()
+
+    def finish(self, results: Sequence[ZooResult]) -> None:
+        """Print the counts, then every failure in full (stderr)."""
+        self.close()
         self._print(f"{counts_line(results)} in {clock(time.perf_counter() - self.start)}")
         for r in results:
             if r.status == "fail":
@@ -114,7 +119,7 @@ class ZooConsole:
         return f"ETA ~{clock(left)}"
 
     def _status_line(self) -> str:
-        running = time.perf_counter() - getattr(self, "row_start", self.start)
+        running = time.perf_counter() - self.row_start
         return f"{self.status} ... {running:.0f}s (elapsed {clock(time.perf_counter() - self.start)}, {self._eta()})"
 
     def _draw(self) -> None:

@@ -232,10 +232,10 @@ def _stderr(line: str) -> None:
 
 
 def _import_all(targets: Sequence[str]) -> None:
-    from onnx_custom._loading import import_user_module
+    from onnx_custom._loading import load_user_import
 
     for target in targets:
-        import_user_module(target)
+        load_user_import(target)
 
 
 def _registry(variants: Sequence[str]) -> Any:
@@ -433,7 +433,10 @@ def cmd_zoo(ns: argparse.Namespace) -> int:
         print(list_zoo(ns.models or None))
         return 0
     console = ZooConsole(sys.stdout, sys.stderr)
-    results = run_zoo(ns.models or None, seed=ns.seed, listener=console)
+    try:
+        results = run_zoo(ns.models or None, seed=ns.seed, listener=console)
+    finally:
+        console.close()  # a Ctrl-C must not leave the live line half drawn
     console.finish(results)
     if ns.report:
         from onnx_custom.report import write_report

@@ -173,6 +173,30 @@ def test_ops_and_check_import_user_translations(user_ops: Path) -> None:
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
+def test_import_yaml_op_specs(tmp_path: Path) -> None:
+    """A spec's impl/kernel modules sit next to the YAML file (found without PYTHONPATH)."""
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "ytest_ops.py").write_text("def scale_add(x, y, *, alpha):\n    return alpha * x + y\n\n\ndef scale_add_np(x, y, *, alpha):\n    return (x.dtype.type(alpha) * x + y).astype(x.dtype)\n")
+    (tmp_path / "specs" / "ops.yaml").write_text(textwrap.dedent("""\
+        - op_name: "ytest::scale_add"
+          op_type: "ScaleAdd"
+          input_desc:
+            - {name: x, dtype: [float32]}
+            - {name: y, dtype: [float32]}
+          output_desc:
+            - {name: out, shape: "like:x"}
+          attr_desc:
+            - {name: alpha, dtype: float, default_value: 2.0}
+          impl: "ytest_ops:scale_add"
+          kernel: "ytest_ops:scale_add_np"
+    """))
+    listed = _run("ops", "--import", "specs/ops.yaml", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert any(line.startswith("ytest::scale_add") for line in listed.stdout.splitlines()), listed.stdout
+    broken = _run("ops", "--import", "specs/missing.yaml", cwd=tmp_path)
+    assert broken.returncode == 2 and "op-spec file 'specs/missing.yaml' does not exist" in broken.stderr
+
+
 # ---------------------------------------------------------------------------- the parser
 
 
