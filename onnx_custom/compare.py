@@ -1,7 +1,8 @@
 """Comparing one PyTorch tensor with one ONNX output: dtype-aware tolerances, a hard verdict.
 
 The lowest layer of the verify path (`runner` runs models, `verify` and `localize` sit on top);
-it imports nothing else from onnx_custom, so every module above can use it without a cycle.
+it imports nothing else from onnx_custom but its errors, so every module above can use it
+without a cycle.
 
 Speed: a comparison is a handful of passes in the tensor's own precision (float32 for float32,
 float16 and bfloat16), with no float64 copy of the tensor. Every statistic is still the exact
@@ -20,6 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch.testing._comparison import default_tolerances
+
+from onnx_custom.errors import OnnxCustomError
 
 __all__ = ["OutputComparison", "compare_arrays", "flatten_outputs", "to_numpy", "to_tensor", "tolerances"]
 
@@ -63,7 +66,8 @@ class OutputComparison:
     """How one output of one trial compares. ``tolerance_source`` says why these tolerances.
 
     ``abs_diffs``: ``|torch - onnx|`` in float64 for the elements finite on both sides (all
-    elements for ints/bools), for histograms; computed on first access.
+    elements for ints/bools), for histograms; for passing outputs computed on first access from
+    the compared tensors (an error if they were modified in place since).
     """
 
     trial: int
@@ -100,6 +104,7 @@ class _Stats:
     max_rel_diff: float
     mismatched: int
     nonfinite_mismatch: int = 0
+    checksum: float = 0.0  # float32 sum of |exp - act| (the fast path), to detect later edits
 
 
 def flatten_outputs(value: Any, prefix: str = "output") -> list[tuple[str, Any]]:
@@ -165,12 +170,13 @@ def compare_arrays(
     diffs: np.ndarray | DiffsThunk | None
     if exp.dtype == torch.bool or not (exp.is_floating_point() or exp.is_complex()):
         stats = _exact_stats(exp, act)
-        diffs = _diffs_thunk(exp, act, _exact_diffs) if keep_diffs else None
+        diffs = (_zeros(total) if stats.mismatched == 0 else _exact_diffs(exp, act)) if keep_diffs else None
     else:
         fast = _float_stats(exp, act, r, a) if exp.is_floating_point() else None
         if fast is not None:
             stats = fast
-            diffs = _diffs_thunk(exp, act, _finite_diffs) if keep_diffs else None
+            # Failing outputs keep their differences now; passing ones compute them when a report asks.
+            diffs = (_finite_diffs(exp, act) if stats.mismatched else _guarded_diffs(exp, act, fast.checksum, name, trial)) if keep_diffs else None
         else:
             stats, all_diffs = _general_float_stats(exp, act, r, a)
             diffs = all_diffs if keep_diffs else None
@@ -180,11 +186,33 @@ def compare_arrays(
     )
 
 
-def _diffs_thunk(exp: torch.Tensor, act: torch.Tensor, diffs: Callable[[torch.Tensor, torch.Tensor], np.ndarray]) -> DiffsThunk:
-    # Snapshots (one memcpy each): the caller may reuse or modify its tensors before a report
-    # reads the histogram.
-    exp_copy, act_copy = exp.clone(), act.clone()
-    return lambda: diffs(exp_copy, act_copy)
+def _zeros(total: int) -> DiffsThunk:
+    return lambda: np.zeros(total)
+
+
+def _guarded_diffs(exp: torch.Tensor, act: torch.Tensor, checksum: float, name: str, trial: int) -> DiffsThunk:
+    """Differences computed on first read from the compared tensors themselves (no copy: copying
+    would cost more than the comparison). A tensor modified since is detected (torch's version
+    counter, and the float32 sum of |exp - act|) and refused rather than histogrammed."""
+    version = exp._version
+
+    def diffs() -> np.ndarray:
+        if exp._version != version or _abs_diff_sum(exp, act) != checksum:
+            raise OnnxCustomError(
+                f"abs_diffs of output {name!r} (trial {trial}): the compared tensors were modified in "
+                "place after compare_arrays, so their differences are no longer the compared ones. "
+                "Fix: read abs_diffs (or write the report) before modifying them, or compare copies."
+            )
+        return _finite_diffs(exp, act)
+
+    return diffs
+
+
+def _abs_diff_sum(exp: torch.Tensor, act: torch.Tensor) -> float:
+    e, x = _work_arrays(exp, act)
+    with np.errstate(all="ignore"):
+        d = np.abs(np.subtract(e, x))
+    return float(np.add.reduce(d, axis=None))
 
 
 def _exact_diffs(exp: torch.Tensor, act: torch.Tensor) -> np.ndarray:
@@ -232,12 +260,13 @@ def _float_stats_unchecked(exp: torch.Tensor, act: torch.Tensor, rtol: float, at
     dmax = float(d.max())
     if not np.isfinite(dmax):  # NaN/Inf on a side (or a float32 overflow): the general path
         return None
+    checksum = float(np.add.reduce(d, axis=None))
     ae = np.abs(e)
     if e.dtype == np.float64:  # same float64 operations as the general path: exact as they are
         mismatched = int(np.count_nonzero(d > atol + rtol * ae))
         np.maximum(ae, _FLOAT64_TINY, out=ae)
         np.divide(d, ae, out=d)
-        return _Stats(dmax, float(d.max()), mismatched)
+        return _Stats(dmax, float(d.max()), mismatched, checksum=checksum)
     mismatched = 0
     if dmax > atol * (1 - _MARGIN):  # else every element is within atol alone: none can fail
         tol = np.multiply(ae, np.float32(rtol * (1 - _MARGIN)))
@@ -247,12 +276,12 @@ def _float_stats_unchecked(exp: torch.Tensor, act: torch.Tensor, rtol: float, at
             e64, x64 = e[maybe_bad].astype(np.float64), x[maybe_bad].astype(np.float64)
             mismatched = int(np.count_nonzero(np.abs(e64 - x64) > atol + rtol * np.abs(e64)))
     if dmax == 0.0:
-        return _Stats(0.0, 0.0, mismatched)
+        return _Stats(0.0, 0.0, mismatched, checksum=checksum)
     max_abs = _max64(e, x, d >= dmax * (1 - _MARGIN), relative=False)
     q = np.divide(d, ae, out=ae)  # 0/0 -> NaN (skipped by fmax); x/0 -> inf (a candidate)
     qmax = float(np.fmax.reduce(q, axis=None))
     near_max = q >= min(qmax, _FLOAT32_MAX) * (1 - _MARGIN) if qmax >= _SMALLEST_SAFE_ATOL else d > 0
-    return _Stats(max_abs, _max64(e, x, near_max, relative=True), mismatched)
+    return _Stats(max_abs, _max64(e, x, near_max, relative=True), mismatched, checksum=checksum)
 
 
 def _max64(e: np.ndarray, x: np.ndarray, where: np.ndarray, *, relative: bool) -> float:

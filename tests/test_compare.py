@@ -17,6 +17,7 @@ import torch
 from torch.testing._comparison import default_tolerances
 
 from onnx_custom.compare import OutputComparison, compare_arrays, to_numpy, to_tensor
+from onnx_custom.errors import OnnxCustomError
 from onnx_custom.report import histogram
 
 TINY = torch.finfo(torch.float64).tiny
@@ -188,15 +189,34 @@ def test_unusual_numpy_layouts(actual: Callable[[np.ndarray], np.ndarray]) -> No
     assert c.passed and c.max_abs_diff == 0.0 and c.shape == (3, 4)
 
 
-def test_abs_diffs_is_a_snapshot() -> None:
-    """Modifying the tensors after the comparison must not change the histogram it reports."""
+def test_failing_output_keeps_its_differences() -> None:
+    """A failing output's differences are taken at comparison time: later edits cannot change them."""
     e, a = _near(torch.float32, (100,), 1e-3)
     actual = a.numpy().copy()
     c = compare_arrays(e, actual, name="y", trial=0)
+    assert not c.passed
     want = reference(e, torch.from_numpy(actual.copy()), c.rtol, c.atol)["abs_diffs"]
     e.add_(1.0)
     actual[:] = 0
     np.testing.assert_array_equal(c.abs_diffs, want)
+
+
+@pytest.mark.parametrize("edit", ["torch-in-place", "numpy-write"])
+def test_passing_output_modified_after_comparison_is_refused(edit: str) -> None:
+    """Passing outputs compute their differences on first read; edits in between are an error,
+    never a histogram of other values."""
+    e, a = _near(torch.float32, (64,), 1e-8)
+    actual = a.numpy().copy()
+    c = compare_arrays(e, actual, name="out0", trial=2)
+    assert c.passed
+    if edit == "torch-in-place":
+        e.mul_(2.0)
+    else:
+        actual[3] += 1.0
+    with pytest.raises(OnnxCustomError, match=r"abs_diffs of output 'out0' \(trial 2\): the compared tensors were modified.*Fix:"):
+        _ = c.abs_diffs
+    untouched = compare_arrays(e, e.numpy().copy(), name="y", trial=0)
+    assert untouched.abs_diffs is not None and not untouched.abs_diffs.any()
 
 
 def test_comparison_pickles_and_keeps_no_thunk() -> None:
