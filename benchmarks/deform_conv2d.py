@@ -1,8 +1,14 @@
-"""Benchmark ``onnx_custom::deform_conv2d`` against ONNX Runtime's native ``DeformConv``.
+"""Benchmark ``onnx_custom::deform_conv2d`` against ONNX Runtime's native ``DeformConv``, and its
+training cost against ``F.conv2d``'s.
 
 Run: ``python benchmarks/deform_conv2d.py [--repeat 20]``. Ratios are measured side by side in one
 process (torch with 2 threads; ORT with 2 intra-op threads and spinning off). Peak memory is the
 RSS high-water increase of one warm call in a fresh subprocess (see ``peak_memory``).
+
+Training cost: (forward + backward) / forward of our op (all five inputs requiring grad) against
+the same ratio of ``F.conv2d`` (input, weight, bias requiring grad); the goal is at most 1.5x
+F.conv2d's ratio. Both backwards get the same output gradient through ``torch.autograd.grad``
+(no ``.grad`` accumulation).
 """
 
 from __future__ import annotations
@@ -120,6 +126,27 @@ def _contenders(t: dict[str, torch.Tensor]) -> dict[str, Callable[[], torch.Tens
     return {"eager": eager, "conv2d": conv}
 
 
+def _training(t: dict[str, torch.Tensor]) -> tuple[Callable[[], object], Callable[[], object]]:
+    """(our forward + backward, F.conv2d's forward + backward) on the same inputs."""
+    pad = SHAPE["K"] // 2
+    leaves = {k: v.clone().requires_grad_() for k, v in t.items()}
+    grad_out = torch.randn(SHAPE["N"], SHAPE["Cout"], SHAPE["H"], SHAPE["W"],
+                           generator=torch.Generator().manual_seed(2))  # fmt: skip
+    ours = [leaves[k] for k in ("X", "offset", "W", "B", "mask")]
+    theirs = [leaves[k] for k in ("X", "W", "B")]
+
+    def eager_train() -> object:
+        x, offset, w, b, mask = ours
+        y = deform_conv2d(x, offset, w, b, padding=pad, mask=mask)
+        return torch.autograd.grad(y, ours, grad_out)
+
+    def conv_train() -> object:
+        y = F.conv2d(*theirs, padding=pad)
+        return torch.autograd.grad(y, theirs, grad_out)
+
+    return eager_train, conv_train
+
+
 def _ort_options(threads: int = 2) -> ort.SessionOptions:
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
@@ -174,13 +201,21 @@ def _comparisons(
                         {"x": image.numpy()})  # fmt: skip
     net11 = _session_fn(onnx_custom.export(net, (image,), exporter="torchscript", opset=11),
                         {"x": image.numpy()})  # fmt: skip
+    eager_train, conv_train = _training(t)
     return [
         ("eager op (C++)", "ORT DeformConv op19", eager, ort_native, 1.2),
         ("F.conv2d (no deformation)", "ORT DeformConv op19", conv, ort_native, None),
         ("ORT custom-node kernel", "eager op (C++)", kernel, eager, 1.1),
         ("DCN net, ORT opset 19", "DCN net, eager", net19, net_eager, 1.0),
         ("DCN net, ORT opset 11 (kernel)", "DCN net, eager", net11, net_eager, None),
+        (TRAIN, "eager op (C++)", eager_train, eager, None),
+        (CONV_TRAIN, "F.conv2d (no deformation)", conv_train, conv, None),
+        (TRAIN, CONV_TRAIN, eager_train, conv_train, None),
     ]
+
+
+TRAIN, CONV_TRAIN = "eager fwd+bwd (C++)", "F.conv2d fwd+bwd"
+TRAINING_GOAL = 1.5  # our (fwd+bwd)/fwd at most 1.5x F.conv2d's
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -216,6 +251,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         verdict = "" if goal is None else f"<={goal:.1f} {'ok' if ratio <= goal else 'MISS'}"
         print(f"{label:<32}{times[label]:>9.2f}  {base_label:<24}{times[base_label]:>9.2f}"
               f"{ratio:>7.2f}x  {verdict}")  # fmt: skip
+    ours = results[f"{TRAIN} / eager op (C++)"]
+    conv = results[f"{CONV_TRAIN} / F.conv2d (no deformation)"]
+    cost = results["training cost / F.conv2d training cost"] = ours / conv
+    print(f"training cost, (fwd+bwd)/fwd: ours {ours:.2f}, F.conv2d {conv:.2f}; ours / F.conv2d's "
+          f"{cost:.2f}x  <={TRAINING_GOAL:.1f} {'ok' if cost <= TRAINING_GOAL else 'MISS'}")  # fmt: skip
     mib = 1024 * 1024
     eager_peak, conv_peak = peak_memory("eager"), peak_memory("conv2d")
     results["eager_peak_bytes"], results["conv2d_peak_bytes"] = eager_peak, conv_peak

@@ -14,7 +14,7 @@ from onnx_custom.errors import ExtensionBuildError
 from onnx_custom.ops.extension import MyAddFunction, load_my_ops
 from onnx_custom.zoo import ZooCase
 
-__all__ = ["ZOO", "Model", "example_inputs"]
+__all__ = ["ZOO", "Model", "dynamic_shapes", "example_inputs"]
 
 try:
     load_my_ops()
@@ -32,6 +32,8 @@ def example_inputs() -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(0)
     return (torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g))
 
+
+dynamic_shapes = ({0: torch.export.Dim("batch")}, {0: torch.export.Dim("batch")})
 
 ZOO = (
     ZooCase("torchscript", 17),

@@ -7,7 +7,7 @@ import torch
 import onnx_custom.ops.seed  # noqa: F401  (defines mylib::multi_out)
 from onnx_custom.zoo import ZooCase
 
-__all__ = ["ZOO", "Model", "example_inputs"]
+__all__ = ["ZOO", "Model", "dynamic_shapes", "example_inputs"]
 
 
 class Model(torch.nn.Module):
@@ -19,6 +19,8 @@ class Model(torch.nn.Module):
 def example_inputs() -> tuple[torch.Tensor, ...]:
     return (torch.randn(4, 5, generator=torch.Generator().manual_seed(0)),)
 
+
+dynamic_shapes = ({0: torch.export.Dim("batch")},)
 
 ZOO = (
     ZooCase("torchscript", 13),

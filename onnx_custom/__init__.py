@@ -8,6 +8,7 @@ from typing import Any
 from onnx_custom import attributes as attr
 from onnx_custom._torchscript import registered
 from onnx_custom.errors import (
+    DynamicShapesError,
     ExtensionBuildError,
     KernelError,
     OnnxCustomError,
@@ -17,15 +18,18 @@ from onnx_custom.errors import (
 )
 from onnx_custom.export import export
 from onnx_custom.registry import Registry, SymbolicEntry, default_registry, symbolic
+from onnx_custom.spec import OpSpec, load_specs, register_spec
 from onnx_custom.verify import VerificationReport, verify
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DynamicShapesError",
     "ExtensionBuildError",
     "InferenceSession",
     "KernelError",
     "OnnxCustomError",
+    "OpSpec",
     "Registry",
     "SymbolicEntry",
     "SymbolicError",
@@ -36,6 +40,8 @@ __all__ = [
     "default_registry",
     "export",
     "kernel",
+    "load_specs",
+    "register_spec",
     "registered",
     "session_options",
     "symbolic",
@@ -61,4 +67,8 @@ def __getattr__(name: str) -> Any:
         from onnx_custom.preflight import check
 
         return check
+    if name == "testing":  # onnx_custom.testing.check_op without an explicit submodule import
+        import importlib
+
+        return importlib.import_module("onnx_custom.testing")
     raise AttributeError(f"module 'onnx_custom' has no attribute {name!r}")

@@ -18,8 +18,10 @@ import onnxscript
 import torch
 from torch.onnx._internal.exporter import _building, _tensors
 
+from onnx_custom._dynamo_shapes import fx_outputs, value_outputs
+from onnx_custom._output_meta import Outputs, flat_outputs, layout
 from onnx_custom.attributes import AttrKind, AttrValue
-from onnx_custom.builder import GraphBuilder
+from onnx_custom.builder import GraphBuilder, OutputMeta
 from onnx_custom.errors import SymbolicError
 from onnx_custom.names import QualifiedName, Target
 from onnx_custom.registry import Registry, SymbolicEntry, resolve_registry
@@ -39,14 +41,33 @@ _IR_KIND = {
 class DynamoBuilder(GraphBuilder):
     exporter = "dynamo"
 
-    def __init__(self, recorder: Any, opset: int, target: str) -> None:
-        super().__init__(opset, target)
+    def __init__(
+        self,
+        recorder: Any,
+        opset: int,
+        target: str,
+        outputs: Sequence[OutputMeta] | None = None,
+        typings: Sequence[Sequence[int | str | None]] | None = None,
+    ) -> None:
+        super().__init__(opset, target, outputs)
         self.recorder = recorder
+        # How the file spells each output's dims (torch's symbols, renamed after export), and
+        # for output_types=: a dim name -> that spelling.
+        self._typings = None if typings is None else [list(t) for t in typings]
+        self._spelling: dict[str, int | str | None] = {}
+        for meta, typing in zip(self._outputs or (), self._typings or (), strict=False):
+            for name, spelled in zip(meta.shape or (), typing, strict=False):
+                if isinstance(name, str):
+                    self._spelling.setdefault(name, spelled)
 
     def is_value(self, value: Any) -> bool:
         return isinstance(value, ir.Value)
 
     def dtype(self, value: Any) -> torch.dtype | None:
+        return self.dtype_of(value)
+
+    @staticmethod
+    def dtype_of(value: Any) -> torch.dtype | None:
         dtype = getattr(value, "dtype", None)
         if dtype is None:
             return None
@@ -77,13 +98,57 @@ class DynamoBuilder(GraphBuilder):
             outputs=[_tensors.SymbolicTensor(self.recorder.opset) for _ in range(outputs)],
         )
         self.recorder.nodes.append(node)
+        if not domain:
+            _infer_types(node, self.recorder.opset.version)
         return list(node.outputs)
+
+    def _set_type(self, value: Any, meta: OutputMeta, index: int | None = None) -> None:
+        if meta.dtype is not None:
+            value.dtype = ir.DataType(_TORCH_TO_ONNX[meta.dtype])
+        typing = None if index is None or self._typings is None else self._typings[index]
+        if typing is not None and meta.shape is not None:
+            value.shape = ir.Shape(typing)
+        elif meta.shape is not None:
+            value.shape = ir.Shape([self._spelling.get(d, d) if isinstance(d, str) else d for d in meta.shape])
 
     def _constant(self, array: np.ndarray) -> Any:
         (value,) = self._add_node("", "Constant", [], [AttrValue("value", AttrKind.TENSOR, array)], 1)
         value.dtype = ir.DataType(_numpy_to_onnx(array.dtype))
         value.shape = ir.Shape(array.shape)
         return value
+
+
+def _infer_types(node: ir.Node, opset: int) -> None:
+    """ONNX type inference for one standard node, so ``g.dtype``/``g.shape`` see its outputs
+    (the TorchScript exporter infers each node as it is added; torch's dynamo exporter only
+    types the values a translation returns). Nothing is set when inference cannot tell."""
+    import onnx
+
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, "")
+        types = {}
+        names = []
+        for index, value in enumerate(node.inputs):
+            if value is None:
+                names.append("")
+                continue
+            if value.dtype is None:
+                return
+            shape = None if value.shape is None else [d if isinstance(d, int) else d.value for d in value.shape]
+            names.append(f"in{index}")
+            types[names[-1]] = onnx.helper.make_tensor_type_proto(int(value.dtype), shape)
+        proto = onnx.helper.make_node(node.op_type, names, [f"out{i}" for i in range(len(node.outputs))])
+        proto.attribute.extend(ir.serde.serialize_attribute(a) for a in node.attributes.values())
+        inferred = onnx.shape_inference.infer_node_outputs(schema, proto, types)
+    except Exception:  # an op or attribute inference does not handle: leave the outputs untyped
+        return
+    for index, value in enumerate(node.outputs):
+        typ = inferred.get(f"out{index}")
+        if typ is None or not typ.HasField("tensor_type") or not typ.tensor_type.elem_type:
+            continue
+        value.dtype = ir.DataType(typ.tensor_type.elem_type)
+        if typ.tensor_type.HasField("shape"):
+            value.shape = ir.Shape([d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in typ.tensor_type.shape.dim])
 
 
 def _numpy_to_onnx(dtype: np.dtype) -> int:
@@ -105,6 +170,7 @@ def _build_onnx_to_torch() -> dict[int, torch.dtype]:
 
 
 _ONNX_TO_TORCH = _build_onnx_to_torch()
+_TORCH_TO_ONNX = {v: k for k, v in _ONNX_TO_TORCH.items()}
 
 
 def _split(schema: torch._C.FunctionSchema, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
@@ -127,6 +193,31 @@ def _split(schema: torch._C.FunctionSchema, args: Sequence[Any], kwargs: dict[st
     return inputs, attrs
 
 
+def _torch_outputs(overload: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Outputs, Any, Any] | None:
+    found = fx_outputs(overload)
+    if found is None:
+        found = value_outputs(overload, args, kwargs, DynamoBuilder.dtype_of)
+    return found
+
+
+def _pack(target: Target, values: list[Any], returns: list[int | None] | None, expected: int) -> Any:
+    if returns is None:
+        if len(values) != expected:
+            raise SymbolicError(
+                f"The translation for {target} returned {len(values)} output(s) but the torch op "
+                f"has {expected}. Return one value per torch output (a tuple for several)."
+            )
+        return values[0] if expected == 1 else tuple(values)
+    if returns == [None]:
+        return values[0]
+    if all(r is None for r in returns) or len(returns) == 1:
+        return tuple(values)  # several tensors, or the elements of a single Tensor[] return
+    raise SymbolicError(
+        f"{target} returns a Tensor[] next to other outputs, which the dynamo exporter cannot "
+        "carry. Fix: return the list alone (or tensors only), or export with exporter='torchscript'."
+    )
+
+
 def _translation(registry: Registry, target: Target, overload: torch._ops.OpOverload, opset: int, entry: SymbolicEntry) -> Any:
     schema = overload._schema
     expected = len(schema.returns)
@@ -135,16 +226,21 @@ def _translation(registry: Registry, target: Target, overload: torch._ops.OpOver
         recorder = onnxscript.evaluator.default()
         if not isinstance(recorder, _building.OpRecorder):
             raise SymbolicError(f"The translation for {target} was called outside the dynamo exporter.")
+        found = _torch_outputs(overload, args, kwargs)
         inputs, attrs = _split(schema, args, kwargs)
-        builder = DynamoBuilder(recorder, opset, str(target))
-        result = entry.fn(builder, *inputs, **attrs)
-        values = list(result) if isinstance(result, (tuple, list)) else [result]
-        if len(values) != expected:
-            raise SymbolicError(
-                f"The translation for {target} ({entry.source}) returned {len(values)} output(s) "
-                f"but the torch op has {expected}. Return one value per torch output (a tuple for several)."
-            )
-        return values[0] if expected == 1 else tuple(values)
+        if found is None:
+            builder = DynamoBuilder(recorder, opset, str(target))
+            returns = None
+        else:
+            outputs, typings, names = found
+            builder = DynamoBuilder(recorder, opset, str(target), [names.meta(d) for d in flat_outputs(outputs)], typings)
+            returns = layout(outputs)
+        values = builder.finish(entry.fn(builder, *inputs, **attrs))
+        for index, (value, meta) in enumerate(zip(values, builder._outputs or (), strict=False)):
+            producer = value.producer()
+            if producer is not None and producer.domain not in ("", "ai.onnx"):
+                builder._set_type(value, meta, index)  # torch re-types it too; in-graph uses see it now
+        return _pack(target, values, returns, expected)
 
     # Plain parameters without annotations: torch treats every one as an input and dispatches
     # all calls for this overload to us (no signature mismatch warnings).

@@ -17,11 +17,26 @@ from typing import Any
 import onnx
 import torch
 
+from onnx_custom._constraints import (
+    check_with_torch_export,
+    constraint_violation,
+    static_axes,
+    symbol_names_of,
+)
+from onnx_custom._dim_params import rename_dims, write_metadata
+from onnx_custom._dynamic_shapes import DynamicSpec, resolve_dynamic_shapes
+from onnx_custom._dynamo_shapes import symbol_names
 from onnx_custom._onnx_utils import iter_nodes
 from onnx_custom._opset_compat import lower_default_opset
 from onnx_custom._torchscript import TS_MAX_OPSET, TS_MIN_OPSET, registered
+from onnx_custom._ts_shapes import ExportDims, export_dims, name_derived_dims
 from onnx_custom.coverage import format_missing, missing_ops_dynamo, missing_ops_torchscript
-from onnx_custom.errors import OnnxCustomError, SymbolicError, UnsupportedOpError
+from onnx_custom.errors import (
+    DynamicShapesError,
+    OnnxCustomError,
+    SymbolicError,
+    UnsupportedOpError,
+)
 from onnx_custom.registry import Registry, resolve_registry
 
 __all__ = ["DEFAULT_OPSET", "EXPORTERS", "MAX_IR_VERSION", "export_model", "finalize_model", "save_model", "trace_program"]
@@ -87,29 +102,22 @@ def _raise_ours(exc: BaseException) -> None:
         seen = seen.__cause__ or seen.__context__
 
 
-def _dynamic_axes(dynamic_shapes: Any, input_names: Sequence[str]) -> dict[str, dict[int, str]]:
-    """torch.export-style ``dynamic_shapes`` -> TorchScript ``dynamic_axes``."""
-    specs = list(dynamic_shapes.values()) if isinstance(dynamic_shapes, dict) else list(dynamic_shapes)
-    axes: dict[str, dict[int, str]] = {}
-    for name, spec in zip(input_names, specs, strict=False):
-        if not spec:
-            continue
-        if isinstance(spec, dict):
-            axes[name] = {int(k): getattr(v, "__name__", f"{name}_dim{k}") for k, v in spec.items()}
-        elif isinstance(spec, (list, tuple)):
-            axes[name] = {i: getattr(v, "__name__", f"{name}_dim{i}") for i, v in enumerate(spec) if v is not None}
-    return axes
-
-
-def _export_torchscript(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, dynamic_shapes: Any, input_names: Any, output_names: Any, kwargs: dict[str, Any]) -> onnx.ModelProto:
-    names = list(input_names) if input_names else [f"input_{i}" for i in range(len(args))]
-    if dynamic_shapes is not None and "dynamic_axes" not in kwargs:
-        kwargs["dynamic_axes"] = _dynamic_axes(dynamic_shapes, names)
+def _export_torchscript(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, spec: DynamicSpec, output_names: Any, kwargs: dict[str, Any]) -> tuple[onnx.ModelProto, DynamicSpec]:
+    if spec.export_shapes is not None:
+        spec = check_with_torch_export(model, args, kwargs.get("kwargs"), spec)
+    keyword_inputs = kwargs.pop("kwargs", None)
+    if keyword_inputs:
+        args = (*args, keyword_inputs)  # TorchScript takes keyword inputs as a trailing dict
+    names = list(spec.input_names)
+    dims = ExportDims(tuple(names), spec.dynamic_axes, tuple(tuple(leaf.tensor.shape) for leaf in spec.leaves))
     buffer = io.BytesIO()
     try:
-        with registered(reg, opset=opset), warnings.catch_warnings():
+        with export_dims(dims), registered(reg, opset=opset), warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
-            torch.onnx.export(model, args, buffer, dynamo=False, opset_version=opset, input_names=names, output_names=output_names, **kwargs)  # type: ignore[arg-type]
+            torch.onnx.export(
+                model, args, buffer, dynamo=False, opset_version=opset, input_names=names,  # type: ignore[arg-type]
+                output_names=output_names, dynamic_axes=spec.dynamic_axes or None, **kwargs,
+            )
     except torch.onnx.errors.UnsupportedOperatorError as exc:
         missing = missing_ops_torchscript(model, args, opset, reg)
         if not missing:
@@ -120,7 +128,9 @@ def _export_torchscript(model: Any, args: tuple[Any, ...], opset: int, reg: Regi
     except Exception as exc:
         _raise_ours(exc)
         raise
-    return onnx.load_from_string(buffer.getvalue())
+    proto = onnx.load_from_string(buffer.getvalue())
+    name_derived_dims(proto, dims)
+    return proto, spec
 
 
 @contextlib.contextmanager
@@ -153,14 +163,28 @@ def _reject_autograd_functions(reg: Registry) -> Any:
             cls.forward = original  # type: ignore[attr-defined]
 
 
-def trace_program(model: torch.nn.Module, args: tuple[Any, ...], registry: Registry, *, kwargs: dict[str, Any] | None = None, dynamic_shapes: Any = None) -> torch.export.ExportedProgram:
+def trace_program(
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    registry: Registry,
+    *,
+    kwargs: dict[str, Any] | None = None,
+    dynamic_shapes: Any = None,
+    spec: DynamicSpec | None = None,
+) -> torch.export.ExportedProgram:
     """``torch.export`` as the dynamo exporter runs it, with our errors for its sharp edges
-    (a registered autograd.Function, a custom op without a fake kernel); others propagate."""
+    (a registered autograd.Function, a custom op without a fake kernel, a dynamic dim the model
+    specializes); others propagate. ``dynamic_shapes`` may be any form `export` accepts."""
+    if spec is None:
+        spec = resolve_dynamic_shapes(model, args, kwargs, dynamic_shapes=dynamic_shapes)
     try:
         with _reject_autograd_functions(registry):
-            return torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+            return torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=spec.export_shapes, strict=False)
     except Exception as exc:
         _raise_ours(exc)
+        violation = constraint_violation(exc, spec)
+        if violation is not None:
+            raise violation from exc
         match = _NO_FAKE.search(str(exc))
         if match:
             op = match["op"]
@@ -172,30 +196,35 @@ def trace_program(model: torch.nn.Module, args: tuple[Any, ...], registry: Regis
         raise
 
 
-def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, dynamic_shapes: Any, input_names: Any, output_names: Any, kwargs: dict[str, Any]) -> onnx.ModelProto:
+def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, spec: DynamicSpec, output_names: Any, kwargs: dict[str, Any]) -> tuple[onnx.ModelProto, DynamicSpec]:
     from onnx_custom._dynamo import translation_table
 
     if isinstance(model, torch.export.ExportedProgram):
-        program = model
+        program, names = model, {}  # its dims are torch's (s77): no user names to give them
     else:
-        program = trace_program(model, args, reg, kwargs=kwargs.pop("kwargs", None), dynamic_shapes=dynamic_shapes)
+        program = trace_program(model, args, reg, kwargs=kwargs.pop("kwargs", None), spec=spec)
+        names = symbol_names_of(program, spec)
     missing = missing_ops_dynamo(program, opset, reg)
     if missing:
         raise UnsupportedOpError(format_missing(missing, "dynamo", opset), tuple(m.name for m in missing))
     table = translation_table(opset, reg)
     try:
-        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        with symbol_names(names), contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             # Build at >= 18 (the exporter's native opset) and lower ourselves: torch's own
             # down-conversion silently keeps opset 18 whenever onnx lacks an adapter.
             onnx_program = torch.onnx.export(
                 program, args, dynamo=True, opset_version=max(opset, _DYNAMO_NATIVE_OPSET), custom_translation_table=table,  # type: ignore[arg-type]
-                input_names=input_names, output_names=output_names, verbose=False, **kwargs,
+                input_names=list(spec.input_names), output_names=output_names, verbose=False, **kwargs,
             )
     except Exception as exc:
         _raise_ours(exc)
         raise
-    return lower_default_opset(onnx_program.model_proto, opset)  # type: ignore[union-attr]
+    proto = lower_default_opset(onnx_program.model_proto, opset)  # type: ignore[union-attr]
+    rename_dims(proto, names)
+    if not isinstance(model, torch.export.ExportedProgram):
+        spec = spec.without(static_axes(program, spec))
+    return proto, spec
 
 
 def export_model(
@@ -205,15 +234,37 @@ def export_model(
     exporter: str = "dynamo",
     opset: int | None = None,
     dynamic_shapes: Any = None,
+    dynamic_axes: Any = None,
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
     registry: Registry | None = None,
     **exporter_kwargs: Any,
 ) -> onnx.ModelProto:
-    """Export with ``exporter`` at ``opset`` using ``registry``; every used domain declared."""
+    """Export with ``exporter`` at ``opset`` using ``registry``; every used domain declared.
+
+    ``dynamic_shapes`` (any form torch.onnx.export accepts) or ``dynamic_axes`` (the TorchScript
+    form) are read once, the same way for both exporters: ONNX inputs are named after
+    ``forward``'s parameters (unless ``input_names``), each dynamic dim is a ``dim_param`` with the
+    user's name, and ``metadata_props["onnx_custom.dynamic_dims"]`` records the named dims' ranges.
+    """
     opset = DEFAULT_OPSET if opset is None else opset
     args = _validate(model, args, exporter, opset)
     reg = resolve_registry(registry)
+    kwargs = dict(exporter_kwargs)
+    if isinstance(model, torch.export.ExportedProgram):
+        if dynamic_shapes is not None or dynamic_axes is not None:
+            raise DynamicShapesError(
+                "dynamic_shapes/dynamic_axes cannot change an ExportedProgram: torch.export.export "
+                "already fixed its dims. Fix: pass them to torch.export.export, or pass the "
+                "nn.Module to onnx_custom.export."
+            )
+        spec = resolve_dynamic_shapes(model.module(), args, kwargs.get("kwargs"), input_names=input_names)
+    else:
+        spec = resolve_dynamic_shapes(
+            model, args, kwargs.get("kwargs"), dynamic_shapes=dynamic_shapes, dynamic_axes=dynamic_axes,
+            input_names=input_names, output_names=output_names,
+        )
     run = _export_dynamo if exporter == "dynamo" else _export_torchscript
-    proto = run(model, args, opset, reg, dynamic_shapes, input_names, output_names, dict(exporter_kwargs))
+    proto, spec = run(model, args, opset, reg, spec, output_names, kwargs)
+    write_metadata(proto, spec)
     return finalize_model(proto)

@@ -82,7 +82,9 @@ def extension_directory(name: str, source: Path, flags: Sequence[str]) -> Path:
     import torch
 
     key = hashlib.sha256(source.read_bytes())
-    for part in (torch.__version__, sys.version, sys.platform, _cxx(), " ".join(flags)):
+    # torch's location too: build.ninja names its include paths, so two venvs sharing one cache
+    # would otherwise keep rebuilding each other's copy.
+    for part in (torch.__version__, os.path.dirname(torch.__file__), sys.version, sys.platform, _cxx(), " ".join(flags)):
         key.update(part.encode())
     return cache_root() / "torch_ext" / f"{name}-{key.hexdigest()[:16]}"
 
@@ -117,10 +119,15 @@ def build_torch_extension(name: str, source: Path, *, extra_cflags: Sequence[str
     with _tools_on_path(name), _process_lock(directory):
         if not is_python_module and marker.exists() and library.exists():  # built while we waited
             return _load_library(library)
+        # Build from a copy inside the keyed folder: build.ninja then names the same path for
+        # every checkout/venv sharing the cache, so identical sources never rebuild each other.
+        local = directory / source.name
+        if not local.exists() or local.read_bytes() != source.read_bytes():
+            local.write_bytes(source.read_bytes())
         try:
             result = cpp_extension.load(
                 name=name,
-                sources=[str(source)],
+                sources=[str(local)],
                 extra_cflags=list(extra_cflags),
                 build_directory=str(directory),
                 is_python_module=is_python_module,

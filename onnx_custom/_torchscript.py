@@ -18,8 +18,10 @@ import torch
 from torch.onnx._internal.torchscript_exporter import registration as ts_registration
 from torch.onnx._internal.torchscript_exporter import symbolic_helper
 
+from onnx_custom._output_meta import Outputs, TensorDesc, flat_outputs, layout
+from onnx_custom._ts_shapes import TAG, TsDims, session, ts_dims
 from onnx_custom.attributes import AttrKind, AttrValue
-from onnx_custom.builder import GraphBuilder
+from onnx_custom.builder import GraphBuilder, OutputMeta
 from onnx_custom.errors import SymbolicError
 from onnx_custom.names import Target
 from onnx_custom.registry import Registry, resolve_registry
@@ -45,9 +47,12 @@ _SUFFIX = {
 class TorchScriptBuilder(GraphBuilder):
     exporter = "torchscript"
 
-    def __init__(self, ctx: Any, target: str) -> None:
-        super().__init__(ctx.opset, target)
+    def __init__(self, ctx: Any, target: str, outputs: Sequence[TensorDesc | None] | None = None) -> None:
         self.ctx = ctx
+        self.dims = ts_dims(ctx)
+        self._descs = None if outputs is None else list(outputs)
+        metas = None if outputs is None else [OutputMeta() if d is None else self.dims.dims.meta(d) for d in outputs]
+        super().__init__(ctx.opset, target, metas)
 
     def is_value(self, value: Any) -> bool:
         return isinstance(value, torch._C.Value)
@@ -59,6 +64,10 @@ class TorchScriptBuilder(GraphBuilder):
             return None
 
     def shape(self, value: Any) -> tuple[int | None, ...] | None:
+        return self.shape_of(value)
+
+    @staticmethod
+    def shape_of(value: Any) -> tuple[int | None, ...] | None:
         try:
             sizes = value.type().varyingSizes()
         except Exception:  # not a tensor type with a known rank
@@ -70,28 +79,44 @@ class TorchScriptBuilder(GraphBuilder):
         for attr in attrs:
             value = attr.value
             if attr.kind is AttrKind.TENSOR:
-                value = torch.from_numpy(np.ascontiguousarray(value))
+                value = _tensor(value)
             elif attr.kind in (AttrKind.INTS, AttrKind.FLOATS, AttrKind.STRINGS):
                 value = list(value)
             kwargs[f"{attr.name}_{_SUFFIX[attr.kind]}"] = value
         args = [self._none() if v is None else v for v in inputs]
         name = f"{domain}::{op_type}" if domain else op_type
+        if domain and self.dims.tagging:
+            kwargs[f"{TAG}_i"] = self.dims.next_tag  # removed after export (name_derived_dims)
+            self.dims.next_tag += 1
         result = self.ctx.op(name, *args, outputs=outputs, **kwargs)
         values = list(result) if outputs > 1 else [result]
         if domain:
-            # ONNX shape inference cannot see custom nodes: give their outputs a provisional type
-            # (dtype of the first tensor input); outputs returned to torch get the exact type later.
-            dtype = next((self.dtype(v) for v in inputs if v is not None and self.dtype(v) is not None), None)
+            # ONNX shape inference cannot see custom nodes: without a declared type (g.op types
+            # them from g.outputs or output_types=) they stay untyped, never a guessed one.
             for value in values:
-                typ = torch._C.TensorType.get()
-                value.setType(typ.with_dtype(dtype) if dtype is not None else typ)
+                value.setType(torch._C.TensorType.get())
         return values
+
+    def _set_type(self, value: Any, meta: OutputMeta, index: int | None = None) -> None:
+        desc = None if index is None or self._descs is None else self._descs[index]
+        value.setType(self.dims.tensor_type(meta, desc))
+        node = value.node()
+        if self.dims.tagging and self.dims.spec is not None and meta.shape is not None and node.hasAttribute(TAG):
+            self.dims.spec.tagged[(node.i(TAG), value.offset())] = meta.shape
 
     def _none(self) -> Any:
         return self.ctx.op("prim::Constant").setType(torch._C.OptionalType.ofTensor())
 
     def _constant(self, array: np.ndarray) -> Any:
-        return self.ctx.op("Constant", value_t=torch.from_numpy(np.ascontiguousarray(array)))
+        return self.ctx.op("Constant", value_t=_tensor(array))
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    """numpy -> torch, bfloat16 included (torch.from_numpy does not know ml_dtypes' bfloat16)."""
+    array = np.ascontiguousarray(array)
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.view(np.uint16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(array.copy() if not array.flags.writeable else array)
 
 
 # -- argument parsing ---------------------------------------------------------------------
@@ -150,25 +175,87 @@ def _split_args(op_name: str, schema: Any, args: Sequence[Any]) -> tuple[list[An
     return inputs, attrs
 
 
-def _expected_outputs(ctx: Any) -> int | None:
-    node = getattr(ctx, "original_node", None)
-    return node.outputsSize() if node is not None else None
+def _overload(schema: Any) -> Any:
+    if schema is None:
+        return None
+    ns, _, name = schema.name.partition("::")
+    with contextlib.suppress(AttributeError, RuntimeError):
+        return getattr(getattr(getattr(torch.ops, ns), name), schema.overload_name or "default")
+    return None
 
 
-def _finish(ctx: Any, target: str, result: Any, expected: int | None) -> Any:
-    values = list(result) if isinstance(result, (tuple, list)) else [result]
-    if expected is not None and len(values) != expected:
-        raise SymbolicError(
-            f"The translation for {target} returned {len(values)} output(s) but the torch op has "
-            f"{expected}. Return one value per torch output (a tuple for several)."
-        )
+def _fake_arg(value: Any, typ: Any, dims: TsDims) -> Any:
+    if not _is_tensor_type(typ):
+        return _constant(value, typ) if isinstance(value, torch._C.Value) else value
+    if symbolic_helper._is_none(value):
+        return None
+    if str(typ) == "List[Tensor]":
+        return [dims.describe(v) for v in symbolic_helper._unpack_list(value)]
+    return dims.describe(value)
+
+
+def _list_length(output: Any) -> int | None:
+    """Elements of a traced ``Tensor[]`` output, read off the prim::ListUnpack that uses it."""
+    for use in output.uses():
+        if use.user.kind() == "prim::ListUnpack":
+            return int(use.user.outputsSize())
+    return None
+
+
+def _traced_outputs(ctx: Any, inputs: Sequence[Any]) -> Outputs | None:
+    """No fake run possible: what the trace recorded. Its sizes are the example's, so with any
+    dynamic input only the rank is kept (every dim unknown: a symbol of its own in the file)."""
     node = getattr(ctx, "original_node", None)
-    if node is not None:
-        for value, original in zip(values, node.outputs(), strict=False):
-            # Exact output types (incl. dynamic shapes) come from the traced torch op.
-            if value is not None and value.node().kind().split("::")[0] not in ("onnx", "prim"):
-                value.setType(original.type())
+    if node is None:
+        return None
+    static = all(v is None or (TorchScriptBuilder.shape_of(v) or (None,)).count(None) == 0 for v in inputs)
+    result: Outputs = []
+    for output in node.outputs():
+        if str(output.type()).startswith("List["):
+            count = _list_length(output)
+            if count is None:
+                return None
+            result.append([TensorDesc(None, None)] * count)
+            continue
+        dtype, shape = None, None
+        with contextlib.suppress(Exception):
+            dtype = output.type().dtype()
+        with contextlib.suppress(Exception):
+            rank = output.type().dim()
+            shape = None if rank is None else tuple(output.type().sizes()) if static else (None,) * rank
+        result.append(TensorDesc(dtype, shape))
     return result
+
+
+def _finish(ctx: Any, builder: TorchScriptBuilder, result: Any, returns: Sequence[int | None] | None) -> Any:
+    values = builder.finish(result)
+    if builder._outputs is None:
+        expected = getattr(ctx, "original_node", None)
+        if expected is not None and len(values) != expected.outputsSize():
+            raise SymbolicError(
+                f"The translation for {builder.target} returned {len(values)} output(s) but the torch "
+                f"op has {expected.outputsSize()}. Return one value per torch output (a tuple for several)."
+            )
+        return result
+    for index, (value, meta) in enumerate(zip(values, builder.outputs, strict=True)):
+        kind = value.node().kind().split("::")[0]
+        # Custom nodes get torch's exact types (symbolic dims included); standard nodes keep
+        # ONNX's inference unless it could not even tell the rank.
+        if kind not in ("onnx", "prim") or (kind == "onnx" and value.type().dim() is None and meta.shape is not None):
+            builder._set_type(value, meta, index)
+    if returns is None:
+        return values[0] if len(values) == 1 else tuple(values)
+    packed: list[Any] = []
+    position = 0
+    for count in returns:
+        if count is None:
+            packed.append(values[position])
+            position += 1
+        else:  # a Tensor[] return: torch's prim::ListUnpack symbolic unpacks it again
+            items = values[position : position + count]
+            packed.append(builder.ctx.op("prim::ListConstruct", *items).setType(torch._C.ListType.ofTensors()))
+            position += count
+    return packed[0] if len(packed) == 1 else tuple(packed)
 
 
 def _op_symbolic(registry: Registry, target: Target) -> Any:
@@ -176,10 +263,19 @@ def _op_symbolic(registry: Registry, target: Target) -> Any:
 
     def symbolic(ctx: Any, *args: Any, **_node_attrs: Any) -> Any:
         entry = registry.lookup(target, ctx.opset, exporter="torchscript")
-        inputs, attrs = _split_args(op_name, _schema_for(ctx, op_name), args)
-        builder = TorchScriptBuilder(ctx, str(target))
+        schema = _schema_for(ctx, op_name)
+        inputs, attrs = _split_args(op_name, schema, args)
+        dims = ts_dims(ctx)
+        overload = _overload(schema)
+        outputs = None
+        if overload is not None and schema is not None:
+            fake_args = [_fake_arg(v, p.type, dims) for p, v in zip(schema.arguments, args, strict=False)]
+            outputs = dims.fake_outputs(overload, fake_args)
+        if outputs is None:
+            outputs = _traced_outputs(ctx, [v for v in args if isinstance(v, torch._C.Value)])
+        builder = TorchScriptBuilder(ctx, str(target), None if outputs is None else flat_outputs(outputs))
         result = entry.fn(builder, *inputs, **attrs)
-        return _finish(ctx, str(target), result, _expected_outputs(ctx))
+        return _finish(ctx, builder, result, None if outputs is None else layout(outputs))
 
     symbolic.__qualname__ = f"onnx_custom_symbolic[{target}]"
     return symbolic
@@ -187,14 +283,19 @@ def _op_symbolic(registry: Registry, target: Target) -> Any:
 
 def _function_symbolic(registry: Registry, target: Target) -> Any:
     assert target.function is not None
-    params = list(inspect.signature(target.function.forward).parameters)[1:]  # type: ignore[attr-defined]  # drop ctx
+    function = target.function
+    params = list(inspect.signature(function.forward).parameters)[1:]  # type: ignore[attr-defined]  # drop ctx
 
     def symbolic(ctx: Any, *args: Any) -> Any:
         entry = registry.lookup(target, ctx.opset, exporter="torchscript")
         inputs = [a for a in args if isinstance(a, torch._C.Value)]
         attrs = {name: a for name, a in zip(params, args, strict=False) if not isinstance(a, torch._C.Value)}
-        result = entry.fn(TorchScriptBuilder(ctx, str(target)), *inputs, **attrs)
-        return _finish(ctx, str(target), result, None)
+        dims = ts_dims(ctx)
+        fake_args = [dims.describe(a) if isinstance(a, torch._C.Value) else a for a in args]
+        outputs = dims.fake_outputs(function.apply, fake_args) or _traced_outputs(ctx, inputs)  # type: ignore[attr-defined]
+        builder = TorchScriptBuilder(ctx, str(target), None if outputs is None else flat_outputs(outputs))
+        result = entry.fn(builder, *inputs, **attrs)
+        return _finish(ctx, builder, result, None)
 
     return staticmethod(symbolic)
 
@@ -238,7 +339,8 @@ def registered(registry: Registry | None = None, *, opset: int | None = None) ->
                     previous[version] = overrides.get(version, _MISSING)
                 ts_registration.registry.register(name, version, fn, custom=True)
                 group = table[name]
-        yield reg
+        with session():
+            yield reg
     finally:
         # Undo only our overrides: base symbolics torch registered lazily meanwhile must stay.
         for name, (existed, previous) in touched.items():

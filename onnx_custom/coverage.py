@@ -88,6 +88,11 @@ def missing_ops_dynamo(exported_program: torch.export.ExportedProgram, opset: in
     ]
 
 
+# Scalar conversions the TorchScript exporter erases before translating (torch's
+# _jit_pass_erase_number_types replaces them by their input): no symbolic needed.
+_TS_ERASED = {"aten::Int", "aten::Float", "aten::Bool", "aten::IntImplicit", "aten::FloatImplicit", "aten::ScalarImplicit"}
+
+
 def _ts_has_symbolic(kind: str, opset: int) -> bool:
     from torch.onnx._internal.torchscript_exporter import registration
 
@@ -118,7 +123,7 @@ def missing_ops_torchscript(model: torch.nn.Module, args: tuple[Any, ...], opset
                 continue
             names.append(f"prim::PythonOp[{node.pyname()}]")
             continue
-        if ns in ("prim", "onnx"):
+        if ns in ("prim", "onnx") or kind in _TS_ERASED:
             continue
         try:
             covered = ours(Target(QualifiedName.parse(kind.rstrip("_"))))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "DynamicShapesError",
     "ExtensionBuildError",
     "KernelError",
     "OnnxCustomError",
@@ -29,6 +30,11 @@ class UnsupportedOpError(OnnxCustomError):
 
 class SymbolicError(OnnxCustomError, ValueError):
     """A translation or its registration is malformed (bad target name, bad attribute, wrong arity)."""
+
+
+class DynamicShapesError(OnnxCustomError, ValueError):
+    """``dynamic_shapes``/``dynamic_axes`` do not fit the model or its example inputs (unknown
+    input or dim name, a range excluding the example size, a dim the model specializes)."""
 
 
 class KernelError(OnnxCustomError):

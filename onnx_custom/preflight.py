@@ -1,23 +1,33 @@
 """``onnx_custom.check`` (this module is ``preflight`` so it never shadows the function): pre-flight coverage of a model, without exporting a file.
 
 Lists, all at once, every op with no translation for the chosen exporter/opset (with the opsets
-where one exists), and every custom node type the chosen translations would emit
-(``SymbolicEntry.emits``) that has neither a runtime kernel nor an ONNX schema.
+where one exists), and every custom node type the chosen translations emit that has neither a
+runtime kernel nor an ONNX schema.
+
+The custom node types are found by *running* the translations: a dry export into a throwaway
+ModelProto (nothing is written), recording every node the translations add. When that export
+succeeds, nothing is missing, whatever the trace-based op listing guessed; when it fails on
+untranslated ops, the nodes recorded so far and the translations' ``emits=`` declarations (still
+accepted, no longer needed) stand in.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import warnings
 from typing import Any
 
 import onnx
 import torch
 
+from onnx_custom._onnx_utils import iter_nodes
 from onnx_custom.coverage import MissingOp, missing_ops_dynamo, missing_ops_torchscript
 from onnx_custom.errors import OnnxCustomError, SymbolicError, UnsupportedOpError
 from onnx_custom.names import QualifiedName, Target
 from onnx_custom.registry import Registry, SymbolicEntry, default_registry
+from onnx_custom.runner import STANDARD_DOMAINS
 
 __all__ = ["CoverageReport", "MissingKernel", "check", "has_kernel", "kernel_registry_or_none"]
 
@@ -46,6 +56,7 @@ class CoverageReport:
     missing_kernels: tuple[MissingKernel, ...]
     kernels_checked: bool
     problems: tuple[str, ...] = ()
+    translations_ran: bool = False  # the dry export ran the translations (else emits= was used)
 
     @property
     def ok(self) -> bool:
@@ -95,6 +106,7 @@ class CoverageReport:
             "missing_kernels": [dataclasses.asdict(k) for k in self.missing_kernels],
             "kernels_checked": self.kernels_checked,
             "problems": list(self.problems),
+            "translations_ran": self.translations_ran,
         }
 
 
@@ -157,7 +169,10 @@ def _export_program(model: torch.nn.Module, args: tuple[Any, ...], registry: Reg
         raise OnnxCustomError(f"torch.export could not trace the model: {type(exc).__name__}: {first}") from exc
 
 
-def _dynamo_ops(model: torch.nn.Module, args: tuple[Any, ...], opset: int, registry: Registry) -> tuple[list[str], list[SymbolicEntry], list[MissingOp]]:
+_Ops = tuple[list[str], list[SymbolicEntry], list[MissingOp], Any]  # ..., what the dry export exports
+
+
+def _dynamo_ops(model: torch.nn.Module, args: tuple[Any, ...], opset: int, registry: Registry) -> _Ops:
     program = _export_program(model, args, registry)
     ops: dict[str, None] = {}
     used: dict[tuple[str, int, str], SymbolicEntry] = {}
@@ -171,10 +186,10 @@ def _dynamo_ops(model: torch.nn.Module, args: tuple[Any, ...], opset: int, regis
         entry = _entry(registry, target, opset, "dynamo")
         if entry is not None:
             used[entry.key] = entry
-    return list(ops), list(used.values()), missing_ops_dynamo(program, opset, registry)
+    return list(ops), list(used.values()), missing_ops_dynamo(program, opset, registry), program  # traced once
 
 
-def _torchscript_ops(model: torch.nn.Module, args: tuple[Any, ...], opset: int, registry: Registry) -> tuple[list[str], list[SymbolicEntry], list[MissingOp]]:
+def _torchscript_ops(model: torch.nn.Module, args: tuple[Any, ...], opset: int, registry: Registry) -> _Ops:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         graph, *_ = torch.jit._get_trace_graph(model, args)
@@ -193,7 +208,49 @@ def _torchscript_ops(model: torch.nn.Module, args: tuple[Any, ...], opset: int, 
             entry = _entry(registry, kind, opset, "torchscript")
         if entry is not None:
             used[entry.key] = entry
-    return list(ops), list(used.values()), missing_ops_torchscript(model, args, opset, registry)
+    return list(ops), list(used.values()), missing_ops_torchscript(model, args, opset, registry), model
+
+
+@dataclasses.dataclass(frozen=True)
+class _DryExport:
+    """What exporting into a throwaway ModelProto showed."""
+
+    emitted: dict[str, list[str]]  # custom node type -> the torch ops whose translation emitted it
+    succeeded: bool
+    missing: tuple[str, ...] = ()  # ops the exporter refused (UnsupportedOpError)
+    problem: str = ""
+
+
+def _dry_export(model: torch.nn.Module | torch.export.ExportedProgram, args: tuple[Any, ...], exporter: str, opset: int, registry: Registry) -> _DryExport:
+    from onnx_custom._exporters import export_model
+    from onnx_custom.builder import record_nodes
+
+    emitted: dict[str, list[str]] = {}
+
+    def add(node_type: str, by: str) -> None:
+        if by not in emitted.setdefault(node_type, []):
+            emitted[node_type].append(by)
+
+    outcome: dict[str, Any] = {"succeeded": False}
+    with record_nodes() as log, warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        try:
+            proto = export_model(model, args, exporter=exporter, opset=opset, registry=registry)
+        except UnsupportedOpError as exc:
+            outcome["missing"] = tuple(exc.missing)
+        except Exception as exc:  # tracing or translating a user model can fail in many ways
+            text = str(exc).strip()
+            outcome["problem"] = f"Exporting failed: {type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+        else:
+            outcome["succeeded"] = True
+    for record in log:
+        if record.domain not in STANDARD_DOMAINS:
+            add(f"{record.domain}::{record.op_type}", f"translation of {record.target}")
+    if outcome["succeeded"]:
+        for node in iter_nodes(proto, functions=False):
+            if node.domain not in STANDARD_DOMAINS:
+                add(f"{node.domain}::{node.op_type}", "the exported graph")
+    return _DryExport(emitted, **outcome)
 
 
 def check(
@@ -204,12 +261,16 @@ def check(
     opset: int = 18,
     registry: Registry | None = None,
     raise_if_missing: bool = False,
+    kernels: Any = None,
 ) -> CoverageReport:
     """Pre-flight: can ``model`` be exported with ``exporter`` at ``opset`` and run in ORT?
 
-    Traces the model (``torch.export`` or ``torch.jit`` trace, like the exporter would) without
-    writing a file. ``raise_if_missing=True`` raises `UnsupportedOpError` (``missing``: every
-    name) with the same text as ``str(report)`` when anything is missing.
+    Traces the model (``torch.export`` or ``torch.jit`` trace, like the exporter would) to list
+    its ops, then exports it into a throwaway ModelProto (no file written) to run the
+    translations and collect the custom node types they emit; each needs a kernel in
+    ``kernels`` (default: the default kernel registry) or an ONNX schema.
+    ``raise_if_missing=True`` raises `UnsupportedOpError` (``missing``: every name) with the
+    same text as ``str(report)`` when anything is missing.
     """
     from onnx_custom._exporters import EXPORTERS
 
@@ -228,6 +289,7 @@ def check(
     ops: list[str] = []
     entries: list[SymbolicEntry] = []
     missing: list[MissingOp] = []
+    source: Any = model
     if exporter == "torchscript":
         from onnx_custom._torchscript import TS_MAX_OPSET, TS_MIN_OPSET
 
@@ -235,16 +297,28 @@ def check(
             problems.append(f"The TorchScript exporter supports opsets {TS_MIN_OPSET}..{TS_MAX_OPSET}, got {opset}.")
     try:
         collect = _dynamo_ops if exporter == "dynamo" else _torchscript_ops
-        ops, entries, missing = collect(model, args, opset, reg)
+        ops, entries, missing, source = collect(model, args, opset, reg)
     except OnnxCustomError as exc:
         problems.append(str(exc))
     except Exception as exc:  # tracing a user model can fail in many ways; report, don't crash
         problems.append(f"Tracing the model failed: {type(exc).__name__}: {exc}")
     emitted: dict[str, list[str]] = {}
-    for entry in entries:
-        for node_type in entry.emits:
-            emitted.setdefault(node_type, []).append(entry.describe())
-    kernels = kernel_registry_or_none()
+    ran = False
+    if not problems:
+        dry = _dry_export(source, args, exporter, opset, reg)
+        ran, emitted = dry.succeeded, dry.emitted
+        if dry.succeeded:
+            missing = []  # the exporter took every op: a trace-level guess of a gap was wrong
+        elif dry.missing and not missing:
+            missing = [MissingOp(name, 1) for name in dry.missing]
+        elif dry.problem:
+            problems.append(dry.problem)
+    if not ran:  # the translations could not all run: their declarations stand in
+        for entry in entries:
+            for node_type in entry.emits:
+                if entry.describe() not in emitted.setdefault(node_type, []):
+                    emitted[node_type].append(entry.describe())
+    kernels = kernels if kernels is not None else kernel_registry_or_none()
     # Without the kernel host nothing can run a custom node: every schema-less one is missing.
     missing_kernels = tuple(
         MissingKernel(node_type, tuple(by))
@@ -261,6 +335,7 @@ def check(
         missing_kernels=missing_kernels,
         kernels_checked=kernels is not None,
         problems=tuple(problems),
+        translations_ran=ran,
     )
     if raise_if_missing and not report.ok:
         raise UnsupportedOpError(str(report), report.missing_names)

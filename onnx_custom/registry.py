@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
+import numbers
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
+
+import numpy as np
+import torch
 
 from onnx_custom.errors import SymbolicError, UnsupportedOpError
 from onnx_custom.names import Target, normalize_target
@@ -15,7 +20,10 @@ __all__ = [
     "DEFAULT_VARIANT",
     "Registry",
     "SymbolicEntry",
+    "check_translation_result",
+    "check_translation_signature",
     "default_registry",
+    "is_tensor_argument",
     "resolve_registry",
     "symbolic",
 ]
@@ -48,14 +56,176 @@ class SymbolicEntry:
         variant = "" if self.variant == DEFAULT_VARIANT else f", variant={self.variant!r}"
         return f"{self.target} (opset>={self.opset}{variant}) -> {self.source}"
 
+    def call(self, g: Any, inputs: Sequence[Any], attrs: Mapping[str, Any], *, outputs: int | None = None) -> tuple[Any, ...]:
+        """Run the translation as the exporter adapters do and check what it returned.
+
+        ``fn(g, *inputs, **attrs)``; the result (one value or a tuple) comes back as a tuple of
+        graph values, one per torch output (``outputs``, when the adapter knows it).
+        """
+        return check_translation_result(self, g, self.fn(g, *inputs, **dict(attrs)), outputs)
+
+
+# -- what a translation returns -------------------------------------------------------------
+
+
+def _describe_bad_value(value: Any) -> tuple[str, str] | None:
+    """(what it is, how to fix it) for a value that is not a graph value, else None."""
+    if value is None:
+        return "None", "return the value(s) g.op(...) produced (a missing `return`?)"
+    if isinstance(value, torch.Tensor):
+        return (
+            f"an eager torch.Tensor (shape {list(value.shape)}, {value.dtype})",
+            "compute it in the graph with g.op(...), or wrap a true constant in g.constant(tensor)",
+        )
+    if isinstance(value, (np.ndarray, np.generic)):
+        return f"a numpy {type(value).__name__}", "wrap a constant in g.constant(array)"
+    if isinstance(value, (numbers.Number, str)):
+        return (
+            f"a Python {type(value).__name__} ({value!r})",
+            f"wrap it in g.constant({value!r}, like=<an input>) so it becomes a graph value",
+        )
+    return None
+
+
+def check_translation_result(entry: SymbolicEntry, g: Any, result: Any, outputs: int | None = None) -> tuple[Any, ...]:
+    """``result`` of ``entry.fn`` as a tuple of graph values; `SymbolicError` naming the op else.
+
+    Refuses None, Python numbers, eager tensors and arrays (alone or inside the tuple), anything
+    ``g.is_value`` rejects, and a count different from ``outputs`` (when given).
+    """
+    values = tuple(result) if isinstance(result, (tuple, list)) else (result,)
+    where = f"The translation of {entry.target} ({entry.source}, opset>={entry.opset})"
+    for index, value in enumerate(values):
+        if g.is_value(value):
+            continue
+        what, fix = _describe_bad_value(value) or (f"a {type(value).__name__}", "return graph values made by g.op(...)")
+        position = "" if len(values) == 1 and not isinstance(result, (tuple, list)) else f" as output {index}"
+        raise SymbolicError(
+            f"{where} returned {what}{position}; expected a graph value for each of the op's "
+            f"{outputs if outputs is not None else len(values)} output(s); fix: {fix}."
+        )
+    if outputs is not None and len(values) != outputs:
+        raise SymbolicError(
+            f"{where} returned {len(values)} output(s) but the torch op has {outputs}; fix: return "
+            "one value per torch output (a tuple for several)."
+        )
+    return values
+
+
+# -- signatures against the torch schema ------------------------------------------------------
+
+_TENSOR_TYPES = ("Optional[Tensor]", "List[Tensor]", "List[Optional[Tensor]]")
+
+
+def is_tensor_argument(type_text: str) -> bool:
+    """Schema argument types the adapters hand to translations as positional inputs."""
+    return type_text.startswith("Tensor") or type_text in _TENSOR_TYPES
+
+
+def _schema_of(target: Target) -> Any:
+    """The torch schema a translation for ``target`` receives, or None (unknown or ambiguous).
+
+    A named overload gives its own schema; a bare ``ns::op`` gives the default overload's, or the
+    only overload's. Looked up without touching ``torch.ops`` (no side effects).
+    """
+    if target.name is None:
+        return None
+    try:
+        schemas = torch._C._jit_get_schemas_for_operator(target.name.op)
+    except RuntimeError:
+        return None
+    wanted = "" if target.name.overload in ("", "default") else target.name.overload
+    chosen = [s for s in schemas if s.overload_name == wanted]
+    if not chosen and not target.name.overload and len(schemas) == 1:
+        chosen = list(schemas)
+    return chosen[0] if chosen else None
+
+
+def check_translation_signature(entry: SymbolicEntry, schema: Any) -> None:
+    """`SymbolicError` unless ``entry.fn(g, *tensor_args, **other_args)`` binds for ``schema``."""
+    try:
+        signature = inspect.signature(entry.fn)
+    except (TypeError, ValueError):  # builtins and some C callables: nothing to check
+        return
+    tensors = [a.name for a in schema.arguments if is_tensor_argument(str(a.type))]
+    others = [a.name for a in schema.arguments if not is_tensor_argument(str(a.type))]
+    try:
+        signature.bind(None, *tensors, **dict.fromkeys(others))
+    except TypeError as exc:
+        listed = ", ".join(f"{a.name}: {a.type}" for a in schema.arguments)
+        expected = ", ".join(["g", *tensors] + (["*", *others] if others else []))
+        raise SymbolicError(
+            f"The translation of {entry.target} ({entry.source}) does not match the op's torch "
+            f"schema: {_signature_problem(signature, tensors, others) or exc}. The schema's arguments are [{listed}]; expected `def "
+            f"{getattr(entry.fn, '__name__', 'fn')}({expected})` (tensor arguments positional in "
+            f"schema order, other arguments keyword-named as in the schema, or **kwargs); received "
+            f"`{getattr(entry.fn, '__name__', 'fn')}{signature}`. Fix: rename or reorder the "
+            "translation's parameters."
+        ) from None
+
+
+def _signature_problem(signature: inspect.Signature, tensors: list[str], others: list[str]) -> str:
+    """What exactly does not fit, in the schema's terms ('' when it is not that simple)."""
+    params = list(signature.parameters.values())
+    kinds = inspect.Parameter
+    positional = [p for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
+    var_positional = any(p.kind == kinds.VAR_POSITIONAL for p in params)
+    var_keyword = any(p.kind == kinds.VAR_KEYWORD for p in params)
+    problems: list[str] = []
+    takes = len(positional) - 1  # after g
+    if takes < len(tensors) and not var_positional:
+        problems.append(f"it takes {max(takes, 0)} tensor input(s) after g, the schema has {len(tensors)} ({', '.join(tensors)})")
+    filled = {p.name for p in positional[: 1 + len(tensors)]}
+    keywords = {p.name for p in params if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)} - filled
+    unaccepted = [name for name in others if name not in keywords and not var_keyword]
+    if unaccepted:
+        problems.append(f"it does not accept the schema argument(s) {unaccepted} as keywords")
+    extra = [p.name for p in params if p.name not in filled and p.name not in others and p.default is p.empty and p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)]
+    if extra:
+        problems.append(f"it requires {extra}, which the schema does not have")
+    return "; ".join(problems)
+
+
+# -- same definition (re-import) vs a different one -----------------------------------------
+
+
+def _code_key(code: Any) -> tuple[Any, ...]:
+    consts = tuple(_code_key(c) if inspect.iscode(c) else (type(c).__name__, repr(c)) for c in code.co_consts)
+    return (code.co_code, consts, code.co_names, code.co_varnames, code.co_freevars)
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except Exception:  # arrays and other values without a plain truth value
+        return False
+
 
 def _same_definition(a: Translation, b: Translation) -> bool:
-    # Re-importing a module re-runs its decorators with new function objects; treat the same
-    # module + qualname as the same definition so a double import is harmless.
-    return (getattr(a, "__module__", None), getattr(a, "__qualname__", None)) == (
-        getattr(b, "__module__", None),
-        getattr(b, "__qualname__", None),
-    ) and getattr(a, "__qualname__", None) is not None
+    """Re-importing a module re-runs its decorators with new function objects: the same module,
+    qualname, code (bytecode and constants), defaults and closure values is the same definition.
+    Two different lambdas share module and qualname but not their code, so they differ."""
+    if a is b:
+        return True
+    code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
+    if code_a is None or code_b is None:
+        return False
+    if (getattr(a, "__module__", None), getattr(a, "__qualname__", None)) != (
+        getattr(b, "__module__", None), getattr(b, "__qualname__", None)
+    ):
+        return False
+    if _code_key(code_a) != _code_key(code_b):
+        return False
+    cells_a = [c.cell_contents for c in (getattr(a, "__closure__", None) or ())]
+    cells_b = [c.cell_contents for c in (getattr(b, "__closure__", None) or ())]
+    return (
+        _same_value(getattr(a, "__defaults__", None), getattr(b, "__defaults__", None))
+        and _same_value(getattr(a, "__kwdefaults__", None), getattr(b, "__kwdefaults__", None))
+        and len(cells_a) == len(cells_b)
+        and all(_same_value(x, y) for x, y in zip(cells_a, cells_b, strict=True))
+    )
 
 
 class Registry:
@@ -67,6 +237,9 @@ class Registry:
 
     def __init__(self, entries: Iterator[SymbolicEntry] | list[SymbolicEntry] = (), *, prefer: tuple[str, ...] = ()) -> None:  # type: ignore[assignment]
         self._entries: dict[tuple[str, int, str], SymbolicEntry] = {}
+        # Entries whose signature matched the torch schema (checked once: at registration when
+        # the op exists, else at the first lookup after its library loaded).
+        self._checked: set[tuple[tuple[str, int, str], int]] = set()
         self._lock = threading.RLock()
         self.prefer: tuple[str, ...] = tuple(prefer)
         for entry in entries:
@@ -82,12 +255,25 @@ class Registry:
             existing = self._entries.get(entry.key)
             if existing is not None and not replace and not _same_definition(existing.fn, entry.fn):
                 raise SymbolicError(
-                    f"A translation for {entry.target} at opset {entry.opset} (variant "
-                    f"{entry.variant!r}) is already registered: {existing.source}. Pass "
-                    "replace=True to override it, or register at another opset/variant."
+                    f"A different translation for {entry.target} at opset {entry.opset} (variant "
+                    f"{entry.variant!r}) is already registered: {existing.source}; received "
+                    f"{entry.source}. Fix: pass replace=True to override it, or register at "
+                    "another opset/variant."
                 )
+            self._check_signature(entry)
             self._entries[entry.key] = entry
         return entry
+
+    def _check_signature(self, entry: SymbolicEntry) -> None:
+        """Check ``entry`` against its op's torch schema once that op exists (else later)."""
+        mark = (entry.key, id(entry.fn))
+        if mark in self._checked:
+            return
+        schema = _schema_of(entry.target)
+        if schema is None:
+            return
+        check_translation_signature(entry, schema)
+        self._checked.add(mark)
 
     def symbolic(
         self,
@@ -114,7 +300,8 @@ class Registry:
         with self._lock:
             if key not in self._entries:
                 raise SymbolicError(f"No translation registered for {key[0]} at opset {opset} (variant {variant!r}).")
-            del self._entries[key]
+            entry = self._entries.pop(key)
+            self._checked.discard((key, id(entry.fn)))
 
     def update(self, other: Registry, *, replace: bool = False) -> Registry:
         for entry in other:
@@ -184,10 +371,12 @@ class Registry:
             raise UnsupportedOpError(msg, missing=(tgt.key,))
         best = max(e.opset for e in entries)
         at_best = {e.variant: e for e in entries if e.opset == best}
-        for variant in (*self.prefer, DEFAULT_VARIANT):
-            if variant in at_best:
-                return at_best[variant]
-        return at_best[sorted(at_best)[0]]
+        chosen = next((at_best[v] for v in (*self.prefer, DEFAULT_VARIANT) if v in at_best), None)
+        if chosen is None:
+            chosen = at_best[sorted(at_best)[0]]
+        with self._lock:
+            self._check_signature(chosen)  # registered before its op's library was loaded
+        return chosen
 
     def __repr__(self) -> str:
         return f"Registry({len(self)} translations, prefer={self.prefer})"

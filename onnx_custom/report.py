@@ -158,6 +158,8 @@ def render_markdown(report: VerificationReport | Sequence[Any], *, title: str = 
         )
         lines.append("")
         lines += _markdown_comparisons(report.comparisons)
+        if report.findings():
+            lines += ["## Shapes tried and findings", "", "```", *report.findings(), "```", ""]
         if report.diagnosis():
             lines += ["## Diagnosis", "", report.diagnosis(), ""]
         if report.localization is not None:

@@ -21,6 +21,7 @@ import numpy as np
 
 from onnx_custom.errors import KernelError
 from onnx_custom.runtime import KernelRegistry
+from onnx_custom.runtime.function_builder import TranslationBody
 from onnx_custom.runtime.types import TensorInfo
 
 __all__ = ["bev_pool_v2_numpy", "kernels"]
@@ -150,6 +151,7 @@ def _native_into(out: np.ndarray, arrays: tuple[np.ndarray, ...], bev_feat_shape
     attrs={"bev_feat_shape": "ints"},
     dtypes=_DTYPES,
     shape_fn=_shape,
+    function=TranslationBody("onnx_custom.symbolics.bev:bev_pool_v2", min_opset=16),
 )
 def bev_pool_v2(
     depth: np.ndarray,

@@ -8,6 +8,7 @@ import numpy as np
 
 from onnx_custom.errors import KernelError
 from onnx_custom.runtime import KernelRegistry
+from onnx_custom.runtime.function_builder import TranslationBody
 from onnx_custom.runtime.types import TensorInfo
 
 __all__ = ["kernels"]
@@ -32,6 +33,7 @@ def _shape(inputs: list[TensorInfo | None], attrs: dict[str, Any]) -> TensorInfo
     outputs=["y"],
     dtypes=_FLOATS,
     shape_fn=_shape,
+    function=TranslationBody("onnx_custom.symbolics.linear:linear_any_rank_gemm", min_opset=11),
 )
 def custom_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
     """y = x @ weight.T (+ bias), F.linear semantics."""

@@ -8,6 +8,7 @@ import numpy as np
 
 from onnx_custom.errors import KernelError
 from onnx_custom.runtime import KernelRegistry
+from onnx_custom.runtime.function_builder import TranslationBody
 from onnx_custom.runtime.types import TensorInfo
 
 __all__ = ["kernels"]
@@ -41,6 +42,7 @@ def _shapes(inputs: list[TensorInfo | None], attrs: dict[str, Any]) -> list[Tens
     attrs={"repeats": "ints", "scale": "float"},
     dtypes=_FLOATS,
     shape_fn=_shapes,
+    function=TranslationBody("onnx_custom.symbolics.multi_output:multi_out3", min_opset=12),
 )
 def multi_out3(x: np.ndarray, *, repeats: list[int], scale: float) -> tuple[np.ndarray, ...]:
     """(x * scale, tile(x, repeats), x.sum(-1))"""

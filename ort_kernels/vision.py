@@ -14,8 +14,9 @@ from typing import Any
 import torch
 
 from onnx_custom.errors import KernelError
-from onnx_custom.ops.deform_conv import deform_conv2d_op, output_size
+from onnx_custom.ops.deform_conv import DTYPES, deform_conv2d_op, output_size
 from onnx_custom.runtime import KernelRegistry
+from onnx_custom.runtime.function_builder import TranslationBody
 from onnx_custom.runtime.types import Dim, TensorInfo
 
 __all__ = ["ATTRS", "deform_conv2d_shape", "deform_conv2d_torch", "kernels", "make_kernels"]
@@ -33,7 +34,8 @@ ATTRS: dict[str, Any] = {
     "offset_groups": ("int", 1),
     "use_mask": ("int", 0),
 }
-_FLOATS = ("float32", "float64")
+# Exactly the eager op's dtypes (float16/bfloat16 compute in float32 inside the op).
+_FLOATS = tuple(str(d).removeprefix("torch.") for d in DTYPES)
 
 
 def _spatial(size: Dim, kernel: Dim, stride: int, pad: int, dilation: int, fallback: Dim) -> Dim:
@@ -94,6 +96,9 @@ def make_kernels(domain: str = DEFAULT_DOMAIN) -> KernelRegistry:
         dtypes=_FLOATS,
         shape_fn=deform_conv2d_shape,
         tensor_type="torch",
+        function=TranslationBody(
+            "onnx_custom.symbolics.vision_decomposed:deform_conv2d_decomposed", min_opset=11
+        ),
     )(deform_conv2d_torch)
     return reg
 

@@ -43,15 +43,20 @@ def bev_pool_v2(
     bev_feat_shape: list[int],
 ) -> Any:
     """bev::bev_pool_v2(Tensor depth, Tensor feat, Tensor ranks_depth, Tensor ranks_feat, Tensor ranks_bev, int[] bev_feat_shape, Tensor interval_starts, Tensor interval_lengths) -> Tensor"""
-    b, z, y, x, c = (int(s) for s in bev_feat_shape)
+    # Sizes as graph values (constants here, folded by ONNX Runtime): the same code is the function
+    # body of bev::BEVPoolV2, where bev_feat_shape is a reference to the node's attribute.
+    shape = g.constant(bev_feat_shape, dtype=np.int64)  # [B, Z, Y, X, C]
+    channels = g.op("Slice", shape, _i64(g, [4]), _i64(g, [5]))
+    cells = g.op("ReduceProd", g.op("Slice", shape, _i64(g, [0]), _i64(g, [4])), keepdims=1)
     depth_values = g.op("Gather", g.op("Reshape", depth, _i64(g, [-1])), ranks_depth, axis=0)
-    feat_rows = g.op("Gather", g.op("Reshape", feat, _i64(g, [-1, c])), ranks_feat, axis=0)
+    rows = g.op("Concat", _i64(g, [-1]), channels, axis=0)
+    feat_rows = g.op("Gather", g.op("Reshape", feat, rows), ranks_feat, axis=0)
     values = g.op("Mul", feat_rows, g.op("Unsqueeze", depth_values, _i64(g, [1])))  # (P, C)
-    cells = g.op("Unsqueeze", g.op("Cast", ranks_bev, to=onnx.TensorProto.INT64), _i64(g, [1]))
-    zeros = g.op("CastLike", g.op("ConstantOfShape", _i64(g, [b * z * y * x, c])), feat)
-    grid = g.op("ScatterND", zeros, cells, values, reduction="add")
-    grid = g.op("Reshape", grid, _i64(g, [b, z, y, x, c]))
-    return g.op("Transpose", grid, perm=[0, 4, 1, 2, 3])
+    targets = g.op("Unsqueeze", g.op("Cast", ranks_bev, to=onnx.TensorProto.INT64), _i64(g, [1]))
+    grid_2d = g.op("Concat", cells, channels, axis=0)
+    zeros = g.op("CastLike", g.op("ConstantOfShape", grid_2d), feat)
+    grid = g.op("ScatterND", zeros, targets, values, reduction="add")
+    return g.op("Transpose", g.op("Reshape", grid, shape), perm=[0, 4, 1, 2, 3])
 
 
 @registry.symbolic("bev::bev_pool_v2", opset=16, variant="custom", emits=["bev::BEVPoolV2"])

@@ -22,8 +22,10 @@ registry = Registry()
 @registry.symbolic("mylib::multi_out3", opset=7)
 def multi_out3(g: Any, x: Any, *, repeats: list[int], scale: float) -> tuple[Any, Any, Any]:
     """mylib::multi_out3(Tensor x, int[] repeats, float scale) -> (Tensor, Tensor, Tensor)"""
-    scaled = g.op("Mul", x, g.constant(float(scale), like=x))
-    tiled = g.op("Tile", x, g.constant(np.asarray(repeats, dtype=np.int64)))
+    # g.constant(attribute) (no float()/np.asarray): this translation is also the function body
+    # of custom::MultiOut3, where repeats and scale are references to the node's attributes.
+    scaled = g.op("Mul", x, g.constant(scale, like=x))
+    tiled = g.op("Tile", x, g.constant(repeats, dtype=np.int64))
     if g.opset >= 13:  # ReduceSum took axes as an input from opset 13 on
         summed = g.op("ReduceSum", x, g.constant(np.asarray([-1], dtype=np.int64)), keepdims=0)
     else:

@@ -5,6 +5,8 @@
   ``strides``, ``dilations``, ``group``, ``offset_group``, ``kernel_shape`` when the weight's
   shape is static, else ONNX infers it from W); bias always passed, mask only when ``use_mask``.
   Both use torchvision's offset layout (``offset[:, 2*(g*kh*kw + k)]`` = dy, ``+1`` = dx).
+  float32, float64 and float16 only (``DEFORMCONV_DTYPES``: what ONNX Runtime's CPU
+  ``DeformConv`` runs); a bfloat16 model raises `SymbolicError` naming the alternatives.
 - opset < 19: one custom node ``custom::DeformConv2d`` with all five inputs (input, weight, offset,
   mask, bias) and the nine scalar arguments as INT attributes named like the torch schema. Its
   kernel lives in ``onnx_custom.ort_kernels.vision``. The default domain is ``"custom"``
@@ -19,10 +21,12 @@ from typing import Any
 import torch
 
 import onnx_custom.ops.deform_conv  # noqa: F401  (defines onnx_custom::deform_conv2d)
+from onnx_custom.errors import SymbolicError
 from onnx_custom.registry import Registry
 
 __all__ = [
     "DEFAULT_DOMAIN",
+    "DEFORMCONV_DTYPES",
     "NODE_TYPE",
     "TARGETS",
     "deform_conv2d",
@@ -56,6 +60,25 @@ TARGETS: tuple[str, ...] = ("onnx_custom::deform_conv2d",) + (
 )
 
 
+# dtypes ONNX Runtime 1.31's CPU DeformConv implements (measured: bfloat16 is refused by the
+# opset-19 schema, and at opset 22, whose schema allows it, ORT has no kernel).
+DEFORMCONV_DTYPES = (torch.float32, torch.float64, torch.float16)
+
+
+def _check_deformconv_dtype(g: Any, input: Any) -> None:
+    dtype = g.dtype(input)
+    if dtype is None or dtype in DEFORMCONV_DTYPES:
+        return
+    name = str(dtype).removeprefix("torch.")
+    raise SymbolicError(
+        f"{g.target}: ONNX DeformConv (opset {g.opset}) cannot run {name}: ONNX Runtime's CPU "
+        f"DeformConv supports float32, float64 and float16, and opset 19's DeformConv schema does "
+        f"not allow {name}. Export with opset 18 or lower to get the custom node "
+        f"{DEFAULT_DOMAIN}::{NODE_TYPE} (onnx-custom's kernel runs {name}), or cast the model "
+        f"to float16 or float32 (model.half() / model.float()) before exporting."
+    )
+
+
 def deform_conv2d(
     g: Any,
     input: Any,
@@ -74,6 +97,7 @@ def deform_conv2d(
     offset_groups: int,
     use_mask: bool,
 ) -> Any:
+    _check_deformconv_dtype(g, input)
     shape = g.shape(weight)
     static = shape is not None and len(shape) == 4 and None not in shape
     return g.op(

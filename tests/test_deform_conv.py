@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
+from test_deform_conv_reference import Geometry
 
 from onnx_custom.ops.deform_conv import deform_conv2d, deform_conv2d_op, load_extension
 
@@ -96,6 +97,8 @@ def test_onnx_offset_layout_matches_torchvision() -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Case:
+    """One deform_conv2d configuration (shared by every DCN test file)."""
+
     n: int
     c: int
     h: int
@@ -103,58 +106,59 @@ class Case:
     cout: int
     kh: int
     kw: int
-    stride: tuple[int, int] = (1, 1)
-    pad: tuple[int, int] = (0, 0)
-    dil: tuple[int, int] = (1, 1)
-    groups: int = 1
-    offset_groups: int = 1
-    use_mask: bool = True
+    geo: Geometry = dataclasses.field(default_factory=Geometry)
     offset_scale: float = 1.0
 
     @property
     def id(self) -> str:
+        g = self.geo
         return (f"n{self.n}c{self.c}_{self.h}x{self.w}_co{self.cout}_k{self.kh}x{self.kw}"
-                f"_s{self.stride[0]}{self.stride[1]}_p{self.pad[0]}{self.pad[1]}"
-                f"_d{self.dil[0]}{self.dil[1]}_g{self.groups}_og{self.offset_groups}"
-                f"{'_mask' if self.use_mask else ''}_off{self.offset_scale:g}")  # fmt: skip
+                f"_s{g.stride[0]}{g.stride[1]}_p{g.pad[0]}{g.pad[1]}_d{g.dil[0]}{g.dil[1]}"
+                f"_g{g.groups}_og{g.offset_groups}{'_mask' if g.use_mask else ''}"
+                f"_off{self.offset_scale:g}")  # fmt: skip
 
     def out_hw(self) -> tuple[int, int]:
-        ho = (self.h + 2 * self.pad[0] - self.dil[0] * (self.kh - 1) - 1) // self.stride[0] + 1
-        wo = (self.w + 2 * self.pad[1] - self.dil[1] * (self.kw - 1) - 1) // self.stride[1] + 1
-        return ho, wo
+        return self.geo.out_hw(self.h, self.w, self.kh, self.kw)
 
-    def tensors(self, dtype: torch.dtype, seed: int = 0) -> dict[str, torch.Tensor]:
-        g = torch.Generator().manual_seed(seed)
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Shapes of the five inputs and of the output ("grad": an output gradient)."""
         ho, wo = self.out_hw()
-        k = self.kh * self.kw
-
-        def rnd(*shape: int) -> torch.Tensor:
-            return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
-
+        k, og = self.kh * self.kw, self.geo.offset_groups
         return {
-            "input": rnd(self.n, self.c, self.h, self.w),
-            "weight": rnd(self.cout, self.c // self.groups, self.kh, self.kw),
-            "offset": rnd(self.n, 2 * self.offset_groups * k, ho, wo) * self.offset_scale,
-            "mask": torch.rand(
-                self.n, self.offset_groups * k, ho, wo, generator=g, dtype=torch.float64
-            ).to(dtype),
-            "bias": rnd(self.cout),
+            "input": (self.n, self.c, self.h, self.w),
+            "weight": (self.cout, self.c // self.geo.groups, self.kh, self.kw),
+            "offset": (self.n, 2 * og * k, ho, wo),
+            "mask": (self.n, og * k, ho, wo),
+            "bias": (self.cout,),
+            "grad": (self.n, self.cout, ho, wo),
         }
 
+    def tensors(self, dtype: torch.dtype = torch.float64, seed: int = 0) -> dict[str, torch.Tensor]:
+        """N(0, 1) values (offsets scaled by ``offset_scale``, the mask U(0, 1)), drawn in float64."""
+        g = torch.Generator().manual_seed(seed)
+        out = {}
+        for name, shape in self.shapes().items():
+            if name == "mask":
+                t = torch.rand(shape, generator=g, dtype=torch.float64)
+            else:
+                t = torch.randn(shape, generator=g, dtype=torch.float64)
+            out[name] = (t * self.offset_scale if name == "offset" else t).to(dtype)
+        return out
+
     def op_args(self, t: dict[str, torch.Tensor]) -> tuple[Any, ...]:
-        mask = t["mask"] if self.use_mask else t["input"].new_zeros(self.n, 1)
-        return (t["input"], t["weight"], t["offset"], mask, t["bias"], *self.stride, *self.pad,
-                *self.dil, self.groups, self.offset_groups, self.use_mask)  # fmt: skip
+        mask = t["mask"] if self.geo.use_mask else t["input"].new_zeros(self.n, 1)
+        return (t["input"], t["weight"], t["offset"], mask, t["bias"], *self.geo.params())
 
     def onnx_model(self, dtype: torch.dtype) -> onnx.ModelProto:
         elem = {torch.float32: onnx.TensorProto.FLOAT, torch.float64: onnx.TensorProto.DOUBLE}[
             dtype
         ]
-        names = ["input", "weight", "offset", "bias"] + (["mask"] if self.use_mask else [])
+        g = self.geo
+        names = ["input", "weight", "offset", "bias"] + (["mask"] if g.use_mask else [])
         node = helper.make_node(
-            "DeformConv", names, ["y"], kernel_shape=[self.kh, self.kw], strides=list(self.stride),
-            pads=[*self.pad, *self.pad], dilations=list(self.dil), group=self.groups,
-            offset_group=self.offset_groups,
+            "DeformConv", names, ["y"], kernel_shape=[self.kh, self.kw], strides=list(g.stride),
+            pads=[*g.pad, *g.pad], dilations=list(g.dil), group=g.groups,
+            offset_group=g.offset_groups,
         )  # fmt: skip
         ranks = {"bias": 1}
         graph = helper.make_graph(
@@ -168,13 +172,11 @@ class Case:
 
 
 CASES = [
-    Case(2, 4, 8, 8, 6, 3, 3, pad=(1, 1)),
-    Case(2, 4, 9, 7, 4, 3, 2, stride=(2, 2), pad=(1, 1), dil=(2, 2), groups=2, offset_groups=2),
-    Case(
-        1, 8, 7, 10, 4, 1, 3, stride=(2, 1), pad=(0, 1), dil=(1, 2), offset_groups=4, use_mask=False
-    ),
-    Case(2, 6, 6, 5, 6, 2, 3, pad=(1, 0), groups=3, offset_groups=3, offset_scale=4.0),
-    Case(1, 2, 5, 5, 2, 3, 3, pad=(2, 2), offset_scale=10.0),  # most samples off the image
+    Case(2, 4, 8, 8, 6, 3, 3, Geometry(pad=(1, 1))),
+    Case(2, 4, 9, 7, 4, 3, 2, Geometry((2, 2), (1, 1), (2, 2), groups=2, offset_groups=2)),
+    Case(1, 8, 7, 10, 4, 1, 3, Geometry((2, 1), (0, 1), (1, 2), offset_groups=4, use_mask=False)),
+    Case(2, 6, 6, 5, 6, 2, 3, Geometry(pad=(1, 0), groups=3, offset_groups=3), offset_scale=4.0),
+    Case(1, 2, 5, 5, 2, 3, 3, Geometry(pad=(2, 2)), offset_scale=10.0),  # most samples off the image
 ]
 DTYPES = [torch.float32, torch.float64]
 
@@ -185,7 +187,7 @@ def test_matches_ort_and_reference(case: Case, dtype: torch.dtype) -> None:
     t = case.tensors(dtype)
     got = OP(*case.op_args(t))
     model = case.onnx_model(dtype)
-    feeds = {k: v.numpy() for k, v in t.items() if k != "mask" or case.use_mask}
+    feeds = {k: v.numpy() for k, v in t.items() if k != "grad" and (k != "mask" or case.geo.use_mask)}
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     expected_ort = torch.from_numpy(sess.run(None, feeds)[0])
     expected_ref = torch.from_numpy(ReferenceEvaluator(model).run(None, feeds)[0])
@@ -204,8 +206,8 @@ def test_zero_offset_is_conv2d(case: Case) -> None:
     t["offset"].zero_()
     t["mask"].fill_(1.0)
     got = OP(*case.op_args(t))
-    expected = F.conv2d(t["input"], t["weight"], t["bias"], case.stride, case.pad, case.dil,
-                        case.groups)  # fmt: skip
+    g = case.geo
+    expected = F.conv2d(t["input"], t["weight"], t["bias"], g.stride, g.pad, g.dil, g.groups)
     torch.testing.assert_close(got, expected)
 
 
@@ -223,23 +225,10 @@ def test_wrapper_defaults_match_op() -> None:
 # -- autograd and opcheck ---------------------------------------------------------------------
 
 GRAD_CASES = [
-    Case(1, 2, 5, 5, 2, 3, 3, pad=(1, 1), offset_scale=1.3),
-    Case(
-        2,
-        4,
-        5,
-        4,
-        4,
-        2,
-        3,
-        stride=(2, 1),
-        pad=(1, 1),
-        dil=(1, 2),
-        groups=2,
-        offset_groups=2,
-        offset_scale=1.3,
-    ),
-    Case(1, 4, 4, 6, 2, 2, 2, offset_groups=4, use_mask=False, offset_scale=2.5),
+    Case(1, 2, 5, 5, 2, 3, 3, Geometry(pad=(1, 1)), offset_scale=1.3),
+    Case(2, 4, 5, 4, 4, 2, 3, Geometry((2, 1), (1, 1), (1, 2), groups=2, offset_groups=2),
+         offset_scale=1.3),
+    Case(1, 4, 4, 6, 2, 2, 2, Geometry(offset_groups=4, use_mask=False), offset_scale=2.5),
 ]
 
 
@@ -247,7 +236,7 @@ GRAD_CASES = [
 def test_gradcheck(case: Case) -> None:
     t = case.tensors(torch.float64, seed=1)
     args = list(case.op_args(t))
-    for i in range(5 if case.use_mask else 3):
+    for i in range(5 if case.geo.use_mask else 3):
         args[i] = args[i].requires_grad_()
     args[4].requires_grad_()
     assert torch.autograd.gradcheck(lambda *a: OP(*a, *args[5:]), tuple(args[:5]))
@@ -287,7 +276,7 @@ ERRORS = [
     ("negative_pad", _bad(pad_h=-1), ValueError, r"padding must be non-negative"),
     ("input_3d", _bad(input=lambda x: x[0]), ValueError, r"input must be 4-D .*got shape \(4, 9, 7\)"),
     ("weight_dtype", _bad(weight=lambda w: w.double()), TypeError, r"weight has dtype torch.float64 but input has torch.float32"),
-    ("int_input", _bad(input=lambda x: x.int()), TypeError, r"supports float32 and float64"),
+    ("int_input", _bad(input=lambda x: x.int()), TypeError, r"supports float32, float64, float16, bfloat16 input, got torch.int32"),
     ("bias_shape", _bad(bias=lambda b: b[:-1]), ValueError, r"bias shape \(3,\) does not match out channels 4"),
     ("too_small", _bad(input=lambda x: x[:, :, :1, :1]), ValueError, r"too small"),
 ]  # fmt: skip

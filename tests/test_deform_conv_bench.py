@@ -20,5 +20,9 @@ def test_benchmark_runs_and_reports_every_ratio(capsys: pytest.CaptureFixture[st
     assert "eager op (C++) / ORT DeformConv op19" in results
     assert "ORT custom-node kernel / eager op (C++)" in results
     assert "DCN net, ORT opset 19 / DCN net, eager" in results
+    assert "eager fwd+bwd (C++) / eager op (C++)" in results
+    assert "F.conv2d fwd+bwd / F.conv2d (no deformation)" in results
+    assert results["training cost / F.conv2d training cost"] > 0
     assert results["eager_peak_bytes"] > 0
-    assert "peak RSS increase" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "peak RSS increase" in out and "training cost, (fwd+bwd)/fwd: ours" in out

@@ -52,7 +52,7 @@ def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for dep in sorted(graph.get(node, ())):
             if state.get(dep) == 1:
-                return stack[stack.index(dep) :] + [dep]
+                return [*stack[stack.index(dep) :], dep]
             if dep not in state:
                 cycle = visit(dep)
                 if cycle:

@@ -8,25 +8,44 @@ Same schema and semantics as ``torchvision::deform_conv2d``::
 
 ``offset[:, 2*(g*kh*kw + k)]`` is the y shift and ``+1`` the x shift of kernel tap ``k`` in offset
 group ``g``; samples are bilinear with zero padding (a sample at ``y <= -1``, ``y >= H``,
-``x <= -1`` or ``x >= W``, or a non-finite one, is 0). The kernels are C++ (im2col with bilinear
-sampling, one GEMM per group) built on first use with ``torch.utils.cpp_extension.load`` into
-``$ONNX_CUSTOM_CACHE_DIR`` (default ``~/.cache/onnx_custom``). ``validate_deform_conv2d`` is shared
-by the eager and the fake kernel, so export fails early with the same message as eager.
+``x <= -1`` or ``x >= W``, or a non-finite one, is 0). Gradients follow torchvision too: the
+offset gradient of a sample is the derivative of the interpolation on its cell
+``[floor(y), floor(y)+1] x [floor(x), floor(x)+1]`` (one-sided from above at integer
+coordinates, so non-zero on the lines -1 and H-1 / W-1); a non-finite sample gets offset and mask
+gradients of 0 and adds nothing to the others.
+
+dtypes: float32, float64, float16 and bfloat16 (``DTYPES``); the half types compute in float32
+and round once. All tensors share one dtype. Any strides are accepted.
+
+The kernels are C++ (im2col with bilinear sampling, one GEMM per group) built on first use with
+``torch.utils.cpp_extension.load`` into ``$ONNX_CUSTOM_CACHE_DIR`` (default
+``~/.cache/onnx_custom``). ``validate_deform_conv2d`` is shared by the eager and the fake kernel,
+so export fails early with the same message as eager.
+
+``deform_conv2d`` (torchvision's Python signature) and ``DeformConv2d`` (torchvision's module)
+are drop-ins for ``torchvision.ops``' and compile with ``torch.jit.script``.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
+from torch import Tensor, nn
 
 from onnx_custom._native import build_torch_extension
+from onnx_custom.errors import OnnxCustomError
 
 __all__ = [
+    "DTYPES",
+    "DeformConv2d",
+    "DeformConv2dDtypeError",
+    "DeformConv2dError",
     "deform_conv2d",
     "deform_conv2d_op",
     "load_extension",
@@ -35,8 +54,17 @@ __all__ = [
 ]
 
 _SOURCE = Path(__file__).parent / "csrc" / "deform_conv2d.cpp"
-_DTYPES = (torch.float32, torch.float64)
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+"""The dtypes ``deform_conv2d`` accepts (eager, fake, and the ``custom::DeformConv2d`` kernel)."""
 _LOCK = threading.Lock()
+
+
+class DeformConv2dError(OnnxCustomError, ValueError):
+    """A deform_conv2d argument has the wrong shape, layout or value."""
+
+
+class DeformConv2dDtypeError(OnnxCustomError, TypeError):
+    """A deform_conv2d tensor has an unsupported dtype, or the tensors' dtypes differ."""
 
 
 def _cflags() -> list[str]:
@@ -49,7 +77,9 @@ def _cflags() -> list[str]:
 
 @functools.cache
 def _load() -> ModuleType:
-    module = build_torch_extension("onnx_custom_deform_conv2d", _SOURCE, extra_cflags=_cflags(), is_python_module=True)
+    module = build_torch_extension(
+        "onnx_custom_deform_conv2d", _SOURCE, extra_cflags=_cflags(), is_python_module=True
+    )
     assert isinstance(module, ModuleType)
     return module
 
@@ -71,6 +101,18 @@ def _shape(t: torch.Tensor) -> tuple[Any, ...]:
     return tuple(t.shape)
 
 
+def _dtype_names() -> str:
+    return ", ".join(str(d).removeprefix("torch.") for d in DTYPES)
+
+
+def _layout_hint(t: torch.Tensor, expected: tuple[Any, ...]) -> str:
+    """A fix for a tensor holding the expected dims in channels-last order (N, Ho, Wo, C)."""
+    n, c, ho, wo = expected
+    if t.dim() == 4 and _shape(t) == (n, ho, wo, c):
+        return " It looks channels-last-ordered (N, Ho, Wo, C): pass t.permute(0, 3, 1, 2)."
+    return ""
+
+
 def validate_deform_conv2d(
     input: torch.Tensor,
     weight: torch.Tensor,
@@ -89,20 +131,23 @@ def validate_deform_conv2d(
 ) -> tuple[Any, Any, Any, Any]:
     """Check arguments like torchvision does; return the output shape ``(N, Cout, Ho, Wo)``.
 
-    Raises ``TypeError`` for dtype problems and ``ValueError`` for shape/parameter problems.
+    Raises `DeformConv2dDtypeError` (a ``TypeError``) for dtype problems and `DeformConv2dError`
+    (a ``ValueError``) for shape, layout and parameter problems.
     """
     named = {"input": input, "weight": weight, "offset": offset, "bias": bias}
     if use_mask:
         named["mask"] = mask
-    if input.dtype not in _DTYPES:
-        raise TypeError(
-            f"deform_conv2d supports float32 and float64 input, got {input.dtype}; cast with .float()."
+    if input.dtype not in DTYPES:
+        raise DeformConv2dDtypeError(
+            f"deform_conv2d supports {_dtype_names()} input, got {input.dtype}; cast with "
+            ".float()."
         )
     for name, t in named.items():
         if t.dtype != input.dtype:
-            raise TypeError(
+            raise DeformConv2dDtypeError(
                 f"deform_conv2d: {name} has dtype {t.dtype} but input has {input.dtype}; all "
-                "tensors must share one dtype."
+                f"tensors must share one dtype (float16/bfloat16 already accumulate in float32): "
+                f"cast with {name}.to({input.dtype}), or run the op in {t.dtype} throughout."
             )
     for name, value in (
         ("stride_h", stride_h),
@@ -113,60 +158,67 @@ def validate_deform_conv2d(
         ("offset_groups", offset_groups),
     ):
         if value <= 0:
-            raise ValueError(f"deform_conv2d: {name} must be positive, got {value}.")
+            raise DeformConv2dError(f"deform_conv2d: {name} must be positive, got {value}.")
     if pad_h < 0 or pad_w < 0:
-        raise ValueError(f"deform_conv2d: padding must be non-negative, got ({pad_h}, {pad_w}).")
+        raise DeformConv2dError(
+            f"deform_conv2d: padding must be non-negative, got ({pad_h}, {pad_w})."
+        )
     for name in ("input", "weight", "offset") + (("mask",) if use_mask else ()):
         if named[name].dim() != 4:
-            raise ValueError(
+            raise DeformConv2dError(
                 f"deform_conv2d: {name} must be 4-D (N, C, H, W), got shape {_shape(named[name])}."
             )
     if bias.dim() != 1:
-        raise ValueError(f"deform_conv2d: bias must be 1-D, got shape {_shape(bias)}.")
+        raise DeformConv2dError(f"deform_conv2d: bias must be 1-D, got shape {_shape(bias)}.")
     n, c, h, w = input.shape
     cout, cin_g, kh, kw = weight.shape
     if c % groups != 0 or cin_g * groups != c:
-        raise ValueError(
+        raise DeformConv2dError(
             f"deform_conv2d: input channels {c} (input {_shape(input)}) must equal "
             f"weight.shape[1] * groups = {cin_g} * {groups} (weight {_shape(weight)})."
         )
     if cout % groups != 0:
-        raise ValueError(
+        raise DeformConv2dError(
             f"deform_conv2d: out channels {cout} (weight {_shape(weight)}) not divisible by "
             f"groups={groups}."
         )
     if c % offset_groups != 0:
-        raise ValueError(
+        raise DeformConv2dError(
             f"deform_conv2d: input channels {c} not divisible by offset_groups={offset_groups}."
         )
     if bias.shape[0] != cout:
-        raise ValueError(
+        raise DeformConv2dError(
             f"deform_conv2d: bias shape {_shape(bias)} does not match out channels {cout}."
         )
     ho = output_size(h, kh, stride_h, pad_h, dilation_h)
     wo = output_size(w, kw, stride_w, pad_w, dilation_w)
     if ho <= 0 or wo <= 0:
-        raise ValueError(
+        raise DeformConv2dError(
             f"deform_conv2d: input {_shape(input)} is too small for kernel ({kh}, {kw}), "
             f"padding ({pad_h}, {pad_w}), dilation ({dilation_h}, {dilation_w}): output would be "
             f"({ho}, {wo})."
         )
     expected = (n, 2 * offset_groups * kh * kw, ho, wo)
     if _shape(offset) != expected:
-        raise ValueError(
+        raise DeformConv2dError(
             f"deform_conv2d: offset must have shape (N, 2*offset_groups*kh*kw, Ho, Wo) = "
             f"{expected}, got {_shape(offset)} (input {_shape(input)}, weight {_shape(weight)})."
+            + _layout_hint(offset, expected)
         )
     if use_mask:
         expected = (n, offset_groups * kh * kw, ho, wo)
         if _shape(mask) != expected:
-            raise ValueError(
+            raise DeformConv2dError(
                 f"deform_conv2d: mask must have shape (N, offset_groups*kh*kw, Ho, Wo) = "
                 f"{expected}, got {_shape(mask)} (offset {_shape(offset)})."
+                + _layout_hint(mask, expected)
             )
     for name, t in named.items():
         if t.device != input.device:
-            raise ValueError(f"deform_conv2d: {name} is on {t.device} but input on {input.device}.")
+            raise DeformConv2dError(
+                f"deform_conv2d: {name} is on {t.device} but input on {input.device}; move it "
+                f"with .to({str(input.device)!r})."
+            )
     return n, cout, ho, wo
 
 
@@ -192,7 +244,10 @@ def deform_conv2d_op(
             dilation_h, dilation_w, groups, offset_groups, use_mask)  # fmt: skip
     validate_deform_conv2d(*args)
     if input.device.type != "cpu":
-        raise ValueError(f"deform_conv2d: only CPU tensors are supported, got {input.device}.")
+        raise DeformConv2dError(
+            f"deform_conv2d: only CPU tensors are supported, got {input.device}; move the "
+            "tensors with .cpu()."
+        )
     return load_extension().forward(*args)
 
 
@@ -246,8 +301,8 @@ def _deform_conv2d_backward(
 
 @_deform_conv2d_backward.register_fake
 def _(grad, input, weight, offset, mask, bias, *args):
-    return (torch.empty_like(input), torch.empty_like(weight), torch.empty_like(offset),
-            torch.empty_like(mask), torch.empty_like(bias))  # fmt: skip
+    # Contiguous like the C++ kernel's results, whatever the inputs' strides.
+    return tuple(t.new_empty(t.shape) for t in (input, weight, offset, mask, bias))
 
 
 _PARAMS = ("stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w", "groups",
@@ -274,51 +329,116 @@ deform_conv2d_op.register_autograd(_backward, setup_context=_setup_context)
 def _pair(value: int | tuple[int, int]) -> tuple[int, int]:
     if isinstance(value, int):
         return value, value
-    h, w = value
-    return int(h), int(w)
+    return value[0], value[1]
 
 
+# Scriptable (torch.jit.script): no helpers with `...` annotations, shapes printed as lists; the
+# op's own validation (eager and fake) does the rest.
 def deform_conv2d(
-    input: torch.Tensor,
-    offset: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    stride: int | tuple[int, int] = 1,
-    padding: int | tuple[int, int] = 0,
-    dilation: int | tuple[int, int] = 1,
-    mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Drop-in for ``torchvision.ops.deform_conv2d`` (same argument order and defaults)."""
-    if weight.dim() != 4 or offset.dim() != 4:
-        raise ValueError(
-            f"deform_conv2d: weight and offset must be 4-D, got weight {_shape(weight)}, "
-            f"offset {_shape(offset)}."
+    input: Tensor,
+    offset: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: int | tuple[int, int] = (1, 1),
+    padding: int | tuple[int, int] = (0, 0),
+    dilation: int | tuple[int, int] = (1, 1),
+    mask: Tensor | None = None,
+) -> Tensor:
+    """Drop-in for ``torchvision.ops.deform_conv2d`` (same arguments, order and defaults).
+
+    ``stride``, ``padding`` and ``dilation`` also take one int for both axes, as torchvision's
+    eager function does.
+    """
+    if input.dim() != 4 or weight.dim() != 4 or offset.dim() != 4:
+        raise DeformConv2dError(
+            f"deform_conv2d: input, weight and offset must be 4-D, got input "
+            f"{list(input.shape)}, weight {list(weight.shape)}, offset {list(offset.shape)}."
         )
     stride_h, stride_w = _pair(stride)
     pad_h, pad_w = _pair(padding)
     dil_h, dil_w = _pair(dilation)
-    kh, kw = weight.shape[-2:]
-    if input.dim() != 4:
-        raise ValueError(f"deform_conv2d: input must be 4-D (N, C, H, W), got {_shape(input)}.")
-    # Channel counts are static; skip the Python-level checks while TorchScript traces (they
-    # would only produce TracerWarnings). The op's own validation still runs.
-    tracing = torch.jit.is_tracing()
-    groups = (
-        input.shape[1] // max(int(weight.shape[1]), 1)
-        if not tracing
-        else input.shape[1] // weight.shape[1]
-    )
-    offset_groups = offset.shape[1] // (2 * kh * kw)
-    if not tracing and (offset_groups == 0 or offset.shape[1] != 2 * offset_groups * kh * kw):
-        raise ValueError(
-            f"deform_conv2d: offset channels {offset.shape[1]} (offset {_shape(offset)}) must be "
-            f"a positive multiple of 2*kh*kw = {2 * kh * kw} (weight {_shape(weight)})."
-        )
+    kh, kw = weight.shape[2], weight.shape[3]
+    taps = 2 * kh * kw
+    if not torch.jit.is_tracing():  # static channel counts: no TracerWarnings while tracing
+        if offset.shape[1] == 0 or offset.shape[1] % taps != 0:
+            raise DeformConv2dError(
+                f"deform_conv2d: offset channels {offset.shape[1]} (offset "
+                f"{list(offset.shape)}) must be a positive multiple of 2*kh*kw = {taps} (weight "
+                f"{list(weight.shape)}): one (dy, dx) pair per kernel tap and offset group."
+            )
+        if weight.shape[1] == 0 or input.shape[1] % weight.shape[1] != 0:
+            raise DeformConv2dError(
+                f"deform_conv2d: input channels {input.shape[1]} must be a multiple of "
+                f"weight.shape[1] = {weight.shape[1]} (weight {list(weight.shape)}): "
+                "weight is (out_channels, in_channels // groups, kh, kw)."
+            )
+    groups = input.shape[1] // weight.shape[1]
+    offset_groups = offset.shape[1] // taps
     use_mask = mask is not None
     if mask is None:
         # torchvision's placeholder; never read when use_mask is False.
         mask = torch.zeros((input.shape[0], 1), device=input.device, dtype=input.dtype)
     if bias is None:
         bias = torch.zeros(weight.shape[0], device=input.device, dtype=input.dtype)
-    return deform_conv2d_op(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
-                            dil_h, dil_w, groups, offset_groups, use_mask)  # fmt: skip
+    return torch.ops.onnx_custom.deform_conv2d(input, weight, offset, mask, bias, stride_h,
+                                               stride_w, pad_h, pad_w, dil_h, dil_w, groups,
+                                               offset_groups, use_mask)  # fmt: skip
+
+
+class DeformConv2d(nn.Module):
+    """Drop-in for ``torchvision.ops.DeformConv2d``: same constructor, parameter names, shapes and
+    initialization, ``forward(input, offset, mask=None)``; scriptable."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, int],
+        stride: int | tuple[int, int] = 1,
+        padding: int | tuple[int, int] = 0,
+        dilation: int | tuple[int, int] = 1,
+        groups: int = 1,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        if in_channels % groups != 0 or out_channels % groups != 0:
+            raise DeformConv2dError(
+                f"DeformConv2d: in_channels={in_channels} and out_channels={out_channels} must "
+                f"both be divisible by groups={groups}; pick groups dividing both."
+            )
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.kernel_size = _pair(kernel_size)
+        self.stride = _pair(stride)
+        self.padding = _pair(padding)
+        self.dilation = _pair(dilation)
+        self.groups = groups
+        self.weight = nn.Parameter(
+            torch.empty(out_channels, in_channels // groups, self.kernel_size[0],
+                        self.kernel_size[1])
+        )  # fmt: skip
+        self.bias: nn.Parameter | None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_channels))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """torchvision's initialization (that of ``nn.Conv2d``)."""
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            fan_in, _ = nn.init._calculate_fan_in_and_fan_out(self.weight)
+            bound = 1 / math.sqrt(fan_in)
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, input: Tensor, offset: Tensor, mask: Tensor | None = None) -> Tensor:
+        """``offset``: (N, 2*offset_groups*kh*kw, Ho, Wo); ``mask``: (N, offset_groups*kh*kw,
+        Ho, Wo) or None (DCNv1)."""
+        return deform_conv2d(input, offset, self.weight, self.bias, stride=self.stride,
+                             padding=self.padding, dilation=self.dilation, mask=mask)  # fmt: skip
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}, "
+                f"groups={self.groups}, bias={self.bias is not None}")  # fmt: skip

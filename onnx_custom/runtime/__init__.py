@@ -20,6 +20,7 @@ from onnx_custom.runtime.registry import (
 from onnx_custom.runtime.types import TensorInfo, broadcast_shapes
 
 if TYPE_CHECKING:  # real types for checkers; at run time these load lazily (see __getattr__)
+    from onnx_custom.runtime.failures import KernelRunError
     from onnx_custom.runtime.functions import embed_functions, function_proto
     from onnx_custom.runtime.reference import make_op_run, reference_evaluator
     from onnx_custom.runtime.schemas import make_schema, register_schema, register_schemas
@@ -35,6 +36,7 @@ __all__ = [
     "AttrSpec",
     "InferenceSession",
     "KernelRegistry",
+    "KernelRunError",
     "KernelSpec",
     "ModelLoadError",
     "ParamSpec",
@@ -58,6 +60,7 @@ __all__ = [
 # every kernel module) stays cheap and free of import cycles.
 _LAZY = {
     "InferenceSession": "session",
+    "KernelRunError": "failures",
     "ModelLoadError": "session",
     "missing_kernels": "session",
     "required_kernels": "session",

@@ -16,16 +16,18 @@ __all__ = [
     "ELEM_TO_NAME",
     "NAME_TO_ELEM",
     "RULE_BROADCAST",
-    "RULE_LIKE0",
+    "RULE_LIKE",
     "RULE_PY",
+    "RULE_UNKNOWN",
     "elem_to_numpy",
     "numpy_to_elem",
 ]
 
 # OrtCustomOpInputOutputCharacteristic
 CHAR_REQUIRED, CHAR_OPTIONAL, CHAR_VARIADIC = 0, 1, 2
-# output shape rules the shim evaluates without calling Python
-RULE_LIKE0, RULE_BROADCAST, RULE_PY = 0, 1, 2
+# output shape rules: like one input / broadcast (evaluated in the shim without calling Python),
+# a Python shape_fn, or unknown (no shape_fn: the kernel claims no shape)
+RULE_LIKE, RULE_BROADCAST, RULE_PY, RULE_UNKNOWN = 0, 1, 2, 3
 
 # attribute type name -> OrtOpAttrType value (the shim reads attributes by this kind)
 ATTR_KINDS: dict[str, int] = {"int": 1, "ints": 2, "float": 3, "floats": 4, "string": 5, "strings": 6}

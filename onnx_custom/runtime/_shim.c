@@ -19,11 +19,16 @@
 #include <limits.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stdlib.h>
+#include <pthread.h>
+#include <signal.h>
 
 #if PY_VERSION_HEX >= 0x030D0000
 #define OC_FINALIZING() Py_IsFinalizing()
+#define OC_CURRENT_TSTATE() PyThreadState_GetUnchecked()
 #else
 #define OC_FINALIZING() _Py_IsFinalizing()
+#define OC_CURRENT_TSTATE() _PyThreadState_UncheckedGet()
 #endif
 
 /* ---- minimal ABI declarations ------------------------------------------------------------ */
@@ -37,7 +42,8 @@ enum { ORT_OK_ = 0, ORT_FAIL_ = 1, ORT_INVALID_ARGUMENT_ = 2 };
 enum { CHAR_REQUIRED = 0, CHAR_OPTIONAL = 1, CHAR_VARIADIC = 2 };
 enum { ATTR_UNDEF = 0, ATTR_INT = 1, ATTR_INTS = 2, ATTR_FLOAT = 3, ATTR_FLOATS = 4, ATTR_STRING = 5,
        ATTR_STRINGS = 6 };
-enum { RULE_LIKE0 = 0, RULE_BROADCAST = 1, RULE_PY = 2 };
+/* output shape rules (see _abi.py): like input k, broadcast of the inputs, Python shape_fn, unknown */
+enum { RULE_LIKE = 0, RULE_BROADCAST = 1, RULE_PY = 2, RULE_UNKNOWN = 3 };
 
 /* 0-based slots in struct OrtApi (append-only across ORT releases). */
 enum {
@@ -47,15 +53,18 @@ enum {
   S_CreateTensorTypeAndShapeInfo = 57, S_SetTensorElementType = 58, S_SetDimensions = 59,
   S_GetTensorElementType = 60, S_GetDimensionsCount = 61, S_GetDimensions = 62,
   S_GetSymbolicDimensions = 63, S_GetTensorTypeAndShape = 65,
-  S_AllocatorFree = 76, S_GetAllocatorWithDefaultOptions = 78,
+  S_AllocatorFree = 76, S_AllocatorGetInfo = 77, S_GetAllocatorWithDefaultOptions = 78,
   S_KernelInfoGetAttribute_float = 85, S_KernelInfoGetAttribute_int64 = 86,
   S_KernelInfoGetAttribute_string = 87,
   S_KernelContext_GetInputCount = 88, S_KernelContext_GetOutputCount = 89,
   S_KernelContext_GetInput = 90, S_KernelContext_GetOutput = 91,
   S_ReleaseStatus = 93, S_ReleaseTypeInfo = 98, S_ReleaseTensorTypeAndShapeInfo = 99,
+  S_ReleaseCustomOpDomain = 101,
   S_KernelInfoGetAttributeArray_float = 162, S_KernelInfoGetAttributeArray_int64 = 163,
   S_KernelInfo_GetInputCount = 230, S_KernelInfo_GetOutputCount = 231,
   S_KernelInfo_GetInputTypeInfo = 234, S_KernelInfo_GetOutputTypeInfo = 235,
+  S_CreateOpAttr = 211, S_ReleaseOpAttr = 212,
+  S_KernelInfo_GetNodeName = 244,
   S_ShapeInferContext_GetInputCount = 267, S_ShapeInferContext_GetInputTypeShape = 268,
   S_ShapeInferContext_GetAttribute = 269, S_ShapeInferContext_SetOutputTypeShape = 270,
   S_SetSymbolicDimensions = 271, S_ReadOpAttr = 272,
@@ -95,6 +104,17 @@ typedef OrtStatus* (*fn_AllocatorFree)(void*, void*);
 typedef OrtStatus* (*fn_ElemShapeRef)(const void*, int*, const int64_t**, size_t*);
 typedef OrtStatus* (*fn_StrOut)(const void*, char*, size_t*);
 typedef bool (*fn_HasShape)(const void*);
+typedef OrtStatus* (*fn_AllocGetInfo)(const void*, const void**);
+typedef OrtStatus* (*fn_CreateOpAttr)(const char*, const void*, int, int, void**);
+
+/* Field order of struct OrtAllocator up to version 14 (Alloc, Free, Info): enough for a
+ * caller-provided allocator, which ORT only allocates through. */
+typedef struct AllocatorAbi {
+  uint32_t version;
+  void* (*Alloc)(struct AllocatorAbi* self, size_t size);
+  void (*Free)(struct AllocatorAbi* self, void* p);
+  const void* (*Info)(const struct AllocatorAbi* self);
+} AllocatorAbi;
 
 /* Field order of struct OrtCustomOp (version 17 layout plus the later tail, all filled). */
 typedef struct CustomOpAbi {
@@ -142,14 +162,22 @@ typedef struct Op {
   int* out_char;
   size_t n_attrs;
   AttrDesc* attrs;
+  int* in_type;         /* ONNX element type input i must have (0: any) */
+  int* out_type;        /* ONNX element type ORT may assume for output i (0: any) */
   int rule;
+  size_t like_index;    /* RULE_LIKE: the input whose shape every output takes */
   int out_mode;         /* kernel writes into preallocated outputs passed as out= */
-  PyObject* bind;       /* bind(attrs, missing, input_elems) -> (fn, kwargs, shape_fn or None) */
-  PyObject* infer;      /* infer(inputs: list, attrs: dict) -> list[(elem, dims)] */
+  /* The Python side owns these two; it clears them (op_release) once no SessionOptions uses the
+   * op, and frees the struct (op_free) once the KernelSpec is gone and no kernel is alive. */
+  PyObject* bind;       /* bind(attrs, missing, input_elems, output_elems) -> (fn, kwargs, shape_fn) */
+  PyObject* infer;      /* infer(inputs: list, attrs: dict) -> list[(elem, dims) or None] */
+  long live_kernels;    /* kernels created and not yet destroyed (GIL-protected) */
+  int dead;             /* Python dropped the op: free it when live_kernels reaches 0 */
 } Op;
 
 typedef struct Kernel {
   Op* op;
+  char* node;           /* node name, for error messages */
   PyObject* fn;
   PyObject* kwargs;
   PyObject* shape_fn;
@@ -161,7 +189,7 @@ typedef struct Kernel {
 static const void* const* g_api = NULL; /* OrtApi function table from ORT's OrtApiBase */
 static int g_api_version = 0;
 static PyObject* g_descr[32];           /* ONNX element type -> numpy dtype (owned refs) */
-static PyObject* g_format_error = NULL; /* format_error(qualname, exc) -> str */
+static PyObject* g_format_error = NULL; /* format_error(qualname, node, exc) -> str */
 static PyObject* g_out_key = NULL;
 static volatile int g_shutdown = 0;
 
@@ -175,8 +203,9 @@ static void release_status(OrtStatus* st) {
   if (st) API(S_ReleaseStatus, fn_Release)(st);
 }
 
-/* Turns the pending Python exception into an ORT status carrying the traceback text. */
-static OrtStatus* status_from_pyerr(const Op* op) {
+/* Turns the pending Python exception into an ORT status carrying the traceback text (the Python
+ * side also keeps the exception under a token written into the text, to re-raise it typed). */
+static OrtStatus* status_from_pyerr(const Op* op, const char* node) {
   PyObject *etype = NULL, *exc = NULL, *etb = NULL;
   PyErr_Fetch(&etype, &exc, &etb);
   PyErr_NormalizeException(&etype, &exc, &etb);
@@ -185,7 +214,7 @@ static OrtStatus* status_from_pyerr(const Op* op) {
   Py_XDECREF(etb);
   PyObject* text = NULL;
   if (g_format_error && exc) {
-    text = PyObject_CallFunction(g_format_error, "sO", op ? op->qualname : "?", exc);
+    text = PyObject_CallFunction(g_format_error, "ssO", op ? op->qualname : "?", node ? node : "", exc);
   }
   OrtStatus* st;
   if (text && PyUnicode_Check(text)) {
@@ -213,7 +242,14 @@ static OrtStatus* status_fmt(const Op* op, const char* fmt, ...) {
 /* ---- OrtCustomOp callbacks ---------------------------------------------------------------- */
 static const char* op_get_name(const void* op) { return ((const Op*)op)->name; }
 static const char* op_get_ep(const void* op) { (void)op; return "CPUExecutionProvider"; }
-static int op_type_undefined(const void* op, size_t i) { (void)op; (void)i; return 0; }
+static int op_in_type(const void* op, size_t i) {
+  const Op* o = op;
+  return i < o->n_in ? o->in_type[i] : 0;
+}
+static int op_out_type(const void* op, size_t i) {
+  const Op* o = op;
+  return i < o->n_out ? o->out_type[i] : 0;
+}
 static size_t op_in_count(const void* op) { return ((const Op*)op)->n_in; }
 static size_t op_out_count(const void* op) { return ((const Op*)op)->n_out; }
 static int op_in_char(const void* op, size_t i) {
@@ -240,8 +276,148 @@ static int interpreter_alive(void) {
   return !g_shutdown && Py_IsInitialized() && !OC_FINALIZING();
 }
 
+/* ---- Python thread states for ONNX Runtime's threads ---------------------------------------
+ * ORT runs kernels on the caller's thread, on its intra-op pool (run_async) and on its inter-op
+ * pool (ORT_PARALLEL). The pool threads are not Python threads: PyGILState_Ensure would create a
+ * thread state and PyGILState_Release destroy it again on every call (tens of microseconds:
+ * allocation, munmap of its frame stack). Instead each such thread gets one thread state, made
+ * with PyThreadState_New the first time it calls a kernel (which also binds it as the thread's
+ * GIL-state, so nested PyGILState_Ensure in kernels finds it), and kept for the thread's life.
+ *
+ * When the thread exits, a pthread key destructor hands the state to a reaper thread: the exiting
+ * thread must not wait for the GIL itself, because ORT joins its pool threads while destroying a
+ * session, usually from a Python thread that holds the GIL. The reaper adopts the state (it has
+ * none of its own), clears and deletes it. After interpreter shutdown starts (g_shutdown, set by
+ * an atexit hook) nothing touches these states any more: finalization frees them itself. */
+static PyInterpreterState* g_interp = NULL;
+static _Thread_local PyThreadState* t_tstate = NULL;
+static pthread_key_t g_tstate_key;
+static int g_tstate_key_ok = 0;
+
+typedef struct DeadState {
+  PyThreadState* ts;
+  struct DeadState* next;
+} DeadState;
+static pthread_mutex_t g_reap_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_reap_cv = PTHREAD_COND_INITIALIZER;
+static DeadState* g_dead = NULL;
+static int g_reaper_running = 0, g_reaper_stop = 0;
+static pthread_t g_reaper;
+static long g_ts_created = 0, g_ts_deleted = 0; /* counters for tests (atomic) */
+
+static void* reaper_main(void* arg) {
+  (void)arg;
+  pthread_mutex_lock(&g_reap_mu);
+  for (;;) {
+    while (!g_dead && !g_reaper_stop) pthread_cond_wait(&g_reap_cv, &g_reap_mu);
+    DeadState* d = g_dead;
+    if (!d) break; /* asked to stop and nothing left */
+    g_dead = d->next;
+    pthread_mutex_unlock(&g_reap_mu);
+    if (interpreter_alive()) {
+      PyEval_RestoreThread(d->ts); /* this thread has no state of its own: adopt the dead one */
+      PyThreadState_Clear(d->ts);
+      PyThreadState_DeleteCurrent(); /* also releases the GIL */
+      __atomic_add_fetch(&g_ts_deleted, 1, __ATOMIC_RELAXED);
+    } /* else: interpreter shutdown frees every thread state of the interpreter itself */
+    free(d);
+    pthread_mutex_lock(&g_reap_mu);
+  }
+  pthread_mutex_unlock(&g_reap_mu);
+  return NULL;
+}
+
+/* With g_reap_mu held. */
+static int start_reaper_locked(void) {
+  if (g_reaper_running) return 0;
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old); /* the reaper inherits "all signals blocked" */
+  int rc = pthread_create(&g_reaper, NULL, reaper_main, NULL);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (rc == 0) g_reaper_running = 1;
+  return rc;
+}
+
+static void tstate_key_destructor(void* p) {
+  t_tstate = NULL;
+  if (!p || g_shutdown) return;
+  DeadState* d = malloc(sizeof *d);
+  if (!d) return; /* out of memory at thread exit: leaking one thread state is all we can do */
+  d->ts = p;
+  pthread_mutex_lock(&g_reap_mu);
+  if (start_reaper_locked() != 0) {
+    pthread_mutex_unlock(&g_reap_mu);
+    free(d); /* cannot reap: leak it rather than block this thread on the GIL */
+    return;
+  }
+  d->next = g_dead;
+  g_dead = d;
+  pthread_cond_signal(&g_reap_cv);
+  pthread_mutex_unlock(&g_reap_mu);
+}
+
+static void after_fork_child(void) {
+  /* Only the forking thread survives; Python deletes the other threads' states itself
+   * (PyOS_AfterFork_Child), including any waiting for the reaper: forget them. */
+  pthread_mutex_init(&g_reap_mu, NULL);
+  pthread_cond_init(&g_reap_cv, NULL);
+  g_dead = NULL;
+  g_reaper_running = 0;
+  g_reaper_stop = 0;
+}
+
+typedef struct GilHold {
+  int mode; /* 0: restored our thread state, 1: PyGILState_Ensure, 2: this thread already held it */
+  PyGILState_STATE gs;
+} GilHold;
+
+/* Takes the GIL on any thread; returns -1 (nothing held) only when no thread state can be made. */
+static int gil_enter(GilHold* g) {
+  PyThreadState* ts = t_tstate;
+  if (ts) {
+    if (OC_CURRENT_TSTATE() == ts) { g->mode = 2; return 0; } /* re-entered from a kernel */
+    PyEval_RestoreThread(ts);
+    g->mode = 0;
+    return 0;
+  }
+  if (PyGILState_GetThisThreadState() != NULL) { /* a thread Python knows: its state lives on */
+    g->gs = PyGILState_Ensure();
+    g->mode = 1;
+    return 0;
+  }
+  ts = PyThreadState_New(g_interp);
+  if (!ts) return -1;
+  t_tstate = ts;
+  if (g_tstate_key_ok) pthread_setspecific(g_tstate_key, ts);
+  __atomic_add_fetch(&g_ts_created, 1, __ATOMIC_RELAXED);
+  PyEval_RestoreThread(ts);
+  g->mode = 0;
+  return 0;
+}
+
+static void gil_exit(GilHold* g) {
+  if (g->mode == 0) PyEval_SaveThread();
+  else if (g->mode == 1) PyGILState_Release(g->gs);
+}
+
+static void op_free_struct(Op* op) {
+  free(op->name);
+  free(op->qualname);
+  free(op->in_char);
+  free(op->out_char);
+  free(op->in_type);
+  free(op->out_type);
+  for (size_t i = 0; op->attrs && i < op->n_attrs; i++) free(op->attrs[i].name);
+  free(op->attrs);
+  Py_XDECREF(op->bind);
+  Py_XDECREF(op->infer);
+  free(op);
+}
+
 static void kernel_free(Kernel* k) {
   if (!k) return;
+  free(k->node);
   if (k->static_dims) {
     for (size_t i = 0; i < k->n_static; i++) free(k->static_dims[i]);
   }
@@ -253,14 +429,87 @@ static void kernel_free(Kernel* k) {
 static void op_kernel_destroy(void* kp) {
   Kernel* k = kp;
   if (!k) return;
-  if (interpreter_alive()) {
-    PyGILState_STATE gs = PyGILState_Ensure();
+  GilHold g;
+  if (interpreter_alive() && gil_enter(&g) == 0) {
+    Op* op = k->op;
     Py_XDECREF(k->fn);
     Py_XDECREF(k->kwargs);
     Py_XDECREF(k->shape_fn);
-    PyGILState_Release(gs);
+    if (--op->live_kernels == 0 && op->dead) op_free_struct(op);
+    gil_exit(&g);
   } /* else: the interpreter is gone; leaking the references is the only safe choice */
   kernel_free(k);
+}
+
+/* An OrtAllocator that remembers the size of every block it hands out (see ATTR_STRINGS). */
+typedef struct SizedAlloc {
+  AllocatorAbi abi; /* must stay first: ORT passes &abi back to us */
+  const void* info;
+  size_t n, cap;
+  void** ptrs;
+  size_t* sizes;
+} SizedAlloc;
+
+static void* sized_alloc_alloc(AllocatorAbi* self, size_t size) {
+  SizedAlloc* al = (SizedAlloc*)self;
+  if (al->n == al->cap) {
+    size_t cap = al->cap ? al->cap * 2 : 16;
+    void** p = realloc(al->ptrs, cap * sizeof(void*));
+    if (!p) return NULL;
+    al->ptrs = p;
+    size_t* z = realloc(al->sizes, cap * sizeof(size_t));
+    if (!z) return NULL;
+    al->sizes = z;
+    al->cap = cap;
+  }
+  void* block = malloc(size ? size : 1);
+  if (!block) return NULL;
+  al->ptrs[al->n] = block;
+  al->sizes[al->n++] = size;
+  return block;
+}
+
+static void sized_alloc_free(AllocatorAbi* self, void* p) {
+  SizedAlloc* al = (SizedAlloc*)self;
+  for (size_t i = 0; p && i < al->n; i++) {
+    if (al->ptrs[i] == p) { al->ptrs[i] = NULL; break; }
+  }
+  free(p);
+}
+
+static const void* sized_alloc_info(const AllocatorAbi* self) { return ((const SizedAlloc*)self)->info; }
+
+static int sized_alloc_init(SizedAlloc* al) {
+  memset(al, 0, sizeof *al);
+  void* def = NULL;
+  OrtStatus* st = API(S_GetAllocatorWithDefaultOptions, fn_pp)(&def);
+  if (!st) st = API(S_AllocatorGetInfo, fn_AllocGetInfo)(def, &al->info);
+  if (st) {
+    release_status(st);
+    PyErr_SetString(PyExc_RuntimeError, "onnx-custom: ONNX Runtime gave no CPU allocator info");
+    return -1;
+  }
+  al->abi.version = 14;
+  al->abi.Alloc = sized_alloc_alloc;
+  al->abi.Free = sized_alloc_free;
+  al->abi.Info = sized_alloc_info;
+  return 0;
+}
+
+/* Length of a string ORT wrote into one of our blocks (strlen when ORT packed it elsewhere). */
+static size_t sized_alloc_length(const SizedAlloc* al, const char* s) {
+  if (!s) return 0;
+  for (size_t i = 0; i < al->n; i++) {
+    if (al->ptrs[i] == s && al->sizes[i] > 0 && s[al->sizes[i] - 1] == '\0') return al->sizes[i] - 1;
+  }
+  return strlen(s);
+}
+
+static void sized_alloc_done(SizedAlloc* al) {
+  for (size_t i = 0; i < al->n; i++) free(al->ptrs[i]);
+  free(al->ptrs);
+  free(al->sizes);
+  memset(al, 0, sizeof *al);
 }
 
 /* Reads one declared attribute into a Python value; *missing set when the node lacks it. */
@@ -288,8 +537,8 @@ static PyObject* read_kernel_attr(const void* info, const AttrDesc* a, int* miss
       if (!buf) return PyErr_NoMemory();
       st = API(S_KernelInfoGetAttribute_string, fn_AttrS)(info, a->name, buf, &n);
       if (st) { free(buf); release_status(st); *missing = 1; return NULL; }
-      buf[n ? n - 1 : 0] = '\0';
-      PyObject* s = PyUnicode_FromString(buf);
+      /* n counts the terminating NUL ORT appends; the value itself may contain NUL bytes */
+      PyObject* s = PyUnicode_DecodeUTF8(buf, (Py_ssize_t)(n ? n - 1 : 0), NULL);
       free(buf);
       return s;
     }
@@ -322,19 +571,22 @@ static PyObject* read_kernel_attr(const void* info, const AttrDesc* a, int* miss
                         "STRINGS attributes need onnxruntime >= 1.30 (KernelInfoGetAttributeArray_string)");
         return NULL;
       }
-      void* alloc = NULL;
-      st = API(S_GetAllocatorWithDefaultOptions, fn_pp)(&alloc);
-      if (st) { release_status(st); PyErr_SetString(PyExc_RuntimeError, "no ORT allocator"); return NULL; }
+      /* ORT hands the strings back NUL-terminated, without lengths; the sizes it asks our
+       * allocator for (length + 1 per string) keep NUL bytes inside the strings intact. */
+      SizedAlloc al;
+      if (sized_alloc_init(&al) < 0) return NULL;
       char** strs = NULL;
       size_t n = 0;
-      st = API(S_KernelInfoGetAttributeArray_string, fn_AttrArrS)(info, a->name, alloc, &strs, &n);
-      if (st) { release_status(st); *missing = 1; return NULL; }
+      st = API(S_KernelInfoGetAttributeArray_string, fn_AttrArrS)(info, a->name, &al.abi, &strs, &n);
+      if (st) { release_status(st); sized_alloc_done(&al); *missing = 1; return NULL; }
       PyObject* lst = PyList_New((Py_ssize_t)n);
-      for (size_t i = 0; i < n; i++) {
-        if (lst) PyList_SET_ITEM(lst, (Py_ssize_t)i, PyUnicode_FromString(strs[i] ? strs[i] : ""));
-        if (strs[i]) release_status(API(S_AllocatorFree, fn_AllocatorFree)(alloc, strs[i]));
+      for (size_t i = 0; lst && i < n; i++) {
+        size_t len = sized_alloc_length(&al, strs[i]);
+        PyObject* v = PyUnicode_DecodeUTF8(strs[i] ? strs[i] : "", (Py_ssize_t)len, NULL);
+        if (!v) { Py_CLEAR(lst); break; }
+        PyList_SET_ITEM(lst, (Py_ssize_t)i, v);
       }
-      if (strs) release_status(API(S_AllocatorFree, fn_AllocatorFree)(alloc, strs));
+      sized_alloc_done(&al); /* frees the strings and the array too */
       return lst;
     }
     default:
@@ -377,16 +629,16 @@ static void read_static_shapes(Kernel* k, const void* info) {
   }
 }
 
-/* Static element types of the node's inputs (0 where unknown or absent). */
-static PyObject* read_input_elems(const void* info) {
+/* Static element types of the node's inputs or outputs (0 where unknown or absent). */
+static PyObject* read_elems(const void* info, int outputs) {
   size_t n = 0;
-  OrtStatus* st = API(S_KernelInfo_GetInputCount, fn_p_sz)(info, &n);
+  OrtStatus* st = API(outputs ? S_KernelInfo_GetOutputCount : S_KernelInfo_GetInputCount, fn_p_sz)(info, &n);
   if (st) { release_status(st); n = 0; }
   PyObject* lst = PyList_New((Py_ssize_t)n);
   for (size_t i = 0; lst && i < n; i++) {
     int elem = 0;
     void* tinfo = NULL;
-    st = API(S_KernelInfo_GetInputTypeInfo, fn_p_sz_pp)(info, i, &tinfo);
+    st = API(outputs ? S_KernelInfo_GetOutputTypeInfo : S_KernelInfo_GetInputTypeInfo, fn_p_sz_pp)(info, i, &tinfo);
     if (!st && tinfo) {
       const void* tsi = NULL;
       st = API(S_CastTypeInfoToTensorInfo, fn_p_pp)(tinfo, (void**)&tsi);
@@ -399,21 +651,52 @@ static PyObject* read_input_elems(const void* info) {
   return lst;
 }
 
+static char* read_node_name(const void* info) {
+  size_t n = 0;
+  OrtStatus* st = API(S_KernelInfo_GetNodeName, fn_StrOut)(info, NULL, &n);
+  char* buf = st ? NULL : malloc(n + 1);
+  if (buf && !(st = API(S_KernelInfo_GetNodeName, fn_StrOut)(info, buf, &n))) {
+    buf[n ? n - 1 : 0] = '\0'; /* a node name is a C string; a NUL inside only shortens the label */
+    return buf;
+  }
+  release_status(st);
+  free(buf);
+  return strdup("");
+}
+
 static OrtStatus* op_create_kernel_v2(const void* opp, const void* api, const void* info, void** out) {
   (void)api;
-  const Op* op = opp;
+  Op* op = (Op*)opp;
   *out = NULL;
   if (!interpreter_alive()) return make_status(ORT_FAIL_, "onnx-custom: Python interpreter is shutting down");
   Kernel* k = calloc(1, sizeof(Kernel));
   if (!k) return make_status(ORT_FAIL_, "onnx-custom: out of memory");
-  k->op = (Op*)op;
+  k->op = op;
+  k->node = read_node_name(info);
   read_static_shapes(k, info);
+  GilHold g;
+  if (gil_enter(&g) < 0) {
+    kernel_free(k);
+    return make_status(ORT_FAIL_, "onnx-custom: cannot create a Python thread state for this thread");
+  }
   OrtStatus* result = NULL;
-  PyGILState_STATE gs = PyGILState_Ensure();
-  PyObject* attrs = PyDict_New();
-  PyObject* missing_list = PyList_New(0);
+  PyObject* attrs = NULL;
+  PyObject* missing_list = NULL;
   PyObject* bound = NULL;
-  PyObject* elems = read_input_elems(info);
+  PyObject* in_elems = NULL;
+  PyObject* out_elems = NULL;
+  if (!op->bind) {
+    /* ORT kept this op past the SessionOptions it was registered with (and they are gone) */
+    result = status_fmt(op, "kernel was released with the SessionOptions that registered it; fix: keep "
+                        "the SessionOptions (or the session) alive while creating sessions from it");
+    kernel_free(k);
+    gil_exit(&g);
+    return result;
+  }
+  attrs = PyDict_New();
+  missing_list = PyList_New(0);
+  in_elems = read_elems(info, 0);
+  out_elems = read_elems(info, 1);
   for (size_t i = 0; attrs && missing_list && i < op->n_attrs; i++) {
     int missing = 0;
     PyObject* v = read_kernel_attr(info, &op->attrs[i], &missing);
@@ -428,8 +711,8 @@ static OrtStatus* op_create_kernel_v2(const void* opp, const void* api, const vo
       goto error;
     }
   }
-  if (!attrs || !missing_list || !elems) goto error;
-  bound = PyObject_CallFunctionObjArgs(op->bind, attrs, missing_list, elems, NULL);
+  if (!attrs || !missing_list || !in_elems || !out_elems) goto error;
+  bound = PyObject_CallFunctionObjArgs(op->bind, attrs, missing_list, in_elems, out_elems, NULL);
   if (!bound) goto error;
   if (!PyTuple_Check(bound) || PyTuple_GET_SIZE(bound) != 3) {
     PyErr_SetString(PyExc_TypeError, "internal: bind() must return (fn, kwargs, shape_fn)");
@@ -441,17 +724,19 @@ static OrtStatus* op_create_kernel_v2(const void* opp, const void* api, const vo
   Py_INCREF(k->fn);
   Py_INCREF(k->kwargs);
   Py_INCREF(k->shape_fn);
+  op->live_kernels++;
   *out = k;
   goto done;
 error:
-  result = status_from_pyerr(op);
+  result = status_from_pyerr(op, k->node);
   kernel_free(k);
 done:
   Py_XDECREF(bound);
   Py_XDECREF(attrs);
   Py_XDECREF(missing_list);
-  Py_XDECREF(elems);
-  PyGILState_Release(gs);
+  Py_XDECREF(in_elems);
+  Py_XDECREF(out_elems);
+  gil_exit(&g);
   return result;
 }
 
@@ -511,21 +796,24 @@ static PyObject* wrap_array(int elem, const int64_t* dims, size_t rank, void* da
 static int output_shapes(Kernel* k, PyObject* args, PyObject** in_arrays, size_t n_in, size_t n_out,
                          int64_t (*dims)[32], size_t* ranks) {
   const Op* op = k->op;
-  if (op->rule == RULE_LIKE0 || op->rule == RULE_BROADCAST) {
-    if (n_in == 0 || !in_arrays[0]) {
-      PyErr_SetString(PyExc_ValueError, "the default output shape rule needs input 0");
+  if (op->rule == RULE_LIKE || op->rule == RULE_BROADCAST) {
+    size_t first = op->rule == RULE_LIKE ? op->like_index : 0;
+    if (first >= n_in || !in_arrays[first]) {
+      PyErr_Format(PyExc_ValueError, "the output shape rule needs input %zu, which is absent", first);
       return -1;
     }
     int64_t res[32];
     size_t r = 0;
-    for (size_t i = 0; i < n_in; i++) {
+    int seen = 0;
+    for (size_t i = first; i < n_in; i++) {
       if (!in_arrays[i]) continue;
       PyArrayObject* a = (PyArrayObject*)in_arrays[i];
       size_t ra = (size_t)PyArray_NDIM(a);
-      if (i == 0) {
+      if (!seen) {
+        seen = 1;
         r = ra;
         for (size_t d = 0; d < ra; d++) res[d] = PyArray_DIMS(a)[d];
-        if (op->rule == RULE_LIKE0) break;
+        if (op->rule == RULE_LIKE) break;
         continue;
       }
       size_t nr = ra > r ? ra : r;
@@ -548,6 +836,10 @@ static int output_shapes(Kernel* k, PyObject* args, PyObject** in_arrays, size_t
       memcpy(dims[j], res, r * sizeof(int64_t));
     }
     return 0;
+  }
+  if (op->rule != RULE_PY || k->shape_fn == Py_None) {
+    PyErr_SetString(PyExc_ValueError, "out= kernels need a shape rule to preallocate their outputs");
+    return -1;
   }
   /* RULE_PY: shape_fn(args) -> sequence of shape tuples */
   PyObject* shapes = PyObject_CallOneArg(k->shape_fn, args);
@@ -600,7 +892,7 @@ static OrtStatus* emit_output(Kernel* k, void* ctx, size_t j, PyObject* value, v
                       "tensor_type='torch')", j, Py_TYPE(value)->tp_name);
   }
   PyArrayObject* arr = (PyArrayObject*)PyArray_FROM_OF(value, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED);
-  if (!arr) return status_from_pyerr(op);
+  if (!arr) return status_from_pyerr(op, k->node);
   size_t r = (size_t)PyArray_NDIM(arr);
   int64_t d[32];
   OrtStatus* st = NULL;
@@ -665,7 +957,7 @@ static OrtStatus* compute_locked(Kernel* k, void* ctx) {
   PyObject* args = PyTuple_New((Py_ssize_t)n_in);
   PyObject* result = NULL;
   PyObject* kwargs = NULL;
-  if (!args) return status_from_pyerr(op);
+  if (!args) return status_from_pyerr(op, k->node);
   for (size_t i = 0; i < n_in; i++) {
     const void* v = NULL;
     in_arrays[i] = NULL;
@@ -681,7 +973,7 @@ static OrtStatus* compute_locked(Kernel* k, void* ctx) {
     void* data = NULL;
     if ((st = tensor_view(v, &elem, dims, &rank, &data))) goto fail;
     PyObject* a = wrap_array(elem, dims, rank, data, 0);
-    if (!a) { st = status_from_pyerr(op); goto fail; }
+    if (!a) { st = status_from_pyerr(op, k->node); goto fail; }
     PyTuple_SET_ITEM(args, (Py_ssize_t)i, a);
     in_arrays[i] = a;
   }
@@ -689,9 +981,9 @@ static OrtStatus* compute_locked(Kernel* k, void* ctx) {
     int64_t dims[64][32];
     size_t ranks[64];
     if (n_out > 64) { st = status_fmt(op, "out= kernels support at most 64 outputs"); goto fail; }
-    if (output_shapes(k, args, in_arrays, n_in, n_out, dims, ranks) < 0) { st = status_from_pyerr(op); goto fail; }
+    if (output_shapes(k, args, in_arrays, n_in, n_out, dims, ranks) < 0) { st = status_from_pyerr(op, k->node); goto fail; }
     PyObject* outs = PyTuple_New((Py_ssize_t)n_out);
-    if (!outs) { st = status_from_pyerr(op); goto fail; }
+    if (!outs) { st = status_from_pyerr(op, k->node); goto fail; }
     for (size_t j = 0; j < n_out; j++) {
       void* ov = NULL;
       if ((st = API(S_KernelContext_GetOutput, fn_GetOutput)(ctx, j, dims[j], ranks[j], &ov))) {
@@ -709,23 +1001,23 @@ static OrtStatus* compute_locked(Kernel* k, void* ctx) {
       }
       out_values[j] = ov;
       PyObject* a = wrap_array(elem, od, orank, data, 1);
-      if (!a) { Py_DECREF(outs); st = status_from_pyerr(op); goto fail; }
+      if (!a) { Py_DECREF(outs); st = status_from_pyerr(op, k->node); goto fail; }
       PyTuple_SET_ITEM(outs, (Py_ssize_t)j, a);
     }
     kwargs = PyDict_Copy(k->kwargs);
     if (!kwargs || PyDict_SetItem(kwargs, g_out_key, outs) < 0) {
       Py_DECREF(outs);
-      st = status_from_pyerr(op);
+      st = status_from_pyerr(op, k->node);
       goto fail;
     }
     Py_DECREF(outs);
     result = PyObject_Call(k->fn, args, kwargs);
-    if (!result) { st = status_from_pyerr(op); goto fail; }
+    if (!result) { st = status_from_pyerr(op, k->node); goto fail; }
     if (result != Py_None) {
       /* the kernel returned values instead of (or after) writing: copy them over */
       PyObject* seq = (PyTuple_Check(result) || PyList_Check(result))
                           ? PySequence_Fast(result, "") : PyTuple_Pack(1, result);
-      if (!seq) { st = status_from_pyerr(op); goto fail; }
+      if (!seq) { st = status_from_pyerr(op, k->node); goto fail; }
       if ((size_t)PySequence_Fast_GET_SIZE(seq) != n_out) {
         st = status_fmt(op, "returned %zd outputs, expected %zu", PySequence_Fast_GET_SIZE(seq), n_out);
         Py_DECREF(seq);
@@ -737,14 +1029,14 @@ static OrtStatus* compute_locked(Kernel* k, void* ctx) {
     }
   } else {
     result = PyObject_Call(k->fn, args, k->kwargs);
-    if (!result) { st = status_from_pyerr(op); goto fail; }
+    if (!result) { st = status_from_pyerr(op, k->node); goto fail; }
     PyObject* seq;
     if (PyTuple_Check(result) || PyList_Check(result)) {
       seq = PySequence_Fast(result, "");
     } else {
       seq = PyTuple_Pack(1, result);
     }
-    if (!seq) { st = status_from_pyerr(op); goto fail; }
+    if (!seq) { st = status_from_pyerr(op, k->node); goto fail; }
     if ((size_t)PySequence_Fast_GET_SIZE(seq) != n_out) {
       st = status_fmt(op, "returned %zd output(s), expected %zu; fix: return one array per declared "
                       "output (a tuple when there are several)", PySequence_Fast_GET_SIZE(seq), n_out);
@@ -777,13 +1069,33 @@ static OrtStatus* op_compute_v2(void* kp, void* ctx) {
   Kernel* k = kp;
   if (!k) return make_status(ORT_FAIL_, "onnx-custom: kernel was not created");
   if (!interpreter_alive()) return make_status(ORT_FAIL_, "onnx-custom: Python interpreter is shutting down");
-  PyGILState_STATE gs = PyGILState_Ensure();
+  GilHold g;
+  if (gil_enter(&g) < 0) return make_status(ORT_FAIL_, "onnx-custom: cannot create a Python thread state for this thread");
   OrtStatus* st = compute_locked(k, ctx);
-  PyGILState_Release(gs);
+  gil_exit(&g);
   return st;
 }
 
 /* ---- ORT graph-time shape inference ------------------------------------------------------- */
+/* Bytes ReadOpAttr counts beyond a STRING's length: 1 when it counts the terminating NUL (older
+ * releases), 0 when not. Learned once from an attribute we make ourselves, so that the length
+ * of a value with NUL bytes inside (or at its end) is exact either way. */
+static int g_string_extra = -1;
+
+static int string_extra(void) {
+  if (g_string_extra >= 0) return g_string_extra;
+  void* attr = NULL;
+  size_t need = 0;
+  OrtStatus* st = API(S_CreateOpAttr, fn_CreateOpAttr)("probe", "ab", 2, ATTR_STRING, &attr);
+  if (!st) {
+    release_status(API(S_ReadOpAttr, fn_ReadOpAttr)(attr, ATTR_STRING, NULL, 0, &need));
+    API(S_ReleaseOpAttr, fn_Release)(attr);
+  }
+  release_status(st);
+  g_string_extra = need == 2 ? 0 : 1;
+  return g_string_extra;
+}
+
 static PyObject* read_infer_attr(void* ctx, const AttrDesc* a) {
   const void* attr = NULL;
   OrtStatus* st = API(S_ShapeInferContext_GetAttribute, fn_GetAttrByName)(ctx, a->name, &attr);
@@ -802,6 +1114,7 @@ static PyObject* read_infer_attr(void* ctx, const AttrDesc* a) {
       return PyFloat_FromDouble(v);
     }
     case ATTR_STRING:
+    case ATTR_STRINGS:
     case ATTR_INTS:
     case ATTR_FLOATS: {
       st = rd(attr, a->kind, NULL, 0, &need);
@@ -812,7 +1125,13 @@ static PyObject* read_infer_attr(void* ctx, const AttrDesc* a) {
       if ((st = rd(attr, a->kind, buf, need, &need))) { free(buf); break; }
       PyObject* r = NULL;
       if (a->kind == ATTR_STRING) {
-        r = PyUnicode_FromStringAndSize(buf, (Py_ssize_t)strnlen(buf, need));
+        /* NUL bytes inside the value are kept: the length comes from ORT, not strlen */
+        size_t extra = (size_t)string_extra();
+        r = PyUnicode_DecodeUTF8(buf, (Py_ssize_t)(need >= extra ? need - extra : 0), NULL);
+      } else if (a->kind == ATTR_STRINGS) {
+        /* every string followed by a NUL, no lengths: the Python side splits (and resolves
+         * strings that themselves contain NUL bytes against the model) */
+        r = PyBytes_FromStringAndSize(buf, (Py_ssize_t)need);
       } else {
         size_t n = need / (a->kind == ATTR_INTS ? sizeof(int64_t) : sizeof(float));
         r = PyList_New((Py_ssize_t)n);
@@ -895,9 +1214,10 @@ static OrtStatus* infer_locked(const Op* op, void* ctx) {
     PyObject* shp = NULL;
     if (item == Py_None) continue;
     if (!PyArg_ParseTuple(item, "iO", &elem, &shp)) goto pyfail;
-    /* Unknown rank: an info without dims reads as a scalar and skipping the output does too,
-     * so fail the inference: ORT then keeps the node's outputs untyped-shape instead. */
-    if (shp == Py_None) { st = status_fmt(op, "output %zd: rank unknown at graph time", j); goto fail; }
+    /* Shape unknown: ORT can only be told a type together with a shape (an info without dims
+     * reads as a scalar), so claim nothing; ORT then types the output itself (see
+     * host._ort_guess) and keeps whatever shape the model's value_info records. */
+    if (shp == Py_None) continue;
     void* info = NULL;
     if ((st = API(S_CreateTensorTypeAndShapeInfo, fn_pp)(&info))) goto fail;
     st = API(S_SetTensorElementType, fn_SetElemType)(info, elem);
@@ -934,7 +1254,7 @@ static OrtStatus* infer_locked(const Op* op, void* ctx) {
   Py_DECREF(attrs);
   return NULL;
 pyfail:
-  st = status_from_pyerr(op);
+  st = status_from_pyerr(op, "");
 fail:
   Py_XDECREF(seq);
   Py_XDECREF(res);
@@ -945,16 +1265,23 @@ fail:
 
 static OrtStatus* op_infer(const void* opp, void* ctx) {
   if (!interpreter_alive()) return make_status(ORT_FAIL_, "onnx-custom: Python interpreter is shutting down");
-  PyGILState_STATE gs = PyGILState_Ensure();
-  OrtStatus* st = infer_locked((const Op*)opp, ctx);
-  PyGILState_Release(gs);
+  GilHold g;
+  if (gil_enter(&g) < 0) return make_status(ORT_FAIL_, "onnx-custom: cannot create a Python thread state for this thread");
+  const Op* op = opp;
+  OrtStatus* st = op->infer ? infer_locked(op, ctx) : NULL; /* released op: claim nothing */
+  gil_exit(&g);
   return st;
 }
 
 /* ---- registration ------------------------------------------------------------------------- */
+/* OrtCustomOpDomain objects are shared between SessionOptions registering the same op set and
+ * counted: each registration holds one reference, which the Python side drops (domain_release)
+ * when those SessionOptions are garbage collected. ORT reads a domain only while building a
+ * session from the options, and every session keeps its options alive on the Python side. */
 typedef struct DomainEntry {
   char* key;          /* domain name + op pointers, identifies a cached OrtCustomOpDomain */
   void* domain;
+  long users;
   struct DomainEntry* next;
 } DomainEntry;
 
@@ -965,6 +1292,9 @@ typedef struct Pending {
 } Pending;
 
 static DomainEntry* g_domains = NULL;
+static pthread_mutex_t g_domains_mu = PTHREAD_MUTEX_INITIALIZER;
+static void* g_registered[256];    /* domains added by the last RegisterCustomOps call */
+static size_t g_n_registered = 0;
 static Pending* g_pending = NULL;
 static size_t g_n_pending = 0;
 static PyThread_type_lock g_lock = NULL;
@@ -979,6 +1309,37 @@ static void clear_pending(void) {
   g_n_pending = 0;
 }
 
+/* With g_domains_mu held: the cached domain for this op set, created (users 0) if needed. */
+static OrtStatus* domain_for(const Pending* p, DomainEntry** out) {
+  size_t klen = strlen(p->name) + 1 + p->n_ops * 20 + 1;
+  char* key = malloc(klen);
+  if (!key) return make_status(ORT_FAIL_, "onnx-custom: out of memory");
+  size_t off = (size_t)snprintf(key, klen, "%s|", p->name);
+  for (size_t j = 0; j < p->n_ops; j++) off += (size_t)snprintf(key + off, klen - off, "%p,", (void*)p->ops[j]);
+  DomainEntry* e = g_domains;
+  while (e && strcmp(e->key, key) != 0) e = e->next;
+  if (e) {
+    free(key);
+    *out = e;
+    return NULL;
+  }
+  void* dom = NULL;
+  OrtStatus* st = API(S_CreateCustomOpDomain, fn_cstr_pp)(p->name, &dom);
+  for (size_t j = 0; j < p->n_ops && !st; j++) st = API(S_CustomOpDomain_Add, fn_p_p)(dom, p->ops[j]);
+  e = st ? NULL : calloc(1, sizeof(DomainEntry));
+  if (!e) {
+    free(key);
+    if (dom) API(S_ReleaseCustomOpDomain, fn_Release)(dom); /* never handed to ORT's options */
+    return st ? st : make_status(ORT_FAIL_, "onnx-custom: out of memory");
+  }
+  e->key = key;
+  e->domain = dom;
+  e->next = g_domains;
+  g_domains = e;
+  *out = e;
+  return NULL;
+}
+
 __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(void* options, const OrtApiBase* base) {
   const void* const* api = base->GetApi(30);
   int ver = 30;
@@ -987,32 +1348,55 @@ __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(void* option
   g_api = api;
   g_api_version = ver;
   OrtStatus* st = NULL;
+  g_n_registered = 0;
+  pthread_mutex_lock(&g_domains_mu);
   for (size_t i = 0; i < g_n_pending && !st; i++) {
-    Pending* p = &g_pending[i];
-    size_t klen = strlen(p->name) + 1 + p->n_ops * 20 + 1;
-    char* key = malloc(klen);
-    if (!key) return make_status(ORT_FAIL_, "onnx-custom: out of memory");
-    size_t off = (size_t)snprintf(key, klen, "%s|", p->name);
-    for (size_t j = 0; j < p->n_ops; j++) off += (size_t)snprintf(key + off, klen - off, "%p,", (void*)p->ops[j]);
-    DomainEntry* e = g_domains;
-    while (e && strcmp(e->key, key) != 0) e = e->next;
-    if (!e) {
-      void* dom = NULL;
-      if ((st = API(S_CreateCustomOpDomain, fn_cstr_pp)(p->name, &dom))) { free(key); break; }
-      for (size_t j = 0; j < p->n_ops && !st; j++) st = API(S_CustomOpDomain_Add, fn_p_p)(dom, p->ops[j]);
-      if (st) { free(key); break; } /* the half-built domain is leaked on purpose: ORT may hold it */
-      e = calloc(1, sizeof(DomainEntry));
-      e->key = key;
-      e->domain = dom;
-      e->next = g_domains;
-      g_domains = e;
-    } else {
-      free(key);
+    DomainEntry* e = NULL;
+    if ((st = domain_for(&g_pending[i], &e))) break;
+    if (g_n_registered == sizeof g_registered / sizeof g_registered[0]) {
+      st = make_status(ORT_FAIL_, "onnx-custom: more than 256 custom-op domains in one registration");
+      break;
     }
-    st = API(S_AddCustomOpDomain, fn_p_p)(options, e->domain);
+    if ((st = API(S_AddCustomOpDomain, fn_p_p)(options, e->domain))) break;
+    e->users++;
+    g_registered[g_n_registered++] = e->domain;
   }
+  pthread_mutex_unlock(&g_domains_mu);
   clear_pending();
   return st;
+}
+
+/* take_registered() -> [domain_address, ...]: what the last registration added (one reference each). */
+static PyObject* py_take_registered(PyObject* self, PyObject* noargs) {
+  (void)self; (void)noargs;
+  PyObject* lst = PyList_New((Py_ssize_t)g_n_registered);
+  for (size_t i = 0; lst && i < g_n_registered; i++) {
+    PyObject* v = PyLong_FromVoidPtr(g_registered[i]);
+    if (!v) { Py_CLEAR(lst); break; }
+    PyList_SET_ITEM(lst, (Py_ssize_t)i, v);
+  }
+  g_n_registered = 0;
+  return lst;
+}
+
+/* domain_release(address): drops one reference; the last one releases the OrtCustomOpDomain. */
+static PyObject* py_domain_release(PyObject* self, PyObject* arg) {
+  (void)self;
+  void* dom = PyLong_AsVoidPtr(arg);
+  if (!dom && PyErr_Occurred()) return NULL;
+  if (g_shutdown || !g_api) Py_RETURN_NONE;
+  pthread_mutex_lock(&g_domains_mu);
+  DomainEntry** link = &g_domains;
+  while (*link && (*link)->domain != dom) link = &(*link)->next;
+  DomainEntry* e = *link;
+  if (e && --e->users <= 0) {
+    *link = e->next;
+    API(S_ReleaseCustomOpDomain, fn_Release)(e->domain);
+    free(e->key);
+    free(e);
+  }
+  pthread_mutex_unlock(&g_domains_mu);
+  Py_RETURN_NONE;
 }
 
 /* ---- Python module ------------------------------------------------------------------------ */
@@ -1021,13 +1405,25 @@ static char* dup_utf8(PyObject* s) {
   return c ? strdup(c) : NULL;
 }
 
-/* make_op(name, qualname, in_chars, out_chars, attrs[(name, kind)], rule, out_mode, bind, infer) */
+static int* int_array(PyObject* seq, size_t n) {
+  int* out = calloc(n + 1, sizeof(int));
+  for (size_t i = 0; out && i < n; i++) {
+    PyObject* v = PySequence_GetItem(seq, (Py_ssize_t)i);
+    out[i] = v ? (int)PyLong_AsLong(v) : 0;
+    Py_XDECREF(v);
+  }
+  return out;
+}
+
+/* make_op(name, qualname, in_chars, out_chars, in_types, out_types, attrs[(name, kind)], rule,
+ *         like_index, out_mode, bind, infer) -> address */
 static PyObject* py_make_op(PyObject* self, PyObject* args) {
   (void)self;
-  PyObject *name, *qualname, *in_chars, *out_chars, *attrs, *bind, *infer;
+  PyObject *name, *qualname, *in_chars, *out_chars, *in_types, *out_types, *attrs, *bind, *infer;
   int rule, out_mode;
-  if (!PyArg_ParseTuple(args, "UUOOOiiOO", &name, &qualname, &in_chars, &out_chars, &attrs, &rule,
-                        &out_mode, &bind, &infer))
+  Py_ssize_t like_index;
+  if (!PyArg_ParseTuple(args, "UUOOOOOinpOO", &name, &qualname, &in_chars, &out_chars, &in_types, &out_types,
+                        &attrs, &rule, &like_index, &out_mode, &bind, &infer))
     return NULL;
   Op* op = calloc(1, sizeof(Op));
   if (!op) return PyErr_NoMemory();
@@ -1035,21 +1431,13 @@ static PyObject* py_make_op(PyObject* self, PyObject* args) {
   op->qualname = dup_utf8(qualname);
   op->n_in = (size_t)PySequence_Size(in_chars);
   op->n_out = (size_t)PySequence_Size(out_chars);
-  op->in_char = calloc(op->n_in + 1, sizeof(int));
-  op->out_char = calloc(op->n_out + 1, sizeof(int));
-  for (size_t i = 0; i < op->n_in; i++) {
-    PyObject* v = PySequence_GetItem(in_chars, (Py_ssize_t)i);
-    op->in_char[i] = (int)PyLong_AsLong(v);
-    Py_XDECREF(v);
-  }
-  for (size_t i = 0; i < op->n_out; i++) {
-    PyObject* v = PySequence_GetItem(out_chars, (Py_ssize_t)i);
-    op->out_char[i] = (int)PyLong_AsLong(v);
-    Py_XDECREF(v);
-  }
+  op->in_char = int_array(in_chars, op->n_in);
+  op->out_char = int_array(out_chars, op->n_out);
+  op->in_type = int_array(in_types, op->n_in);
+  op->out_type = int_array(out_types, op->n_out);
   op->n_attrs = (size_t)PySequence_Size(attrs);
   op->attrs = calloc(op->n_attrs + 1, sizeof(AttrDesc));
-  for (size_t i = 0; i < op->n_attrs; i++) {
+  for (size_t i = 0; op->attrs && i < op->n_attrs; i++) {
     PyObject* t = PySequence_GetItem(attrs, (Py_ssize_t)i);
     PyObject* nm = t ? PySequence_GetItem(t, 0) : NULL;
     PyObject* kd = t ? PySequence_GetItem(t, 1) : NULL;
@@ -1059,8 +1447,14 @@ static PyObject* py_make_op(PyObject* self, PyObject* args) {
     Py_XDECREF(kd);
     Py_XDECREF(t);
   }
-  if (PyErr_Occurred()) return NULL; /* op leaks; only on malformed internal input */
+  if (PyErr_Occurred() || !op->name || !op->qualname || !op->in_char || !op->out_char || !op->in_type || !op->out_type ||
+      !op->attrs || like_index < 0) {
+    op_free_struct(op);
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_MemoryError, "onnx-custom: cannot describe the op");
+    return NULL;
+  }
   op->rule = rule;
+  op->like_index = (size_t)like_index;
   op->out_mode = out_mode;
   Py_INCREF(bind);
   Py_INCREF(infer);
@@ -1071,9 +1465,9 @@ static PyObject* py_make_op(PyObject* self, PyObject* args) {
   a->CreateKernel = op_create_kernel_v1;
   a->GetName = op_get_name;
   a->GetExecutionProviderType = op_get_ep;
-  a->GetInputType = op_type_undefined;
+  a->GetInputType = op_in_type;
   a->GetInputTypeCount = op_in_count;
-  a->GetOutputType = op_type_undefined;
+  a->GetOutputType = op_out_type;
   a->GetOutputTypeCount = op_out_count;
   a->KernelCompute = op_compute_v1;
   a->KernelDestroy = op_kernel_destroy;
@@ -1096,12 +1490,60 @@ static PyObject* py_make_op(PyObject* self, PyObject* args) {
   return PyLong_FromVoidPtr(op);
 }
 
+static Op* op_arg(PyObject* arg) {
+  Op* op = PyLong_AsVoidPtr(arg);
+  if (!op && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "null op address");
+  return op;
+}
+
+/* op_release(address): no SessionOptions uses the op any more; drop its Python callbacks. */
+static PyObject* py_op_release(PyObject* self, PyObject* arg) {
+  (void)self;
+  Op* op = op_arg(arg);
+  if (!op) return NULL;
+  Py_CLEAR(op->bind);
+  Py_CLEAR(op->infer);
+  Py_RETURN_NONE;
+}
+
+/* op_revive(address, bind, infer): the op is registered again. */
+static PyObject* py_op_revive(PyObject* self, PyObject* args) {
+  (void)self;
+  PyObject *addr, *bind, *infer;
+  if (!PyArg_ParseTuple(args, "OOO", &addr, &bind, &infer)) return NULL;
+  Op* op = op_arg(addr);
+  if (!op) return NULL;
+  Py_INCREF(bind);
+  Py_INCREF(infer);
+  Py_XSETREF(op->bind, bind);
+  Py_XSETREF(op->infer, infer);
+  Py_RETURN_NONE;
+}
+
+/* op_free(address): Python forgets the op; freed now or when its last kernel is destroyed. */
+static PyObject* py_op_free(PyObject* self, PyObject* arg) {
+  (void)self;
+  Op* op = op_arg(arg);
+  if (!op) return NULL;
+  if (op->live_kernels > 0) op->dead = 1;
+  else op_free_struct(op);
+  Py_RETURN_NONE;
+}
+
+/* thread_states() -> (created, deleted): Python thread states made for ORT's threads. */
+static PyObject* py_thread_states(PyObject* self, PyObject* noargs) {
+  (void)self; (void)noargs;
+  return Py_BuildValue("(ll)", __atomic_load_n(&g_ts_created, __ATOMIC_RELAXED),
+                       __atomic_load_n(&g_ts_deleted, __ATOMIC_RELAXED));
+}
+
 /* set_pending([(domain, [op_address, ...]), ...]): ops for the next RegisterCustomOps call. */
 static PyObject* py_set_pending(PyObject* self, PyObject* arg) {
   (void)self;
   PyObject* seq = PySequence_Fast(arg, "expected a list of (domain, ops)");
   if (!seq) return NULL;
   clear_pending();
+  g_n_registered = 0;
   Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
   g_pending = calloc((size_t)n + 1, sizeof(Pending));
   for (Py_ssize_t i = 0; i < n; i++) {
@@ -1144,9 +1586,22 @@ static PyObject* py_init(PyObject* self, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+/* shutdown(): interpreter exit (atexit). From here on nothing calls into Python. */
 static PyObject* py_shutdown(PyObject* self, PyObject* noargs) {
   (void)self; (void)noargs;
   g_shutdown = 1;
+  pthread_mutex_lock(&g_reap_mu);
+  int running = g_reaper_running;
+  g_reaper_stop = 1;
+  pthread_cond_broadcast(&g_reap_cv);
+  pthread_mutex_unlock(&g_reap_mu);
+  if (running) {
+    /* the reaper may be waiting for the GIL to finish one last thread state */
+    Py_BEGIN_ALLOW_THREADS
+    pthread_join(g_reaper, NULL);
+    Py_END_ALLOW_THREADS
+    g_reaper_running = 0;
+  }
   Py_RETURN_NONE;
 }
 
@@ -1175,6 +1630,12 @@ static PyMethodDef methods[] = {
     {"make_op", py_make_op, METH_VARARGS, "describe one custom op; returns its address"},
     {"set_pending", py_set_pending, METH_O, "queue ops for the next RegisterCustomOps call"},
     {"shutdown", py_shutdown, METH_NOARGS, "stop calling into Python (interpreter exit)"},
+    {"take_registered", py_take_registered, METH_NOARGS, "domains added by the last registration"},
+    {"domain_release", py_domain_release, METH_O, "drop one reference to a custom-op domain"},
+    {"op_release", py_op_release, METH_O, "drop an op's Python callbacks (no options use it)"},
+    {"op_revive", py_op_revive, METH_VARARGS, "give a released op its callbacks again"},
+    {"op_free", py_op_free, METH_O, "forget an op (freed once no kernel of it is alive)"},
+    {"thread_states", py_thread_states, METH_NOARGS, "(created, deleted) thread states for ORT threads"},
     {"api_version", py_api_version, METH_NOARGS, "OrtApi version in use (0 before first use)"},
     {"lock", py_lock, METH_NOARGS, "serialise registrations"},
     {"unlock", py_unlock, METH_NOARGS, "end a registration"},
@@ -1186,6 +1647,9 @@ static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_onnx_custom_shim", 
 
 PyMODINIT_FUNC PyInit__onnx_custom_shim(void) {
   import_array();
+  g_interp = PyInterpreterState_Get();
+  if (pthread_key_create(&g_tstate_key, tstate_key_destructor) == 0) g_tstate_key_ok = 1;
+  pthread_atfork(NULL, NULL, after_fork_child);
   g_lock = PyThread_allocate_lock();
   g_out_key = PyUnicode_InternFromString("out");
   return PyModule_Create(&moddef);

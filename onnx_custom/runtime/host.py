@@ -1,12 +1,26 @@
-"""Bridge between :class:`KernelSpec` objects and the C shim / ONNX Runtime session options."""
+"""Bridge between :class:`KernelSpec` objects and the C shim / ONNX Runtime session options.
+
+Lifetime of a registered kernel: the shim describes each KernelSpec to ORT with one small C
+struct (an OrtCustomOp) holding two Python callbacks, ``bind`` and ``infer``, which reference the
+spec and so the kernel function and everything its closure holds. Each ``SessionOptions`` a spec
+is registered with counts as one user of it (sessions keep their options alive). When the last
+such options object is garbage collected, the callbacks are dropped; when the spec itself is
+gone too, the C struct is freed as soon as no ORT kernel instance of it is left. The custom-op
+domain objects handed to ORT are reference counted the same way.
+"""
 
 from __future__ import annotations
 
 import atexit
+import itertools
+import re
 import threading
 import traceback
 import warnings
-from collections.abc import Callable, Iterable
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,19 +32,87 @@ from onnx_custom.runtime._build import load_shim
 from onnx_custom.runtime.registry import KernelSpec
 from onnx_custom.runtime.types import TensorInfo, concrete_shape
 
-__all__ = ["format_error", "register_kernels", "shim_api_version"]
+__all__ = [
+    "KernelFailure",
+    "format_error",
+    "live_kernel_ops",
+    "note_exact_strings",
+    "register_kernels",
+    "shim_api_version",
+    "take_failure",
+    "thread_state_counts",
+]
 
 _CHAR = {"required": _abi.CHAR_REQUIRED, "optional": _abi.CHAR_OPTIONAL, "variadic": _abi.CHAR_VARIADIC}
-_lock = threading.Lock()
-_ops: dict[int, tuple[KernelSpec, int]] = {}  # id(spec) -> (spec kept alive, op address)
 _initialised = False
+_shutting_down = False
 _init_lock = threading.Lock()
 
 
-def format_error(qualname: str, exc: BaseException) -> str:
-    """Text of the ORT error raised when a kernel fails: our message plus the Python traceback."""
+# ---- kernel failures ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KernelFailure:
+    """What a kernel raised: kept (bounded) until the session re-raises it as a typed error."""
+
+    kernel: str
+    node: str
+    exception: BaseException
+    traceback: str
+
+
+_FAILURE_TOKEN = re.compile(r"\[onnx-custom error #(\d+)\]")
+_MAX_FAILURES = 64  # failures nobody collects (plain onnxruntime sessions) must not pile up
+_failures: OrderedDict[int, KernelFailure] = OrderedDict()
+_failure_ids = itertools.count(1)
+_failures_lock = threading.Lock()
+
+
+def _clear_frames(exc: BaseException) -> None:
+    """Drop the locals of every frame in ``exc``'s chain: they hold zero-copy views of ORT
+    buffers that are freed when the kernel returns, and must not be reachable afterwards."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        todo += [e.__cause__, e.__context__]
+
+
+def format_error(qualname: str, node: str, exc: BaseException) -> str:
+    """Text of the ORT error raised when a kernel fails: our message plus the Python traceback.
+
+    The exception itself is kept under a token written into the text, so that
+    :class:`onnx_custom.runtime.InferenceSession` can re-raise it typed.
+    """
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return f"onnx-custom kernel {qualname} raised {type(exc).__name__}: {exc}\n{tb}"
+    _clear_frames(exc)
+    token = next(_failure_ids)
+    with _failures_lock:
+        _failures[token] = KernelFailure(qualname, node, exc, tb)
+        while len(_failures) > _MAX_FAILURES:
+            _failures.popitem(last=False)
+    where = f" (node {node!r})" if node else ""
+    return f"onnx-custom kernel {qualname}{where} raised {type(exc).__name__}: {exc} [onnx-custom error #{token}]\n{tb}"
+
+
+def take_failure(message: str) -> KernelFailure | None:
+    """The kernel failure an ORT error message refers to (removed from the store), if any."""
+    match = _FAILURE_TOKEN.search(message)
+    if match is None:
+        return None
+    with _failures_lock:
+        return _failures.pop(int(match.group(1)), None)
+
+
+# ---- the shim -------------------------------------------------------------------------------
+def _shutdown() -> None:
+    global _shutting_down
+    _shutting_down = True
+    shim, _ = load_shim()
+    shim.shutdown()  # ORT may destroy kernels (or end threads) after Python is gone
 
 
 def _shim() -> tuple[Any, str]:
@@ -39,7 +121,7 @@ def _shim() -> tuple[Any, str]:
     with _init_lock:
         if not _initialised:
             shim.init(_abi.numpy_table(), format_error)
-            atexit.register(shim.shutdown)  # ORT may destroy kernels after Python is gone
+            atexit.register(_shutdown)
             _initialised = True
     return shim, path
 
@@ -47,6 +129,12 @@ def _shim() -> tuple[Any, str]:
 def shim_api_version() -> int:
     """OrtApi version the shim negotiated with ONNX Runtime (0 before the first registration)."""
     return int(_shim()[0].api_version())
+
+
+def thread_state_counts() -> tuple[int, int]:
+    """``(created, deleted)`` Python thread states the shim made for ONNX Runtime's own threads."""
+    created, deleted = _shim()[0].thread_states()
+    return int(created), int(deleted)
 
 
 # ---- torch adapters -------------------------------------------------------------------------
@@ -88,21 +176,70 @@ def _torch_wrapper(fn: Callable[..., Any], out_mode: bool) -> Callable[..., Any]
     return run
 
 
+# ---- STRINGS attributes at graph time -------------------------------------------------------
+# ORT hands graph-time inference a STRINGS attribute as NUL-terminated strings without lengths.
+# Lists whose strings contain NUL bytes are recorded from the model before ORT sees it (see
+# session.validate_model), so the exact list is recovered from its joined bytes.
+_exact_strings: dict[bytes, list[str]] = {}
+
+
+def _joined(values: Sequence[str]) -> bytes:
+    return b"".join(v.encode() + b"\0" for v in values)
+
+
+def note_exact_strings(values: Sequence[str]) -> None:
+    """Remember a STRINGS attribute value whose strings contain NUL bytes."""
+    if any("\0" in v for v in values):
+        _exact_strings[_joined(values)] = list(values)
+
+
+def _strings_value(blob: bytes) -> list[str]:
+    exact = _exact_strings.get(blob)
+    if exact is not None:
+        return list(exact)
+    return [part.decode() for part in blob.split(b"\0")[:-1]]
+
+
 # ---- callbacks handed to the shim -----------------------------------------------------------
+def _dtype_of(elem: int) -> TensorInfo | None:
+    return TensorInfo(_abi.elem_to_numpy(elem)) if elem in _abi.ELEM_TO_NAME else None
+
+
+def _check_output_dtypes(spec: KernelSpec, inputs: list[TensorInfo | None], out_elems: list[int]) -> None:
+    """ORT types an output whose shape we leave unknown by its own guess (the last input's
+    dtype); when that differs from the kernel's dtype rule, say so now, not at run time."""
+    if callable(spec.shape_fn):
+        return
+    for j, (want, got) in enumerate(zip(spec.infer(inputs, {}), out_elems, strict=False)):
+        if want is None or not got or _abi.numpy_to_elem(want.dtype) == got:
+            continue
+        name = spec.outputs[min(j, len(spec.outputs) - 1)].name
+        want_name, got_name = str(want.dtype), _abi.ELEM_TO_NAME.get(got, f"element type {got}")
+        src = spec.inputs[spec.like_index or 0].name
+        raise KernelError(
+            f"kernel {spec.name}: ONNX Runtime typed output {j} ({name!r}) as {got_name}, but the "
+            f"kernel's dtype rule gives {want_name}; ONNX Runtime cannot be told a dtype without a "
+            f"shape; fix: declare the output's dtype (dtypes={{{name!r}: {want_name!r}}}) or a shape "
+            f"rule (shape_fn=\"like:{src}\" or a callable), or correct the model's types."
+        )
+
+
 def _make_bind(spec: KernelSpec) -> Callable[..., tuple[Any, dict[str, Any], Any]]:
     defaults = spec.attr_defaults()
     types = {a.name: a.type for a in spec.attrs}
 
-    def bind(attrs: dict[str, Any], missing: list[str], elems: list[int]) -> tuple[Any, dict[str, Any], Any]:
+    def bind(
+        attrs: dict[str, Any], missing: list[str], elems: list[int], out_elems: list[int]
+    ) -> tuple[Any, dict[str, Any], Any]:
         # ORT ignores failures of graph-time inference, so dtype constraints are enforced here
-        spec.check_input_dtypes([
-            TensorInfo(_abi.elem_to_numpy(e)) if e in _abi.ELEM_TO_NAME else None for e in elems
-        ])
+        inputs = [_dtype_of(e) for e in elems]
+        spec.check_input_dtypes(inputs)
         unknown = [e for e in elems if e and e not in _abi.ELEM_TO_NAME]
         if unknown:
             raise KernelError(
                 f"kernel {spec.name}: input element type(s) {unknown} (ONNX TensorProto.DataType) "
-                f"cannot be passed to Python kernels; expected one of {', '.join(_abi.DTYPE_NAMES)}."
+                f"cannot be passed to Python kernels; expected one of {', '.join(_abi.DTYPE_NAMES)}; "
+                f"fix: cast the inputs in the model."
             )
         required = [m for m in missing if m not in defaults]
         if required:
@@ -111,6 +248,7 @@ def _make_bind(spec: KernelSpec) -> Callable[..., tuple[Any, dict[str, Any], Any
                 f"node of {spec.name} lacks required attribute(s) {decl} (absent, or set with "
                 f"another type); fix: set them on the node or declare defaults at registration."
             )
+        _check_output_dtypes(spec, inputs, out_elems)
         kwargs = {**{m: defaults[m] for m in missing}, **attrs}
         fn = _torch_wrapper(spec.fn, spec.out_mode) if spec.tensor_type == "torch" else spec.fn
         shape_fn = None
@@ -121,7 +259,8 @@ def _make_bind(spec: KernelSpec) -> Callable[..., tuple[Any, dict[str, Any], Any
                 infos = [None if a is None else TensorInfo(a.dtype, a.shape) for a in arrays]
                 res = user_shape_fn(infos, kwargs)
                 items = [res] if isinstance(res, TensorInfo) else list(res)
-                return [concrete_shape(r.shape, f"{spec.name} output shape") for r in items]
+                return [concrete_shape(None if r is None else r.shape, f"{spec.name} output shape")
+                        for r in items]
         return fn, kwargs, shape_fn
 
     return bind
@@ -131,13 +270,10 @@ def _make_infer(spec: KernelSpec) -> Callable[[list[Any], dict[str, Any]], list[
     def infer(inputs: list[Any], attrs: dict[str, Any]) -> list[Any]:
         infos: list[TensorInfo | None] = []
         for i, item in enumerate(inputs):
-            if item is None:
+            if item is None or item[0] == 0:  # absent, or type unknown at this point
                 infos.append(None)
                 continue
             elem, shape = item
-            if elem == 0:  # type unknown at this point of graph resolution
-                infos.append(None)
-                continue
             try:
                 dt = _abi.elem_to_numpy(elem)
             except KeyError:
@@ -148,50 +284,172 @@ def _make_infer(spec: KernelSpec) -> Callable[[list[Any], dict[str, Any]], list[
             # ORT reports an input of unknown rank as rank 0; treat () as unknown so we never
             # declare a scalar output by mistake (true scalars just lose static shapes)
             infos.append(TensorInfo(dt, shape if shape != () else None))
-        results = spec.infer(infos, attrs)
-        return [(_abi.numpy_to_elem(r.dtype), r.shape) for r in results]
+        values = {k: _strings_value(v) if isinstance(v, bytes) else v for k, v in attrs.items()}
+        # an output whose shape is unknown is left to ORT (it cannot take a dtype alone)
+        return [None if r is None or r.shape is None else (_abi.numpy_to_elem(r.dtype), r.shape)
+                for r in spec.infer(infos, values)]
 
     return infer
 
 
-def _op_address(spec: KernelSpec) -> int:
+# ---- op lifetime ----------------------------------------------------------------------------
+@dataclass
+class _HostOp:
+    addrs: tuple[int, ...]  # one OrtCustomOp per dtype variant (see _type_variants); [0] names the op
+    spec_ref: weakref.ref[KernelSpec]
+    spec: KernelSpec | None  # strong only while some SessionOptions use the op
+    users: int = 0
+
+
+_lock = threading.Lock()
+_ops: dict[int, _HostOp] = {}  # id(spec) -> op
+_by_addr: dict[int, _HostOp] = {}  # first address -> op
+_dead_specs: list[tuple[int, int]] = []  # (id, first address) of collected specs (weakref callbacks)
+_pending_releases: list[tuple[tuple[int, ...], tuple[int, ...]]] = []  # finalizers append
+
+
+def _type_variants(spec: KernelSpec) -> list[tuple[list[int], list[int]]]:
+    """``(input types, output types)`` of each OrtCustomOp serving ``spec`` (0: any type).
+
+    Outputs declared with one dtype have it. An output whose dtype follows an input (no
+    shape_fn, "like:x", "broadcast") is typed by ORT itself whenever we cannot state its shape,
+    and ORT guesses from the *last* input. So when later inputs exist, the op is registered once
+    per dtype of the source input, each variant stating its output dtypes: ORT then picks the
+    variant matching the node, and the output dtype is right with the shape left unknown.
+    """
+    n_in = len(spec.inputs)
+    declared = [spec.declared_dtype(j) for j in range(len(spec.outputs))]
+    fixed = [0 if d is None else _abi.numpy_to_elem(d) for d in declared]
+    source = spec.like_index or 0
+    if callable(spec.shape_fn) or all(fixed) or source >= n_in - 1:
+        return [([0] * n_in, fixed)]
+    variants = []
+    for name in spec.inputs[source].dtypes:
+        elem = _abi.NAME_TO_ELEM[name]
+        in_types = [0] * n_in
+        in_types[source] = elem
+        variants.append((in_types, [f or elem for f in fixed]))
+    return variants
+
+
+def _new_op(shim: Any, spec: KernelSpec) -> _HostOp:
+    like = spec.like_index
+    rule = (_abi.RULE_UNKNOWN if spec.shape_fn is None else _abi.RULE_PY if callable(spec.shape_fn)
+            else _abi.RULE_BROADCAST if like is None else _abi.RULE_LIKE)
+    bind, infer = _make_bind(spec), _make_infer(spec)
+    addrs = tuple(int(shim.make_op(
+        spec.op_type,
+        spec.name,
+        [_CHAR[p.kind] for p in spec.inputs],
+        [_CHAR[p.kind] for p in spec.outputs],
+        in_types,
+        out_types,
+        [(a.name, _abi.ATTR_KINDS[a.type]) for a in spec.attrs],
+        rule,
+        like or 0,
+        spec.out_mode,
+        bind,
+        infer,
+    )) for in_types, out_types in _type_variants(spec))
+    key, first = id(spec), addrs[0]
+    ref = weakref.ref(spec, lambda _ref: _dead_specs.append((key, first)))
+    return _HostOp(addrs, ref, spec)
+
+
+def _acquire(shim: Any, spec: KernelSpec) -> _HostOp:
+    """One more user of ``spec``'s op (with _lock held)."""
+    op = _ops.get(id(spec))
+    if op is None or op.spec_ref() is not spec:
+        op = _new_op(shim, spec)
+        _ops[id(spec)] = op
+        _by_addr[op.addrs[0]] = op
+    elif op.users == 0:
+        bind, infer = _make_bind(spec), _make_infer(spec)
+        for addr in op.addrs:
+            shim.op_revive(addr, bind, infer)
+        op.spec = spec
+    op.users += 1
+    return op
+
+
+def _release_now(shim: Any, addrs: tuple[int, ...], domains: tuple[int, ...]) -> None:
+    for dom in domains:
+        shim.domain_release(dom)
+    for first in addrs:
+        op = _by_addr.get(first)
+        if op is None:
+            continue
+        op.users -= 1
+        if op.users == 0:
+            op.spec = None
+            for addr in op.addrs:
+                shim.op_release(addr)  # drops bind/infer: the spec may be collected right here
+
+
+def _unlock(shim: Any) -> None:
+    """Finish queued releases and collections, then release _lock (again if more arrived)."""
+    while True:
+        while _pending_releases:
+            _release_now(shim, *_pending_releases.pop())
+        while _dead_specs:
+            key, first = _dead_specs.pop()
+            if _ops.get(key) is _by_addr.get(first):
+                _ops.pop(key, None)
+            op = _by_addr.pop(first, None)
+            for addr in op.addrs if op is not None else ():
+                shim.op_free(addr)
+        _lock.release()
+        if not (_pending_releases or _dead_specs) or not _lock.acquire(blocking=False):
+            return
+
+
+def _release_later(addrs: tuple[int, ...], domains: tuple[int, ...]) -> None:
+    """weakref.finalize callback of a SessionOptions: may run inside our own locked section
+    (garbage collection), so it queues, and processes the queue only if the lock is free."""
+    if _shutting_down:
+        return
+    _pending_releases.append((addrs, domains))
+    if _lock.acquire(blocking=False):
+        _unlock(_shim()[0])
+
+
+def live_kernel_ops() -> int:
+    """Ops whose Python callbacks are alive (registered with SessionOptions still in use)."""
     with _lock:
-        hit = _ops.get(id(spec))
-        if hit is not None:
-            return hit[1]
-        shim, _ = _shim()
-        rule = {"like0": _abi.RULE_LIKE0, "broadcast": _abi.RULE_BROADCAST}.get(
-            spec.shape_fn if isinstance(spec.shape_fn, str) else "", _abi.RULE_PY
-        )
-        addr = shim.make_op(
-            spec.op_type,
-            spec.name,
-            [_CHAR[p.kind] for p in spec.inputs],
-            [_CHAR[p.kind] for p in spec.outputs],
-            [(a.name, _abi.ATTR_KINDS[a.type]) for a in spec.attrs],
-            rule,
-            int(spec.out_mode),
-            _make_bind(spec),
-            _make_infer(spec),
-        )
-        _ops[id(spec)] = (spec, addr)  # never freed: ORT keeps pointers to the op for good
-        return int(addr)
+        return sum(1 for op in _by_addr.values() if op.users > 0)
 
 
 def register_kernels(so: ort.SessionOptions, specs: Iterable[KernelSpec]) -> None:
-    """Add the custom-op domains serving ``specs`` to ``so`` (one domain object per domain)."""
-    by_domain: dict[str, list[int]] = {}
-    for spec in specs:
-        by_domain.setdefault(spec.domain, []).append(_op_address(spec))
-    if not by_domain:
+    """Add the custom-op domains serving ``specs`` to ``so`` (one domain object per domain).
+
+    The kernels stay registered as long as ``so`` lives (every session keeps its options).
+    """
+    specs = list(specs)
+    if not specs:
         return
     shim, path = _shim()
+    by_domain: dict[str, list[int]] = {}
+    addrs: list[int] = []  # first address of each op: what the finalizer releases
+    domains: list[int] = []
+    _lock.acquire()
+    try:
+        for spec in specs:
+            op = _acquire(shim, spec)
+            addrs.append(op.addrs[0])
+            by_domain.setdefault(spec.domain, []).extend(op.addrs)
+    finally:
+        _unlock(shim)
     shim.lock()
     try:
         shim.set_pending(sorted(by_domain.items()))
         # ORT dlopens the very file Python imported, so it calls back into the same globals.
         so.register_custom_ops_library(path)
     except Exception as exc:
+        domains = list(shim.take_registered())
+        _release_later(tuple(addrs), tuple(domains))
         raise KernelError(f"registering Python kernels with ONNX Runtime failed: {exc}") from exc
+    else:
+        domains = list(shim.take_registered())
     finally:
         shim.unlock()
+    weakref.finalize(so, _release_later, tuple(addrs), tuple(domains)).atexit = False

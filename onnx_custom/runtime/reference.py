@@ -23,7 +23,8 @@ def run_kernel(spec: KernelSpec, inputs: list[Any], attrs: dict[str, Any]) -> tu
     arrays = [None if x is None else np.ascontiguousarray(x) for x in inputs]
     if spec.out_mode:
         infos = [None if a is None else TensorInfo(a.dtype, a.shape) for a in arrays]
-        outs = tuple(np.empty(concrete_shape(r.shape, f"{spec.name} output shape"), r.dtype)
+        outs = tuple(np.empty(concrete_shape(None if r is None else r.shape, f"{spec.name} output shape"),
+                              None if r is None else r.dtype)
                      for r in spec.infer(infos, kwargs))
         res = fn(*arrays, out=outs, **kwargs)
         if res is None:

@@ -37,7 +37,8 @@ _IDENT = r"[A-Za-z_][A-Za-z0-9_\-]*"
 _NAME_RE = re.compile(rf"^({_IDENT}(?:\.{_IDENT})*)::([A-Za-z_][A-Za-z0-9_]*)$")
 _PARAM_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)([?*]?)$")
 _ATTR_TYPES = ("int", "float", "string", "ints", "floats", "strings")
-_BUILTIN_RULES = ("like0", "broadcast")
+_RULE_NAMES = ("like:<input name>", "like0", "broadcast")
+_INT64 = (-(2**63), 2**63 - 1)
 
 
 def split_name(name: str) -> tuple[str, str]:
@@ -83,7 +84,7 @@ class KernelSpec:
     inputs: tuple[ParamSpec, ...]
     outputs: tuple[ParamSpec, ...]
     attrs: tuple[AttrSpec, ...] = ()
-    shape_fn: Callable[..., Any] | str = "like0"
+    shape_fn: Callable[..., Any] | str | None = None
     function: Any = None
     tensor_type: str = "numpy"
     out_mode: bool = False
@@ -105,29 +106,59 @@ class KernelSpec:
     def attr_defaults(self) -> dict[str, Any]:
         return {a.name: a.default for a in self.attrs if not a.required}
 
-    def infer(self, inputs: Sequence[TensorInfo | None], attrs: Mapping[str, Any]) -> list[TensorInfo]:
-        """Output types/shapes from input types/shapes (dims may be symbolic)."""
-        self.check_input_dtypes(inputs)
-        n_out = len(self.outputs)
+    @property
+    def like_index(self) -> int | None:
+        """Input whose dtype and shape every output takes (``"like:x"``/``"like0"``), else None."""
         rule = self.shape_fn
-        if rule in _BUILTIN_RULES:
-            first = inputs[0] if inputs else None
-            if first is None:
-                raise KernelError(f"kernel {self.name}: the default shape rule needs input 0")
-            if rule == "like0":
-                return [TensorInfo(first.dtype, first.shape)] * n_out
-            shape = broadcast_shapes(*(i.shape for i in inputs if i is not None))
-            return [TensorInfo(first.dtype, shape)] * n_out
+        if rule == "like0":
+            return 0
+        if isinstance(rule, str) and rule.startswith("like:"):
+            return [p.name for p in self.inputs].index(rule[5:])
+        return None
+
+    def declared_dtype(self, output: int) -> np.dtype[Any] | None:
+        """The dtype output ``output`` always has (when exactly one is declared for it)."""
+        dtypes = self.outputs[output].dtypes
+        return np.dtype(_numpy_dtype(dtypes[0])) if len(dtypes) == 1 else None
+
+    def infer(self, inputs: Sequence[TensorInfo | None], attrs: Mapping[str, Any]) -> list[TensorInfo | None]:
+        """Output types/shapes from input types/shapes (dims may be symbolic).
+
+        An output's shape is None when the rule does not know it, and the whole entry is None
+        when not even its dtype is known: the kernel then claims nothing about it.
+        """
+        self.check_input_dtypes(inputs)
+        rule = self.shape_fn
+        if rule is None or isinstance(rule, str):
+            return [self._rule_output(j, inputs) for j in range(len(self.outputs))]
         merged = {**self.attr_defaults(), **{k: v for k, v in attrs.items() if v is not None}}
-        res = rule(list(inputs), merged)  # type: ignore[operator]
+        res = rule(list(inputs), merged)
         res_list = [res] if isinstance(res, TensorInfo) else list(res)
         for r in res_list:
-            if not isinstance(r, TensorInfo):
+            if r is not None and not isinstance(r, TensorInfo):
                 raise KernelError(
-                    f"kernel {self.name}: shape_fn must return TensorInfo objects (one per output); "
-                    f"received {type(r).__name__}; fix: return TensorInfo(dtype, shape)."
+                    f"kernel {self.name}: shape_fn must return TensorInfo objects (one per output, "
+                    f"None for an unknown one); received {type(r).__name__}; fix: return "
+                    f"TensorInfo(dtype, shape)."
                 )
         return res_list
+
+    def _rule_output(self, j: int, inputs: Sequence[TensorInfo | None]) -> TensorInfo | None:
+        """Output ``j`` under a built-in rule: dtype declared or taken from the source input."""
+        like = self.like_index
+        source_index = 0 if like is None else like
+        source = inputs[source_index] if source_index < len(inputs) else None
+        declared = self.declared_dtype(j)
+        dtype = declared if declared is not None else (None if source is None else source.dtype)
+        if dtype is None:
+            return None
+        if self.shape_fn is None or source is None:
+            return TensorInfo(dtype, None)  # no shape_fn: claim no shape we do not know
+        if like is not None:
+            return TensorInfo(dtype, source.shape)
+        if any(i is None for i in inputs):  # absent or not yet typed: the broadcast is unknown
+            return TensorInfo(dtype, None)
+        return TensorInfo(dtype, broadcast_shapes(*(i.shape for i in inputs if i is not None)))
 
     def check_input_dtypes(self, inputs: Sequence[TensorInfo | None]) -> None:
         for i, info in enumerate(inputs):
@@ -148,6 +179,14 @@ class KernelSpec:
 def _dtype_name(dt: np.dtype[Any]) -> str:
     s = str(dt)
     return "bool" if s == "bool" else s
+
+
+def _numpy_dtype(name: str) -> Any:
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return name
 
 
 def _parse_params(names: Sequence[str], what: str, qual: str) -> list[ParamSpec]:
@@ -184,7 +223,15 @@ def _check_default(qual: str, name: str, typ: str, value: Any) -> Any:
     }[typ]
     if not ok(value):
         raise SymbolicError(
-            f"kernel {qual}: default of attribute {name!r} must be a {typ}; received {value!r}."
+            f"kernel {qual}: default of attribute {name!r} must be a {typ}; received {value!r}; "
+            f"fix: pass a {typ} default, e.g. attrs={{{name!r}: ({typ!r}, ...)}}."
+        )
+    ints = [value] if typ == "int" else list(value) if typ == "ints" else []
+    big = [int(v) for v in ints if not _INT64[0] <= int(v) <= _INT64[1]]
+    if big:
+        raise SymbolicError(
+            f"kernel {qual}: default of attribute {name!r} is {big[0]}, outside ONNX's int64 range "
+            f"[{_INT64[0]}, {_INT64[1]}]; fix: use a value that fits in 64 bits."
         )
     if typ == "int":
         return int(value)
@@ -296,23 +343,50 @@ def make_spec(
     ins, outs = _apply_dtypes(ins, dtypes, name), _apply_dtypes(outs, dtypes, name)
     attr_specs = _parse_attrs(attrs, name)
     _check_signature(fn, attr_specs, name)
-    rule = "like0" if shape_fn is None else shape_fn
-    if isinstance(rule, str) and rule not in _BUILTIN_RULES:
-        raise SymbolicError(
-            f"kernel {name}: shape_fn={rule!r}; expected a callable or one of {_BUILTIN_RULES}."
-        )
-    if not isinstance(rule, str) and not callable(rule):
-        raise SymbolicError(f"kernel {name}: shape_fn must be callable or a rule name.")
-    if rule in _BUILTIN_RULES and not ins:
-        raise SymbolicError(f"kernel {name}: an op without inputs needs an explicit shape_fn.")
     if tensor_type not in ("numpy", "torch"):
-        raise SymbolicError(f"kernel {name}: tensor_type must be 'numpy' or 'torch', got {tensor_type!r}.")
+        raise SymbolicError(
+            f"kernel {name}: tensor_type must be 'numpy' or 'torch'; received {tensor_type!r}; "
+            f"fix: pass tensor_type='numpy' (arrays) or 'torch' (tensors)."
+        )
     out_mode = _accepts_out(fn) if out is None else bool(out)
+    _check_shape_rule(name, shape_fn, ins, out_mode)
     return KernelSpec(
         name=name, fn=fn, inputs=tuple(ins), outputs=tuple(outs), attrs=tuple(attr_specs),
-        shape_fn=rule, function=function, tensor_type=tensor_type, out_mode=out_mode,
+        shape_fn=shape_fn, function=function, tensor_type=tensor_type, out_mode=out_mode,
         doc=inspect.getdoc(fn) or "",
     )
+
+
+def _check_shape_rule(name: str, rule: Any, ins: Sequence[ParamSpec], out_mode: bool) -> None:
+    names = [p.name for p in ins]
+    if rule is None:
+        if out_mode:
+            raise SymbolicError(
+                f"kernel {name}: writes into preallocated outputs (out=) but declares no shape_fn, "
+                f"so its output shapes are unknown; fix: pass shape_fn=\"like:{names[0] if names else 'x'}\", "
+                f"\"broadcast\" or a callable returning TensorInfo per output."
+            )
+        return
+    if callable(rule):
+        return
+    if not isinstance(rule, str):
+        raise SymbolicError(
+            f"kernel {name}: shape_fn must be a callable, one of {', '.join(_RULE_NAMES)} or None; "
+            f"received {type(rule).__name__}."
+        )
+    valid = rule in ("like0", "broadcast") or (rule.startswith("like:") and rule[5:] in names)
+    if not valid:
+        known = ", ".join(f"'like:{n}'" for n in names) or "(the op has no inputs)"
+        raise SymbolicError(
+            f"kernel {name}: shape_fn={rule!r}; expected a callable, 'broadcast', 'like0' or "
+            f"'like:<input name>' with one of the declared inputs ({known}); fix: name a declared "
+            f"input or pass a callable."
+        )
+    if not ins:
+        raise SymbolicError(
+            f"kernel {name}: shape_fn={rule!r} expects a declared input to copy from; received "
+            f"inputs=[]; fix: pass a callable shape_fn."
+        )
 
 
 class KernelRegistry:
@@ -343,8 +417,12 @@ class KernelRegistry:
         ``inputs``/``outputs``: names, ``"x?"`` optional, ``"xs*"`` variadic (last).
         ``attrs``: ``{"alpha": "float"}`` (required) or ``{"alpha": ("float", 2.0)}`` (default).
         ``dtypes``: allowed dtype names for every input/output, or ``{param: [...]}``; None = all.
-        ``shape_fn``: ``"like0"`` (default: every output like input 0), ``"broadcast"``, or a
-        callable ``(inputs: list[TensorInfo|None], attrs) -> TensorInfo | list[TensorInfo]``.
+        ``shape_fn``: output types and shapes for shape inference and ``out=`` buffers.
+        ``None`` (default): each output's dtype is its declared dtype when exactly one is
+        declared, else input 0's, and its shape is unknown (nothing is claimed).
+        ``"like:x"`` (``"like0"`` = the first input): every output has input ``x``'s dtype and
+        shape. ``"broadcast"``: input 0's dtype, the inputs' broadcast shape. A callable
+        ``(inputs: list[TensorInfo|None], attrs) -> TensorInfo | list[TensorInfo|None]``.
         ``function``: FunctionProto (or callable/onnxscript function producing one) used by
         :func:`embed_functions`. ``tensor_type="torch"`` passes torch tensors instead of numpy.
         A kernel with an ``out`` keyword gets preallocated writable outputs (``out=(y0, ...)``)

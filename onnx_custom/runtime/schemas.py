@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 import onnx
@@ -16,8 +17,7 @@ from onnx_custom.runtime.types import TensorInfo
 __all__ = ["make_schema", "register_schema", "register_schemas"]
 
 _lock = threading.Lock()
-_ours: dict[tuple[str, str], int] = {}  # (domain, op_type) -> id(spec) we registered
-_keep: list[KernelSpec] = []  # keeps ids in _ours unique for the process lifetime
+_ours: dict[tuple[str, str], weakref.ref[KernelSpec]] = {}  # (domain, op_type) -> spec we registered
 
 _OPTION = {
     "required": OpSchema.FormalParameterOption.Single,
@@ -72,8 +72,6 @@ def _inference(spec: KernelSpec) -> Any:
         inputs: list[TensorInfo | None] = []
         for i in range(ctx.get_num_inputs()):
             inputs.append(_info_from_type(ctx.get_input_type(i)) if ctx.has_input(i) else None)
-        if spec.shape_fn in ("like0", "broadcast") and (not inputs or inputs[0] is None):
-            return  # input type still unknown: leave the outputs open
         attrs: dict[str, Any] = {}
         for a in spec.attrs:
             proto = ctx.get_attribute(a.name)
@@ -84,7 +82,8 @@ def _inference(spec: KernelSpec) -> Any:
                 attrs[a.name] = [s.decode() for s in attrs[a.name]]
         outputs = spec.infer(inputs, attrs)
         for j, info in enumerate(outputs[: ctx.get_num_outputs()]):
-            ctx.set_output_type(j, _type_from_info(info))
+            if info is not None:  # None: not even the dtype is known, claim nothing
+                ctx.set_output_type(j, _type_from_info(info))
 
     return infer
 
@@ -120,15 +119,15 @@ def register_schema(spec: KernelSpec) -> bool:
     """Register ``spec``'s schema with onnx (idempotent). Returns False if someone else owns it."""
     key = (spec.domain, spec.op_type)
     with _lock:
-        if _ours.get(key) == id(spec):
+        ours = _ours.get(key)
+        if ours is not None and ours() is spec:
             return True
-        if key in _ours:
+        if ours is not None:
             onnx.defs.deregister_schema(spec.op_type, 1, spec.domain)  # our older version
         elif onnx.defs.has(spec.op_type, spec.domain):
             return False  # defined elsewhere (another library); leave it alone
         onnx.defs.register_schema(make_schema(spec))
-        _ours[key] = id(spec)
-        _keep.append(spec)
+        _ours[key] = weakref.ref(spec)  # onnx's registry holds the schema (and so the spec)
         return True
 
 

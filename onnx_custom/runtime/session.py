@@ -13,6 +13,12 @@ from google.protobuf.message import DecodeError
 
 from onnx_custom._onnx_utils import iter_nodes
 from onnx_custom.errors import KernelError, OnnxCustomError
+from onnx_custom.runtime.failures import (
+    KernelRunError,
+    raise_for_type_error,
+    raise_typed,
+    typed_kernel_errors,
+)
 from onnx_custom.runtime.host import register_kernels
 from onnx_custom.runtime.registry import (
     RESERVED_DOMAINS,
@@ -20,9 +26,11 @@ from onnx_custom.runtime.registry import (
     KernelSpec,
     default_kernel_registry,
 )
+from onnx_custom.runtime.validate import validate_model
 
 __all__ = [
     "InferenceSession",
+    "KernelRunError",
     "ModelLoadError",
     "ModelSource",
     "custom_nodes",
@@ -35,6 +43,7 @@ __all__ = [
 ModelSource = Union[onnx.ModelProto, bytes, bytearray, memoryview, str, "os.PathLike[str]"]
 _REGISTERED_KEY = "onnx_custom.kernels"  # session config entry recording what we registered
 _SPIN_KEYS = ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning")
+_QUIET = 3  # ORT log severity ERROR: drops VerifyOutputSizes/MergeShapeInfo-style warnings
 
 
 class ModelLoadError(OnnxCustomError, ValueError):
@@ -154,9 +163,13 @@ def session_options(
     """SessionOptions with the Python kernels ``model`` needs registered (``base`` is updated in place).
 
     Also turns thread-pool spinning off unless ``base`` set it: spinning ORT threads starve the
-    Python kernels of CPU on small machines.
+    Python kernels of CPU on small machines. Raises :class:`KernelError` naming every custom node
+    whose inputs, outputs or attributes disagree with its kernel's declaration.
     """
-    return _options_for(required_kernels(model, kernels), base)
+    m = _as_model(model)
+    specs = required_kernels(m, kernels)
+    validate_model(m, specs)
+    return _options_for(specs, base)
 
 
 def _options_for(specs: Sequence[KernelSpec], base: ort.SessionOptions | None) -> ort.SessionOptions:
@@ -185,9 +198,13 @@ def _options_for(specs: Sequence[KernelSpec], base: ort.SessionOptions | None) -
 class InferenceSession(ort.InferenceSession):
     """``onnxruntime.InferenceSession`` that registers the Python kernels the model needs.
 
-    Raises :class:`KernelError` listing every custom node without a kernel before ORT sees the
-    model. ``model_or_path``: ModelProto, serialized bytes or a path. ``providers`` defaults to
-    CPU (Python kernels always run on CPU).
+    Before ORT sees the model, raises :class:`KernelError` listing every custom node without a
+    kernel, or whose inputs, outputs or attributes disagree with its kernel's declaration.
+    ``model_or_path``: ModelProto, serialized bytes or a path. ``providers`` defaults to CPU
+    (Python kernels always run on CPU). A kernel that raises makes ``run`` (and
+    ``run_with_ort_values``, ``run_with_iobinding``) raise :class:`KernelRunError` carrying the
+    kernel's exception type and traceback; Ctrl-C inside a kernel raises KeyboardInterrupt. ORT
+    logs only errors unless ``sess_options.log_severity_level`` was set.
     """
 
     def __init__(
@@ -201,9 +218,22 @@ class InferenceSession(ort.InferenceSession):
     ) -> None:
         model, source = load_model(model_or_path)
         self.kernel_specs: tuple[KernelSpec, ...] = tuple(required_kernels(model, kernels))
+        validate_model(model, self.kernel_specs)
         so = _options_for(self.kernel_specs, sess_options)
-        super().__init__(
-            source, sess_options=so,
-            providers=list(providers) if providers is not None else ["CPUExecutionProvider"],
-            **kwargs,
-        )
+        if so.log_severity_level < 0:  # not chosen by the user: ORT's warnings here are noise
+            so.log_severity_level = _QUIET
+        try:
+            super().__init__(
+                source, sess_options=so,
+                providers=list(providers) if providers is not None else ["CPUExecutionProvider"],
+                **kwargs,
+            )
+        except OnnxCustomError:
+            raise
+        except Exception as exc:
+            raise_for_type_error(exc, self.kernel_specs, custom_nodes(model))
+            raise_typed(exc, "created the kernel of")
+
+    run = typed_kernel_errors(ort.InferenceSession.run)
+    run_with_ort_values = typed_kernel_errors(ort.InferenceSession.run_with_ort_values)
+    run_with_iobinding = typed_kernel_errors(ort.InferenceSession.run_with_iobinding)

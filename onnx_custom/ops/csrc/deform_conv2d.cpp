@@ -1,6 +1,9 @@
 // deform_conv2d (torchvision semantics) for CPU: bilinear sampling into im2col columns, then one
 // GEMM per group. Validation lives in Python (shared with the fake kernel); this file trusts its
-// inputs: contiguous, same floating dtype, shapes already checked.
+// inputs: one floating dtype, shapes already checked. Any strides are accepted (dense copies are
+// made where a kernel indexes flat). float16 and bfloat16 compute in float32: the image is
+// widened while it is copied into the zero-bordered buffer, the small tensors up front, and
+// results are rounded once at the end.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
@@ -8,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -34,24 +38,29 @@ Geometry make_geometry(const at::Tensor& input, const at::Tensor& weight, int64_
   g.sh = sh; g.sw = sw; g.ph = ph; g.pw = pw; g.dh = dh; g.dw = dw;
   g.groups = groups; g.offset_groups = offset_groups; g.cpog = g.C / offset_groups;
   g.use_mask = use_mask;
+  TORCH_CHECK((g.H + 2) * (g.W + 2) < (int64_t(1) << 31),
+              "deform_conv2d: (H+2)*(W+2) must be below 2^31 (32-bit plane indices)");
   return g;
 }
 
-// Taps used by the backward scatter (col2im): 4 flat plane indices and bilinear weights (mask
-// folded in). Out-of-image corners get weight 0 and index 0, so nothing is out of bounds.
-template <typename T>
-struct Tap {
-  int32_t idx[4];  // planes are checked to stay below 2^31 elements
-  T w[4];
-};
+// The dtype the kernels compute in: float32 for the half types, else the input's own.
+inline at::ScalarType compute_type(at::ScalarType t) {
+  return (t == at::kHalf || t == at::kBFloat16) ? at::kFloat : t;
+}
 
-// Backward taps: corner indices (-1 when outside), fractional parts and the mask value.
-template <typename T>
-struct GradTap {
-  int64_t idx[4];
-  T ly, lx, m;
-  bool inside;
-};
+inline at::Tensor dense(const at::Tensor& t, at::ScalarType ct) {
+  return t.to(ct).contiguous();
+}
+
+// Zero-bordered [N, C, H+2, W+2] copy of the input in the compute dtype (one pass: the copy
+// converts and gathers any strides).
+inline at::Tensor padded_copy(const at::Tensor& input, at::ScalarType ct) {
+  const int64_t H = input.size(2), W = input.size(3);
+  at::Tensor padded = at::zeros({input.size(0), input.size(1), H + 2, W + 2},
+                                input.options().dtype(ct));
+  padded.slice(2, 1, H + 1).slice(3, 1, W + 1).copy_(input);
+  return padded;
+}
 
 // Sample position of kernel tap k at output position p for offset group og of image n.
 template <typename T>
@@ -64,70 +73,32 @@ inline void sample_point(const Geometry& g, const T* off, int64_t og, int64_t k,
   *x = static_cast<T>(ow * g.sw - g.pw + j * g.dw) + dx;
 }
 
-// torchvision's bilinear_interpolate support: zero unless -1 < y < H and -1 < x < W. Written as
-// a negated conjunction so NaN coordinates land outside too.
-template <typename T>
-inline bool inside(T y, T x, int64_t H, int64_t W) {
-  return y > T(-1) && y < static_cast<T>(H) && x > T(-1) && x < static_cast<T>(W);
-}
+// Which samples a tap table keeps. kForward: torchvision's bilinear_interpolate support, -1 < y < H
+// and -1 < x < W. kGradient: torchvision's offset-gradient support, -1 <= y < H and -1 <= x < W,
+// one more line on each low side (on those lines the cell puts all weight on the zero border, so
+// the forward value, the column and the input gradient stay zero there, but the derivative from
+// above does not). Both are conjunctions of comparisons, so NaN coordinates land outside.
+enum class Support { kForward, kGradient };
 
+// The cell of sample (k, p) = kp of offset group og: the bordered-image pixel (W+2 per row) of its
+// top-left corner, the fractional parts and the mask value. False when outside `support`.
 template <typename T>
-inline void corners(T y, T x, int64_t H, int64_t W, int64_t* idx, T* ly, T* lx) {
-  const int64_t y0 = static_cast<int64_t>(std::floor(y));
-  const int64_t x0 = static_cast<int64_t>(std::floor(x));
+inline bool sample_cell(const Geometry& g, const T* off, const T* mask, int64_t og, int64_t kp,
+                        Support support, int64_t* base, T* ly, T* lx, T* m) {
+  const int64_t k = kp / g.P, p = kp % g.P;
+  T y, x;
+  sample_point(g, off, og, k, p, &y, &x);
+  const T H = static_cast<T>(g.H), W = static_cast<T>(g.W);
+  const bool in = support == Support::kForward
+                      ? (y > T(-1) && y < H && x > T(-1) && x < W)
+                      : (y >= T(-1) && y < H && x >= T(-1) && x < W);
+  if (!in) return false;
+  const int64_t y0 = static_cast<int64_t>(std::floor(y)), x0 = static_cast<int64_t>(std::floor(x));
+  *base = (y0 + 1) * (g.W + 2) + (x0 + 1);
   *ly = y - static_cast<T>(y0);
   *lx = x - static_cast<T>(x0);
-  const bool vy0 = y0 >= 0, vy1 = y0 + 1 <= H - 1, vx0 = x0 >= 0, vx1 = x0 + 1 <= W - 1;
-  idx[0] = (vy0 && vx0) ? y0 * W + x0 : -1;
-  idx[1] = (vy0 && vx1) ? y0 * W + x0 + 1 : -1;
-  idx[2] = (vy1 && vx0) ? (y0 + 1) * W + x0 : -1;
-  idx[3] = (vy1 && vx1) ? (y0 + 1) * W + x0 + 1 : -1;
-}
-
-// Taps for kp in [begin, end), written to taps[0 .. end - begin).
-template <typename T>
-void build_taps_range(const Geometry& g, const T* off, const T* mask, int64_t og, int64_t begin,
-                      int64_t end, Tap<T>* taps) {
-    for (int64_t kp = begin; kp < end; ++kp) {
-      const int64_t k = kp / g.P, p = kp % g.P;
-      Tap<T>& t = taps[kp - begin];
-      T y, x;
-      sample_point(g, off, og, k, p, &y, &x);
-      for (int c = 0; c < 4; ++c) { t.idx[c] = 0; t.w[c] = T(0); }
-      if (!inside(y, x, g.H, g.W)) continue;
-      int64_t idx[4];
-      T ly, lx;
-      corners(y, x, g.H, g.W, idx, &ly, &lx);
-      const T m = g.use_mask ? mask[(og * g.K + k) * g.P + p] : T(1);
-      const T w[4] = {(1 - ly) * (1 - lx), (1 - ly) * lx, ly * (1 - lx), ly * lx};
-      for (int c = 0; c < 4; ++c) {
-        if (idx[c] >= 0) { t.idx[c] = static_cast<int32_t>(idx[c]); t.w[c] = w[c] * m; }
-      }
-    }
-}
-
-template <typename T>
-void build_taps(const Geometry& g, const T* off, const T* mask, int64_t og, Tap<T>* taps) {
-  at::parallel_for(0, g.K * g.P, 1024, [&](int64_t begin, int64_t end) {
-    build_taps_range(g, off, mask, og, begin, end, taps + begin);
-  });
-}
-
-template <typename T>
-void build_grad_taps(const Geometry& g, const T* off, const T* mask, int64_t og, GradTap<T>* taps) {
-  at::parallel_for(0, g.K * g.P, 1024, [&](int64_t begin, int64_t end) {
-    for (int64_t kp = begin; kp < end; ++kp) {
-      const int64_t k = kp / g.P, p = kp % g.P;
-      GradTap<T>& t = taps[kp];
-      T y, x;
-      sample_point(g, off, og, k, p, &y, &x);
-      t.m = g.use_mask ? mask[(og * g.K + k) * g.P + p] : T(1);
-      t.inside = inside(y, x, g.H, g.W);
-      t.ly = t.lx = T(0);
-      for (int c = 0; c < 4; ++c) t.idx[c] = -1;
-      if (t.inside) corners(y, x, g.H, g.W, t.idx, &t.ly, &t.lx);
-    }
-  });
+  *m = g.use_mask ? mask[(og * g.K + k) * g.P + p] : T(1);
+  return true;
 }
 
 // Forward taps on a zero-bordered image (H+2 x W+2), structure-of-arrays so the sampling loop
@@ -146,20 +117,16 @@ struct TapBlock {
 template <typename T>
 void build_pad_taps(const Geometry& g, const T* off, const T* mask, int64_t og, int64_t begin,
                     int64_t end, TapBlock<T>& tb, int64_t at) {
-  const int64_t Wp = g.W + 2;
   for (int64_t kp = begin; kp < end; ++kp) {
-    const int64_t k = kp / g.P, p = kp % g.P, i = at + kp - begin;
-    T y, x;
-    sample_point(g, off, og, k, p, &y, &x);
-    if (!inside(y, x, g.H, g.W)) {
+    const int64_t i = at + kp - begin;
+    int64_t base;
+    T ly, lx, m;
+    if (!sample_cell(g, off, mask, og, kp, Support::kForward, &base, &ly, &lx, &m)) {
       tb.base[i] = 0;
       tb.top[2 * i] = tb.top[2 * i + 1] = tb.bottom[2 * i] = tb.bottom[2 * i + 1] = T(0);
       continue;
     }
-    const int64_t y0 = static_cast<int64_t>(std::floor(y)), x0 = static_cast<int64_t>(std::floor(x));
-    const T ly = y - static_cast<T>(y0), lx = x - static_cast<T>(x0);
-    const T m = g.use_mask ? mask[(og * g.K + k) * g.P + p] : T(1);
-    tb.base[i] = static_cast<int32_t>((y0 + 1) * Wp + (x0 + 1));
+    tb.base[i] = static_cast<int32_t>(base);
     tb.top[2 * i] = (1 - ly) * (1 - lx) * m;
     tb.top[2 * i + 1] = (1 - ly) * lx * m;
     tb.bottom[2 * i] = ly * (1 - lx) * m;
@@ -208,26 +175,6 @@ inline void sample_row(const T* __restrict plane, int64_t Wp, const TapBlock<T>&
   }
 }
 
-// columns[c * K + k, p] = bilinear sample of channel c for the channels of one offset group.
-// Threads split the (k, p) range; each builds the taps of its chunk once into a small local
-// buffer (stays in L1) and sweeps every channel of the group with it.
-template <typename T>
-void im2col(const Geometry& g, const T* padded, const T* off, const T* mask, int64_t og,
-            T* columns) {
-  const int64_t HWp = (g.H + 2) * (g.W + 2), Wp = g.W + 2, KP = g.K * g.P;
-  constexpr int64_t kChunk = 512;
-  at::parallel_for(0, (KP + kChunk - 1) / kChunk, 1, [&](int64_t b0, int64_t b1) {
-    TapBlock<T> tb(kChunk);
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t begin = b * kChunk, end = std::min(KP, begin + kChunk);
-      build_pad_taps(g, off, mask, og, begin, end, tb, 0);
-      for (int64_t c = og * g.cpog; c < (og + 1) * g.cpog; ++c) {
-        sample_row(padded + c * HWp, Wp, tb, 0, end - begin, columns + c * KP + begin);
-      }
-    }
-  });
-}
-
 // One tile of output positions [p0, p0 + len) of one image: cols[(c*K + k) * len + t] is the
 // bilinear sample for channel c, tap k, position p0 + t. tb needs K * len entries.
 template <typename T>
@@ -246,91 +193,189 @@ void im2col_tile(const Geometry& g, const T* padded, const T* off, const T* mask
   }
 }
 
-// Copies image n into the interior of a zero-bordered [C, H+2, W+2] buffer (border stays 0).
-inline void pad_into(const at::Tensor& input, int64_t n, at::Tensor& padded) {
-  const int64_t H = input.size(2), W = input.size(3);
-  padded.slice(1, 1, H + 1).slice(2, 1, W + 1).copy_(input[n]);
+// ---- backward ---------------------------------------------------------------------------------
+//
+// The backward works channels-last: the bordered image is [H+2, W+2, C], so the four corners of a
+// sample are four contiguous channel vectors, and one pass over a sample's channels computes,
+// from the same corner reads, the im2col column (for the weight gradient), the offset and mask
+// gradient sums, and scatters the input gradient into a bordered channels-last gradient image --
+// all vectorized, no gathers. Columns are per position t, channels grouped as [group][tap][c],
+// so each convolution group is one plain GEMM operand. Work items are (image, tile) pairs split
+// into one contiguous chunk per thread, as in the forward.
+
+// Backward taps of one tile, structure-of-arrays: the bordered-image pixel of the cell's top-left
+// corner, the fractional parts and the mask value, for samples in the gradient support; base -1
+// (and zeros) outside it, NaN included: such samples are skipped, nothing is read.
+template <typename T>
+struct GradTaps {
+  std::vector<int64_t> base;
+  std::vector<T> ly, lx, m;
+  explicit GradTaps(int64_t n) : base(n), ly(n), lx(n), m(n) {}
+};
+
+// Taps of flat (k, p) indices [begin, end) stored at entries [at, at + end - begin).
+template <typename T>
+void build_grad_taps(const Geometry& g, const T* off, const T* mask, int64_t og, int64_t begin,
+                     int64_t end, GradTaps<T>& tp, int64_t at) {
+  for (int64_t kp = begin; kp < end; ++kp) {
+    const int64_t i = at + kp - begin;
+    if (!sample_cell(g, off, mask, og, kp, Support::kGradient, &tp.base[i], &tp.ly[i], &tp.lx[i],
+                     &tp.m[i])) {
+      tp.base[i] = -1;
+      tp.ly[i] = tp.lx[i] = tp.m[i] = T(0);
+    }
+  }
 }
 
-// Adjoint of im2col: scatter column gradients back to the image (channels are disjoint per thread).
+// One sample over `count` channels. p00 / g00 point at the cell's top-left pixel (first channel)
+// of the bordered image / gradient image; the other corners are one pixel (C) and one row
+// (row = (W+2)*C) further. With gc the column gradient of each channel:
+//   column = m * value,  value = (1-ly) * top + ly * bottom  (top/bottom: row interpolations)
+//   sums: d/dy += gc * (bottom - top), d/dx += gc * ((1-ly)(v01-v00) + ly(v11-v10)),
+//         d/dmask += gc * value  (the offset gradient is m * (d/dy, d/dx))
+//   each corner of the gradient image += its bilinear weight * m * gc
 template <typename T>
-void col2im(const Geometry& g, const T* grad_columns, const Tap<T>* taps, int64_t og,
-            T* grad_image) {
-  const int64_t HW = g.H * g.W;
-  at::parallel_for(og * g.cpog, (og + 1) * g.cpog, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      T* plane = grad_image + c * HW;
-      const T* gcol = grad_columns + c * g.K * g.P;
-      for (int64_t kp = 0; kp < g.K * g.P; ++kp) {
-        const Tap<T>& t = taps[kp];
-        const T gc = gcol[kp];
-        for (int i = 0; i < 4; ++i) plane[t.idx[i]] += t.w[i] * gc;
-      }
-    }
-  });
+inline void sample_channels(const T* __restrict p00, T* __restrict g00, int64_t C, int64_t row,
+                            int64_t count, T ly, T lx, T m, const T* __restrict gc,
+                            T* __restrict col, T& sy, T& sx, T& sm) {
+  const T hy = 1 - ly, hx = 1 - lx;
+  const T* __restrict p01 = p00 + C;
+  const T* __restrict p10 = p00 + row;
+  const T* __restrict p11 = p10 + C;
+  T ay = 0, ax = 0, am = 0;
+#pragma omp simd reduction(+ : ay, ax, am)
+  for (int64_t c = 0; c < count; ++c) {
+    const T v00 = p00[c], v01 = p01[c], v10 = p10[c], v11 = p11[c];
+    const T top = hx * v00 + lx * v01, bottom = hx * v10 + lx * v11;
+    const T value = hy * top + ly * bottom;
+    col[c] = m * value;
+    ay += gc[c] * (bottom - top);
+    ax += gc[c] * (hy * (v01 - v00) + ly * (v11 - v10));
+    am += gc[c] * value;
+  }
+  sy += ay;
+  sx += ax;
+  sm += am;
+  const T w00 = hy * hx * m, w01 = hy * lx * m, w10 = ly * hx * m, w11 = ly * lx * m;
+  T* g01 = g00 + C;
+  T* g10 = g00 + row;
+  T* g11 = g10 + C;
+  // The four corner ranges are disjoint (count <= C), so there is no dependence across c.
+#pragma omp simd
+  for (int64_t c = 0; c < count; ++c) {
+    const T v = gc[c];
+    g00[c] += w00 * v;
+    g01[c] += w01 * v;
+    g10[c] += w10 * v;
+    g11[c] += w11 * v;
+  }
 }
 
-// Gradients w.r.t. the sampling coordinates (offset) and the mask, summed over the channels of
-// one offset group.
+// Channels of one offset group split at convolution-group boundaries: [lo, hi) within group grp.
+struct Segment {
+  int64_t grp, lo, hi;
+};
+
+std::vector<Segment> segments(const Geometry& g, int64_t og) {
+  const int64_t cin_g = g.C / g.groups;
+  std::vector<Segment> out;
+  for (int64_t c = og * g.cpog; c < (og + 1) * g.cpog;) {
+    const int64_t grp = c / cin_g, end = std::min((og + 1) * g.cpog, (grp + 1) * cin_g);
+    out.push_back({grp, c - grp * cin_g, end - grp * cin_g});
+    c = end;
+  }
+  return out;
+}
+
+// Per-thread buffers of the backward.
 template <typename T>
-void coord_grads(const Geometry& g, const T* image, const T* grad_columns,
-                 const GradTap<T>* taps, int64_t og, T* grad_off, T* grad_mask) {
-  const int64_t HW = g.H * g.W;
-  at::parallel_for(0, g.K * g.P, 256, [&](int64_t begin, int64_t end) {
-    std::vector<T> gy(end - begin, T(0)), gx(end - begin, T(0)), gm(end - begin, T(0));
-    for (int64_t c = og * g.cpog; c < (og + 1) * g.cpog; ++c) {
-      const T* plane = image + c * HW;
-      const T* gcol = grad_columns + c * g.K * g.P;
-      for (int64_t kp = begin; kp < end; ++kp) {
-        const GradTap<T>& t = taps[kp];
-        if (!t.inside) continue;
-        T v[4];
-        for (int i = 0; i < 4; ++i) v[i] = t.idx[i] >= 0 ? plane[t.idx[i]] : T(0);
-        const T gc = gcol[kp], ly = t.ly, lx = t.lx, hy = 1 - ly, hx = 1 - lx;
-        gy[kp - begin] += gc * (hx * (v[2] - v[0]) + lx * (v[3] - v[1]));
-        gx[kp - begin] += gc * (hy * (v[1] - v[0]) + ly * (v[3] - v[2]));
-        gm[kp - begin] += gc * (hy * hx * v[0] + hy * lx * v[1] + ly * hx * v[2] + ly * lx * v[3]);
+struct BackwardScratch {
+  at::Tensor gcols, cols;  // [tile, C*K]: column gradients / columns, [group][tap][c] per position
+  at::Tensor gpadded;      // [H+2, W+2, C] input gradient of the current image (bordered)
+  GradTaps<T> taps;        // K * tile taps of one offset group
+  BackwardScratch(const Geometry& g, int64_t tile, const at::TensorOptions& opts)
+      : gcols(at::empty({tile * g.C * g.K}, opts)), cols(at::empty({tile * g.C * g.K}, opts)),
+        gpadded(at::zeros({g.H + 2, g.W + 2, g.C}, opts)), taps(g.K * tile) {}
+};
+
+// Everything of one tile [p0, p0 + len) of image n except the image-gradient flush. wt is the
+// weight as [Cout, K * cin_g] ([tap][c] per output channel); gw accumulates in that layout.
+template <typename T>
+void backward_tile(const Geometry& g, int64_t n, int64_t p0, int64_t len, const at::Tensor& grad,
+                   const at::Tensor& wt, const T* image, const T* off, const T* mask,
+                   BackwardScratch<T>& s, at::Tensor& gw, T* grad_off, T* grad_mask) {
+  const int64_t cin_g = g.C / g.groups, cout_g = g.Cout / g.groups, rows = cin_g * g.K;
+  const int64_t CK = g.C * g.K, row = (g.W + 2) * g.C;
+  const at::Tensor go = grad[n].view({g.Cout, g.P}).narrow(1, p0, len);
+  at::Tensor gcols = s.gcols.narrow(0, 0, len * CK).view({len, CK});
+  at::Tensor cols = s.cols.narrow(0, 0, len * CK).view({len, CK});
+  for (int64_t grp = 0; grp < g.groups; ++grp) {
+    at::Tensor out = gcols.narrow(1, grp * rows, rows);
+    at::mm_out(out, go.narrow(0, grp * cout_g, cout_g).t(), wt.narrow(0, grp * cout_g, cout_g));
+  }
+  const T* gc = gcols.template data_ptr<T>();
+  T* col = cols.template data_ptr<T>();
+  T* gpad = s.gpadded.template data_ptr<T>();
+  for (int64_t og = 0; og < g.offset_groups; ++og) {
+    for (int64_t k = 0; k < g.K; ++k) {
+      build_grad_taps(g, off, mask, og, k * g.P + p0, k * g.P + p0 + len, s.taps, k * len);
+    }
+    const std::vector<Segment> segs = segments(g, og);
+    for (int64_t k = 0; k < g.K; ++k) {
+      const int64_t ch = og * g.K + k;
+      for (int64_t t = 0; t < len; ++t) {
+        const int64_t i = k * len + t, base = s.taps.base[i];
+        T sy = 0, sx = 0, sm = 0;
+        for (const Segment& seg : segs) {
+          const int64_t at = t * CK + seg.grp * rows + k * cin_g + seg.lo, count = seg.hi - seg.lo;
+          if (base < 0) {
+            std::fill_n(col + at, count, T(0));
+            continue;
+          }
+          const int64_t pixel = base * g.C + seg.grp * cin_g + seg.lo;
+          sample_channels(image + pixel, gpad + pixel, g.C, row, count, s.taps.ly[i],
+                          s.taps.lx[i], s.taps.m[i], gc + at, col + at, sy, sx, sm);
+        }
+        const T m = s.taps.m[i];
+        grad_off[(2 * ch) * g.P + p0 + t] = m * sy;
+        grad_off[(2 * ch + 1) * g.P + p0 + t] = m * sx;
+        if (g.use_mask) grad_mask[ch * g.P + p0 + t] = sm;
       }
     }
-    for (int64_t kp = begin; kp < end; ++kp) {
-      const int64_t k = kp / g.P, p = kp % g.P;
-      const T m = taps[kp].m;
-      grad_off[(2 * (og * g.K + k)) * g.P + p] = m * gy[kp - begin];
-      grad_off[(2 * (og * g.K + k) + 1) * g.P + p] = m * gx[kp - begin];
-      if (g.use_mask) grad_mask[(og * g.K + k) * g.P + p] = gm[kp - begin];
-    }
-  });
+  }
+  for (int64_t grp = 0; grp < g.groups; ++grp) {
+    gw.narrow(0, grp * cout_g, cout_g)
+        .addmm_(go.narrow(0, grp * cout_g, cout_g), cols.narrow(1, grp * rows, rows));
+  }
 }
 
 at::Tensor forward(const at::Tensor& input_, const at::Tensor& weight_, const at::Tensor& offset_,
                    const at::Tensor& mask_, const at::Tensor& bias_, int64_t sh, int64_t sw,
                    int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t groups,
                    int64_t offset_groups, bool use_mask) {
-  const at::Tensor input = input_.contiguous(), weight = weight_.contiguous(),
-                   offset = offset_.contiguous(), bias = bias_.contiguous();
-  const at::Tensor mask = use_mask ? mask_.contiguous() : mask_;
-  const Geometry g = make_geometry(input, weight, sh, sw, ph, pw, dh, dw, groups, offset_groups,
+  const at::ScalarType ct = compute_type(input_.scalar_type());
+  const at::Tensor weight = dense(weight_, ct), offset = dense(offset_, ct),
+                   bias = dense(bias_, ct);
+  const at::Tensor mask = use_mask ? dense(mask_, ct) : mask_;
+  const Geometry g = make_geometry(input_, weight, sh, sw, ph, pw, dh, dw, groups, offset_groups,
                                    use_mask);
-  TORCH_CHECK((g.H + 2) * (g.W + 2) < (int64_t(1) << 31),
-              "deform_conv2d: (H+2)*(W+2) must be below 2^31 (32-bit plane indices)");
-  at::Tensor output = at::empty({g.N, g.Cout, g.Ho, g.Wo}, input.options());
-  if (output.numel() == 0) return output;
+  at::Tensor output = at::empty({g.N, g.Cout, g.Ho, g.Wo}, input_.options().dtype(ct));
+  if (output.numel() == 0) return output.to(input_.scalar_type());
   // Tiles of output positions keep the columns of one work item in L2 and let threads split
   // (image, tile) pairs, sampling and GEMM together.
   constexpr int64_t kTile = 256;
   const int64_t tiles = (g.P + kTile - 1) / kTile, cin_g = g.C / groups, cout_g = g.Cout / groups;
-  at::Tensor padded = at::zeros({g.N, g.C, g.H + 2, g.W + 2}, input.options());
-  padded.slice(2, 1, g.H + 1).slice(3, 1, g.W + 1).copy_(input);
+  const at::Tensor padded = padded_copy(input_, ct);
   const at::Tensor w = weight.view({g.Cout, -1});
   const at::Tensor out = output.view({g.N, g.Cout, g.P});
-  AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "deform_conv2d_forward", [&] {
+  AT_DISPATCH_FLOATING_TYPES(ct, "deform_conv2d_forward", [&] {
     const int64_t off_stride = 2 * g.offset_groups * g.K * g.P, mask_stride = off_stride / 2;
     // Worker threads do not inherit the caller's dispatch state (below-autograd, InferenceMode);
     // without it the ATen GEMMs below would see autograd keys and inference outputs would fail.
     const at::ThreadLocalState tls;
     at::parallel_for(0, g.N * tiles, 1, [&](int64_t b0, int64_t b1) {
       at::ThreadLocalStateGuard tls_guard(tls);
-      at::Tensor cols = at::empty({g.C * g.K * kTile}, input.options());
+      at::Tensor cols = at::empty({g.C * g.K * kTile}, output.options());
       TapBlock<scalar_t> taps(g.K * kTile);
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t n = b / tiles, p0 = (b % tiles) * kTile, len = std::min(kTile, g.P - p0);
@@ -348,7 +393,7 @@ at::Tensor forward(const at::Tensor& input_, const at::Tensor& weight_, const at
       }
     });
   });
-  return output;
+  return output.to(input_.scalar_type());
 }
 
 std::vector<at::Tensor> backward(const at::Tensor& grad_, const at::Tensor& input_,
@@ -356,50 +401,88 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_, const at::Tensor& inpu
                                  const at::Tensor& mask_, const at::Tensor& bias_, int64_t sh,
                                  int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw,
                                  int64_t groups, int64_t offset_groups, bool use_mask) {
-  const at::Tensor grad = grad_.contiguous(), input = input_.contiguous(),
-                   weight = weight_.contiguous(), offset = offset_.contiguous();
-  const at::Tensor mask = use_mask ? mask_.contiguous() : mask_;
-  const Geometry g = make_geometry(input, weight, sh, sw, ph, pw, dh, dw, groups, offset_groups,
+  const at::ScalarType ct = compute_type(input_.scalar_type());
+  const at::Tensor grad = dense(grad_, ct), weight = dense(weight_, ct),
+                   offset = dense(offset_, ct);
+  const at::Tensor mask = use_mask ? dense(mask_, ct) : mask_;
+  const Geometry g = make_geometry(input_, weight, sh, sw, ph, pw, dh, dw, groups, offset_groups,
                                    use_mask);
-  TORCH_CHECK((g.H + 2) * (g.W + 2) < (int64_t(1) << 31),
-              "deform_conv2d: (H+2)*(W+2) must be below 2^31 (32-bit plane indices)");
-  at::Tensor grad_input = at::zeros_like(input);
-  at::Tensor grad_offset = at::zeros_like(offset);
-  at::Tensor grad_mask = at::zeros_like(mask_);
-  at::Tensor grad_weight = at::zeros_like(weight);
-  at::Tensor grad_bias = grad.sum({0, 2, 3}).to(bias_.dtype());
-  if (grad.numel() == 0) return {grad_input, grad_weight, grad_offset, grad_mask, grad_bias};
-  at::Tensor columns = at::empty({g.C * g.K, g.P}, input.options());
-  at::Tensor grad_columns = at::empty({g.C * g.K, g.P}, input.options());
-  at::Tensor padded = at::zeros({g.C, g.H + 2, g.W + 2}, input.options());
-  const at::Tensor w = weight.view({groups, g.Cout / groups, -1});
-  at::Tensor gw = grad_weight.view({groups, g.Cout / groups, -1});
-  AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "deform_conv2d_backward", [&] {
-    std::vector<Tap<scalar_t>> taps(g.K * g.P);
-    std::vector<GradTap<scalar_t>> grad_taps(g.K * g.P);
+  const at::TensorOptions opts = input_.options().dtype(ct);
+  // Every gradient is allocated dense: the kernels write them flat (zeros_like of a caller's
+  // permuted mask would keep its strides and receive the values in the wrong places).
+  at::Tensor grad_input = at::zeros({g.N, g.C, g.H, g.W}, opts);
+  at::Tensor grad_offset = at::zeros(offset.sizes(), opts);
+  at::Tensor grad_mask = at::zeros(mask_.sizes(), opts);
+  at::Tensor grad_weight = at::zeros(weight.sizes(), opts);
+  at::Tensor grad_bias = grad.sum({0, 2, 3});
+  const auto result = [&]() -> std::vector<at::Tensor> {
+    return {grad_input.to(input_.scalar_type()), grad_weight.to(weight_.scalar_type()),
+            grad_offset.to(offset_.scalar_type()), grad_mask.to(mask_.scalar_type()),
+            grad_bias.to(bias_.scalar_type())};
+  };
+  if (grad.numel() == 0) return result();
+  constexpr int64_t kTile = 128;
+  const int64_t tiles = (g.P + kTile - 1) / kTile, items = g.N * tiles;
+  const int64_t chunks = std::min<int64_t>(at::get_num_threads(), items);
+  // Bordered channels-last image, weight as [Cout, K * cin_g] ([tap][c] per output channel).
+  at::Tensor padded = at::zeros({g.N, g.H + 2, g.W + 2, g.C}, opts);
+  padded.slice(1, 1, g.H + 1).slice(2, 1, g.W + 1).copy_(input_.permute({0, 2, 3, 1}));
+  const at::Tensor wt = weight.permute({0, 2, 3, 1}).reshape({g.Cout, -1}).contiguous();
+  const auto interior = [&](const at::Tensor& bordered) {  // [H+2, W+2, C] -> [C, H, W] view
+    return bordered.slice(0, 1, g.H + 1).slice(1, 1, g.W + 1).permute({2, 0, 1});
+  };
+  // Images a chunk covers only partly are accumulated privately and summed afterwards in chunk
+  // order, as are the per-chunk weight gradients: results do not depend on thread timing.
+  std::vector<std::vector<std::pair<int64_t, at::Tensor>>> partials(chunks);
+  std::vector<at::Tensor> weight_parts(chunks);
+  AT_DISPATCH_FLOATING_TYPES(ct, "deform_conv2d_backward", [&] {
+    using T = scalar_t;
     const int64_t off_stride = 2 * g.offset_groups * g.K * g.P, mask_stride = off_stride / 2;
-    for (int64_t n = 0; n < g.N; ++n) {
-      pad_into(input, n, padded);
-      const scalar_t* image = input.data_ptr<scalar_t>() + n * g.C * g.H * g.W;
-      const scalar_t* off = offset.data_ptr<scalar_t>() + n * off_stride;
-      const scalar_t* m = use_mask ? mask.data_ptr<scalar_t>() + n * mask_stride : nullptr;
-      const at::Tensor go = grad[n].view({groups, g.Cout / groups, g.P});
-      at::Tensor gcols = grad_columns.view({groups, -1, g.P});
-      at::bmm_out(gcols, w.transpose(1, 2), go);
-      for (int64_t og = 0; og < g.offset_groups; ++og) {
-        build_taps(g, off, m, og, taps.data());
-        im2col(g, padded.data_ptr<scalar_t>(), off, m, og, columns.data_ptr<scalar_t>());
-        col2im(g, grad_columns.data_ptr<scalar_t>(), taps.data(), og,
-               grad_input.data_ptr<scalar_t>() + n * g.C * g.H * g.W);
-        build_grad_taps(g, off, m, og, grad_taps.data());
-        coord_grads(g, image, grad_columns.data_ptr<scalar_t>(), grad_taps.data(), og,
-                    grad_offset.data_ptr<scalar_t>() + n * off_stride,
-                    use_mask ? grad_mask.data_ptr<scalar_t>() + n * mask_stride : nullptr);
+    const int64_t image_stride = (g.H + 2) * (g.W + 2) * g.C;
+    const at::ThreadLocalState tls;  // see forward
+    at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+      at::ThreadLocalStateGuard tls_guard(tls);
+      for (int64_t j = c0; j < c1; ++j) {
+        const int64_t b0 = j * items / chunks, b1 = (j + 1) * items / chunks;
+        BackwardScratch<T> s(g, kTile, opts);
+        at::Tensor gw = at::zeros({g.Cout, wt.size(1)}, opts);
+        int64_t current = -1;
+        const auto flush = [&]() {
+          if (current < 0) return;
+          if (current * tiles >= b0 && (current + 1) * tiles <= b1) {  // the whole image is ours
+            grad_input[current].copy_(interior(s.gpadded));
+            s.gpadded.zero_();
+          } else {
+            partials[j].emplace_back(current, s.gpadded);
+            s.gpadded = at::zeros_like(s.gpadded);
+          }
+        };
+        for (int64_t b = b0; b < b1; ++b) {
+          const int64_t n = b / tiles, p0 = (b % tiles) * kTile, len = std::min(kTile, g.P - p0);
+          if (n != current) {
+            flush();
+            current = n;
+          }
+          backward_tile(g, n, p0, len, grad, wt, padded.data_ptr<T>() + n * image_stride,
+                        offset.data_ptr<T>() + n * off_stride,
+                        use_mask ? mask.data_ptr<T>() + n * mask_stride : nullptr, s, gw,
+                        grad_offset.data_ptr<T>() + n * off_stride,
+                        use_mask ? grad_mask.data_ptr<T>() + n * mask_stride : nullptr);
+        }
+        flush();
+        weight_parts[j] = gw;
       }
-      gw.baddbmm_(go, columns.view({groups, -1, g.P}).transpose(1, 2));
-    }
+    });
   });
-  return {grad_input, grad_weight, grad_offset, grad_mask, grad_bias};
+  for (const auto& chunk : partials) {
+    for (const auto& [n, buf] : chunk) grad_input[n].add_(interior(buf));
+  }
+  at::Tensor gw_sum = weight_parts[0];
+  for (size_t j = 1; j < weight_parts.size(); ++j) gw_sum = gw_sum + weight_parts[j];
+  // [Cout, K, cin_g] -> [Cout, cin_g, kh, kw]
+  grad_weight.copy_(gw_sum.view({g.Cout, g.K, g.C / groups}).permute({0, 2, 1})
+                        .reshape(grad_weight.sizes()));
+  return result();
 }
 
 }  // namespace

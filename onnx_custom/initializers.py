@@ -1,0 +1,114 @@
+"""Does the file hold the model's weights? Initializers vs ``named_parameters``/``named_buffers``.
+
+A file exported from a model built with other random weights (the CLI builds the model anew in
+each process) fails verify for no fault of the translation; this says so up front.
+
+Matching: an initializer with a parameter's (or buffer's) name is compared with it. A parameter
+without a same-named initializer (the TorchScript exporter folds ``weight.t()`` into
+``onnx::MatMul_12``, the dynamo exporter names folded constants ``val_3``) matches an unclaimed
+initializer that holds its values (or their transpose for 2-D ones); failing that, it is paired
+with the first unclaimed initializer of the same (or transposed) shape and dtype, in order
+(reported as "shape+order": a folded constant that merely shares the shape can be paired by
+mistake). Parameters with no candidate are not reported (folded into something else).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from onnx import numpy_helper
+
+__all__ = ["InitializerMismatch", "InitializerMismatchWarning", "compare_initializers"]
+
+
+class InitializerMismatchWarning(UserWarning):
+    """The ONNX file's initializers differ from the model's parameters/buffers."""
+
+
+@dataclasses.dataclass(frozen=True)
+class InitializerMismatch:
+    """A parameter/buffer whose values differ from the initializer it was matched with."""
+
+    parameter: str
+    initializer: str
+    matched_by: str  # "name" or "shape+order"
+    shape: tuple[int, ...]
+    max_abs_diff: float
+
+    def describe(self) -> str:
+        how = "same name" if self.matched_by == "name" else "matched by shape and order, names differ"
+        return (
+            f"initializer {self.initializer!r} differs from the model's {self.parameter!r} ({how}, shape "
+            f"{list(self.shape)}, max abs diff {self.max_abs_diff:.3g}): the file was exported from other "
+            "weights (seed the model, or export and verify the same instance)"
+        )
+
+
+def _as_float(array: np.ndarray) -> np.ndarray:
+    return array.astype(np.complex128 if np.iscomplexobj(array) else np.float64)
+
+
+def _difference(param: np.ndarray, init: np.ndarray) -> float | None:
+    """Max abs difference (also trying the transpose of 2-D values); None when shapes never fit."""
+    best: float | None = None
+    for candidate in (param, param.T) if param.ndim == 2 else (param,):
+        if candidate.shape != init.shape:
+            continue
+        if np.array_equal(candidate, init, equal_nan=True):  # the common case, without float64 copies
+            return 0.0
+        diff = float(np.max(np.abs(_as_float(candidate) - _as_float(init)), initial=0.0))
+        best = diff if best is None else min(best, diff)
+    return best
+
+
+def _same(param: np.ndarray, diff: float) -> bool:
+    scale = float(np.max(np.abs(_as_float(param)), initial=0.0))
+    return diff <= 1e-6 + 1e-5 * scale
+
+
+def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    t = tensor.detach().cpu()
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+
+
+def compare_initializers(model: Any, proto: onnx.ModelProto, *, warn: bool = True) -> list[InitializerMismatch]:
+    """Parameters/buffers of ``model`` whose values differ from the file's (module doc)."""
+    if not isinstance(model, torch.nn.Module):
+        return []
+    params = {n: _to_numpy(t) for n, t in (*model.named_parameters(), *model.named_buffers()) if t is not None}
+    inits: dict[str, np.ndarray] = {}
+    for init in proto.graph.initializer:
+        try:
+            array = numpy_helper.to_array(init)
+            inits[init.name] = array.astype(np.float32) if array.dtype.name == "bfloat16" else array
+        except Exception:  # external data not loaded, exotic types: nothing to compare
+            continue
+    found: list[InitializerMismatch] = []
+    unclaimed = [n for n in inits if n not in params]
+    unmatched = []
+    for name, param in params.items():
+        if name not in inits:
+            unmatched.append(name)
+            continue
+        diff = _difference(param, inits[name])
+        if diff is None or not _same(param, diff):
+            found.append(InitializerMismatch(name, name, "name", tuple(param.shape), float("inf") if diff is None else diff))
+    for name in unmatched:
+        param = params[name]
+        diffs = {n: _difference(param, inits[n]) for n in unclaimed}
+        fitting = [n for n, d in diffs.items() if d is not None and inits[n].dtype.kind == param.dtype.kind]
+        equal = [n for n in fitting if _same(param, diffs[n])]  # type: ignore[arg-type]
+        if equal:
+            unclaimed.remove(equal[0])
+        elif fitting:
+            unclaimed.remove(fitting[0])
+            found.append(InitializerMismatch(name, fitting[0], "shape+order", tuple(param.shape), diffs[fitting[0]]))  # type: ignore[arg-type]
+    if warn:
+        for mismatch in found:
+            warnings.warn(mismatch.describe(), InitializerMismatchWarning, stacklevel=3)
+    return found

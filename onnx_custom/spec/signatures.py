@@ -1,0 +1,171 @@
+"""Resolving a spec's code references and checking their parameters against the declaration.
+
+Every piece of math a spec names follows one calling convention: tensor inputs positional in
+declaration order, attributes as keywords named as declared. The checks below hold each function
+to it when the spec is registered, so a mismatch is reported then, naming the op, the function
+and the parameter, instead of deep inside an exporter or ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from onnx_custom.spec.spec import OpSpec, SpecError
+
+__all__ = ["check_backward", "check_math_signature", "resolve"]
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+# role -> (leading parameters before the inputs, how a variadic input arrives, extra keywords)
+_ROLES: dict[str, tuple[tuple[str, ...], str, tuple[str, ...]]] = {
+    "impl": ((), "list", ()),
+    "shape": ((), "list", ()),
+    "translation": (("g",), "list", ()),
+    "kernel": ((), "spread", ("out",)),
+}
+
+
+def resolve(spec: OpSpec, key: tuple[Any, ...], ref: Any, what: str) -> Any:
+    """The object ``ref`` names (``"pkg.module:attr.path"``); objects pass through."""
+    if not isinstance(ref, str):
+        return ref
+    module_name, _, path = ref.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module_name.startswith(exc.name):
+            raise SpecError(
+                f"op {spec.name}: {what} {ref!r}: module {module_name!r} is not importable (no module "
+                f"named {exc.name!r}); fix: put its folder on sys.path / PYTHONPATH or install it.",
+                op=spec.name, key=key,
+            ) from None
+        raise _import_failed(spec, key, ref, what, exc) from exc
+    except Exception as exc:
+        raise _import_failed(spec, key, ref, what, exc) from exc
+    for part in path.split("."):
+        if not hasattr(obj, part):
+            names = [n for n in dir(obj) if not n.startswith("_")]
+            close = difflib.get_close_matches(part, names, n=3)
+            hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            raise SpecError(
+                f"op {spec.name}: {what} {ref!r}: {getattr(obj, '__name__', module_name)!r} has no "
+                f"attribute {part!r}.{hint} Fix: name a function defined there.",
+                op=spec.name, key=key,
+            )
+        obj = getattr(obj, part)
+    return obj
+
+
+def _import_failed(spec: OpSpec, key: tuple[Any, ...], ref: str, what: str, exc: BaseException) -> SpecError:
+    return SpecError(
+        f"op {spec.name}: {what} {ref!r}: importing {ref.partition(':')[0]!r} raised "
+        f"{type(exc).__name__}: {exc}; fix: the module must import cleanly.",
+        op=spec.name, key=key,
+    )
+
+
+def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins without metadata: nothing to check
+        return None
+
+
+def _label(fn: Any, ref: Any) -> str:
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    return f"{ref!r}" if isinstance(ref, str) else f"{getattr(fn, '__module__', '?')}.{name}"
+
+
+def expected_signature(spec: OpSpec, role: str) -> str:
+    """The parameter list a function in ``role`` should have, e.g. ``(x, y, *, alpha)``."""
+    lead, variadic, _ = _ROLES[role]
+    params = list(lead)
+    for item in spec.inputs:
+        if item.variadic and variadic == "spread":
+            params.append(f"*{item.name}")
+        else:
+            params.append(f"{item.name}=None" if item.optional else item.name)
+    attrs = [a.name for a in spec.attributes]
+    if attrs:
+        params += ([] if any(p.startswith("*") for p in params) else ["*"]) + attrs
+    return f"({', '.join(params)})"
+
+
+def check_math_signature(spec: OpSpec, fn: Any, role: str, key: tuple[Any, ...], ref: Any) -> None:
+    """``fn`` must take the spec's inputs positionally (same names, same order) and its
+    attributes as keywords (``**kwargs`` accepted); `SpecError` naming the parameter otherwise."""
+    if not callable(fn):
+        raise SpecError(f"op {spec.name}: {key[0]} {ref!r} is a {type(fn).__name__}; expected a function.", op=spec.name, key=key)
+    signature = _signature(fn)
+    if signature is None:
+        return
+    lead, variadic, extra = _ROLES[role]
+    label = _label(fn, ref)
+    want = expected_signature(spec, role)
+
+    def fail(problem: str) -> SpecError:
+        return SpecError(
+            f"op {spec.name}: {key[0]} {label} {problem}; expected `def {getattr(fn, '__name__', 'fn')}{want}` "
+            f"(inputs positional in declaration order, attributes as keywords); received "
+            f"`{signature}`; fix: rename or reorder its parameters to match the spec.",
+            op=spec.name, key=key,
+        )
+
+    params = list(signature.parameters.values())
+    positional = [p for p in params if p.kind in _POSITIONAL]
+    var_positional = next((p for p in params if p.kind == p.VAR_POSITIONAL), None)
+    accepts_any_keyword = any(p.kind == p.VAR_KEYWORD for p in params)
+    wanted = [*lead, *(i.name for i in spec.inputs if not (i.variadic and variadic == "spread"))]
+    spread = next((i.name for i in spec.inputs if i.variadic and variadic == "spread"), None)
+    for index, name in enumerate(wanted):
+        if index >= len(positional):
+            if var_positional is None:
+                raise fail(f"has no parameter for input {name!r}")
+            break
+        got = positional[index].name
+        if index >= len(lead) and got != name:
+            raise fail(f"takes parameter {got!r} where input {name!r} (position {index - len(lead)}) is expected")
+    if spread is not None and var_positional is None:
+        raise fail(f"has no *{spread} parameter for the variadic input {spread!r}")
+    declared = set(wanted[len(lead):]) | {a.name for a in spec.attributes} | set(extra)
+    declared |= {p.name for p in positional[: len(lead)]}  # `g` may have any name
+    for attr in spec.attributes:
+        param = signature.parameters.get(attr.name)
+        if param is None and not accepts_any_keyword:
+            raise fail(f"does not accept attribute {attr.name!r} as a keyword")
+        if param is not None and param.kind == param.POSITIONAL_ONLY:
+            raise fail(f"takes attribute {attr.name!r} positional-only")
+    for param in params:
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD) or param.name in declared:
+            continue
+        if param.default is param.empty:
+            raise fail(f"requires parameter {param.name!r}, which is neither an input nor an attribute of the spec")
+
+
+def check_backward(spec: OpSpec, backward: Any, setup_context: Any) -> None:
+    """``backward(ctx, *grads)`` takes one gradient per output; ``setup_context(ctx, inputs, output)``."""
+    n = len(spec.outputs)
+    for fn, key, count, shape in (
+        (backward, ("backward",), 1 + n, f"(ctx, {', '.join('grad_' + o.name for o in spec.outputs)})"),
+        (setup_context, ("setup_context",), 3, "(ctx, inputs, output)"),
+    ):
+        if fn is None:
+            continue
+        if not callable(fn):
+            raise SpecError(f"op {spec.name}: {key[0]} is a {type(fn).__name__}; expected a function {shape}.", op=spec.name, key=key)
+        signature = _signature(fn)
+        if signature is None:
+            continue
+        try:
+            signature.bind(*range(count))
+        except TypeError as exc:
+            raise SpecError(
+                f"op {spec.name}: {key[0]} {_label(fn, fn)} cannot be called with {count} positional "
+                f"arguments ({exc}); expected `def {getattr(fn, '__name__', key[0])}{shape}` for an op "
+                f"with {n} output(s); received `{signature}`; fix: take one gradient per output.",
+                op=spec.name, key=key,
+            ) from None

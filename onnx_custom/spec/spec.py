@@ -1,0 +1,517 @@
+"""`OpSpec`: one frozen declaration of a custom op, validated when it is made.
+
+Everything structural is checked here (names, types, dtypes, defaults, shape rules, the node type
+and domain), so a spec that exists is well-formed. References to code (``"module:function"`` or
+callables) are resolved and checked against the declaration when the spec is registered
+(`onnx_custom.spec.generate`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import keyword
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from onnx_custom.errors import SymbolicError
+from onnx_custom.names import QualifiedName
+from onnx_custom.runtime._abi import DTYPE_NAMES
+from onnx_custom.spec.shape_rules import (
+    ExpressionRule,
+    LikeRule,
+    RuleError,
+    ShapeRule,
+    parse_shape_rule,
+)
+
+__all__ = [
+    "ATTRIBUTE_TYPES",
+    "NO_DEFAULT",
+    "Attribute",
+    "Input",
+    "OpSpec",
+    "Output",
+    "Ref",
+    "SpecError",
+]
+
+Ref = str | Callable[..., Any]
+"""A reference to code: ``"package.module:function"`` (imported at registration) or the object."""
+
+# torch schema type -> ONNX attribute type (the kernel registry's names); bool travels as INT.
+ATTRIBUTE_TYPES: dict[str, str] = {
+    "int": "int", "float": "float", "bool": "int", "str": "string",
+    "int[]": "ints", "float[]": "floats", "str[]": "strings",
+}
+# The op-plugin YAML style spells some types differently.
+_TYPE_ALIASES = {"listInt": "int[]", "listFloat": "float[]", "listStr": "str[]", "string": "str", "double": "float"}
+_NOT_ATTRIBUTES = {
+    "Tensor": "make it an input (input_desc) instead",
+    "Tensor?": "make it an optional input ('name?') instead",
+    "Tensor[]": "make it a variadic input ('name*') instead",
+    "bool[]": "use int[] (ONNX has no list-of-bool attribute)",
+    "Scalar": "use float (or int)",
+    "complex": "use two float attributes",
+}
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    name: getattr(torch, name) for name in DTYPE_NAMES
+}
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_REF = re.compile(r"^[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
+# Input and attribute names become parameters of translations (g, ...), kernels (out=) and
+# keywords of g.op(node_type, ..., outputs=n, **attributes); output names never do.
+_RESERVED_NAMES = {
+    "g": "the translation's graph builder", "out": "kernels' preallocated outputs",
+    "outputs": "g.op's output count", "node_type": "g.op's first parameter",
+}
+# Spellings of the default ONNX domain, where only standard ops live.
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+class _NoDefault:
+    def __repr__(self) -> str:
+        return "NO_DEFAULT"
+
+    def __reduce__(self) -> str:
+        return "NO_DEFAULT"
+
+
+NO_DEFAULT: Any = _NoDefault()
+
+
+class SpecError(SymbolicError):
+    """A malformed op spec (or YAML file): names the op, the key, what was expected and the fix.
+
+    ``op`` is the qualified op name (when known), ``key`` the path of the offending entry in the
+    declaration's terms (``("inputs", 1, "dtype")``), and ``file``/``line`` where a YAML file
+    declared it.
+    """
+
+    def __init__(self, message: str, *, op: str = "", key: tuple[Any, ...] = (), file: str = "", line: int | None = None) -> None:
+        where = f"{file}:{line}: " if file and line is not None else f"{file}: " if file else ""
+        super().__init__(f"{where}{message}")
+        self.op, self.key, self.file, self.line, self.detail = op, key, file, line, message
+
+
+def _fail(op: str, key: tuple[Any, ...], message: str) -> SpecError:
+    label = f"op {op}" if op else "op spec"
+    return SpecError(f"{label}: {message}", op=op, key=key)
+
+
+def _check_name(op: str, key: tuple[Any, ...], what: str, name: Any) -> str:
+    if not isinstance(name, str) or not _IDENT.match(name) or keyword.iskeyword(name):
+        raise _fail(op, key, f"{what} name {name!r} is not a Python identifier; expected e.g. 'x' or 'weight'; fix: rename it.")
+    if name in _RESERVED_NAMES and what != "output":
+        raise _fail(op, key, f"{what} name {name!r} is reserved for {_RESERVED_NAMES[name]}; fix: rename it.")
+    return name
+
+
+def _check_dtypes(op: str, key: tuple[Any, ...], value: Any) -> tuple[str, ...]:
+    items = (value,) if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise _fail(op, key, f"dtype must be a non-empty list of dtype names such as [float32, float16]; received {value!r}.")
+    unknown = [d for d in items if d not in DTYPE_NAMES]
+    if unknown:
+        raise _fail(op, key, f"unknown dtype(s) {unknown}; expected names from {', '.join(DTYPE_NAMES)}; fix: spell them as listed.")
+    if len(set(items)) != len(items):
+        raise _fail(op, key, f"dtype list {list(items)} repeats a dtype; fix: list each once.")
+    return tuple(items)
+
+
+def _check_ref(op: str, key: tuple[Any, ...], value: Any, what: str) -> Ref | None:
+    if value is None or callable(value):
+        return value
+    if isinstance(value, str) and _REF.match(value):
+        return value
+    raise _fail(op, key, f"{what} must be 'package.module:function' or a callable; received {value!r}; fix: write e.g. 'my_ops:scale_add'.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Input:
+    """A tensor input. ``name`` may end in ``?`` (optional: ``Tensor?``) or ``*`` (variadic:
+    ``Tensor[]``, last input only). ``dtype``: allowed dtype names (default: all). ``format`` is
+    the seed's layout label (``ND``, ``NCHW``...), kept as documentation."""
+
+    name: str
+    dtype: tuple[str, ...] | None = None
+    optional: bool = False
+    variadic: bool = False
+    format: str | None = None
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.name, str) and self.name[-1:] in ("?", "*"):
+            object.__setattr__(self, "optional", self.optional or self.name.endswith("?"))
+            object.__setattr__(self, "variadic", self.variadic or self.name.endswith("*"))
+            object.__setattr__(self, "name", self.name[:-1])
+        if isinstance(self.dtype, (list, str)):
+            object.__setattr__(self, "dtype", tuple([self.dtype] if isinstance(self.dtype, str) else self.dtype))
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        return self.dtype or DTYPE_NAMES
+
+    @property
+    def torch_type(self) -> str:
+        return "Tensor[]" if self.variadic else "Tensor?" if self.optional else "Tensor"
+
+
+@dataclasses.dataclass(frozen=True)
+class Output:
+    """A tensor output. ``dtype``: a list of allowed dtypes, or ``"like:<input>"`` (default: like
+    the first input). ``shape``: ``"like:x"``, ``"broadcast"`` or an expression (see
+    `onnx_custom.spec.shape_rules`)."""
+
+    name: str
+    dtype: tuple[str, ...] | str | None = None
+    shape: str | None = None
+    format: str | None = None
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dtype, list):
+            object.__setattr__(self, "dtype", tuple(self.dtype))
+
+
+@dataclasses.dataclass(frozen=True)
+class Attribute:
+    """A non-tensor argument: torch schema ``type`` (int, float, bool, str, int[], float[], str[])
+    and an optional ``default``. It becomes a typed ONNX attribute of the same name."""
+
+    name: str
+    type: str
+    default: Any = NO_DEFAULT
+    doc: str = ""
+
+    @property
+    def has_default(self) -> bool:
+        return self.default is not NO_DEFAULT
+
+    @property
+    def onnx_type(self) -> str:
+        return ATTRIBUTE_TYPES[self.type]
+
+
+def _normalize_default(op: str, key: tuple[Any, ...], attr: Attribute) -> Any:
+    """The default as the Python value torch hands the op (lists become tuples: specs are frozen)."""
+    value, typ = attr.default, attr.type
+    scalar = typ.removesuffix("[]")
+    items = value if typ.endswith("[]") else [value]
+    if typ.endswith("[]") and not isinstance(value, (list, tuple)):
+        raise _fail(op, key, f"attribute {attr.name!r} ({typ}) has default {value!r}; expected a list of {scalar}s.")
+    checks: dict[str, Callable[[Any], bool]] = {
+        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        "bool": lambda v: isinstance(v, bool),
+        "str": lambda v: isinstance(v, str),
+    }
+    bad = [v for v in items if not checks[scalar](v)]
+    if bad:
+        raise _fail(op, key, f"attribute {attr.name!r} ({typ}) has default {value!r}; expected {'a list of ' + scalar + 's' if typ.endswith('[]') else 'a ' + scalar}; fix: change the default or the type.")
+    if scalar == "float":
+        items = [float(v) for v in items]
+        if not all(math.isfinite(v) for v in items):
+            raise _fail(op, key, f"attribute {attr.name!r}: default {value!r} is not finite; the torch schema cannot express inf/nan defaults; fix: use a finite default or none.")
+    return tuple(items) if typ.endswith("[]") else items[0]
+
+
+def _normalize_translations(op: str, value: Any) -> tuple[tuple[int, Ref], ...]:
+    items = value.items() if isinstance(value, Mapping) else value
+    out: list[tuple[int, Ref]] = []
+    try:
+        pairs = [(k, v) for k, v in items]
+    except (TypeError, ValueError):
+        raise _fail(op, ("translations",), f"translations must map opset -> translation, e.g. {{13: 'my_onnx:scale_add_13'}}; received {value!r}.") from None
+    for opset, ref in pairs:
+        if not isinstance(opset, int) or isinstance(opset, bool) or opset < 1:
+            raise _fail(op, ("translations", opset), f"translation opset {opset!r} must be a positive int (the first opset it is valid for).")
+        out.append((opset, _check_ref(op, ("translations", opset), ref, f"translation for opset {opset}")))  # type: ignore[arg-type]
+    if len({o for o, _ in out}) != len(out):
+        raise _fail(op, ("translations",), "two translations for one opset; fix: keep one per opset.")
+    return tuple(sorted(out, key=lambda pair: pair[0]))
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    """One custom op, declared once (see ``onnx_custom.spec`` for what registering it generates).
+
+    ``name``: qualified torch name ``ns::op``. ``op_type``/``domain``: the custom ONNX node
+    (domain defaults to the namespace; omit ``op_type`` for an op with standard translations
+    only). ``inputs``/``outputs``/``attributes``: the signature; the torch schema is inputs then
+    attributes, in order. ``shape``: a Python meta function (``meta(*inputs, **attributes)`` ->
+    fake outputs), instead of per-output shape rules. ``impl``: eager math
+    ``impl(*inputs, **attributes)`` on torch tensors (omit it to adopt an op that a library
+    already defines, e.g. a C++ extension: the schemas must then agree). ``kernel``: Python kernel
+    ``kernel(*inputs, **attributes)`` on numpy arrays (a `KernelSpec` or `KernelRegistry` holding
+    one is checked against the spec instead). ``backward``/``setup_context``: as
+    ``torch.library.register_autograd``. ``native``: the native library
+    (``libonnx_custom_ops.so``) serves the node (True, or the node name ``"domain::OpType"``).
+    ``function``: the node's ONNX function body (a FunctionProto, an onnxscript function, or a
+    zero-argument builder). ``translations``: ``{opset: fn}`` standard-op translations
+    ``fn(g, *inputs, **attributes)``, each valid from its opset on.
+    """
+
+    name: str
+    inputs: Sequence[Input]  # stored as a tuple; plain names ("x", "bias?") are accepted too
+    outputs: Sequence[Output]
+    attributes: Sequence[Attribute] = ()
+    op_type: str | None = None
+    domain: str | None = None
+    impl: Ref | None = None
+    kernel: Any = None
+    backward: Ref | None = None
+    setup_context: Ref | None = None
+    native: bool | str = False
+    function: Any = None
+    translations: Mapping[int, Ref] | Sequence[tuple[int, Ref]] = ()  # stored as sorted pairs
+    shape: Ref | None = None
+    doc: str = ""
+    source: str = dataclasses.field(default="", compare=False)  # "file.yaml:3" for messages
+
+    def __post_init__(self) -> None:
+        op = self.name if isinstance(self.name, str) else ""
+        try:
+            qualified = QualifiedName.parse(self.name)
+        except SymbolicError as exc:
+            raise _fail(op, ("name",), str(exc)) from None
+        if qualified.overload:
+            raise _fail(op, ("name",), f"name {self.name!r} has an overload; expected 'namespace::op' (specs define the default overload); fix: drop '.{qualified.overload}'.")
+        def set_(field: str, value: Any) -> None:  # normalize a field of this frozen instance
+            object.__setattr__(self, field, value)
+
+        set_("inputs", tuple(i if isinstance(i, Input) else Input(i) for i in _as_list(op, "inputs", self.inputs)))
+        set_("outputs", tuple(o if isinstance(o, Output) else Output(o) for o in _as_list(op, "outputs", self.outputs)))
+        set_("attributes", tuple(_as_list(op, "attributes", self.attributes)))
+        set_("translations", _normalize_translations(op, self.translations))
+        if self.domain is None:
+            set_("domain", qualified.namespace)
+        self._check_signature(op)
+        set_("attributes", tuple(self._checked_attribute(op, i, a) for i, a in enumerate(self.attributes)))
+        for index, (before, attr) in enumerate(zip(self.attributes, self.attributes[1:], strict=False), 1):
+            if before.has_default and not attr.has_default:
+                raise _fail(op, ("attributes", index, "default"), f"attribute {attr.name!r} has no default but follows {before.name!r}, which has one; torch schemas need defaults last; fix: give {attr.name!r} a default or move it before {before.name!r}.")
+        self._check_node(op)
+        for field in ("kernel", "function"):
+            value = getattr(self, field)
+            if isinstance(value, str) or (value is not None and not _is_code_object(value)):
+                _check_ref(op, (field,), value, field)
+        self._check_outputs(op)
+        for field in ("impl", "backward", "setup_context", "shape"):
+            _check_ref(op, (field,), getattr(self, field), field)
+        if self.setup_context is not None and self.backward is None:
+            raise _fail(op, ("setup_context",), "setup_context is given without backward; fix: add backward or drop setup_context.")
+        self._check_schema_round_trip(op)
+
+    # -- checks ------------------------------------------------------------------------
+    def _check_signature(self, op: str) -> None:
+        if not self.inputs:
+            raise _fail(op, ("inputs",), "declares no tensor input; expected at least one (ops without tensor inputs are not supported by specs).")
+        if not self.outputs:
+            raise _fail(op, ("outputs",), "declares no output; expected at least one.")
+        seen: dict[str, tuple[Any, ...]] = {}
+        groups: list[tuple[str, str, Sequence[Any]]] = [("inputs", "input", self.inputs), ("attributes", "attribute", self.attributes), ("outputs", "output", self.outputs)]
+        classes: dict[str, type] = {"inputs": Input, "outputs": Output, "attributes": Attribute}
+        for field, what, items in groups:
+            for index, item in enumerate(items):
+                if not isinstance(item, classes[field]):
+                    raise _fail(op, (field, index), f"{what} {index} is a {type(item).__name__}; expected onnx_custom.spec.{classes[field].__name__}.")
+                assert isinstance(item, (Input, Output, Attribute))
+                name = _check_name(op, (field, index, "name"), what, item.name)
+                if name in seen:
+                    raise _fail(op, (field, index, "name"), f"duplicate name {name!r} ({what} {index} and {seen[name][0][:-1]} {seen[name][1]}); names must be unique across inputs, attributes and outputs; fix: rename one.")
+                seen[name] = (field, index)
+        for index, item in enumerate(self.inputs):
+            if item.dtype is not None:
+                _check_dtypes(op, ("inputs", index, "dtype"), item.dtype)
+            if item.variadic and index != len(self.inputs) - 1:
+                raise _fail(op, ("inputs", index, "name"), f"variadic input {item.name!r} must be the last input (ONNX allows only a trailing variadic input); fix: move it last.")
+            if item.variadic and item.optional:
+                raise _fail(op, ("inputs", index, "name"), f"input {item.name!r} cannot be both optional and variadic; fix: pass an empty list instead.")
+        for index, output in enumerate(self.outputs):
+            if output.name[-1:] in ("?", "*"):
+                raise _fail(op, ("outputs", index, "name"), "outputs cannot be optional or variadic.")
+
+    def _checked_attribute(self, op: str, index: int, attr: Attribute) -> Attribute:
+        key = ("attributes", index)
+        typ = _TYPE_ALIASES.get(attr.type, attr.type) if isinstance(attr.type, str) else attr.type
+        if typ not in ATTRIBUTE_TYPES:
+            hint = _NOT_ATTRIBUTES.get(str(typ).removesuffix("?"), "")
+            if isinstance(typ, str) and typ.endswith("?") and typ[:-1] in ATTRIBUTE_TYPES:
+                hint = "give it a default value instead of making it optional"
+            raise _fail(op, (*key, "type"), f"attribute {attr.name!r} has type {attr.type!r}, which an op-spec attribute cannot express; expected one of {', '.join(ATTRIBUTE_TYPES)}; fix: {hint or 'use one of those types'}.")
+        if attr.type != typ:
+            attr = dataclasses.replace(attr, type=typ)
+        if attr.has_default and typ == "str[]":
+            raise _fail(op, (*key, "default"), f"attribute {attr.name!r}: the torch schema cannot express a default for str[] attributes (received {attr.default!r}); fix: drop the default (make it required).")
+        if attr.has_default:
+            attr = dataclasses.replace(attr, default=_normalize_default(op, (*key, "default"), attr))
+        return attr
+
+    def _check_node(self, op: str) -> None:
+        if self.op_type is None:
+            for field in ("kernel", "native", "function"):
+                if getattr(self, field):
+                    raise _fail(op, (field,), f"{field} is given but op_type is not: a kernel serves a custom node; fix: add op_type (the ONNX node type).")
+            if not self.translations:
+                raise _fail(op, ("op_type",), "has neither op_type (a custom node) nor translations (standard ops); fix: declare at least one.")
+            return
+        if not isinstance(self.op_type, str) or not _IDENT.match(self.op_type):
+            raise _fail(op, ("op_type",), f"op_type {self.op_type!r} is not an ONNX node type; expected an identifier such as 'ScaleAdd'.")
+        domain = self.domain
+        if not isinstance(domain, str) or (domain and not re.match(r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*$", domain)):
+            raise _fail(op, ("domain",), f"domain {domain!r} is not an ONNX domain; expected e.g. 'acme' or 'com.acme'.")
+        if domain in _DEFAULT_DOMAINS:
+            import onnx.defs
+
+            clash = onnx.defs.has(self.op_type, "")
+            what = f"collides with the standard ONNX op {self.op_type!r}" if clash else "would sit in the default ONNX domain, where runtimes only serve standard ops"
+            raise _fail(op, ("domain",), f"node {self.op_type!r} in domain {domain!r} {what}; expected a custom domain; fix: drop domain: (it defaults to {self.name.split('::')[0]!r}) or name your own.")
+        from onnx_custom.runtime.registry import RESERVED_DOMAINS
+
+        if domain in RESERVED_DOMAINS:
+            raise _fail(op, ("domain",), f"domain {domain!r} belongs to ONNX Runtime; expected your own domain, e.g. {self.name.split('::')[0]!r}.")
+        if self.native not in (True, False) and self.native != self.node_type:
+            raise _fail(op, ("native",), f"native is {self.native!r}; expected true or this spec's node {self.node_type!r} (the native library serves the node the spec emits).")
+
+    def _check_outputs(self, op: str) -> None:
+        inputs = {i.name: i for i in self.inputs}
+        attrs = {a.name for a in self.attributes}
+        if self.shape is not None and any(o.shape is not None for o in self.outputs):
+            raise _fail(op, ("shape",), "has both a meta function (shape) and per-output shape rules; fix: keep one.")
+        for index, output in enumerate(self.outputs):
+            key = ("outputs", index)
+            if isinstance(output.dtype, str):
+                if not output.dtype.startswith("like:") or output.dtype[5:] not in inputs:
+                    raise _fail(op, (*key, "dtype"), f"output {output.name!r} has dtype {output.dtype!r}; expected a dtype list or 'like:<input>' with an input from {sorted(inputs)}.")
+            elif output.dtype is not None:
+                _check_dtypes(op, (*key, "dtype"), output.dtype)
+                self.dtype_source(index)  # ambiguous lists fail here, at declaration
+            if output.shape is None:
+                continue
+            try:
+                rule = parse_shape_rule(output.shape)
+            except RuleError as exc:
+                raise _fail(op, (*key, "shape"), f"output {output.name!r}: {exc}") from None
+            unknown = sorted(rule.names - set(inputs) - attrs)
+            if unknown:
+                raise _fail(op, (*key, "shape"), f"output {output.name!r}: shape rule {output.shape!r} names {unknown}, which are neither inputs {sorted(inputs)} nor attributes {sorted(attrs)}; fix: use those names.")
+            if isinstance(rule, ExpressionRule):
+                bad = sorted(n for n in rule.names if n in attrs and self.attribute(n).type in ("str", "str[]", "float", "float[]"))
+                if bad:
+                    raise _fail(op, (*key, "shape"), f"output {output.name!r}: shape rule {output.shape!r} uses non-integer attribute(s) {bad}; expected int, bool or int[] attributes.")
+
+    def _check_schema_round_trip(self, op: str) -> None:
+        """The schema string must parse and give back exactly the declared defaults."""
+        try:
+            parsed = torch._C.parse_schema(f"{self.name}{self.schema}")
+        except RuntimeError as exc:
+            raise _fail(op, ("attributes",), f"the generated torch schema {self.schema!r} does not parse: {str(exc).strip().splitlines()[0]}.") from None
+        for attr, arg in zip(self.attributes, parsed.arguments[len(self.inputs):], strict=True):
+            if not attr.has_default:
+                continue
+            got = arg.default_value
+            want = list(attr.default) if isinstance(attr.default, tuple) else attr.default
+            if got != want or type(got) is not type(want):
+                raise _fail(op, ("attributes", self.attributes.index(attr), "default"), f"attribute {attr.name!r}: the torch schema cannot express the default {attr.default!r} (it reads back as {got!r}); fix: use a plainer default or none.")
+
+    # -- derived -----------------------------------------------------------------------
+    @property
+    def namespace(self) -> str:
+        return self.name.split("::")[0]
+
+    @property
+    def op_name(self) -> str:
+        return self.name.split("::")[1]
+
+    @property
+    def node_type(self) -> str | None:
+        """``"domain::OpType"`` of the custom node, or None (standard translations only)."""
+        return None if self.op_type is None else f"{self.domain}::{self.op_type}"
+
+    @property
+    def schema(self) -> str:
+        """The torch schema (without the name): ``(Tensor x, float alpha=2.0) -> Tensor``."""
+        parts: list[str] = []
+        later_required = [not a.has_default for a in self.attributes]
+        for index, item in enumerate(self.inputs):
+            text = f"{item.torch_type} {item.name}"
+            # `Tensor? b=None` only when nothing without a default follows (torch's rule).
+            if item.optional and not any(later_required) and all(i.optional for i in self.inputs[index:]):
+                text += "=None"
+            parts.append(text)
+        for attr in self.attributes:
+            text = f"{attr.type} {attr.name}"
+            if attr.has_default:
+                text += f"={_schema_literal(attr.default)}"
+            parts.append(text)
+        returns = "Tensor" if len(self.outputs) == 1 else "(" + ", ".join("Tensor" for _ in self.outputs) + ")"
+        return f"({', '.join(parts)}) -> {returns}"
+
+    @property
+    def translation_refs(self) -> tuple[tuple[int, Ref], ...]:
+        """``(opset, translation)`` pairs, lowest opset first."""
+        return self.translations  # type: ignore[return-value]  # normalized in __post_init__
+
+    def input(self, name: str) -> Input:
+        return next(i for i in self.inputs if i.name == name)
+
+    def attribute(self, name: str) -> Attribute:
+        return next(a for a in self.attributes if a.name == name)
+
+    def shape_rule(self, index: int) -> ShapeRule | None:
+        text = self.outputs[index].shape
+        return None if text is None else parse_shape_rule(text)
+
+    def dtype_source(self, index: int) -> tuple[str, str]:
+        """How output ``index`` gets its dtype: ``("like", input)`` or ``("fixed", dtype)``."""
+        output = self.outputs[index]
+        if output.dtype is None:
+            return ("like", self.inputs[0].name)
+        if isinstance(output.dtype, str):
+            return ("like", output.dtype[len("like:"):])
+        if len(output.dtype) == 1:
+            return ("fixed", output.dtype[0])
+        rule = self.shape_rule(index)
+        candidates = ([rule.input] if isinstance(rule, LikeRule) else []) + [i.name for i in self.inputs]
+        for name in candidates:
+            if set(self.input(name).dtypes) == set(output.dtype):
+                return ("like", name)
+        raise _fail(self.name, ("outputs", index, "dtype"), f"output {output.name!r} may be any of {list(output.dtype)}, but no input has that dtype list, so its dtype is ambiguous; fix: write dtype: 'like:<input>' or a single dtype.")
+
+    def output_dtypes(self, index: int) -> tuple[str, ...]:
+        """Dtypes output ``index`` can have (for the ONNX schema's type constraint)."""
+        kind, value = self.dtype_source(index)
+        return (value,) if kind == "fixed" else self.input(value).dtypes
+
+
+def _is_code_object(value: Any) -> bool:
+    """Callables, kernel declarations and ONNX function bodies may be given as objects."""
+    import onnx
+
+    from onnx_custom.runtime.registry import KernelRegistry, KernelSpec
+
+    return callable(value) or isinstance(value, (KernelSpec, KernelRegistry, onnx.FunctionProto))
+
+
+def _as_list(op: str, field: str, value: Any) -> list[Any]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise _fail(op, (field,), f"{field} must be a list; received {type(value).__name__} {value!r}.")
+    return list(value)
+
+
+def _schema_literal(value: Any) -> str:
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_schema_literal(v) for v in value) + "]"
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return str(value)

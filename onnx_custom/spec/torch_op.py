@@ -1,0 +1,265 @@
+"""The torch side of a spec: the ``torch.library`` op, its fake kernel and its autograd formula.
+
+The op is a ``torch.library.custom_op`` with the spec's schema (so opcheck, torch.export and
+autograd treat it like any custom op); an op that a library already defines (a C++ extension) is
+adopted instead, after checking that its schema is the spec's. The fake kernel comes from the
+shape rules and never calls ``int()`` on a dim, so symbolic (dynamic) dims stay symbolic.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from onnx_custom.spec.shape_rules import (
+    Arithmetic,
+    BroadcastRule,
+    LikeRule,
+    RuleError,
+    UnknownShape,
+)
+from onnx_custom.spec.spec import TORCH_DTYPES, OpSpec, SpecError
+
+__all__ = ["BoundArgs", "TorchOp", "bind_args", "define_op", "existing_schema"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundArgs:
+    """A call's arguments split the spec's way: tensor inputs in order, attributes by name."""
+
+    tensors: tuple[Any, ...]
+    attrs: dict[str, Any]
+
+
+def bind_args(spec: OpSpec, args: Sequence[Any], kwargs: dict[str, Any]) -> BoundArgs:
+    """Positional args in schema order (inputs, then attributes), keywords by name, defaults filled."""
+    names = [i.name for i in spec.inputs] + [a.name for a in spec.attributes]
+    if len(args) > len(names):
+        raise TypeError(f"{spec.name} takes {len(names)} arguments ({', '.join(names)}) but {len(args)} were given")
+    values = dict(zip(names, args, strict=False))
+    for key, value in kwargs.items():
+        if key not in names or key in values:
+            raise TypeError(f"{spec.name} got an unexpected or repeated argument {key!r}; its arguments are {names}")
+        values[key] = value
+    tensors: list[Any] = []
+    for item in spec.inputs:
+        if item.name not in values and not item.optional:
+            raise TypeError(f"{spec.name} is missing the input {item.name!r}")
+        tensors.append(values.get(item.name))
+    attrs: dict[str, Any] = {}
+    for attr in spec.attributes:
+        if attr.name in values:
+            attrs[attr.name] = values[attr.name]
+        elif attr.has_default:
+            attrs[attr.name] = list(attr.default) if isinstance(attr.default, tuple) else attr.default
+        else:
+            raise TypeError(f"{spec.name} is missing the attribute {attr.name!r} ({attr.type})")
+    return BoundArgs(tuple(tensors), attrs)
+
+
+def _present(spec: OpSpec, tensors: Sequence[Any]) -> list[tuple[str, torch.Tensor]]:
+    out: list[tuple[str, torch.Tensor]] = []
+    for item, value in zip(spec.inputs, tensors, strict=True):
+        if value is None:
+            continue
+        for element in value if item.variadic else [value]:
+            out.append((item.name, element))
+    return out
+
+
+def check_input_dtypes(spec: OpSpec, tensors: Sequence[Any]) -> None:
+    """The eager and fake kernels accept exactly the declared dtypes (the kernels' too)."""
+    for name, tensor in _present(spec, tensors):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{spec.name}: input {name!r} must be a torch.Tensor, got {type(tensor).__name__}")
+        allowed = spec.input(name).dtypes
+        if str(tensor.dtype).removeprefix("torch.") not in allowed:
+            raise TypeError(
+                f"{spec.name}: input {name!r} has dtype {tensor.dtype}; the spec declares "
+                f"{', '.join(allowed)}; fix: cast the input, or add the dtype to the spec (and make "
+                "sure the eager math and every kernel support it)"
+            )
+
+
+def output_dtype(spec: OpSpec, index: int, tensors: Sequence[Any]) -> torch.dtype:
+    kind, value = spec.dtype_source(index)
+    if kind == "fixed":
+        return TORCH_DTYPES[value]
+    source = tensors[[i.name for i in spec.inputs].index(value)]
+    if isinstance(source, (list, tuple)):
+        source = source[0] if source else None
+    if source is None:
+        raise TypeError(f"{spec.name}: output {spec.outputs[index].name!r} takes its dtype from input {value!r}, which is absent")
+    return source.dtype
+
+
+def output_shape(spec: OpSpec, index: int, bound: BoundArgs) -> list[Any]:
+    """Shape of output ``index`` from its rule, on real or fake tensors (SymInts stay symbolic)."""
+    rule = spec.shape_rule(index)
+    present = _present(spec, bound.tensors)
+    if isinstance(rule, BroadcastRule):
+        return list(torch.broadcast_shapes(*(t.shape for _, t in present)))
+    env: dict[str, Any] = {}
+    for item, value in zip(spec.inputs, bound.tensors, strict=True):
+        if value is None:
+            env[item.name] = None
+        else:
+            env[item.name] = [list(v.shape) for v in value] if item.variadic else list(value.shape)
+    if isinstance(rule, LikeRule):
+        shape = env[rule.input]
+        if shape is None:
+            raise TypeError(f"{spec.name}: output {spec.outputs[index].name!r} is shaped like input {rule.input!r}, which is absent")
+        return shape[0] if spec.input(rule.input).variadic else shape
+    assert rule is not None
+    env.update(bound.attrs)
+    try:
+        return rule.evaluate(env, Arithmetic())
+    except UnknownShape as exc:
+        raise TypeError(f"{spec.name}: the shape rule of output {spec.outputs[index].name!r} uses the absent optional input {exc.args[0]!r}") from None
+    except RuleError as exc:
+        raise ValueError(f"{spec.name}: output {spec.outputs[index].name!r}: {exc}") from None
+
+
+def _first_tensor(spec: OpSpec, tensors: Sequence[Any]) -> torch.Tensor:
+    return _present(spec, tensors)[0][1]
+
+
+def make_fake(spec: OpSpec, meta: Callable[..., Any] | None) -> Callable[..., Any]:
+    """The fake (meta) kernel: the Python meta function, or empty outputs shaped by the rules."""
+
+    def fake(*args: Any, **kwargs: Any) -> Any:
+        bound = bind_args(spec, args, kwargs)
+        check_input_dtypes(spec, bound.tensors)
+        if meta is not None:
+            return meta(*bound.tensors, **bound.attrs)
+        like = _first_tensor(spec, bound.tensors)
+        outs = [like.new_empty(output_shape(spec, i, bound), dtype=output_dtype(spec, i, bound.tensors)) for i in range(len(spec.outputs))]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    fake.__qualname__ = fake.__name__ = f"fake[{spec.name}]"
+    return fake
+
+
+def make_eager(spec: OpSpec, impl: Callable[..., Any]) -> Callable[..., Any]:
+    """The eager kernel: the declared math, with the declared dtypes, output count and shapes
+    enforced; outputs are returned contiguous (as the fake kernel makes them)."""
+    check_shapes = spec.shape is None and all(o.shape is not None for o in spec.outputs)
+
+    def eager(*args: Any, **kwargs: Any) -> Any:
+        bound = bind_args(spec, args, kwargs)
+        check_input_dtypes(spec, bound.tensors)
+        result = impl(*bound.tensors, **bound.attrs)
+        outs = list(result) if isinstance(result, (tuple, list)) else [result]
+        if len(outs) != len(spec.outputs) or not all(isinstance(o, torch.Tensor) for o in outs):
+            raise TypeError(
+                f"{spec.name}: impl returned {type(result).__name__} with {len(outs)} item(s); the spec declares "
+                f"{len(spec.outputs)} tensor output(s) {[o.name for o in spec.outputs]}; fix: return one tensor per output"
+            )
+        for index, (out, declared) in enumerate(zip(outs, spec.outputs, strict=True)):
+            want = output_dtype(spec, index, bound.tensors)
+            if out.dtype != want:
+                raise TypeError(f"{spec.name}: impl returned output {declared.name!r} as {out.dtype}; the spec says {want} ({declared.dtype or 'like the first input'}); fix: cast it or correct the spec")
+            if check_shapes:
+                shape = output_shape(spec, index, bound)
+                if list(out.shape) != shape:
+                    raise ValueError(f"{spec.name}: impl returned output {declared.name!r} with shape {list(out.shape)}; its shape rule {declared.shape!r} gives {shape}; fix: the math or the rule")
+        # Outputs are contiguous, like the fake kernel's: their layout never depends on the math.
+        outs = [o.contiguous() for o in outs]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    eager.__qualname__ = eager.__name__ = f"eager[{spec.name}]"
+    return eager
+
+
+def named_inputs(spec: OpSpec, setup_context: Callable[..., Any] | None) -> Callable[..., Any] | None:
+    """``setup_context(ctx, inputs, output)`` where ``inputs`` is a named tuple (``inputs.x``,
+    ``inputs.alpha``): still the tuple torch passes, without repeating the signature to unpack it."""
+    if setup_context is None:
+        return None
+    fields = [i.name for i in spec.inputs] + [a.name for a in spec.attributes]
+    inputs_type = collections.namedtuple(f"{spec.op_name}_inputs", fields, rename=True)  # type: ignore[misc]
+
+    def setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> Any:
+        return setup_context(ctx, inputs_type(*inputs), output)
+
+    setup.__qualname__ = getattr(setup_context, "__qualname__", "setup_context")
+    return setup
+
+
+def existing_schema(name: str) -> Any:
+    """The default overload's schema of op ``name`` if torch knows it, else None."""
+    schemas = torch._C._jit_get_schemas_for_operator(name)
+    return next((s for s in schemas if s.overload_name == ""), None)
+
+
+def _describe_args(schema: Any) -> list[tuple[str, str, Any]]:
+    return [(a.name, str(a.type), a.default_value if a.has_default_value() else "<required>") for a in schema.arguments]
+
+
+@dataclasses.dataclass
+class TorchOp:
+    """What `define_op` registered with torch; ``undo()`` takes all of it back."""
+
+    overload: Any
+    defined: bool  # False when an existing op was adopted
+    libraries: list[Any]
+
+    def undo(self) -> None:
+        from torch._library import custom_ops
+
+        for lib in reversed(self.libraries):
+            lib._destroy()  # torch's own teardown (custom_op uses it when an op is redefined)
+        if self.defined:
+            name = self.overload._schema.name
+            if custom_ops.OPDEF_TO_LIB.get(name) in self.libraries:
+                del custom_ops.OPDEF_TO_LIB[name]
+
+
+def define_op(spec: OpSpec, impl: Callable[..., Any] | None, meta: Callable[..., Any] | None,
+              backward: Callable[..., Any] | None, setup_context: Callable[..., Any] | None) -> TorchOp:
+    """Define (or adopt) the torch op and register its fake kernel and autograd formula."""
+    from torch._library import custom_ops
+
+    existing = existing_schema(spec.name)
+    needs_fake = meta is not None or all(o.shape is not None for o in spec.outputs)
+    if existing is None and impl is None:
+        raise SpecError(f"op {spec.name}: torch has no such op and the spec has no impl; fix: add impl (the eager math), or load the library that defines the op before registering the spec.", op=spec.name, key=("impl",))
+    if existing is not None and impl is not None:
+        raise SpecError(f"op {spec.name}: torch already has this op ({existing}), so the spec cannot define it with impl; fix: drop impl to adopt the existing op, or rename the spec's op.", op=spec.name, key=("impl",))
+    if existing is None and not needs_fake:
+        missing = [o.name for o in spec.outputs if o.shape is None]
+        raise SpecError(f"op {spec.name}: output(s) {missing} have no shape rule, and the fake kernel (which the dynamo exporter needs) is made from them; fix: add shape: 'like:x' (or an expression) to each output, or a meta function as the op's shape.", op=spec.name, key=("outputs",))
+    if existing is not None:
+        declared = torch._C.parse_schema(f"{spec.name}{spec.schema}")
+        if _describe_args(declared) != _describe_args(existing) or len(declared.returns) != len(existing.returns):
+            raise SpecError(f"op {spec.name}: the existing torch op's schema is {existing}, but the spec declares {declared}; fix: make the spec's inputs, attributes (types, defaults) and outputs match it.", op=spec.name, key=("inputs",))
+        lib = torch.library.Library(spec.namespace, "FRAGMENT")
+        op = TorchOp(getattr(getattr(torch.ops, spec.namespace), spec.op_name).default, False, [lib])
+        try:
+            if needs_fake:
+                try:
+                    torch.library.register_fake(spec.name, make_fake(spec, meta), lib=lib)
+                except RuntimeError as exc:
+                    if "already has" not in str(exc):  # the library's own fake kernel wins
+                        raise
+            if backward is not None:
+                torch.library.register_autograd(spec.name, backward, setup_context=named_inputs(spec, setup_context), lib=lib)
+        except Exception:
+            op.undo()
+            raise
+        return op
+    assert impl is not None
+    opdef = torch.library.custom_op(spec.name, mutates_args=(), schema=spec.schema)(make_eager(spec, impl))
+    op = TorchOp(opdef._opoverload, True, [custom_ops.OPDEF_TO_LIB[spec.name]])
+    try:
+        opdef.register_fake(make_fake(spec, meta))
+        if backward is not None:
+            opdef.register_autograd(backward, setup_context=named_inputs(spec, setup_context))
+    except Exception:
+        op.undo()
+        raise
+    return op

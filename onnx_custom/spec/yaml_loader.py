@@ -1,0 +1,287 @@
+"""Op specs from YAML, in the op-plugin style (``op_name``, ``op_type``, ``input_desc``,
+``output_desc``, ``attr_desc``) plus onnx-custom's keys. A file holds a list of ops (or one op)::
+
+    - op_name: "acme::scale_add"          # qualified torch op name (required)
+      op_type: "ScaleAdd"                 # ONNX node type of the custom node
+      domain: "acme"                      # its ONNX domain (default: the torch namespace)
+      doc: "alpha * x + y"                # documentation (kernel and OpSchema doc)
+      input_desc:                         # tensor inputs, in order (required)
+        - {name: x, dtype: [float32, float16], format: ND}
+        - {name: bias, dtype: [float32], optional: true}   # or name: "bias?"
+      output_desc:                        # tensor outputs (required)
+        - {name: out, dtype: [float32, float16], shape: "like:x"}
+      attr_desc:                          # non-tensor arguments -> typed ONNX attributes
+        - {name: alpha, dtype: float, default_value: 2.0}
+      impl: "acme_ops:scale_add"          # eager math on torch tensors: impl(x, y, *, alpha)
+      kernel: "acme_ops:scale_add_np"     # ONNX Runtime kernel math on numpy arrays
+      backward: "acme_ops:scale_add_bwd"  # backward(ctx, *grads) -> one grad per argument
+      setup_context: "acme_ops:save"      # setup_context(ctx, inputs, output)
+      shape: "acme_ops:scale_add_meta"    # meta function instead of per-output shape rules
+      native: true                        # libonnx_custom_ops.so serves the node too
+      function: "acme_ops:scale_add_fn"   # ONNX function body (FunctionProto or builder)
+      translations:                       # standard-op translations, each from its opset on
+        13: "acme_onnx:scale_add_13"
+
+Keys of ``input_desc`` items: ``name`` (required; ``?`` suffix optional, ``*`` variadic),
+``dtype`` (list of dtype names, default all), ``format`` (layout label, documentation only),
+``optional``, ``variadic`` (booleans), ``doc``. ``output_desc`` items: ``name``, ``dtype`` (a
+list, or ``"like:<input>"``; default like the first input), ``shape`` (``"like:x"``,
+``"broadcast"``, or an expression such as ``"[x.0, w.0]"``), ``format``, ``doc``. ``attr_desc``
+items: ``name``, ``dtype`` (int, float, bool, str, int[], float[], str[]; also listInt,
+listFloat, listStr), ``default_value``, ``doc``.
+
+Unknown keys, wrong value types, duplicate keys and everything `OpSpec` refuses are reported as a
+`SpecError` naming the file, the line and the key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from onnx_custom.spec.spec import NO_DEFAULT, Attribute, Input, OpSpec, Output, SpecError
+
+__all__ = ["YAML_KEYS", "load_specs", "parse_specs"]
+
+_STR, _BOOL, _LIST, _MAP = "a string", "a boolean", "a list", "a mapping"
+_OP_KEYS: dict[str, str] = {
+    "op_name": _STR, "op_type": _STR, "domain": _STR, "doc": _STR, "input_desc": _LIST,
+    "output_desc": _LIST, "attr_desc": _LIST, "impl": _STR, "kernel": _STR, "backward": _STR,
+    "setup_context": _STR, "shape": _STR, "native": "a boolean or 'domain::OpType'",
+    "function": _STR, "translations": _MAP,
+}
+_ITEM_KEYS: dict[str, dict[str, str]] = {
+    "input_desc": {"name": _STR, "dtype": "a dtype list", "format": _STR, "optional": _BOOL, "variadic": _BOOL, "doc": _STR},
+    "output_desc": {"name": _STR, "dtype": "a dtype list or 'like:<input>'", "shape": _STR, "format": _STR, "doc": _STR},
+    "attr_desc": {"name": _STR, "dtype": _STR, "default_value": "a value", "doc": _STR},
+}
+YAML_KEYS: dict[str, Any] = {**_OP_KEYS, **{k: dict(v) for k, v in _ITEM_KEYS.items()}}
+"""Every accepted key with the type it takes (item keys nested under their list key)."""
+
+# OpSpec field -> YAML key, to point errors raised by OpSpec at the right line.
+_FIELD_TO_KEY = {"name": "op_name", "inputs": "input_desc", "outputs": "output_desc", "attributes": "attr_desc"}
+_ITEM_FIELD_TO_KEY = {"type": "dtype", "default": "default_value"}
+
+_TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
+    _STR: lambda v: isinstance(v, str),
+    _BOOL: lambda v: isinstance(v, bool),
+    _LIST: lambda v: isinstance(v, list),
+    _MAP: lambda v: isinstance(v, dict),
+    "a boolean or 'domain::OpType'": lambda v: isinstance(v, (bool, str)),
+    "a dtype list": lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(d, str) for d in v)),
+    "a dtype list or 'like:<input>'": lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(d, str) for d in v)),
+    "a value": lambda v: True,
+}
+
+
+class _Document:
+    """A composed YAML document: values constructed on demand, marks kept for every key."""
+
+    def __init__(self, path: str, text: str) -> None:
+        self.path = path
+        self.loader = yaml.SafeLoader(text)
+        try:
+            self.root = self.loader.get_single_node()
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            raise SpecError(f"not valid YAML: {exc.problem or exc}", file=path, line=None if mark is None else mark.line + 1) from None
+        except yaml.YAMLError as exc:
+            raise SpecError(f"not valid YAML: {exc}", file=path) from None
+
+    def value(self, node: yaml.Node, op: str = "", label: str = "") -> Any:
+        try:
+            return self.loader.construct_object(node, deep=True)
+        except yaml.MarkedYAMLError as exc:
+            raise self.error(node, f"cannot read this value: {exc.problem}; fix: write plain YAML (strings, numbers, lists, mappings).", op, label) from None
+
+    def error(self, node: yaml.Node | None, message: str, op: str = "", key: str = "") -> SpecError:
+        line = None if node is None else node.start_mark.line + 1
+        where = f"key {key}: " if key else ""
+        return SpecError(f"{where}{message}", op=op, file=self.path, line=line)
+
+    def mapping(self, node: yaml.Node, what: str, allowed: dict[str, str], op: str, prefix: str) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+        """Key -> (key node, value node); unknown, duplicate and non-string keys are errors."""
+        if not isinstance(node, yaml.MappingNode):
+            raise self.error(node, f"{what} must be a mapping of keys such as {', '.join(list(allowed)[:4])}; received {_kind(node)}.", op, prefix)
+        out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+        for key_node, value_node in node.value:
+            key = self.value(key_node)
+            label = f"{prefix}.{key}" if prefix else str(key)
+            if not isinstance(key, str) or key not in allowed:
+                hint = _suggest(str(key), allowed)
+                raise self.error(key_node, f"unknown key {key!r} in {what}; {hint}expected one of {', '.join(allowed)}; fix: rename or remove it.", op, label)
+            if key in out:
+                raise self.error(key_node, f"key {key!r} appears twice in {what}; fix: keep one.", op, label)
+            out[key] = (key_node, value_node)
+        return out
+
+    def typed(self, entries: dict[str, tuple[yaml.Node, yaml.Node]], key: str, expected: str, op: str, label: str) -> Any:
+        _, node = entries[key]
+        value = self.value(node, op, label)
+        if not _TYPE_CHECKS[expected](value):
+            raise self.error(node, f"expected {expected}; received {type(value).__name__} {value!r}; fix: write {expected} here.", op, label)
+        return value
+
+
+def _suggest(key: str, allowed: dict[str, str]) -> str:
+    """'did you mean ...? ' for a misspelt or abbreviated/expanded key ('' when nothing is close)."""
+    close = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
+    close = close or [k for k in allowed if key.startswith(k) or k.startswith(key)][:1]
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+def _kind(node: yaml.Node) -> str:
+    return {yaml.ScalarNode: "a scalar", yaml.SequenceNode: "a list", yaml.MappingNode: "a mapping"}.get(type(node), type(node).__name__)
+
+
+class _ParsedOp:
+    """One op entry: its spec plus the nodes needed to place later errors on a line."""
+
+    def __init__(self, spec: OpSpec, node: yaml.Node, index: dict[tuple[Any, ...], yaml.Node]) -> None:
+        self.spec, self.node, self.index = spec, node, index
+
+    def locate(self, key: tuple[Any, ...]) -> tuple[yaml.Node, str]:
+        """The deepest node recorded for ``key`` (an OpSpec field path) and its YAML label."""
+        path = _yaml_path(key)
+        for end in range(len(path), 0, -1):
+            node = self.index.get(tuple(path[:end]))
+            if node is not None:
+                return node, _label(path[:end])
+        return self.node, ""
+
+
+def _yaml_path(key: tuple[Any, ...]) -> list[Any]:
+    path: list[Any] = [_FIELD_TO_KEY.get(key[0], key[0])] if key else []
+    for part in key[1:]:
+        path.append(_ITEM_FIELD_TO_KEY.get(part, part) if isinstance(part, str) else part)
+    return path
+
+
+def _label(path: Sequence[Any]) -> str:
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) and text else f".{part}" if text else str(part)
+    return text
+
+
+def _parse_op(doc: _Document, node: yaml.Node, position: int) -> _ParsedOp:
+    index: dict[tuple[Any, ...], yaml.Node] = {}
+    entries = doc.mapping(node, f"op entry {position}", _OP_KEYS, "", "")
+    if "op_name" not in entries:
+        raise doc.error(node, f"op entry {position} has no op_name; expected e.g. op_name: 'acme::scale_add'.", key="op_name")
+    op = str(doc.value(entries["op_name"][1]))
+    values: dict[str, Any] = {}
+    for key, (key_node, value_node) in entries.items():
+        index[(key,)] = value_node if isinstance(value_node, yaml.ScalarNode) else key_node
+        values[key] = doc.typed(entries, key, _OP_KEYS[key], op, key)
+    items: dict[str, list[dict[str, Any]]] = {}
+    for list_key in ("input_desc", "output_desc", "attr_desc"):
+        if list_key not in entries:
+            if list_key != "attr_desc":
+                raise doc.error(node, f"op {op} has no {list_key}; expected a list of {{name: ..., dtype: ...}} entries.", op, list_key)
+            continue
+        parsed = []
+        for i, item_node in enumerate(entries[list_key][1].value):
+            item_entries = doc.mapping(item_node, f"{list_key}[{i}]", _ITEM_KEYS[list_key], op, f"{list_key}[{i}]")
+            index[(list_key, i)] = item_node
+            item: dict[str, Any] = {}
+            for key, (_, value_node) in item_entries.items():
+                index[(list_key, i, key)] = value_node
+                item[key] = doc.typed(item_entries, key, _ITEM_KEYS[list_key][key], op, f"{list_key}[{i}].{key}")
+            if "name" not in item:
+                raise doc.error(item_node, f"{list_key}[{i}] has no name; expected e.g. {{name: x, dtype: [float32]}}.", op, f"{list_key}[{i}].name")
+            parsed.append(item)
+        items[list_key] = parsed
+    if "translations" in entries:
+        for key_node, value_node in entries["translations"][1].value:
+            index[("translations", doc.value(key_node))] = value_node
+    try:
+        spec = OpSpec(
+            name=op,
+            op_type=values.get("op_type"),
+            domain=values.get("domain"),
+            doc=values.get("doc", ""),
+            inputs=tuple(Input(i["name"], i.get("dtype"), i.get("optional", False), i.get("variadic", False), i.get("format"), i.get("doc", "")) for i in items["input_desc"]),
+            outputs=tuple(Output(o["name"], o.get("dtype"), o.get("shape"), o.get("format"), o.get("doc", "")) for o in items["output_desc"]),
+            attributes=tuple(Attribute(a["name"], a.get("dtype", ""), a.get("default_value", NO_DEFAULT), a.get("doc", "")) for a in items.get("attr_desc", [])),
+            impl=values.get("impl"), kernel=values.get("kernel"), backward=values.get("backward"),
+            setup_context=values.get("setup_context"), shape=values.get("shape"),
+            native=values.get("native", False), function=values.get("function"),
+            translations=values.get("translations", {}),
+            source=f"{doc.path}:{node.start_mark.line + 1}",
+        )
+    except SpecError as exc:
+        raise _placed(doc, _ParsedOp(None, node, index), exc) from None  # type: ignore[arg-type]
+    return _ParsedOp(spec, node, index)
+
+
+def _placed(doc: _Document, parsed: _ParsedOp, exc: SpecError) -> SpecError:
+    """``exc`` (raised by OpSpec or registration) with the file, line and YAML key of its key."""
+    node, label = parsed.locate(exc.key)
+    return doc.error(node, exc.detail, exc.op, label)
+
+
+def _files(path: str | os.PathLike[str]) -> list[Path]:
+    if not isinstance(path, (str, os.PathLike)):
+        raise SpecError(f"load_specs expects a path to a YAML file or a folder of them; received {type(path).__name__}.")
+    target = Path(path)
+    if target.is_dir():
+        files = sorted([*target.glob("*.yaml"), *target.glob("*.yml")])
+        if not files:
+            raise SpecError(f"folder {str(target)!r} holds no *.yaml/*.yml files; expected op spec files there.", file=str(target))
+        return files
+    if not target.is_file():
+        raise SpecError(f"op spec file {str(target)!r} does not exist (not found); fix: check the path.", file=str(target))
+    return [target]
+
+
+def _parse_file(path: Path) -> list[tuple[_Document, _ParsedOp]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"cannot read the op spec file: {exc}; expected a UTF-8 YAML file.", file=str(path)) from None
+    doc = _Document(str(path), text)
+    root = doc.root
+    if root is None:
+        raise SpecError("the file is empty; expected a list of ops (- op_name: ...).", file=str(path), line=1)
+    nodes = root.value if isinstance(root, yaml.SequenceNode) else [root]
+    parsed = [(doc, _parse_op(doc, node, i)) for i, node in enumerate(nodes)]
+    names: dict[str, int] = {}
+    for _, op in parsed:
+        if op.spec.name in names:
+            raise doc.error(op.node, f"op {op.spec.name} is declared twice in this file (also at line {names[op.spec.name]}); fix: keep one.", op.spec.name, "op_name")
+        names[op.spec.name] = op.node.start_mark.line + 1
+    return parsed
+
+
+def parse_specs(path: str | os.PathLike[str]) -> list[OpSpec]:
+    """The specs a YAML file (or folder of them) declares, validated but not registered."""
+    return [op.spec for file in _files(path) for _, op in _parse_file(file)]
+
+
+def load_specs(path: str | os.PathLike[str]) -> list[OpSpec]:
+    """Load the specs of a YAML file (or a folder of ``*.yaml``) and register them all.
+
+    All or nothing: if one fails to register, those registered by this call are unregistered
+    again. Errors are `SpecError`s naming the file, line and key. Returns the specs in file order.
+    """
+    from onnx_custom.spec.generate import register_spec
+
+    parsed = [entry for file in _files(path) for entry in _parse_file(file)]
+    done: list[Any] = []
+    try:
+        for doc, op in parsed:
+            try:
+                done.append(register_spec(op.spec))
+            except SpecError as exc:
+                raise _placed(doc, op, exc) from None
+    except BaseException:
+        for registration in reversed(done):
+            registration.unregister()
+        raise
+    return [op.spec for _, op in parsed]

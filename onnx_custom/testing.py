@@ -1,0 +1,403 @@
+"""``check_op``: the tests a spec'd op gets by being declared.
+
+``check_op(spec, sample_inputs)`` registers the spec (for the call, unless it already is) and runs
+
+* ``torch.library.opcheck`` on every sample (schema, fake kernel, autograd registration, AOT);
+* the backward, when the spec has one: ``gradcheck`` (finite differences, float64) where the spec
+  allows float64, else the declared backward against autograd through the eager math;
+* an export with each exporter per translation: the custom node, and every standard translation
+  at the first opset it covers; each file is verified in ONNX Runtime (`onnx_custom.verify`)
+  against eager PyTorch. Samples with the same attributes, dtypes and ranks share one file,
+  exported with dynamic dims and verified at each of their sizes;
+* the custom node at every other declared floating dtype (the eager math and the kernel must
+  both take every dtype the spec declares);
+* the function body (ONNX Runtime without our kernels) and the native kernel, when declared.
+
+It returns a `CheckReport` and raises `VerificationError` (carrying it) when any case fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import inspect
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from onnx_custom.errors import VerificationError
+from onnx_custom.registry import DEFAULT_VARIANT, Registry, SymbolicEntry, default_registry
+from onnx_custom.runtime.registry import KernelRegistry, KernelSpec
+from onnx_custom.spec import generate, signatures
+from onnx_custom.spec.spec import OpSpec, SpecError
+from onnx_custom.spec.torch_op import BoundArgs, bind_args
+
+__all__ = ["CheckCase", "CheckReport", "check_op"]
+
+EXPORTERS = ("torchscript", "dynamo")
+_DEFAULT_OPSET = {"torchscript": 17, "dynamo": 18}
+_TS_OPSETS = range(7, 21)
+_DYNAMO_NATIVE_OPSET = 18
+_FLOATS = ("float32", "float64", "float16", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckCase:
+    """One check: ``passed`` is None when it was skipped (``detail`` says why)."""
+
+    name: str
+    passed: bool | None
+    detail: str = ""
+
+    def __str__(self) -> str:
+        status = {True: "PASS", False: "FAIL", None: "SKIP"}[self.passed]
+        return f"{status:<5} {self.name}" + (f"\n      {self.detail}" if self.detail else "")
+
+
+@dataclasses.dataclass
+class CheckReport:
+    """Every case `check_op` ran; ``str(report)`` lists them."""
+
+    spec: OpSpec
+    cases: list[CheckCase]
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed is not False for c in self.cases)
+
+    def failures(self) -> list[CheckCase]:
+        return [c for c in self.cases if c.passed is False]
+
+    def __str__(self) -> str:
+        counts = {s: sum(c.passed is s for c in self.cases) for s in (True, False, None)}
+        head = f"check_op {self.spec.name}: {counts[True]} passed, {counts[False]} failed, {counts[None]} skipped"
+        return "\n".join([head, *(str(c) for c in self.cases)])
+
+
+class _Skip(Exception):
+    """A case that does not apply; its message says why."""
+
+
+def _run(name: str, fn: Callable[[], str]) -> CheckCase:
+    try:
+        detail = fn()
+    except _Skip as skip:
+        return CheckCase(name, None, str(skip))
+    except Exception as exc:  # a failing case is a result, not a crash of check_op
+        return CheckCase(name, False, f"{type(exc).__name__}: {str(exc).strip()[:2000]}")
+    return CheckCase(name, True, detail)
+
+
+# -- samples and the module that calls the op -----------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sample:
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    bound: BoundArgs
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The present tensor inputs, a variadic list spread out (the model's inputs)."""
+        out: list[torch.Tensor] = []
+        for value in self.bound.tensors:
+            if isinstance(value, (list, tuple)):
+                out.extend(value)
+            elif value is not None:
+                out.append(value)
+        return tuple(out)
+
+    def same_kind(self, other: _Sample) -> bool:
+        """Same attributes, dtypes and ranks: one exported file serves both."""
+        mine, theirs = self.tensors, other.tensors
+        return self.bound.attrs == other.bound.attrs and len(mine) == len(theirs) and all(
+            a.dtype == b.dtype and a.dim() == b.dim() for a, b in zip(mine, theirs, strict=True)
+        )
+
+    def cast(self, dtype: torch.dtype) -> _Sample:
+        def cast(t: Any) -> Any:
+            if isinstance(t, (list, tuple)):
+                return [cast(x) for x in t]
+            return t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+
+        return _Sample((), {}, BoundArgs(tuple(cast(t) for t in self.bound.tensors), self.bound.attrs))
+
+    def describe(self) -> str:
+        tensors = ", ".join(f"{str(t.dtype).removeprefix('torch.')}[{'x'.join(map(str, t.shape))}]" for t in self.tensors)
+        attrs = ", ".join(f"{k}={v!r}" for k, v in self.bound.attrs.items())
+        return f"({tensors}{'; ' + attrs if attrs else ''})"
+
+
+def _samples(spec: OpSpec, sample_inputs: Any) -> list[_Sample]:
+    """One sample or a list; each a tuple of args, a dict of named args, or (args, kwargs)."""
+    single = isinstance(sample_inputs, dict) or (isinstance(sample_inputs, tuple) and bool(sample_inputs) and isinstance(sample_inputs[0], torch.Tensor))
+    items = [sample_inputs] if single else sample_inputs
+    if not isinstance(items, (list, tuple)) or not items:
+        raise SpecError(f"check_op({spec.name}): sample_inputs must be a non-empty list of samples, each a tuple of the op's arguments {spec.schema}; received {type(sample_inputs).__name__}.", op=spec.name)
+    out: list[_Sample] = []
+    for index, sample in enumerate(items):
+        if isinstance(sample, dict):
+            args, kwargs = (), dict(sample)
+        elif isinstance(sample, tuple) and len(sample) == 2 and isinstance(sample[0], tuple) and isinstance(sample[1], dict):
+            args, kwargs = sample
+        elif isinstance(sample, tuple):
+            args, kwargs = sample, {}
+        else:
+            raise SpecError(f"check_op({spec.name}): sample {index} is a {type(sample).__name__}; expected a tuple of the op's arguments {spec.schema}.", op=spec.name)
+        try:
+            out.append(_Sample(tuple(args), kwargs, bind_args(spec, args, kwargs)))
+        except TypeError as exc:
+            raise SpecError(f"check_op({spec.name}): sample {index} does not fit the schema {spec.schema}: {exc}; fix: pass the op's arguments in schema order.", op=spec.name) from None
+    return out
+
+
+class _OpModule(torch.nn.Module):
+    """Calls the op with the sample's attributes baked in (they become node attributes, not
+    graph inputs); absent optional inputs stay None. See `_op_module` for ``forward``."""
+
+    def __init__(self, spec: OpSpec, op: Any, sample: _Sample) -> None:
+        super().__init__()
+        self.op, self.attrs = op, dict(sample.bound.attrs)
+        self.layout = [None if t is None else len(t) if item.variadic else -1 for item, t in zip(spec.inputs, sample.bound.tensors, strict=True)]
+
+    def call(self, *tensors: torch.Tensor) -> Any:
+        args: list[Any] = []
+        cursor = 0
+        for width in self.layout:
+            if width is None:
+                args.append(None)
+            elif width == -1:
+                args.append(tensors[cursor])
+                cursor += 1
+            else:
+                args.append(list(tensors[cursor : cursor + width]))
+                cursor += width
+        return self.op(*args, **self.attrs)
+
+
+def _op_module(spec: OpSpec, op: Any, sample: _Sample) -> _OpModule:
+    """An `_OpModule` whose ``forward`` has one named parameter per tensor (``xs_0``.. for a
+    variadic ``xs``): the exporters name the ONNX inputs after them, and torch.export matches
+    dynamic_shapes to them (a bare ``*tensors`` would be one tuple input)."""
+    names: list[str] = []
+    for item, value in zip(spec.inputs, sample.bound.tensors, strict=True):
+        if value is not None:
+            names += [f"{item.name}_{i}" for i in range(len(value))] if item.variadic else [item.name]
+
+    def forward(self: _OpModule, *tensors: torch.Tensor) -> Any:
+        return self.call(*tensors)
+
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    forward.__signature__ = inspect.Signature([inspect.Parameter(n, kind) for n in ("self", *names)])  # type: ignore[attr-defined]
+    cls = type(f"CheckOp_{spec.namespace}_{spec.op_name}", (_OpModule,), {"forward": forward})
+    return cls(spec, op, sample)
+
+
+def _smallest_dim(sample: _Sample) -> int:
+    return min((d for t in sample.tensors for d in t.shape), default=0)
+
+
+def _as_tuple(value: Any) -> tuple[Any, ...]:
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+# -- the checks -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Checker:
+    spec: OpSpec
+    registration: generate.SpecRegistration
+    samples: list[_Sample]
+    trials: int
+    dynamic: bool
+
+    @property
+    def op(self) -> Any:
+        return self.registration.op
+
+    def kinds(self) -> list[_Sample]:
+        """One sample per kind, the one each kind's file is exported with: the sample whose
+        smallest dim is largest, since torch.export specializes dims of size 0 and 1."""
+        if not self.dynamic:
+            return list(self.samples)
+        firsts = [s for i, s in enumerate(self.samples) if not any(s.same_kind(t) for t in self.samples[:i])]
+        return [max((s for s in self.samples if s.same_kind(f)), key=_smallest_dim) for f in firsts]
+
+    def opcheck(self, sample: _Sample) -> str:
+        results = torch.library.opcheck(self.op, sample.args, sample.kwargs, raise_exception=False)
+        failed = {k: v for k, v in results.items() if v != "SUCCESS"}
+        if failed:
+            raise AssertionError("; ".join(f"{k}: {(str(v).strip() or type(v).__name__).splitlines()[0]}" for k, v in failed.items()))
+        return ", ".join(results)
+
+    def backward(self, impl: Any, sample: _Sample) -> str:
+        tensors, attrs = sample.bound.tensors, sample.bound.attrs
+        floats = [i for i, t in enumerate(tensors) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        if not floats:
+            raise _Skip("no floating-point tensor input to differentiate")
+
+        def leaves(dtype: torch.dtype | None) -> list[Any]:
+            return [t.detach().to(dtype or t.dtype).requires_grad_(i in floats) if isinstance(t, torch.Tensor) else t for i, t in enumerate(tensors)]
+
+        if all("float64" in self.spec.inputs[i].dtypes for i in floats):
+            inputs = leaves(torch.float64)
+
+            def call(*values: torch.Tensor) -> Any:
+                merged = list(inputs)
+                for i, value in zip(floats, values, strict=True):
+                    merged[i] = value
+                return self.op(*merged, **attrs)
+
+            torch.autograd.gradcheck(call, tuple(inputs[i] for i in floats))
+            return "gradcheck (finite differences, float64)"
+        if impl is None:
+            raise _Skip("float64 is not declared and there is no eager impl to differentiate instead")
+        ours, ref = leaves(None), leaves(None)
+        out_ours, out_ref = _as_tuple(self.op(*ours, **attrs)), _as_tuple(impl(*ref, **attrs))
+        if not all(o.requires_grad for o in out_ref):
+            raise _Skip("float64 is not declared and autograd cannot differentiate the eager impl")
+        cotangents = [torch.randn_like(o) for o in out_ours]
+        got = torch.autograd.grad(out_ours, [ours[i] for i in floats], cotangents, allow_unused=True)
+        want = torch.autograd.grad(out_ref, [ref[i] for i in floats], cotangents, allow_unused=True)
+        for i, g, w in zip(floats, got, want, strict=True):
+            try:
+                torch.testing.assert_close(g, w)
+            except AssertionError as exc:
+                raise AssertionError(f"gradient of input {self.spec.inputs[i].name!r}: {exc}") from None
+        return "backward vs autograd through the eager impl"
+
+    def registry_with(self, entry: SymbolicEntry) -> Registry:
+        """The default registry with ``entry`` as this op's only translation."""
+        registry = Registry([e for e in default_registry() if e.target.key != entry.target.key])
+        registry.add(dataclasses.replace(entry, variant=DEFAULT_VARIANT))
+        return registry
+
+    def export_and_verify(self, entry: SymbolicEntry, exporter: str, opset: int, first: _Sample, *,
+                          dynamic: bool, run: bool = True, kernels: Any = None, body: KernelSpec | None = None) -> str:
+        """Export ``first`` through ``entry``; verify at every sample of its kind (``body``: embed
+        that declaration's function body; ``kernels``: what ONNX Runtime may use)."""
+        from onnx_custom.export import export
+        from onnx_custom.runtime.functions import embed_functions
+        from onnx_custom.verify import verify
+
+        model = _op_module(self.spec, self.op, first)
+        shapes = tuple({d: torch.export.Dim.AUTO for d in range(t.dim())} for t in first.tensors) if dynamic else None
+        proto = export(model, first.tensors, exporter=exporter, opset=opset, registry=self.registry_with(entry), dynamic_shapes=shapes)
+        if not run:
+            return "exported (no Python kernel is declared: not run in ONNX Runtime)"
+        if body is not None:
+            proto = embed_functions(proto, KernelRegistry([body]))
+            if not proto.functions:
+                raise AssertionError(f"no function body was embedded for {self.spec.node_type}")
+        runs = [first, *(s for s in self.samples if s.same_kind(first) and s is not first)] if dynamic else [first]
+        for sample in runs:
+            verify(model, sample.tensors, proto, trials=self.trials, kernels=kernels)
+        sizes = ", ".join("x".join(map(str, s.tensors[0].shape)) or "0-d" for s in runs)
+        return f"verified in ONNX Runtime at {sizes} ({self.trials} trial(s) each)"
+
+    def export_cases(self, exporters: Sequence[str], opsets: Sequence[int] | None) -> Iterator[CheckCase]:
+        custom = [e for e in self.registration.translations if e.emits and e.opset == 1]
+        standard = sorted((e for e in self.registration.translations if not e.emits), key=lambda e: e.opset)
+        plans: list[tuple[str, SymbolicEntry, str, int | None, str]] = []
+        for entry in custom:
+            plans += [(f"custom node {self.spec.node_type}", entry, x, o, "") for x in exporters for o in (opsets or [_DEFAULT_OPSET[x]])]
+        for index, entry in enumerate(standard):
+            end = standard[index + 1].opset if index + 1 < len(standard) else None
+            label = f"translation opset>={entry.opset} ({entry.source})"
+            for exporter in exporters:
+                if exporter == "torchscript":
+                    ts_opset = entry.opset if entry.opset in _TS_OPSETS else None
+                    plans.append((label, entry, exporter, ts_opset, f"the TorchScript exporter supports opsets {_TS_OPSETS.start}..{_TS_OPSETS.stop - 1}"))
+                else:
+                    dynamo_opset = max(entry.opset, _DYNAMO_NATIVE_OPSET)
+                    covered = dynamo_opset if end is None or dynamo_opset < end else None
+                    plans.append((label, entry, exporter, covered, f"this translation covers opsets {entry.opset}..{end - 1 if end else ''}, below the dynamo exporter's opset {_DYNAMO_NATIVE_OPSET}"))
+        runs_kernel = self.registration.kernel is not None
+        for label, entry, exporter, opset, reason in plans:
+            for first in self.kinds():
+                name = f"{label}, {exporter} opset {opset}, {first.describe()}"
+                if opset is None:
+                    yield CheckCase(name, None, reason)
+                    continue
+                run = runs_kernel or not entry.emits
+                yield _run(name, functools.partial(self.export_and_verify, entry, exporter, opset, first, dynamic=self.dynamic, run=run))
+
+    def node_cases(self, dtypes: bool) -> Iterator[CheckCase]:
+        """Other declared dtypes, the function body and the native kernel, for the custom node."""
+        custom = next((e for e in self.registration.translations if e.emits and e.opset == 1), None)
+        if custom is None:
+            return
+        node, first, ts = self.spec.node_type, self.kinds()[0], _DEFAULT_OPSET["torchscript"]
+        verify_at = functools.partial(self.export_and_verify, custom, "torchscript", ts)
+        leading = {i: _first_tensor(t) for i, t in enumerate(first.bound.tensors)}
+        floats = {i: t for i, t in leading.items() if t is not None and t.is_floating_point()}
+        if dtypes and floats and self.registration.kernel is not None:
+            common = set.intersection(*(set(self.spec.inputs[i].dtypes) for i in floats))
+            current = str(next(iter(floats.values())).dtype).removeprefix("torch.")
+            for name in (d for d in _FLOATS if d in common and d != current):
+                cast = first.cast(getattr(torch, name))
+                yield _run(f"custom node {node} at {name}, torchscript opset {ts}", functools.partial(verify_at, cast, dynamic=False))
+        if self.spec.function is not None and self.registration.declaration is not None:
+            # no Python kernels: ONNX Runtime must inline the body
+            yield _run(f"function body of {node} (ONNX Runtime without our kernels)", functools.partial(verify_at, first, dynamic=False, kernels=KernelRegistry(), body=self.registration.declaration))
+        if self.spec.native:
+            if importlib.util.find_spec("onnx_custom.runtime.native") is None:
+                yield CheckCase(f"native kernel of {node}", None, "the native library (onnx_custom.runtime.native) is not part of this build")
+            else:
+                yield _run(f"native kernel of {node}", functools.partial(verify_at, first, dynamic=False, kernels="native"))
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, (list, tuple)):
+        return value[0] if value else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def check_op(
+    spec: OpSpec,
+    sample_inputs: Any,
+    *,
+    exporters: Sequence[str] = EXPORTERS,
+    opsets: Sequence[int] | None = None,
+    dtypes: bool = True,
+    dynamic: bool = True,
+    trials: int = 2,
+    raise_on_failure: bool = True,
+) -> CheckReport:
+    """Run every test ``spec`` implies on ``sample_inputs`` (see the module docstring).
+
+    ``sample_inputs``: one sample or a list; a sample is a tuple of the op's arguments in schema
+    order (inputs, then attributes; defaults may be left out), a dict by name, or ``(args,
+    kwargs)``. ``exporters``: which exporters to run. ``opsets``: opsets for the custom node
+    (default: 17 TorchScript, 18 dynamo); standard translations run at the first opset they
+    cover. ``dtypes``: also run the custom node at every other declared floating dtype.
+    ``dynamic``: export with dynamic dims and verify each file at every sample of its kind.
+    ``trials``: verification trials per sample (random inputs of the sample's shapes after the
+    first). Raises `VerificationError` (``.report`` is the `CheckReport`) unless
+    ``raise_on_failure=False``.
+    """
+    if not isinstance(spec, OpSpec):
+        raise SpecError(f"check_op expects an onnx_custom.OpSpec; received {type(spec).__name__}; fix: build one with OpSpec(...) or load_specs(path).")
+    exporters = (exporters,) if isinstance(exporters, str) else tuple(exporters)
+    unknown = [e for e in exporters if e not in EXPORTERS]
+    if unknown or not exporters:
+        raise SpecError(f"check_op({spec.name}): exporters must be a non-empty subset of {EXPORTERS}; received {list(exporters)}.", op=spec.name)
+    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
+        raise SpecError(f"check_op({spec.name}): trials must be a positive int; received {trials!r}.", op=spec.name)
+    samples = _samples(spec, sample_inputs)
+    with generate.spec_scope():
+        checker = _Checker(spec, generate.register_spec(spec), samples, trials, dynamic)
+        cases = [_run(f"opcheck sample {i}", functools.partial(checker.opcheck, s)) for i, s in enumerate(samples)]
+        if spec.backward is not None:
+            impl = signatures.resolve(spec, ("impl",), spec.impl, "impl")
+            cases += [_run(f"backward sample {i}", functools.partial(checker.backward, impl, s)) for i, s in enumerate(samples)]
+        cases += list(checker.export_cases(exporters, opsets))
+        cases += list(checker.node_cases(dtypes))
+    report = CheckReport(spec, cases)
+    if raise_on_failure and not report.passed:
+        raise VerificationError(str(report), report)
+    return report
