@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from onnx_custom.runner import make_session
+from onnx_custom.runner import _from_ort_value, make_session
 
 __all__ = ["SegmentedRun"]
 
@@ -71,15 +71,15 @@ def _input_info(name: str, value: ort.OrtValue) -> onnx.ValueInfoProto:
 class SegmentedRun:
     """Lazily runs ``proto`` on ``feeds`` segment by segment; ``take(name)`` hands out wanted values.
 
-    ``wanted``: names of values the caller will ask for, once per occurrence (node outputs of
-    the main graph; graph inputs and initializers are handed out as they are). Values are NumPy
-    arrays (what ``InferenceSession.run`` returns).
+    ``feeds``: the graph inputs as ``OrtValue``s. ``wanted``: names of values the caller will ask
+    for, once per occurrence (node outputs of the main graph; graph inputs and initializers are
+    handed out as they are). Values come back as NumPy arrays (bfloat16 as ml_dtypes).
     """
 
     def __init__(
         self,
         proto: onnx.ModelProto,
-        feeds: Mapping[str, np.ndarray],
+        feeds: Mapping[str, ort.OrtValue],
         wanted: Iterable[str],
         *,
         kernels: Any = None,
@@ -94,7 +94,7 @@ class SegmentedRun:
         self._producer = {out: i for i, node in enumerate(self._nodes) for out in node.output if out}
         wanted = list(wanted)
         self._wanted = Counter(w for w in wanted if w in self._producer)
-        self._direct = {w: np.asarray(feeds[w]) for w in wanted if w in feeds and w not in self._producer}
+        self._direct = {w: _from_ort_value(feeds[w], w) for w in wanted if w in feeds and w not in self._producer}
         self._direct |= {w: onnx.numpy_helper.to_array(self._initializers[w]) for w in wanted if w in self._initializers and w not in self._direct}
         self._segments = self._cut(graph, budget_bytes)
         self._segment_of_node = [0] * len(self._nodes)
@@ -106,9 +106,7 @@ class SegmentedRun:
         for i, names in enumerate(self._reads):
             for name in names:
                 self._last_read[name] = self._segment_of_node[i]
-        self._carried: dict[str, ort.OrtValue] = {
-            name: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array)) for name, array in feeds.items()
-        }
+        self._carried: dict[str, ort.OrtValue] = dict(feeds)
         self._ready: dict[str, np.ndarray] = {}
         self._next = 0
 
@@ -168,6 +166,6 @@ class SegmentedRun:
                 if self._last_read.get(name, -1) > s:
                     self._carried[name] = value
                 if name in self._wanted:
-                    self._ready[name] = value.numpy()
+                    self._ready[name] = _from_ort_value(value, name)  # a copy; bfloat16-safe
         for name in [n for n in self._carried if self._last_read.get(n, -1) <= s]:
             del self._carried[name]  # no later segment reads it

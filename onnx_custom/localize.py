@@ -38,10 +38,17 @@ import torch
 
 from onnx_custom._exporters import DEFAULT_OPSET, EXPORTERS, export_model
 from onnx_custom._segmented import SegmentedRun
-from onnx_custom.compare import compare_arrays, to_numpy
+from onnx_custom.compare import compare_arrays
 from onnx_custom.errors import OnnxCustomError
 from onnx_custom.registry import Registry, default_registry
-from onnx_custom.runner import input_names, load_model, make_session, run_onnx, tensor_inputs
+from onnx_custom.runner import (
+    _to_ort_value,
+    input_names,
+    load_model,
+    make_session,
+    run_onnx,
+    tensor_inputs,
+)
 
 __all__ = ["Localization", "NodeLocalization", "ValueDiff", "localize"]
 
@@ -394,8 +401,9 @@ class _StreamingComparison(torch.fx.Interpreter):
         return _compare(node.name, onnx_name or "", value, actual, self._rtol, self._atol)
 
 
-def _onnx_feeds(proto: onnx.ModelProto, flat_args: tuple[Any, ...]) -> dict[str, np.ndarray]:
-    return {n: to_numpy(t) for n, t in zip(input_names(proto, flat_args), tensor_inputs(flat_args), strict=True)}
+def _onnx_feeds(proto: onnx.ModelProto, flat_args: tuple[Any, ...]) -> dict[str, Any]:
+    """The graph inputs as OrtValues (bfloat16-safe), fed by position like ``run_onnx``."""
+    return {n: _to_ort_value(t) for n, t in zip(input_names(proto, flat_args), tensor_inputs(flat_args), strict=True)}
 
 
 # -- the ONNX side ---------------------------------------------------------------------------

@@ -16,7 +16,12 @@ import numpy as np
 import pytest
 import torch
 
-from onnx_custom.ops.bev_pool import bev_pool_v2, bev_pool_v2_backward, prepare_bev_ranks, synthetic_frustum
+from onnx_custom.ops.bev_pool import (
+    bev_pool_v2,
+    bev_pool_v2_backward,
+    prepare_bev_ranks,
+    synthetic_frustum,
+)
 from onnx_custom.ort_kernels.bev import bev_pool_v2 as bev_kernel
 from onnx_custom.ort_kernels.bev import bev_pool_v2_numpy
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
@@ -68,7 +69,7 @@ def test_segmented_run_equals_one_run(budget: int, sign: float) -> None:
     feeds = {"x": sign * np.arange(1, 7, dtype=np.float32).reshape(2, 3)}
     expected = _all_values(model, feeds)
     wanted = [o for node in model.graph.node for o in node.output]
-    run = SegmentedRun(model, feeds, [*wanted, "a", "x", "w"], budget_bytes=budget)
+    run = SegmentedRun(model, {"x": ort.OrtValue.ortvalue_from_numpy(feeds["x"])}, [*wanted, "a", "x", "w"], budget_bytes=budget)
     if budget == 1:
         assert run.segments == len(model.graph.node)
     for name in wanted:
