@@ -92,10 +92,13 @@ def export(model: nn.Module, exporter: str, registry: onnx_custom.Registry | Non
         return onnx_custom.export(model, example(), exporter=exporter, opset=OPSET, registry=registry)
 
 
+CLOCK = time.perf_counter  # --cpu-time: time.process_time (steadier on a loaded machine, 1 thread)
+
+
 def timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
+    start = CLOCK()
     fn()
-    return time.perf_counter() - start
+    return CLOCK() - start
 
 
 def paired(contender: Callable[[], object], baseline: Callable[[], object], rounds: int, inner: int = 1) -> tuple[float, float]:
@@ -224,6 +227,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--exporter", choices=("dynamo", "torchscript"), default="dynamo")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--cpu-time", action="store_true", help="process CPU time instead of wall time")
     parser.add_argument("--verify-blocks", type=int, nargs="*", default=[2, 32])
     parser.add_argument("--localize-blocks", type=int, nargs="*", default=[8, 32, 128])
     parser.add_argument("--rss-blocks", type=int, nargs="*", default=[32])
@@ -235,8 +239,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         _rss_child(args.rss_child, args.blocks, args.exporter)
         return {}
     torch.set_num_threads(args.threads)
+    global CLOCK
+    CLOCK = time.process_time if args.cpu_time else time.perf_counter
     print(f"torch {torch.__version__} ({torch.get_num_threads()} threads), numpy {np.__version__}; "
-          f"{args.exporter} exporter, opset {OPSET}; medians of {args.rounds} paired rounds")  # fmt: skip
+          f"{args.exporter} exporter, opset {OPSET}; medians of {args.rounds} paired rounds of "
+          f"{'CPU' if args.cpu_time else 'wall'} time")  # fmt: skip
     print(f"{'contender / baseline':<46} {'contender':>10} {'baseline':>10}")
     results: dict[str, float] = {}
     if not args.skip_compare:

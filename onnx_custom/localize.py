@@ -325,8 +325,9 @@ def _compare(name: str, onnx_name: str, expected: torch.Tensor, actual: np.ndarr
         notes.append(f"ONNX dtype {actual.dtype}")
         actual = actual.astype(expected_np)
     c = compare_arrays(expected, actual, name=name, trial=0, rtol=rtol, atol=atol, keep_diffs=False)
-    if c.tolerance_source.count("; ONNX "):
-        notes = [*notes[:1], c.tolerance_source.split("; ", 1)[1]] if note else [c.tolerance_source.split("; ", 1)[1]]
+    _, separator, mismatch = c.tolerance_source.partition("; ONNX ")
+    if separator:  # a shape/dtype mismatch replaces the dtype note
+        notes = [*([note] if note else []), f"ONNX {mismatch}"]
     return ValueDiff(name, onnx_name, shape, dtype, c.max_abs_diff, c.max_rel_diff, c.mismatched, c.total, note="; ".join(notes))
 
 
