@@ -68,24 +68,22 @@ class _Parser(argparse.ArgumentParser):
 # ---------------------------------------------------------------------------- argument types
 
 
-def _positive_int(text: str) -> int:
+def _bounded_int(text: str, low: int, high: int | None, expected: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if value < low or (high is not None and value >= high):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _bounded_int(text, 1, None, "a positive integer")
 
 
 def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer seed in [0, 2**63), got {text!r}") from None
-    if not 0 <= value < 2**63:
-        raise argparse.ArgumentTypeError(f"expected an integer seed in [0, 2**63), got {value}")
-    return value
+    return _bounded_int(text, 0, 2**63, "an integer seed in [0, 2**63)")
 
 
 def _tolerance(text: str) -> float:

@@ -342,7 +342,8 @@ def render_markdown(report: VerificationReport | Sequence[Any], *, title: str = 
     for r in rows:
         verification = getattr(r, "report", None)
         worst = f"{max((c.max_abs_diff for c in verification.comparisons), default=0.0):.2g}" if verification is not None else ""
-        first = r.detail.splitlines()[0] if r.detail and r.status != "pass" else ""
+        # a verified PASS needs no words; a skip, a failure or a documented refusal does
+        first = r.detail.splitlines()[0] if r.detail and (r.status != "pass" or verification is None) else ""
         lines.append(f"| {r.model} | {r.case.label} | {r.status.upper()} | {r.seconds:.1f}s | {_zoo_shapes(r)} | {worst} | {_cell(r.nodes)} | {_cell(first)} |")
     lines.append("")
     for r in rows:

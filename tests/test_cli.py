@@ -14,6 +14,8 @@ from typing import Any
 
 import onnx
 import pytest
+from test_spec_yaml import GOOD as SPEC_YAML  # the op-spec file and kernels test_spec_yaml checks
+from test_spec_yaml import OPS as SPEC_KERNELS
 
 from onnx_custom.cli import DEFAULT_OPSET, build_parser, main
 
@@ -176,20 +178,8 @@ def test_ops_and_check_import_user_translations(user_ops: Path) -> None:
 def test_import_yaml_op_specs(tmp_path: Path) -> None:
     """A spec's impl/kernel modules sit next to the YAML file (found without PYTHONPATH)."""
     (tmp_path / "specs").mkdir()
-    (tmp_path / "specs" / "ytest_ops.py").write_text("def scale_add(x, y, *, alpha):\n    return alpha * x + y\n\n\ndef scale_add_np(x, y, *, alpha):\n    return (x.dtype.type(alpha) * x + y).astype(x.dtype)\n")
-    (tmp_path / "specs" / "ops.yaml").write_text(textwrap.dedent("""\
-        - op_name: "ytest::scale_add"
-          op_type: "ScaleAdd"
-          input_desc:
-            - {name: x, dtype: [float32]}
-            - {name: y, dtype: [float32]}
-          output_desc:
-            - {name: out, shape: "like:x"}
-          attr_desc:
-            - {name: alpha, dtype: float, default_value: 2.0}
-          impl: "ytest_ops:scale_add"
-          kernel: "ytest_ops:scale_add_np"
-    """))
+    (tmp_path / "specs" / "ytest_ops.py").write_text(SPEC_KERNELS)
+    (tmp_path / "specs" / "ops.yaml").write_text(SPEC_YAML)
     listed = _run("ops", "--import", "specs/ops.yaml", cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
     assert any(line.startswith("ytest::scale_add") for line in listed.stdout.splitlines()), listed.stdout

@@ -141,6 +141,13 @@ def test_skip_rows_are_labelled_plainly() -> None:
     assert report_to_dict([])["results"] == []
 
 
+def test_documented_refusal_keeps_its_reason() -> None:
+    """A PASS row that verified nothing (the exporter refused, as documented) says why."""
+    reason = "refused as documented: autograd.Function is TorchScript-only"
+    text = render_markdown([ZooResult("autograd_fn", ZooCase("dynamo", 18, expect_error="TorchScript-only"), "pass", reason, 0.0)])
+    assert f"| autograd_fn | dynamo-opset18 | PASS | 0.0s |  |  |  | {reason} |" in text, text
+
+
 def test_cli_zoo_report_is_short_when_all_pass(tmp_path: Path, capsys: Any) -> None:
     md, js = tmp_path / "zoo.md", tmp_path / "zoo.json"
     assert main(["zoo", "multi_output", "--report", str(md)]) == 0
