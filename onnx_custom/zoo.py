@@ -157,10 +157,24 @@ def _build_deform_conv() -> None:
     load_extension()
 
 
+def _bev_pool_built() -> bool:
+    from onnx_custom._native import extension_built
+    from onnx_custom.ops.bev_pool import build_directory
+
+    return extension_built(build_directory())
+
+
+def _build_bev_pool() -> None:
+    from onnx_custom.ops.bev_pool import load_extension
+
+    load_extension()
+
+
 NATIVE_BUILDS = (
     NativeBuild("ONNX Runtime kernel shim (C)", "~5 s", _shim_built, _build_shim, None),
     NativeBuild("my_ops C++ extension", "~30 s", _my_ops_built, _build_my_ops, frozenset({"my_add_ext", "autograd_fn"})),
     NativeBuild("deform_conv2d C++ kernels", "~30-60 s", _deform_conv_built, _build_deform_conv, frozenset({"deform_conv"})),
+    NativeBuild("bev_pool_v2 C++ kernels", "~30-60 s", _bev_pool_built, _build_bev_pool, frozenset({"bev_pool"})),
 )
 
 
