@@ -13,6 +13,8 @@ import json
 import logging
 import os
 import sys
+import threading
+import time
 import traceback
 import warnings
 from collections.abc import Iterator, Sequence
@@ -443,11 +445,35 @@ def cmd_zoo(ns: argparse.Namespace) -> int:
     return EXIT_FAILED if any(r.status == "fail" for r in results) else 0
 
 
-def cmd_build_library(ns: argparse.Namespace) -> int:
-    from onnx_custom.runtime.native import build_library, native_ops
+@contextlib.contextmanager
+def _announce_if_slow(what: str, usual: str, *, after: float = 1.0) -> Iterator[None]:
+    """A cache hit answers at once; past ``after`` seconds it is a one-time build: say so on
+    stderr (and how long it took), instead of sitting silent for half a minute."""
+    start = time.perf_counter()
+    fired = threading.Event()
 
-    path = build_library(ns.output)
-    print(path)
+    def announce() -> None:
+        fired.set()
+        _stderr(f"onnx-custom: building {what} (one time, usually {usual}; cached afterwards) ...")
+
+    timer = threading.Timer(after, announce)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        timer.join()
+    if fired.is_set():
+        _stderr(f"onnx-custom: built {what} in {time.perf_counter() - start:.0f} s")
+
+
+def cmd_build_library(ns: argparse.Namespace) -> int:
+    from onnx_custom.runtime.native import LIBRARY_NAME, build_library, native_ops
+
+    with _announce_if_slow(LIBRARY_NAME, "15-45 s"):
+        path = build_library(ns.output)
+    print(path, flush=True)
     _stderr(f"serves {', '.join(native_ops())}; load it with SessionOptions.register_custom_ops_library (Python) or RegisterCustomOpsLibrary_V2 (C API)")
     return 0
 

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import pytest
 from test_spec_yaml import GOOD as SPEC_YAML  # the op-spec file and kernels test_spec_yaml checks
 from test_spec_yaml import OPS as SPEC_KERNELS
 
-from onnx_custom.cli import DEFAULT_OPSET, build_parser, main
+from onnx_custom.cli import DEFAULT_OPSET, _announce_if_slow, build_parser, main
 
 EXE = str(Path(sys.executable).with_name("onnx-custom"))
 
@@ -275,3 +276,29 @@ def test_zoo_run_is_quiet_and_streams() -> None:
     assert [r[:5] for r in rows] == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"], result.stdout
     progress = [line for line in result.stderr.splitlines() if line.startswith("[")]
     assert len(progress) == 4 and all("elapsed" in line and "ETA" in line for line in progress), result.stderr
+
+
+# ---------------------------------------------------------------------------- one-time builds
+
+
+def test_a_slow_step_is_announced_and_a_fast_one_is_not(capsys: Any) -> None:
+    with _announce_if_slow("the thing", "~1 s", after=0.05):
+        time.sleep(0.5)
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "onnx-custom: building the thing (one time, usually ~1 s; cached afterwards) ..."
+    assert len(err) == 2 and err[1].startswith("onnx-custom: built the thing in ")
+    with _announce_if_slow("the thing", "~1 s", after=5.0):
+        pass
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.slow
+def test_build_library_announces_a_fresh_build(tmp_path: Path) -> None:
+    """A real compile into an empty cache (~15-45 s), then the cache hit says nothing of building."""
+    env = dict(os.environ, ONNX_CUSTOM_CACHE_DIR=str(tmp_path))
+    fresh = subprocess.run([EXE, "build-library"], capture_output=True, text=True, env=env, timeout=600)
+    assert fresh.returncode == 0, fresh.stderr
+    assert fresh.stderr.startswith("onnx-custom: building libonnx_custom_ops.so (one time"), fresh.stderr
+    assert Path(fresh.stdout.strip()).is_relative_to(tmp_path)
+    cached = subprocess.run([EXE, "build-library"], capture_output=True, text=True, env=env, timeout=600)
+    assert cached.returncode == 0 and "building" not in cached.stderr and cached.stdout == fresh.stdout
