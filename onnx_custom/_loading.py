@@ -122,11 +122,16 @@ def _exception_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def _with_fix(message: str, fix: str) -> str:
+    """Our own errors carry their fix; one that does not gets the CLI's."""
+    return message if "fix" in message.lower() else f"{message.rstrip('.')}; fix: {fix}."
+
+
 def _import_failed(shown: str, exc: BaseException, rerun: str) -> CliInputError:
     if isinstance(exc, ModuleNotFoundError) and exc.name:
         return CliInputError(f"Importing {shown} failed: it imports {exc.name!r}, which is not installed; expected its dependencies to be importable; fix: install {exc.name.partition('.')[0]} (pip install ...) or remove the import.")
     if isinstance(exc, OnnxCustomError):  # our own errors carry their fix
-        return CliInputError(f"Importing {shown} failed: {type(exc).__name__}: {' '.join(str(exc).split())}")
+        return CliInputError(_with_fix(f"Importing {shown} failed: {type(exc).__name__}: {' '.join(str(exc).split())}", f"correct {shown}, or run `{rerun}` for the traceback"))
     return CliInputError(f"Importing {shown} failed: {_exception_line(exc)}; expected a module that imports cleanly; fix: run `{rerun}` to see the traceback (or add --debug).")
 
 
@@ -152,7 +157,7 @@ def _zoo_names() -> list[str]:
 def import_user_module(target: str, *, what: str = "--import", seed: int = DEFAULT_SEED) -> ModuleType:
     """Import ``path/to/file.py`` or ``package.module`` (registering its symbolics and kernels)."""
     if not target:
-        raise CliInputError(f"{what} got an empty name; expected a module path (pkg.mod) or a file (file.py).")
+        raise CliInputError(f"{what} got an empty name; expected a module path (pkg.mod) or a file (file.py); fix: e.g. {what} mypkg.symbolics or {what} ./my_symbolics.py.")
     if target.endswith(".py") or os.sep in target or (os.altsep and os.altsep in target):
         if not os.path.exists(target):
             raise CliInputError(f"{what}: file {target!r} does not exist (working directory {os.getcwd()}); expected an existing .py file; fix: check the path.")
@@ -185,7 +190,7 @@ def load_user_import(target: str) -> None:
     try:
         load_specs(target)
     except OnnxCustomError as exc:
-        raise CliInputError(f"--import {target}: {' '.join(str(exc).split())}") from exc
+        raise CliInputError(_with_fix(f"--import {target}: {' '.join(str(exc).split())}", f"correct {target} (its format: help(onnx_custom.load_specs))")) from exc
     finally:
         if folder in sys.path:
             sys.path.remove(folder)
@@ -254,12 +259,12 @@ def load_model_spec(spec: str, seed: int = DEFAULT_SEED) -> LoadedModel:
     afterwards), so random weights come out the same in every process.
     """
     if not isinstance(spec, str) or not spec.strip():
-        raise CliInputError("Empty model spec; expected path/file.py:Class, package.module:Class or a zoo name.")
+        raise CliInputError("Empty model spec; expected path/file.py:Class, package.module:Class or a zoo name; fix: e.g. models/asinh.py:Model (see: onnx-custom zoo --list).")
     target, _, attr = spec.partition(":")
     if not target:
-        raise CliInputError(f"Model spec {spec!r} has no module before ':'; expected path/file.py:Class or package.module:Class.")
+        raise CliInputError(f"Model spec {spec!r} has no module before ':'; expected path/file.py:Class or package.module:Class; fix: put the file or module before the colon, e.g. model.py{spec}.")
     if attr and not attr.isidentifier():
-        raise CliInputError(f"Model spec {spec!r}: {attr!r} is not a Python name; expected file.py:Class (one ':' before the class or factory name).")
+        raise CliInputError(f"Model spec {spec!r}: {attr!r} is not a Python name; expected file.py:Class (one ':' before the class or factory name); fix: name the class or factory after the colon, e.g. {target}:Model.")
     attr = attr or "Model"
     module = _resolve_module(target, spec, seed)
     if not hasattr(module, attr):

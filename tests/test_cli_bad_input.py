@@ -77,6 +77,8 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name, text in USER_MODELS.items():
         (root / name).write_text(text)
     (root / "garbage.onnx").write_bytes(b"\x00this is not a protobuf\xff" * 8)
+    (root / "bad_key.yaml").write_text('- op_name: "ytest::x"\n  op_type: 3\n')
+    (root / "broken.yaml").write_text("a: [\n")
     (root / "a_folder").mkdir()
     return root
 
@@ -133,6 +135,18 @@ CASES: list[tuple[str, list[str], tuple[str, ...]]] = [
     ("import-not-python", ["check", "asinh", "--import", "{dir}/garbage.onnx"], ("garbage.onnx", "Python")),
     ("inspect-missing-file", ["inspect", "{dir}/missing.onnx"], ("missing.onnx", "does not exist")),
     ("unknown-zoo-model", ["zoo", "no_such_model"], ("no_such_model", "asinh")),
+    ("zoo-report-extension", ["zoo", "--report", "{dir}/z.txt"], ("z.txt", ".md")),
+    ("empty-model-spec", ["check", ""], ("Empty model spec", "zoo name")),
+    ("spec-without-module", ["check", ":Model"], ("':Model'", "no module before")),
+    ("spec-attribute-not-a-name", ["check", "asinh:Not-A-Name"], ("'Not-A-Name'", "not a Python name")),
+    ("seed-not-a-number", ["export", "asinh", "--seed", "abc", "-o", "{dir}/x.onnx"], ("'abc'", "integer seed")),
+    ("unknown-backend", ["verify", "asinh", "{asinh}", "--backend", "tensorrt"], ("'tensorrt'", "choose from")),
+    ("import-empty-name", ["ops", "--import", ""], ("empty name", "module path")),
+    ("import-yaml-missing", ["ops", "--import", "{dir}/missing.yaml"], ("missing.yaml", "does not exist")),
+    ("import-yaml-bad-key", ["ops", "--import", "{dir}/bad_key.yaml"], ("op_type", "received int 3")),
+    ("import-yaml-not-yaml", ["ops", "--import", "{dir}/broken.yaml"], ("broken.yaml", "not valid YAML")),
+    ("inspect-corrupt-file", ["inspect", "{dir}/garbage.onnx"], ("garbage.onnx", "not a valid ONNX model")),
+    ("build-library-output-not-a-folder", ["build-library", "-o", "{dir}/mymodel.py/sub"], ("mymodel.py/sub", "writable folder")),
     ("unknown-command", ["exprot", "asinh"], ("'exprot'", "choose from")),
 ]
 
