@@ -9,6 +9,7 @@ A model module declares ``Model``, ``example_inputs()``, optionally ``dynamic_sh
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import pkgutil
 import time
@@ -131,50 +132,26 @@ def _build_shim() -> None:
     shim_path()
 
 
-def _my_ops_built() -> bool:
+def _extension_built(module: str) -> bool:
+    """Whether the C++ extension of ``module`` (which has ``build_directory()``) is cached."""
     from onnx_custom._native import extension_built
-    from onnx_custom.ops.extension import build_directory
 
-    return extension_built(build_directory())
-
-
-def _build_my_ops() -> None:
-    from onnx_custom.ops.extension import load_my_ops
-
-    load_my_ops()
+    return extension_built(importlib.import_module(module).build_directory())
 
 
-def _deform_conv_built() -> bool:
-    from onnx_custom._native import extension_built
-    from onnx_custom.ops.deform_conv import build_directory
-
-    return extension_built(build_directory())
+def _load_extension(module: str, loader: str = "load_extension") -> None:
+    getattr(importlib.import_module(module), loader)()
 
 
-def _build_deform_conv() -> None:
-    from onnx_custom.ops.deform_conv import load_extension
-
-    load_extension()
-
-
-def _bev_pool_built() -> bool:
-    from onnx_custom._native import extension_built
-    from onnx_custom.ops.bev_pool import build_directory
-
-    return extension_built(build_directory())
-
-
-def _build_bev_pool() -> None:
-    from onnx_custom.ops.bev_pool import load_extension
-
-    load_extension()
+def _extension_build(name: str, duration: str, module: str, models: set[str], loader: str = "load_extension") -> NativeBuild:
+    return NativeBuild(name, duration, functools.partial(_extension_built, module), functools.partial(_load_extension, module, loader), frozenset(models))
 
 
 NATIVE_BUILDS = (
     NativeBuild("ONNX Runtime kernel shim (C)", "~5 s", _shim_built, _build_shim, None),
-    NativeBuild("my_ops C++ extension", "~30 s", _my_ops_built, _build_my_ops, frozenset({"my_add_ext", "autograd_fn"})),
-    NativeBuild("deform_conv2d C++ kernels", "~30-60 s", _deform_conv_built, _build_deform_conv, frozenset({"deform_conv"})),
-    NativeBuild("bev_pool_v2 C++ kernels", "~30-60 s", _bev_pool_built, _build_bev_pool, frozenset({"bev_pool"})),
+    _extension_build("my_ops C++ extension", "~30 s", "onnx_custom.ops.extension", {"my_add_ext", "autograd_fn"}, loader="load_my_ops"),
+    _extension_build("deform_conv2d C++ kernels", "~30-60 s", "onnx_custom.ops.deform_conv", {"deform_conv"}),
+    _extension_build("bev_pool_v2 C++ kernels", "~30-60 s", "onnx_custom.ops.bev_pool", {"bev_pool"}),
 )
 
 
