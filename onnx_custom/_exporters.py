@@ -17,6 +17,7 @@ from typing import Any
 import onnx
 import torch
 
+from onnx_custom._atomic import atomic_write, check_output_path, commit_file, temporary_folder
 from onnx_custom._constraints import (
     check_with_torch_export,
     constraint_violation,
@@ -28,11 +29,21 @@ from onnx_custom._dynamic_shapes import DynamicSpec, resolve_dynamic_shapes
 from onnx_custom._dynamo_shapes import symbol_names
 from onnx_custom._onnx_utils import iter_nodes
 from onnx_custom._opset_compat import lower_default_opset
-from onnx_custom._torchscript import TS_MAX_OPSET, TS_MIN_OPSET, registered
+from onnx_custom._torchscript import registered
 from onnx_custom._ts_shapes import ExportDims, export_dims, name_derived_dims
+from onnx_custom._validation import (
+    EXPORTERS,
+    check_args,
+    check_dynamic_for_program,
+    check_exporter,
+    check_exporter_kwargs,
+    check_model,
+    check_opset,
+    check_registry,
+)
 from onnx_custom.coverage import format_missing, missing_ops_dynamo, missing_ops_torchscript
 from onnx_custom.errors import (
-    DynamicShapesError,
+    InvalidArgumentError,
     OnnxCustomError,
     SymbolicError,
     UnsupportedOpError,
@@ -42,27 +53,20 @@ from onnx_custom.registry import Registry, resolve_registry
 __all__ = ["DEFAULT_OPSET", "EXPORTERS", "MAX_IR_VERSION", "export_model", "finalize_model", "save_model", "trace_program"]
 
 DEFAULT_OPSET = 18
-EXPORTERS = ("dynamo", "torchscript")
 MAX_IR_VERSION = 10  # ORT 1.31 accepts <= 13; 10 covers opsets up to 21 and every older runtime
 _PROTOBUF_LIMIT = 2**31 - 1
 _DYNAMO_NATIVE_OPSET = 18
 _NO_FAKE = re.compile(r"no fake impl registered for (?:<CustomOpDef\()?(?P<op>[\w:.]+)")
 
 
-def _validate(model: Any, args: Any, exporter: str, opset: int) -> tuple[Any, ...]:
-    if exporter not in EXPORTERS:
-        raise OnnxCustomError(f"exporter must be one of {EXPORTERS}, got {exporter!r}.")
-    if not isinstance(model, (torch.nn.Module, torch.export.ExportedProgram)):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}. Wrap functions in an nn.Module.")
-    if not isinstance(opset, int) or isinstance(opset, bool):
-        raise TypeError(f"opset must be an int, got {opset!r}.")
-    if exporter == "torchscript" and not TS_MIN_OPSET <= opset <= TS_MAX_OPSET:
-        raise OnnxCustomError(f"The TorchScript exporter supports opsets {TS_MIN_OPSET}..{TS_MAX_OPSET}, got {opset}.")
-    if isinstance(args, torch.Tensor):
-        return (args,)
-    if not isinstance(args, tuple):
-        raise TypeError(f"args must be a tuple of example inputs (or one tensor), got {type(args).__name__}.")
-    return args
+def _validate(model: Any, args: Any, exporter: str, opset: int, registry: Any = None, kwargs: dict[str, Any] | None = None) -> tuple[Any, ...]:
+    """Every argument checked before any tracing (see `_validation`)."""
+    check_exporter(exporter)
+    check_model(model, exporter)
+    check_opset(exporter, opset)
+    check_registry(registry)
+    check_exporter_kwargs(kwargs or {})
+    return check_args(args)
 
 
 def _custom_domains(model: onnx.ModelProto) -> set[str]:
@@ -78,19 +82,40 @@ def finalize_model(model: onnx.ModelProto, domain_versions: dict[str, int] | Non
     return model
 
 
-def save_model(model: onnx.ModelProto, f: str | os.PathLike[str] | io.IOBase) -> None:
+def save_model(model: onnx.ModelProto, f: str | os.PathLike[str] | io.IOBase, *, external_data: bool | None = None) -> None:
+    """Write ``model`` to a path or a binary file object, whole or not at all.
+
+    A path is written through a temporary file in its folder and ``os.replace``d, so a failure
+    (serialization, a full disk, Ctrl-C) leaves the previous file intact and no temporary file.
+    ``external_data`` (default: only past protobuf's 2 GB limit) puts the tensors in
+    ``<name>.data`` next to it, written the same way; ``model`` itself is never modified.
+    A file object receives the bytes only once the whole model serialized.
+    """
+    too_big = model.ByteSize() > _PROTOBUF_LIMIT
+    external = too_big if external_data is None else bool(external_data)
     if isinstance(f, io.IOBase):
+        if external:
+            raise InvalidArgumentError(
+                f"This model is {model.ByteSize() / 2**30:.1f} GiB: over protobuf's 2 GiB limit it "
+                "needs an external data file, which a file object cannot hold; received a file "
+                "object. Fix: pass a path (f='model.onnx'); the tensors go to 'model.onnx.data'."
+            )
         f.write(model.SerializeToString())  # type: ignore[arg-type]
         return
-    path = os.fspath(f)
-    too_big = model.ByteSize() > _PROTOBUF_LIMIT
-    onnx.save_model(
-        model,
-        path,
-        save_as_external_data=too_big,
-        all_tensors_to_one_file=True,
-        location=os.path.basename(path) + ".data" if too_big else None,
-    )
+    final = check_output_path(f)
+    if not external:
+        atomic_write(final, model.SerializeToString())
+        return
+    data_name = final.name + ".data"
+    check_output_path(final.with_name(data_name), what="the external data file")
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)  # onnx.save_model moves tensors out of the proto it is given
+    with temporary_folder(final) as folder:
+        onnx.save_model(copy, os.fspath(folder / final.name), save_as_external_data=True, all_tensors_to_one_file=True, location=data_name)
+        # Data first: the new model file never points at missing data.
+        if (folder / data_name).exists():  # absent when no tensor was big enough to move
+            commit_file(folder / data_name, final.with_name(data_name))
+        commit_file(folder / final.name, final)
 
 
 def _raise_ours(exc: BaseException) -> None:
@@ -248,16 +273,11 @@ def export_model(
     user's name, and ``metadata_props["onnx_custom.dynamic_dims"]`` records the named dims' ranges.
     """
     opset = DEFAULT_OPSET if opset is None else opset
-    args = _validate(model, args, exporter, opset)
+    args = _validate(model, args, exporter, opset, registry, exporter_kwargs)
+    check_dynamic_for_program(model, dynamic_shapes, dynamic_axes)
     reg = resolve_registry(registry)
     kwargs = dict(exporter_kwargs)
     if isinstance(model, torch.export.ExportedProgram):
-        if dynamic_shapes is not None or dynamic_axes is not None:
-            raise DynamicShapesError(
-                "dynamic_shapes/dynamic_axes cannot change an ExportedProgram: torch.export.export "
-                "already fixed its dims. Fix: pass them to torch.export.export, or pass the "
-                "nn.Module to onnx_custom.export."
-            )
         spec = resolve_dynamic_shapes(model.module(), args, kwargs.get("kwargs"), input_names=input_names)
     else:
         spec = resolve_dynamic_shapes(
