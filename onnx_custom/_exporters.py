@@ -10,7 +10,6 @@ import contextlib
 import io
 import os
 import re
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +28,8 @@ from onnx_custom._dynamic_shapes import DynamicSpec, resolve_dynamic_shapes
 from onnx_custom._dynamo_shapes import symbol_names
 from onnx_custom._onnx_utils import iter_nodes
 from onnx_custom._opset_compat import lower_default_opset
+from onnx_custom._quiet import quiet_torch
+from onnx_custom._torch_errors import chain, unwrap_dynamo_error, unwrap_torchscript_error
 from onnx_custom._torchscript import registered
 from onnx_custom._ts_shapes import ExportDims, export_dims, name_derived_dims
 from onnx_custom._validation import (
@@ -118,13 +119,19 @@ def save_model(model: onnx.ModelProto, f: str | os.PathLike[str] | io.IOBase, *,
         commit_file(folder / final.name, final)
 
 
-def _raise_ours(exc: BaseException) -> None:
-    """Torch wraps errors raised in our translations/checks in its own; surface ours instead."""
-    seen: BaseException | None = exc.__cause__ or exc.__context__
-    while seen is not None:
-        if isinstance(seen, OnnxCustomError):
-            raise seen from exc
-        seen = seen.__cause__ or seen.__context__
+def _ours(exc: BaseException, unwrap: Any = None) -> BaseException | None:
+    """What to raise instead of torch's wrapper ``exc``: the `OnnxCustomError` a translation or a
+    check of ours raised inside it, or ``unwrap(exc)`` (torch's error turned into ours), else None.
+
+    The caller raises it *outside* its ``except`` block: raised inside, Python would chain torch's
+    wrapper (which contains it) as its context, printing the wrapper again and making a cycle.
+    """
+    found = next((e for e in chain(exc)[1:] if isinstance(e, OnnxCustomError)), None)
+    if found is None and unwrap is not None:
+        found = unwrap(exc)
+        if found is not None:
+            found.__cause__ = chain(exc)[-1]  # the root cause, with its traceback
+    return found
 
 
 def _export_torchscript(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, spec: DynamicSpec, output_names: Any, kwargs: dict[str, Any]) -> tuple[onnx.ModelProto, DynamicSpec]:
@@ -136,9 +143,9 @@ def _export_torchscript(model: Any, args: tuple[Any, ...], opset: int, reg: Regi
     names = list(spec.input_names)
     dims = ExportDims(tuple(names), spec.dynamic_axes, tuple(tuple(leaf.tensor.shape) for leaf in spec.leaves))
     buffer = io.BytesIO()
+    failure: BaseException | None = None
     try:
-        with export_dims(dims), registered(reg, opset=opset), warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
+        with export_dims(dims), registered(reg, opset=opset):
             torch.onnx.export(
                 model, args, buffer, dynamo=False, opset_version=opset, input_names=names,  # type: ignore[arg-type]
                 output_names=output_names, dynamic_axes=spec.dynamic_axes or None, **kwargs,
@@ -151,8 +158,11 @@ def _export_torchscript(model: Any, args: tuple[Any, ...], opset: int, reg: Regi
     except OnnxCustomError:
         raise
     except Exception as exc:
-        _raise_ours(exc)
-        raise
+        failure = _ours(exc, unwrap_torchscript_error)
+        if failure is None:
+            raise
+    if failure is not None:
+        raise failure
     proto = onnx.load_from_string(buffer.getvalue())
     name_derived_dims(proto, dims)
     return proto, spec
@@ -202,23 +212,28 @@ def trace_program(
     specializes); others propagate. ``dynamic_shapes`` may be any form `export` accepts."""
     if spec is None:
         spec = resolve_dynamic_shapes(model, args, kwargs, dynamic_shapes=dynamic_shapes)
+    failure: BaseException | None = None
     try:
-        with _reject_autograd_functions(registry):
+        with _reject_autograd_functions(registry), quiet_torch():
             return torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=spec.export_shapes, strict=False)
     except Exception as exc:
-        _raise_ours(exc)
-        violation = constraint_violation(exc, spec)
-        if violation is not None:
-            raise violation from exc
+        failure = _ours(exc)
+        if failure is None:
+            failure = constraint_violation(exc, spec)
+            if failure is not None:
+                failure.__cause__ = exc
         match = _NO_FAKE.search(str(exc))
-        if match:
+        if failure is None and match:
             op = match["op"]
-            raise SymbolicError(
+            failure = SymbolicError(
                 f"The custom op {op} has no fake (meta) kernel, which the dynamo exporter needs to "
                 f"trace it. Fix: add @torch.library.register_fake('{op}') returning empty outputs of "
                 "the right shape/dtype, or export with exporter='torchscript'."
-            ) from exc
-        raise
+            )
+            failure.__cause__ = exc
+        if failure is None:
+            raise
+    raise failure
 
 
 def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, spec: DynamicSpec, output_names: Any, kwargs: dict[str, Any]) -> tuple[onnx.ModelProto, DynamicSpec]:
@@ -233,9 +248,9 @@ def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry,
     if missing:
         raise UnsupportedOpError(format_missing(missing, "dynamo", opset), tuple(m.name for m in missing))
     table = translation_table(opset, reg)
+    failure: BaseException | None = None
     try:
-        with symbol_names(names), contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with symbol_names(names):
             # Build at >= 18 (the exporter's native opset) and lower ourselves: torch's own
             # down-conversion silently keeps opset 18 whenever onnx lacks an adapter.
             onnx_program = torch.onnx.export(
@@ -243,8 +258,11 @@ def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry,
                 input_names=list(spec.input_names), output_names=output_names, verbose=False, **kwargs,
             )
     except Exception as exc:
-        _raise_ours(exc)
-        raise
+        failure = _ours(exc, unwrap_dynamo_error)
+        if failure is None:
+            raise
+    if failure is not None:
+        raise failure
     proto = lower_default_opset(onnx_program.model_proto, opset)  # type: ignore[union-attr]
     rename_dims(proto, names)
     if not isinstance(model, torch.export.ExportedProgram):
@@ -285,6 +303,7 @@ def export_model(
             input_names=input_names, output_names=output_names,
         )
     run = _export_dynamo if exporter == "dynamo" else _export_torchscript
-    proto, spec = run(model, args, opset, reg, spec, output_names, kwargs)
+    with quiet_torch():
+        proto, spec = run(model, args, opset, reg, spec, output_names, kwargs)
     write_metadata(proto, spec)
     return finalize_model(proto)

@@ -206,6 +206,6 @@ def check_dynamic_for_program(model: Any, dynamic_shapes: Any, dynamic_axes: Any
         raise DynamicShapesError(
             f"An ExportedProgram's dims were fixed by torch.export.export; received {given}="
             f"{(dynamic_shapes if dynamic_shapes is not None else dynamic_axes)!r:.120} as well. "
-            "Fix: pass dynamic_shapes to torch.export.export, or pass the nn.Module to "
-            "onnx_custom.export together with dynamic_shapes."
+            "Fix: pass them to torch.export.export, or pass the nn.Module to onnx_custom.export "
+            "together with dynamic_shapes."
         )
