@@ -6,7 +6,8 @@ internals, and, on any TorchScript export error, a full "Torch IR graph at excep
 stderr (torch 2.13's ``setup_onnx_logging`` tests a function object for truth, so its log is
 always on). Inside `quiet_torch`:
 
-- warnings *attributed to* torch, onnxscript, onnx_ir, onnx or onnxruntime modules are ignored;
+- warnings *attributed to* torch, onnxscript, onnx_ir, onnx or onnxruntime modules (or to our
+  adapters, the callers torch's warnings point at) are ignored;
   a warning raised by the user's model or translation is attributed to the user's module and
   still reaches them (TracerWarnings point at the user's line too, so they stay);
 - the ``torch.onnx``, ``onnxscript`` and ``onnx_ir`` loggers drop records below ERROR;
@@ -25,11 +26,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["LIBRARY_MODULES", "quiet_torch"]
+__all__ = ["LIBRARY_MODULES", "OUR_CALLERS", "quiet_torch"]
 
 # Modules whose own warnings are implementation chatter during an export.
 # copy/copyreg: torch's pytree warns from inside deepcopy, attributed to the stdlib module.
 LIBRARY_MODULES = r"(torch|onnxscript|onnx_ir|onnx|onnxruntime|torchvision|copy|copyreg)(\..*)?$"
+# Our modules that call torch's exporter APIs: torch warns with a stacklevel pointing at its
+# caller (e.g. "You are using the legacy TorchScript-based ONNX export"), which is one of these;
+# they raise no warnings of their own.
+OUR_CALLERS = r"onnx_custom\.(_exporters|_torchscript|_dynamo|_ts_shapes|_dynamo_shapes|_output_meta)$"
 _LOGGERS = ("torch.onnx", "onnxscript", "onnx_ir")
 
 
@@ -65,6 +70,7 @@ def quiet_torch() -> Iterator[None]:
     levels = [logger.level for logger in loggers]
     with warnings.catch_warnings(), _patched_onnx_logging():
         warnings.filterwarnings("ignore", module=LIBRARY_MODULES)
+        warnings.filterwarnings("ignore", module=OUR_CALLERS)
         for logger in loggers:
             logger.setLevel(max(logger.getEffectiveLevel(), logging.ERROR))
         try:
