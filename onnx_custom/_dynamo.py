@@ -283,7 +283,7 @@ def translation_table(opset: int = 18, registry: Registry | None = None) -> dict
     """
     reg = resolve_registry(registry)
     if not isinstance(opset, int) or opset < 1:
-        raise SymbolicError(f"opset must be a positive int, got {opset!r}.")
+        raise SymbolicError(f"opset must be a positive int; received {opset!r}. Fix: pass the opset of your torch.onnx.export call, e.g. opset=18.")
     table: dict[torch._ops.OpOverload, Any] = {}
     for target in reg.targets():
         if target.function is not None:

@@ -22,6 +22,7 @@ from onnx_custom._output_meta import Outputs, TensorDesc, flat_outputs, layout
 from onnx_custom._ts_shapes import TAG, TsDims, session, ts_dims
 from onnx_custom.attributes import AttrKind, AttrValue, c_contiguous
 from onnx_custom.builder import GraphBuilder, OutputMeta, call_translation
+from onnx_custom.errors import InvalidArgumentError
 from onnx_custom.names import Target
 from onnx_custom.registry import Registry, resolve_registry
 
@@ -316,6 +317,11 @@ def registered(registry: Registry | None = None, *, opset: int | None = None) ->
     its exact previous state on exit, also when the body raises.
     """
     reg = resolve_registry(registry)
+    if opset is not None and (not isinstance(opset, int) or isinstance(opset, bool) or not TS_MIN_OPSET <= opset <= TS_MAX_OPSET):
+        raise InvalidArgumentError(
+            f"opset must be None (every opset) or an int in {TS_MIN_OPSET}..{TS_MAX_OPSET} (the TorchScript "
+            f"exporter's range); received {opset!r}. Fix: pass your torch.onnx.export's opset_version, e.g. opset=17."
+        )
     table = ts_registration.registry._registry
     # name -> (group existed before, {opset: previous override or _MISSING})
     touched: dict[str, tuple[bool, dict[int, Any]]] = {}

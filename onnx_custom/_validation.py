@@ -30,6 +30,7 @@ __all__ = [
     "check_exporter",
     "check_exporter_kwargs",
     "check_model",
+    "check_names",
     "check_opset",
     "check_output",
     "check_registry",
@@ -148,6 +149,19 @@ def check_args(args: Any) -> tuple[Any, ...]:
         f"args must be a tuple of example inputs (or one tensor); received {_kind(args)}. Fix: pass {hint}; "
         "keyword inputs go in kwargs={...}."
     )
+
+
+def check_names(names: Any, what: str) -> None:
+    """``input_names``/``output_names``: None or a list of strings (a bare string would be split
+    into one name per character)."""
+    if names is None:
+        return
+    if isinstance(names, str) or not isinstance(names, (list, tuple)) or not all(isinstance(n, str) and n for n in names):
+        example = [names] if isinstance(names, str) and names else ["x"]
+        raise InvalidArgumentError(
+            f"{what} must be a list of non-empty strings, one per tensor; received {_kind(names)}. "
+            f"Fix: pass {what}={example!r}."
+        )
 
 
 def check_registry(registry: Any) -> None:

@@ -40,17 +40,29 @@ class TypedList:
 
 def ints(values: Sequence[int]) -> TypedList:
     """An INTS attribute, also when empty: ``g.op("custom::X", x, pads=onnx_custom.attr.ints([]))``."""
-    return TypedList(AttrKind.INTS, tuple(int(v) for v in values))
+    return _typed_list(AttrKind.INTS, values, lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool), int, "[1, 2]")
 
 
 def floats(values: Sequence[float]) -> TypedList:
     """A FLOATS attribute, also when empty."""
-    return TypedList(AttrKind.FLOATS, tuple(float(v) for v in values))
+    return _typed_list(AttrKind.FLOATS, values, lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool), float, "[0.5, 1.0]")
 
 
 def strings(values: Sequence[str]) -> TypedList:
     """A STRINGS attribute, also when empty."""
-    return TypedList(AttrKind.STRINGS, tuple(str(v) for v in values))
+    return _typed_list(AttrKind.STRINGS, values, lambda v: isinstance(v, str), str, "['a', 'b']")
+
+
+def _typed_list(kind: AttrKind, values: Any, ok: Any, convert: Any, example: str) -> TypedList:
+    # A bare string is a sequence too: attr.ints("12") would silently become [1, 2].
+    items = None if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)) else list(values)
+    bad = [v for v in items if not ok(v.item() if isinstance(v, np.generic) else v)] if items is not None else [values]
+    if bad:
+        raise SymbolicError(
+            f"attr.{kind.value}() expects a list of {kind.value[:-1]}s; received {values!r:.80} "
+            f"({bad[0]!r:.40} is a {type(bad[0]).__name__}). Fix: pass e.g. attr.{kind.value}({example})."
+        )
+    return TypedList(kind, tuple(convert(v) for v in items))  # type: ignore[union-attr]
 
 
 @dataclasses.dataclass(frozen=True)

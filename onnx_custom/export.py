@@ -20,8 +20,8 @@ from onnx_custom._exporters import (
     save_model,
     trace_program,
 )
-from onnx_custom._validation import check_exporter, check_model, check_output
-from onnx_custom.errors import InvalidArgumentError, OnnxCustomError, VerificationError
+from onnx_custom._validation import check_exporter, check_model, check_names, check_output
+from onnx_custom.errors import InvalidArgumentError, KernelError, OnnxCustomError, VerificationError
 from onnx_custom.registry import Registry
 from onnx_custom.verify import verify as run_verify
 
@@ -70,6 +70,10 @@ def export(
     check_exporter(exporter)
     check_model(model, exporter)
     check_output(f)
+    check_names(input_names, "input_names")
+    check_names(output_names, "output_names")
+    if kernels is not None:
+        _check_kernels(kernels)
     if keep_failed is not None:
         if not verify:
             raise InvalidArgumentError(
@@ -116,6 +120,17 @@ def _verify_before_writing(model: Any, args: Any, proto: onnx.ModelProto, kernel
             else:
                 exc.add_note(" ".join(notes))
         raise
+
+
+def _check_kernels(kernels: Any) -> None:
+    """``kernels=`` before the export runs (its consumers check it only after)."""
+    from onnx_custom.runtime import KernelRegistry
+
+    if not isinstance(kernels, KernelRegistry) and kernels != "native":
+        raise KernelError(
+            f"kernels= expects a KernelRegistry, None or 'native'; received {kernels!r:.60}. Fix: pass "
+            "an onnx_custom.runtime.KernelRegistry with your kernels, kernels='native', or leave it out."
+        )
 
 
 def _describe(f: Any) -> str:
