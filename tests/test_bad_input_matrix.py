@@ -27,6 +27,7 @@ import onnx_custom
 import onnx_custom.ops.seed  # registers mylib::my_add
 from onnx_custom import (
     DynamicShapesError,
+    ExtensionBuildError,
     KernelError,
     OnnxCustomError,
     OpSpec,
@@ -41,6 +42,7 @@ from onnx_custom.errors import InvalidArgumentError, OpsetError, OutputPathError
 from onnx_custom.ops import DeformConv2d, deform_conv2d
 from onnx_custom.ops.deform_conv import DeformConv2dDtypeError, DeformConv2dError
 from onnx_custom.runtime import InferenceSession, KernelRegistry
+from onnx_custom.runtime.native import build_library
 from onnx_custom.runtime.session import ModelLoadError, ModelNotFoundError
 from onnx_custom.spec.spec import SpecError
 from onnx_custom.trial_shapes import ShapeSpecError
@@ -260,6 +262,9 @@ CASES = [
     Case("load_specs/bad-yaml", lambda t: load_specs(_write(t / "bad.yaml", "ops: [unclosed\n")), SpecError, "not valid YAML", "expected ','", "correct the YAML syntax"),
     Case("load_specs/unknown-key", lambda t: load_specs(_write(t / "k.yaml", "- op_name: d::op\n  colour: red\n")), SpecError, "expected one of op_name, op_type", "unknown key 'colour'", "rename or remove it"),
     Case("register_spec/not-a-spec", lambda t: register_spec(3), SpecError, "an onnx_custom.OpSpec", "received int", "OpSpec(...) or load_specs(path)"),
+    # -- the native library ------------------------------------------------------------------------
+    Case("library_path/sanitize-str", lambda t: onnx_custom.library_path(sanitize="no"), InvalidArgumentError, "True or False", "received 'no'", "sanitize=True"),
+    Case("build_library/output-is-a-file", lambda t: build_library(_write(t / "file", "")), ExtensionBuildError, "expected a writable folder", "/file: ", "pass a writable folder"),
     # -- deform_conv2d / DeformConv2d ------------------------------------------------------------
     Case("deform_conv2d/offset-shape", lambda t: _dcn(offset=torch.zeros(1, 18, 4, 4)), DeformConv2dError, "= (1, 18, 3, 3)", "got (1, 18, 4, 4)", "produce the offset with 18 channels"),
     Case("deform_conv2d/mask-shape", lambda t: _dcn(mask=torch.zeros(1, 5, 3, 3)), DeformConv2dError, "= (1, 9, 3, 3)", "got (1, 5, 3, 3)", "or pass mask=None"),
