@@ -40,12 +40,12 @@ class TypedList:
 
 def ints(values: Sequence[int]) -> TypedList:
     """An INTS attribute, also when empty: ``g.op("custom::X", x, pads=onnx_custom.attr.ints([]))``."""
-    return _typed_list(AttrKind.INTS, values, lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool), int, "[1, 2]")
+    return _typed_list(AttrKind.INTS, values, _is_int, int, "[1, 2]")
 
 
 def floats(values: Sequence[float]) -> TypedList:
     """A FLOATS attribute, also when empty."""
-    return _typed_list(AttrKind.FLOATS, values, lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool), float, "[0.5, 1.0]")
+    return _typed_list(AttrKind.FLOATS, values, lambda v: _is_int(v) or _is_float(v), float, "[0.5, 1.0]")
 
 
 def strings(values: Sequence[str]) -> TypedList:
@@ -53,7 +53,7 @@ def strings(values: Sequence[str]) -> TypedList:
     return _typed_list(AttrKind.STRINGS, values, lambda v: isinstance(v, str), str, "['a', 'b']")
 
 
-def _typed_list(kind: AttrKind, values: Any, ok: Any, convert: Any, example: str) -> TypedList:
+def _typed_list(kind: AttrKind, values: Any, ok: Callable[[Any], bool], convert: Callable[[Any], Any], example: str) -> TypedList:
     # A bare string is a sequence too: attr.ints("12") would silently become [1, 2].
     items = None if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)) else list(values)
     bad = [v for v in items if not ok(v.item() if isinstance(v, np.generic) else v)] if items is not None else [values]
