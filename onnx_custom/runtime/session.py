@@ -261,11 +261,13 @@ class InferenceSession(ort.InferenceSession):
             raise_for_type_error(exc, self.kernel_specs, custom_nodes(model))
             raise_typed(exc, "created the kernel of")
 
-    _run = typed_kernel_errors(ort.InferenceSession.run)
+    _typed_run = typed_kernel_errors(ort.InferenceSession.run)
 
     def run(self, output_names: Any, input_feed: Any, run_options: Any = None) -> Any:
+        """``onnxruntime.InferenceSession.run``; inputs or output names that do not fit the model
+        raise `InvalidArgumentError` (a ValueError) listing the declared inputs and outputs."""
         try:
-            return self._run(output_names, input_feed, run_options)
+            return self._typed_run(output_names, input_feed, run_options)
         except OnnxCustomError:
             raise
         except Exception as exc:  # ORT's own refusal of the inputs: say what the model expects
