@@ -255,8 +255,8 @@ class Registry:
     def add(self, entry: SymbolicEntry, *, replace: bool = False) -> SymbolicEntry:
         if not isinstance(entry.opset, int) or isinstance(entry.opset, bool) or entry.opset < 1:
             raise SymbolicError(
-                f"The opset of a translation for {entry.target} must be a positive int (the first opset "
-                f"it serves); received {entry.opset!r}. Fix: pass e.g. opset=9 (it then serves 9 and up)."
+                f"opset must be a positive int (the first opset the translation for {entry.target} "
+                f"serves); received {entry.opset!r}. Fix: pass e.g. opset=9 (it then serves 9 and up)."
             )
         if not callable(entry.fn):
             raise SymbolicError(
