@@ -206,14 +206,14 @@ def _parse_params(names: Sequence[str], what: str, qual: str) -> list[ParamSpec]
         kind = {"": "required", "?": "optional", "*": "variadic"}[m.group(2)]
         if kind == "variadic" and i != len(names) - 1:
             raise SymbolicError(
-                f"kernel {qual}: a variadic {what[:-1]} must be the last one; received {n!r} at position {i} "
+                f"kernel {qual}: variadic {what[:-1]} {n!r} must be the last one; received it at position {i} "
                 f"of {list(names)}. Fix: move it to the end."
             )
         out.append(ParamSpec(m.group(1), kind))
     if len({p.name for p in out}) != len(out):
         dupes = sorted({p.name for p in out if [q.name for q in out].count(p.name) > 1})
         raise SymbolicError(
-            f"kernel {qual}: {what} names must be unique; received {list(names)} ({dupes} repeated). "
+            f"kernel {qual}: duplicate {what} names {dupes} in {list(names)}; expected unique names. "
             f"Fix: give each of the {what} its own name."
         )
     return out
@@ -380,8 +380,8 @@ def make_spec(
         unknown = set(dtypes) - {p.name for p in ins + outs}
         if unknown:
             raise SymbolicError(
-                f"kernel {name}: dtypes= names {sorted(unknown)}, which are not among the inputs/outputs "
-                f"{[p.name for p in ins + outs]}. Fix: key dtypes= by those names."
+                f"kernel {name}: dtypes= names {sorted(unknown)} are not inputs/outputs (expected among "
+                f"{[p.name for p in ins + outs]}). Fix: key dtypes= by those names."
             )
     ins, outs = _apply_dtypes(ins, dtypes, name), _apply_dtypes(outs, dtypes, name)
     attr_specs = _parse_attrs(attrs, name)
