@@ -415,7 +415,6 @@ def test_check_op_verifies_one_file_at_every_sample_size(acme: Path, exporter: s
     assert "at 7x3, 2x3, 1x3, 0x3" in case.detail
 
 
-@pytest.mark.xfail(strict=True, reason="issue 9: verify compares a 0-d output as shape [1] (np.ascontiguousarray in compare.py)")
 @pytest.mark.parametrize(("exporter", "opset"), EXPORTERS, ids=[e for e, _ in EXPORTERS])
 def test_zero_d_through_the_custom_node(acme: Path, exporter: str, opset: int) -> None:
     from onnx_custom.testing import check_op
@@ -489,7 +488,6 @@ def test_standard_translations_only(tmp_path: Path) -> None:
     assert "covers opsets 7..17, below the dynamo exporter's opset 18" in skipped.detail
 
 
-@pytest.mark.xfail(strict=True, reason="issue 9: np.ascontiguousarray makes 0-d arrays [1] in g.constant (_torchscript.py, _dynamo.py) and in verify (compare.py)")
 def test_zero_d_output_of_a_translation_with_a_scalar_constant() -> None:
     from onnx_custom.testing import check_op
 
