@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import os
 import sys
 import threading
@@ -480,35 +479,6 @@ def cmd_build_library(ns: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- main
 
-# Log records of torch's exporters nobody can act on, dropped while a command runs (logger ->
-# message prefixes): the dynamo exporter logs four "torchvision is not installed. Skipping
-# torchvision::..." lines per export (104 in a zoo run). Other records and every warning, the
-# user's own included, still reach the terminal.
-_NOISE = {"torch.onnx._internal.exporter._registration": ("torchvision is not installed",)}
-
-
-class _DropNoise(logging.Filter):
-    def __init__(self, prefixes: tuple[str, ...]) -> None:
-        super().__init__()
-        self.prefixes = prefixes
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(self.prefixes)
-
-
-@contextlib.contextmanager
-def _quiet_exporters() -> Iterator[None]:
-    installed = [(logging.getLogger(name), _DropNoise(prefixes)) for name, prefixes in _NOISE.items()]
-    for logger, noise in installed:
-        logger.addFilter(noise)
-    try:
-        yield
-    finally:
-        for logger, noise in installed:
-            logger.removeFilter(noise)
-
-
-
 def _error_line(exc: BaseException) -> str:
     from onnx_custom.errors import OnnxCustomError
 
@@ -531,8 +501,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version, usage errors (already printed)
         return exc.code if isinstance(exc.code, int) else EXIT_ERROR
     try:
-        with _quiet_exporters():
-            return int(ns.func(ns))
+        return int(ns.func(ns))
     except KeyboardInterrupt:
         _stderr("onnx-custom: interrupted")
         return EXIT_INTERRUPTED

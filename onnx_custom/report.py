@@ -19,13 +19,13 @@ import json
 import os
 import platform
 import sys
-import tempfile
 from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
 
 import numpy as np
 
+from onnx_custom._atomic import atomic_write
 from onnx_custom.compare import OutputComparison
 from onnx_custom.errors import OnnxCustomError
 from onnx_custom.verify import VerificationReport
@@ -359,32 +359,6 @@ def render_markdown(report: VerificationReport | Sequence[Any], *, title: str = 
 # ---------------------------------------------------------------------------- files
 
 
-def _write_atomically(target: str, text: str) -> None:
-    """Temporary file in the same folder, then ``os.replace``: never a half-written report."""
-    folder = os.path.dirname(os.path.abspath(target))
-    fd, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=folder)
-    try:
-        os.chmod(temporary, _file_mode(target))  # mkstemp's 0600 would hide the report from others
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
-
-
-def _file_mode(target: str) -> int:
-    try:
-        return os.stat(target).st_mode & 0o777
-    except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
-
-
 def write_report(path: str | os.PathLike[str], report: VerificationReport | Sequence[Any], *, title: str = "") -> str:
     """Write ``report`` to ``path``: Markdown for ``.md``, JSON for ``.json``. Returns the path."""
     target = os.fspath(path)
@@ -398,7 +372,7 @@ def write_report(path: str | os.PathLike[str], report: VerificationReport | Sequ
     directory = os.path.dirname(target)
     if directory:
         os.makedirs(directory, exist_ok=True)
-    _write_atomically(target, text + "\n")
+    atomic_write(target, text + "\n")  # the previous report survives any failure
     return target
 
 
