@@ -116,6 +116,8 @@ CASES: list[tuple[str, list[str], tuple[str, ...]]] = [
     ("unknown-variant", ["export", "asinh", "--variant", "fastest", "-o", "{dir}/x.onnx"], ("'fastest'", "custom")),
     ("dynamic-without-dynamic-shapes", ["export", "mymodel.py:MyModel", "--dynamic", "-o", "{dir}/x.onnx"], ("--dynamic", "dynamic_shapes")),
     ("bad-exporter", ["export", "asinh", "--exporter", "onnxscript", "-o", "{dir}/x.onnx"], ("'onnxscript'", "choose from")),
+    ("opset-above-dynamo-maximum", ["export", "asinh", "--opset", "99", "-o", "{dir}/x.onnx"], ("opset=99", "supports opsets")),
+    ("opset-above-torchscript-maximum", ["check", "asinh", "--exporter", "torchscript", "--opset", "99"], ("99", "supports opsets")),
     ("opset-zero", ["export", "asinh", "--opset", "0", "-o", "{dir}/x.onnx"], ("--opset", "positive integer")),
     ("negative-seed", ["export", "asinh", "--seed", "-3", "-o", "{dir}/x.onnx"], ("-3", "seed in [0, 2**63)")),
     ("missing-output-flag", ["export", "asinh"], ("-o/--output", "required")),
