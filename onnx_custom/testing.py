@@ -299,15 +299,26 @@ class _Checker:
         sizes = ", ".join("x".join(map(str, s.tensors[0].shape)) or "0-d" for s in runs)
         return f"verified in ONNX Runtime at {sizes} ({self.trials} trial(s) each)"
 
+    def node_entry(self) -> SymbolicEntry | None:
+        """The custom node's translation at its first opset (None: the spec has no node)."""
+        nodes = [e for e in self.registration.translations if e.emits]
+        return min(nodes, key=lambda e: e.opset) if nodes else None
+
     def export_cases(self, exporters: Sequence[str], opsets: Sequence[int] | None) -> Iterator[CheckCase]:
-        custom = [e for e in self.registration.translations if e.emits and e.opset == 1]
-        standard = sorted((e for e in self.registration.translations if not e.emits), key=lambda e: e.opset)
+        node = self.node_entry()
+        standard = [e for e in self.registration.translations if not e.emits]
         plans: list[tuple[str, SymbolicEntry, str, int | None, str]] = []
-        for entry in custom:
-            plans += [(f"custom node {self.spec.node_type}", entry, x, o, "") for x in exporters for o in (opsets or [_DEFAULT_OPSET[x]])]
-        for index, entry in enumerate(standard):
-            end = standard[index + 1].opset if index + 1 < len(standard) else None
-            label = f"translation opset>={entry.opset} ({entry.source})"
+        if node is not None:
+            for x in exporters:
+                for o in opsets or [max(_DEFAULT_OPSET[x], node.opset)]:
+                    usable = o >= node.opset
+                    plans.append((f"custom node {self.spec.node_type}", node, x, o if usable else None, f"the custom node's translation starts at opset {node.opset}"))
+        for entry in sorted(standard, key=lambda e: (e.variant != DEFAULT_VARIANT, e.variant, e.opset)):
+            # a translation covers its opset up to the next one of its variant
+            later = sorted(e.opset for e in standard if e.variant == entry.variant and e.opset > entry.opset)
+            end = later[0] if later else None
+            variant = "" if entry.variant == DEFAULT_VARIANT else f", variant {entry.variant!r}"
+            label = f"translation opset>={entry.opset}{variant} ({entry.source})"
             for exporter in exporters:
                 if exporter == "torchscript":
                     ts_opset = entry.opset if entry.opset in _TS_OPSETS else None
@@ -328,10 +339,10 @@ class _Checker:
 
     def node_cases(self, dtypes: bool) -> Iterator[CheckCase]:
         """Other declared dtypes, the function body and the native kernel, for the custom node."""
-        custom = next((e for e in self.registration.translations if e.emits and e.opset == 1), None)
+        custom = self.node_entry()
         if custom is None:
             return
-        node, first, ts = self.spec.node_type, self.kinds()[0], _DEFAULT_OPSET["torchscript"]
+        node, first, ts = self.spec.node_type, self.kinds()[0], max(_DEFAULT_OPSET["torchscript"], custom.opset)
         verify_at = functools.partial(self.export_and_verify, custom, "torchscript", ts)
         leading = {i: _first_tensor(t) for i, t in enumerate(first.bound.tensors)}
         floats = {i: t for i, t in leading.items() if t is not None and t.is_floating_point()}
