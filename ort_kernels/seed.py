@@ -1,15 +1,14 @@
-"""Seed kernels: ``custom::my_add`` and ``custom::multi_out`` (math in pure functions below)."""
+"""Kernel math of the seed nodes ``custom::my_add`` and ``custom::multi_out`` (declared with
+their torch ops in ``onnx_custom/ops/seed.yaml``), NumPy."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from onnx_custom.runtime import KernelRegistry
-from onnx_custom.runtime.function_builder import TranslationBody
+from onnx_custom.ops.seed import SPECS
+from onnx_custom.spec import spec_kernels
 
-__all__ = ["kernels", "multi_out_math", "my_add_into", "my_add_math"]
-
-kernels = KernelRegistry()
+__all__ = ["kernels", "multi_out", "multi_out_math", "my_add", "my_add_into", "my_add_math"]
 
 
 def my_add_math(a: np.ndarray, b: np.ndarray, alpha: float) -> np.ndarray:
@@ -30,19 +29,12 @@ def multi_out_math(x: np.ndarray, scale: float, shift: float) -> tuple[np.ndarra
     ).astype(x.dtype, copy=False)
 
 
-@kernels.kernel(
-    "custom::my_add", inputs=["a", "b"], outputs=["y"], attrs={"alpha": ("float", 2.0)},
-    shape_fn="broadcast", function=TranslationBody("onnx_custom.symbolics.seed:alpha_a_plus_b"),
-)
 def my_add(a: np.ndarray, b: np.ndarray, *, alpha: float, out: tuple[np.ndarray, ...]) -> None:
     my_add_into(a, b, alpha, out[0])  # straight into ORT's output buffer: no result copy
 
 
-@kernels.kernel(
-    "custom::multi_out", inputs=["x"], outputs=["scaled", "shifted"],
-    attrs={"scale": ("float", 2.0), "shift": ("float", 3.0)}, shape_fn="like:x",
-    function=TranslationBody("onnx_custom.symbolics.seed:scaled_and_shifted"),
-)
 def multi_out(x: np.ndarray, *, scale: float, shift: float) -> tuple[np.ndarray, np.ndarray]:
     return multi_out_math(x, scale, shift)
 
+
+kernels = spec_kernels(*SPECS)
