@@ -404,7 +404,7 @@ def check_op(
         checker = _Checker(spec, generate.register_spec(spec), samples, trials, dynamic)
         cases = [_run(f"opcheck sample {i}", functools.partial(checker.opcheck, s)) for i, s in enumerate(samples)]
         if spec.backward is not None:
-            impl = signatures.resolve(spec, ("impl",), spec.impl, "impl")
+            impl = signatures.inputs_first(spec, signatures.resolve(spec, ("impl",), spec.impl, "impl"))
             cases += [_run(f"backward sample {i}", functools.partial(checker.backward, impl, s)) for i, s in enumerate(samples)]
         cases += list(checker.export_cases(exporters, opsets))
         cases += list(checker.node_cases(dtypes))

@@ -90,6 +90,7 @@ class _Parts:
         for fn, role in ((impl, "impl"), (meta, "shape")):
             if fn is not None:
                 signatures.check_math_signature(spec, fn, role, (role,), getattr(spec, role))
+        impl, meta = signatures.inputs_first(spec, impl), signatures.inputs_first(spec, meta)
         check = self._get("check", "check")
         if check is not None:
             signatures.check_check_signature(spec, check, spec.check)

@@ -16,7 +16,7 @@ from typing import Any
 
 from onnx_custom.spec.spec import OpSpec, SpecError
 
-__all__ = ["check_backward", "check_check_signature", "check_math_signature", "expected_signature", "resolve"]
+__all__ = ["check_backward", "check_check_signature", "check_math_signature", "expected_signature", "in_schema_order", "inputs_first", "resolve"]
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
@@ -125,13 +125,47 @@ def check_check_signature(spec: OpSpec, fn: Any, ref: Any) -> None:
         ) from None
 
 
+def in_schema_order(spec: OpSpec, fn: Any) -> bool:
+    """True when ``fn`` takes the op's arguments as the torch op does (schema order, attributes
+    between the inputs they follow), the other form eager math may have (``impl``, ``shape``)
+    when the schema interleaves them."""
+    names = [a.name for a in spec.arguments]
+    if names == [*(i.name for i in spec.inputs), *(a.name for a in spec.attributes)]:
+        return False  # the two forms coincide
+    signature = _signature(fn)
+    if signature is None:
+        return False
+    positional = [p.name for p in signature.parameters.values() if p.kind in _POSITIONAL]
+    return positional == names
+
+
+def inputs_first(spec: OpSpec, fn: Any) -> Any:
+    """``fn`` callable the machinery's way (``fn(*inputs, **attributes)``), whichever of the two
+    forms it has (see `in_schema_order`)."""
+    if fn is None or not in_schema_order(spec, fn):
+        return fn
+    order = [a.name for a in spec.arguments]
+    names = [i.name for i in spec.inputs]
+
+    def call(*inputs: Any, **attrs: Any) -> Any:
+        values = {**dict(zip(names, inputs, strict=True)), **attrs}
+        return fn(*(values[name] for name in order))
+
+    call.__qualname__ = getattr(fn, "__qualname__", "fn")
+    call.__doc__ = getattr(fn, "__doc__", None)
+    return call
+
+
 def check_math_signature(spec: OpSpec, fn: Any, role: str, key: tuple[Any, ...], ref: Any) -> None:
     """``fn`` must take the spec's inputs positionally (same names, same order) and its
-    attributes as keywords (``**kwargs`` accepted); `SpecError` naming the parameter otherwise."""
+    attributes as keywords (``**kwargs`` accepted); eager math (``impl``, ``shape``) may instead
+    take every argument in the torch schema's order. `SpecError` naming the parameter otherwise."""
     if not callable(fn):
         raise SpecError(f"op {spec.name}: {key[0]} {ref!r} is a {type(fn).__name__}; expected a function.", op=spec.name, key=key)
     signature = _signature(fn)
     if signature is None:
+        return
+    if role in ("impl", "shape") and in_schema_order(spec, fn):
         return
     lead, variadic, extra, node = _ROLES[role]
     label = _label(fn, ref)
