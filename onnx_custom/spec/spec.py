@@ -249,8 +249,9 @@ def _normalize_translations(op: str, value: Any) -> tuple[tuple[int, str, Any], 
     items = value.items() if isinstance(value, Mapping) else value
     out: list[tuple[int, str, Any]] = []
     try:
-        pairs = [(k, v) for k, v in items]
-    except (TypeError, ValueError):
+        # (opset, variant, ref) triples too: a normalized spec goes through dataclasses.replace
+        pairs = [(k[0], {k[1]: k[2]}) if len(k) == 3 else (k[0], k[1]) for k in (tuple(i) for i in items)]
+    except (TypeError, ValueError, IndexError):
         raise _fail(op, ("translations",), f"translations must map opset -> translation (or -> {{variant: translation}}), e.g. {{13: 'my_onnx:scale_add_13'}}; received {value!r}.") from None
     for opset, ref in pairs:
         if not isinstance(opset, int) or isinstance(opset, bool) or opset < 1:

@@ -12,6 +12,7 @@ import collections
 import dataclasses
 import functools
 import inspect
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -280,6 +281,22 @@ class TorchOp:
                 del custom_ops.OPDEF_TO_LIB[name]
 
 
+def _has_fake(name: str) -> bool:
+    from torch._library import simple_registry
+
+    return bool(simple_registry.singleton.find(name).fake_impl.kernel is not None) or torch._C._dispatch_has_kernel_for_dispatch_key(name, "Meta")
+
+
+def _register_fake_for_caller(lib: Any, op_name: str, fake: Callable[..., Any]) -> None:
+    """Register ``fake`` as coming from the first module outside ``onnx_custom.spec`` on the
+    stack: a C++ library's ``m.set_python_module(...)`` names the module that registers its
+    fake kernels (the one calling `define_op`), and torch checks that it is the registering one."""
+    frame, depth = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(("onnx_custom.spec.", "functools")):
+        frame, depth = frame.f_back, depth + 1
+    lib._register_fake(op_name, fake, _stacklevel=depth + 1)
+
+
 def make_op(spec: OpSpec, impl: Callable[..., Any] | None, meta: Callable[..., Any] | None,
             backward: Callable[..., Any] | None, setup_context: Callable[..., Any] | None,
             check: Callable[..., Any] | None = None) -> TorchOp:
@@ -304,12 +321,8 @@ def make_op(spec: OpSpec, impl: Callable[..., Any] | None, meta: Callable[..., A
         packet = getattr(getattr(torch.ops, spec.namespace), spec.op_name)
         op = TorchOp(packet.default, False, [lib], packet)
         try:
-            if needs_fake:
-                try:
-                    torch.library.register_fake(spec.name, make_fake(spec, meta, check), lib=lib)
-                except RuntimeError as exc:
-                    if "already has" not in str(exc):  # the library's own fake kernel wins
-                        raise
+            if needs_fake and not _has_fake(spec.name):  # the library's own fake kernel wins
+                _register_fake_for_caller(lib, spec.op_name, make_fake(spec, meta, check))
             if backward is not None:
                 torch.library.register_autograd(spec.name, backward, setup_context=named_inputs(spec, setup_context), lib=lib)
         except Exception:
