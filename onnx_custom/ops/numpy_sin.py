@@ -18,7 +18,7 @@ __all__ = ["NUMPY_SIN", "SPECS", "check_numpy_sin_input", "numpy_sin", "numpy_si
 NUMPY_SIN = OpSpec(
     "onnx_custom::numpy_sin",
     doc="sin(x) computed by NumPy",
-    inputs=[Input("x", ["float32", "float64", "float16", "bfloat16"])],
+    inputs=[Input("x", ("float32", "float64", "float16", "bfloat16"))],
     outputs=[Output("y", shape="like:x")],
     impl="onnx_custom.ops.numpy_sin:numpy_sin_math",
     check="onnx_custom.ops.numpy_sin:check_numpy_sin_input",

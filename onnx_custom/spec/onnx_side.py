@@ -76,7 +76,7 @@ def custom_node_translation(spec: OpSpec) -> Callable[..., Any]:
 
     translate.__name__ = "custom_node"
     translate.__qualname__ = f"custom_node[{spec.name} -> {node}]"
-    translate.__doc__ = f"{spec.name}{spec.schema}  ->  {node}"
+    translate.__doc__ = f"{spec.op_name}{spec.schema}"  # the torch schema, as translations document it
     return translate
 
 
