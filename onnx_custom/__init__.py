@@ -40,6 +40,7 @@ __all__ = [
     "default_registry",
     "export",
     "kernel",
+    "library_path",
     "load_specs",
     "register_spec",
     "registered",
@@ -63,6 +64,10 @@ def __getattr__(name: str) -> Any:
         from onnx_custom import runtime
 
         return getattr(runtime, name)
+    if name == "library_path":  # the native kernel library (compiled on first use)
+        from onnx_custom.runtime.native import library_path
+
+        return library_path
     if name == "check":
         from onnx_custom.preflight import check
 

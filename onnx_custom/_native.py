@@ -99,6 +99,24 @@ def _load_library(library: Path) -> Path:
     return library
 
 
+def _import_extension(name: str, library: Path) -> ModuleType:
+    import importlib.machinery
+    import importlib.util
+
+    import torch  # noqa: F401  (the extension links against torch's libraries)
+
+    loader = importlib.machinery.ExtensionFileLoader(name, str(library))
+    spec = importlib.util.spec_from_file_location(name, str(library), loader=loader)
+    if spec is None:
+        raise ExtensionBuildError(f"the cached C++ extension {library} could not be loaded; delete {library.parent} to rebuild it")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        loader.exec_module(module)
+    except ImportError as exc:
+        raise ExtensionBuildError(f"the cached C++ extension {library} could not be loaded ({exc}); delete {library.parent} to rebuild it") from exc
+    return module
+
+
 def build_torch_extension(name: str, source: Path, *, extra_cflags: Sequence[str] = ("-O2",), is_python_module: bool, verbose: bool = False) -> ModuleType | Path:
     """Build (first call) or load ``source`` with ``torch.utils.cpp_extension.load``.
 
@@ -114,11 +132,13 @@ def build_torch_extension(name: str, source: Path, *, extra_cflags: Sequence[str
         raise ExtensionBuildError(f"cannot create the build cache {directory} ({exc}); set ONNX_CUSTOM_CACHE_DIR to a writable folder") from exc
     marker = directory / ".complete"
     library = directory / f"{name}.so"
-    if not is_python_module and marker.exists() and library.exists():  # built by an earlier process
-        return _load_library(library)
+    # Built by an earlier process: load it without the build lock or cpp_extension.load, which
+    # would serialize every process behind whoever holds the lock.
+    if marker.exists() and library.exists():
+        return _import_extension(name, library) if is_python_module else _load_library(library)
     with _tools_on_path(name), _process_lock(directory):
-        if not is_python_module and marker.exists() and library.exists():  # built while we waited
-            return _load_library(library)
+        if marker.exists() and library.exists():  # built while we waited
+            return _import_extension(name, library) if is_python_module else _load_library(library)
         # Build from a copy inside the keyed folder: build.ninja then names the same path for
         # every checkout/venv sharing the cache, so identical sources never rebuild each other.
         local = directory / source.name

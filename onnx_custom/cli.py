@@ -1,4 +1,4 @@
-"""The ``onnx-custom`` command line: export, verify, ops, zoo (and check/inspect)."""
+"""The ``onnx-custom`` command line: export, verify, ops, zoo, build-library (and check/inspect)."""
 
 from __future__ import annotations
 
@@ -125,6 +125,16 @@ def cmd_zoo(ns: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+def cmd_build_library(ns: argparse.Namespace) -> int:
+    from onnx_custom.runtime.native import build_library, native_ops
+
+    path = build_library(ns.output)
+    print(path)
+    print(f"serves {', '.join(native_ops())}; load it with SessionOptions.register_custom_ops_library "
+          f"(Python) or RegisterCustomOpsLibrary_V2 (C API)", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="onnx-custom", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -162,6 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ops", help="list the registry: targets, opsets, domains, kernels")
     p.set_defaults(func=cmd_ops)
+
+    p = sub.add_parser("build-library", help="build libonnx_custom_ops.so, the native kernels for plain ONNX Runtime (prints its path)")
+    p.add_argument("-o", "--output", metavar="DIR", help="copy the library into DIR (default: leave it in the build cache)")
+    p.set_defaults(func=cmd_build_library)
 
     p = sub.add_parser("zoo", help="export + verify every example model with both exporters")
     p.add_argument("models", nargs="*", help="only these zoo models (default: all)")

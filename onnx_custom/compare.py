@@ -1,25 +1,74 @@
 """Comparing one PyTorch tensor with one ONNX output: dtype-aware tolerances, a hard verdict.
 
 The lowest layer of the verify path (`runner` runs models, `verify` and `localize` sit on top);
-it imports nothing else from onnx_custom, so every module above can use it without a cycle.
+it imports nothing else from onnx_custom but its errors, so every module above can use it
+without a cycle.
+
+Speed: a comparison is a handful of passes in the tensor's own precision (float32 for float32,
+float16 and bfloat16), with no float64 copy of the tensor. Every statistic is still the exact
+float64 one: the float32 pass only picks *candidates* (elements that may fail, may hold the
+largest absolute or relative difference) with a safety margin far above float32 rounding, and
+those few are recomputed in float64. Outputs with NaN/Inf, complex outputs and unusual
+tolerances take the general float64 path.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 from torch.testing._comparison import default_tolerances
 
-__all__ = ["OutputComparison", "compare_arrays", "flatten_outputs", "to_numpy", "tolerances"]
+from onnx_custom.errors import OnnxCustomError
+
+__all__ = ["OutputComparison", "compare_arrays", "flatten_outputs", "to_numpy", "to_tensor", "tolerances"]
+
+# Float32 pass -> float64 recheck: the margin covers float32 rounding of |e - a|, |e| * rtol + atol
+# and |e - a| / |e| (a few units in 2**-24) many times over.
+_MARGIN = 2.0**-20
+# Below this the float32 tolerance |e| * rtol + atol could lose relative precision to underflow.
+_SMALLEST_SAFE_ATOL = 2.0**-100
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+_FLOAT64_TINY = float(np.finfo(np.float64).tiny)
+
+DiffsThunk = Callable[[], np.ndarray]
+
+
+class _LazyArray:
+    """Data descriptor for a dataclass field that may be set to an array or to a thunk.
+
+    The thunk runs on first read and its result replaces it, so ``abs_diffs`` (needed only when a
+    report draws its histogram) costs nothing in the common case.
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._slot = f"_{name}_value"
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> np.ndarray | None:
+        if obj is None:
+            return None  # the dataclass default
+        value = obj.__dict__.get(self._slot)
+        if callable(value):
+            value = value()
+            obj.__dict__[self._slot] = value
+        return value
+
+    def __set__(self, obj: Any, value: np.ndarray | DiffsThunk | None) -> None:
+        # The dataclass passes the descriptor itself as the default value: that means "none".
+        obj.__dict__[self._slot] = None if isinstance(value, _LazyArray) else value
 
 
 @dataclasses.dataclass(frozen=True)
 class OutputComparison:
-    """How one output of one trial compares. ``tolerance_source`` says why these tolerances."""
+    """How one output of one trial compares. ``tolerance_source`` says why these tolerances.
+
+    ``abs_diffs``: ``|torch - onnx|`` in float64 for the elements finite on both sides (all
+    elements for ints/bools), for histograms; for passing outputs computed on first access from
+    the compared tensors (an error if they were modified in place since).
+    """
 
     trial: int
     name: str
@@ -34,7 +83,7 @@ class OutputComparison:
     tolerance_source: str
     nonfinite_mismatch: int = 0
     backend: str = "onnxruntime"
-    abs_diffs: np.ndarray | None = dataclasses.field(default=None, repr=False, compare=False)
+    abs_diffs: _LazyArray = dataclasses.field(default=_LazyArray(), repr=False, compare=False)
 
     @property
     def passed(self) -> bool:
@@ -43,6 +92,19 @@ class OutputComparison:
     @property
     def mismatched_percent(self) -> float:
         return 100.0 * self.mismatched / self.total if self.total else 0.0
+
+    def __getstate__(self) -> dict[str, Any]:
+        _ = self.abs_diffs  # a thunk does not pickle; its array does
+        return dict(self.__dict__)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stats:
+    max_abs_diff: float
+    max_rel_diff: float
+    mismatched: int
+    nonfinite_mismatch: int = 0
+    checksum: float = 0.0  # float32 sum of |exp - act| (the fast path), to detect later edits
 
 
 def flatten_outputs(value: Any, prefix: str = "output") -> list[tuple[str, Any]]:
@@ -63,10 +125,40 @@ def tolerances(dtype: torch.dtype, rtol: float | None, atol: float | None) -> tu
     return float(rtol), float(atol), "user override"
 
 
-def compare_arrays(expected: torch.Tensor, actual: np.ndarray, *, name: str, trial: int, rtol: float | None = None, atol: float | None = None, backend: str = "onnxruntime") -> OutputComparison:
-    """Compare one output. NaN/Inf must sit at the same positions; ints/bools compare exactly."""
+def to_tensor(array: Any) -> torch.Tensor:
+    """A CPU tensor viewing ``array`` (ONNX Runtime's output) with its shape, 0-d included.
+
+    bfloat16 (ml_dtypes) is reinterpreted bit for bit; byte-swapped or negatively strided arrays
+    are copied (torch cannot view them).
+    """
+    arr = np.asarray(array)
+    if arr.dtype.name == "bfloat16":
+        return torch.from_numpy(np.ascontiguousarray(arr.view(np.int16)).reshape(arr.shape)).view(torch.bfloat16)
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    if any(s < 0 for s in arr.strides) or not arr.flags.writeable:
+        arr = arr.copy()  # torch views neither negative strides nor read-only memory (it warns)
+    return torch.from_numpy(arr)
+
+
+def compare_arrays(
+    expected: torch.Tensor,
+    actual: np.ndarray,
+    *,
+    name: str,
+    trial: int,
+    rtol: float | None = None,
+    atol: float | None = None,
+    backend: str = "onnxruntime",
+    keep_diffs: bool = True,
+) -> OutputComparison:
+    """Compare one output. NaN/Inf must sit at the same positions; ints/bools compare exactly.
+
+    ``keep_diffs=False`` leaves ``abs_diffs`` empty (None): for callers that never draw a
+    histogram, so no copy of the tensors is kept.
+    """
     exp = expected.detach().cpu()
-    act = torch.from_numpy(np.ascontiguousarray(actual)) if actual.dtype.name != "bfloat16" else torch.from_numpy(actual.view(np.int16)).view(torch.bfloat16)
+    act = to_tensor(actual)
     r, a, source = tolerances(exp.dtype, rtol, atol)
     common = dict(trial=trial, name=name, shape=tuple(exp.shape), dtype=str(exp.dtype).removeprefix("torch."), rtol=r, atol=a, tolerance_source=source, backend=backend)
     if tuple(act.shape) != tuple(exp.shape) or act.dtype != exp.dtype:
@@ -75,11 +167,134 @@ def compare_arrays(expected: torch.Tensor, actual: np.ndarray, *, name: str, tri
     total = exp.numel()
     if total == 0:
         return OutputComparison(max_abs_diff=0.0, max_rel_diff=0.0, mismatched=0, total=0, **common)  # type: ignore[arg-type]
+    diffs: np.ndarray | DiffsThunk | None
     if exp.dtype == torch.bool or not (exp.is_floating_point() or exp.is_complex()):
-        bad = exp != act
-        diff = (exp.to(torch.float64) - act.to(torch.float64)).abs() if exp.dtype != torch.bool else bad.to(torch.float64)
-        mism = int(bad.sum())
-        return OutputComparison(max_abs_diff=float(diff.max()), max_rel_diff=float((diff / exp.to(torch.float64).abs().clamp_min(1)).max()), mismatched=mism, total=total, abs_diffs=diff.numpy().ravel(), **common)  # type: ignore[arg-type]
+        stats = _exact_stats(exp, act)
+        diffs = (_zeros(total) if stats.mismatched == 0 else _exact_diffs(exp, act)) if keep_diffs else None
+    else:
+        fast = _float_stats(exp, act, r, a) if exp.is_floating_point() else None
+        if fast is not None:
+            stats = fast
+            # Failing outputs keep their differences now; passing ones compute them when a report asks.
+            diffs = (_finite_diffs(exp, act) if stats.mismatched else _guarded_diffs(exp, act, fast.checksum, name, trial)) if keep_diffs else None
+        else:
+            stats, all_diffs = _general_float_stats(exp, act, r, a)
+            diffs = all_diffs if keep_diffs else None
+    return OutputComparison(
+        max_abs_diff=stats.max_abs_diff, max_rel_diff=stats.max_rel_diff, mismatched=stats.mismatched, total=total,
+        nonfinite_mismatch=stats.nonfinite_mismatch, abs_diffs=diffs, **common,  # type: ignore[arg-type]
+    )
+
+
+def _zeros(total: int) -> DiffsThunk:
+    return lambda: np.zeros(total)
+
+
+def _guarded_diffs(exp: torch.Tensor, act: torch.Tensor, checksum: float, name: str, trial: int) -> DiffsThunk:
+    """Differences computed on first read from the compared tensors themselves (no copy: copying
+    would cost more than the comparison). A tensor modified since is detected (torch's version
+    counter, and the float32 sum of |exp - act|) and refused rather than histogrammed."""
+    version = exp._version
+
+    def diffs() -> np.ndarray:
+        if exp._version != version or _abs_diff_sum(exp, act) != checksum:
+            raise OnnxCustomError(
+                f"abs_diffs of output {name!r} (trial {trial}): the compared tensors were modified in "
+                "place after compare_arrays, so their differences are no longer the compared ones. "
+                "Fix: read abs_diffs (or write the report) before modifying them, or compare copies."
+            )
+        return _finite_diffs(exp, act)
+
+    return diffs
+
+
+def _abs_diff_sum(exp: torch.Tensor, act: torch.Tensor) -> float:
+    e, x = _work_arrays(exp, act)
+    with np.errstate(all="ignore"):
+        d = np.abs(np.subtract(e, x))
+    return float(np.add.reduce(d, axis=None))
+
+
+def _exact_diffs(exp: torch.Tensor, act: torch.Tensor) -> np.ndarray:
+    if exp.dtype == torch.bool:
+        return (exp != act).to(torch.float64).numpy().ravel()
+    return (exp.to(torch.float64) - act.to(torch.float64)).abs().numpy().ravel()
+
+
+def _finite_diffs(exp: torch.Tensor, act: torch.Tensor) -> np.ndarray:
+    """Float64 ``|exp - act|`` of an all-finite pair (what the general path keeps)."""
+    return (exp.to(torch.float64) - act.to(torch.float64)).abs().numpy().ravel()
+
+
+def _exact_stats(exp: torch.Tensor, act: torch.Tensor) -> _Stats:
+    """Ints and bools: every differing element is a mismatch; statistics over those only."""
+    bad = exp != act
+    mismatched = int(torch.count_nonzero(bad))
+    if mismatched == 0:
+        return _Stats(0.0, 0.0, 0)
+    if exp.dtype == torch.bool:
+        return _Stats(1.0, 1.0, mismatched)
+    e64, a64 = exp[bad].to(torch.float64), act[bad].to(torch.float64)
+    diff = (e64 - a64).abs()
+    return _Stats(float(diff.max()), float((diff / e64.abs().clamp_min(1)).max()), mismatched)
+
+
+def _work_arrays(exp: torch.Tensor, act: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """NumPy views (float32 and float64 as they are; float16/bfloat16 widened to float32, exactly)."""
+    work = torch.float64 if exp.dtype == torch.float64 else torch.float32
+    return np.atleast_1d(exp.to(work).numpy()), np.atleast_1d(act.to(work).numpy())  # 0-d: ufuncs return scalars
+
+
+def _float_stats(exp: torch.Tensor, act: torch.Tensor, rtol: float, atol: float) -> _Stats | None:
+    """Real floats without NaN/Inf in one pass of the tensor's precision; None: use the general path."""
+    if atol < _SMALLEST_SAFE_ATOL or rtol < 0:
+        return None  # the float32 candidate margin is not proven there
+    with np.errstate(all="ignore"):  # overflow and NaN are detected below, not warned about
+        return _float_stats_unchecked(exp, act, rtol, atol)
+
+
+def _float_stats_unchecked(exp: torch.Tensor, act: torch.Tensor, rtol: float, atol: float) -> _Stats | None:
+    e, x = _work_arrays(exp, act)
+    d = np.subtract(e, x)
+    np.abs(d, out=d)
+    dmax = float(d.max())
+    if not np.isfinite(dmax):  # NaN/Inf on a side (or a float32 overflow): the general path
+        return None
+    checksum = float(np.add.reduce(d, axis=None))
+    ae = np.abs(e)
+    if e.dtype == np.float64:  # same float64 operations as the general path: exact as they are
+        mismatched = int(np.count_nonzero(d > atol + rtol * ae))
+        np.maximum(ae, _FLOAT64_TINY, out=ae)
+        np.divide(d, ae, out=d)
+        return _Stats(dmax, float(d.max()), mismatched, checksum=checksum)
+    mismatched = 0
+    if dmax > atol * (1 - _MARGIN):  # else every element is within atol alone: none can fail
+        tol = np.multiply(ae, np.float32(rtol * (1 - _MARGIN)))
+        tol += np.float32(atol * (1 - _MARGIN))
+        maybe_bad = d > tol
+        if maybe_bad.any():
+            e64, x64 = e[maybe_bad].astype(np.float64), x[maybe_bad].astype(np.float64)
+            mismatched = int(np.count_nonzero(np.abs(e64 - x64) > atol + rtol * np.abs(e64)))
+    if dmax == 0.0:
+        return _Stats(0.0, 0.0, mismatched, checksum=checksum)
+    max_abs = _max64(e, x, d >= dmax * (1 - _MARGIN), relative=False)
+    q = np.divide(d, ae, out=ae)  # 0/0 -> NaN (skipped by fmax); x/0 -> inf (a candidate)
+    qmax = float(np.fmax.reduce(q, axis=None))
+    near_max = q >= min(qmax, _FLOAT32_MAX) * (1 - _MARGIN) if qmax >= _SMALLEST_SAFE_ATOL else d > 0
+    return _Stats(max_abs, _max64(e, x, near_max, relative=True), mismatched, checksum=checksum)
+
+
+def _max64(e: np.ndarray, x: np.ndarray, where: np.ndarray, *, relative: bool) -> float:
+    """Exact float64 max of ``|e - x|`` (or of it over ``max(|e|, tiny)``) among the candidates."""
+    e64, x64 = e[where].astype(np.float64), x[where].astype(np.float64)
+    diff = np.abs(e64 - x64)
+    if relative:
+        diff /= np.maximum(np.abs(e64), _FLOAT64_TINY)
+    return float(diff.max())
+
+
+def _general_float_stats(exp: torch.Tensor, act: torch.Tensor, r: float, a: float) -> tuple[_Stats, np.ndarray]:
+    """Float64 over the whole tensor: NaN/Inf positions, complex values, tiny tolerances."""
     e64 = exp.to(torch.complex128 if exp.is_complex() else torch.float64)
     a64 = act.to(e64.dtype)
     finite_e, finite_a = torch.isfinite(e64), torch.isfinite(a64)
@@ -89,12 +304,10 @@ def compare_arrays(expected: torch.Tensor, actual: np.ndarray, *, name: str, tri
     diff = torch.zeros_like(e64.real if e64.is_complex() else e64)
     diff[both] = (e64[both] - a64[both]).abs()
     rel = torch.zeros_like(diff)
-    rel[both] = diff[both] / e64[both].abs().clamp_min(torch.finfo(torch.float64).tiny)
+    rel[both] = diff[both] / e64[both].abs().clamp_min(_FLOAT64_TINY)
     bad = nonfinite_bad | (both & (diff > a + r * e64.abs()))
-    return OutputComparison(
-        max_abs_diff=float(diff.max()), max_rel_diff=float(rel.max()), mismatched=int(bad.sum()), total=total,
-        nonfinite_mismatch=int(nonfinite_bad.sum()), abs_diffs=diff[both].numpy().ravel(), **common,  # type: ignore[arg-type]
-    )
+    stats = _Stats(float(diff.max()), float(rel.max()), int(bad.sum()), int(nonfinite_bad.sum()))
+    return stats, diff[both].numpy().ravel()
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:

@@ -11,7 +11,13 @@ Signature and semantics follow BEVDet's ``mmdet3d/ops/bev_pool_v2`` (CUDA kernel
 For every interval k and every point i in [starts[k], starts[k] + lengths[k]):
 ``bev[ranks_bev[starts[k]], :] += depth.flat[ranks_depth[i]] * feat_rows[ranks_feat[i], :]``
 (the CUDA kernel assigns one sum per interval; intervals come from runs of equal ranks_bev, so
-this is the same). Points outside every interval are ignored. Vectorized with ``index_add_``.
+this is the same). Points outside every interval are ignored; an empty interval adds nothing.
+
+On CPU the forward and backward are C++ (``csrc/bev_pool.cpp``, built on first use like
+deform_conv2d's): gather, multiply and accumulate fused per interval, parallel over intervals,
+accumulating in float32 (float64 for float64), so no (points x channels) temporary is made.
+Without a C++ compiler, or on other devices, the same math runs in plain PyTorch
+(:func:`bev_pool_v2_math`, ``index_add_``).
 
 :func:`prepare_bev_ranks` is BEVDet's ``voxel_pooling_prepare_v2`` (rank computation, sorting,
 intervals) and :func:`synthetic_frustum` makes a plausible 6-camera geometry for examples.
@@ -19,22 +25,66 @@ intervals) and :func:`synthetic_frustum` makes a plausible 6-camera geometry for
 
 from __future__ import annotations
 
+import functools
 import math
+import threading
+import warnings
 from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
 
+from onnx_custom._native import build_torch_extension
+from onnx_custom.errors import ExtensionBuildError
+
 __all__ = [
     "bev_pool_v2",
     "bev_pool_v2_backward",
+    "bev_pool_v2_into",
     "bev_pool_v2_math",
     "check_bev_pool_inputs",
+    "load_extension",
     "prepare_bev_ranks",
     "synthetic_frustum",
 ]
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
+_SOURCE = Path(__file__).parent / "csrc" / "bev_pool.cpp"
+_LOCK = threading.Lock()
+
+
+@functools.cache
+def _load() -> ModuleType:
+    # The same flags as deform_conv2d's: -O3, OpenMP, AVX2/FMA where the CPU has them.
+    from onnx_custom.ops.deform_conv import _cflags
+
+    module = build_torch_extension("onnx_custom_bev_pool", _SOURCE, extra_cflags=_cflags(), is_python_module=True)
+    assert isinstance(module, ModuleType)
+    return module
+
+
+def load_extension() -> ModuleType:
+    """Build (first call, ~30 s) or load the cached C++ kernels."""
+    with _LOCK:
+        return _load()
+
+
+@functools.cache
+def _extension_or_none() -> ModuleType | None:
+    try:
+        return load_extension()
+    except ExtensionBuildError as exc:
+        warnings.warn(f"bev::bev_pool_v2: C++ kernels unavailable, using the slower PyTorch path ({exc})", RuntimeWarning, stacklevel=3)
+        return None
+
+
+def _native(*tensors: torch.Tensor) -> ModuleType | None:
+    """The C++ kernels when every tensor is on the CPU (else None: the PyTorch path)."""
+    if any(t.device.type != "cpu" for t in tensors):
+        return None
+    return _extension_or_none()
 
 
 def check_bev_pool_inputs(
@@ -183,7 +233,57 @@ def bev_pool_v2(
     """BEVDet's bev_pool_v2 (including its final permute to channels-first)."""
     args = (depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape)
     check_bev_pool_inputs(*args, interval_starts, interval_lengths)
-    return bev_pool_v2_math(*args, interval_starts, interval_lengths)
+    native = _native(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths)
+    if native is None:
+        return bev_pool_v2_math(*args, interval_starts, interval_lengths)
+    shape = [int(s) for s in bev_feat_shape]
+    out, valid = native.forward(depth, feat, ranks_depth, ranks_feat, ranks_bev, shape, interval_starts, interval_lengths, None)
+    if not valid:
+        _raise_index_error(*args, interval_starts, interval_lengths)
+    return out
+
+
+def bev_pool_v2_into(
+    out: torch.Tensor,
+    depth: torch.Tensor,
+    feat: torch.Tensor,
+    ranks_depth: torch.Tensor,
+    ranks_feat: torch.Tensor,
+    ranks_bev: torch.Tensor,
+    bev_feat_shape: Sequence[int],
+    interval_starts: torch.Tensor,
+    interval_lengths: torch.Tensor,
+) -> bool:
+    """The forward straight into ``out`` (contiguous (B, C, Z, Y, X), feat's dtype) with the C++
+    kernels; False (nothing written) when they are unavailable. For ONNX Runtime kernels, whose
+    output buffer is preallocated."""
+    args = (depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape)
+    check_bev_pool_inputs(*args, interval_starts, interval_lengths)
+    native = _native(out, depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths)
+    if native is None:
+        return False
+    shape = [int(s) for s in bev_feat_shape]
+    _, valid = native.forward(depth, feat, ranks_depth, ranks_feat, ranks_bev, shape, interval_starts, interval_lengths, out)
+    if not valid:
+        _raise_index_error(*args, interval_starts, interval_lengths)
+    return True
+
+
+def _raise_index_error(
+    depth: torch.Tensor,
+    feat: torch.Tensor,
+    ranks_depth: torch.Tensor,
+    ranks_feat: torch.Tensor,
+    ranks_bev: torch.Tensor,
+    bev_feat_shape: Sequence[int],
+    interval_starts: torch.Tensor,
+    interval_lengths: torch.Tensor,
+) -> None:
+    """The C++ kernels found an index out of range: name it (slow path, PyTorch)."""
+    b, z, y, x, _ = (int(s) for s in bev_feat_shape)
+    _d, _f, cell = _gather_terms(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths)
+    _check_bounds("ranks_bev", cell, b * z * y * x)
+    raise ValueError("bev::bev_pool_v2: an index lies out of range (ranks or intervals)")
 
 
 @bev_pool_v2.register_fake
@@ -219,6 +319,14 @@ def bev_pool_v2_backward(
     An op of its own (not Python in the autograd formula) because it is data-dependent: traced
     backward graphs see one opaque node with a fake kernel, as BEVDet's CUDA backward.
     """
+    ranks = (ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths)
+    native = _native(grad, depth, feat, *ranks)
+    if native is not None:
+        grad_depth, grad_feat, valid = native.backward(grad, depth, feat, *ranks)
+        if not valid:
+            shape = (grad.shape[0], *grad.shape[2:], grad.shape[1])
+            _raise_index_error(depth, feat, ranks_depth, ranks_feat, ranks_bev, shape, interval_starts, interval_lengths)
+        return grad_depth, grad_feat
     c = feat.shape[-1]
     d_idx, f_idx, cell = _gather_terms(
         depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths

@@ -201,10 +201,12 @@ class InferenceSession(ort.InferenceSession):
     Before ORT sees the model, raises :class:`KernelError` listing every custom node without a
     kernel, or whose inputs, outputs or attributes disagree with its kernel's declaration.
     ``model_or_path``: ModelProto, serialized bytes or a path. ``providers`` defaults to CPU
-    (Python kernels always run on CPU). A kernel that raises makes ``run`` (and
-    ``run_with_ort_values``, ``run_with_iobinding``) raise :class:`KernelRunError` carrying the
-    kernel's exception type and traceback; Ctrl-C inside a kernel raises KeyboardInterrupt. ORT
-    logs only errors unless ``sess_options.log_severity_level`` was set.
+    (Python kernels always run on CPU). ``kernels="native"``: prefer the native library
+    (``onnx_custom.library_path()``) and use Python kernels only for domains it cannot serve.
+    A kernel that raises makes ``run`` (and ``run_with_ort_values``, ``run_with_iobinding``)
+    raise :class:`KernelRunError` carrying the kernel's exception type and traceback; Ctrl-C
+    inside a kernel raises KeyboardInterrupt. ORT logs only errors unless
+    ``sess_options.log_severity_level`` was set.
     """
 
     def __init__(
@@ -213,13 +215,24 @@ class InferenceSession(ort.InferenceSession):
         sess_options: ort.SessionOptions | None = None,
         providers: Sequence[str] | None = None,
         *,
-        kernels: KernelRegistry | None = None,
+        kernels: KernelRegistry | str | None = None,
         **kwargs: Any,
     ) -> None:
         model, source = load_model(model_or_path)
-        self.kernel_specs: tuple[KernelSpec, ...] = tuple(required_kernels(model, kernels))
+        native: frozenset[str] = frozenset()
+        if isinstance(kernels, str):  # "native": see onnx_custom.runtime.native.plan_kernels
+            from onnx_custom.runtime.native import plan_kernels, register_library
+
+            if kernels != "native":
+                raise KernelError(f"kernels= expects a KernelRegistry, None or 'native'; received {kernels!r}.")
+            native, specs = plan_kernels(model)
+            self.kernel_specs: tuple[KernelSpec, ...] = tuple(specs)
+        else:
+            self.kernel_specs = tuple(required_kernels(model, kernels))
         validate_model(model, self.kernel_specs)
         so = _options_for(self.kernel_specs, sess_options)
+        if native:
+            register_library(so, native)
         if so.log_severity_level < 0:  # not chosen by the user: ORT's warnings here are noise
             so.log_severity_level = _QUIET
         try:

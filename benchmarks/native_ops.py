@@ -1,0 +1,230 @@
+"""Native kernels (libonnx_custom_ops.so) against their natural baselines, side by side in one run.
+
+Run: ``python benchmarks/native_ops.py [--rounds 7] [--repeat 10] [--only dcn,my_add,bev,gemm]``
+
+Every ORT session uses 2 intra-op threads with spinning off; torch uses 2 threads. Contenders of
+one comparison run interleaved (the order flips every round) and each ratio is the median of the
+per-round ratios of medians, so load drift hits both sides alike. CPU time (all threads) is
+reported next to wall time: on a loaded machine it is the steadier of the two.
+
+- dcn: native custom::DeformConv2d vs ORT's built-in DeformConv (opset 19), N=4, C=64, 56x56,
+  3x3, Cout=64, mask on (goal <= 1.0); also our kernel with ORT's Gemm (CreateOp/InvokeOp) in
+  place of our GEMM, and the eager torch op.
+- my_add: native custom::my_add vs native Mul+Add at 64x1024 (goal <= 1.1).
+- bev: native bev::BEVPoolV2 vs the eager op at a BEVDet-R50-like size: 6 cameras, D=59,
+  16x44 features, C=80, 128x128 grid (goal <= 1.0).
+- gemm: npu::CustomLinear with our GEMM vs with ORT's Gemm through InvokeOp vs a plain ORT Gemm
+  node (the measurement behind the GEMM choice).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+from onnx import TensorProto, helper
+
+from onnx_custom.runtime.native import library_path
+
+__all__ = ["compare", "main"]
+
+Fn = Callable[[], object]
+
+
+def _options(native: bool) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    so.inter_op_num_threads = 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if native:
+        so.register_custom_ops_library(str(library_path()))
+    return so
+
+
+def _session(model: onnx.ModelProto, native: bool = True, gemm: str = "own") -> ort.InferenceSession:
+    os.environ["ONNX_CUSTOM_NATIVE_GEMM"] = gemm  # read when ORT creates the kernels
+    try:
+        return ort.InferenceSession(model.SerializeToString(), _options(native), providers=["CPUExecutionProvider"])
+    finally:
+        os.environ.pop("ONNX_CUSTOM_NATIVE_GEMM", None)
+
+
+def _model(nodes: list[onnx.NodeProto], inputs: Sequence[tuple[str, int]], outputs: list[str], opset: int,
+           domains: tuple[str, ...] = ()) -> onnx.ModelProto:  # fmt: skip
+    graph = helper.make_graph(nodes, "bench", [helper.make_tensor_value_info(n, t, None) for n, t in inputs],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs])  # fmt: skip
+    imports = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in domains]
+    return helper.make_model(graph, opset_imports=imports, ir_version=9)
+
+
+def _measure(fn: Fn, repeat: int) -> tuple[float, float]:
+    """(median wall ms, median CPU ms) over ``repeat`` calls."""
+    walls, cpus = [], []
+    for _ in range(repeat):
+        w, c = time.perf_counter(), time.process_time()
+        fn()
+        walls.append((time.perf_counter() - w) * 1e3)
+        cpus.append((time.process_time() - c) * 1e3)
+    return statistics.median(walls), statistics.median(cpus)
+
+
+def compare(title: str, fns: dict[str, Fn], baseline: str, rounds: int, repeat: int,
+            goals: dict[str, float] | None = None) -> dict[str, float]:  # fmt: skip
+    """Prints wall/CPU medians and paired ratios against ``baseline``; returns wall ratios."""
+    for fn in fns.values():  # warm up: kernel creation, thread pools, caches
+        fn()
+        fn()
+    names = list(fns)
+    per_round: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else reversed(names):
+            per_round[name].append(_measure(fns[name], repeat))
+    print(f"\n{title}")
+    print(f"  {'contender':<40}{'wall ms':>9}{'cpu ms':>9}{'wall ratio':>12}{'cpu ratio':>11}  goal")
+    ratios = {}
+    for name in names:
+        wall = statistics.median(w for w, _ in per_round[name])
+        cpu = statistics.median(c for _, c in per_round[name])
+        rw = statistics.median(a[0] / b[0] for a, b in zip(per_round[name], per_round[baseline], strict=True))
+        rc = statistics.median(a[1] / b[1] for a, b in zip(per_round[name], per_round[baseline], strict=True))
+        ratios[name] = rw
+        goal = (goals or {}).get(name)
+        verdict = "" if goal is None else f"<= {goal:.1f} {'ok' if rw <= goal else 'MISS'}"
+        print(f"  {name:<40}{wall:>9.3f}{cpu:>9.3f}{rw:>11.2f}x{rc:>10.2f}x  {verdict}")
+    return ratios
+
+
+# ---- DeformConv2d ------------------------------------------------------------------------------------------
+def bench_dcn(rounds: int, repeat: int) -> dict[str, float]:
+    from onnx_custom.ops.deform_conv import deform_conv2d
+
+    g = torch.Generator().manual_seed(0)
+    n, c, h, w, k, cout = 4, 64, 56, 56, 3, 64
+    t = {"X": torch.randn(n, c, h, w, generator=g), "W": torch.randn(cout, c, k, k, generator=g) * 0.05,
+         "offset": torch.randn(n, 2 * k * k, h, w, generator=g) * 2.0, "B": torch.randn(cout, generator=g),
+         "mask": torch.rand(n, k * k, h, w, generator=g)}  # fmt: skip
+    f = {key: v.numpy() for key, v in t.items()}
+    ref_inputs = ["X", "W", "offset", "B", "mask"]
+    builtin = _session(_model([helper.make_node("DeformConv", ref_inputs, ["Y"], kernel_shape=[k, k], pads=[1] * 4)],
+                              [(i, TensorProto.FLOAT) for i in ref_inputs], ["Y"], 19), native=False)  # fmt: skip
+    ours_inputs = ["input", "weight", "offset", "mask", "bias"]
+    node = helper.make_node("DeformConv2d", ours_inputs, ["Y"], domain="custom", pad_h=1, pad_w=1, use_mask=1)
+    model = _model([node], [(i, TensorProto.FLOAT) for i in ours_inputs], ["Y"], 11, ("custom",))
+    feeds = {"input": f["X"], "weight": f["W"], "offset": f["offset"], "mask": f["mask"], "bias": f["B"]}
+    own, via_ort = _session(model, gemm="own"), _session(model, gemm="ort")
+    expected = builtin.run(None, f)[0]
+    for s in (own, via_ort):
+        np.testing.assert_allclose(s.run(None, feeds)[0], expected, rtol=1e-4, atol=1e-4)
+    torch.set_num_threads(2)
+
+    def eager() -> object:
+        with torch.inference_mode():
+            return deform_conv2d(t["X"], t["offset"], t["W"], t["B"], padding=1, mask=t["mask"])
+
+    return compare(
+        "custom::DeformConv2d, float32, N=4 C=64 56x56 3x3 Cout=64 mask on (baseline: ORT DeformConv op19)",
+        {"ORT DeformConv (opset 19)": lambda: builtin.run(None, f),
+         "native DeformConv2d (our GEMM)": lambda: own.run(None, feeds),
+         "native DeformConv2d (ORT Gemm via InvokeOp)": lambda: via_ort.run(None, feeds),
+         "eager onnx_custom::deform_conv2d (torch)": eager},
+        "ORT DeformConv (opset 19)", rounds, repeat, {"native DeformConv2d (our GEMM)": 1.0},
+    )  # fmt: skip
+
+
+# ---- my_add --------------------------------------------------------------------------------------------------
+def bench_my_add(rounds: int, repeat: int) -> dict[str, float]:
+    two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
+    ab = [("a", TensorProto.FLOAT), ("b", TensorProto.FLOAT)]
+    mul_add = _model([helper.make_node("Constant", [], ["c"], value=two), helper.make_node("Mul", ["a", "c"], ["t"]),
+                      helper.make_node("Add", ["t", "b"], ["y"])], ab, ["y"], 18)  # fmt: skip
+    ours = _model([helper.make_node("my_add", ["a", "b"], ["y"], domain="custom", alpha=2.0)], ab, ["y"], 18, ("custom",))
+    rng = np.random.default_rng(0)
+    feeds = {"a": rng.standard_normal((64, 1024), np.float32), "b": rng.standard_normal((64, 1024), np.float32)}
+    s_ref, s_ours = _session(mul_add, native=False), _session(ours)
+    np.testing.assert_allclose(s_ours.run(None, feeds)[0], s_ref.run(None, feeds)[0], rtol=1e-6)
+    return compare("custom::my_add (alpha=2), float32 64x1024 (baseline: ORT Mul+Add)",
+                   {"ORT Mul + Add": lambda: s_ref.run(None, feeds), "native my_add": lambda: s_ours.run(None, feeds)},
+                   "ORT Mul + Add", rounds, repeat * 20, {"native my_add": 1.1})  # fmt: skip
+
+
+# ---- BEVPoolV2 -------------------------------------------------------------------------------------------------
+def bench_bev(rounds: int, repeat: int) -> dict[str, float]:
+    from onnx_custom.ops.bev_pool import bev_pool_v2, prepare_bev_ranks, synthetic_frustum
+
+    cams, d, (fh, fw), c, grid = 6, 59, (16, 44), 80, (128, 128, 1)
+    coor = synthetic_frustum(1, cams, d, (fh, fw))
+    ranks_bev, ranks_depth, ranks_feat, starts, lengths = prepare_bev_ranks(coor, (-51.2, -51.2, -5.0), (0.8, 0.8, 8.0), grid)
+    g = torch.Generator().manual_seed(0)
+    depth = torch.randn(1, cams, d, fh, fw, generator=g).softmax(2)
+    feat = torch.randn(1, cams, fh, fw, c, generator=g)
+    shape = [1, grid[2], grid[1], grid[0], c]
+    names = ["depth", "feat", "ranks_depth", "ranks_feat", "ranks_bev", "interval_starts", "interval_lengths"]
+    values = [depth, feat, ranks_depth, ranks_feat, ranks_bev, starts, lengths]
+    feeds = {n: v.numpy() for n, v in zip(names, values, strict=True)}
+    types = [(n, TensorProto.FLOAT if i < 2 else TensorProto.INT32) for i, n in enumerate(names)]
+    model = _model([helper.make_node("BEVPoolV2", names, ["bev"], domain="bev", bev_feat_shape=shape)], types, ["bev"], 17, ("bev",))
+    sess = _session(model)
+    torch.set_num_threads(2)
+
+    def eager() -> object:
+        with torch.inference_mode():
+            return bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, shape, starts, lengths)
+
+    torch.testing.assert_close(torch.from_numpy(sess.run(None, feeds)[0]), eager())
+    print(f"\n(BEV: {int(ranks_bev.numel())} points in {int(starts.numel())} intervals)", end="")
+    return compare("bev::BEVPoolV2, float32, 6 cams, D=59, 16x44, C=80, 128x128 grid (baseline: eager op)",
+                   {"eager bev::bev_pool_v2 (torch)": eager, "native BEVPoolV2": lambda: sess.run(None, feeds)},
+                   "eager bev::bev_pool_v2 (torch)", rounds, repeat, {"native BEVPoolV2": 1.0})  # fmt: skip
+
+
+# ---- GEMM choice: npu::CustomLinear ---------------------------------------------------------------------------
+def bench_gemm(rounds: int, repeat: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for m, k, n in [(64, 1024, 1024), (4096, 256, 256), (8, 512, 512)]:
+        rng = np.random.default_rng(0)
+        feeds = {"x": rng.standard_normal((m, k), np.float32), "w": rng.standard_normal((n, k), np.float32) * 0.05,
+                 "b": rng.standard_normal(n, np.float32)}  # fmt: skip
+        io = [("x", TensorProto.FLOAT), ("w", TensorProto.FLOAT), ("b", TensorProto.FLOAT)]
+        gemm = _session(_model([helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)], io, ["y"], 13), native=False)
+        lin = _model([helper.make_node("CustomLinear", ["x", "w", "b"], ["y"], domain="npu")], io, ["y"], 13, ("npu",))
+        own, via_ort = _session(lin, gemm="own"), _session(lin, gemm="ort")
+        for s in (own, via_ort):
+            np.testing.assert_allclose(s.run(None, feeds)[0], gemm.run(None, feeds)[0], rtol=1e-4, atol=1e-4)
+        ratios = compare(f"npu::CustomLinear, float32, x {m}x{k} @ W^T {k}x{n} + b (baseline: ORT Gemm node)",
+                         {"ORT Gemm node (MLAS)": functools.partial(gemm.run, None, feeds),
+                          "native CustomLinear (our GEMM)": functools.partial(own.run, None, feeds),
+                          "native CustomLinear (ORT Gemm via InvokeOp)": functools.partial(via_ort.run, None, feeds)},
+                         "ORT Gemm node (MLAS)", rounds, repeat)  # fmt: skip
+        out.update({f"{name} {m}x{k}x{n}": r for name, r in ratios.items()})
+    return out
+
+
+BENCHES = {"dcn": bench_dcn, "my_add": bench_my_add, "bev": bench_bev, "gemm": bench_gemm}
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--only", default=",".join(BENCHES), help="comma-separated subset of " + ", ".join(BENCHES))
+    args = parser.parse_args(argv)
+    from onnx_custom.runtime.native import native_ops
+
+    print(f"library {library_path()} ({', '.join(native_ops())}); onnxruntime {ort.__version__}, "
+          f"torch {torch.__version__}, {os.cpu_count()} CPUs")
+    results: dict[str, float] = {}
+    for name in args.only.split(","):
+        results.update(BENCHES[name](args.rounds, args.repeat))
+    return results
+
+
+if __name__ == "__main__":
+    main()

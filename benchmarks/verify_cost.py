@@ -1,0 +1,261 @@
+"""What verification and localization cost, against what they verify.
+
+Rows (paired: contender and baseline alternate round by round in one process; medians):
+
+- ``compare_arrays`` / ``torch.isclose(...).all()`` on the same 1x64x56x56 float32 pair.
+- ``verify(trials=3)`` / 3 x (eager forward + ONNX Runtime run) of a small DCN ResNet with N
+  deformable residual blocks (``models/deform_conv.py``'s ``DeformBlock``), N = 2 and 32. The
+  baseline session is made once outside the timing; verify makes its own (its share is printed).
+- ``verify(localize=True)`` / plain ``verify`` on a file whose DeformConv translation drops the
+  modulation mask (every block diverges; the first is the origin), N = 8, 32, 128: localize
+  must grow linearly with the nodes.
+- Peak RSS of a fresh process that exports and localizes / one that only exports (the raw
+  exporter), N = 32.
+
+Run: ``python benchmarks/verify_cost.py [--exporter dynamo|torchscript] [--rounds 5] [--threads 2]``.
+torch uses ``--threads`` threads; ORT its defaults, as ``verify`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from torch import nn
+
+import onnx_custom
+from onnx_custom.compare import compare_arrays
+from onnx_custom.models.deform_conv import DeformBlock
+from onnx_custom.runner import make_session
+
+__all__ = ["DcnResNet", "main", "paired", "planted_registry"]
+
+OPSET = 19  # ONNX DeformConv: ORT's own kernel, so the rows measure the verifier, not our kernels
+
+
+class DcnResNet(nn.Module):
+    """ResNet stem (7x7/2 conv, 3x3/2 max pool: 1x3x224x224 -> 1x64x56x56), then ``blocks``
+    residual DCNv2 blocks at 64x56x56 (ResNet's first stage, its 3x3 convs deformable)."""
+
+    def __init__(self, blocks: int, channels: int = 64) -> None:
+        super().__init__()
+        generator_state = torch.random.get_rng_state()
+        torch.manual_seed(0)
+        try:
+            self.stem = nn.Sequential(
+                nn.Conv2d(3, channels, 7, stride=2, padding=3), nn.ReLU(), nn.MaxPool2d(3, stride=2, padding=1)
+            )
+            self.blocks = nn.ModuleList(DeformBlock(channels) for _ in range(blocks))
+            for block in self.blocks:
+                nn.init.normal_(block.predict.weight, std=0.05)  # offsets of about +-1 px
+                nn.init.zeros_(block.predict.bias)
+        finally:
+            torch.random.set_rng_state(generator_state)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for block in self.blocks:
+            x = x + block(x)
+        return x
+
+
+def example(seed: int = 0) -> tuple[torch.Tensor]:
+    return (torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(seed)),)
+
+
+def planted_registry() -> onnx_custom.Registry:
+    """The default registry with a wrong DeformConv translation (the modulation mask dropped)."""
+    from onnx_custom.symbolics import vision
+
+    def planted_deform_conv2d(g: Any, input: Any, weight: Any, offset: Any, mask: Any, bias: Any, **attrs: Any) -> Any:
+        return vision.deform_conv2d(g, input, weight, offset, mask, bias, **{**attrs, "use_mask": False})
+
+    registry = onnx_custom.default_registry().copy()
+    registry.symbolic("onnx_custom::deform_conv2d", opset=OPSET, replace=True)(planted_deform_conv2d)
+    return registry
+
+
+def export(model: nn.Module, exporter: str, registry: onnx_custom.Registry | None = None) -> onnx.ModelProto:
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return onnx_custom.export(model, example(), exporter=exporter, opset=OPSET, registry=registry)
+
+
+CLOCK = time.perf_counter  # --cpu-time: time.process_time (steadier on a loaded machine, 1 thread)
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = CLOCK()
+    fn()
+    return CLOCK() - start
+
+
+def paired(contender: Callable[[], object], baseline: Callable[[], object], rounds: int, inner: int = 1) -> tuple[float, float]:
+    """Median seconds of (contender, baseline), alternating which runs first each round."""
+    mine: list[float] = []
+    base: list[float] = []
+    for r in range(rounds):
+        order = ((mine, contender), (base, baseline)) if r % 2 == 0 else ((base, baseline), (mine, contender))
+        for times, fn in order:
+            times.append(sum(timed(fn) for _ in range(inner)) / inner)
+    return statistics.median(mine), statistics.median(base)
+
+
+def _row(label: str, mine: float, base: float, goal: float | None, unit: float = 1e3, unit_name: str = "ms") -> float:
+    ratio = mine / base
+    verdict = "" if goal is None else f"goal <= {goal:g}: {'ok' if ratio <= goal else 'MISS'}"
+    print(f"{label:<46} {mine * unit:>10.3f} {base * unit:>10.3f} {unit_name}  {ratio:>6.2f}x  {verdict}")
+    return ratio
+
+
+def compare_row(rounds: int) -> float:
+    g = torch.Generator().manual_seed(0)
+    expected = torch.randn(1, 64, 56, 56, generator=g)
+    actual = (expected + 1e-7 * torch.randn(expected.shape, generator=g)).numpy()
+    actual_t = torch.from_numpy(actual)
+    mine, base = paired(
+        lambda: compare_arrays(expected, actual, name="y", trial=0),
+        lambda: torch.isclose(expected, actual_t).all(),
+        rounds * 4, inner=5,
+    )  # fmt: skip
+    return _row("compare_arrays / isclose().all() 1x64x56x56", mine, base, 2.0)
+
+
+def verify_rows(blocks: int, exporter: str, rounds: int) -> float:
+    model = DcnResNet(blocks).eval()
+    proto = export(model, exporter)
+    session = make_session(proto)
+    name = session.get_inputs()[0].name
+    inputs = [example(seed)[0] for seed in range(3)]
+
+    def plain() -> None:
+        for x in inputs:
+            with torch.no_grad():
+                model(x)
+            session.run(None, {name: x.numpy()})
+
+    def verify() -> None:
+        # 32 deformable blocks drift by ~1e-3 relative (bilinear sampling is discontinuous where a
+        # sample crosses a pixel edge), so deep rows use deep-network tolerances; the cost is the same.
+        onnx_custom.verify(model, example(), proto, trials=3, rtol=1e-3, atol=1e-3)
+
+    verify()  # warm: the kernel host, the dispatcher, ORT's first-run allocations
+    mine, base = paired(verify, plain, rounds)
+    ratio = _row(f"verify(trials=3) / 3x(eager+ORT), N={blocks}", mine, base, 1.15)
+    session_s = statistics.median(timed(lambda: make_session(proto)) for _ in range(rounds))
+    with torch.no_grad():
+        out = model(inputs[0])
+    (ort_out,) = session.run(None, {name: inputs[0].numpy()})
+    compare_s = statistics.median(timed(lambda: compare_arrays(out, ort_out, name="y", trial=0)) for _ in range(rounds * 5))
+    print(f"    of which: session creation {session_s * 1e3:.1f} ms, 3 compares {3 * compare_s * 1e3:.2f} ms, "
+          f"rest {(mine - base - session_s - 3 * compare_s) * 1e3:.1f} ms")  # fmt: skip
+    return ratio
+
+
+def localize_rows(blocks: int, exporter: str, rounds: int) -> float:
+    model = DcnResNet(blocks).eval()
+    registry = planted_registry()
+    proto = export(model, exporter, registry)
+    args = example()
+
+    def plain() -> None:
+        onnx_custom.verify(model, args, proto, registry=registry, raise_on_mismatch=False)
+
+    def localized() -> None:
+        report = onnx_custom.verify(model, args, proto, registry=registry, raise_on_mismatch=False, localize=True)
+        first = report.localization.first
+        assert first is not None and first.torch_op.startswith("onnx_custom::deform_conv2d"), report.localization
+
+    localized()  # warm, and check that it names a DeformConv
+    mine, base = paired(localized, plain, rounds)
+    nodes = sum(1 for n in torch.export.export(model, args, strict=False).graph.nodes if n.op == "call_function")
+    ratio = _row(f"verify(localize) / verify, N={blocks} ({nodes} nodes)", mine, base, 3.0 if blocks == 32 else None)
+    print(f"    localize alone {(mine - base) * 1e3:.0f} ms = {(mine - base) / nodes * 1e3:.2f} ms per node")
+    return ratio
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status (Linux only)")
+
+
+def _rss_child(kind: str, blocks: int, exporter: str) -> None:
+    """Subprocess body: print the process's peak RSS (KiB) after exporting (and localizing)."""
+    torch.set_num_threads(2)
+    model = DcnResNet(blocks).eval()
+    registry = planted_registry()
+    proto = export(model, exporter, registry)
+    if kind == "localize":
+        onnx_custom.verify(model, example(), proto, registry=registry, raise_on_mismatch=False, localize=True)
+    print(_status_kib("VmHWM"))
+
+
+def peak_rss(kind: str, blocks: int, exporter: str) -> int:
+    out = subprocess.run(
+        [sys.executable, __file__, "--rss-child", kind, "--exporter", exporter, "--blocks", str(blocks)],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    return int(out.split()[-1]) * 1024
+
+
+def rss_row(blocks: int, exporter: str) -> float:
+    export_peak = statistics.median(peak_rss("export", blocks, exporter) for _ in range(3))
+    localize_peak = statistics.median(peak_rss("localize", blocks, exporter) for _ in range(3))
+    mib = 1 / 2**20
+    ratio = localize_peak / export_peak
+    print(f"{f'peak RSS export+localize / export, N={blocks}':<46} {localize_peak * mib:>10.0f} {export_peak * mib:>10.0f} MiB "
+          f" {ratio:>6.2f}x  goal <= 1.3: {'ok' if ratio <= 1.3 else 'MISS'}")  # fmt: skip
+    return ratio
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--exporter", choices=("dynamo", "torchscript"), default="dynamo")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--cpu-time", action="store_true", help="process CPU time instead of wall time")
+    parser.add_argument("--verify-blocks", type=int, nargs="*", default=[2, 32])
+    parser.add_argument("--localize-blocks", type=int, nargs="*", default=[8, 32, 128])
+    parser.add_argument("--rss-blocks", type=int, nargs="*", default=[32])
+    parser.add_argument("--skip-compare", action="store_true")
+    parser.add_argument("--rss-child", choices=("export", "localize"), help=argparse.SUPPRESS)
+    parser.add_argument("--blocks", type=int, default=32, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.rss_child:
+        _rss_child(args.rss_child, args.blocks, args.exporter)
+        return {}
+    torch.set_num_threads(args.threads)
+    global CLOCK
+    CLOCK = time.process_time if args.cpu_time else time.perf_counter
+    print(f"torch {torch.__version__} ({torch.get_num_threads()} threads), numpy {np.__version__}; "
+          f"{args.exporter} exporter, opset {OPSET}; medians of {args.rounds} paired rounds of "
+          f"{'CPU' if args.cpu_time else 'wall'} time")  # fmt: skip
+    print(f"{'contender / baseline':<46} {'contender':>10} {'baseline':>10}")
+    results: dict[str, float] = {}
+    if not args.skip_compare:
+        results["compare"] = compare_row(args.rounds)
+    for blocks in args.verify_blocks:
+        results[f"verify N={blocks}"] = verify_rows(blocks, args.exporter, args.rounds)
+    for blocks in args.localize_blocks:
+        results[f"localize N={blocks}"] = localize_rows(blocks, args.exporter, max(3, args.rounds // 2))
+    for blocks in args.rss_blocks:
+        results[f"rss N={blocks}"] = rss_row(blocks, args.exporter)
+    return results
+
+
+if __name__ == "__main__":
+    main()
