@@ -415,7 +415,6 @@ def test_check_op_verifies_one_file_at_every_sample_size(acme: Path, exporter: s
     assert "at 7x3, 2x3, 1x3, 0x3" in case.detail
 
 
-@pytest.mark.xfail(strict=True, reason="issue 9: verify compares a 0-d output as shape [1] (np.ascontiguousarray in compare.py)")
 @pytest.mark.parametrize(("exporter", "opset"), EXPORTERS, ids=[e for e, _ in EXPORTERS])
 def test_zero_d_through_the_custom_node(acme: Path, exporter: str, opset: int) -> None:
     from onnx_custom.testing import check_op

@@ -21,6 +21,11 @@ Without a C++ compiler, or on other devices, the same math runs in plain PyTorch
 
 :func:`prepare_bev_ranks` is BEVDet's ``voxel_pooling_prepare_v2`` (rank computation, sorting,
 intervals) and :func:`synthetic_frustum` makes a plausible 6-camera geometry for examples.
+
+The op is declared once below (`BEV_POOL_V2`): schema, dtypes (float32/float64/float16/bfloat16
+features, int32/int64 indices: eager, fake, Python and native kernels alike), shape rule,
+validator, autograd, the ``bev::BEVPoolV2`` node (kernel math in ``ort_kernels/bev.py``) and the
+standard-op translation at opset 16 (``symbolics/bev.py``, also the node's function body).
 """
 
 from __future__ import annotations
@@ -38,19 +43,53 @@ import torch
 
 from onnx_custom._native import build_torch_extension
 from onnx_custom.errors import ExtensionBuildError
+from onnx_custom.runtime.function_builder import TranslationBody
+from onnx_custom.spec import Attribute, Input, OpSpec, Output, define_op, op_arguments
 
 __all__ = [
+    "BEV_POOL_V2",
+    "FLOATS",
+    "INDEX",
+    "SPECS",
     "bev_pool_v2",
     "bev_pool_v2_backward",
+    "bev_pool_v2_forward",
+    "bev_pool_v2_grads",
     "bev_pool_v2_into",
     "bev_pool_v2_math",
+    "bev_pool_v2_save",
     "check_bev_pool_inputs",
     "load_extension",
     "prepare_bev_ranks",
     "synthetic_frustum",
 ]
 
+FLOATS = ("float32", "float64", "float16", "bfloat16")
+INDEX = ("int32", "int64")
 _INDEX_DTYPES = (torch.int32, torch.int64)
+_BEV = "onnx_custom.symbolics.bev"
+_OPS = "onnx_custom.ops.bev_pool"
+
+BEV_POOL_V2 = OpSpec(
+    "bev::bev_pool_v2",
+    doc="BEVDet's voxel pooling: depth x feature rows summed into BEV cells, (B, C, Z, Y, X)",
+    inputs=[
+        Input("depth", FLOATS, format="(B, N, D, fH, fW)"),
+        Input("feat", FLOATS, format="(B, N, fH, fW, C)"),
+        *(Input(name, INDEX) for name in ("ranks_depth", "ranks_feat", "ranks_bev", "interval_starts", "interval_lengths")),
+    ],
+    attributes=[Attribute("bev_feat_shape", "int[]", after="ranks_bev", doc="[B, Z, Y, X, C]")],
+    outputs=[Output("bev", dtype="like:feat", shape="[bev_feat_shape.0, bev_feat_shape.4, *bev_feat_shape[1:4]]")],
+    impl=f"{_OPS}:bev_pool_v2_forward",
+    check=f"{_OPS}:check_bev_pool_inputs",
+    backward=f"{_OPS}:bev_pool_v2_grads",
+    setup_context=f"{_OPS}:bev_pool_v2_save",
+    op_type="BEVPoolV2",  # not bev_pool_v2: TorchScript mistakes such a node for an onnxscript function
+    kernel="onnx_custom.ort_kernels.bev:bev_pool_v2",
+    function=TranslationBody(f"{_BEV}:bev_pool_v2", min_opset=16),
+    translations={16: {"default": f"{_BEV}:bev_pool_v2", "custom": "node"}},  # ScatterND reduction: 16
+)
+SPECS = (BEV_POOL_V2,)
 _SOURCE = Path(__file__).parent / "csrc" / "bev_pool.cpp"
 _LOCK = threading.Lock()
 
@@ -87,17 +126,11 @@ def _native(*tensors: torch.Tensor) -> ModuleType | None:
     return _extension_or_none()
 
 
-def check_bev_pool_inputs(
-    depth: torch.Tensor,
-    feat: torch.Tensor,
-    ranks_depth: torch.Tensor,
-    ranks_feat: torch.Tensor,
-    ranks_bev: torch.Tensor,
-    bev_feat_shape: Sequence[int],
-    interval_starts: torch.Tensor,
-    interval_lengths: torch.Tensor,
-) -> None:
-    """Shape/dtype checks shared by the eager and fake kernels (no data access)."""
+@op_arguments(BEV_POOL_V2)
+def check_bev_pool_inputs(args: Any) -> None:
+    """Shape/dtype checks shared by the eager and fake kernels (no data access); takes the op's
+    arguments as the op does."""
+    depth, feat, bev_feat_shape = args.depth, args.feat, args.bev_feat_shape
     op = "bev::bev_pool_v2"
     if depth.dim() != 5 or feat.dim() != 5:
         raise ValueError(
@@ -123,13 +156,9 @@ def check_bev_pool_inputs(
         )
     if any(int(s) < 1 for s in bev_feat_shape):
         raise ValueError(f"{op} expects positive bev_feat_shape, got {list(bev_feat_shape)}")
-    named = {
-        "ranks_depth": ranks_depth,
-        "ranks_feat": ranks_feat,
-        "ranks_bev": ranks_bev,
-        "interval_starts": interval_starts,
-        "interval_lengths": interval_lengths,
-    }
+    ranks_depth, ranks_feat, ranks_bev = args.ranks_depth, args.ranks_feat, args.ranks_bev
+    interval_starts, interval_lengths = args.interval_starts, args.interval_lengths
+    named = {name: getattr(args, name) for name in ("ranks_depth", "ranks_feat", "ranks_bev", "interval_starts", "interval_lengths")}
     for name, t in named.items():
         if t.dim() != 1 or t.dtype not in _INDEX_DTYPES:
             raise TypeError(
@@ -212,34 +241,18 @@ def bev_pool_v2_math(
     return out.reshape(b, z, y, x, c).permute(0, 4, 1, 2, 3).contiguous()
 
 
-@torch.library.custom_op(
-    "bev::bev_pool_v2",
-    mutates_args=(),
-    schema=(
-        "(Tensor depth, Tensor feat, Tensor ranks_depth, Tensor ranks_feat, Tensor ranks_bev, "
-        "int[] bev_feat_shape, Tensor interval_starts, Tensor interval_lengths) -> Tensor"
-    ),
-)
-def bev_pool_v2(
-    depth: torch.Tensor,
-    feat: torch.Tensor,
-    ranks_depth: torch.Tensor,
-    ranks_feat: torch.Tensor,
-    ranks_bev: torch.Tensor,
-    bev_feat_shape: Sequence[int],
-    interval_starts: torch.Tensor,
-    interval_lengths: torch.Tensor,
-) -> torch.Tensor:
-    """BEVDet's bev_pool_v2 (including its final permute to channels-first)."""
-    args = (depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape)
-    check_bev_pool_inputs(*args, interval_starts, interval_lengths)
-    native = _native(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths)
+@op_arguments(BEV_POOL_V2)
+def bev_pool_v2_forward(a: Any) -> torch.Tensor:
+    """BEVDet's bev_pool_v2 (including its final permute to channels-first): the C++ kernels on
+    CPU, else the PyTorch math. The op has checked the arguments."""
+    args = (a.depth, a.feat, a.ranks_depth, a.ranks_feat, a.ranks_bev, a.bev_feat_shape, a.interval_starts, a.interval_lengths)
+    native = _native(a.depth, a.feat, a.ranks_depth, a.ranks_feat, a.ranks_bev, a.interval_starts, a.interval_lengths)
     if native is None:
-        return bev_pool_v2_math(*args, interval_starts, interval_lengths)
-    shape = [int(s) for s in bev_feat_shape]
-    out, valid = native.forward(depth, feat, ranks_depth, ranks_feat, ranks_bev, shape, interval_starts, interval_lengths, None)
+        return bev_pool_v2_math(*args)
+    shape = [int(s) for s in a.bev_feat_shape]
+    out, valid = native.forward(*args[:5], shape, *args[6:], None)
     if not valid:
-        _raise_index_error(*args, interval_starts, interval_lengths)
+        _raise_index_error(*args)
     return out
 
 
@@ -284,23 +297,6 @@ def _raise_index_error(
     _d, _f, cell = _gather_terms(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths)
     _check_bounds("ranks_bev", cell, b * z * y * x)
     raise ValueError("bev::bev_pool_v2: an index lies out of range (ranks or intervals)")
-
-
-@bev_pool_v2.register_fake
-def _bev_pool_v2_fake(
-    depth: torch.Tensor,
-    feat: torch.Tensor,
-    ranks_depth: torch.Tensor,
-    ranks_feat: torch.Tensor,
-    ranks_bev: torch.Tensor,
-    bev_feat_shape: Sequence[int],
-    interval_starts: torch.Tensor,
-    interval_lengths: torch.Tensor,
-) -> torch.Tensor:
-    args = (depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape)
-    check_bev_pool_inputs(*args, interval_starts, interval_lengths)
-    b, z, y, x, c = (int(s) for s in bev_feat_shape)
-    return feat.new_empty(b, c, z, y, x)
 
 
 @torch.library.custom_op("bev::bev_pool_v2_backward", mutates_args=())
@@ -353,17 +349,17 @@ def _bev_pool_v2_backward_fake(
     return torch.empty_like(depth), torch.empty_like(feat)
 
 
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    depth, feat, r_depth, r_feat, r_bev, _shape, starts, lengths = inputs
-    ctx.save_for_backward(depth, feat, r_depth, r_feat, r_bev, starts, lengths)
+def bev_pool_v2_save(ctx: Any, inputs: Any, output: Any) -> None:
+    ranks = (inputs.ranks_depth, inputs.ranks_feat, inputs.ranks_bev, inputs.interval_starts, inputs.interval_lengths)
+    ctx.save_for_backward(inputs.depth, inputs.feat, *ranks)
 
 
-def _backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+def bev_pool_v2_grads(ctx: Any, grad: torch.Tensor) -> dict[str, torch.Tensor]:
     grad_depth, grad_feat = bev_pool_v2_backward(grad.contiguous(), *ctx.saved_tensors)
-    return grad_depth, grad_feat, None, None, None, None, None, None
+    return {"depth": grad_depth, "feat": grad_feat}
 
 
-bev_pool_v2.register_autograd(_backward, setup_context=_setup_context)
+bev_pool_v2 = define_op(BEV_POOL_V2)
 
 
 # --------------------------------------------------------------------------- rank preparation

@@ -9,7 +9,7 @@
 namespace oc {
 namespace {
 
-const std::vector<int> kFloats = {OC_ELEM_FLOAT, OC_ELEM_DOUBLE, OC_ELEM_FLOAT16};
+const std::vector<int> kFloats = {OC_ELEM_FLOAT, OC_ELEM_DOUBLE, OC_ELEM_FLOAT16, OC_ELEM_BFLOAT16};
 constexpr double kFlopsPerTask = 4e6;  // enough work to pay for a thread-pool task
 
 int input_elem(const OrtKernelInfo* info, size_t index) {
