@@ -121,14 +121,14 @@ def _native_into(out: np.ndarray, arrays: tuple[np.ndarray, ...], bev_feat_shape
     try:
         import torch
 
-        from onnx_custom.ops.bev_pool import bev_pool_v2_into
+        from onnx_custom.ops.bev_pool import bev_arguments, bev_pool_v2_into
     except ImportError:
         return False
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # ORT's inputs are read-only; torch only reads them
         depth, feat, ranks_depth, ranks_feat, ranks_bev, starts, lengths = (_torch_view(np.ascontiguousarray(a)) for a in arrays)
     with torch.inference_mode():
-        return bev_pool_v2_into(_torch_view(out), depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape, starts, lengths)
+        return bev_pool_v2_into(_torch_view(out), bev_arguments(depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape, starts, lengths))
 
 
 def bev_pool_v2(

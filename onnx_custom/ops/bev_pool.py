@@ -51,6 +51,7 @@ __all__ = [
     "FLOATS",
     "INDEX",
     "SPECS",
+    "bev_arguments",
     "bev_pool_v2",
     "bev_pool_v2_backward",
     "bev_pool_v2_forward",
@@ -200,101 +201,68 @@ def _interval_points(
     return starts[interval] + offset, interval
 
 
-def _gather_terms(
-    depth: torch.Tensor,
-    feat: torch.Tensor,
-    ranks_depth: torch.Tensor,
-    ranks_feat: torch.Tensor,
-    ranks_bev: torch.Tensor,
-    interval_starts: torch.Tensor,
-    interval_lengths: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+@op_arguments(BEV_POOL_V2)
+def bev_arguments(a: Any) -> Any:
+    """The op's arguments, taken as the op takes them, as one named tuple (``args.depth``...)."""
+    return a
+
+
+def _gather_terms(a: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per contributing point: (flat depth index, feat row index, bev cell index)."""
-    points, interval = _interval_points(interval_starts, interval_lengths)
-    _check_bounds("interval points", points, ranks_bev.numel())
-    d_idx = ranks_depth.long()[points]
-    f_idx = ranks_feat.long()[points]
-    cell = ranks_bev.long()[interval_starts.long()][interval]
-    _check_bounds("ranks_depth", d_idx, depth.numel())
-    _check_bounds("ranks_feat", f_idx, feat.numel() // feat.shape[-1])
+    points, interval = _interval_points(a.interval_starts, a.interval_lengths)
+    _check_bounds("interval points", points, a.ranks_bev.numel())
+    d_idx = a.ranks_depth.long()[points]
+    f_idx = a.ranks_feat.long()[points]
+    cell = a.ranks_bev.long()[a.interval_starts.long()][interval]
+    _check_bounds("ranks_depth", d_idx, a.depth.numel())
+    _check_bounds("ranks_feat", f_idx, a.feat.numel() // a.feat.shape[-1])
     return d_idx, f_idx, cell
 
 
-def bev_pool_v2_math(
-    depth: torch.Tensor,
-    feat: torch.Tensor,
-    ranks_depth: torch.Tensor,
-    ranks_feat: torch.Tensor,
-    ranks_bev: torch.Tensor,
-    bev_feat_shape: Sequence[int],
-    interval_starts: torch.Tensor,
-    interval_lengths: torch.Tensor,
-) -> torch.Tensor:
+@op_arguments(BEV_POOL_V2)
+def bev_pool_v2_math(a: Any) -> torch.Tensor:
     """The pooling in plain PyTorch; returns (B, C, Z, Y, X)."""
-    b, z, y, x, c = (int(s) for s in bev_feat_shape)
-    d_idx, f_idx, cell = _gather_terms(
-        depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths
-    )
+    b, z, y, x, c = (int(s) for s in a.bev_feat_shape)
+    d_idx, f_idx, cell = _gather_terms(a)
     _check_bounds("ranks_bev", cell, b * z * y * x)
-    values = depth.reshape(-1)[d_idx].unsqueeze(1) * feat.reshape(-1, c)[f_idx]
-    out = feat.new_zeros(b * z * y * x, c).index_add_(0, cell, values)
+    values = a.depth.reshape(-1)[d_idx].unsqueeze(1) * a.feat.reshape(-1, c)[f_idx]
+    out = a.feat.new_zeros(b * z * y * x, c).index_add_(0, cell, values)
     return out.reshape(b, z, y, x, c).permute(0, 4, 1, 2, 3).contiguous()
+
+
+def _run_native(a: Any, out: torch.Tensor | None) -> torch.Tensor | None:
+    """The C++ forward (into ``out`` when given); None when it cannot run here."""
+    tensors = (a.depth, a.feat, a.ranks_depth, a.ranks_feat, a.ranks_bev, a.interval_starts, a.interval_lengths)
+    native = _native(*tensors, *(() if out is None else (out,)))
+    if native is None:
+        return None
+    shape = [int(s) for s in a.bev_feat_shape]
+    result, valid = native.forward(*tensors[:5], shape, *tensors[5:], out)
+    if not valid:
+        _raise_index_error(a)
+    return result
 
 
 @op_arguments(BEV_POOL_V2)
 def bev_pool_v2_forward(a: Any) -> torch.Tensor:
     """BEVDet's bev_pool_v2 (including its final permute to channels-first): the C++ kernels on
     CPU, else the PyTorch math. The op has checked the arguments."""
-    args = (a.depth, a.feat, a.ranks_depth, a.ranks_feat, a.ranks_bev, a.bev_feat_shape, a.interval_starts, a.interval_lengths)
-    native = _native(a.depth, a.feat, a.ranks_depth, a.ranks_feat, a.ranks_bev, a.interval_starts, a.interval_lengths)
-    if native is None:
-        return bev_pool_v2_math(*args)
-    shape = [int(s) for s in a.bev_feat_shape]
-    out, valid = native.forward(*args[:5], shape, *args[6:], None)
-    if not valid:
-        _raise_index_error(*args)
-    return out
+    out = _run_native(a, None)
+    return bev_pool_v2_math(*a) if out is None else out
 
 
-def bev_pool_v2_into(
-    out: torch.Tensor,
-    depth: torch.Tensor,
-    feat: torch.Tensor,
-    ranks_depth: torch.Tensor,
-    ranks_feat: torch.Tensor,
-    ranks_bev: torch.Tensor,
-    bev_feat_shape: Sequence[int],
-    interval_starts: torch.Tensor,
-    interval_lengths: torch.Tensor,
-) -> bool:
-    """The forward straight into ``out`` (contiguous (B, C, Z, Y, X), feat's dtype) with the C++
-    kernels; False (nothing written) when they are unavailable. For ONNX Runtime kernels, whose
-    output buffer is preallocated."""
-    args = (depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape)
-    check_bev_pool_inputs(*args, interval_starts, interval_lengths)
-    native = _native(out, depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths)
-    if native is None:
-        return False
-    shape = [int(s) for s in bev_feat_shape]
-    _, valid = native.forward(depth, feat, ranks_depth, ranks_feat, ranks_bev, shape, interval_starts, interval_lengths, out)
-    if not valid:
-        _raise_index_error(*args, interval_starts, interval_lengths)
-    return True
+def bev_pool_v2_into(out: torch.Tensor, args: Any) -> bool:
+    """The forward of ``args`` (`bev_arguments`) straight into ``out`` (contiguous (B, C, Z, Y,
+    X), feat's dtype) with the C++ kernels; False (nothing written) when they are unavailable.
+    For ONNX Runtime kernels, whose output buffer is preallocated."""
+    check_bev_pool_inputs(*args)
+    return _run_native(args, out) is not None
 
 
-def _raise_index_error(
-    depth: torch.Tensor,
-    feat: torch.Tensor,
-    ranks_depth: torch.Tensor,
-    ranks_feat: torch.Tensor,
-    ranks_bev: torch.Tensor,
-    bev_feat_shape: Sequence[int],
-    interval_starts: torch.Tensor,
-    interval_lengths: torch.Tensor,
-) -> None:
+def _raise_index_error(a: Any) -> None:
     """The C++ kernels found an index out of range: name it (slow path, PyTorch)."""
-    b, z, y, x, _ = (int(s) for s in bev_feat_shape)
-    _d, _f, cell = _gather_terms(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths)
+    b, z, y, x, _ = (int(s) for s in a.bev_feat_shape)
+    _d, _f, cell = _gather_terms(a)
     _check_bounds("ranks_bev", cell, b * z * y * x)
     raise ValueError("bev::bev_pool_v2: an index lies out of range (ranks or intervals)")
 
@@ -316,17 +284,16 @@ def bev_pool_v2_backward(
     backward graphs see one opaque node with a fake kernel, as BEVDet's CUDA backward.
     """
     ranks = (ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths)
+    shape = [grad.shape[0], *grad.shape[2:], grad.shape[1]]  # bev_feat_shape [B, Z, Y, X, C]
+    args = bev_arguments(depth, feat, *ranks[:3], shape, *ranks[3:])
     native = _native(grad, depth, feat, *ranks)
     if native is not None:
         grad_depth, grad_feat, valid = native.backward(grad, depth, feat, *ranks)
         if not valid:
-            shape = (grad.shape[0], *grad.shape[2:], grad.shape[1])
-            _raise_index_error(depth, feat, ranks_depth, ranks_feat, ranks_bev, shape, interval_starts, interval_lengths)
+            _raise_index_error(args)
         return grad_depth, grad_feat
     c = feat.shape[-1]
-    d_idx, f_idx, cell = _gather_terms(
-        depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths
-    )
+    d_idx, f_idx, cell = _gather_terms(args)
     g_rows = grad.permute(0, 2, 3, 4, 1).reshape(-1, c)[cell]
     feat_rows = feat.reshape(-1, c)
     depth_flat = depth.reshape(-1)
