@@ -33,7 +33,7 @@ _TYPE_ONLY = {
     ("LessOrEqual", 16), ("GreaterOrEqual", 16), ("Slice", 13), ("Size", 13), ("Size", 19),
     ("Sign", 13), ("LeakyRelu", 16), ("PRelu", 16), ("Range", 11), ("Shape", 13),
     ("BatchNormalization", 15), ("MaxPool", 12), ("Softplus", 22), ("ConstantOfShape", 20),
-    ("Reshape", 13), ("Asinh", 22), ("Sin", 22), ("Cos", 22),
+    ("Reshape", 13), ("Asinh", 22), ("Sin", 22), ("Cos", 22), ("Pad", 13), ("Pad", 21),
 }
 
 # Versions that added an attribute; fine as long as the node does not set it.
@@ -43,6 +43,31 @@ _NEW_ATTRIBUTE = {
     ("ScatterElements", 16): "reduction", ("ScatterElements", 18): "reduction",
     ("BatchNormalization", 14): "training_mode",
 }
+
+
+# Versions that added an optional input at this index; fine as long as the node leaves it empty.
+_NEW_INPUT = {("Pad", 18): 3}  # axes
+
+# Versions that added a value to an attribute; fine as long as the node does not use that value.
+_NEW_VALUE = {("Pad", 19): ("mode", b"wrap")}
+
+
+def _allowed(node: onnx.NodeProto, version: int, attrs: dict[str, onnx.AttributeProto]) -> bool:
+    """Whether ``node`` means the same before and after ``node.op_type``'s change at ``version``."""
+    key = (node.op_type, version)
+    if key in _TYPE_ONLY:
+        return True
+    added = _NEW_ATTRIBUTE.get(key)
+    if added is not None:
+        return added not in attrs and not (added == "start" and "end" in attrs)
+    index = _NEW_INPUT.get(key)
+    if index is not None:
+        return len(node.input) <= index or not node.input[index]
+    value = _NEW_VALUE.get(key)
+    if value is not None:
+        name, new = value
+        return name not in attrs or attrs[name].s != new
+    return False
 
 
 def _since(op_type: str, opset: int) -> int | None:
@@ -61,15 +86,9 @@ def _blockers(nodes: list[onnx.NodeProto], target: int, built: int) -> list[str]
         if old is None or new is None:
             problems.append(f"{node.op_type} (does not exist at opset {target})")
             continue
-        attrs = {a.name for a in node.attribute}
+        attrs = {a.name: a for a in node.attribute}
         versions = [v for v in range(old + 1, new + 1) if _since(node.op_type, v) == v]
-        for version in versions:
-            if (node.op_type, version) in _TYPE_ONLY:
-                continue
-            added = _NEW_ATTRIBUTE.get((node.op_type, version))
-            if added is not None and added not in attrs and not (added == "start" and "end" in attrs):
-                continue
-            problems.append(f"{node.op_type} (changed at opset {version})")
+        problems += [f"{node.op_type} (changed at opset {v})" for v in versions if not _allowed(node, v, attrs)]
     return problems
 
 
