@@ -87,6 +87,7 @@ BEV_POOL_V2 = OpSpec(
     setup_context=f"{_OPS}:bev_pool_v2_save",
     op_type="BEVPoolV2",  # not bev_pool_v2: TorchScript mistakes such a node for an onnxscript function
     kernel="onnx_custom.ort_kernels.bev:bev_pool_v2",
+    native=True,  # ort_kernels/native/bev.cpp
     function=TranslationBody(f"{_BEV}:bev_pool_v2", min_opset=16),
     translations={16: {"default": f"{_BEV}:bev_pool_v2", "custom": "node"}},  # ScatterND reduction: 16
 )

@@ -34,6 +34,7 @@ CUSTOM_LINEAR = OpSpec(
     setup_context="onnx_custom.ops.custom_linear:linear_save",
     op_type="CustomLinear",  # the stand-in for the vendor's NPU kernel, in domain npu
     kernel="onnx_custom.ort_kernels.linear:custom_linear",
+    native=True,  # ort_kernels/native/linear.cpp
     # one Gemm on x flattened to 2-D: serves nodes with and without a bias (Gemm's C is optional)
     function=TranslationBody(f"{_LINEAR}:linear_any_rank_gemm", min_opset=11),
     # every variant from opset 11 (optional Gemm C): the registry picks the highest opset first

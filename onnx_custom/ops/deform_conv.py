@@ -93,6 +93,7 @@ DEFORM_CONV2D = OpSpec(
     op_type="DeformConv2d",  # CamelCase, like ONNX op types
     domain="custom",
     kernel=EAGER,  # the node runs this op on torch views of ORT's buffers: one implementation
+    native=True,  # ort_kernels/native/vision.cpp
     function=TranslationBody(f"{_VISION}_decomposed:deform_conv2d_decomposed", min_opset=11),
     translations={
         1: {"default": NODE, "standard": f"{_VISION}_decomposed:deform_conv2d_decomposed"},

@@ -70,6 +70,7 @@ MY_ADD = OpSpec(
     op_type=SEED_MY_ADD.op_type,
     domain=SEED_MY_ADD.domain,
     kernel="onnx_custom.ort_kernels.seed:kernels",  # mylib::my_add's kernel serves the node
+    native=True,
     translations=SEED_MY_ADD.translations,
 )
 SPECS = (MY_ADD,)

@@ -51,6 +51,7 @@ MULTI_OUT3 = OpSpec(
     op_type="MultiOut3",
     domain="custom",
     kernel="onnx_custom.ort_kernels.multi_output:multi_out3",
+    native=True,  # ort_kernels/native/multi_output.cpp
     # list attributes are readable in a body from opset 12 (Constant value_ints)
     function=TranslationBody("onnx_custom.symbolics.multi_output:multi_out3_onnx", min_opset=12),
     translations={7: {"default": "onnx_custom.symbolics.multi_output:multi_out3_onnx", "custom": "node"}},

@@ -337,7 +337,7 @@ def register_spec(spec: OpSpec) -> SpecRegistration:
 def _register(spec: OpSpec, parts: _Parts, made: torch_op.TorchOp | None, undo: list[Callable[[], None]]) -> SpecRegistration:
     served, declaration = parts.kernels
     present = None if served is None else default_kernel_registry().get(served.name)
-    if served is not None and present is not None and present is not served:
+    if served is not None and present is not None and present.fn is not served.fn:  # same fn: the built-in one
         raise SpecError(f"op {spec.name}: a kernel for {served.name} is already registered ({present.fn!r}); fix: pick another op_type/domain, or drop the other kernel.", op=spec.name, key=("op_type",))
     op = made
     if op is None:
