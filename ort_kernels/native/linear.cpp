@@ -1,5 +1,5 @@
 // npu::CustomLinear: y = x @ weight^T (+ bias), F.linear semantics for x of any rank >= 1;
-// same semantics as ort_kernels/linear.py. float16 runs in float32 and rounds once per output.
+// same semantics as ort_kernels/linear.py. float16/bfloat16 run in float32 and round once per output.
 #include <algorithm>
 
 #include "gemm.h"
