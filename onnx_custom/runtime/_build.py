@@ -3,8 +3,10 @@
 The shared object is both a CPython extension (imported here) and an ONNX Runtime custom-op
 library (loaded by ORT from the same absolute path, so both see one copy of its globals). It is
 cached under ``$ONNX_CUSTOM_CACHE_DIR`` (default ``~/.cache/onnx_custom``)/``ort_shim/<key>/``,
-where the key hashes the C source, the Python ABI, numpy's and onnxruntime's versions. A build
-goes to a temporary file first and is renamed into place, so concurrent first uses are safe.
+where the key hashes the C source, the shared ORT ABI header it includes
+(``onnx_custom/ort_kernels/native/include/onnx_custom_ort_abi.h``, also used by the native kernel
+library), the Python ABI, numpy's and onnxruntime's versions. A build goes to a temporary file
+first and is renamed into place, so concurrent first uses are safe.
 """
 
 from __future__ import annotations
@@ -29,15 +31,34 @@ __all__ = ["MODULE_NAME", "cache_root", "load_shim", "shim_path"]
 
 MODULE_NAME = "_onnx_custom_shim"
 _SOURCE = Path(__file__).with_name("_shim.c")
+_ABI_HEADER = "onnx_custom_ort_abi.h"
 _lock = threading.Lock()
 _loaded: tuple[ModuleType, str] | None = None
 
 
-def _build_key(source: bytes) -> str:
+def _abi_include_dir() -> Path:
+    """Folder holding the shared ORT ABI header (package data of ``onnx_custom.ort_kernels``).
+
+    Found from the package's location without importing it (nor torch).
+    """
+    spec = importlib.util.find_spec("onnx_custom.ort_kernels")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        folder = Path(location) / "native" / "include"
+        if (folder / _ABI_HEADER).is_file():
+            return folder
+    raise ExtensionBuildError(
+        f"the ONNX Runtime kernel shim needs the header {_ABI_HEADER}: expected it in "
+        f"onnx_custom/ort_kernels/native/include/, found no such file; fix: reinstall onnx-custom "
+        f"(the header is package data of onnx_custom.ort_kernels)."
+    )
+
+
+def _build_key(source: bytes, header: bytes) -> str:
     import numpy
     import onnxruntime
 
     h = hashlib.sha256(source)
+    h.update(hashlib.sha256(header).digest())  # a changed slot or layout rebuilds the shim
     for part in (sys.version, sysconfig.get_config_var("EXT_SUFFIX") or "", numpy.__version__,
                  onnxruntime.__version__):
         h.update(part.encode())
@@ -54,7 +75,7 @@ def _compiler() -> str:
     )
 
 
-def _compile(source: Path, target: Path) -> None:
+def _compile(source: Path, include_dir: Path, target: Path) -> None:
     import numpy
 
     cc = _compiler()
@@ -68,7 +89,7 @@ def _compile(source: Path, target: Path) -> None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     cmd = [*cc.split(), "-shared", "-fPIC", "-O2", "-std=c11", "-D_GNU_SOURCE",
-           f"-I{py_inc}", f"-I{numpy.get_include()}", str(source), "-o", tmp]
+           f"-I{py_inc}", f"-I{numpy.get_include()}", f"-I{include_dir}", str(source), "-o", tmp]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
@@ -85,11 +106,13 @@ def _compile(source: Path, target: Path) -> None:
 def shim_path() -> Path:
     """Path of the compiled shim, building it if needed."""
     source = _SOURCE.read_bytes()
-    folder = cache_root() / "ort_shim" / _build_key(source)
+    include_dir = _abi_include_dir()
+    header = (include_dir / _ABI_HEADER).read_bytes()
+    folder = cache_root() / "ort_shim" / _build_key(source, header)
     target = folder / f"{MODULE_NAME}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
     if not target.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        _compile(_SOURCE, target)
+        _compile(_SOURCE, include_dir, target)
     return target
 
 

@@ -5,9 +5,11 @@
  * (SessionOptions.register_custom_ops_library). ORT calls RegisterCustomOps(), which adds the
  * queued ops. Every kernel invocation crosses into Python exactly once.
  *
- * ORT's headers are not available here: the few declarations below are written from the public
- * C API description (struct OrtCustomOp field order, 0-based OrtApi slot indices). Only the
- * OrtApiBase pointer that ORT hands to RegisterCustomOps is used, never another ORT copy.
+ * ORT's headers are not available here: ORT's C ABI (struct layouts, 0-based OrtApi slot indices,
+ * one typed function pointer per slot) comes from the project's one shared declaration,
+ * onnx_custom_ort_abi.h (ort_kernels/native/include, put on the include path by _build.py), also
+ * used by the native kernel library. Only the OrtApiBase pointer that ORT hands to
+ * RegisterCustomOps is used, never another ORT copy.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -31,120 +33,17 @@
 #define OC_CURRENT_TSTATE() _PyThreadState_UncheckedGet()
 #endif
 
-/* ---- minimal ABI declarations ------------------------------------------------------------ */
-typedef struct OrtStatus OrtStatus;
-typedef struct OrtApiBase {
-  const void* (*GetApi)(uint32_t version);
-  const char* (*GetVersionString)(void);
-} OrtApiBase;
+/* ---- ORT's C ABI ------------------------------------------------------------------------- */
+#include "onnx_custom_ort_abi.h"
 
-enum { ORT_OK_ = 0, ORT_FAIL_ = 1, ORT_INVALID_ARGUMENT_ = 2 };
-enum { CHAR_REQUIRED = 0, CHAR_OPTIONAL = 1, CHAR_VARIADIC = 2 };
-enum { ATTR_UNDEF = 0, ATTR_INT = 1, ATTR_INTS = 2, ATTR_FLOAT = 3, ATTR_FLOATS = 4, ATTR_STRING = 5,
-       ATTR_STRINGS = 6 };
 /* output shape rules (see _abi.py): like input k, broadcast of the inputs, Python shape_fn, unknown */
 enum { RULE_LIKE = 0, RULE_BROADCAST = 1, RULE_PY = 2, RULE_UNKNOWN = 3 };
 
-/* 0-based slots in struct OrtApi (append-only across ORT releases). */
-enum {
-  S_CreateStatus = 0, S_GetErrorCode = 1, S_GetErrorMessage = 2,
-  S_CreateCustomOpDomain = 26, S_CustomOpDomain_Add = 27, S_AddCustomOpDomain = 28,
-  S_GetTensorMutableData = 51, S_CastTypeInfoToTensorInfo = 55,
-  S_CreateTensorTypeAndShapeInfo = 57, S_SetTensorElementType = 58, S_SetDimensions = 59,
-  S_GetTensorElementType = 60, S_GetDimensionsCount = 61, S_GetDimensions = 62,
-  S_GetSymbolicDimensions = 63, S_GetTensorTypeAndShape = 65,
-  S_AllocatorFree = 76, S_AllocatorGetInfo = 77, S_GetAllocatorWithDefaultOptions = 78,
-  S_KernelInfoGetAttribute_float = 85, S_KernelInfoGetAttribute_int64 = 86,
-  S_KernelInfoGetAttribute_string = 87,
-  S_KernelContext_GetInputCount = 88, S_KernelContext_GetOutputCount = 89,
-  S_KernelContext_GetInput = 90, S_KernelContext_GetOutput = 91,
-  S_ReleaseStatus = 93, S_ReleaseTypeInfo = 98, S_ReleaseTensorTypeAndShapeInfo = 99,
-  S_ReleaseCustomOpDomain = 101,
-  S_KernelInfoGetAttributeArray_float = 162, S_KernelInfoGetAttributeArray_int64 = 163,
-  S_KernelInfo_GetInputCount = 230, S_KernelInfo_GetOutputCount = 231,
-  S_KernelInfo_GetInputTypeInfo = 234, S_KernelInfo_GetOutputTypeInfo = 235,
-  S_CreateOpAttr = 211, S_ReleaseOpAttr = 212,
-  S_KernelInfo_GetNodeName = 244,
-  S_ShapeInferContext_GetInputCount = 267, S_ShapeInferContext_GetInputTypeShape = 268,
-  S_ShapeInferContext_GetAttribute = 269, S_ShapeInferContext_SetOutputTypeShape = 270,
-  S_SetSymbolicDimensions = 271, S_ReadOpAttr = 272,
-  S_KernelInfo_GetOperatorType = 393,
-  S_TensorTypeAndShape_HasShape = 390,
-  S_GetTensorElementTypeAndShapeDataReference = 414,
-  S_KernelInfoGetAttributeArray_string = 417,
-};
-
-typedef OrtStatus* (*fn_CreateStatus)(int, const char*);
-typedef int (*fn_GetErrorCode)(const OrtStatus*);
-typedef const char* (*fn_GetErrorMessage)(const OrtStatus*);
-typedef void (*fn_Release)(void*);
-typedef OrtStatus* (*fn_p_pp)(const void*, void**);
-typedef OrtStatus* (*fn_pp)(void**);
-typedef OrtStatus* (*fn_p_p)(void*, const void*);
-typedef OrtStatus* (*fn_cstr_pp)(const char*, void**);
-typedef OrtStatus* (*fn_p_sz)(const void*, size_t*);
-typedef OrtStatus* (*fn_p_sz_pp)(const void*, size_t, void**);
-typedef OrtStatus* (*fn_GetOutput)(void*, size_t, const int64_t*, size_t, void**);
-typedef OrtStatus* (*fn_GetElemType)(const void*, int*);
-typedef OrtStatus* (*fn_GetDims)(const void*, int64_t*, size_t);
-typedef OrtStatus* (*fn_GetSymDims)(const void*, const char**, size_t);
-typedef OrtStatus* (*fn_SetElemType)(void*, int);
-typedef OrtStatus* (*fn_SetDims)(void*, const int64_t*, size_t);
-typedef OrtStatus* (*fn_SetSymDims)(void*, const char**, size_t);
-typedef OrtStatus* (*fn_SetOutputTypeShape)(const void*, size_t, const void*);
-typedef OrtStatus* (*fn_ReadOpAttr)(const void*, int, void*, size_t, size_t*);
-typedef OrtStatus* (*fn_GetAttrByName)(const void*, const char*, const void**);
-typedef OrtStatus* (*fn_AttrF)(const void*, const char*, float*);
-typedef OrtStatus* (*fn_AttrI)(const void*, const char*, int64_t*);
-typedef OrtStatus* (*fn_AttrS)(const void*, const char*, char*, size_t*);
-typedef OrtStatus* (*fn_AttrArrF)(const void*, const char*, float*, size_t*);
-typedef OrtStatus* (*fn_AttrArrI)(const void*, const char*, int64_t*, size_t*);
-typedef OrtStatus* (*fn_AttrArrS)(const void*, const char*, void*, char***, size_t*);
-typedef OrtStatus* (*fn_AllocatorFree)(void*, void*);
-typedef OrtStatus* (*fn_ElemShapeRef)(const void*, int*, const int64_t**, size_t*);
-typedef OrtStatus* (*fn_StrOut)(const void*, char*, size_t*);
-typedef bool (*fn_HasShape)(const void*);
-typedef OrtStatus* (*fn_AllocGetInfo)(const void*, const void**);
-typedef OrtStatus* (*fn_CreateOpAttr)(const char*, const void*, int, int, void**);
-
-/* Field order of struct OrtAllocator up to version 14 (Alloc, Free, Info): enough for a
- * caller-provided allocator, which ORT only allocates through. */
-typedef struct AllocatorAbi {
-  uint32_t version;
-  void* (*Alloc)(struct AllocatorAbi* self, size_t size);
-  void (*Free)(struct AllocatorAbi* self, void* p);
-  const void* (*Info)(const struct AllocatorAbi* self);
-} AllocatorAbi;
-
-/* Field order of struct OrtCustomOp (version 17 layout plus the later tail, all filled). */
-typedef struct CustomOpAbi {
-  uint32_t version;
-  void* (*CreateKernel)(const void* op, const void* api, const void* info);
-  const char* (*GetName)(const void* op);
-  const char* (*GetExecutionProviderType)(const void* op);
-  int (*GetInputType)(const void* op, size_t index);
-  size_t (*GetInputTypeCount)(const void* op);
-  int (*GetOutputType)(const void* op, size_t index);
-  size_t (*GetOutputTypeCount)(const void* op);
-  void (*KernelCompute)(void* kernel, void* context);
-  void (*KernelDestroy)(void* kernel);
-  int (*GetInputCharacteristic)(const void* op, size_t index);
-  int (*GetOutputCharacteristic)(const void* op, size_t index);
-  int (*GetInputMemoryType)(const void* op, size_t index);
-  int (*GetVariadicInputMinArity)(const void* op);
-  int (*GetVariadicInputHomogeneity)(const void* op);
-  int (*GetVariadicOutputMinArity)(const void* op);
-  int (*GetVariadicOutputHomogeneity)(const void* op);
-  OrtStatus* (*CreateKernelV2)(const void* op, const void* api, const void* info, void** kernel);
-  OrtStatus* (*KernelComputeV2)(void* kernel, void* context);
-  OrtStatus* (*InferOutputShapeFn)(const void* op, void* ctx);
-  int (*GetStartVersion)(const void* op);
-  int (*GetEndVersion)(const void* op);
-  size_t (*GetMayInplace)(int** input_index, int** output_index);
-  void (*ReleaseMayInplace)(int* input_index, int* output_index);
-  size_t (*GetAliasMap)(int** input_index, int** output_index);
-  void (*ReleaseAliasMap)(int* input_index, int* output_index);
-} CustomOpAbi;
+/* The OrtApi version asked for first (it has every function used here), and the fallback (the
+ * oldest ORT that reads our OrtCustomOp fields) that runs everything but STRINGS attributes, the
+ * unknown-rank check and the by-reference shape read (see the OC_SINCE_* gates). */
+#define SHIM_API_VERSION 30
+#define SHIM_API_FALLBACK 17
 
 /* ---- our objects ------------------------------------------------------------------------- */
 typedef struct AttrDesc {
@@ -154,7 +53,7 @@ typedef struct AttrDesc {
 
 /* One per (kernel spec, domain, op type); allocated once and never freed (ORT keeps pointers). */
 typedef struct Op {
-  CustomOpAbi abi; /* must stay first: ORT passes &abi back to us */
+  OcCustomOp abi; /* must stay first: ORT passes &abi back to us */
   char* name;
   char* qualname;
   size_t n_in, n_out;
@@ -186,21 +85,19 @@ typedef struct Kernel {
   int64_t** static_dims;
 } Kernel;
 
-static const void* const* g_api = NULL; /* OrtApi function table from ORT's OrtApiBase */
+static const void* g_api = NULL;        /* OrtApi function table from ORT's OrtApiBase (OC_API) */
 static int g_api_version = 0;
 static PyObject* g_descr[32];           /* ONNX element type -> numpy dtype (owned refs) */
 static PyObject* g_format_error = NULL; /* format_error(qualname, node, exc) -> str */
 static PyObject* g_out_key = NULL;
 static volatile int g_shutdown = 0;
 
-#define API(slot, type) ((type)(g_api[(slot)]))
-
 static OrtStatus* make_status(int code, const char* msg) {
-  return API(S_CreateStatus, fn_CreateStatus)(code, msg);
+  return OC_API(g_api, CreateStatus)(code, msg);
 }
 
 static void release_status(OrtStatus* st) {
-  if (st) API(S_ReleaseStatus, fn_Release)(st);
+  if (st) OC_API(g_api, ReleaseStatus)(st);
 }
 
 /* Turns the pending Python exception into an ORT status carrying the traceback text (the Python
@@ -218,10 +115,10 @@ static OrtStatus* status_from_pyerr(const Op* op, const char* node) {
   }
   OrtStatus* st;
   if (text && PyUnicode_Check(text)) {
-    st = make_status(ORT_FAIL_, PyUnicode_AsUTF8(text));
+    st = make_status(OC_ORT_FAIL, PyUnicode_AsUTF8(text));
   } else {
     PyErr_Clear();
-    st = make_status(ORT_FAIL_, "onnx-custom: Python kernel failed (error text unavailable)");
+    st = make_status(OC_ORT_FAIL, "onnx-custom: Python kernel failed (error text unavailable)");
   }
   Py_XDECREF(text);
   Py_XDECREF(exc);
@@ -236,41 +133,44 @@ static OrtStatus* status_fmt(const Op* op, const char* fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(buf + off, sizeof buf - (size_t)off, fmt, ap);
   va_end(ap);
-  return make_status(ORT_FAIL_, buf);
+  return make_status(OC_ORT_FAIL, buf);
 }
 
 /* ---- OrtCustomOp callbacks ---------------------------------------------------------------- */
-static const char* op_get_name(const void* op) { return ((const Op*)op)->name; }
-static const char* op_get_ep(const void* op) { (void)op; return "CPUExecutionProvider"; }
-static int op_in_type(const void* op, size_t i) {
-  const Op* o = op;
+/* The Op whose first member ORT hands back (Op.abi stays first). */
+static const Op* op_of(const OcCustomOp* abi) { return (const Op*)abi; }
+
+static const char* op_get_name(const OcCustomOp* op) { return op_of(op)->name; }
+static const char* op_get_ep(const OcCustomOp* op) { (void)op; return "CPUExecutionProvider"; }
+static int op_in_type(const OcCustomOp* op, size_t i) {
+  const Op* o = op_of(op);
   return i < o->n_in ? o->in_type[i] : 0;
 }
-static int op_out_type(const void* op, size_t i) {
-  const Op* o = op;
+static int op_out_type(const OcCustomOp* op, size_t i) {
+  const Op* o = op_of(op);
   return i < o->n_out ? o->out_type[i] : 0;
 }
-static size_t op_in_count(const void* op) { return ((const Op*)op)->n_in; }
-static size_t op_out_count(const void* op) { return ((const Op*)op)->n_out; }
-static int op_in_char(const void* op, size_t i) {
-  const Op* o = op;
-  return i < o->n_in ? o->in_char[i] : CHAR_REQUIRED;
+static size_t op_in_count(const OcCustomOp* op) { return op_of(op)->n_in; }
+static size_t op_out_count(const OcCustomOp* op) { return op_of(op)->n_out; }
+static int op_in_char(const OcCustomOp* op, size_t i) {
+  const Op* o = op_of(op);
+  return i < o->n_in ? o->in_char[i] : OC_IO_REQUIRED;
 }
-static int op_out_char(const void* op, size_t i) {
-  const Op* o = op;
-  return i < o->n_out ? o->out_char[i] : CHAR_REQUIRED;
+static int op_out_char(const OcCustomOp* op, size_t i) {
+  const Op* o = op_of(op);
+  return i < o->n_out ? o->out_char[i] : OC_IO_REQUIRED;
 }
-static int op_mem_default(const void* op, size_t i) { (void)op; (void)i; return 0; }
-static int op_one(const void* op) { (void)op; return 1; }
-static int op_zero(const void* op) { (void)op; return 0; }
-static int op_end_version(const void* op) { (void)op; return INT_MAX; }
+static int op_mem_default(const OcCustomOp* op, size_t i) { (void)op; (void)i; return 0; }
+static int op_one(const OcCustomOp* op) { (void)op; return 1; }
+static int op_zero(const OcCustomOp* op) { (void)op; return 0; }
+static int op_end_version(const OcCustomOp* op) { (void)op; return INT_MAX; }
 static size_t op_no_pairs(int** a, int** b) { *a = NULL; *b = NULL; return 0; }
 static void op_release_pairs(int* a, int* b) { (void)a; (void)b; }
-static void* op_create_kernel_v1(const void* op, const void* api, const void* info) {
+static void* op_create_kernel_v1(const OcCustomOp* op, const void* api, const OrtKernelInfo* info) {
   (void)op; (void)api; (void)info;
   return NULL; /* never used: ORT takes CreateKernelV2 for version >= 16 */
 }
-static void op_compute_v1(void* k, void* ctx) { (void)k; (void)ctx; }
+static void op_compute_v1(void* k, OrtKernelContext* ctx) { (void)k; (void)ctx; }
 
 static int interpreter_alive(void) {
   return !g_shutdown && Py_IsInitialized() && !OC_FINALIZING();
@@ -441,16 +341,16 @@ static void op_kernel_destroy(void* kp) {
   kernel_free(k);
 }
 
-/* An OrtAllocator that remembers the size of every block it hands out (see ATTR_STRINGS). */
+/* An OrtAllocator that remembers the size of every block it hands out (see OC_ATTR_STRINGS). */
 typedef struct SizedAlloc {
-  AllocatorAbi abi; /* must stay first: ORT passes &abi back to us */
-  const void* info;
+  OcAllocator abi; /* must stay first: ORT passes &abi back to us */
+  const OrtMemoryInfo* info;
   size_t n, cap;
   void** ptrs;
   size_t* sizes;
 } SizedAlloc;
 
-static void* sized_alloc_alloc(AllocatorAbi* self, size_t size) {
+static void* sized_alloc_alloc(OcAllocator* self, size_t size) {
   SizedAlloc* al = (SizedAlloc*)self;
   if (al->n == al->cap) {
     size_t cap = al->cap ? al->cap * 2 : 16;
@@ -469,7 +369,7 @@ static void* sized_alloc_alloc(AllocatorAbi* self, size_t size) {
   return block;
 }
 
-static void sized_alloc_free(AllocatorAbi* self, void* p) {
+static void sized_alloc_free(OcAllocator* self, void* p) {
   SizedAlloc* al = (SizedAlloc*)self;
   for (size_t i = 0; p && i < al->n; i++) {
     if (al->ptrs[i] == p) { al->ptrs[i] = NULL; break; }
@@ -477,19 +377,19 @@ static void sized_alloc_free(AllocatorAbi* self, void* p) {
   free(p);
 }
 
-static const void* sized_alloc_info(const AllocatorAbi* self) { return ((const SizedAlloc*)self)->info; }
+static const OrtMemoryInfo* sized_alloc_info(const OcAllocator* self) { return ((const SizedAlloc*)self)->info; }
 
 static int sized_alloc_init(SizedAlloc* al) {
   memset(al, 0, sizeof *al);
-  void* def = NULL;
-  OrtStatus* st = API(S_GetAllocatorWithDefaultOptions, fn_pp)(&def);
-  if (!st) st = API(S_AllocatorGetInfo, fn_AllocGetInfo)(def, &al->info);
+  OrtAllocator* def = NULL;
+  OrtStatus* st = OC_API(g_api, GetAllocatorWithDefaultOptions)(&def);
+  if (!st) st = OC_API(g_api, AllocatorGetInfo)(def, &al->info);
   if (st) {
     release_status(st);
     PyErr_SetString(PyExc_RuntimeError, "onnx-custom: ONNX Runtime gave no CPU allocator info");
     return -1;
   }
-  al->abi.version = 14;
+  al->abi.version = OC_ALLOCATOR_VERSION;
   al->abi.Alloc = sized_alloc_alloc;
   al->abi.Free = sized_alloc_free;
   al->abi.Info = sized_alloc_info;
@@ -513,47 +413,47 @@ static void sized_alloc_done(SizedAlloc* al) {
 }
 
 /* Reads one declared attribute into a Python value; *missing set when the node lacks it. */
-static PyObject* read_kernel_attr(const void* info, const AttrDesc* a, int* missing) {
+static PyObject* read_kernel_attr(const OrtKernelInfo* info, const AttrDesc* a, int* missing) {
   OrtStatus* st = NULL;
   *missing = 0;
   switch (a->kind) {
-    case ATTR_INT: {
+    case OC_ATTR_INT: {
       int64_t v = 0;
-      st = API(S_KernelInfoGetAttribute_int64, fn_AttrI)(info, a->name, &v);
+      st = OC_API(g_api, KernelInfoGetAttribute_int64)(info, a->name, &v);
       if (st) { release_status(st); *missing = 1; return NULL; }
       return PyLong_FromLongLong(v);
     }
-    case ATTR_FLOAT: {
+    case OC_ATTR_FLOAT: {
       float v = 0;
-      st = API(S_KernelInfoGetAttribute_float, fn_AttrF)(info, a->name, &v);
+      st = OC_API(g_api, KernelInfoGetAttribute_float)(info, a->name, &v);
       if (st) { release_status(st); *missing = 1; return NULL; }
       return PyFloat_FromDouble((double)v);
     }
-    case ATTR_STRING: {
+    case OC_ATTR_STRING: {
       size_t n = 0;
-      st = API(S_KernelInfoGetAttribute_string, fn_AttrS)(info, a->name, NULL, &n);
+      st = OC_API(g_api, KernelInfoGetAttribute_string)(info, a->name, NULL, &n);
       if (st) { release_status(st); *missing = 1; return NULL; }
       char* buf = malloc(n + 1);
       if (!buf) return PyErr_NoMemory();
-      st = API(S_KernelInfoGetAttribute_string, fn_AttrS)(info, a->name, buf, &n);
+      st = OC_API(g_api, KernelInfoGetAttribute_string)(info, a->name, buf, &n);
       if (st) { free(buf); release_status(st); *missing = 1; return NULL; }
       /* n counts the terminating NUL ORT appends; the value itself may contain NUL bytes */
       PyObject* s = PyUnicode_DecodeUTF8(buf, (Py_ssize_t)(n ? n - 1 : 0), NULL);
       free(buf);
       return s;
     }
-    case ATTR_INTS:
-    case ATTR_FLOATS: {
+    case OC_ATTR_INTS:
+    case OC_ATTR_FLOATS: {
       size_t n = 0;
-      int is_int = a->kind == ATTR_INTS;
-      st = is_int ? API(S_KernelInfoGetAttributeArray_int64, fn_AttrArrI)(info, a->name, NULL, &n)
-                  : API(S_KernelInfoGetAttributeArray_float, fn_AttrArrF)(info, a->name, NULL, &n);
+      int is_int = a->kind == OC_ATTR_INTS;
+      st = is_int ? OC_API(g_api, KernelInfoGetAttributeArray_int64)(info, a->name, NULL, &n)
+                  : OC_API(g_api, KernelInfoGetAttributeArray_float)(info, a->name, NULL, &n);
       if (st) { release_status(st); *missing = 1; return NULL; }
       void* buf = malloc((n ? n : 1) * 8);
       if (!buf) return PyErr_NoMemory();
       if (n) {
-        st = is_int ? API(S_KernelInfoGetAttributeArray_int64, fn_AttrArrI)(info, a->name, buf, &n)
-                    : API(S_KernelInfoGetAttributeArray_float, fn_AttrArrF)(info, a->name, buf, &n);
+        st = is_int ? OC_API(g_api, KernelInfoGetAttributeArray_int64)(info, a->name, buf, &n)
+                    : OC_API(g_api, KernelInfoGetAttributeArray_float)(info, a->name, buf, &n);
         if (st) { free(buf); release_status(st); *missing = 1; return NULL; }
       }
       PyObject* lst = PyList_New((Py_ssize_t)n);
@@ -565,8 +465,8 @@ static PyObject* read_kernel_attr(const void* info, const AttrDesc* a, int* miss
       free(buf);
       return lst;
     }
-    case ATTR_STRINGS: {
-      if (g_api_version < 30) {
+    case OC_ATTR_STRINGS: {
+      if (g_api_version < OC_SINCE_KernelInfoGetAttributeArray_string) {
         PyErr_SetString(PyExc_RuntimeError,
                         "STRINGS attributes need onnxruntime >= 1.30 (KernelInfoGetAttributeArray_string)");
         return NULL;
@@ -577,7 +477,8 @@ static PyObject* read_kernel_attr(const void* info, const AttrDesc* a, int* miss
       if (sized_alloc_init(&al) < 0) return NULL;
       char** strs = NULL;
       size_t n = 0;
-      st = API(S_KernelInfoGetAttributeArray_string, fn_AttrArrS)(info, a->name, &al.abi, &strs, &n);
+      /* our allocator has the OrtAllocator layout; ORT's own ones stay opaque (OrtAllocator) */
+      st = OC_API(g_api, KernelInfoGetAttributeArray_string)(info, a->name, (OrtAllocator*)&al.abi, &strs, &n);
       if (st) { release_status(st); sized_alloc_done(&al); *missing = 1; return NULL; }
       PyObject* lst = PyList_New((Py_ssize_t)n);
       for (size_t i = 0; lst && i < n; i++) {
@@ -596,26 +497,26 @@ static PyObject* read_kernel_attr(const void* info, const AttrDesc* a, int* miss
 }
 
 /* Static output shapes ORT inferred for this node: used to reject wrongly shaped results. */
-static void read_static_shapes(Kernel* k, const void* info) {
+static void read_static_shapes(Kernel* k, const OrtKernelInfo* info) {
   size_t n = 0;
-  OrtStatus* st = API(S_KernelInfo_GetOutputCount, fn_p_sz)(info, &n);
+  OrtStatus* st = OC_API(g_api, KernelInfo_GetOutputCount)(info, &n);
   if (st) { release_status(st); return; }
   k->n_static = n;
   k->static_rank = calloc(n ? n : 1, sizeof(int64_t));
   k->static_dims = calloc(n ? n : 1, sizeof(int64_t*));
   for (size_t i = 0; i < n; i++) {
     k->static_rank[i] = -1;
-    void* tinfo = NULL;
-    st = API(S_KernelInfo_GetOutputTypeInfo, fn_p_sz_pp)(info, i, &tinfo);
+    OrtTypeInfo* tinfo = NULL;
+    st = OC_API(g_api, KernelInfo_GetOutputTypeInfo)(info, i, &tinfo);
     if (st) { release_status(st); continue; }
-    const void* tsi = NULL;
-    st = API(S_CastTypeInfoToTensorInfo, fn_p_pp)(tinfo, (void**)&tsi);
+    const OrtTensorTypeAndShapeInfo* tsi = NULL;
+    st = OC_API(g_api, CastTypeInfoToTensorInfo)(tinfo, &tsi);
     if (!st && tsi) {
       size_t r = 0;
-      OrtStatus* s2 = API(S_GetDimensionsCount, fn_p_sz)(tsi, &r);
+      OrtStatus* s2 = OC_API(g_api, GetDimensionsCount)(tsi, &r);
       if (!s2 && r > 0) {
         int64_t* d = calloc(r, sizeof(int64_t));
-        if (d && !(s2 = API(S_GetDimensions, fn_GetDims)(tsi, d, r))) {
+        if (d && !(s2 = OC_API(g_api, GetDimensions)(tsi, d, r))) {
           k->static_rank[i] = (int64_t)r;
           k->static_dims[i] = d;
         } else {
@@ -625,25 +526,27 @@ static void read_static_shapes(Kernel* k, const void* info) {
       release_status(s2);
     }
     release_status(st);
-    API(S_ReleaseTypeInfo, fn_Release)(tinfo);
+    OC_API(g_api, ReleaseTypeInfo)(tinfo);
   }
 }
 
 /* Static element types of the node's inputs or outputs (0 where unknown or absent). */
-static PyObject* read_elems(const void* info, int outputs) {
+static PyObject* read_elems(const OrtKernelInfo* info, int outputs) {
   size_t n = 0;
-  OrtStatus* st = API(outputs ? S_KernelInfo_GetOutputCount : S_KernelInfo_GetInputCount, fn_p_sz)(info, &n);
+  OrtStatus* st = outputs ? OC_API(g_api, KernelInfo_GetOutputCount)(info, &n)
+                          : OC_API(g_api, KernelInfo_GetInputCount)(info, &n);
   if (st) { release_status(st); n = 0; }
   PyObject* lst = PyList_New((Py_ssize_t)n);
   for (size_t i = 0; lst && i < n; i++) {
     int elem = 0;
-    void* tinfo = NULL;
-    st = API(outputs ? S_KernelInfo_GetOutputTypeInfo : S_KernelInfo_GetInputTypeInfo, fn_p_sz_pp)(info, i, &tinfo);
+    OrtTypeInfo* tinfo = NULL;
+    st = outputs ? OC_API(g_api, KernelInfo_GetOutputTypeInfo)(info, i, &tinfo)
+                 : OC_API(g_api, KernelInfo_GetInputTypeInfo)(info, i, &tinfo);
     if (!st && tinfo) {
-      const void* tsi = NULL;
-      st = API(S_CastTypeInfoToTensorInfo, fn_p_pp)(tinfo, (void**)&tsi);
-      if (!st && tsi) st = API(S_GetTensorElementType, fn_GetElemType)(tsi, &elem);
-      API(S_ReleaseTypeInfo, fn_Release)(tinfo);
+      const OrtTensorTypeAndShapeInfo* tsi = NULL;
+      st = OC_API(g_api, CastTypeInfoToTensorInfo)(tinfo, &tsi);
+      if (!st && tsi) st = OC_API(g_api, GetTensorElementType)(tsi, &elem);
+      OC_API(g_api, ReleaseTypeInfo)(tinfo);
     }
     release_status(st);
     PyList_SET_ITEM(lst, (Py_ssize_t)i, PyLong_FromLong(elem));
@@ -651,11 +554,11 @@ static PyObject* read_elems(const void* info, int outputs) {
   return lst;
 }
 
-static char* read_node_name(const void* info) {
+static char* read_node_name(const OrtKernelInfo* info) {
   size_t n = 0;
-  OrtStatus* st = API(S_KernelInfo_GetNodeName, fn_StrOut)(info, NULL, &n);
+  OrtStatus* st = OC_API(g_api, KernelInfo_GetNodeName)(info, NULL, &n);
   char* buf = st ? NULL : malloc(n + 1);
-  if (buf && !(st = API(S_KernelInfo_GetNodeName, fn_StrOut)(info, buf, &n))) {
+  if (buf && !(st = OC_API(g_api, KernelInfo_GetNodeName)(info, buf, &n))) {
     buf[n ? n - 1 : 0] = '\0'; /* a node name is a C string; a NUL inside only shortens the label */
     return buf;
   }
@@ -664,20 +567,21 @@ static char* read_node_name(const void* info) {
   return strdup("");
 }
 
-static OrtStatus* op_create_kernel_v2(const void* opp, const void* api, const void* info, void** out) {
+static OrtStatus* op_create_kernel_v2(const OcCustomOp* opp, const void* api, const OrtKernelInfo* info,
+                                      void** out) {
   (void)api;
-  Op* op = (Op*)opp;
+  Op* op = (Op*)opp; /* kernels count themselves on their op (live_kernels) */
   *out = NULL;
-  if (!interpreter_alive()) return make_status(ORT_FAIL_, "onnx-custom: Python interpreter is shutting down");
+  if (!interpreter_alive()) return make_status(OC_ORT_FAIL, "onnx-custom: Python interpreter is shutting down");
   Kernel* k = calloc(1, sizeof(Kernel));
-  if (!k) return make_status(ORT_FAIL_, "onnx-custom: out of memory");
+  if (!k) return make_status(OC_ORT_FAIL, "onnx-custom: out of memory");
   k->op = op;
   k->node = read_node_name(info);
   read_static_shapes(k, info);
   GilHold g;
   if (gil_enter(&g) < 0) {
     kernel_free(k);
-    return make_status(ORT_FAIL_, "onnx-custom: cannot create a Python thread state for this thread");
+    return make_status(OC_ORT_FAIL, "onnx-custom: cannot create a Python thread state for this thread");
   }
   OrtStatus* result = NULL;
   PyObject* attrs = NULL;
@@ -741,34 +645,35 @@ done:
 }
 
 /* Element type, dims and data of one tensor OrtValue. */
-static OrtStatus* tensor_view(const void* value, int* elem, int64_t* dims, size_t* rank, void** data) {
+static OrtStatus* tensor_view(const OrtValue* value, int* elem, int64_t* dims, size_t* rank, void** data) {
   OrtStatus* st;
-  if (g_api_version >= 25) {
+  if (g_api_version >= OC_SINCE_GetTensorElementTypeAndShapeDataReference) {
     const int64_t* shp = NULL;
     size_t n = 0;
-    st = API(S_GetTensorElementTypeAndShapeDataReference, fn_ElemShapeRef)(value, elem, &shp, &n);
+    st = OC_API(g_api, GetTensorElementTypeAndShapeDataReference)(value, elem, &shp, &n);
     if (st) return st;
-    if (n > 32) return make_status(ORT_FAIL_, "onnx-custom: tensors of rank > 32 are not supported");
+    if (n > 32) return make_status(OC_ORT_FAIL, "onnx-custom: tensors of rank > 32 are not supported");
     if (n) memcpy(dims, shp, n * sizeof(int64_t));
     *rank = n;
   } else {
-    void* info = NULL;
-    st = API(S_GetTensorTypeAndShape, fn_p_pp)(value, &info);
+    OrtTensorTypeAndShapeInfo* info = NULL;
+    st = OC_API(g_api, GetTensorTypeAndShape)(value, &info);
     if (st) return st;
     size_t n = 0;
-    if (!(st = API(S_GetTensorElementType, fn_GetElemType)(info, elem)) &&
-        !(st = API(S_GetDimensionsCount, fn_p_sz)(info, &n))) {
+    if (!(st = OC_API(g_api, GetTensorElementType)(info, elem)) &&
+        !(st = OC_API(g_api, GetDimensionsCount)(info, &n))) {
       if (n > 32) {
-        st = make_status(ORT_FAIL_, "onnx-custom: tensors of rank > 32 are not supported");
+        st = make_status(OC_ORT_FAIL, "onnx-custom: tensors of rank > 32 are not supported");
       } else {
-        st = API(S_GetDimensions, fn_GetDims)(info, dims, n);
+        st = OC_API(g_api, GetDimensions)(info, dims, n);
         *rank = n;
       }
     }
-    API(S_ReleaseTensorTypeAndShapeInfo, fn_Release)(info);
+    OC_API(g_api, ReleaseTensorTypeAndShapeInfo)(info);
     if (st) return st;
   }
-  return API(S_GetTensorMutableData, fn_p_pp)(value, data);
+  /* ORT's only data accessor before API 23 takes a mutable value; inputs are wrapped read-only */
+  return OC_API(g_api, GetTensorMutableData)((OrtValue*)value, data);
 }
 
 static PyObject* wrap_array(int elem, const int64_t* dims, size_t rank, void* data, int writable) {
@@ -885,7 +790,7 @@ static void shape_text(const int64_t* d, size_t r, char* buf, size_t n) {
 }
 
 /* Copies one returned value into ORT output j (allocated here, or preallocated when ov given). */
-static OrtStatus* emit_output(Kernel* k, void* ctx, size_t j, PyObject* value, void* ov) {
+static OrtStatus* emit_output(Kernel* k, OrtKernelContext* ctx, size_t j, PyObject* value, OrtValue* ov) {
   const Op* op = k->op;
   if (value == Py_None || PyUnicode_Check(value) || PyBytes_Check(value) || PyDict_Check(value)) {
     return status_fmt(op, "output %zu is a %s; expected a numpy array (or a torch tensor with "
@@ -911,7 +816,7 @@ static OrtStatus* emit_output(Kernel* k, void* ctx, size_t j, PyObject* value, v
     }
   }
   if (!ov) {
-    st = API(S_KernelContext_GetOutput, fn_GetOutput)(ctx, j, d, r, &ov);
+    st = OC_API(g_api, KernelContext_GetOutput)(ctx, j, d, r, &ov);
     if (st) { Py_DECREF(arr); return st; }
     if (!ov) { Py_DECREF(arr); return status_fmt(op, "ORT returned no buffer for output %zu", j); }
   }
@@ -945,23 +850,23 @@ static OrtStatus* emit_output(Kernel* k, void* ctx, size_t j, PyObject* value, v
   return NULL;
 }
 
-static OrtStatus* compute_locked(Kernel* k, void* ctx) {
+static OrtStatus* compute_locked(Kernel* k, OrtKernelContext* ctx) {
   const Op* op = k->op;
   size_t n_in = 0, n_out = 0;
-  OrtStatus* st = API(S_KernelContext_GetInputCount, fn_p_sz)(ctx, &n_in);
+  OrtStatus* st = OC_API(g_api, KernelContext_GetInputCount)(ctx, &n_in);
   if (st) return st;
-  if ((st = API(S_KernelContext_GetOutputCount, fn_p_sz)(ctx, &n_out))) return st;
+  if ((st = OC_API(g_api, KernelContext_GetOutputCount)(ctx, &n_out))) return st;
   if (n_in > 256 || n_out > 256) return status_fmt(op, "more than 256 inputs/outputs");
   PyObject* in_arrays[256];
-  void* out_values[256];
+  OrtValue* out_values[256];
   PyObject* args = PyTuple_New((Py_ssize_t)n_in);
   PyObject* result = NULL;
   PyObject* kwargs = NULL;
   if (!args) return status_from_pyerr(op, k->node);
   for (size_t i = 0; i < n_in; i++) {
-    const void* v = NULL;
+    const OrtValue* v = NULL;
     in_arrays[i] = NULL;
-    if ((st = API(S_KernelContext_GetInput, fn_p_sz_pp)(ctx, i, (void**)&v))) goto fail;
+    if ((st = OC_API(g_api, KernelContext_GetInput)(ctx, i, &v))) goto fail;
     if (!v) {
       Py_INCREF(Py_None);
       PyTuple_SET_ITEM(args, (Py_ssize_t)i, Py_None);
@@ -985,8 +890,8 @@ static OrtStatus* compute_locked(Kernel* k, void* ctx) {
     PyObject* outs = PyTuple_New((Py_ssize_t)n_out);
     if (!outs) { st = status_from_pyerr(op, k->node); goto fail; }
     for (size_t j = 0; j < n_out; j++) {
-      void* ov = NULL;
-      if ((st = API(S_KernelContext_GetOutput, fn_GetOutput)(ctx, j, dims[j], ranks[j], &ov))) {
+      OrtValue* ov = NULL;
+      if ((st = OC_API(g_api, KernelContext_GetOutput)(ctx, j, dims[j], ranks[j], &ov))) {
         Py_DECREF(outs);
         goto fail;
       }
@@ -1065,12 +970,12 @@ fail:
   return st;
 }
 
-static OrtStatus* op_compute_v2(void* kp, void* ctx) {
+static OrtStatus* op_compute_v2(void* kp, OrtKernelContext* ctx) {
   Kernel* k = kp;
-  if (!k) return make_status(ORT_FAIL_, "onnx-custom: kernel was not created");
-  if (!interpreter_alive()) return make_status(ORT_FAIL_, "onnx-custom: Python interpreter is shutting down");
+  if (!k) return make_status(OC_ORT_FAIL, "onnx-custom: kernel was not created");
+  if (!interpreter_alive()) return make_status(OC_ORT_FAIL, "onnx-custom: Python interpreter is shutting down");
   GilHold g;
-  if (gil_enter(&g) < 0) return make_status(ORT_FAIL_, "onnx-custom: cannot create a Python thread state for this thread");
+  if (gil_enter(&g) < 0) return make_status(OC_ORT_FAIL, "onnx-custom: cannot create a Python thread state for this thread");
   OrtStatus* st = compute_locked(k, ctx);
   gil_exit(&g);
   return st;
@@ -1084,39 +989,39 @@ static int g_string_extra = -1;
 
 static int string_extra(void) {
   if (g_string_extra >= 0) return g_string_extra;
-  void* attr = NULL;
+  OrtOpAttr* attr = NULL;
   size_t need = 0;
-  OrtStatus* st = API(S_CreateOpAttr, fn_CreateOpAttr)("probe", "ab", 2, ATTR_STRING, &attr);
+  OrtStatus* st = OC_API(g_api, CreateOpAttr)("probe", "ab", 2, OC_ATTR_STRING, &attr);
   if (!st) {
-    release_status(API(S_ReadOpAttr, fn_ReadOpAttr)(attr, ATTR_STRING, NULL, 0, &need));
-    API(S_ReleaseOpAttr, fn_Release)(attr);
+    release_status(OC_API(g_api, ReadOpAttr)(attr, OC_ATTR_STRING, NULL, 0, &need));
+    OC_API(g_api, ReleaseOpAttr)(attr);
   }
   release_status(st);
   g_string_extra = need == 2 ? 0 : 1;
   return g_string_extra;
 }
 
-static PyObject* read_infer_attr(void* ctx, const AttrDesc* a) {
-  const void* attr = NULL;
-  OrtStatus* st = API(S_ShapeInferContext_GetAttribute, fn_GetAttrByName)(ctx, a->name, &attr);
+static PyObject* read_infer_attr(const OrtShapeInferContext* ctx, const AttrDesc* a) {
+  const OrtOpAttr* attr = NULL;
+  OrtStatus* st = OC_API(g_api, ShapeInferContext_GetAttribute)(ctx, a->name, &attr);
   if (st || !attr) { release_status(st); Py_RETURN_NONE; }
-  fn_ReadOpAttr rd = API(S_ReadOpAttr, fn_ReadOpAttr);
+  OcFn_ReadOpAttr rd = OC_API(g_api, ReadOpAttr);
   size_t need = 0;
   switch (a->kind) {
-    case ATTR_INT: {
+    case OC_ATTR_INT: {
       int64_t v = 0;
-      if ((st = rd(attr, ATTR_INT, &v, sizeof v, &need))) break;
+      if ((st = rd(attr, OC_ATTR_INT, &v, sizeof v, &need))) break;
       return PyLong_FromLongLong(v);
     }
-    case ATTR_FLOAT: {
+    case OC_ATTR_FLOAT: {
       float v = 0;
-      if ((st = rd(attr, ATTR_FLOAT, &v, sizeof v, &need))) break;
+      if ((st = rd(attr, OC_ATTR_FLOAT, &v, sizeof v, &need))) break;
       return PyFloat_FromDouble(v);
     }
-    case ATTR_STRING:
-    case ATTR_STRINGS:
-    case ATTR_INTS:
-    case ATTR_FLOATS: {
+    case OC_ATTR_STRING:
+    case OC_ATTR_STRINGS:
+    case OC_ATTR_INTS:
+    case OC_ATTR_FLOATS: {
       st = rd(attr, a->kind, NULL, 0, &need);
       release_status(st);
       st = NULL;
@@ -1124,19 +1029,19 @@ static PyObject* read_infer_attr(void* ctx, const AttrDesc* a) {
       if (!buf) break;
       if ((st = rd(attr, a->kind, buf, need, &need))) { free(buf); break; }
       PyObject* r = NULL;
-      if (a->kind == ATTR_STRING) {
+      if (a->kind == OC_ATTR_STRING) {
         /* NUL bytes inside the value are kept: the length comes from ORT, not strlen */
         size_t extra = (size_t)string_extra();
         r = PyUnicode_DecodeUTF8(buf, (Py_ssize_t)(need >= extra ? need - extra : 0), NULL);
-      } else if (a->kind == ATTR_STRINGS) {
+      } else if (a->kind == OC_ATTR_STRINGS) {
         /* every string followed by a NUL, no lengths: the Python side splits (and resolves
          * strings that themselves contain NUL bytes against the model) */
         r = PyBytes_FromStringAndSize(buf, (Py_ssize_t)need);
       } else {
-        size_t n = need / (a->kind == ATTR_INTS ? sizeof(int64_t) : sizeof(float));
+        size_t n = need / (a->kind == OC_ATTR_INTS ? sizeof(int64_t) : sizeof(float));
         r = PyList_New((Py_ssize_t)n);
         for (size_t i = 0; r && i < n; i++)
-          PyList_SET_ITEM(r, (Py_ssize_t)i, a->kind == ATTR_INTS ? PyLong_FromLongLong(((int64_t*)buf)[i])
+          PyList_SET_ITEM(r, (Py_ssize_t)i, a->kind == OC_ATTR_INTS ? PyLong_FromLongLong(((int64_t*)buf)[i])
                                                                  : PyFloat_FromDouble(((float*)buf)[i]));
       }
       free(buf);
@@ -1150,9 +1055,9 @@ static PyObject* read_infer_attr(void* ctx, const AttrDesc* a) {
   Py_RETURN_NONE; /* unreadable here: the Python side substitutes the default */
 }
 
-static OrtStatus* infer_locked(const Op* op, void* ctx) {
+static OrtStatus* infer_locked(const Op* op, OrtShapeInferContext* ctx) {
   size_t n_in = 0;
-  OrtStatus* st = API(S_ShapeInferContext_GetInputCount, fn_p_sz)(ctx, &n_in);
+  OrtStatus* st = OC_API(g_api, ShapeInferContext_GetInputCount)(ctx, &n_in);
   if (st) return st;
   PyObject* inputs = PyList_New((Py_ssize_t)n_in);
   PyObject* attrs = PyDict_New();
@@ -1160,8 +1065,8 @@ static OrtStatus* infer_locked(const Op* op, void* ctx) {
   PyObject* seq = NULL;
   if (!inputs || !attrs) goto pyfail;
   for (size_t i = 0; i < n_in; i++) {
-    void* info = NULL;
-    st = API(S_ShapeInferContext_GetInputTypeShape, fn_p_sz_pp)(ctx, i, &info);
+    OrtTensorTypeAndShapeInfo* info = NULL;
+    st = OC_API(g_api, ShapeInferContext_GetInputTypeShape)(ctx, i, &info);
     if (st || !info) {
       release_status(st);
       st = NULL;
@@ -1172,14 +1077,15 @@ static OrtStatus* infer_locked(const Op* op, void* ctx) {
     int elem = 0;
     size_t r = 0;
     PyObject* item = NULL;
-    if (!(st = API(S_GetTensorElementType, fn_GetElemType)(info, &elem)) &&
-        !(st = API(S_GetDimensionsCount, fn_p_sz)(info, &r))) {
+    if (!(st = OC_API(g_api, GetTensorElementType)(info, &elem)) &&
+        !(st = OC_API(g_api, GetDimensionsCount)(info, &r))) {
       int64_t* d = calloc(r ? r : 1, sizeof(int64_t));
       const char** sym = calloc(r ? r : 1, sizeof(char*));
-      if (d && sym && !(st = API(S_GetDimensions, fn_GetDims)(info, d, r)) &&
-          !(st = API(S_GetSymbolicDimensions, fn_GetSymDims)(info, sym, r))) {
+      if (d && sym && !(st = OC_API(g_api, GetDimensions)(info, d, r)) &&
+          !(st = OC_API(g_api, GetSymbolicDimensions)(info, sym, r))) {
         /* rank 0 is also what an input of unknown rank reports: ask whether a shape exists */
-        int has_shape = r > 0 || g_api_version < 30 || API(S_TensorTypeAndShape_HasShape, fn_HasShape)(info);
+        int has_shape = r > 0 || g_api_version < OC_SINCE_TensorTypeAndShape_HasShape ||
+                        OC_API(g_api, TensorTypeAndShape_HasShape)(info);
         PyObject* shp = has_shape ? PyTuple_New((Py_ssize_t)r) : (Py_INCREF(Py_None), Py_None);
         for (size_t q = 0; has_shape && shp && q < r; q++) {
           PyObject* dv;
@@ -1218,15 +1124,15 @@ static OrtStatus* infer_locked(const Op* op, void* ctx) {
      * reads as a scalar), so claim nothing; ORT then types the output itself (see
      * host._ort_guess) and keeps whatever shape the model's value_info records. */
     if (shp == Py_None) continue;
-    void* info = NULL;
-    if ((st = API(S_CreateTensorTypeAndShapeInfo, fn_pp)(&info))) goto fail;
-    st = API(S_SetTensorElementType, fn_SetElemType)(info, elem);
+    OrtTensorTypeAndShapeInfo* info = NULL;
+    if ((st = OC_API(g_api, CreateTensorTypeAndShapeInfo)(&info))) goto fail;
+    st = OC_API(g_api, SetTensorElementType)(info, elem);
     if (!st && shp != Py_None) {
       Py_ssize_t r = PyTuple_Size(shp);
       int64_t d[64];
       const char* sym[64];
       if (r < 0 || r > 64) {
-        API(S_ReleaseTensorTypeAndShapeInfo, fn_Release)(info);
+        OC_API(g_api, ReleaseTensorTypeAndShapeInfo)(info);
         PyErr_Clear();
         st = status_fmt(op, "shape function returned a bad shape for output %zd", j);
         goto fail;
@@ -1241,11 +1147,11 @@ static OrtStatus* infer_locked(const Op* op, void* ctx) {
           if (PyUnicode_Check(dv)) { sym[q] = PyUnicode_AsUTF8(dv); has_sym = 1; }
         }
       }
-      st = API(S_SetDimensions, fn_SetDims)(info, d, (size_t)r);
-      if (!st && has_sym) st = API(S_SetSymbolicDimensions, fn_SetSymDims)(info, sym, (size_t)r);
+      st = OC_API(g_api, SetDimensions)(info, d, (size_t)r);
+      if (!st && has_sym) st = OC_API(g_api, SetSymbolicDimensions)(info, sym, (size_t)r);
     }
-    if (!st) st = API(S_ShapeInferContext_SetOutputTypeShape, fn_SetOutputTypeShape)(ctx, (size_t)j, info);
-    API(S_ReleaseTensorTypeAndShapeInfo, fn_Release)(info);
+    if (!st) st = OC_API(g_api, ShapeInferContext_SetOutputTypeShape)(ctx, (size_t)j, info);
+    OC_API(g_api, ReleaseTensorTypeAndShapeInfo)(info);
     if (st) goto fail;
   }
   Py_DECREF(seq);
@@ -1263,11 +1169,11 @@ fail:
   return st;
 }
 
-static OrtStatus* op_infer(const void* opp, void* ctx) {
-  if (!interpreter_alive()) return make_status(ORT_FAIL_, "onnx-custom: Python interpreter is shutting down");
+static OrtStatus* op_infer(const OcCustomOp* opp, OrtShapeInferContext* ctx) {
+  if (!interpreter_alive()) return make_status(OC_ORT_FAIL, "onnx-custom: Python interpreter is shutting down");
   GilHold g;
-  if (gil_enter(&g) < 0) return make_status(ORT_FAIL_, "onnx-custom: cannot create a Python thread state for this thread");
-  const Op* op = opp;
+  if (gil_enter(&g) < 0) return make_status(OC_ORT_FAIL, "onnx-custom: cannot create a Python thread state for this thread");
+  const Op* op = op_of(opp);
   OrtStatus* st = op->infer ? infer_locked(op, ctx) : NULL; /* released op: claim nothing */
   gil_exit(&g);
   return st;
@@ -1280,7 +1186,7 @@ static OrtStatus* op_infer(const void* opp, void* ctx) {
  * session from the options, and every session keeps its options alive on the Python side. */
 typedef struct DomainEntry {
   char* key;          /* domain name + op pointers, identifies a cached OrtCustomOpDomain */
-  void* domain;
+  OrtCustomOpDomain* domain;
   long users;
   struct DomainEntry* next;
 } DomainEntry;
@@ -1293,7 +1199,7 @@ typedef struct Pending {
 
 static DomainEntry* g_domains = NULL;
 static pthread_mutex_t g_domains_mu = PTHREAD_MUTEX_INITIALIZER;
-static void* g_registered[256];    /* domains added by the last RegisterCustomOps call */
+static OrtCustomOpDomain* g_registered[256];    /* domains added by the last RegisterCustomOps call */
 static size_t g_n_registered = 0;
 static Pending* g_pending = NULL;
 static size_t g_n_pending = 0;
@@ -1313,7 +1219,7 @@ static void clear_pending(void) {
 static OrtStatus* domain_for(const Pending* p, DomainEntry** out) {
   size_t klen = strlen(p->name) + 1 + p->n_ops * 20 + 1;
   char* key = malloc(klen);
-  if (!key) return make_status(ORT_FAIL_, "onnx-custom: out of memory");
+  if (!key) return make_status(OC_ORT_FAIL, "onnx-custom: out of memory");
   size_t off = (size_t)snprintf(key, klen, "%s|", p->name);
   for (size_t j = 0; j < p->n_ops; j++) off += (size_t)snprintf(key + off, klen - off, "%p,", (void*)p->ops[j]);
   DomainEntry* e = g_domains;
@@ -1323,14 +1229,14 @@ static OrtStatus* domain_for(const Pending* p, DomainEntry** out) {
     *out = e;
     return NULL;
   }
-  void* dom = NULL;
-  OrtStatus* st = API(S_CreateCustomOpDomain, fn_cstr_pp)(p->name, &dom);
-  for (size_t j = 0; j < p->n_ops && !st; j++) st = API(S_CustomOpDomain_Add, fn_p_p)(dom, p->ops[j]);
+  OrtCustomOpDomain* dom = NULL;
+  OrtStatus* st = OC_API(g_api, CreateCustomOpDomain)(p->name, &dom);
+  for (size_t j = 0; j < p->n_ops && !st; j++) st = OC_API(g_api, CustomOpDomain_Add)(dom, &p->ops[j]->abi);
   e = st ? NULL : calloc(1, sizeof(DomainEntry));
   if (!e) {
     free(key);
-    if (dom) API(S_ReleaseCustomOpDomain, fn_Release)(dom); /* never handed to ORT's options */
-    return st ? st : make_status(ORT_FAIL_, "onnx-custom: out of memory");
+    if (dom) OC_API(g_api, ReleaseCustomOpDomain)(dom); /* never handed to ORT's options */
+    return st ? st : make_status(OC_ORT_FAIL, "onnx-custom: out of memory");
   }
   e->key = key;
   e->domain = dom;
@@ -1340,10 +1246,11 @@ static OrtStatus* domain_for(const Pending* p, DomainEntry** out) {
   return NULL;
 }
 
-__attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(void* options, const OrtApiBase* base) {
-  const void* const* api = base->GetApi(30);
-  int ver = 30;
-  if (!api) { api = base->GetApi(17); ver = 17; }
+__attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
+                                                                    const OcOrtApiBase* base) {
+  const void* api = base->GetApi(SHIM_API_VERSION);
+  int ver = SHIM_API_VERSION;
+  if (!api) { api = base->GetApi(SHIM_API_FALLBACK); ver = SHIM_API_FALLBACK; }
   if (!api) return NULL; /* cannot even create a status; ORT is older than 1.17 */
   g_api = api;
   g_api_version = ver;
@@ -1354,10 +1261,10 @@ __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(void* option
     DomainEntry* e = NULL;
     if ((st = domain_for(&g_pending[i], &e))) break;
     if (g_n_registered == sizeof g_registered / sizeof g_registered[0]) {
-      st = make_status(ORT_FAIL_, "onnx-custom: more than 256 custom-op domains in one registration");
+      st = make_status(OC_ORT_FAIL, "onnx-custom: more than 256 custom-op domains in one registration");
       break;
     }
-    if ((st = API(S_AddCustomOpDomain, fn_p_p)(options, e->domain))) break;
+    if ((st = OC_API(g_api, AddCustomOpDomain)(options, e->domain))) break;
     e->users++;
     g_registered[g_n_registered++] = e->domain;
   }
@@ -1365,6 +1272,9 @@ __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(void* option
   clear_pending();
   return st;
 }
+/* the entry point has exactly the signature ORT calls it with */
+_Static_assert(__builtin_types_compatible_p(__typeof__(&RegisterCustomOps), OcFn_RegisterCustomOps),
+               "RegisterCustomOps must match OcFn_RegisterCustomOps");
 
 /* take_registered() -> [domain_address, ...]: what the last registration added (one reference each). */
 static PyObject* py_take_registered(PyObject* self, PyObject* noargs) {
@@ -1391,7 +1301,7 @@ static PyObject* py_domain_release(PyObject* self, PyObject* arg) {
   DomainEntry* e = *link;
   if (e && --e->users <= 0) {
     *link = e->next;
-    API(S_ReleaseCustomOpDomain, fn_Release)(e->domain);
+    OC_API(g_api, ReleaseCustomOpDomain)(e->domain);
     free(e->key);
     free(e);
   }
@@ -1460,8 +1370,8 @@ static PyObject* py_make_op(PyObject* self, PyObject* args) {
   Py_INCREF(infer);
   op->bind = bind;
   op->infer = infer;
-  CustomOpAbi* a = &op->abi;
-  a->version = 17;
+  OcCustomOp* a = &op->abi;
+  a->version = OC_CUSTOM_OP_VERSION;
   a->CreateKernel = op_create_kernel_v1;
   a->GetName = op_get_name;
   a->GetExecutionProviderType = op_get_ep;

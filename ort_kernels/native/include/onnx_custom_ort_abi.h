@@ -7,7 +7,8 @@
  * version that introduced a function (ask GetApi for at least that version before using it).
  *
  * Plain C (C99 or later) and C++. Used by the native kernel library (the C++ files beside this folder),
- * the example program (examples/run_model.c) and, later, the Python kernel shim. Opaque ORT
+ * the example program (examples/run_model.c) and the Python kernel shim
+ * (onnx_custom/runtime/_shim.c), so every slot index and struct layout exists once. Opaque ORT
  * types keep ORT's own names (so this header coexists with ORT's), everything with a layout of
  * ours is prefixed Oc / OC_.
  */
@@ -16,6 +17,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#ifndef __cplusplus
+#include <stdbool.h> /* TensorTypeAndShape_HasShape returns bool */
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -74,6 +78,18 @@ typedef const OcOrtApiBase* (*OcFn_OrtGetApiBase)(void);
 
 /* Signature ORT expects of a custom-op library's exported entry point. */
 typedef OrtStatus* (*OcFn_RegisterCustomOps)(OrtSessionOptions* options, const OcOrtApiBase* api);
+
+/* ---- struct OrtAllocator, the fields of version 14 ----------------------------------------- */
+/* Enough for an allocator of our own that ORT allocates through (ORT reads the fields added in
+ * later versions only when `version` says they exist). Pass it where ORT wants an OrtAllocator*
+ * with a cast: ORT's own allocators stay opaque (OrtAllocator). */
+typedef struct OcAllocator {
+  uint32_t version;
+  void* (*Alloc)(struct OcAllocator* self, size_t size);
+  void (*Free)(struct OcAllocator* self, void* p);
+  const OrtMemoryInfo* (*Info)(const struct OcAllocator* self);
+} OcAllocator;
+#define OC_ALLOCATOR_VERSION 14
 
 /* ---- struct OrtCustomOp, field order of version 17 and the fields ORT reads after it -------- */
 typedef struct OcCustomOp {
@@ -138,6 +154,7 @@ enum {
   OC_SLOT_GetTensorTypeAndShape = 65,
   OC_SLOT_CreateCpuMemoryInfo = 69,
   OC_SLOT_AllocatorFree = 76,
+  OC_SLOT_AllocatorGetInfo = 77,
   OC_SLOT_GetAllocatorWithDefaultOptions = 78,
   OC_SLOT_KernelInfoGetAttribute_float = 85,
   OC_SLOT_KernelInfoGetAttribute_int64 = 86,
@@ -154,6 +171,7 @@ enum {
   OC_SLOT_ReleaseTypeInfo = 98,
   OC_SLOT_ReleaseTensorTypeAndShapeInfo = 99,
   OC_SLOT_ReleaseSessionOptions = 100,
+  OC_SLOT_ReleaseCustomOpDomain = 101,
   OC_SLOT_KernelInfoGetAttributeArray_float = 162,
   OC_SLOT_KernelInfoGetAttributeArray_int64 = 163,
   OC_SLOT_CreateOpAttr = 211,
@@ -176,13 +194,19 @@ enum {
   OC_SLOT_SetSymbolicDimensions = 271,
   OC_SLOT_ReadOpAttr = 272,
   OC_SLOT_KernelContext_ParallelFor = 274,
-  OC_SLOT_GetTensorElementTypeAndShapeDataReference = 414
+  OC_SLOT_TensorTypeAndShape_HasShape = 390,
+  OC_SLOT_KernelInfo_GetOperatorType = 393,
+  OC_SLOT_GetTensorElementTypeAndShapeDataReference = 414,
+  OC_SLOT_KernelInfoGetAttributeArray_string = 417
 };
 
 /* API version that introduced the newer functions we use (older ones date from version 1-14). */
 #define OC_SINCE_ShapeInference 16 /* ShapeInferContext_*, SetSymbolicDimensions, ReadOpAttr */
 #define OC_SINCE_KernelContext_ParallelFor 17
+#define OC_SINCE_TensorTypeAndShape_HasShape 24
+#define OC_SINCE_KernelInfo_GetOperatorType 24
 #define OC_SINCE_GetTensorElementTypeAndShapeDataReference 24
+#define OC_SINCE_KernelInfoGetAttributeArray_string 25
 
 /* ---- function pointer types, one per slot (OcFn_<name>) ------------------------------------ */
 typedef OrtStatus* (*OcFn_CreateStatus)(int code, const char* msg);
@@ -229,6 +253,8 @@ typedef OrtStatus* (*OcFn_GetTensorTypeAndShape)(const OrtValue* value,
 typedef OrtStatus* (*OcFn_CreateCpuMemoryInfo)(int allocator_type, int mem_type,
                                                OrtMemoryInfo** out);
 typedef OrtStatus* (*OcFn_AllocatorFree)(OrtAllocator* allocator, void* p);
+typedef OrtStatus* (*OcFn_AllocatorGetInfo)(const OrtAllocator* allocator,
+                                            const OrtMemoryInfo** out);
 typedef OrtStatus* (*OcFn_GetAllocatorWithDefaultOptions)(OrtAllocator** out);
 typedef OrtStatus* (*OcFn_KernelInfoGetAttribute_float)(const OrtKernelInfo* info,
                                                         const char* name, float* out);
@@ -251,6 +277,7 @@ typedef void (*OcFn_ReleaseValue)(OrtValue* p);
 typedef void (*OcFn_ReleaseTypeInfo)(OrtTypeInfo* p);
 typedef void (*OcFn_ReleaseTensorTypeAndShapeInfo)(OrtTensorTypeAndShapeInfo* p);
 typedef void (*OcFn_ReleaseSessionOptions)(OrtSessionOptions* p);
+typedef void (*OcFn_ReleaseCustomOpDomain)(OrtCustomOpDomain* p);
 typedef OrtStatus* (*OcFn_KernelInfoGetAttributeArray_float)(const OrtKernelInfo* info,
                                                              const char* name, float* out,
                                                              size_t* size);
@@ -301,10 +328,19 @@ typedef OrtStatus* (*OcFn_ReadOpAttr)(const OrtOpAttr* attr, int type, void* dat
 typedef OrtStatus* (*OcFn_KernelContext_ParallelFor)(const OrtKernelContext* ctx,
                                                      void (*fn)(void* user, size_t index),
                                                      size_t total, size_t num_batch, void* user);
+typedef bool (*OcFn_TensorTypeAndShape_HasShape)(const OrtTensorTypeAndShapeInfo* info);
+typedef OrtStatus* (*OcFn_KernelInfo_GetOperatorType)(const OrtKernelInfo* info, char* out,
+                                                      size_t* size);
 typedef OrtStatus* (*OcFn_GetTensorElementTypeAndShapeDataReference)(const OrtValue* value,
                                                                      int* elem,
                                                                      const int64_t** dims,
                                                                      size_t* rank);
+/* Strings and the array holding them come from `allocator` (ORT asks it for length + 1 bytes
+ * per string); the caller frees all of them through it. */
+typedef OrtStatus* (*OcFn_KernelInfoGetAttributeArray_string)(const OrtKernelInfo* info,
+                                                              const char* name,
+                                                              OrtAllocator* allocator,
+                                                              char*** out, size_t* size);
 
 /* OC_API(api, Name): the function in slot OC_SLOT_<Name> of an OrtApi table, typed OcFn_<Name>.
  * `api` is what OcOrtApiBase.GetApi returned (an array of function pointers). */
