@@ -20,8 +20,8 @@ from torch.onnx._internal.exporter import _building, _tensors
 
 from onnx_custom._dynamo_shapes import fx_outputs, value_outputs
 from onnx_custom._output_meta import Outputs, flat_outputs, layout
-from onnx_custom.attributes import AttrKind, AttrValue
-from onnx_custom.builder import GraphBuilder, OutputMeta
+from onnx_custom.attributes import AttrKind, AttrValue, c_contiguous
+from onnx_custom.builder import GraphBuilder, OutputMeta, call_translation
 from onnx_custom.errors import SymbolicError
 from onnx_custom.names import QualifiedName, Target
 from onnx_custom.registry import Registry, SymbolicEntry, resolve_registry
@@ -86,7 +86,7 @@ class DynamoBuilder(GraphBuilder):
         ir_attrs = []
         for attr in attrs:
             if attr.kind is AttrKind.TENSOR:
-                ir_attrs.append(ir.AttrTensor(attr.name, ir.tensor(np.ascontiguousarray(attr.value))))
+                ir_attrs.append(ir.AttrTensor(attr.name, ir.tensor(c_contiguous(attr.value))))
             else:
                 value = list(attr.value) if isinstance(attr.value, tuple) else attr.value
                 ir_attrs.append(ir.Attr(attr.name, _IR_KIND[attr.kind], value))
@@ -201,12 +201,7 @@ def _torch_outputs(overload: torch._ops.OpOverload, args: Sequence[Any], kwargs:
 
 
 def _pack(target: Target, values: list[Any], returns: list[int | None] | None, expected: int) -> Any:
-    if returns is None:
-        if len(values) != expected:
-            raise SymbolicError(
-                f"The translation for {target} returned {len(values)} output(s) but the torch op "
-                f"has {expected}. Return one value per torch output (a tuple for several)."
-            )
+    if returns is None:  # the count was checked by call_translation
         return values[0] if expected == 1 else tuple(values)
     if returns == [None]:
         return values[0]
@@ -235,7 +230,9 @@ def _translation(registry: Registry, target: Target, overload: torch._ops.OpOver
             outputs, typings, names = found
             builder = DynamoBuilder(recorder, opset, str(target), [names.meta(d) for d in flat_outputs(outputs)], typings)
             returns = layout(outputs)
-        values = builder.finish(entry.fn(builder, *inputs, **attrs))
+        count = expected if builder._outputs is None else None  # else finish() counts Tensor[] elements
+        names = [f"{a.name}: {a.type}" for a in schema.arguments]
+        values = builder.finish(call_translation(entry, builder, inputs, attrs, outputs=count, schema_args=names))
         for index, (value, meta) in enumerate(zip(values, builder._outputs or (), strict=False)):
             producer = value.producer()
             if producer is not None and producer.domain not in ("", "ai.onnx"):
@@ -286,7 +283,7 @@ def translation_table(opset: int = 18, registry: Registry | None = None) -> dict
     """
     reg = resolve_registry(registry)
     if not isinstance(opset, int) or opset < 1:
-        raise SymbolicError(f"opset must be a positive int, got {opset!r}.")
+        raise SymbolicError(f"opset must be a positive int; received {opset!r}. Fix: pass the opset of your torch.onnx.export call, e.g. opset=18.")
     table: dict[torch._ops.OpOverload, Any] = {}
     for target in reg.targets():
         if target.function is not None:

@@ -10,13 +10,13 @@ import contextlib
 import io
 import os
 import re
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import onnx
 import torch
 
+from onnx_custom._atomic import atomic_write, check_output_path, commit_file, temporary_folder
 from onnx_custom._constraints import (
     check_with_torch_export,
     constraint_violation,
@@ -28,11 +28,23 @@ from onnx_custom._dynamic_shapes import DynamicSpec, resolve_dynamic_shapes
 from onnx_custom._dynamo_shapes import symbol_names
 from onnx_custom._onnx_utils import iter_nodes
 from onnx_custom._opset_compat import lower_default_opset
-from onnx_custom._torchscript import TS_MAX_OPSET, TS_MIN_OPSET, registered
+from onnx_custom._quiet import quiet_torch
+from onnx_custom._torch_errors import chain, unwrap_dynamo_error, unwrap_torchscript_error
+from onnx_custom._torchscript import registered
 from onnx_custom._ts_shapes import ExportDims, export_dims, name_derived_dims
+from onnx_custom._validation import (
+    EXPORTERS,
+    check_args,
+    check_dynamic_for_program,
+    check_exporter,
+    check_exporter_kwargs,
+    check_model,
+    check_opset,
+    check_registry,
+)
 from onnx_custom.coverage import format_missing, missing_ops_dynamo, missing_ops_torchscript
 from onnx_custom.errors import (
-    DynamicShapesError,
+    InvalidArgumentError,
     OnnxCustomError,
     SymbolicError,
     UnsupportedOpError,
@@ -42,27 +54,20 @@ from onnx_custom.registry import Registry, resolve_registry
 __all__ = ["DEFAULT_OPSET", "EXPORTERS", "MAX_IR_VERSION", "export_model", "finalize_model", "save_model", "trace_program"]
 
 DEFAULT_OPSET = 18
-EXPORTERS = ("dynamo", "torchscript")
 MAX_IR_VERSION = 10  # ORT 1.31 accepts <= 13; 10 covers opsets up to 21 and every older runtime
 _PROTOBUF_LIMIT = 2**31 - 1
 _DYNAMO_NATIVE_OPSET = 18
 _NO_FAKE = re.compile(r"no fake impl registered for (?:<CustomOpDef\()?(?P<op>[\w:.]+)")
 
 
-def _validate(model: Any, args: Any, exporter: str, opset: int) -> tuple[Any, ...]:
-    if exporter not in EXPORTERS:
-        raise OnnxCustomError(f"exporter must be one of {EXPORTERS}, got {exporter!r}.")
-    if not isinstance(model, (torch.nn.Module, torch.export.ExportedProgram)):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}. Wrap functions in an nn.Module.")
-    if not isinstance(opset, int) or isinstance(opset, bool):
-        raise TypeError(f"opset must be an int, got {opset!r}.")
-    if exporter == "torchscript" and not TS_MIN_OPSET <= opset <= TS_MAX_OPSET:
-        raise OnnxCustomError(f"The TorchScript exporter supports opsets {TS_MIN_OPSET}..{TS_MAX_OPSET}, got {opset}.")
-    if isinstance(args, torch.Tensor):
-        return (args,)
-    if not isinstance(args, tuple):
-        raise TypeError(f"args must be a tuple of example inputs (or one tensor), got {type(args).__name__}.")
-    return args
+def _validate(model: Any, args: Any, exporter: str, opset: int, registry: Any = None, kwargs: dict[str, Any] | None = None) -> tuple[Any, ...]:
+    """Every argument checked before any tracing (see `_validation`)."""
+    check_exporter(exporter)
+    check_model(model, exporter)
+    check_opset(exporter, opset)
+    check_registry(registry)
+    check_exporter_kwargs(kwargs or {})
+    return check_args(args)
 
 
 def _custom_domains(model: onnx.ModelProto) -> set[str]:
@@ -78,28 +83,55 @@ def finalize_model(model: onnx.ModelProto, domain_versions: dict[str, int] | Non
     return model
 
 
-def save_model(model: onnx.ModelProto, f: str | os.PathLike[str] | io.IOBase) -> None:
+def save_model(model: onnx.ModelProto, f: str | os.PathLike[str] | io.IOBase, *, external_data: bool | None = None) -> None:
+    """Write ``model`` to a path or a binary file object, whole or not at all.
+
+    A path is written through a temporary file in its folder and ``os.replace``d, so a failure
+    (serialization, a full disk, Ctrl-C) leaves the previous file intact and no temporary file.
+    ``external_data`` (default: only past protobuf's 2 GB limit) puts the tensors in
+    ``<name>.data`` next to it, written the same way; ``model`` itself is never modified.
+    A file object receives the bytes only once the whole model serialized.
+    """
+    too_big = model.ByteSize() > _PROTOBUF_LIMIT
+    external = too_big if external_data is None else bool(external_data)
     if isinstance(f, io.IOBase):
+        if external:
+            raise InvalidArgumentError(
+                f"This model is {model.ByteSize() / 2**30:.1f} GiB: over protobuf's 2 GiB limit it "
+                "needs an external data file, which a file object cannot hold; received a file "
+                "object. Fix: pass a path (f='model.onnx'); the tensors go to 'model.onnx.data'."
+            )
         f.write(model.SerializeToString())  # type: ignore[arg-type]
         return
-    path = os.fspath(f)
-    too_big = model.ByteSize() > _PROTOBUF_LIMIT
-    onnx.save_model(
-        model,
-        path,
-        save_as_external_data=too_big,
-        all_tensors_to_one_file=True,
-        location=os.path.basename(path) + ".data" if too_big else None,
-    )
+    final = check_output_path(f)
+    if not external:
+        atomic_write(final, model.SerializeToString())
+        return
+    data_name = final.name + ".data"
+    check_output_path(final.with_name(data_name), what="the external data file")
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)  # onnx.save_model moves tensors out of the proto it is given
+    with temporary_folder(final) as folder:
+        onnx.save_model(copy, os.fspath(folder / final.name), save_as_external_data=True, all_tensors_to_one_file=True, location=data_name)
+        # Data first: the new model file never points at missing data.
+        if (folder / data_name).exists():  # absent when no tensor was big enough to move
+            commit_file(folder / data_name, final.with_name(data_name))
+        commit_file(folder / final.name, final)
 
 
-def _raise_ours(exc: BaseException) -> None:
-    """Torch wraps errors raised in our translations/checks in its own; surface ours instead."""
-    seen: BaseException | None = exc.__cause__ or exc.__context__
-    while seen is not None:
-        if isinstance(seen, OnnxCustomError):
-            raise seen from exc
-        seen = seen.__cause__ or seen.__context__
+def _ours(exc: BaseException, unwrap: Any = None) -> BaseException | None:
+    """What to raise instead of torch's wrapper ``exc``: the `OnnxCustomError` a translation or a
+    check of ours raised inside it, or ``unwrap(exc)`` (torch's error turned into ours), else None.
+
+    The caller raises it *outside* its ``except`` block: raised inside, Python would chain torch's
+    wrapper (which contains it) as its context, printing the wrapper again and making a cycle.
+    """
+    found = next((e for e in chain(exc)[1:] if isinstance(e, OnnxCustomError)), None)
+    if found is None and unwrap is not None:
+        found = unwrap(exc)
+        if found is not None:
+            found.__cause__ = chain(exc)[-1]  # the root cause, with its traceback
+    return found
 
 
 def _export_torchscript(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, spec: DynamicSpec, output_names: Any, kwargs: dict[str, Any]) -> tuple[onnx.ModelProto, DynamicSpec]:
@@ -111,9 +143,9 @@ def _export_torchscript(model: Any, args: tuple[Any, ...], opset: int, reg: Regi
     names = list(spec.input_names)
     dims = ExportDims(tuple(names), spec.dynamic_axes, tuple(tuple(leaf.tensor.shape) for leaf in spec.leaves))
     buffer = io.BytesIO()
+    failure: BaseException | None = None
     try:
-        with export_dims(dims), registered(reg, opset=opset), warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
+        with export_dims(dims), registered(reg, opset=opset):
             torch.onnx.export(
                 model, args, buffer, dynamo=False, opset_version=opset, input_names=names,  # type: ignore[arg-type]
                 output_names=output_names, dynamic_axes=spec.dynamic_axes or None, **kwargs,
@@ -126,8 +158,11 @@ def _export_torchscript(model: Any, args: tuple[Any, ...], opset: int, reg: Regi
     except OnnxCustomError:
         raise
     except Exception as exc:
-        _raise_ours(exc)
-        raise
+        failure = _ours(exc, unwrap_torchscript_error)
+        if failure is None:
+            raise
+    if failure is not None:
+        raise failure
     proto = onnx.load_from_string(buffer.getvalue())
     name_derived_dims(proto, dims)
     return proto, spec
@@ -177,23 +212,28 @@ def trace_program(
     specializes); others propagate. ``dynamic_shapes`` may be any form `export` accepts."""
     if spec is None:
         spec = resolve_dynamic_shapes(model, args, kwargs, dynamic_shapes=dynamic_shapes)
+    failure: BaseException | None = None
     try:
-        with _reject_autograd_functions(registry):
+        with _reject_autograd_functions(registry), quiet_torch():
             return torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=spec.export_shapes, strict=False)
     except Exception as exc:
-        _raise_ours(exc)
-        violation = constraint_violation(exc, spec)
-        if violation is not None:
-            raise violation from exc
+        failure = _ours(exc)
+        if failure is None:
+            failure = constraint_violation(exc, spec)
+            if failure is not None:
+                failure.__cause__ = exc
         match = _NO_FAKE.search(str(exc))
-        if match:
+        if failure is None and match:
             op = match["op"]
-            raise SymbolicError(
+            failure = SymbolicError(
                 f"The custom op {op} has no fake (meta) kernel, which the dynamo exporter needs to "
                 f"trace it. Fix: add @torch.library.register_fake('{op}') returning empty outputs of "
                 "the right shape/dtype, or export with exporter='torchscript'."
-            ) from exc
-        raise
+            )
+            failure.__cause__ = exc
+        if failure is None:
+            raise
+    raise failure
 
 
 def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, spec: DynamicSpec, output_names: Any, kwargs: dict[str, Any]) -> tuple[onnx.ModelProto, DynamicSpec]:
@@ -208,9 +248,9 @@ def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry,
     if missing:
         raise UnsupportedOpError(format_missing(missing, "dynamo", opset), tuple(m.name for m in missing))
     table = translation_table(opset, reg)
+    failure: BaseException | None = None
     try:
-        with symbol_names(names), contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with symbol_names(names):
             # Build at >= 18 (the exporter's native opset) and lower ourselves: torch's own
             # down-conversion silently keeps opset 18 whenever onnx lacks an adapter.
             onnx_program = torch.onnx.export(
@@ -218,8 +258,11 @@ def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry,
                 input_names=list(spec.input_names), output_names=output_names, verbose=False, **kwargs,
             )
     except Exception as exc:
-        _raise_ours(exc)
-        raise
+        failure = _ours(exc, unwrap_dynamo_error)
+        if failure is None:
+            raise
+    if failure is not None:
+        raise failure
     proto = lower_default_opset(onnx_program.model_proto, opset)  # type: ignore[union-attr]
     rename_dims(proto, names)
     if not isinstance(model, torch.export.ExportedProgram):
@@ -248,16 +291,11 @@ def export_model(
     user's name, and ``metadata_props["onnx_custom.dynamic_dims"]`` records the named dims' ranges.
     """
     opset = DEFAULT_OPSET if opset is None else opset
-    args = _validate(model, args, exporter, opset)
+    args = _validate(model, args, exporter, opset, registry, exporter_kwargs)
+    check_dynamic_for_program(model, dynamic_shapes, dynamic_axes)
     reg = resolve_registry(registry)
     kwargs = dict(exporter_kwargs)
     if isinstance(model, torch.export.ExportedProgram):
-        if dynamic_shapes is not None or dynamic_axes is not None:
-            raise DynamicShapesError(
-                "dynamic_shapes/dynamic_axes cannot change an ExportedProgram: torch.export.export "
-                "already fixed its dims. Fix: pass them to torch.export.export, or pass the "
-                "nn.Module to onnx_custom.export."
-            )
         spec = resolve_dynamic_shapes(model.module(), args, kwargs.get("kwargs"), input_names=input_names)
     else:
         spec = resolve_dynamic_shapes(
@@ -265,6 +303,7 @@ def export_model(
             input_names=input_names, output_names=output_names,
         )
     run = _export_dynamo if exporter == "dynamo" else _export_torchscript
-    proto, spec = run(model, args, opset, reg, spec, output_names, kwargs)
+    with quiet_torch():
+        proto, spec = run(model, args, opset, reg, spec, output_names, kwargs)
     write_metadata(proto, spec)
     return finalize_model(proto)

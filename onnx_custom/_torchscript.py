@@ -20,9 +20,9 @@ from torch.onnx._internal.torchscript_exporter import symbolic_helper
 
 from onnx_custom._output_meta import Outputs, TensorDesc, flat_outputs, layout
 from onnx_custom._ts_shapes import TAG, TsDims, session, ts_dims
-from onnx_custom.attributes import AttrKind, AttrValue
-from onnx_custom.builder import GraphBuilder, OutputMeta
-from onnx_custom.errors import SymbolicError
+from onnx_custom.attributes import AttrKind, AttrValue, c_contiguous
+from onnx_custom.builder import GraphBuilder, OutputMeta, call_translation
+from onnx_custom.errors import InvalidArgumentError
 from onnx_custom.names import Target
 from onnx_custom.registry import Registry, resolve_registry
 
@@ -113,7 +113,7 @@ class TorchScriptBuilder(GraphBuilder):
 
 def _tensor(array: np.ndarray) -> torch.Tensor:
     """numpy -> torch, bfloat16 included (torch.from_numpy does not know ml_dtypes' bfloat16)."""
-    array = np.ascontiguousarray(array)
+    array = c_contiguous(array)
     if array.dtype.name == "bfloat16":
         return torch.from_numpy(array.view(np.uint16).copy()).view(torch.bfloat16)
     return torch.from_numpy(array.copy() if not array.flags.writeable else array)
@@ -227,16 +227,21 @@ def _traced_outputs(ctx: Any, inputs: Sequence[Any]) -> Outputs | None:
     return result
 
 
-def _finish(ctx: Any, builder: TorchScriptBuilder, result: Any, returns: Sequence[int | None] | None) -> Any:
-    values = builder.finish(result)
+def _expected_outputs(ctx: Any, builder: TorchScriptBuilder) -> int | None:
+    """How many values the translation must return when torch's outputs are unknown: the traced
+    node's output count (known outputs are counted by `GraphBuilder.finish`, per element of a
+    Tensor[] return)."""
+    if builder._outputs is not None:
+        return None
+    node = getattr(ctx, "original_node", None)
+    return None if node is None else int(node.outputsSize())
+
+
+def _finish(builder: TorchScriptBuilder, values: tuple[Any, ...], returns: Sequence[int | None] | None) -> Any:
+    """Checked translation values (`call_translation`) -> what torch's symbolic table expects."""
+    values = tuple(builder.finish(values))
     if builder._outputs is None:
-        expected = getattr(ctx, "original_node", None)
-        if expected is not None and len(values) != expected.outputsSize():
-            raise SymbolicError(
-                f"The translation for {builder.target} returned {len(values)} output(s) but the torch "
-                f"op has {expected.outputsSize()}. Return one value per torch output (a tuple for several)."
-            )
-        return result
+        return values[0] if len(values) == 1 else values
     for index, (value, meta) in enumerate(zip(values, builder.outputs, strict=True)):
         kind = value.node().kind().split("::")[0]
         # Custom nodes get torch's exact types (symbolic dims included); standard nodes keep
@@ -274,8 +279,9 @@ def _op_symbolic(registry: Registry, target: Target) -> Any:
         if outputs is None:
             outputs = _traced_outputs(ctx, [v for v in args if isinstance(v, torch._C.Value)])
         builder = TorchScriptBuilder(ctx, str(target), None if outputs is None else flat_outputs(outputs))
-        result = entry.fn(builder, *inputs, **attrs)
-        return _finish(ctx, builder, result, None if outputs is None else layout(outputs))
+        names = None if schema is None else [f"{a.name}: {a.type}" for a in schema.arguments]
+        values = call_translation(entry, builder, inputs, attrs, outputs=_expected_outputs(ctx, builder), schema_args=names)
+        return _finish(builder, values, None if outputs is None else layout(outputs))
 
     symbolic.__qualname__ = f"onnx_custom_symbolic[{target}]"
     return symbolic
@@ -294,8 +300,8 @@ def _function_symbolic(registry: Registry, target: Target) -> Any:
         fake_args = [dims.describe(a) if isinstance(a, torch._C.Value) else a for a in args]
         outputs = dims.fake_outputs(function.apply, fake_args) or _traced_outputs(ctx, inputs)  # type: ignore[attr-defined]
         builder = TorchScriptBuilder(ctx, str(target), None if outputs is None else flat_outputs(outputs))
-        result = entry.fn(builder, *inputs, **attrs)
-        return _finish(ctx, builder, result, None)
+        values = call_translation(entry, builder, inputs, attrs, outputs=_expected_outputs(ctx, builder), schema_args=params)
+        return _finish(builder, values, None)
 
     return staticmethod(symbolic)
 
@@ -311,6 +317,11 @@ def registered(registry: Registry | None = None, *, opset: int | None = None) ->
     its exact previous state on exit, also when the body raises.
     """
     reg = resolve_registry(registry)
+    if opset is not None and (not isinstance(opset, int) or isinstance(opset, bool) or not TS_MIN_OPSET <= opset <= TS_MAX_OPSET):
+        raise InvalidArgumentError(
+            f"opset must be None (every opset) or an int in {TS_MIN_OPSET}..{TS_MAX_OPSET} (the TorchScript "
+            f"exporter's range); received {opset!r}. Fix: pass your torch.onnx.export's opset_version, e.g. opset=17."
+        )
     table = ts_registration.registry._registry
     # name -> (group existed before, {opset: previous override or _MISSING})
     touched: dict[str, tuple[bool, dict[int, Any]]] = {}

@@ -18,11 +18,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from onnx_custom.attributes import AttrValue, convert_attribute
-from onnx_custom.errors import SymbolicError
+from onnx_custom._standard_ops import check_standard_node
+from onnx_custom._torch_errors import translation_error
+from onnx_custom.attributes import AttrValue, c_contiguous, convert_attribute
+from onnx_custom.errors import OnnxCustomError, SymbolicError
 from onnx_custom.names import parse_node_type
 
-__all__ = ["GraphBuilder", "NodeRecord", "OutputMeta", "record_nodes"]
+__all__ = ["GraphBuilder", "NodeRecord", "OutputMeta", "call_translation", "record_nodes"]
 
 DimValue = int | str | None
 
@@ -119,12 +121,17 @@ class GraphBuilder(abc.ABC):
         """
         domain, op_type = parse_node_type(node_type)
         if not isinstance(outputs, int) or isinstance(outputs, bool) or outputs < 1:
-            raise SymbolicError(f"{self.target}: outputs= must be a positive int, got {outputs!r}.")
+            raise SymbolicError(f"{self.target}: outputs= must be a positive int; received {outputs!r}. Fix: pass outputs=1 or more.")
         types = self._output_types(node_type, outputs, output_types, custom=bool(domain))
-        attrs = [convert_attribute(name, value) for name, value in attributes.items() if value is not None]
+        where = f"{self.target}: g.op({node_type!r}): "
+        attrs = [convert_attribute(name, value, where=where) for name, value in attributes.items() if value is not None]
         converted = [self._input(domain, op_type, i, value) for i, value in enumerate(inputs)]
         while converted and converted[-1] is None:  # trailing absent optional inputs are dropped
             converted.pop()
+        if not domain:
+            # A function body's attribute references (FunctionBuilder) are present at run time.
+            referenced = [ref.name for ref in getattr(self, "_pending_refs", ())]
+            attrs = check_standard_node(where, op_type, self.opset, len(converted), outputs, attrs, referenced)
         if domain:
             self.custom_domains.add(domain)
         log = _recorder.get()
@@ -230,6 +237,7 @@ class GraphBuilder(abc.ABC):
             array = array.astype(_numpy_dtype(dtype))
         elif array.dtype == np.float64 and not isinstance(value, (np.ndarray, torch.Tensor, np.generic)):
             array = array.astype(np.float32)  # a bare Python float means float32, as in torch
+        array = c_contiguous(array)  # keeps a 0-d constant 0-d
         self._record_constant(array)
         return self._constant(array)
 
@@ -269,3 +277,18 @@ def _numpy_dtype(dtype: Any) -> np.dtype:
             return np.dtype(ml_dtypes.bfloat16)
         return torch.empty((), dtype=dtype).numpy().dtype
     return np.dtype(dtype)
+
+
+def call_translation(
+    entry: Any, g: GraphBuilder, inputs: Sequence[Any], attrs: dict[str, Any], *, outputs: int | None = None, schema_args: Sequence[str] | None = None
+) -> tuple[Any, ...]:
+    """Run a `SymbolicEntry` for an exporter adapter: its result checked (`SymbolicEntry.call`:
+    None, a number, an eager tensor or a wrong count -> `SymbolicError` naming the op) and any
+    other exception it raises turned into a `SymbolicError` naming the translation and the line
+    (``schema_args``: the op's argument names, listed when the call itself does not fit)."""
+    try:
+        return tuple(entry.call(g, inputs, attrs, outputs=outputs))
+    except OnnxCustomError:
+        raise
+    except Exception as exc:
+        raise translation_error(entry, exc, len(inputs), list(attrs), schema_args) from exc

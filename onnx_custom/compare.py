@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from torch.testing._comparison import default_tolerances
 
-from onnx_custom.errors import OnnxCustomError
+from onnx_custom.errors import InvalidArgumentError, OnnxCustomError
 
-__all__ = ["OutputComparison", "compare_arrays", "flatten_outputs", "to_numpy", "to_tensor", "tolerances"]
+__all__ = ["OutputComparison", "check_tolerances", "compare_arrays", "flatten_outputs", "to_numpy", "to_tensor", "tolerances"]
 
 # Float32 pass -> float64 recheck: the margin covers float32 rounding of |e - a|, |e| * rtol + atol
 # and |e - a| / |e| (a few units in 2**-24) many times over.
@@ -120,9 +120,25 @@ def tolerances(dtype: torch.dtype, rtol: float | None, atol: float | None) -> tu
     default_rtol, default_atol = default_tolerances(dtype)
     if rtol is None and atol is None:
         return default_rtol, default_atol, f"torch.testing default for {str(dtype).removeprefix('torch.')}"
+    check_tolerances(rtol, atol)
+    return float(rtol), float(atol), "user override"  # type: ignore[arg-type]
+
+
+def check_tolerances(rtol: float | None, atol: float | None) -> None:
+    """Both None (per-dtype defaults) or both non-negative numbers."""
+    if rtol is None and atol is None:
+        return
     if rtol is None or atol is None:
-        raise TypeError("Pass both rtol and atol, or neither (then dtype defaults apply).")
-    return float(rtol), float(atol), "user override"
+        given, missing = ("rtol", "atol") if atol is None else ("atol", "rtol")
+        raise InvalidArgumentError(
+            f"rtol and atol go together; received {given}={rtol if atol is None else atol!r} without {missing}. "
+            f"Fix: pass both (e.g. rtol=1e-4, atol=1e-5), or neither for the per-dtype defaults."
+        )
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise InvalidArgumentError(
+                f"{name} must be a non-negative number; received {value!r}. Fix: pass e.g. {name}=1e-5."
+            )
 
 
 def to_tensor(array: Any) -> torch.Tensor:

@@ -5,8 +5,11 @@ from __future__ import annotations
 __all__ = [
     "DynamicShapesError",
     "ExtensionBuildError",
+    "InvalidArgumentError",
     "KernelError",
     "OnnxCustomError",
+    "OpsetError",
+    "OutputPathError",
     "SymbolicError",
     "UnsupportedOpError",
     "VerificationError",
@@ -42,11 +45,38 @@ class KernelError(OnnxCustomError):
 
 
 class VerificationError(OnnxCustomError):
-    """PyTorch and ONNX outputs disagree (or cannot be compared). ``report`` holds the details."""
+    """PyTorch and ONNX outputs disagree (or cannot be compared). ``report`` holds the details;
+    ``kept`` is where the failing model was written (``export(..., keep_failed=path)``), else None.
+    """
 
-    def __init__(self, message: str, report: object | None = None) -> None:
+    def __init__(self, message: str, report: object | None = None, *, kept: str | None = None) -> None:
         super().__init__(message)
         self.report = report
+        self.kept = kept
+
+
+class InvalidArgumentError(OnnxCustomError, TypeError, ValueError):
+    """An argument of a public call has the wrong type or value (a model class instead of an
+    instance, ``args`` that are not a tuple, an opset that is not an int, ...). A `TypeError` and a
+    `ValueError` too, so code written against the built-in errors keeps working."""
+
+
+class OpsetError(OnnxCustomError, ValueError):
+    """The requested opset is outside what the chosen exporter can produce honestly.
+
+    ``exporter``, ``minimum`` and ``maximum`` say what is supported.
+    """
+
+    def __init__(self, message: str, *, exporter: str = "", minimum: int | None = None, maximum: int | None = None) -> None:
+        super().__init__(message)
+        self.exporter = exporter
+        self.minimum = minimum
+        self.maximum = maximum
+
+
+class OutputPathError(OnnxCustomError, OSError):
+    """A file cannot be written where it was asked for (missing or read-only folder, a folder
+    where a file was expected, not a path). Raised before any work starts; an `OSError` too."""
 
 
 class ExtensionBuildError(OnnxCustomError):

@@ -24,7 +24,12 @@ import torch
 
 from onnx_custom._onnx_utils import iter_nodes
 from onnx_custom.coverage import MissingOp, missing_ops_dynamo, missing_ops_torchscript
-from onnx_custom.errors import OnnxCustomError, SymbolicError, UnsupportedOpError
+from onnx_custom.errors import (
+    InvalidArgumentError,
+    OnnxCustomError,
+    SymbolicError,
+    UnsupportedOpError,
+)
 from onnx_custom.names import QualifiedName, Target
 from onnx_custom.registry import Registry, SymbolicEntry, default_registry
 from onnx_custom.runner import STANDARD_DOMAINS
@@ -272,18 +277,24 @@ def check(
     ``raise_if_missing=True`` raises `UnsupportedOpError` (``missing``: every name) with the
     same text as ``str(report)`` when anything is missing.
     """
-    from onnx_custom._exporters import EXPORTERS
+    from onnx_custom._validation import (
+        check_args,
+        check_exporter,
+        check_model,
+        check_opset,
+        check_registry,
+    )
 
-    if exporter not in EXPORTERS:
-        raise OnnxCustomError(f"exporter must be one of {EXPORTERS}, got {exporter!r}.")
+    check_exporter(exporter)
+    check_model(model, exporter)
     if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
-    if not isinstance(opset, int) or isinstance(opset, bool) or opset < 1:
-        raise TypeError(f"opset must be a positive int, got {opset!r}.")
-    if isinstance(args, torch.Tensor):
-        args = (args,)
-    if not isinstance(args, tuple):
-        raise TypeError(f"args must be a tuple of example inputs (or one tensor), got {type(args).__name__}.")
+        raise InvalidArgumentError(
+            "check() traces an nn.Module; received a torch.export.ExportedProgram. Fix: pass the "
+            "original nn.Module, or program.module()."
+        )
+    check_opset(exporter, opset)
+    check_registry(registry)
+    args = check_args(args)
     reg = registry if registry is not None else default_registry()
     problems: list[str] = []
     ops: list[str] = []

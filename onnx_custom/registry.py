@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from onnx_custom.errors import SymbolicError, UnsupportedOpError
+from onnx_custom.errors import InvalidArgumentError, SymbolicError, UnsupportedOpError
 from onnx_custom.names import Target, normalize_target
 
 __all__ = [
@@ -85,6 +85,12 @@ def _describe_bad_value(value: Any) -> tuple[str, str] | None:
             f"wrap it in g.constant({value!r}, like=<an input>) so it becomes a graph value",
         )
     return None
+
+
+def _defined_at(fn: Any) -> str:
+    """`` (file.py:12)`` for a function (two lambdas share a name; their lines tell them apart)."""
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    return f" ({code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno})" if code is not None else ""
 
 
 def check_translation_result(entry: SymbolicEntry, g: Any, result: Any, outputs: int | None = None) -> tuple[Any, ...]:
@@ -248,17 +254,24 @@ class Registry:
     # -- registration ---------------------------------------------------------------------
     def add(self, entry: SymbolicEntry, *, replace: bool = False) -> SymbolicEntry:
         if not isinstance(entry.opset, int) or isinstance(entry.opset, bool) or entry.opset < 1:
-            raise SymbolicError(f"opset must be a positive int, got {entry.opset!r} for {entry.target}.")
+            raise SymbolicError(
+                f"opset must be a positive int (the first opset the translation for {entry.target} "
+                f"serves); received {entry.opset!r}. Fix: pass e.g. opset=9 (it then serves 9 and up)."
+            )
         if not callable(entry.fn):
-            raise SymbolicError(f"The translation for {entry.target} must be callable, got {entry.fn!r}.")
+            raise SymbolicError(
+                f"The translation for {entry.target} must be callable (a function taking g and the op's "
+                f"inputs); received {type(entry.fn).__name__} ({entry.fn!r:.60}). Fix: decorate a function: "
+                f"@registry.symbolic(...) above def my_translation(g, x): ..."
+            )
         with self._lock:
             existing = self._entries.get(entry.key)
             if existing is not None and not replace and not _same_definition(existing.fn, entry.fn):
                 raise SymbolicError(
                     f"A different translation for {entry.target} at opset {entry.opset} (variant "
-                    f"{entry.variant!r}) is already registered: {existing.source}; received "
-                    f"{entry.source}. Fix: pass replace=True to override it, or register at "
-                    "another opset/variant."
+                    f"{entry.variant!r}) is already registered: {existing.source}{_defined_at(existing.fn)}; "
+                    f"received {entry.source}{_defined_at(entry.fn)}. Fix: pass replace=True to override "
+                    "it, or register at another opset/variant."
                 )
             self._check_signature(entry)
             self._entries[entry.key] = entry
@@ -299,7 +312,11 @@ class Registry:
         key = (normalize_target(target).key, opset, variant)
         with self._lock:
             if key not in self._entries:
-                raise SymbolicError(f"No translation registered for {key[0]} at opset {opset} (variant {variant!r}).")
+                have = sorted(e.opset for e in self.entries_for(target) if e.variant == variant)
+                raise SymbolicError(
+                    f"No translation registered for {key[0]} at opset {opset} (variant {variant!r}); "
+                    f"expected one of the registered opsets {have}. Fix: pass the opset it was registered with."
+                )
             entry = self._entries.pop(key)
             self._checked.discard((key, id(entry.fn)))
 
@@ -316,7 +333,10 @@ class Registry:
         known = {e.variant for e in self}
         unknown = [v for v in variants if v not in known]
         if unknown:
-            raise SymbolicError(f"Unknown variant(s) {unknown}; this registry has {sorted(known)}.")
+            raise SymbolicError(
+                f"Unknown variant(s) {unknown}; expected variants this registry has: {sorted(known)}. "
+                "Fix: pick one of those, or register translations with variant=<name> first."
+            )
         out = self.copy()
         out.prefer = tuple(variants)
         return out
@@ -391,7 +411,10 @@ def resolve_registry(registry: Registry | None) -> Registry:
     if registry is None:
         return default_registry()
     if not isinstance(registry, Registry):
-        raise TypeError(f"registry must be an onnx_custom.Registry or None, got {type(registry).__name__}. Build one with onnx_custom.Registry() or default_registry().copy().")
+        raise InvalidArgumentError(
+            f"registry must be an onnx_custom.Registry or None; received {type(registry).__name__}. "
+            "Fix: build one with onnx_custom.Registry() or default_registry().copy(), or leave it out."
+        )
     return registry
 
 

@@ -130,7 +130,7 @@ def input_leaves(model: Any, args: tuple[Any, ...]) -> list[tuple[str, Any]]:
     if names is None:
         fn = model.forward if isinstance(model, torch.nn.Module) else model
         raise VerificationError(
-            f"the example arguments ({len(args)} argument(s)) do not fit {getattr(fn, '__qualname__', 'the model')}{inspect.signature(fn)}. Pass the "
+            f"the example arguments ({len(args)} argument(s)) do not fit {getattr(fn, '__qualname__', 'the model')}{inspect.signature(fn)}. Fix: pass the "
             "same example inputs used for export."
         )
     return [leaf for name, value in zip(names, args, strict=True) for leaf in _flatten_named(name, value)]
@@ -172,7 +172,7 @@ def _declared_fits(info: onnx.ValueInfoProto, tensor: torch.Tensor) -> bool:
 def _arity_error(file_inputs: list[onnx.ValueInfoProto], names: list[str], why: str) -> VerificationError:
     return VerificationError(
         f"The ONNX model takes {len(file_inputs)} input(s) {[i.name for i in file_inputs]} but the example "
-        f"arguments hold {len(names)} tensor(s) {names}; {why}. Pass the same example inputs used for export."
+        f"arguments hold {len(names)} tensor(s) {names}; {why}. Fix: pass the same example inputs used for export."
     )
 
 
@@ -184,7 +184,7 @@ def bind_inputs(proto: onnx.ModelProto, args: tuple[Any, ...], model: Any = None
         try:
             named = [(n, leaf) for n, leaf in input_leaves(model, args) if isinstance(leaf, torch.Tensor)]
         except VerificationError as exc:
-            raise _arity_error(file_inputs, [n for n, _ in named], str(exc).removesuffix(" Pass the same example inputs used for export.")) from exc
+            raise _arity_error(file_inputs, [n for n, _ in named], str(exc).removesuffix(" Fix: pass the same example inputs used for export.").removesuffix(".")) from exc
     names = [n for n, _ in named]
     tensors = [t for _, t in named]
     index = {n: i for i, n in enumerate(names)}

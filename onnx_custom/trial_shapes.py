@@ -349,7 +349,8 @@ def _resolve_case(index: int, case: Any, plan: DimPlan) -> dict[str, int]:
                 raise ShapeSpecError(f"{where}: {name!r} {static}; only dynamic dims can change. Fix: leave it out. {_fix_hint(plan)}.")
             raise ShapeSpecError(
                 f"{where}: unknown name {name!r} (with {value!r}); expected a dynamic dim name -> size or an ONNX "
-                f"input name -> full shape. {_fix_hint(plan)}."
+                f"input name -> full shape. {_fix_hint(plan)}. Fix: use one of those names, e.g. "
+                f"shapes=[{{{next(iter(plan.dims), next(iter(plan.axes), 'batch'))!r}: {value!r}}}]."
             )
     return sizes
 

@@ -17,9 +17,10 @@ import numpy as np
 import onnx
 import torch
 
-from onnx_custom.compare import OutputComparison, compare_arrays, flatten_outputs
+from onnx_custom._validation import check_args, check_model
+from onnx_custom.compare import OutputComparison, check_tolerances, compare_arrays, flatten_outputs
 from onnx_custom.declared import DeclaredTypes, TypeMismatch
-from onnx_custom.errors import OnnxCustomError, VerificationError
+from onnx_custom.errors import InvalidArgumentError, OnnxCustomError, VerificationError
 from onnx_custom.initializers import (
     InitializerMismatch,
     InitializerMismatchWarning,
@@ -284,6 +285,12 @@ def _trial_args(trial: _Trial, args: tuple[Any, ...], plan: DimPlan, generator: 
     return input_generator(trial.index, resized) if input_generator else resized
 
 
+def _check_callable_model(model: Any) -> None:
+    """verify() runs ``model(*args)``: an nn.Module instance or any callable, not a class."""
+    if isinstance(model, type) or not callable(model):
+        check_model(model)  # raises with the fix (instantiate the class, ...)
+
+
 def verify(
     model: torch.nn.Module | Callable[..., Any],
     args: tuple[Any, ...] | torch.Tensor,
@@ -339,16 +346,18 @@ def verify(
     the default registry). ``progress`` receives one line per trial. ``kernels``: the
     `onnx_custom.runtime.KernelRegistry` for custom nodes (default: the default kernel registry).
     """
-    if isinstance(args, torch.Tensor):
-        args = (args,)
-    if not isinstance(args, tuple):
-        raise TypeError(f"args must be a tuple of example inputs (or one tensor), got {type(args).__name__}.")
-    if not isinstance(trials, int) or trials < 1:
-        raise ValueError(f"trials must be a positive int, got {trials!r}.")
+    _check_callable_model(model)
+    args = check_args(args)
+    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
+        raise InvalidArgumentError(f"trials must be a positive int; received {trials!r}. Fix: pass trials=1 (the example inputs) or more.")
+    check_tolerances(rtol, atol)
     backends = (backends,) if isinstance(backends, str) else tuple(backends)
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown or not backends:
-        raise ValueError(f"backends must be a non-empty subset of {BACKENDS}, got {list(backends)!r}.")
+        raise InvalidArgumentError(
+            f"backends must be a non-empty subset of {BACKENDS}; received {list(backends)!r}. "
+            "Fix: pass backends=('onnxruntime',) (and/or 'reference', onnx's reference evaluator)."
+        )
     proto = load_model(onnx_model)
     binding = bind_inputs(proto, args, model)  # fails on inputs that cannot fit before running anything
     plan = plan_dims(proto, binding, args, model=model, dynamic_shapes=dynamic_shapes)

@@ -488,7 +488,6 @@ def test_standard_translations_only(tmp_path: Path) -> None:
     assert "covers opsets 7..17, below the dynamo exporter's opset 18" in skipped.detail
 
 
-@pytest.mark.xfail(strict=True, reason="issue 9: np.ascontiguousarray makes 0-d arrays [1] in g.constant (_torchscript.py, _dynamo.py) and in verify (compare.py)")
 def test_zero_d_output_of_a_translation_with_a_scalar_constant() -> None:
     from onnx_custom.testing import check_op
 

@@ -212,7 +212,7 @@ def validate_deform_conv2d(args: Any) -> tuple[Any, Any, Any, Any]:
         ("offset_groups", offset_groups),
     ):
         if value <= 0:
-            raise DeformConv2dError(f"deform_conv2d: {name} must be positive, got {value}.")
+            raise DeformConv2dError(f"deform_conv2d: {name} must be positive, got {value}; fix: pass 1 or more.")
     if pad_h < 0 or pad_w < 0:
         raise DeformConv2dError(
             f"deform_conv2d: padding must be non-negative, got ({pad_h}, {pad_w})."
@@ -220,7 +220,8 @@ def validate_deform_conv2d(args: Any) -> tuple[Any, Any, Any, Any]:
     for name in ("input", "weight", "offset") + (("mask",) if use_mask else ()):
         if named[name].dim() != 4:
             raise DeformConv2dError(
-                f"deform_conv2d: {name} must be 4-D (N, C, H, W), got shape {_shape(named[name])}."
+                f"deform_conv2d: {name} must be 4-D (N, C, H, W), got shape {_shape(named[name])}; fix: "
+                f"add the batch dim with {name}.unsqueeze(0), or reshape it."
             )
     if bias.dim() != 1:
         raise DeformConv2dError(f"deform_conv2d: bias must be 1-D, got shape {_shape(bias)}.")
@@ -242,7 +243,8 @@ def validate_deform_conv2d(args: Any) -> tuple[Any, Any, Any, Any]:
         )
     if bias.shape[0] != cout:
         raise DeformConv2dError(
-            f"deform_conv2d: bias shape {_shape(bias)} does not match out channels {cout}."
+            f"deform_conv2d: bias shape {_shape(bias)} does not match out channels {cout}; fix: pass "
+            f"a bias of shape ({cout},) (weight.shape[0]), or bias=None."
         )
     ho = output_size(h, kh, stride_h, pad_h, dilation_h)
     wo = output_size(w, kw, stride_w, pad_w, dilation_w)
@@ -256,7 +258,8 @@ def validate_deform_conv2d(args: Any) -> tuple[Any, Any, Any, Any]:
     if _shape(offset) != expected:
         raise DeformConv2dError(
             f"deform_conv2d: offset must have shape (N, 2*offset_groups*kh*kw, Ho, Wo) = "
-            f"{expected}, got {_shape(offset)} (input {_shape(input)}, weight {_shape(weight)})."
+            f"{expected}, got {_shape(offset)} (input {_shape(input)}, weight {_shape(weight)}); fix: "
+            f"produce the offset with {expected[1]} channels at the output size {expected[2:]}."
             + _layout_hint(offset, expected)
         )
     if use_mask:
@@ -264,7 +267,8 @@ def validate_deform_conv2d(args: Any) -> tuple[Any, Any, Any, Any]:
         if _shape(mask) != expected:
             raise DeformConv2dError(
                 f"deform_conv2d: mask must have shape (N, offset_groups*kh*kw, Ho, Wo) = "
-                f"{expected}, got {_shape(mask)} (offset {_shape(offset)})."
+                f"{expected}, got {_shape(mask)} (offset {_shape(offset)}); fix: produce the mask "
+                f"with {expected[1]} channels (half the offset's), or pass mask=None."
                 + _layout_hint(mask, expected)
             )
     for name, t in named.items():
@@ -359,7 +363,8 @@ def deform_conv2d(
     if input.dim() != 4 or weight.dim() != 4 or offset.dim() != 4:
         raise DeformConv2dError(
             f"deform_conv2d: input, weight and offset must be 4-D, got input "
-            f"{list(input.shape)}, weight {list(weight.shape)}, offset {list(offset.shape)}."
+            f"{list(input.shape)}, weight {list(weight.shape)}, offset {list(offset.shape)}; fix: add "
+            f"the batch dim with .unsqueeze(0) (input and offset are (N, C, H, W))."
         )
     stride_h, stride_w = _pair(stride)
     pad_h, pad_w = _pair(padding)
@@ -408,6 +413,14 @@ class DeformConv2d(nn.Module):
         bias: bool = True,
     ) -> None:
         super().__init__()
+        sizes = {"in_channels": in_channels, "out_channels": out_channels, "groups": groups,
+                 "kernel_size": _pair(kernel_size), "stride": _pair(stride), "dilation": _pair(dilation)}
+        bad = {k: v for k, v in sizes.items() if min(v if isinstance(v, tuple) else (v,)) <= 0}
+        if bad:
+            raise DeformConv2dError(
+                f"DeformConv2d: {', '.join(f'{k}={v}' for k, v in bad.items())}; expected positive "
+                f"sizes. Fix: pass 1 or more (e.g. kernel_size=3)."
+            )
         if in_channels % groups != 0 or out_channels % groups != 0:
             raise DeformConv2dError(
                 f"DeformConv2d: in_channels={in_channels} and out_channels={out_channels} must "

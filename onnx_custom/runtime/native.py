@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from onnx_custom._native import _process_lock, cache_root
-from onnx_custom.errors import ExtensionBuildError, KernelError
+from onnx_custom.errors import ExtensionBuildError, InvalidArgumentError, KernelError
 
 if TYPE_CHECKING:
     import onnx
@@ -163,6 +163,11 @@ def library_path(*, sanitize: bool = False) -> Path:
     loaded into a process started with the sanitizer runtime preloaded).
     Raises :class:`ExtensionBuildError` naming the missing tool or the compiler's error.
     """
+    if not isinstance(sanitize, bool):
+        raise InvalidArgumentError(
+            f"sanitize must be True or False; received {sanitize!r}. Fix: pass sanitize=True for the "
+            "AddressSanitizer build, or leave it out."
+        )
     variant = "sanitize" if sanitize else "release"
     with _lock:
         hit = _built.get(variant)
@@ -198,7 +203,7 @@ def build_library(output_dir: str | os.PathLike[str] | None = None) -> Path:
         os.chmod(tmp, 0o755)
         os.replace(tmp, folder / LIBRARY_NAME)
     except OSError as exc:
-        raise ExtensionBuildError(f"cannot write {LIBRARY_NAME} into {folder} ({exc}); fix: pass a writable folder.") from exc
+        raise ExtensionBuildError(f"cannot write {LIBRARY_NAME} into {folder}: expected a writable folder ({exc}); fix: pass a writable folder.") from exc
     return (folder / LIBRARY_NAME).resolve()
 
 

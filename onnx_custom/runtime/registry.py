@@ -201,14 +201,21 @@ def _parse_params(names: Sequence[str], what: str, qual: str) -> list[ParamSpec]
         if not m:
             raise SymbolicError(
                 f"kernel {qual}: bad {what[:-1]} name {n!r}; expected an identifier, optionally "
-                f"suffixed with '?' (optional) or '*' (variadic, last only)."
+                f"suffixed with '?' (optional) or '*' (variadic, last only). Fix: e.g. 'x', 'mask?', 'rest*'."
             )
         kind = {"": "required", "?": "optional", "*": "variadic"}[m.group(2)]
         if kind == "variadic" and i != len(names) - 1:
-            raise SymbolicError(f"kernel {qual}: variadic {what[:-1]} {n!r} must be the last one.")
+            raise SymbolicError(
+                f"kernel {qual}: variadic {what[:-1]} {n!r} must be the last one; received it at position {i} "
+                f"of {list(names)}. Fix: move it to the end."
+            )
         out.append(ParamSpec(m.group(1), kind))
     if len({p.name for p in out}) != len(out):
-        raise SymbolicError(f"kernel {qual}: duplicate {what} names in {list(names)}.")
+        dupes = sorted({p.name for p in out if [q.name for q in out].count(p.name) > 1})
+        raise SymbolicError(
+            f"kernel {qual}: duplicate {what} names {dupes} in {list(names)}; expected unique names. "
+            f"Fix: give each of the {what} its own name."
+        )
     return out
 
 
@@ -250,9 +257,15 @@ def _parse_attrs(attrs: Mapping[str, Any] | None, qual: str) -> list[AttrSpec]:
     out: list[AttrSpec] = []
     for name, decl in (attrs or {}).items():
         if not isinstance(name, str) or not _PARAM_RE.match(name) or name.endswith(("?", "*")):
-            raise SymbolicError(f"kernel {qual}: bad attribute name {name!r}.")
+            raise SymbolicError(
+                f"kernel {qual}: attribute names must be identifiers (the kernel's keyword arguments); "
+                f"received {name!r}. Fix: rename it, e.g. {'_'.join(str(name).split()) or 'alpha'!r}."
+            )
         if name == "out":
-            raise SymbolicError(f"kernel {qual}: 'out' is reserved for preallocated outputs.")
+            raise SymbolicError(
+                f"kernel {qual}: attribute names must not be 'out'; received attrs with 'out', which is "
+                f"reserved for preallocated outputs. Fix: rename the attribute."
+            )
         if isinstance(decl, tuple) and len(decl) == 2:
             typ, default = decl
             required = False
@@ -261,7 +274,8 @@ def _parse_attrs(attrs: Mapping[str, Any] | None, qual: str) -> list[AttrSpec]:
         if typ not in _ATTR_TYPES:
             raise SymbolicError(
                 f"kernel {qual}: attribute {name!r} has type {typ!r}; expected one of "
-                f"{', '.join(_ATTR_TYPES)} (or a (type, default) tuple)."
+                f"{', '.join(_ATTR_TYPES)} (or a (type, default) tuple). Fix: e.g. attrs={{{name!r}: "
+                f"'float'}} or attrs={{{name!r}: ('float', 1.0)}}."
             )
         if not required:
             default = _check_default(qual, name, typ, default)
@@ -279,7 +293,7 @@ def _apply_dtypes(params: list[ParamSpec], dtypes: Any, qual: str) -> list[Param
         if bad or not seq:
             raise SymbolicError(
                 f"kernel {qual}: unknown dtype(s) {bad or seq}; expected names from "
-                f"{', '.join(DTYPE_NAMES)}."
+                f"{', '.join(DTYPE_NAMES)}. Fix: e.g. dtypes=['float32', 'float64']."
             )
         return seq
 
@@ -299,20 +313,42 @@ def _accepts_out(fn: Callable[..., Any]) -> bool:
     return p is not None and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
 
 
-def _check_signature(fn: Callable[..., Any], attrs: list[AttrSpec], qual: str) -> None:
+def _check_signature(fn: Callable[..., Any], attrs: list[AttrSpec], qual: str, ins: Sequence[ParamSpec] = ()) -> None:
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return
     params = sig.parameters
+    _check_positional(fn, params, attrs, qual, ins)
     if any(p.kind == p.VAR_KEYWORD for p in params.values()):
         return
     missing = [a.name for a in attrs if a.name not in params]
     if missing:
         raise SymbolicError(
             f"kernel {qual}: function {getattr(fn, '__name__', fn)!r} does not accept attribute "
-            f"keyword(s) {missing}; expected e.g. `def f(a, b, *, {', '.join(missing)})`."
+            f"keyword(s) {missing}; expected e.g. `def f(a, b, *, {', '.join(missing)})`. Fix: add them "
+            f"to its signature (or **attrs), or remove them from attrs=."
         )
+
+
+def _check_positional(fn: Callable[..., Any], params: Mapping[str, inspect.Parameter], attrs: list[AttrSpec],
+                      qual: str, ins: Sequence[ParamSpec]) -> None:
+    """The kernel receives one positional argument per declared input: its function must take them."""
+    if not ins or any(p.kind == "variadic" for p in ins) or any(p.kind == p.VAR_POSITIONAL for p in params.values()):
+        return
+    keywords = {a.name for a in attrs} | {"out"}
+    positional = [p for p in params.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in keywords]
+    required = [p for p in positional if p.default is p.empty]
+    if len(positional) >= len(ins) and len(required) <= len(ins):
+        return
+    declared = [p.name for p in ins]
+    takes = [p.name for p in (required if len(required) > len(ins) else positional)]
+    raise SymbolicError(
+        f"kernel {qual}: declares {len(ins)} input(s) {declared}, passed positionally, but function "
+        f"{getattr(fn, '__name__', fn)!r} takes {len(takes)} positional argument(s) {takes}. Fix: "
+        f"def {getattr(fn, '__name__', 'kernel')}({', '.join(declared)}, *, <attributes>), or correct inputs=."
+    )
 
 
 def make_spec(
@@ -331,18 +367,25 @@ def make_spec(
     """Validate a declaration and build its :class:`KernelSpec`."""
     split_name(name)
     if not callable(fn):
-        raise SymbolicError(f"kernel {name}: expected a callable, received {type(fn).__name__}.")
+        raise SymbolicError(
+            f"kernel {name}: expected a callable computing the outputs from the inputs; received "
+            f"{type(fn).__name__} ({fn!r:.60}). Fix: decorate a function: @kernel({name!r}, ...) above "
+            f"def my_kernel(x): ..."
+        )
     ins = _parse_params(inputs, "inputs", name)
     outs = _parse_params(outputs, "outputs", name)
     if not outs:
-        raise SymbolicError(f"kernel {name}: declare at least one output.")
+        raise SymbolicError(f"kernel {name}: expected at least one output; received outputs={list(outputs)!r}. Fix: e.g. outputs=['y'].")
     if isinstance(dtypes, Mapping):
         unknown = set(dtypes) - {p.name for p in ins + outs}
         if unknown:
-            raise SymbolicError(f"kernel {name}: dtypes= names {sorted(unknown)} are not inputs/outputs.")
+            raise SymbolicError(
+                f"kernel {name}: dtypes= names {sorted(unknown)} are not inputs/outputs (expected among "
+                f"{[p.name for p in ins + outs]}). Fix: key dtypes= by those names."
+            )
     ins, outs = _apply_dtypes(ins, dtypes, name), _apply_dtypes(outs, dtypes, name)
     attr_specs = _parse_attrs(attrs, name)
-    _check_signature(fn, attr_specs, name)
+    _check_signature(fn, attr_specs, name, ins)
     if tensor_type not in ("numpy", "torch"):
         raise SymbolicError(
             f"kernel {name}: tensor_type must be 'numpy' or 'torch'; received {tensor_type!r}; "
@@ -442,7 +485,10 @@ class KernelRegistry:
 
     def add(self, spec: KernelSpec, *, replace: bool = False) -> KernelSpec:
         if not isinstance(spec, KernelSpec):
-            raise KernelError(f"expected a KernelSpec, received {type(spec).__name__}.")
+            raise KernelError(
+                f"expected a KernelSpec, received {type(spec).__name__}. Fix: register a function with "
+                f"@registry.kernel('domain::Op', inputs=[...], outputs=[...]), or add another registry's spec."
+            )
         split_name(spec.name)
         with self._lock:
             if spec.name in self._specs and not replace and self._specs[spec.name] is not spec:
@@ -458,8 +504,11 @@ class KernelRegistry:
         return self.add(self[existing].renamed(name), replace=replace)
 
     def remove(self, name: str) -> None:
+        """Unregister ``name``; a `KernelError` (listing what is registered) when it is absent."""
         with self._lock:
-            self._specs.pop(name, None)
+            if name not in self._specs:
+                self[name]  # raises with the list of registered names
+            del self._specs[name]
 
     def get(self, name: str) -> KernelSpec | None:
         return self._specs.get(name)
@@ -477,7 +526,10 @@ class KernelRegistry:
         spec = self._specs.get(name)
         if spec is None:
             known = ", ".join(sorted(self._specs)) or "(none)"
-            raise KernelError(f"no kernel registered for {name!r}; registered: {known}.")
+            raise KernelError(
+                f"no kernel registered for {name!r}; expected one of the registered names: {known}. "
+                f"Fix: register it first with @registry.kernel({name!r}, ...), or correct the name."
+            )
         return spec
 
     def __contains__(self, name: object) -> bool:

@@ -19,6 +19,7 @@ from onnx_custom.runtime.failures import (
     raise_typed,
     typed_kernel_errors,
 )
+from onnx_custom.runtime.feeds import explain_feed_error
 from onnx_custom.runtime.host import register_kernels
 from onnx_custom.runtime.registry import (
     RESERVED_DOMAINS,
@@ -32,6 +33,7 @@ __all__ = [
     "InferenceSession",
     "KernelRunError",
     "ModelLoadError",
+    "ModelNotFoundError",
     "ModelSource",
     "custom_nodes",
     "load_model",
@@ -50,6 +52,10 @@ class ModelLoadError(OnnxCustomError, ValueError):
     """The model given to onnx-custom is not a readable ONNX model."""
 
 
+class ModelNotFoundError(ModelLoadError, FileNotFoundError):
+    """The ONNX file given by path does not exist (a `FileNotFoundError` too)."""
+
+
 def load_model(model: ModelSource) -> tuple[onnx.ModelProto, bytes | str]:
     """``(ModelProto, what to hand ORT)``; paths stay paths so external data keeps resolving."""
     if isinstance(model, onnx.ModelProto):
@@ -60,15 +66,16 @@ def load_model(model: ModelSource) -> tuple[onnx.ModelProto, bytes | str]:
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
         if not path.exists():
-            raise FileNotFoundError(
+            raise ModelNotFoundError(
                 f"ONNX model file {str(path)!r} does not exist (not found); fix: export it first "
                 f"(onnx-custom export ... -o {path}), or pass the model's bytes or an onnx.ModelProto."
             )
         if not path.is_file():
-            raise ModelLoadError(f"{str(path)!r} is not a file; expected an .onnx model file.")
+            raise ModelLoadError(f"{str(path)!r} is not a file; expected an .onnx model file. Fix: pass the path of the .onnx file inside it.")
         return _parse(path.read_bytes(), repr(str(path))), str(path.resolve())
     raise ModelLoadError(
-        f"expected an onnx.ModelProto, bytes or a file path; received {type(model).__name__}."
+        f"expected an onnx.ModelProto, bytes or a file path; received {type(model).__name__} ({model!r:.60}). "
+        "Fix: pass onnx_custom.export(...)'s result, open(path, 'rb').read() or the path itself."
     )
 
 
@@ -95,7 +102,11 @@ def _registry(kernels: KernelRegistry | None) -> KernelRegistry:
     if kernels is None:
         return default_kernel_registry()
     if not isinstance(kernels, KernelRegistry):
-        raise KernelError(f"kernels= expects a KernelRegistry, received {type(kernels).__name__}.")
+        raise KernelError(
+            f"kernels= expects an onnx_custom.runtime.KernelRegistry or None; received "
+            f"{type(kernels).__name__} ({kernels!r:.60}). Fix: pass onnx_custom.runtime.KernelRegistry() "
+            "with your kernels registered, or leave it out for the default kernels."
+        )
     return kernels
 
 
@@ -224,7 +235,10 @@ class InferenceSession(ort.InferenceSession):
             from onnx_custom.runtime.native import plan_kernels, register_library
 
             if kernels != "native":
-                raise KernelError(f"kernels= expects a KernelRegistry, None or 'native'; received {kernels!r}.")
+                raise KernelError(
+                    f"kernels= expects a KernelRegistry, None or 'native'; received {kernels!r}. Fix: pass "
+                    "kernels='native' (the compiled library), a KernelRegistry, or leave it out."
+                )
             native, specs = plan_kernels(model)
             self.kernel_specs: tuple[KernelSpec, ...] = tuple(specs)
         else:
@@ -247,6 +261,18 @@ class InferenceSession(ort.InferenceSession):
             raise_for_type_error(exc, self.kernel_specs, custom_nodes(model))
             raise_typed(exc, "created the kernel of")
 
-    run = typed_kernel_errors(ort.InferenceSession.run)
+    _typed_run = typed_kernel_errors(ort.InferenceSession.run)
+
+    def run(self, output_names: Any, input_feed: Any, run_options: Any = None) -> Any:
+        """``onnxruntime.InferenceSession.run``; inputs or output names that do not fit the model
+        raise `InvalidArgumentError` (a ValueError) listing the declared inputs and outputs."""
+        try:
+            return self._typed_run(output_names, input_feed, run_options)
+        except OnnxCustomError:
+            raise
+        except Exception as exc:  # ORT's own refusal of the inputs: say what the model expects
+            explain_feed_error(self, output_names, input_feed, exc)
+            raise
+
     run_with_ort_values = typed_kernel_errors(ort.InferenceSession.run_with_ort_values)
     run_with_iobinding = typed_kernel_errors(ort.InferenceSession.run_with_iobinding)

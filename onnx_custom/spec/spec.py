@@ -366,7 +366,7 @@ class OpSpec:
         if not self.inputs:
             raise _fail(op, ("inputs",), "declares no tensor input; expected at least one (ops without tensor inputs are not supported by specs).")
         if not self.outputs:
-            raise _fail(op, ("outputs",), "declares no output; expected at least one.")
+            raise _fail(op, ("outputs",), "declares no output; expected at least one. Fix: e.g. outputs=[Output('y')].")
         seen: dict[str, tuple[Any, ...]] = {}
         groups: list[tuple[str, str, Sequence[Any]]] = [("inputs", "input", self.inputs), ("attributes", "attribute", self.attributes), ("node_attributes", "node attribute", self.node_attributes), ("outputs", "output", self.outputs)]
         classes: dict[str, type] = {"inputs": Input, "outputs": Output, "attributes": Attribute, "node_attributes": Attribute}

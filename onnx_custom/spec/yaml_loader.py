@@ -106,7 +106,7 @@ class _Document:
             self.root = self.loader.get_single_node()
         except yaml.MarkedYAMLError as exc:
             mark = exc.problem_mark or exc.context_mark
-            raise SpecError(f"not valid YAML: {exc.problem or exc}", file=path, line=None if mark is None else mark.line + 1) from None
+            raise SpecError(f"not valid YAML: {exc.problem or exc}; fix: correct the YAML syntax there", file=path, line=None if mark is None else mark.line + 1) from None
         except yaml.YAMLError as exc:
             raise SpecError(f"not valid YAML: {exc}", file=path) from None
 
