@@ -292,8 +292,8 @@ def _target(spec: OpSpec) -> Target:
 
 def _user_kernels() -> KernelRegistry:
     # The registry `onnx_custom.kernel(...)` fills; `default_kernel_registry()` serves it to
-    # every InferenceSession. (runtime.registry has no public remove, hence the private name.)
-    return kernel_registry._user
+    # every InferenceSession.
+    return kernel_registry.user_kernel_registry()
 
 
 def register_spec(spec: OpSpec) -> SpecRegistration:
