@@ -46,7 +46,7 @@ import torch
 from torch import Tensor, nn
 
 from onnx_custom._native import build_torch_extension
-from onnx_custom.errors import OnnxCustomError
+from onnx_custom.errors import DeformConv2dDtypeError, DeformConv2dError
 from onnx_custom.runtime.function_builder import TranslationBody
 from onnx_custom.spec import EAGER, NODE, Attribute, Input, OpSpec, Output, define_op, op_arguments
 
@@ -120,14 +120,6 @@ def torchvision_ops_available() -> bool:
 
 
 SPECS = (DEFORM_CONV2D, *((TORCHVISION_DEFORM_CONV2D,) if torchvision_ops_available() else ()))
-
-
-class DeformConv2dError(OnnxCustomError, ValueError):
-    """A deform_conv2d argument has the wrong shape, layout or value."""
-
-
-class DeformConv2dDtypeError(OnnxCustomError, TypeError):
-    """A deform_conv2d tensor has an unsupported dtype, or the tensors' dtypes differ."""
 
 
 def _cflags() -> list[str]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from onnx_custom.errors import SymbolicError
+from onnx_custom.errors import SpecError, SymbolicError
 from onnx_custom.names import QualifiedName
 from onnx_custom.registry import DEFAULT_VARIANT
 from onnx_custom.runtime._abi import DTYPE_NAMES
@@ -89,20 +89,6 @@ NO_DEFAULT: Any = _NoDefault()
 
 EAGER = "eager"
 """``kernel="eager"``: the node's kernel runs the eager torch op on torch views of ORT's buffers."""
-
-
-class SpecError(SymbolicError):
-    """A malformed op spec (or YAML file): names the op, the key, what was expected and the fix.
-
-    ``op`` is the qualified op name (when known), ``key`` the path of the offending entry in the
-    declaration's terms (``("inputs", 1, "dtype")``), and ``file``/``line`` where a YAML file
-    declared it.
-    """
-
-    def __init__(self, message: str, *, op: str = "", key: tuple[Any, ...] = (), file: str = "", line: int | None = None) -> None:
-        where = f"{file}:{line}: " if file and line is not None else f"{file}: " if file else ""
-        super().__init__(f"{where}{message}")
-        self.op, self.key, self.file, self.line, self.detail = op, key, file, line, message
 
 
 def _fail(op: str, key: tuple[Any, ...], message: str) -> SpecError:
