@@ -19,7 +19,6 @@ SYMBOLIC_MODULES: tuple[str, ...] = (
     "onnx_custom.symbolics.bev",
     "onnx_custom.symbolics.linear",
     "onnx_custom.symbolics.vision",
-    "onnx_custom.symbolics.vision_decomposed",
 )
 
 # Each module defines `kernels: onnx_custom.runtime.KernelRegistry`.

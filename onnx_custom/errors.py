@@ -2,18 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 __all__ = [
+    "DeformConv2dDtypeError",
+    "DeformConv2dError",
     "DynamicShapesError",
     "ExtensionBuildError",
     "InvalidArgumentError",
     "KernelError",
+    "ModelLoadError",
+    "ModelNotFoundError",
+    "NodeDeclarationError",
     "OnnxCustomError",
     "OpsetError",
     "OutputPathError",
+    "ShapeSpecError",
+    "SpecError",
     "SymbolicError",
     "UnsupportedOpError",
     "VerificationError",
 ]
+
+# One catalog: every error class lives here (plain Python, importable without torch or
+# onnxruntime), except `onnx_custom.runtime.failures.KernelRunError`, which also subclasses
+# onnxruntime's own Fail exception so code catching ORT's errors keeps working.
 
 
 class OnnxCustomError(Exception):
@@ -81,3 +95,45 @@ class OutputPathError(OnnxCustomError, OSError):
 
 class ExtensionBuildError(OnnxCustomError):
     """A native piece (C shim, C++ extension) could not be built; names the missing tool."""
+
+
+class SpecError(SymbolicError):
+    """A malformed op spec (or YAML file): names the op, the key, what was expected and the fix.
+
+    ``op`` is the qualified op name (when known), ``key`` the path of the offending entry in the
+    declaration's terms (``("inputs", 1, "dtype")``), and ``file``/``line`` where a YAML file
+    declared it.
+    """
+
+    def __init__(self, message: str, *, op: str = "", key: tuple[Any, ...] = (), file: str = "", line: int | None = None) -> None:
+        where = f"{file}:{line}: " if file and line is not None else f"{file}: " if file else ""
+        super().__init__(f"{where}{message}")
+        self.op, self.key, self.file, self.line, self.detail = op, key, file, line, message
+
+
+class NodeDeclarationError(KernelError, ValueError):
+    """Custom nodes disagree with their kernels' declarations (arity, attribute names or types)."""
+
+    def __init__(self, message: str, problems: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.problems = tuple(problems)
+
+
+class ModelLoadError(OnnxCustomError, ValueError):
+    """The model given to onnx-custom is not a readable ONNX model."""
+
+
+class ModelNotFoundError(ModelLoadError, FileNotFoundError):
+    """The ONNX file given by path does not exist (a `FileNotFoundError` too)."""
+
+
+class ShapeSpecError(VerificationError, ValueError):
+    """``shapes=`` or ``dynamic_shapes=`` of `verify` do not fit the file or the arguments."""
+
+
+class DeformConv2dError(OnnxCustomError, ValueError):
+    """A deform_conv2d argument has the wrong shape, layout or value."""
+
+
+class DeformConv2dDtypeError(OnnxCustomError, TypeError):
+    """A deform_conv2d tensor has an unsupported dtype, or the tensors' dtypes differ."""

@@ -160,7 +160,7 @@ class _OpModule(torch.nn.Module):
 
     def __init__(self, spec: OpSpec, op: Any, sample: _Sample) -> None:
         super().__init__()
-        self.op, self.attrs = op, dict(sample.bound.attrs)
+        self.op, self.attrs, self.names = op, dict(sample.bound.attrs), [i.name for i in spec.inputs]
         self.layout = [None if t is None else len(t) if item.variadic else -1 for item, t in zip(spec.inputs, sample.bound.tensors, strict=True)]
 
     def call(self, *tensors: torch.Tensor) -> Any:
@@ -175,7 +175,7 @@ class _OpModule(torch.nn.Module):
             else:
                 args.append(list(tensors[cursor : cursor + width]))
                 cursor += width
-        return self.op(*args, **self.attrs)
+        return self.op(**dict(zip(self.names, args, strict=True)), **self.attrs)
 
 
 def _op_module(spec: OpSpec, op: Any, sample: _Sample) -> _OpModule:
@@ -194,6 +194,11 @@ def _op_module(spec: OpSpec, op: Any, sample: _Sample) -> _OpModule:
     forward.__signature__ = inspect.Signature([inspect.Parameter(n, kind) for n in ("self", *names)])  # type: ignore[attr-defined]
     cls = type(f"CheckOp_{spec.namespace}_{spec.op_name}", (_OpModule,), {"forward": forward})
     return cls(spec, op, sample)
+
+
+def _call(spec: OpSpec, op: Any, tensors: Sequence[Any], attrs: dict[str, Any]) -> Any:
+    """``op`` on the inputs by name: attributes may sit between inputs in the torch schema."""
+    return op(**dict(zip((i.name for i in spec.inputs), tensors, strict=True)), **attrs)
 
 
 def _smallest_dim(sample: _Sample) -> int:
@@ -241,7 +246,8 @@ class _Checker:
             raise _Skip("no floating-point tensor input to differentiate")
 
         def leaves(dtype: torch.dtype | None) -> list[Any]:
-            return [t.detach().to(dtype or t.dtype).requires_grad_(i in floats) if isinstance(t, torch.Tensor) else t for i, t in enumerate(tensors)]
+            # only the floating inputs are cast (index tensors keep their dtype)
+            return [t.detach().to(dtype if dtype is not None and i in floats else t.dtype).requires_grad_(i in floats) if isinstance(t, torch.Tensor) else t for i, t in enumerate(tensors)]
 
         if all("float64" in self.spec.inputs[i].dtypes for i in floats):
             inputs = leaves(torch.float64)
@@ -250,14 +256,14 @@ class _Checker:
                 merged = list(inputs)
                 for i, value in zip(floats, values, strict=True):
                     merged[i] = value
-                return self.op(*merged, **attrs)
+                return _call(self.spec, self.op, merged, attrs)
 
             torch.autograd.gradcheck(call, tuple(inputs[i] for i in floats))
             return "gradcheck (finite differences, float64)"
         if impl is None:
             raise _Skip("float64 is not declared and there is no eager impl to differentiate instead")
         ours, ref = leaves(None), leaves(None)
-        out_ours, out_ref = _as_tuple(self.op(*ours, **attrs)), _as_tuple(impl(*ref, **attrs))
+        out_ours, out_ref = _as_tuple(_call(self.spec, self.op, ours, attrs)), _as_tuple(impl(*ref, **attrs))
         if not all(o.requires_grad for o in out_ref):
             raise _Skip("float64 is not declared and autograd cannot differentiate the eager impl")
         cotangents = [torch.randn_like(o) for o in out_ours]
@@ -295,19 +301,32 @@ class _Checker:
                 raise AssertionError(f"no function body was embedded for {self.spec.node_type}")
         runs = [first, *(s for s in self.samples if s.same_kind(first) and s is not first)] if dynamic else [first]
         for sample in runs:
-            verify(model, sample.tensors, proto, trials=self.trials, kernels=kernels)
+            # trials=1: the samples only, no random inputs at other sizes (index tensors and other
+            # data-dependent inputs cannot be drawn at random)
+            verify(model, sample.tensors, proto, trials=self.trials, kernels=kernels, shapes=() if self.trials == 1 else None)
         sizes = ", ".join("x".join(map(str, s.tensors[0].shape)) or "0-d" for s in runs)
         return f"verified in ONNX Runtime at {sizes} ({self.trials} trial(s) each)"
 
+    def node_entry(self) -> SymbolicEntry | None:
+        """The custom node's translation at its first opset (None: the spec has no node)."""
+        nodes = [e for e in self.registration.translations if e.emits]
+        return min(nodes, key=lambda e: e.opset) if nodes else None
+
     def export_cases(self, exporters: Sequence[str], opsets: Sequence[int] | None) -> Iterator[CheckCase]:
-        custom = [e for e in self.registration.translations if e.emits and e.opset == 1]
-        standard = sorted((e for e in self.registration.translations if not e.emits), key=lambda e: e.opset)
+        node = self.node_entry()
+        standard = [e for e in self.registration.translations if not e.emits]
         plans: list[tuple[str, SymbolicEntry, str, int | None, str]] = []
-        for entry in custom:
-            plans += [(f"custom node {self.spec.node_type}", entry, x, o, "") for x in exporters for o in (opsets or [_DEFAULT_OPSET[x]])]
-        for index, entry in enumerate(standard):
-            end = standard[index + 1].opset if index + 1 < len(standard) else None
-            label = f"translation opset>={entry.opset} ({entry.source})"
+        if node is not None:
+            for x in exporters:
+                for o in opsets or [max(_DEFAULT_OPSET[x], node.opset)]:
+                    usable = o >= node.opset
+                    plans.append((f"custom node {self.spec.node_type}", node, x, o if usable else None, f"the custom node's translation starts at opset {node.opset}"))
+        for entry in sorted(standard, key=lambda e: (e.variant != DEFAULT_VARIANT, e.variant, e.opset)):
+            # a translation covers its opset up to the next one of its variant
+            later = sorted(e.opset for e in standard if e.variant == entry.variant and e.opset > entry.opset)
+            end = later[0] if later else None
+            variant = "" if entry.variant == DEFAULT_VARIANT else f", variant {entry.variant!r}"
+            label = f"translation opset>={entry.opset}{variant} ({entry.source})"
             for exporter in exporters:
                 if exporter == "torchscript":
                     ts_opset = entry.opset if entry.opset in _TS_OPSETS else None
@@ -328,10 +347,10 @@ class _Checker:
 
     def node_cases(self, dtypes: bool) -> Iterator[CheckCase]:
         """Other declared dtypes, the function body and the native kernel, for the custom node."""
-        custom = next((e for e in self.registration.translations if e.emits and e.opset == 1), None)
+        custom = self.node_entry()
         if custom is None:
             return
-        node, first, ts = self.spec.node_type, self.kinds()[0], _DEFAULT_OPSET["torchscript"]
+        node, first, ts = self.spec.node_type, self.kinds()[0], max(_DEFAULT_OPSET["torchscript"], custom.opset)
         verify_at = functools.partial(self.export_and_verify, custom, "torchscript", ts)
         leading = {i: _first_tensor(t) for i, t in enumerate(first.bound.tensors)}
         floats = {i: t for i, t in leading.items() if t is not None and t.is_floating_point()}
@@ -377,7 +396,8 @@ def check_op(
     cover. ``dtypes``: also run the custom node at every other declared floating dtype.
     ``dynamic``: export with dynamic dims and verify each file at every sample of its kind.
     ``trials``: verification trials per sample (random inputs of the sample's shapes after the
-    first). Raises `VerificationError` (``.report`` is the `CheckReport`) unless
+    first, and other sizes along dynamic dims); ``trials=1`` verifies the samples only, for ops
+    whose inputs cannot be drawn at random (index tensors). Raises `VerificationError` (``.report`` is the `CheckReport`) unless
     ``raise_on_failure=False``.
     """
     if not isinstance(spec, OpSpec):
@@ -393,7 +413,7 @@ def check_op(
         checker = _Checker(spec, generate.register_spec(spec), samples, trials, dynamic)
         cases = [_run(f"opcheck sample {i}", functools.partial(checker.opcheck, s)) for i, s in enumerate(samples)]
         if spec.backward is not None:
-            impl = signatures.resolve(spec, ("impl",), spec.impl, "impl")
+            impl = signatures.inputs_first(spec, signatures.resolve(spec, ("impl",), spec.impl, "impl"))
             cases += [_run(f"backward sample {i}", functools.partial(checker.backward, impl, s)) for i, s in enumerate(samples)]
         cases += list(checker.export_cases(exporters, opsets))
         cases += list(checker.node_cases(dtypes))

@@ -32,7 +32,7 @@ from typing import Any
 import onnx
 import torch
 
-from onnx_custom.errors import VerificationError
+from onnx_custom.errors import ShapeSpecError
 from onnx_custom.runner import InputBinding, argument_names, graph_inputs, tensor_inputs
 
 __all__ = [
@@ -51,10 +51,6 @@ __all__ = [
 DEFAULT_SHAPE_TRIALS = 3
 METADATA_KEY = "onnx_custom.dynamic_dims"
 _UNBOUNDED = 2**62
-
-
-class ShapeSpecError(VerificationError, ValueError):
-    """``shapes=`` or ``dynamic_shapes=`` of `verify` do not fit the file or the arguments."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Kernel of ``bev::BEVPoolV2`` (the node for the torch op ``bev::bev_pool_v2``).
+"""Kernel math of ``bev::BEVPoolV2`` (the node of the torch op ``bev::bev_pool_v2``, declared with
+its dtypes, attributes and shape rule in ``onnx_custom/ops/bev_pool.py``).
 
 Semantics are the eager op's: every point of every interval adds ``depth * feat_row`` to its
 interval's BEV cell (``ranks_bev[start]``); points outside every interval are ignored and an empty
@@ -9,7 +10,8 @@ threads race; here their sums add up.)
 The node runs the eager op's C++ kernels straight into ONNX Runtime's output buffer when they are
 available (``onnx_custom.ops.bev_pool.bev_pool_v2_into``), else :func:`bev_pool_v2_numpy`: plain
 NumPy in float32 in chunks of points (no (points x channels) array of the whole input), with
-float64 only for the interval sums (``np.add.reduceat``).
+float64 only for the interval sums (``np.add.reduceat``). bfloat16 arrays (``ml_dtypes``) reach
+the C++ kernels as torch bfloat16 views.
 """
 
 from __future__ import annotations
@@ -19,37 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from onnx_custom.errors import KernelError
-from onnx_custom.runtime import KernelRegistry
-from onnx_custom.runtime.function_builder import TranslationBody
-from onnx_custom.runtime.types import TensorInfo
+from onnx_custom.ops.bev_pool import SPECS
+from onnx_custom.spec import spec_kernels
 
-__all__ = ["bev_pool_v2_numpy", "kernels"]
+__all__ = ["bev_pool_v2", "bev_pool_v2_numpy", "kernels"]
 
-kernels = KernelRegistry()
-
-_FLOATS = ("float32", "float64", "float16")
-_INDEX = ("int32", "int64")
-_DTYPES = {
-    "depth": _FLOATS,
-    "feat": _FLOATS,
-    "ranks_depth": _INDEX,
-    "ranks_feat": _INDEX,
-    "ranks_bev": _INDEX,
-    "interval_starts": _INDEX,
-    "interval_lengths": _INDEX,
-    "bev": _FLOATS,
-}
 # Points per NumPy chunk: the chunk's (points x C) float32 products stay a few MiB.
 _CHUNK_POINTS = 1 << 14
-
-
-def _shape(inputs: list[TensorInfo | None], attrs: dict[str, Any]) -> TensorInfo:
-    feat = inputs[1]
-    if feat is None:
-        raise KernelError("bev::BEVPoolV2: input feat is required")
-    b, z, y, x, c = (int(s) for s in attrs["bev_feat_shape"])
-    return TensorInfo(feat.dtype, (b, c, z, y, x))
 
 
 def _check_range(name: str, values: np.ndarray, upper: int) -> None:
@@ -129,30 +107,30 @@ def bev_pool_v2_numpy(
     return bev.reshape(b, c, z, y, x)
 
 
+def _torch_view(a: np.ndarray) -> Any:
+    """A torch tensor sharing ``a``'s memory (torch.from_numpy does not know ml_dtypes' bfloat16)."""
+    import torch
+
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
 def _native_into(out: np.ndarray, arrays: tuple[np.ndarray, ...], bev_feat_shape: list[int]) -> bool:
     """The eager op's C++ kernels into ``out`` (False when they cannot run here)."""
     try:
         import torch
 
-        from onnx_custom.ops.bev_pool import bev_pool_v2_into
+        from onnx_custom.ops.bev_pool import bev_arguments, bev_pool_v2_into
     except ImportError:
         return False
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # ORT's inputs are read-only; torch only reads them
-        depth, feat, ranks_depth, ranks_feat, ranks_bev, starts, lengths = (torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)
+        depth, feat, ranks_depth, ranks_feat, ranks_bev, starts, lengths = (_torch_view(np.ascontiguousarray(a)) for a in arrays)
     with torch.inference_mode():
-        return bev_pool_v2_into(torch.from_numpy(out), depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape, starts, lengths)
+        return bev_pool_v2_into(_torch_view(out), bev_arguments(depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape, starts, lengths))
 
 
-@kernels.kernel(
-    "bev::BEVPoolV2",
-    inputs=["depth", "feat", "ranks_depth", "ranks_feat", "ranks_bev", "interval_starts", "interval_lengths"],
-    outputs=["bev"],
-    attrs={"bev_feat_shape": "ints"},
-    dtypes=_DTYPES,
-    shape_fn=_shape,
-    function=TranslationBody("onnx_custom.symbolics.bev:bev_pool_v2", min_opset=16),
-)
 def bev_pool_v2(
     depth: np.ndarray,
     feat: np.ndarray,
@@ -177,3 +155,6 @@ def bev_pool_v2(
         _check_ranks(depth, feat, ranks_depth, ranks_feat, ranks_bev, b * z * y * x)
         target[...] = bev_pool_v2_numpy(*arrays, [b, z, y, x, c])
     return None if out is not None else target
+
+
+kernels = spec_kernels(*SPECS)

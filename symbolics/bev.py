@@ -5,9 +5,8 @@ ScatterND(reduction="add") into a zero (B*Z*Y*X, C) grid, Reshape and Transpose 
 It assumes the intervals cover every point and each interval holds one ranks_bev value (what
 ``voxel_pooling_prepare_v2`` produces); the interval tensors are then not needed.
 Variant ``"custom"``: one ``bev::BEVPoolV2`` node (kernel in ``ort_kernels/bev.py``) that honours
-the intervals exactly like the CUDA kernel. (Not named ``bev::bev_pool_v2``: the TorchScript
-exporter mistakes a custom node named like a registered torch op for an onnxscript function and
-refuses it at the domain's version 1.)
+the intervals exactly like the CUDA kernel; generated from the op's spec
+(``onnx_custom/ops/bev_pool.py``), which also makes `bev_pool_v2` the node's function body.
 """
 
 from __future__ import annotations
@@ -17,19 +16,16 @@ from typing import Any
 import numpy as np
 import onnx
 
-import onnx_custom.ops.bev_pool  # noqa: F401  (defines the torch op)
-from onnx_custom.registry import Registry
+from onnx_custom.ops.bev_pool import SPECS
+from onnx_custom.spec import spec_translations
 
-__all__ = ["registry"]
-
-registry = Registry()
+__all__ = ["bev_pool_v2", "registry"]
 
 
 def _i64(g: Any, values: list[int]) -> Any:
     return g.constant(np.asarray(values, dtype=np.int64))
 
 
-@registry.symbolic("bev::bev_pool_v2", opset=16)  # ScatterND reduction needs opset 16
 def bev_pool_v2(
     g: Any,
     depth: Any,
@@ -42,7 +38,8 @@ def bev_pool_v2(
     *,
     bev_feat_shape: list[int],
 ) -> Any:
-    """bev::bev_pool_v2(Tensor depth, Tensor feat, Tensor ranks_depth, Tensor ranks_feat, Tensor ranks_bev, int[] bev_feat_shape, Tensor interval_starts, Tensor interval_lengths) -> Tensor"""
+    """Gather, Mul, ScatterND(add) into the BEV grid, Reshape, Transpose (the interval inputs
+    are unused: see the module's docstring)."""
     # Sizes as graph values (constants here, folded by ONNX Runtime): the same code is the function
     # body of bev::BEVPoolV2, where bev_feat_shape is a reference to the node's attribute.
     shape = g.constant(bev_feat_shape, dtype=np.int64)  # [B, Z, Y, X, C]
@@ -59,28 +56,4 @@ def bev_pool_v2(
     return g.op("Transpose", g.op("Reshape", grid, shape), perm=[0, 4, 1, 2, 3])
 
 
-@registry.symbolic("bev::bev_pool_v2", opset=16, variant="custom", emits=["bev::BEVPoolV2"])
-def bev_pool_v2_custom(
-    g: Any,
-    depth: Any,
-    feat: Any,
-    ranks_depth: Any,
-    ranks_feat: Any,
-    ranks_bev: Any,
-    interval_starts: Any,
-    interval_lengths: Any,
-    *,
-    bev_feat_shape: list[int],
-) -> Any:
-    """bev::bev_pool_v2(Tensor depth, Tensor feat, Tensor ranks_depth, Tensor ranks_feat, Tensor ranks_bev, int[] bev_feat_shape, Tensor interval_starts, Tensor interval_lengths) -> Tensor"""
-    return g.op(
-        "bev::BEVPoolV2",
-        depth,
-        feat,
-        ranks_depth,
-        ranks_feat,
-        ranks_bev,
-        interval_starts,
-        interval_lengths,
-        bev_feat_shape=[int(s) for s in bev_feat_shape],
-    )
+registry = spec_translations(*SPECS)

@@ -1,11 +1,10 @@
-"""Translations of ``npu::custom_linear`` (F.linear semantics).
+"""ONNX math of ``npu::custom_linear`` (F.linear semantics; declared in
+``onnx_custom/ops/custom_linear.py``).
 
 Default: MatMul(x, Transpose(weight)) (+ Add bias), any rank of x. Variant ``"gemm"``: one Gemm
-with transB=1 (x must be 2-D). Variant ``"custom"``: a ``npu::CustomLinear`` node, the stand-in
-for the vendor's NPU kernel (kernel in ``ort_kernels/linear.py``).
-
-All variants start at opset 11 (optional Gemm C): the registry picks the highest opset first and
-the preferred variant only among entries at that opset.
+with transB=1 (x must be 2-D). Variant ``"custom"``: the ``npu::CustomLinear`` node (generated
+from the spec; kernel in ``ort_kernels/linear.py``), whose function body is
+`linear_any_rank_gemm`.
 """
 
 from __future__ import annotations
@@ -14,31 +13,21 @@ from typing import Any
 
 import numpy as np
 
-import onnx_custom.ops.custom_linear  # noqa: F401  (defines the torch op)
-from onnx_custom.registry import Registry
+from onnx_custom.ops.custom_linear import SPECS
+from onnx_custom.spec import spec_translations
 
-__all__ = ["linear_any_rank_gemm", "registry"]
-
-registry = Registry()
+__all__ = ["custom_linear", "custom_linear_gemm", "linear_any_rank_gemm", "registry"]
 
 
-@registry.symbolic("npu::custom_linear", opset=11)
 def custom_linear(g: Any, x: Any, weight: Any, bias: Any) -> Any:
-    """npu::custom_linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor"""
+    """MatMul(x, weight^T) (+ bias), any rank of x."""
     y = g.op("MatMul", x, g.op("Transpose", weight, perm=[1, 0]))
     return y if bias is None else g.op("Add", y, bias)
 
 
-@registry.symbolic("npu::custom_linear", opset=11, variant="gemm")
 def custom_linear_gemm(g: Any, x: Any, weight: Any, bias: Any) -> Any:
-    """npu::custom_linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor  (2-D x only)"""
+    """One Gemm (2-D x only)."""
     return g.op("Gemm", x, weight, bias, transB=1)  # C is optional from opset 11
-
-
-@registry.symbolic("npu::custom_linear", opset=11, variant="custom", emits=["npu::CustomLinear"])
-def custom_linear_npu(g: Any, x: Any, weight: Any, bias: Any) -> Any:
-    """npu::custom_linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor"""
-    return g.op("npu::CustomLinear", x, weight, bias)
 
 
 def linear_any_rank_gemm(g: Any, x: Any, weight: Any, bias: Any) -> Any:
@@ -54,3 +43,6 @@ def linear_any_rank_gemm(g: Any, x: Any, weight: Any, bias: Any) -> Any:
 
 def _i64(g: Any, values: list[int]) -> Any:
     return g.constant(np.asarray(values, dtype=np.int64))
+
+
+registry = spec_translations(*SPECS)

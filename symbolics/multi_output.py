@@ -1,8 +1,8 @@
-"""Translations of ``mylib::multi_out3`` (3 outputs, int-list + float arguments).
+"""ONNX math of ``mylib::multi_out3`` (declared in ``onnx_custom/ops/multi_output.py``).
 
 Default: standard ops (Mul, Tile, ReduceSum). Variant ``"custom"``: one ``custom::MultiOut3``
-node with ``repeats`` (INTS) and ``scale`` (FLOAT) attributes and 3 outputs; kernel in
-``ort_kernels/multi_output.py``.
+node with ``repeats`` (INTS) and ``scale`` (FLOAT) attributes and 3 outputs, whose function body
+is the same standard-op translation.
 """
 
 from __future__ import annotations
@@ -11,17 +11,14 @@ from typing import Any
 
 import numpy as np
 
-import onnx_custom.ops.multi_output  # noqa: F401  (defines the torch op)
-from onnx_custom.registry import Registry
+from onnx_custom.ops.multi_output import SPECS
+from onnx_custom.spec import spec_translations
 
-__all__ = ["registry"]
-
-registry = Registry()
+__all__ = ["multi_out3_onnx", "registry"]
 
 
-@registry.symbolic("mylib::multi_out3", opset=7)
-def multi_out3(g: Any, x: Any, *, repeats: list[int], scale: float) -> tuple[Any, Any, Any]:
-    """mylib::multi_out3(Tensor x, int[] repeats, float scale) -> (Tensor, Tensor, Tensor)"""
+def multi_out3_onnx(g: Any, x: Any, *, repeats: Any, scale: Any) -> tuple[Any, Any, Any]:
+    """(x * scale, Tile(x, repeats), ReduceSum(x, -1))."""
     # g.constant(attribute) (no float()/np.asarray): this translation is also the function body
     # of custom::MultiOut3, where repeats and scale are references to the node's attributes.
     scaled = g.op("Mul", x, g.constant(scale, like=x))
@@ -33,9 +30,4 @@ def multi_out3(g: Any, x: Any, *, repeats: list[int], scale: float) -> tuple[Any
     return scaled, tiled, summed
 
 
-@registry.symbolic("mylib::multi_out3", opset=7, variant="custom", emits=["custom::MultiOut3"])
-def multi_out3_custom(g: Any, x: Any, *, repeats: list[int], scale: float) -> tuple[Any, Any, Any]:
-    """mylib::multi_out3(Tensor x, int[] repeats, float scale) -> (Tensor, Tensor, Tensor)"""
-    return g.op(
-        "custom::MultiOut3", x, repeats=[int(r) for r in repeats], scale=float(scale), outputs=3
-    )
+registry = spec_translations(*SPECS)

@@ -1,18 +1,17 @@
-"""Translation of ``onnx_custom::numpy_sin`` (NumPy kernel in eager) to ONNX ``Sin``."""
+"""ONNX math of ``onnx_custom::numpy_sin`` (declared in ``onnx_custom/ops/numpy_sin.py``): ``Sin``."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import onnx_custom.ops.numpy_sin  # noqa: F401  (defines the torch op)
-from onnx_custom.registry import Registry
+from onnx_custom.ops.numpy_sin import SPECS
+from onnx_custom.spec import spec_translations
 
-__all__ = ["registry"]
-
-registry = Registry()
+__all__ = ["numpy_sin_onnx", "registry"]
 
 
-@registry.symbolic("onnx_custom::numpy_sin", opset=7)
-def numpy_sin(g: Any, x: Any) -> Any:
-    """onnx_custom::numpy_sin(Tensor x) -> Tensor"""
+def numpy_sin_onnx(g: Any, x: Any) -> Any:
     return g.op("Sin", x)
+
+
+registry = spec_translations(*SPECS)

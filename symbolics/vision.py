@@ -1,5 +1,6 @@
 """Translations of ``deform_conv2d`` (ours: ``onnx_custom::deform_conv2d``; torchvision's
-``torchvision::deform_conv2d`` too when torchvision's compiled ops load).
+``torchvision::deform_conv2d`` too when torchvision's compiled ops load), generated from their
+specs (``onnx_custom/ops/deform_conv.py``) except for the ONNX math below.
 
 - opset >= 19: the standard ONNX ``DeformConv`` (pads ``[pad_h, pad_w, pad_h, pad_w]``,
   ``strides``, ``dilations``, ``group``, ``offset_group``, ``kernel_shape`` when the weight's
@@ -12,22 +13,27 @@
   kernel lives in ``onnx_custom.ort_kernels.vision``. The default domain is ``"custom"``
   (``DEFAULT_DOMAIN``); ``make_registry(domain="acme")`` builds a registry emitting
   ``acme::DeformConv2d`` instead (pair it with ``ort_kernels.vision.make_kernels("acme")``).
+- variant ``"standard"`` below opset 19: the standard-op decomposition
+  (``symbolics/vision_decomposed.py``), also the custom node's function body.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 
-import onnx_custom.ops.deform_conv  # noqa: F401  (defines onnx_custom::deform_conv2d)
 from onnx_custom.errors import SymbolicError
+from onnx_custom.ops.deform_conv import DEFORM_CONV2D, SPECS, torchvision_ops_available
 from onnx_custom.registry import Registry
+from onnx_custom.spec import spec_translations
 
 __all__ = [
     "DEFAULT_DOMAIN",
     "DEFORMCONV_DTYPES",
     "NODE_TYPE",
+    "SCHEMA",
     "TARGETS",
     "deform_conv2d",
     "make_registry",
@@ -35,29 +41,10 @@ __all__ = [
     "torchvision_ops_available",
 ]
 
-DEFAULT_DOMAIN = "custom"
-NODE_TYPE = "DeformConv2d"  # CamelCase, like ONNX op types
-SCHEMA = (
-    "deform_conv2d(Tensor input, Tensor weight, Tensor offset, Tensor mask, Tensor bias, "
-    "int stride_h, int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, "
-    "int groups, int offset_groups, bool use_mask) -> Tensor"
-)
-
-
-def torchvision_ops_available() -> bool:
-    """True when ``torchvision::deform_conv2d`` is registered (torchvision's C++ ops loaded)."""
-    try:
-        import torchvision  # noqa: F401
-
-        torch.ops.torchvision.deform_conv2d.default  # noqa: B018  (raises if the op is missing)
-    except Exception:  # not installed, or compiled against another torch
-        return False
-    return True
-
-
-TARGETS: tuple[str, ...] = ("onnx_custom::deform_conv2d",) + (
-    ("torchvision::deform_conv2d",) if torchvision_ops_available() else ()
-)
+DEFAULT_DOMAIN = str(DEFORM_CONV2D.domain)
+NODE_TYPE = str(DEFORM_CONV2D.op_type)
+SCHEMA = f"{DEFORM_CONV2D.op_name}{DEFORM_CONV2D.schema}"
+TARGETS: tuple[str, ...] = tuple(spec.name for spec in SPECS)
 
 
 # dtypes ONNX Runtime 1.31's CPU DeformConv implements (measured: bfloat16 is refused by the
@@ -119,55 +106,9 @@ def deform_conv2d(
 deform_conv2d.__doc__ = SCHEMA
 
 
-def _custom_node(domain: str) -> Any:
-    def deform_conv2d_custom(
-        g: Any,
-        input: Any,
-        weight: Any,
-        offset: Any,
-        mask: Any,
-        bias: Any,
-        *,
-        stride_h: int,
-        stride_w: int,
-        pad_h: int,
-        pad_w: int,
-        dilation_h: int,
-        dilation_w: int,
-        groups: int,
-        offset_groups: int,
-        use_mask: bool,
-    ) -> Any:
-        return g.op(
-            f"{domain}::{NODE_TYPE}",
-            input,
-            weight,
-            offset,
-            mask,
-            bias,
-            stride_h=int(stride_h),
-            stride_w=int(stride_w),
-            pad_h=int(pad_h),
-            pad_w=int(pad_w),
-            dilation_h=int(dilation_h),
-            dilation_w=int(dilation_w),
-            groups=int(groups),
-            offset_groups=int(offset_groups),
-            use_mask=int(bool(use_mask)),
-        )
-
-    deform_conv2d_custom.__doc__ = SCHEMA
-    return deform_conv2d_custom
-
-
 def make_registry(domain: str = DEFAULT_DOMAIN) -> Registry:
     """Translations for every target in ``TARGETS``; custom nodes (opset < 19) in ``domain``."""
-    reg = Registry()
-    custom = _custom_node(domain)
-    for target in TARGETS:
-        reg.symbolic(target, opset=19)(deform_conv2d)
-        reg.symbolic(target, opset=1, emits=[f"{domain}::{NODE_TYPE}"])(custom)
-    return reg
+    return spec_translations(*(dataclasses.replace(spec, domain=domain) for spec in SPECS))
 
 
 registry = make_registry()

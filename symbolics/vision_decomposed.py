@@ -4,7 +4,8 @@ Two uses of one decomposition:
 
 - variant ``"standard"`` below opset 19 (``registry.with_variants("standard")``): files that run in
   any ONNX runtime without a custom op or ONNX's ``DeformConv`` (opset 19). From opset 19 on the
-  default ``DeformConv`` translation (``symbolics/vision.py``) wins.
+  default ``DeformConv`` translation (``symbolics/vision.py``) wins. (The registry entries come
+  from the op's spec in ``onnx_custom/ops/deform_conv.py``.)
 - the function body of ``custom::DeformConv2d`` (``export(..., functions=True)``), built by
   `onnx_custom.runtime.function_builder` with the node's attributes as references.
 
@@ -31,11 +32,10 @@ import numpy as np
 import onnx
 
 from onnx_custom.errors import SymbolicError
-from onnx_custom.registry import Registry
+from onnx_custom.ops.deform_conv import DEFORM_CONV2D
 from onnx_custom.runtime.function_builder import AttrRef, cast_like
-from onnx_custom.symbolics.vision import SCHEMA, TARGETS
 
-__all__ = ["MIN_OPSET", "deform_conv2d_decomposed", "registry"]
+__all__ = ["MIN_OPSET", "deform_conv2d_decomposed"]
 
 MIN_OPSET = 11  # Range; negative axes in Slice and Flatten
 _OFFSET_TO_A = [0, 5, 6, 2, 3, 1, 4]  # (N, OG, kh, kw, 2|1, Ho, Wo) -> (N, Ho, Wo, kh, kw, OG, 2|1)
@@ -200,10 +200,4 @@ def deform_conv2d_decomposed(
     return g.op("Add", out, _reshape(g, bias, cout, one, one))
 
 
-deform_conv2d_decomposed.__doc__ = SCHEMA
-
-registry = Registry()
-for _target in TARGETS:
-    # opset=1 like the custom-node entry, so that the variant choice is the user's at every
-    # opset below 19 (the highest opset wins first); below MIN_OPSET the translation refuses.
-    registry.symbolic(_target, opset=1, variant="standard")(deform_conv2d_decomposed)
+deform_conv2d_decomposed.__doc__ = f"{DEFORM_CONV2D.op_name}{DEFORM_CONV2D.schema}"

@@ -33,7 +33,8 @@ __all__ = [
 ELEM = {
     "float16": TensorProto.FLOAT16, "float32": TensorProto.FLOAT, "float64": TensorProto.DOUBLE,
     "bfloat16": TensorProto.BFLOAT16, "int32": TensorProto.INT32, "int64": TensorProto.INT64,
-    "int8": TensorProto.INT8, "uint8": TensorProto.UINT8, "uint16": TensorProto.UINT16,
+    "int8": TensorProto.INT8, "int16": TensorProto.INT16, "uint8": TensorProto.UINT8, "uint16": TensorProto.UINT16,
+    "uint32": TensorProto.UINT32, "uint64": TensorProto.UINT64,
     "bool": TensorProto.BOOL,
 }  # fmt: skip
 # torch.testing's defaults per dtype (rtol, atol)

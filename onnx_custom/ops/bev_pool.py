@@ -21,6 +21,11 @@ Without a C++ compiler, or on other devices, the same math runs in plain PyTorch
 
 :func:`prepare_bev_ranks` is BEVDet's ``voxel_pooling_prepare_v2`` (rank computation, sorting,
 intervals) and :func:`synthetic_frustum` makes a plausible 6-camera geometry for examples.
+
+The op is declared once below (`BEV_POOL_V2`): schema, dtypes (float32/float64/float16/bfloat16
+features, int32/int64 indices: eager, fake, Python and native kernels alike), shape rule,
+validator, autograd, the ``bev::BEVPoolV2`` node (kernel math in ``ort_kernels/bev.py``) and the
+standard-op translation at opset 16 (``symbolics/bev.py``, also the node's function body).
 """
 
 from __future__ import annotations
@@ -38,12 +43,22 @@ import torch
 
 from onnx_custom._native import build_torch_extension, extension_directory
 from onnx_custom.errors import ExtensionBuildError
+from onnx_custom.runtime.function_builder import TranslationBody
+from onnx_custom.spec import Attribute, Input, OpSpec, Output, define_op, op_arguments
 
 __all__ = [
+    "BEV_POOL_V2",
+    "FLOATS",
+    "INDEX",
+    "SPECS",
+    "bev_arguments",
     "bev_pool_v2",
     "bev_pool_v2_backward",
+    "bev_pool_v2_forward",
+    "bev_pool_v2_grads",
     "bev_pool_v2_into",
     "bev_pool_v2_math",
+    "bev_pool_v2_save",
     "build_directory",
     "check_bev_pool_inputs",
     "load_extension",
@@ -51,8 +66,34 @@ __all__ = [
     "synthetic_frustum",
 ]
 
+FLOATS = ("float32", "float64", "float16", "bfloat16")
+INDEX = ("int32", "int64")
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _EXTENSION = "onnx_custom_bev_pool"
+_BEV = "onnx_custom.symbolics.bev"
+_OPS = "onnx_custom.ops.bev_pool"
+
+BEV_POOL_V2 = OpSpec(
+    "bev::bev_pool_v2",
+    doc="BEVDet's voxel pooling: depth x feature rows summed into BEV cells, (B, C, Z, Y, X)",
+    inputs=[
+        Input("depth", FLOATS, format="(B, N, D, fH, fW)"),
+        Input("feat", FLOATS, format="(B, N, fH, fW, C)"),
+        *(Input(name, INDEX) for name in ("ranks_depth", "ranks_feat", "ranks_bev", "interval_starts", "interval_lengths")),
+    ],
+    attributes=[Attribute("bev_feat_shape", "int[]", after="ranks_bev", doc="[B, Z, Y, X, C]")],
+    outputs=[Output("bev", dtype="like:feat", shape="[bev_feat_shape.0, bev_feat_shape.4, *bev_feat_shape[1:4]]")],
+    impl=f"{_OPS}:bev_pool_v2_forward",
+    check=f"{_OPS}:check_bev_pool_inputs",
+    backward=f"{_OPS}:bev_pool_v2_grads",
+    setup_context=f"{_OPS}:bev_pool_v2_save",
+    op_type="BEVPoolV2",  # not bev_pool_v2: TorchScript mistakes such a node for an onnxscript function
+    kernel="onnx_custom.ort_kernels.bev:bev_pool_v2",
+    native=True,  # ort_kernels/native/bev.cpp
+    function=TranslationBody(f"{_BEV}:bev_pool_v2", min_opset=16),
+    translations={16: {"default": f"{_BEV}:bev_pool_v2", "custom": "node"}},  # ScatterND reduction: 16
+)
+SPECS = (BEV_POOL_V2,)
 _SOURCE = Path(__file__).parent / "csrc" / "bev_pool.cpp"
 _LOCK = threading.Lock()
 
@@ -97,17 +138,11 @@ def _native(*tensors: torch.Tensor) -> ModuleType | None:
     return _extension_or_none()
 
 
-def check_bev_pool_inputs(
-    depth: torch.Tensor,
-    feat: torch.Tensor,
-    ranks_depth: torch.Tensor,
-    ranks_feat: torch.Tensor,
-    ranks_bev: torch.Tensor,
-    bev_feat_shape: Sequence[int],
-    interval_starts: torch.Tensor,
-    interval_lengths: torch.Tensor,
-) -> None:
-    """Shape/dtype checks shared by the eager and fake kernels (no data access)."""
+@op_arguments(BEV_POOL_V2)
+def check_bev_pool_inputs(args: Any) -> None:
+    """Shape/dtype checks shared by the eager and fake kernels (no data access); takes the op's
+    arguments as the op does."""
+    depth, feat, bev_feat_shape = args.depth, args.feat, args.bev_feat_shape
     op = "bev::bev_pool_v2"
     if depth.dim() != 5 or feat.dim() != 5:
         raise ValueError(
@@ -133,13 +168,9 @@ def check_bev_pool_inputs(
         )
     if any(int(s) < 1 for s in bev_feat_shape):
         raise ValueError(f"{op} expects positive bev_feat_shape, got {list(bev_feat_shape)}")
-    named = {
-        "ranks_depth": ranks_depth,
-        "ranks_feat": ranks_feat,
-        "ranks_bev": ranks_bev,
-        "interval_starts": interval_starts,
-        "interval_lengths": interval_lengths,
-    }
+    ranks_depth, ranks_feat, ranks_bev = args.ranks_depth, args.ranks_feat, args.ranks_bev
+    interval_starts, interval_lengths = args.interval_starts, args.interval_lengths
+    named = {name: getattr(args, name) for name in ("ranks_depth", "ranks_feat", "ranks_bev", "interval_starts", "interval_lengths")}
     for name, t in named.items():
         if t.dim() != 1 or t.dtype not in _INDEX_DTYPES:
             raise TypeError(
@@ -181,136 +212,70 @@ def _interval_points(
     return starts[interval] + offset, interval
 
 
-def _gather_terms(
-    depth: torch.Tensor,
-    feat: torch.Tensor,
-    ranks_depth: torch.Tensor,
-    ranks_feat: torch.Tensor,
-    ranks_bev: torch.Tensor,
-    interval_starts: torch.Tensor,
-    interval_lengths: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+@op_arguments(BEV_POOL_V2)
+def bev_arguments(a: Any) -> Any:
+    """The op's arguments, taken as the op takes them, as one named tuple (``args.depth``...)."""
+    return a
+
+
+def _gather_terms(a: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per contributing point: (flat depth index, feat row index, bev cell index)."""
-    points, interval = _interval_points(interval_starts, interval_lengths)
-    _check_bounds("interval points", points, ranks_bev.numel())
-    d_idx = ranks_depth.long()[points]
-    f_idx = ranks_feat.long()[points]
-    cell = ranks_bev.long()[interval_starts.long()][interval]
-    _check_bounds("ranks_depth", d_idx, depth.numel())
-    _check_bounds("ranks_feat", f_idx, feat.numel() // feat.shape[-1])
+    points, interval = _interval_points(a.interval_starts, a.interval_lengths)
+    _check_bounds("interval points", points, a.ranks_bev.numel())
+    d_idx = a.ranks_depth.long()[points]
+    f_idx = a.ranks_feat.long()[points]
+    cell = a.ranks_bev.long()[a.interval_starts.long()][interval]
+    _check_bounds("ranks_depth", d_idx, a.depth.numel())
+    _check_bounds("ranks_feat", f_idx, a.feat.numel() // a.feat.shape[-1])
     return d_idx, f_idx, cell
 
 
-def bev_pool_v2_math(
-    depth: torch.Tensor,
-    feat: torch.Tensor,
-    ranks_depth: torch.Tensor,
-    ranks_feat: torch.Tensor,
-    ranks_bev: torch.Tensor,
-    bev_feat_shape: Sequence[int],
-    interval_starts: torch.Tensor,
-    interval_lengths: torch.Tensor,
-) -> torch.Tensor:
+@op_arguments(BEV_POOL_V2)
+def bev_pool_v2_math(a: Any) -> torch.Tensor:
     """The pooling in plain PyTorch; returns (B, C, Z, Y, X)."""
-    b, z, y, x, c = (int(s) for s in bev_feat_shape)
-    d_idx, f_idx, cell = _gather_terms(
-        depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths
-    )
+    b, z, y, x, c = (int(s) for s in a.bev_feat_shape)
+    d_idx, f_idx, cell = _gather_terms(a)
     _check_bounds("ranks_bev", cell, b * z * y * x)
-    values = depth.reshape(-1)[d_idx].unsqueeze(1) * feat.reshape(-1, c)[f_idx]
-    out = feat.new_zeros(b * z * y * x, c).index_add_(0, cell, values)
+    values = a.depth.reshape(-1)[d_idx].unsqueeze(1) * a.feat.reshape(-1, c)[f_idx]
+    out = a.feat.new_zeros(b * z * y * x, c).index_add_(0, cell, values)
     return out.reshape(b, z, y, x, c).permute(0, 4, 1, 2, 3).contiguous()
 
 
-@torch.library.custom_op(
-    "bev::bev_pool_v2",
-    mutates_args=(),
-    schema=(
-        "(Tensor depth, Tensor feat, Tensor ranks_depth, Tensor ranks_feat, Tensor ranks_bev, "
-        "int[] bev_feat_shape, Tensor interval_starts, Tensor interval_lengths) -> Tensor"
-    ),
-)
-def bev_pool_v2(
-    depth: torch.Tensor,
-    feat: torch.Tensor,
-    ranks_depth: torch.Tensor,
-    ranks_feat: torch.Tensor,
-    ranks_bev: torch.Tensor,
-    bev_feat_shape: Sequence[int],
-    interval_starts: torch.Tensor,
-    interval_lengths: torch.Tensor,
-) -> torch.Tensor:
-    """BEVDet's bev_pool_v2 (including its final permute to channels-first)."""
-    args = (depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape)
-    check_bev_pool_inputs(*args, interval_starts, interval_lengths)
-    native = _native(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths)
+def _run_native(a: Any, out: torch.Tensor | None) -> torch.Tensor | None:
+    """The C++ forward (into ``out`` when given); None when it cannot run here."""
+    tensors = (a.depth, a.feat, a.ranks_depth, a.ranks_feat, a.ranks_bev, a.interval_starts, a.interval_lengths)
+    native = _native(*tensors, *(() if out is None else (out,)))
     if native is None:
-        return bev_pool_v2_math(*args, interval_starts, interval_lengths)
-    shape = [int(s) for s in bev_feat_shape]
-    out, valid = native.forward(depth, feat, ranks_depth, ranks_feat, ranks_bev, shape, interval_starts, interval_lengths, None)
+        return None
+    shape = [int(s) for s in a.bev_feat_shape]
+    result, valid = native.forward(*tensors[:5], shape, *tensors[5:], out)
     if not valid:
-        _raise_index_error(*args, interval_starts, interval_lengths)
-    return out
+        _raise_index_error(a)
+    return result
 
 
-def bev_pool_v2_into(
-    out: torch.Tensor,
-    depth: torch.Tensor,
-    feat: torch.Tensor,
-    ranks_depth: torch.Tensor,
-    ranks_feat: torch.Tensor,
-    ranks_bev: torch.Tensor,
-    bev_feat_shape: Sequence[int],
-    interval_starts: torch.Tensor,
-    interval_lengths: torch.Tensor,
-) -> bool:
-    """The forward straight into ``out`` (contiguous (B, C, Z, Y, X), feat's dtype) with the C++
-    kernels; False (nothing written) when they are unavailable. For ONNX Runtime kernels, whose
-    output buffer is preallocated."""
-    args = (depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape)
-    check_bev_pool_inputs(*args, interval_starts, interval_lengths)
-    native = _native(out, depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths)
-    if native is None:
-        return False
-    shape = [int(s) for s in bev_feat_shape]
-    _, valid = native.forward(depth, feat, ranks_depth, ranks_feat, ranks_bev, shape, interval_starts, interval_lengths, out)
-    if not valid:
-        _raise_index_error(*args, interval_starts, interval_lengths)
-    return True
+@op_arguments(BEV_POOL_V2)
+def bev_pool_v2_forward(a: Any) -> torch.Tensor:
+    """BEVDet's bev_pool_v2 (including its final permute to channels-first): the C++ kernels on
+    CPU, else the PyTorch math. The op has checked the arguments."""
+    out = _run_native(a, None)
+    return bev_pool_v2_math(*a) if out is None else out
 
 
-def _raise_index_error(
-    depth: torch.Tensor,
-    feat: torch.Tensor,
-    ranks_depth: torch.Tensor,
-    ranks_feat: torch.Tensor,
-    ranks_bev: torch.Tensor,
-    bev_feat_shape: Sequence[int],
-    interval_starts: torch.Tensor,
-    interval_lengths: torch.Tensor,
-) -> None:
+def bev_pool_v2_into(out: torch.Tensor, args: Any) -> bool:
+    """The forward of ``args`` (`bev_arguments`) straight into ``out`` (contiguous (B, C, Z, Y,
+    X), feat's dtype) with the C++ kernels; False (nothing written) when they are unavailable.
+    For ONNX Runtime kernels, whose output buffer is preallocated."""
+    check_bev_pool_inputs(*args)
+    return _run_native(args, out) is not None
+
+
+def _raise_index_error(a: Any) -> None:
     """The C++ kernels found an index out of range: name it (slow path, PyTorch)."""
-    b, z, y, x, _ = (int(s) for s in bev_feat_shape)
-    _d, _f, cell = _gather_terms(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths)
+    b, z, y, x, _ = (int(s) for s in a.bev_feat_shape)
+    _d, _f, cell = _gather_terms(a)
     _check_bounds("ranks_bev", cell, b * z * y * x)
     raise ValueError("bev::bev_pool_v2: an index lies out of range (ranks or intervals)")
-
-
-@bev_pool_v2.register_fake
-def _bev_pool_v2_fake(
-    depth: torch.Tensor,
-    feat: torch.Tensor,
-    ranks_depth: torch.Tensor,
-    ranks_feat: torch.Tensor,
-    ranks_bev: torch.Tensor,
-    bev_feat_shape: Sequence[int],
-    interval_starts: torch.Tensor,
-    interval_lengths: torch.Tensor,
-) -> torch.Tensor:
-    args = (depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape)
-    check_bev_pool_inputs(*args, interval_starts, interval_lengths)
-    b, z, y, x, c = (int(s) for s in bev_feat_shape)
-    return feat.new_empty(b, c, z, y, x)
 
 
 @torch.library.custom_op("bev::bev_pool_v2_backward", mutates_args=())
@@ -330,17 +295,16 @@ def bev_pool_v2_backward(
     backward graphs see one opaque node with a fake kernel, as BEVDet's CUDA backward.
     """
     ranks = (ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths)
+    shape = [grad.shape[0], *grad.shape[2:], grad.shape[1]]  # bev_feat_shape [B, Z, Y, X, C]
+    args = bev_arguments(depth, feat, *ranks[:3], shape, *ranks[3:])
     native = _native(grad, depth, feat, *ranks)
     if native is not None:
         grad_depth, grad_feat, valid = native.backward(grad, depth, feat, *ranks)
         if not valid:
-            shape = (grad.shape[0], *grad.shape[2:], grad.shape[1])
-            _raise_index_error(depth, feat, ranks_depth, ranks_feat, ranks_bev, shape, interval_starts, interval_lengths)
+            _raise_index_error(args)
         return grad_depth, grad_feat
     c = feat.shape[-1]
-    d_idx, f_idx, cell = _gather_terms(
-        depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths
-    )
+    d_idx, f_idx, cell = _gather_terms(args)
     g_rows = grad.permute(0, 2, 3, 4, 1).reshape(-1, c)[cell]
     feat_rows = feat.reshape(-1, c)
     depth_flat = depth.reshape(-1)
@@ -363,17 +327,17 @@ def _bev_pool_v2_backward_fake(
     return torch.empty_like(depth), torch.empty_like(feat)
 
 
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    depth, feat, r_depth, r_feat, r_bev, _shape, starts, lengths = inputs
-    ctx.save_for_backward(depth, feat, r_depth, r_feat, r_bev, starts, lengths)
+def bev_pool_v2_save(ctx: Any, inputs: Any, output: Any) -> None:
+    ranks = (inputs.ranks_depth, inputs.ranks_feat, inputs.ranks_bev, inputs.interval_starts, inputs.interval_lengths)
+    ctx.save_for_backward(inputs.depth, inputs.feat, *ranks)
 
 
-def _backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+def bev_pool_v2_grads(ctx: Any, grad: torch.Tensor) -> dict[str, torch.Tensor]:
     grad_depth, grad_feat = bev_pool_v2_backward(grad.contiguous(), *ctx.saved_tensors)
-    return grad_depth, grad_feat, None, None, None, None, None, None
+    return {"depth": grad_depth, "feat": grad_feat}
 
 
-bev_pool_v2.register_autograd(_backward, setup_context=_setup_context)
+bev_pool_v2 = define_op(BEV_POOL_V2)
 
 
 # --------------------------------------------------------------------------- rank preparation

@@ -3,8 +3,10 @@
     y[..., out] = x[..., in] @ weight[out, in].T (+ bias[out])
 
 The point of the article is the Meta function: output shape and dtype computed from x and weight
-alone, so the op traces (and exports) on device="meta"/fake tensors without running a kernel.
-Translated to MatMul(+Add), Gemm (2-D x), or a namespaced ``npu::CustomLinear`` node.
+alone, so the op traces (and exports) on device="meta"/fake tensors without running a kernel;
+here it is the spec's shape rule ``x[:-1] + [weight.0]``. Declared once below (`CUSTOM_LINEAR`);
+translated to MatMul(+Add), Gemm (2-D x) or a namespaced ``npu::CustomLinear`` node
+(``symbolics/linear.py``), whose kernel math is in ``ort_kernels/linear.py``.
 """
 
 from __future__ import annotations
@@ -12,20 +14,45 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-__all__ = ["check_linear_inputs", "custom_linear", "linear_output_shape"]
+from onnx_custom.runtime.function_builder import TranslationBody
+from onnx_custom.spec import Input, OpSpec, Output, define_op, op_arguments
+
+__all__ = ["CUSTOM_LINEAR", "SPECS", "check_linear_inputs", "custom_linear", "linear_output_shape"]
+
+FLOATS = ("float32", "float64", "float16", "bfloat16")
+_LINEAR = "onnx_custom.symbolics.linear"
+
+CUSTOM_LINEAR = OpSpec(
+    "npu::custom_linear",
+    doc="F.linear: y[..., out] = x[..., in] @ weight[out, in].T (+ bias[out])",
+    inputs=[Input("x", FLOATS), Input("weight", FLOATS), Input("bias?", FLOATS)],
+    outputs=[Output("y", shape="x[:-1] + [weight.0]")],
+    impl="torch.nn.functional:linear",  # stands in for the vendor kernel
+    check="onnx_custom.ops.custom_linear:check_linear_inputs",
+    backward="onnx_custom.ops.custom_linear:linear_backward",
+    setup_context="onnx_custom.ops.custom_linear:linear_save",
+    op_type="CustomLinear",  # the stand-in for the vendor's NPU kernel, in domain npu
+    kernel="onnx_custom.ort_kernels.linear:custom_linear",
+    native=True,  # ort_kernels/native/linear.cpp
+    # one Gemm on x flattened to 2-D: serves nodes with and without a bias (Gemm's C is optional)
+    function=TranslationBody(f"{_LINEAR}:linear_any_rank_gemm", min_opset=11),
+    # every variant from opset 11 (optional Gemm C): the registry picks the highest opset first
+    # and the preferred variant only among the entries at that opset
+    translations={11: {"default": f"{_LINEAR}:custom_linear", "gemm": f"{_LINEAR}:custom_linear_gemm", "custom": "node"}},
+)
+SPECS = (CUSTOM_LINEAR,)
 
 
 def linear_output_shape(x_shape: tuple[int, ...], weight_shape: tuple[int, ...]) -> list[int]:
-    """[..., in] x [out, in] -> [..., out] (pure function, shared by the meta/fake kernel)."""
+    """[..., in] x [out, in] -> [..., out]: the spec's shape rule as a plain function."""
     return [*x_shape[:-1], weight_shape[0]]
 
 
-def check_linear_inputs(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-) -> None:
+@op_arguments(CUSTOM_LINEAR)
+def check_linear_inputs(args: Any) -> None:
     """Shared by the eager and fake kernels; messages name the shapes."""
+    x, weight, bias = args.x, args.weight, args.bias
     if x.dim() < 1:
         raise ValueError("npu::custom_linear expects x with at least 1 dimension, got a 0-d tensor")
     if weight.dim() != 2:
@@ -51,37 +78,19 @@ def check_linear_inputs(
         raise TypeError(f"npu::custom_linear expects floating-point tensors, got {x.dtype}")
 
 
-@torch.library.custom_op("npu::custom_linear", mutates_args=())
-def custom_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-) -> torch.Tensor:
-    """F.linear(x, weight, bias); stands in for the vendor kernel."""
-    check_linear_inputs(x, weight, bias)
-    return F.linear(x, weight, bias)
+def linear_save(ctx: Any, inputs: Any, output: Any) -> None:
+    ctx.save_for_backward(inputs.x, inputs.weight)
+    ctx.has_bias = inputs.bias is not None
 
 
-@custom_linear.register_fake
-def _custom_linear_meta(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-) -> torch.Tensor:
-    check_linear_inputs(x, weight, bias)
-    return x.new_empty(linear_output_shape(tuple(x.shape), tuple(weight.shape)))
-
-
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    x, weight, bias = inputs
-    ctx.save_for_backward(x, weight)
-    ctx.has_bias = bias is not None
-
-
-def _backward(
-    ctx: Any, grad: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def linear_backward(ctx: Any, grad: torch.Tensor) -> dict[str, torch.Tensor | None]:
     x, weight = ctx.saved_tensors
-    grad_x = grad @ weight
-    grad_w = grad.reshape(-1, grad.shape[-1]).T @ x.reshape(-1, x.shape[-1])
-    grad_b = grad.reshape(-1, grad.shape[-1]).sum(0) if ctx.has_bias else None
-    return grad_x, grad_w, grad_b
+    rows = grad.reshape(-1, grad.shape[-1])
+    return {
+        "x": grad @ weight,
+        "weight": rows.T @ x.reshape(-1, x.shape[-1]),
+        "bias": rows.sum(0) if ctx.has_bias else None,
+    }
 
 
-custom_linear.register_autograd(_backward, setup_context=_setup_context)
+custom_linear = define_op(CUSTOM_LINEAR)

@@ -17,6 +17,12 @@ gradients of 0 and adds nothing to the others.
 dtypes: float32, float64, float16 and bfloat16 (``DTYPES``); the half types compute in float32
 and round once. All tensors share one dtype. Any strides are accepted.
 
+The op is declared once below (`DEFORM_CONV2D`): schema, validator, shape rule, autograd, the
+custom node ``custom::DeformConv2d`` (its kernel is this eager op, its function body the
+standard-op decomposition in ``symbolics/vision_decomposed.py``) and the opset-19 ``DeformConv``
+translation (``symbolics/vision.py``). ``TORCHVISION_DEFORM_CONV2D`` is the same declaration for
+``torchvision::deform_conv2d``, adopted where torchvision's compiled ops load.
+
 The kernels are C++ (im2col with bilinear sampling, one GEMM per group) built on first use with
 ``torch.utils.cpp_extension.load`` into ``$ONNX_CUSTOM_CACHE_DIR`` (default
 ``~/.cache/onnx_custom``). ``validate_deform_conv2d`` is shared by the eager and the fake kernel,
@@ -28,6 +34,7 @@ are drop-ins for ``torchvision.ops``' and compile with ``torch.jit.script``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import threading
@@ -39,10 +46,15 @@ import torch
 from torch import Tensor, nn
 
 from onnx_custom._native import build_torch_extension, extension_directory
-from onnx_custom.errors import OnnxCustomError
+from onnx_custom.errors import DeformConv2dDtypeError, DeformConv2dError
+from onnx_custom.runtime.function_builder import TranslationBody
+from onnx_custom.spec import EAGER, NODE, Attribute, Input, OpSpec, Output, define_op, op_arguments
 
 __all__ = [
+    "DEFORM_CONV2D",
     "DTYPES",
+    "SPECS",
+    "TORCHVISION_DEFORM_CONV2D",
     "DeformConv2d",
     "DeformConv2dDtypeError",
     "DeformConv2dError",
@@ -51,6 +63,7 @@ __all__ = [
     "deform_conv2d_op",
     "load_extension",
     "output_size",
+    "torchvision_ops_available",
     "validate_deform_conv2d",
 ]
 
@@ -59,14 +72,56 @@ _EXTENSION = "onnx_custom_deform_conv2d"
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 """The dtypes ``deform_conv2d`` accepts (eager, fake, and the ``custom::DeformConv2d`` kernel)."""
 _LOCK = threading.Lock()
+_FLOATS = tuple(str(d).removeprefix("torch.") for d in DTYPES)
+_VISION = "onnx_custom.symbolics.vision"
+# What a custom node without the attribute means (the torch schema, torchvision's, has no defaults).
+_NODE_DEFAULTS = {"stride_h": 1, "stride_w": 1, "pad_h": 0, "pad_w": 0, "dilation_h": 1,
+                  "dilation_w": 1, "groups": 1, "offset_groups": 1}  # fmt: skip
+
+DEFORM_CONV2D = OpSpec(
+    "onnx_custom::deform_conv2d",
+    doc="torchvision's deformable convolution (v1/v2): bilinear sampling at offset kernel taps",
+    inputs=[Input(name, _FLOATS) for name in ("input", "weight", "offset", "mask", "bias")],
+    attributes=[
+        *(Attribute(name, "int", node_default=value) for name, value in _NODE_DEFAULTS.items()),
+        Attribute("use_mask", "bool", node_default=False),
+    ],
+    # (N, Cout, Ho, Wo): the offset's spatial dims are the output's (the validator checks it)
+    outputs=[Output("output", shape="[input.0, weight.0, offset.2, offset.3]")],
+    impl="onnx_custom.ops.deform_conv:deform_conv2d_forward",
+    check="onnx_custom.ops.deform_conv:validate_deform_conv2d",
+    backward="onnx_custom.ops.deform_conv:deform_conv2d_backward",
+    setup_context="onnx_custom.ops.deform_conv:deform_conv2d_save",
+    op_type="DeformConv2d",  # CamelCase, like ONNX op types
+    domain="custom",
+    kernel=EAGER,  # the node runs this op on torch views of ORT's buffers: one implementation
+    native=True,  # ort_kernels/native/vision.cpp
+    function=TranslationBody(f"{_VISION}_decomposed:deform_conv2d_decomposed", min_opset=11),
+    translations={
+        1: {"default": NODE, "standard": f"{_VISION}_decomposed:deform_conv2d_decomposed"},
+        19: f"{_VISION}:deform_conv2d",  # ONNX DeformConv
+    },
+)
+# torchvision's op has the same schema and its own fake kernel and autograd: adopted, exported
+# the same way, its node served by the kernel above.
+TORCHVISION_DEFORM_CONV2D = dataclasses.replace(
+    DEFORM_CONV2D, name="torchvision::deform_conv2d", impl=None, check=None, backward=None,
+    setup_context=None, kernel="onnx_custom.ort_kernels.vision:kernels", function=None,
+)  # fmt: skip
 
 
-class DeformConv2dError(OnnxCustomError, ValueError):
-    """A deform_conv2d argument has the wrong shape, layout or value."""
+def torchvision_ops_available() -> bool:
+    """True when ``torchvision::deform_conv2d`` is registered (torchvision's C++ ops loaded)."""
+    try:
+        import torchvision  # noqa: F401
+
+        torch.ops.torchvision.deform_conv2d.default  # noqa: B018  (raises if the op is missing)
+    except Exception:  # not installed, or compiled against another torch
+        return False
+    return True
 
 
-class DeformConv2dDtypeError(OnnxCustomError, TypeError):
-    """A deform_conv2d tensor has an unsupported dtype, or the tensors' dtypes differ."""
+SPECS = (DEFORM_CONV2D, *((TORCHVISION_DEFORM_CONV2D,) if torchvision_ops_available() else ()))
 
 
 def _cflags() -> list[str]:
@@ -119,27 +174,18 @@ def _layout_hint(t: torch.Tensor, expected: tuple[Any, ...]) -> str:
     return ""
 
 
-def validate_deform_conv2d(
-    input: torch.Tensor,
-    weight: torch.Tensor,
-    offset: torch.Tensor,
-    mask: torch.Tensor,
-    bias: torch.Tensor,
-    stride_h: int,
-    stride_w: int,
-    pad_h: int,
-    pad_w: int,
-    dilation_h: int,
-    dilation_w: int,
-    groups: int,
-    offset_groups: int,
-    use_mask: bool,
-) -> tuple[Any, Any, Any, Any]:
-    """Check arguments like torchvision does; return the output shape ``(N, Cout, Ho, Wo)``.
+@op_arguments(DEFORM_CONV2D)
+def validate_deform_conv2d(args: Any) -> tuple[Any, Any, Any, Any]:
+    """Check the op's arguments like torchvision does; return the output shape ``(N, Cout, Ho,
+    Wo)``. Shared by the eager op and its fake kernel, so export fails early with eager's message.
 
     Raises `DeformConv2dDtypeError` (a ``TypeError``) for dtype problems and `DeformConv2dError`
     (a ``ValueError``) for shape, layout and parameter problems.
     """
+    input, weight, offset, mask, bias = args.input, args.weight, args.offset, args.mask, args.bias
+    stride_h, stride_w, pad_h, pad_w = args.stride_h, args.stride_w, args.pad_h, args.pad_w
+    dilation_h, dilation_w, use_mask = args.dilation_h, args.dilation_w, args.use_mask
+    groups, offset_groups = args.groups, args.offset_groups
     named = {"input": input, "weight": weight, "offset": offset, "bias": bias}
     if use_mask:
         named["mask"] = mask
@@ -232,55 +278,15 @@ def validate_deform_conv2d(
     return n, cout, ho, wo
 
 
-@torch.library.custom_op("onnx_custom::deform_conv2d", mutates_args=())
-def deform_conv2d_op(
-    input: torch.Tensor,
-    weight: torch.Tensor,
-    offset: torch.Tensor,
-    mask: torch.Tensor,
-    bias: torch.Tensor,
-    stride_h: int,
-    stride_w: int,
-    pad_h: int,
-    pad_w: int,
-    dilation_h: int,
-    dilation_w: int,
-    groups: int,
-    offset_groups: int,
-    use_mask: bool,
-) -> torch.Tensor:
-    """Eager CPU kernel (C++)."""
-    args = (input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
-            dilation_h, dilation_w, groups, offset_groups, use_mask)  # fmt: skip
-    validate_deform_conv2d(*args)
-    if input.device.type != "cpu":
+@op_arguments(DEFORM_CONV2D)
+def deform_conv2d_forward(args: Any) -> torch.Tensor:
+    """The eager math: the C++ kernel (its arguments are the op's, in schema order)."""
+    if args.input.device.type != "cpu":
         raise DeformConv2dError(
-            f"deform_conv2d: only CPU tensors are supported, got {input.device}; move the "
+            f"deform_conv2d: only CPU tensors are supported, got {args.input.device}; move the "
             "tensors with .cpu()."
         )
     return load_extension().forward(*args)
-
-
-@deform_conv2d_op.register_fake
-def _(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
-      dilation_h, dilation_w, groups, offset_groups, use_mask):  # fmt: skip
-    shape = validate_deform_conv2d(
-        input,
-        weight,
-        offset,
-        mask,
-        bias,
-        stride_h,
-        stride_w,
-        pad_h,
-        pad_w,
-        dilation_h,
-        dilation_w,
-        groups,
-        offset_groups,
-        use_mask,
-    )
-    return input.new_empty(shape)
 
 
 @torch.library.custom_op("onnx_custom::_deform_conv2d_backward", mutates_args=())
@@ -315,25 +321,18 @@ def _(grad, input, weight, offset, mask, bias, *args):
     return tuple(t.new_empty(t.shape) for t in (input, weight, offset, mask, bias))
 
 
-_PARAMS = ("stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w", "groups",
-           "offset_groups", "use_mask")  # fmt: skip
+def deform_conv2d_save(ctx: Any, inputs: Any, output: torch.Tensor) -> None:
+    ctx.save_for_backward(inputs.input, inputs.weight, inputs.offset, inputs.mask, inputs.bias)
+    ctx.params = tuple(inputs)[5:]  # the attributes, in schema order
+    ctx.use_mask = inputs.use_mask
 
 
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    ctx.save_for_backward(*inputs[:5])
-    ctx.params = inputs[5:]
+def deform_conv2d_backward(ctx: Any, grad: torch.Tensor) -> dict[str, torch.Tensor | None]:
+    gi, gw, go, gm, gb = _deform_conv2d_backward(grad, *ctx.saved_tensors, *ctx.params)
+    return {"input": gi, "weight": gw, "offset": go, "mask": gm if ctx.use_mask else None, "bias": gb}
 
 
-def _backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-    input, weight, offset, mask, bias = ctx.saved_tensors
-    gi, gw, go, gm, gb = _deform_conv2d_backward(
-        grad, input, weight, offset, mask, bias, *ctx.params
-    )
-    use_mask = ctx.params[-1]
-    return (gi, gw, go, gm if use_mask else None, gb) + (None,) * len(_PARAMS)
-
-
-deform_conv2d_op.register_autograd(_backward, setup_context=_setup_context)
+deform_conv2d_op = define_op(DEFORM_CONV2D)
 
 
 def _pair(value: int | tuple[int, int]) -> tuple[int, int]:

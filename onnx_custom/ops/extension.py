@@ -2,8 +2,11 @@
 
 The C++ source (``csrc/my_ops.cpp``) defines the op with ``TORCH_LIBRARY`` and a CPU kernel;
 this module builds it with ``torch.utils.cpp_extension.load(is_python_module=False)`` into
-``<cache>/torch_ext/<hash>/`` (compiled once, reused by every later process), and registers the
-Python side: the fake kernel and the autograd formula.
+``<cache>/torch_ext/<hash>/`` (compiled once, reused by every later process). The op is declared
+once below (`MY_ADD`) without ``impl``: the spec adopts the op the C++ library defines (whose
+schema must agree), and loading the library adopts it, which registers the fake kernel and the
+autograd formula. It emits the node of ``mylib::my_add`` (``custom::my_add``), served by that
+op's kernel (``ort_kernels/seed.py``), and shares its dtype list and backward.
 
 Nothing is compiled at import time: call :func:`load_my_ops` first. When no compiler or ninja
 is available it raises :class:`~onnx_custom.errors.ExtensionBuildError` naming the tool, and the
@@ -26,10 +29,15 @@ import torch
 
 from onnx_custom._native import build_torch_extension, cache_root, extension_directory
 from onnx_custom.errors import ExtensionBuildError
+from onnx_custom.ops.seed import MY_ADD as SEED_MY_ADD
+from onnx_custom.ops.seed import my_add_backward
+from onnx_custom.spec import OpSpec, define_op, op_arguments
 
 __all__ = [
     "EXTENSION_NAME",
+    "MY_ADD",
     "SOURCE",
+    "SPECS",
     "MyAddFunction",
     "build_directory",
     "cache_root",
@@ -48,12 +56,31 @@ _CFLAGS = ("-O2",)
 _lock = threading.Lock()
 _loaded_path: str | None = None
 _failure: ExtensionBuildError | None = None
-_python_impls_registered = False
+
+# mylib::my_add's declaration (signature, dtypes, node, translations, kernel, backward), for the
+# op the C++ library defines: no impl (adopted), its own validator.
+MY_ADD = OpSpec(
+    QUALNAME,
+    doc="y = 2a + b, a C++ kernel (TORCH_LIBRARY)",
+    inputs=SEED_MY_ADD.inputs,
+    outputs=SEED_MY_ADD.outputs,
+    node_attributes=SEED_MY_ADD.node_attributes,
+    check="onnx_custom.ops.extension:check_my_add_inputs",
+    backward="onnx_custom.ops.seed:my_add_backward",
+    op_type=SEED_MY_ADD.op_type,
+    domain=SEED_MY_ADD.domain,
+    kernel="onnx_custom.ort_kernels.seed:kernels",  # mylib::my_add's kernel serves the node
+    native=True,
+    translations=SEED_MY_ADD.translations,
+)
+SPECS = (MY_ADD,)
 
 
 # --------------------------------------------------------------------------- validation / math
-def check_my_add_inputs(a: torch.Tensor, b: torch.Tensor) -> None:
+@op_arguments(MY_ADD)
+def check_my_add_inputs(args: Any) -> None:
     """Shared by the fake kernel and the Python reference (the C++ kernel mirrors the wording)."""
+    a, b = args.a, args.b
     if a.shape != b.shape:
         raise ValueError(
             f"my_ops::my_add expects a and b of the same shape, got a {list(a.shape)} "
@@ -63,8 +90,11 @@ def check_my_add_inputs(a: torch.Tensor, b: torch.Tensor) -> None:
         raise TypeError(
             f"my_ops::my_add expects a and b of the same dtype, got a {a.dtype} and b {b.dtype}"
         )
-    if not a.dtype.is_floating_point:
-        raise TypeError(f"my_ops::my_add expects floating-point tensors, got {a.dtype}")
+    if str(a.dtype).removeprefix("torch.") not in MY_ADD.inputs[0].dtypes:
+        raise TypeError(
+            "my_ops::my_add expects tensors of float32, float64, float16, bfloat16, int8, int16, "
+            f"int32, int64 or uint8, got {a.dtype}"
+        )
 
 
 def my_add_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -104,7 +134,7 @@ def load_my_ops(verbose: bool = False) -> str:
         except ExtensionBuildError as exc:
             _failure = exc
             raise
-        _register_python_impls()
+        define_op(MY_ADD)  # adopt the C++ op: fake kernel and autograd formula from the spec
         _loaded_path = path
         return path
 
@@ -129,39 +159,23 @@ def _loaded_path_if_defined() -> str | None:
     return "<already loaded>" if _op_defined() else None
 
 
-# --------------------------------------------------------------------------- Python-side impls
-def _fake_my_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    check_my_add_inputs(a, b)
-    return torch.empty_like(a, memory_format=torch.contiguous_format)
-
-
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    del ctx, inputs, output  # d(2a + b) needs nothing saved
-
-
-def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return 2 * grad, grad
-
-
-def _register_python_impls() -> None:
-    global _python_impls_registered
-    if _python_impls_registered:
-        return
-    torch.library.register_fake(QUALNAME, _fake_my_add)
-    torch.library.register_autograd(QUALNAME, _backward, setup_context=_setup_context)
-    _python_impls_registered = True
-
-
 # The C++ library points torch here (m.set_python_module); if it was loaded by someone else
-# before this import, register the Python side now.
+# before this import, adopt the op now.
 if _op_defined():
-    _register_python_impls()
+    define_op(MY_ADD)
 
 
 # --------------------------------------------------------------------------- user-facing API
+def _ensure_loaded() -> None:
+    # A plain global read first: under torch.compile this is a guard, not load_my_ops' lock (a
+    # context manager dynamo cannot trace: two graph breaks per call).
+    if _loaded_path is None:
+        load_my_ops()
+
+
 def my_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Call the C++ op (building/loading it on first use)."""
-    load_my_ops()
+    _ensure_loaded()
     return torch.ops.my_ops.my_add(a, b)
 
 
@@ -174,9 +188,9 @@ class MyAddFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        load_my_ops()
+        _ensure_loaded()
         return torch.ops.my_ops.my_add(a, b)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return 2 * grad, grad
+        return my_add_backward(ctx, grad)  # type: ignore[return-value]

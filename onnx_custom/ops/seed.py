@@ -1,39 +1,62 @@
-"""The seed ops of the first custom-op articles, as ``torch.library.custom_op``s.
+"""The seed ops of the first custom-op articles: ``mylib::my_add(a, b) = 2a + b`` and
+``mylib::multi_out(x) = (x * 2, x + 3)``.
 
-``mylib::my_add(a, b) = 2a + b`` and ``mylib::multi_out(x) = (x * 2, x + 3)``.
+Both are declared once, in ``seed.yaml`` beside this module (the YAML form of `OpSpec`); this
+module holds their eager math and defines the torch ops when imported. The ONNX math lives in
+``symbolics/seed.py``, the kernel math in ``ort_kernels/seed.py``.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import torch
 
-__all__ = ["multi_out", "my_add"]
+from onnx_custom.spec import define_op, op_arguments, parse_specs
+
+__all__ = [
+    "MULTI_OUT",
+    "MY_ADD",
+    "SPECS",
+    "check_my_add",
+    "double_and_shift",
+    "multi_out",
+    "multi_out_backward",
+    "my_add",
+    "my_add_backward",
+    "two_a_plus_b",
+]
+
+SPECS = tuple(parse_specs(Path(__file__).with_name("seed.yaml")))
+MY_ADD, MULTI_OUT = SPECS
 
 
-def _check_same_shape(name: str, a: torch.Tensor, b: torch.Tensor) -> None:
+@op_arguments(MY_ADD)
+def check_my_add(args: Any) -> None:
+    """a and b of one shape and dtype (shared by the eager and fake kernels)."""
+    a, b = args.a, args.b
     if a.shape != b.shape:
-        raise ValueError(f"{name}: expected a and b of the same shape, got {tuple(a.shape)} and {tuple(b.shape)}.")
+        raise ValueError(f"mylib::my_add: expected a and b of the same shape, got {tuple(a.shape)} and {tuple(b.shape)}.")
     if a.dtype != b.dtype:
-        raise TypeError(f"{name}: expected a and b of the same dtype, got {a.dtype} and {b.dtype}.")
+        raise TypeError(f"mylib::my_add: expected a and b of the same dtype, got {a.dtype} and {b.dtype}.")
 
 
-@torch.library.custom_op("mylib::my_add", mutates_args=())
-def my_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    _check_same_shape("mylib::my_add", a, b)
+def two_a_plus_b(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return 2 * a + b
 
 
-@my_add.register_fake
-def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    _check_same_shape("mylib::my_add", a, b)
-    return torch.empty_like(a)
+def my_add_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return 2 * grad, grad
 
 
-@torch.library.custom_op("mylib::multi_out", mutates_args=())
-def multi_out(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def double_and_shift(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x * 2, x + 3
 
 
-@multi_out.register_fake
-def _(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.empty_like(x), torch.empty_like(x)
+def multi_out_backward(ctx: Any, grad_scaled: torch.Tensor, grad_shifted: torch.Tensor) -> torch.Tensor:
+    return 2 * grad_scaled + grad_shifted
+
+
+my_add = define_op(MY_ADD)
+multi_out = define_op(MULTI_OUT)

@@ -25,6 +25,7 @@ __all__ = [
     "default_kernel_registry",
     "kernel",
     "split_name",
+    "user_kernel_registry",
 ]
 
 # Domains ONNX Runtime serves itself; kernels may not be registered there.
@@ -590,6 +591,12 @@ def default_kernel_registry() -> KernelRegistry:
     """
     reg = _builtin_registry().copy()
     return reg.update(_user, replace=True)
+
+
+def user_kernel_registry() -> KernelRegistry:
+    """The live registry :func:`kernel` fills (not a copy): what registering code such as
+    ``onnx_custom.register_spec`` adds to, and removes from when its handle is closed."""
+    return _user
 
 
 def kernel(

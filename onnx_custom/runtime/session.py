@@ -12,7 +12,7 @@ import onnxruntime as ort
 from google.protobuf.message import DecodeError
 
 from onnx_custom._onnx_utils import iter_nodes
-from onnx_custom.errors import KernelError, OnnxCustomError
+from onnx_custom.errors import KernelError, ModelLoadError, ModelNotFoundError, OnnxCustomError
 from onnx_custom.runtime.failures import (
     KernelRunError,
     raise_for_type_error,
@@ -46,14 +46,6 @@ ModelSource = Union[onnx.ModelProto, bytes, bytearray, memoryview, str, "os.Path
 _REGISTERED_KEY = "onnx_custom.kernels"  # session config entry recording what we registered
 _SPIN_KEYS = ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning")
 _QUIET = 3  # ORT log severity ERROR: drops VerifyOutputSizes/MergeShapeInfo-style warnings
-
-
-class ModelLoadError(OnnxCustomError, ValueError):
-    """The model given to onnx-custom is not a readable ONNX model."""
-
-
-class ModelNotFoundError(ModelLoadError, FileNotFoundError):
-    """The ONNX file given by path does not exist (a `FileNotFoundError` too)."""
 
 
 def load_model(model: ModelSource) -> tuple[onnx.ModelProto, bytes | str]:

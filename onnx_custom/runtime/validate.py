@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 import onnx
 from onnx import AttributeProto
 
-from onnx_custom.errors import KernelError
+from onnx_custom.errors import NodeDeclarationError
 from onnx_custom.runtime import _abi
 from onnx_custom.runtime.host import note_exact_strings
 from onnx_custom.runtime.registry import RESERVED_DOMAINS, AttrSpec, KernelSpec, ParamSpec
@@ -21,14 +21,6 @@ __all__ = ["NodeDeclarationError", "graph_value_types", "node_problems", "valida
 _MAX_LISTED = 10
 _EXAMPLE = {"int": "1", "float": "1.0", "string": "'text'", "ints": "[1, 2]", "floats": "[1.0, 2.0]",
             "strings": "['a', 'b']"}
-
-
-class NodeDeclarationError(KernelError, ValueError):
-    """Custom nodes disagree with their kernels' declarations (arity, attribute names or types)."""
-
-    def __init__(self, message: str, problems: Sequence[str] = ()) -> None:
-        super().__init__(message)
-        self.problems = tuple(problems)
 
 
 def _label(node: onnx.NodeProto) -> str:

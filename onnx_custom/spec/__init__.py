@@ -16,6 +16,11 @@ with register_spec(spec):              # scoped; or keep the handle and call .un
 ```
 
 The YAML form (`load_specs`) and every key are described in `onnx_custom.spec.yaml_loader`.
+
+A built-in op family declares its specs once and builds everything from them without touching
+the default registries at import time: ``define_op(spec)`` in its ops module (the torch op),
+``registry = spec_translations(spec)`` in ``symbolics/`` and ``kernels = spec_kernels(spec)``
+in ``ort_kernels/`` (assembled lazily via `onnx_custom._builtins`).
 """
 
 from __future__ import annotations
@@ -23,25 +28,33 @@ from __future__ import annotations
 from onnx_custom.spec.generate import (
     CUSTOM_VARIANT,
     SpecRegistration,
+    define_op,
     register_spec,
     registered_specs,
+    spec_kernels,
     spec_scope,
+    spec_translations,
     unregister_spec,
 )
 from onnx_custom.spec.spec import (
     ATTRIBUTE_TYPES,
+    EAGER,
     NO_DEFAULT,
+    NODE,
     Attribute,
     Input,
     OpSpec,
     Output,
     SpecError,
 )
+from onnx_custom.spec.torch_op import op_arguments
 from onnx_custom.spec.yaml_loader import YAML_KEYS, load_specs, parse_specs
 
 __all__ = [
     "ATTRIBUTE_TYPES",
     "CUSTOM_VARIANT",
+    "EAGER",
+    "NODE",
     "NO_DEFAULT",
     "YAML_KEYS",
     "Attribute",
@@ -50,10 +63,14 @@ __all__ = [
     "Output",
     "SpecError",
     "SpecRegistration",
+    "define_op",
     "load_specs",
+    "op_arguments",
     "parse_specs",
     "register_spec",
     "registered_specs",
+    "spec_kernels",
     "spec_scope",
+    "spec_translations",
     "unregister_spec",
 ]

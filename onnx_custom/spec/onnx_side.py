@@ -29,26 +29,35 @@ from onnx_custom.spec.shape_rules import (
     RuleError,
     UnknownShape,
 )
-from onnx_custom.spec.spec import OpSpec, SpecError
+from onnx_custom.spec.spec import EAGER, NO_DEFAULT, OpSpec, SpecError
 
 __all__ = [
     "check_function_body",
     "check_kernel_spec",
     "custom_node_translation",
+    "eager_kernel",
     "kernel_spec",
     "make_shape_fn",
     "register_onnx_schema",
+    "with_node_constants",
 ]
 
 _LIST_ATTRS: dict[str, Callable[[Any], Any]] = {"int[]": attributes.ints, "float[]": attributes.floats, "str[]": attributes.strings}
 _SCALAR_ATTRS: dict[str, Callable[[Any], Any]] = {"int": int, "bool": int, "float": float, "str": str}
 
 
+def _typed_attribute(attr: Any, value: Any) -> Any:
+    convert = _LIST_ATTRS.get(attr.type) or _SCALAR_ATTRS[attr.type]
+    return convert(value)
+
+
 def custom_node_translation(spec: OpSpec) -> Callable[..., Any]:
     """``fn(g, *inputs, **attributes)`` emitting the spec's node: tensor arguments become node
-    inputs (a variadic list spread out), every other argument a typed attribute of its name."""
+    inputs (a variadic list spread out), every other argument a typed attribute of its name, and
+    the node's constant attributes are written as declared."""
     node, n_outputs = spec.node_type, len(spec.outputs)
     assert node is not None
+    constants = {a.name: _typed_attribute(a, a.default) for a in spec.node_attributes}
 
     def translate(g: Any, *inputs: Any, **attrs: Any) -> Any:
         values: list[Any] = []
@@ -62,13 +71,27 @@ def custom_node_translation(spec: OpSpec) -> Callable[..., Any]:
             value = attrs.get(attr.name)
             if value is None:
                 value = attr.default
-            convert = _LIST_ATTRS.get(attr.type) or _SCALAR_ATTRS[attr.type]
-            typed[attr.name] = convert(value)
-        return g.op(node, *values, outputs=n_outputs, **typed)
+            typed[attr.name] = _typed_attribute(attr, value)
+        return g.op(node, *values, outputs=n_outputs, **typed, **constants)
 
     translate.__name__ = "custom_node"
     translate.__qualname__ = f"custom_node[{spec.name} -> {node}]"
-    translate.__doc__ = f"{spec.name}{spec.schema}  ->  {node}"
+    translate.__doc__ = f"{spec.op_name}{spec.schema}"  # the torch schema, as translations document it
+    return translate
+
+
+def with_node_constants(spec: OpSpec, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A standard translation that also receives the node's constant attributes (``alpha=2.0``
+    for ``custom::my_add``) as keywords: one function serves as translation and function body."""
+    if not spec.node_attributes:
+        return fn
+    constants = {a.name: a.default for a in spec.node_attributes}
+
+    def translate(g: Any, *inputs: Any, **attrs: Any) -> Any:
+        return fn(g, *inputs, **attrs, **constants)
+
+    for name in ("__module__", "__name__", "__qualname__", "__doc__"):
+        setattr(translate, name, getattr(fn, name, None))
     return translate
 
 
@@ -186,7 +209,7 @@ def _from_onnx_attr(spec: OpSpec, name: str, value: Any) -> Any:
 
 
 def _kernel_wrapper(spec: OpSpec, fn: Callable[..., Any]) -> Callable[..., Any]:
-    bools = [a.name for a in spec.attributes if a.type == "bool"]
+    bools = [a.name for a in (*spec.attributes, *spec.node_attributes) if a.type == "bool"]
     if not bools:
         return fn
 
@@ -203,22 +226,46 @@ def _kernel_wrapper(spec: OpSpec, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _kernel_attrs(spec: OpSpec) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for attr in spec.attributes:
-        if not attr.has_default:
+    for attr in (*spec.attributes, *spec.node_attributes):
+        default: Any = attr.onnx_default
+        if default is NO_DEFAULT:
             out[attr.name] = attr.onnx_type
             continue
-        default: Any = list(attr.default) if isinstance(attr.default, tuple) else attr.default
+        default = list(default) if isinstance(default, tuple) else default
         out[attr.name] = (attr.onnx_type, int(default) if attr.type == "bool" else default)
     return out
+
+
+def eager_kernel(spec: OpSpec) -> Callable[..., Any]:
+    """``kernel="eager"``: the node runs the torch op itself (same validation, same math) on
+    torch views of ONNX Runtime's buffers, without autograd bookkeeping."""
+    import torch
+
+    names = [i.name for i in spec.inputs]
+    variadic = bool(spec.inputs) and spec.inputs[-1].variadic
+
+    def kernel(*tensors: Any, **attrs: Any) -> Any:
+        if variadic:
+            tensors = (*tensors[: len(names) - 1], list(tensors[len(names) - 1:]))
+        op = getattr(getattr(torch.ops, spec.namespace), spec.op_name).default
+        with torch.inference_mode():  # keywords: attributes may sit between inputs in the schema
+            return op(**dict(zip(names, tensors, strict=False)), **{a.name: attrs[a.name] for a in spec.attributes})
+
+    kernel.__qualname__ = kernel.__name__ = f"eager[{spec.name}]"
+    kernel.__doc__ = f"{spec.node_type}: runs the eager op {spec.name} (torch tensors)."
+    return kernel
 
 
 def kernel_spec(spec: OpSpec, fn: Callable[..., Any] | None, meta: Callable[..., Any] | None, function: Any) -> KernelSpec:
     """The kernel declaration of the spec's node (``fn`` None: a declaration for the schema only)."""
     node = spec.node_type
     assert node is not None
+    tensor_type = "numpy"
     if fn is None:
         def fn(*_: Any, **__: Any) -> Any:
             raise KernelError(f"{node} has no Python kernel (spec {spec.name}); run it with the native library or a function body.")
+    elif fn == EAGER:
+        fn, tensor_type = eager_kernel(spec), "torch"
     params = inspect.signature(fn).parameters if callable(fn) else {}
     out_mode = "out" in params
     inputs = [f"{i.name}{'?' if i.optional else '*' if i.variadic else ''}" for i in spec.inputs]
@@ -227,7 +274,7 @@ def kernel_spec(spec: OpSpec, fn: Callable[..., Any] | None, meta: Callable[...,
     made = make_spec(
         node, _kernel_wrapper(spec, fn), inputs=inputs, outputs=[o.name for o in spec.outputs],
         attrs=_kernel_attrs(spec), dtypes=dtypes, shape_fn=_builtin_rule(spec) or make_shape_fn(spec, meta),
-        function=function, out=out_mode,
+        function=function, tensor_type=tensor_type, out=out_mode,
     )
     if spec.doc:
         made = dataclasses.replace(made, doc=spec.doc)
@@ -255,7 +302,7 @@ def check_kernel_spec(spec: OpSpec, kernel: KernelSpec | KernelRegistry) -> Kern
         raise fail(f"declares inputs {got_inputs}, the spec {want_inputs}", "declare the same inputs, in the same order")
     if len(kernel.outputs) != len(spec.outputs):
         raise fail(f"declares {len(kernel.outputs)} output(s), the spec {len(spec.outputs)}", "declare one output per spec output")
-    want_attrs = {a.name: a.onnx_type for a in spec.attributes}
+    want_attrs = {a.name: a.onnx_type for a in (*spec.attributes, *spec.node_attributes)}
     got_attrs = {a.name: a.type for a in kernel.attrs}
     if want_attrs != got_attrs:
         raise fail(f"declares attributes {got_attrs}, the spec {want_attrs}", "declare the same attributes with the same types")
@@ -285,7 +332,7 @@ def check_function_body(spec: OpSpec, declaration: KernelSpec) -> None:
         raise fail(f"takes {len(body.input)} input(s) {list(body.input)}, the spec declares {len(spec.inputs)}", "give the body one input per spec input, in order")
     if len(body.output) != len(spec.outputs):
         raise fail(f"has {len(body.output)} output(s) {list(body.output)}, the spec declares {len(spec.outputs)}", "give the body one output per spec output")
-    declared = {a.name for a in spec.attributes}
+    declared = {a.name for a in (*spec.attributes, *spec.node_attributes)}
     unknown = sorted((set(body.attribute) | {a.name for a in body.attribute_proto}) - declared)
     if unknown:
         raise fail(f"reads attribute(s) {unknown} that the spec does not declare (it has {sorted(declared)})", "declare them in attr_desc or rename them in the body")

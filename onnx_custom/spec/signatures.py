@@ -16,16 +16,17 @@ from typing import Any
 
 from onnx_custom.spec.spec import OpSpec, SpecError
 
-__all__ = ["check_backward", "check_math_signature", "resolve"]
+__all__ = ["check_backward", "check_check_signature", "check_math_signature", "expected_signature", "in_schema_order", "inputs_first", "resolve"]
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
-# role -> (leading parameters before the inputs, how a variadic input arrives, extra keywords)
-_ROLES: dict[str, tuple[tuple[str, ...], str, tuple[str, ...]]] = {
-    "impl": ((), "list", ()),
-    "shape": ((), "list", ()),
-    "translation": (("g",), "list", ()),
-    "kernel": ((), "spread", ("out",)),
+# role -> (leading parameters before the inputs, how a variadic input arrives, extra keywords,
+# whether the node's constant attributes are passed too)
+_ROLES: dict[str, tuple[tuple[str, ...], str, tuple[str, ...], bool]] = {
+    "impl": ((), "list", (), False),
+    "shape": ((), "list", (), False),
+    "translation": (("g",), "list", (), True),
+    "kernel": ((), "spread", ("out",), True),
 }
 
 
@@ -82,28 +83,91 @@ def _label(fn: Any, ref: Any) -> str:
 
 def expected_signature(spec: OpSpec, role: str) -> str:
     """The parameter list a function in ``role`` should have, e.g. ``(x, y, *, alpha)``."""
-    lead, variadic, _ = _ROLES[role]
+    if role == "check":
+        return f"({', '.join(a.name for a in spec.arguments)})"
+    lead, variadic, _, node = _ROLES[role]
     params = list(lead)
     for item in spec.inputs:
         if item.variadic and variadic == "spread":
             params.append(f"*{item.name}")
         else:
             params.append(f"{item.name}=None" if item.optional else item.name)
-    attrs = [a.name for a in spec.attributes]
+    attrs = [a.name for a in _attributes(spec, node)]
     if attrs:
         params += ([] if any(p.startswith("*") for p in params) else ["*"]) + attrs
     return f"({', '.join(params)})"
 
 
+def _attributes(spec: OpSpec, node: bool) -> tuple[Any, ...]:
+    """The keyword arguments a role receives: the attributes, and the node's constants for
+    functions that build or run the node."""
+    return (*spec.attributes, *spec.node_attributes) if node else tuple(spec.attributes)
+
+
+def check_check_signature(spec: OpSpec, fn: Any, ref: Any) -> None:
+    """A validator takes the op's arguments in schema order (or ``*args``)."""
+    if not callable(fn):
+        raise SpecError(f"op {spec.name}: check {ref!r} is a {type(fn).__name__}; expected a function.", op=spec.name, key=("check",))
+    signature = _signature(fn)
+    if signature is None:
+        return
+    names = [a.name for a in spec.arguments]
+    try:
+        signature.bind(*names)
+    except TypeError as exc:
+        raise SpecError(
+            f"op {spec.name}: check {_label(fn, ref)} cannot take the op's {len(names)} arguments "
+            f"({exc}); expected `def {getattr(fn, '__name__', 'check')}{expected_signature(spec, 'check')}` "
+            f"(the op's arguments in schema order, as the torch op takes them) or a function decorated "
+            f"with @onnx_custom.spec.op_arguments(spec); received `{signature}`; fix: take the "
+            "arguments in that order.",
+            op=spec.name, key=("check",),
+        ) from None
+
+
+def in_schema_order(spec: OpSpec, fn: Any) -> bool:
+    """True when ``fn`` takes the op's arguments as the torch op does (schema order, attributes
+    between the inputs they follow), the other form eager math may have (``impl``, ``shape``)
+    when the schema interleaves them."""
+    names = [a.name for a in spec.arguments]
+    if names == [*(i.name for i in spec.inputs), *(a.name for a in spec.attributes)]:
+        return False  # the two forms coincide
+    signature = _signature(fn)
+    if signature is None:
+        return False
+    positional = [p.name for p in signature.parameters.values() if p.kind in _POSITIONAL]
+    return positional == names
+
+
+def inputs_first(spec: OpSpec, fn: Any) -> Any:
+    """``fn`` callable the machinery's way (``fn(*inputs, **attributes)``), whichever of the two
+    forms it has (see `in_schema_order`)."""
+    if fn is None or not in_schema_order(spec, fn):
+        return fn
+    order = [a.name for a in spec.arguments]
+    names = [i.name for i in spec.inputs]
+
+    def call(*inputs: Any, **attrs: Any) -> Any:
+        values = {**dict(zip(names, inputs, strict=True)), **attrs}
+        return fn(*(values[name] for name in order))
+
+    call.__qualname__ = getattr(fn, "__qualname__", "fn")
+    call.__doc__ = getattr(fn, "__doc__", None)
+    return call
+
+
 def check_math_signature(spec: OpSpec, fn: Any, role: str, key: tuple[Any, ...], ref: Any) -> None:
     """``fn`` must take the spec's inputs positionally (same names, same order) and its
-    attributes as keywords (``**kwargs`` accepted); `SpecError` naming the parameter otherwise."""
+    attributes as keywords (``**kwargs`` accepted); eager math (``impl``, ``shape``) may instead
+    take every argument in the torch schema's order. `SpecError` naming the parameter otherwise."""
     if not callable(fn):
         raise SpecError(f"op {spec.name}: {key[0]} {ref!r} is a {type(fn).__name__}; expected a function.", op=spec.name, key=key)
     signature = _signature(fn)
     if signature is None:
         return
-    lead, variadic, extra = _ROLES[role]
+    if role in ("impl", "shape") and in_schema_order(spec, fn):
+        return
+    lead, variadic, extra, node = _ROLES[role]
     label = _label(fn, ref)
     want = expected_signature(spec, role)
 
@@ -131,9 +195,10 @@ def check_math_signature(spec: OpSpec, fn: Any, role: str, key: tuple[Any, ...],
             raise fail(f"takes parameter {got!r} where input {name!r} (position {index - len(lead)}) is expected")
     if spread is not None and var_positional is None:
         raise fail(f"has no *{spread} parameter for the variadic input {spread!r}")
-    declared = set(wanted[len(lead):]) | {a.name for a in spec.attributes} | set(extra)
+    attributes = _attributes(spec, node)
+    declared = set(wanted[len(lead):]) | {a.name for a in attributes} | set(extra)
     declared |= {p.name for p in positional[: len(lead)]}  # `g` may have any name
-    for attr in spec.attributes:
+    for attr in attributes:
         param = signature.parameters.get(attr.name)
         if param is None and not accepts_any_keyword:
             raise fail(f"does not accept attribute {attr.name!r} as a keyword")

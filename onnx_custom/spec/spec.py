@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 
-from onnx_custom.errors import SymbolicError
+from onnx_custom.errors import SpecError, SymbolicError
 from onnx_custom.names import QualifiedName
+from onnx_custom.registry import DEFAULT_VARIANT
 from onnx_custom.runtime._abi import DTYPE_NAMES
 from onnx_custom.spec.shape_rules import (
     ExpressionRule,
@@ -30,6 +31,8 @@ from onnx_custom.spec.shape_rules import (
 
 __all__ = [
     "ATTRIBUTE_TYPES",
+    "EAGER",
+    "NODE",
     "NO_DEFAULT",
     "Attribute",
     "Input",
@@ -84,19 +87,8 @@ class _NoDefault:
 
 NO_DEFAULT: Any = _NoDefault()
 
-
-class SpecError(SymbolicError):
-    """A malformed op spec (or YAML file): names the op, the key, what was expected and the fix.
-
-    ``op`` is the qualified op name (when known), ``key`` the path of the offending entry in the
-    declaration's terms (``("inputs", 1, "dtype")``), and ``file``/``line`` where a YAML file
-    declared it.
-    """
-
-    def __init__(self, message: str, *, op: str = "", key: tuple[Any, ...] = (), file: str = "", line: int | None = None) -> None:
-        where = f"{file}:{line}: " if file and line is not None else f"{file}: " if file else ""
-        super().__init__(f"{where}{message}")
-        self.op, self.key, self.file, self.line, self.detail = op, key, file, line, message
+EAGER = "eager"
+"""``kernel="eager"``: the node's kernel runs the eager torch op on torch views of ORT's buffers."""
 
 
 def _fail(op: str, key: tuple[Any, ...], message: str) -> SpecError:
@@ -182,25 +174,37 @@ class Output:
 @dataclasses.dataclass(frozen=True)
 class Attribute:
     """A non-tensor argument: torch schema ``type`` (int, float, bool, str, int[], float[], str[])
-    and an optional ``default``. It becomes a typed ONNX attribute of the same name."""
+    and an optional ``default``. It becomes a typed ONNX attribute of the same name.
+
+    ``after``: the input it follows in the torch schema (default: after every input), for ops
+    whose schema interleaves tensors and other arguments. ``node_default``: what a node without
+    this attribute means (kernel, ONNX schema, function body) when the torch schema has no
+    default. In `OpSpec.node_attributes`, ``default`` is the constant every node carries."""
 
     name: str
     type: str
     default: Any = NO_DEFAULT
     doc: str = ""
+    after: str | None = None
+    node_default: Any = NO_DEFAULT
 
     @property
     def has_default(self) -> bool:
         return self.default is not NO_DEFAULT
 
     @property
+    def onnx_default(self) -> Any:
+        """The node-side default (NO_DEFAULT: the attribute is required on every node)."""
+        return self.default if self.has_default else self.node_default
+
+    @property
     def onnx_type(self) -> str:
         return ATTRIBUTE_TYPES[self.type]
 
 
-def _normalize_default(op: str, key: tuple[Any, ...], attr: Attribute) -> Any:
+def _normalize_default(op: str, key: tuple[Any, ...], attr: Attribute, value: Any = NO_DEFAULT) -> Any:
     """The default as the Python value torch hands the op (lists become tuples: specs are frozen)."""
-    value, typ = attr.default, attr.type
+    value, typ = (attr.default if value is NO_DEFAULT else value), attr.type
     scalar = typ.removesuffix("[]")
     items = value if typ.endswith("[]") else [value]
     if typ.endswith("[]") and not isinstance(value, (list, tuple)):
@@ -221,20 +225,36 @@ def _normalize_default(op: str, key: tuple[Any, ...], attr: Attribute) -> Any:
     return tuple(items) if typ.endswith("[]") else items[0]
 
 
-def _normalize_translations(op: str, value: Any) -> tuple[tuple[int, Ref], ...]:
+NODE = "node"
+"""In `OpSpec.translations`, where the custom-node translation goes: ``{16: {"custom": "node"}}``."""
+_VARIANT = re.compile(r"^[A-Za-z_][\w-]*$")
+
+
+def _normalize_translations(op: str, value: Any) -> tuple[tuple[int, str, Any], ...]:
+    """``{opset: ref | "node" | {variant: ref | "node"}}`` as sorted (opset, variant, ref) triples."""
     items = value.items() if isinstance(value, Mapping) else value
-    out: list[tuple[int, Ref]] = []
+    out: list[tuple[int, str, Any]] = []
     try:
-        pairs = [(k, v) for k, v in items]
-    except (TypeError, ValueError):
-        raise _fail(op, ("translations",), f"translations must map opset -> translation, e.g. {{13: 'my_onnx:scale_add_13'}}; received {value!r}.") from None
+        # (opset, variant, ref) triples too: a normalized spec goes through dataclasses.replace
+        pairs = [(k[0], {k[1]: k[2]}) if len(k) == 3 else (k[0], k[1]) for k in (tuple(i) for i in items)]
+    except (TypeError, ValueError, IndexError):
+        raise _fail(op, ("translations",), f"translations must map opset -> translation (or -> {{variant: translation}}), e.g. {{13: 'my_onnx:scale_add_13'}}; received {value!r}.") from None
     for opset, ref in pairs:
         if not isinstance(opset, int) or isinstance(opset, bool) or opset < 1:
             raise _fail(op, ("translations", opset), f"translation opset {opset!r} must be a positive int (the first opset it is valid for).")
-        out.append((opset, _check_ref(op, ("translations", opset), ref, f"translation for opset {opset}")))  # type: ignore[arg-type]
-    if len({o for o, _ in out}) != len(out):
-        raise _fail(op, ("translations",), "two translations for one opset; fix: keep one per opset.")
-    return tuple(sorted(out, key=lambda pair: pair[0]))
+        by_variant = ref if isinstance(ref, Mapping) else {DEFAULT_VARIANT: ref}
+        if not by_variant:
+            raise _fail(op, ("translations", opset), "maps to an empty {variant: translation} mapping; fix: name at least one translation.")
+        for variant, fn in by_variant.items():
+            if not isinstance(variant, str) or not _VARIANT.match(variant):
+                raise _fail(op, ("translations", opset, variant), f"variant {variant!r} is not a variant name; expected an identifier such as 'default', 'custom' or 'gemm'.")
+            checked = fn if fn == NODE else _check_ref(op, ("translations", opset, variant), fn, f"translation for opset {opset} (variant {variant!r})")
+            out.append((opset, variant, checked))
+    if len({(o, v) for o, v, _ in out}) != len(out):
+        raise _fail(op, ("translations",), "two translations for one opset and variant; fix: keep one per opset and variant.")
+    if sum(ref == NODE for _, _, ref in out) > 1:
+        raise _fail(op, ("translations",), f"places the custom node ({NODE!r}) more than once; fix: name it once, at its first opset (it is re-registered where later translations start).")
+    return tuple(sorted(out, key=lambda item: (item[0], item[1])))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,17 +264,28 @@ class OpSpec:
     ``name``: qualified torch name ``ns::op``. ``op_type``/``domain``: the custom ONNX node
     (domain defaults to the namespace; omit ``op_type`` for an op with standard translations
     only). ``inputs``/``outputs``/``attributes``: the signature; the torch schema is inputs then
-    attributes, in order. ``shape``: a Python meta function (``meta(*inputs, **attributes)`` ->
-    fake outputs), instead of per-output shape rules. ``impl``: eager math
-    ``impl(*inputs, **attributes)`` on torch tensors (omit it to adopt an op that a library
-    already defines, e.g. a C++ extension: the schemas must then agree). ``kernel``: Python kernel
-    ``kernel(*inputs, **attributes)`` on numpy arrays (a `KernelSpec` or `KernelRegistry` holding
-    one is checked against the spec instead). ``backward``/``setup_context``: as
-    ``torch.library.register_autograd``. ``native``: the native library
-    (``libonnx_custom_ops.so``) serves the node (True, or the node name ``"domain::OpType"``).
-    ``function``: the node's ONNX function body (a FunctionProto, an onnxscript function, or a
-    zero-argument builder). ``translations``: ``{opset: fn}`` standard-op translations
-    ``fn(g, *inputs, **attributes)``, each valid from its opset on.
+    attributes, in order (an attribute's ``after`` moves it behind an input). ``node_attributes``:
+    constants every custom node carries that the torch op does not take (``Attribute`` with the
+    constant as ``default``); kernels, standard translations and function bodies receive them
+    like attributes. ``shape``: a Python meta function (``meta(*inputs, **attributes)`` -> fake
+    outputs), instead of per-output shape rules. ``impl``: eager math ``impl(*inputs,
+    **attributes)`` on torch tensors (omit it to adopt an op that a library already defines, e.g.
+    a C++ extension: the schemas must then agree). ``check``: a validator called with the op's
+    arguments (schema order) by the eager op and the fake kernel before anything else, for
+    messages more specific than the dtype check. ``devices``: device types the eager math serves
+    (default: every device). ``kernel``: Python kernel ``kernel(*inputs, **attributes)`` on numpy
+    arrays, ``"eager"`` (the eager op on torch views of ONNX Runtime's buffers), or a
+    `KernelSpec` / `KernelRegistry` holding one (checked against the spec instead).
+    ``backward``/``setup_context``: as ``torch.library.register_autograd`` (``setup_context``
+    gets the inputs as a named tuple; ``backward`` may return ``{input name: grad}``).
+    ``native``: the native library (``libonnx_custom_ops.so``) serves the node (True, or the node
+    name ``"domain::OpType"``). ``function``: the node's ONNX function body (a FunctionProto, an
+    onnxscript function, a zero-argument builder, a `TranslationBody`, or a translation
+    ``fn(g, *inputs, **attributes)``). ``translations``: ``{opset: fn}`` standard-op
+    translations ``fn(g, *inputs, **attributes)``, each valid from its opset on; ``{opset:
+    {variant: fn}}`` for registry variants; ``"node"`` in place of a function places the
+    custom-node translation (default: opset 1, variant ``"custom"`` when default-variant
+    translations exist, else ``"default"``).
     """
 
     name: str
@@ -269,10 +300,13 @@ class OpSpec:
     setup_context: Ref | None = None
     native: bool | str = False
     function: Any = None
-    translations: Mapping[int, Ref] | Sequence[tuple[int, Ref]] = ()  # stored as sorted pairs
+    translations: Any = ()  # {opset: ref | {variant: ref}}; stored as sorted (opset, variant, ref)
     shape: Ref | None = None
     doc: str = ""
     source: str = dataclasses.field(default="", compare=False)  # "file.yaml:3" for messages
+    node_attributes: Sequence[Attribute] = ()
+    check: Ref | None = None
+    devices: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         op = self.name if isinstance(self.name, str) else ""
@@ -288,24 +322,29 @@ class OpSpec:
         set_("inputs", tuple(i if isinstance(i, Input) else Input(i) for i in _as_list(op, "inputs", self.inputs)))
         set_("outputs", tuple(o if isinstance(o, Output) else Output(o) for o in _as_list(op, "outputs", self.outputs)))
         set_("attributes", tuple(_as_list(op, "attributes", self.attributes)))
+        set_("node_attributes", tuple(_as_list(op, "node_attributes", self.node_attributes)))
+        set_("devices", _check_devices(op, self.devices))
         set_("translations", _normalize_translations(op, self.translations))
         if self.domain is None:
             set_("domain", qualified.namespace)
         self._check_signature(op)
-        set_("attributes", tuple(self._checked_attribute(op, i, a) for i, a in enumerate(self.attributes)))
-        for index, (before, attr) in enumerate(zip(self.attributes, self.attributes[1:], strict=False), 1):
-            if before.has_default and not attr.has_default:
-                raise _fail(op, ("attributes", index, "default"), f"attribute {attr.name!r} has no default but follows {before.name!r}, which has one; torch schemas need defaults last; fix: give {attr.name!r} a default or move it before {before.name!r}.")
+        set_("attributes", tuple(self._checked_attribute(op, ("attributes", i), a) for i, a in enumerate(self.attributes)))
+        set_("node_attributes", tuple(self._checked_attribute(op, ("node_attributes", i), a) for i, a in enumerate(self.node_attributes)))
+        self._check_positions(op)
         self._check_node(op)
         for field in ("kernel", "function"):
             value = getattr(self, field)
+            if field == "kernel" and value == EAGER:
+                continue
             if isinstance(value, str) or (value is not None and not _is_code_object(value)):
                 _check_ref(op, (field,), value, field)
         self._check_outputs(op)
-        for field in ("impl", "backward", "setup_context", "shape"):
+        for field in ("impl", "backward", "setup_context", "shape", "check"):
             _check_ref(op, (field,), getattr(self, field), field)
         if self.setup_context is not None and self.backward is None:
             raise _fail(op, ("setup_context",), "setup_context is given without backward; fix: add backward or drop setup_context.")
+        if self.devices and self.impl is None:
+            raise _fail(op, ("devices",), f"devices {list(self.devices)} are given without impl: they say which devices the eager math serves; fix: add impl or drop devices.")
         self._check_schema_round_trip(op)
 
     # -- checks ------------------------------------------------------------------------
@@ -315,8 +354,8 @@ class OpSpec:
         if not self.outputs:
             raise _fail(op, ("outputs",), "declares no output; expected at least one. Fix: e.g. outputs=[Output('y')].")
         seen: dict[str, tuple[Any, ...]] = {}
-        groups: list[tuple[str, str, Sequence[Any]]] = [("inputs", "input", self.inputs), ("attributes", "attribute", self.attributes), ("outputs", "output", self.outputs)]
-        classes: dict[str, type] = {"inputs": Input, "outputs": Output, "attributes": Attribute}
+        groups: list[tuple[str, str, Sequence[Any]]] = [("inputs", "input", self.inputs), ("attributes", "attribute", self.attributes), ("node_attributes", "node attribute", self.node_attributes), ("outputs", "output", self.outputs)]
+        classes: dict[str, type] = {"inputs": Input, "outputs": Output, "attributes": Attribute, "node_attributes": Attribute}
         for field, what, items in groups:
             for index, item in enumerate(items):
                 if not isinstance(item, classes[field]):
@@ -324,7 +363,9 @@ class OpSpec:
                 assert isinstance(item, (Input, Output, Attribute))
                 name = _check_name(op, (field, index, "name"), what, item.name)
                 if name in seen:
-                    raise _fail(op, (field, index, "name"), f"duplicate name {name!r} ({what} {index} and {seen[name][0][:-1]} {seen[name][1]}); names must be unique across inputs, attributes and outputs; fix: rename one.")
+                    other_field, other_index = seen[name]
+                    other = dict((f, w) for f, w, _ in groups)[other_field]
+                    raise _fail(op, (field, index, "name"), f"duplicate name {name!r} ({what} {index} and {other} {other_index}); names must be unique across inputs, attributes and outputs; fix: rename one.")
                 seen[name] = (field, index)
         for index, item in enumerate(self.inputs):
             if item.dtype is not None:
@@ -337,8 +378,7 @@ class OpSpec:
             if output.name[-1:] in ("?", "*"):
                 raise _fail(op, ("outputs", index, "name"), "outputs cannot be optional or variadic.")
 
-    def _checked_attribute(self, op: str, index: int, attr: Attribute) -> Attribute:
-        key = ("attributes", index)
+    def _checked_attribute(self, op: str, key: tuple[Any, ...], attr: Attribute) -> Attribute:
         typ = _TYPE_ALIASES.get(attr.type, attr.type) if isinstance(attr.type, str) else attr.type
         if typ not in ATTRIBUTE_TYPES:
             hint = _NOT_ATTRIBUTES.get(str(typ).removesuffix("?"), "")
@@ -347,17 +387,47 @@ class OpSpec:
             raise _fail(op, (*key, "type"), f"attribute {attr.name!r} has type {attr.type!r}, which an op-spec attribute cannot express; expected one of {', '.join(ATTRIBUTE_TYPES)}; fix: {hint or 'use one of those types'}.")
         if attr.type != typ:
             attr = dataclasses.replace(attr, type=typ)
-        if attr.has_default and typ == "str[]":
+        node_only = key[0] == "node_attributes"
+        if node_only:
+            if not attr.has_default:
+                raise _fail(op, (*key, "default"), f"node attribute {attr.name!r} has no value; expected the constant every node carries as its default (e.g. Attribute('alpha', 'float', 2.0)).")
+            if attr.after is not None or attr.node_default is not NO_DEFAULT:
+                raise _fail(op, (*key, "after" if attr.after is not None else "node_default"), f"node attribute {attr.name!r} is not a torch argument: it has no position (after) and its value is its default; fix: drop after/node_default.")
+        elif attr.has_default and typ == "str[]":
             raise _fail(op, (*key, "default"), f"attribute {attr.name!r}: the torch schema cannot express a default for str[] attributes (received {attr.default!r}); fix: drop the default (make it required).")
         if attr.has_default:
             attr = dataclasses.replace(attr, default=_normalize_default(op, (*key, "default"), attr))
+        if attr.node_default is not NO_DEFAULT:
+            if attr.has_default:
+                raise _fail(op, (*key, "node_default"), f"attribute {attr.name!r} has a torch default ({attr.default!r}), which is also what a node without it means; fix: drop node_default.")
+            attr = dataclasses.replace(attr, node_default=_normalize_default(op, (*key, "node_default"), attr, attr.node_default))
         return attr
 
+    def _check_positions(self, op: str) -> None:
+        """``after`` names an input; defaults come last in the resulting torch schema."""
+        names = [i.name for i in self.inputs]
+        for index, attr in enumerate(self.attributes):
+            if attr.after is not None and attr.after not in names:
+                raise _fail(op, ("attributes", index, "after"), f"attribute {attr.name!r} comes after {attr.after!r}, which is not an input; expected one of {names}; fix: name an input (or drop after: to place it after every input).")
+        defaulted: Attribute | None = None
+        for item in self.arguments:
+            if isinstance(item, Attribute) and item.has_default:
+                defaulted = item
+            elif defaulted is not None and not (isinstance(item, Input) and item.optional):
+                if isinstance(item, Attribute):
+                    key, fix = ("attributes", self.attributes.index(item), "default"), f"give {item.name!r} a default or move it before {defaulted.name!r}"
+                else:
+                    key, fix = ("inputs", self.inputs.index(item), "name"), f"move {defaulted.name!r} after it (after: {item.name})"
+                raise _fail(op, key, f"{'attribute' if isinstance(item, Attribute) else 'input'} {item.name!r} has no default but follows {defaulted.name!r}, which has one; torch schemas need defaults last; fix: {fix}.")
+
     def _check_node(self, op: str) -> None:
+        node_placed = any(ref == NODE for _, _, ref in self.translations)
         if self.op_type is None:
-            for field in ("kernel", "native", "function"):
+            for field in ("kernel", "native", "function", "node_attributes"):
                 if getattr(self, field):
-                    raise _fail(op, (field,), f"{field} is given but op_type is not: a kernel serves a custom node; fix: add op_type (the ONNX node type).")
+                    raise _fail(op, (field,), f"{field} is given but op_type is not: it belongs to a custom node; fix: add op_type (the ONNX node type).")
+            if node_placed:
+                raise _fail(op, ("translations",), f"places the custom node ({NODE!r}) but op_type is not given; fix: add op_type or drop {NODE!r}.")
             if not self.translations:
                 raise _fail(op, ("op_type",), "has neither op_type (a custom node) nor translations (standard ops); fix: declare at least one.")
             return
@@ -412,13 +482,13 @@ class OpSpec:
             parsed = torch._C.parse_schema(f"{self.name}{self.schema}")
         except RuntimeError as exc:
             raise _fail(op, ("attributes",), f"the generated torch schema {self.schema!r} does not parse: {str(exc).strip().splitlines()[0]}.") from None
-        for attr, arg in zip(self.attributes, parsed.arguments[len(self.inputs):], strict=True):
-            if not attr.has_default:
+        for item, arg in zip(self.arguments, parsed.arguments, strict=True):
+            if not isinstance(item, Attribute) or not item.has_default:
                 continue
             got = arg.default_value
-            want = list(attr.default) if isinstance(attr.default, tuple) else attr.default
+            want = list(item.default) if isinstance(item.default, tuple) else item.default
             if got != want or type(got) is not type(want):
-                raise _fail(op, ("attributes", self.attributes.index(attr), "default"), f"attribute {attr.name!r}: the torch schema cannot express the default {attr.default!r} (it reads back as {got!r}); fix: use a plainer default or none.")
+                raise _fail(op, ("attributes", self.attributes.index(item), "default"), f"attribute {item.name!r}: the torch schema cannot express the default {item.default!r} (it reads back as {got!r}); fix: use a plainer default or none.")
 
     # -- derived -----------------------------------------------------------------------
     @property
@@ -435,34 +505,63 @@ class OpSpec:
         return None if self.op_type is None else f"{self.domain}::{self.op_type}"
 
     @property
+    def arguments(self) -> tuple[Input | Attribute, ...]:
+        """The torch op's arguments in schema order: inputs, each attribute after its ``after``
+        input (or after every input)."""
+        out: list[Input | Attribute] = []
+        for item in self.inputs:
+            out.append(item)
+            out += [a for a in self.attributes if a.after == item.name]
+        return (*out, *(a for a in self.attributes if a.after is None))
+
+    @property
     def schema(self) -> str:
         """The torch schema (without the name): ``(Tensor x, float alpha=2.0) -> Tensor``."""
         parts: list[str] = []
-        later_required = [not a.has_default for a in self.attributes]
-        for index, item in enumerate(self.inputs):
-            text = f"{item.torch_type} {item.name}"
-            # `Tensor? b=None` only when nothing without a default follows (torch's rule).
-            if item.optional and not any(later_required) and all(i.optional for i in self.inputs[index:]):
-                text += "=None"
-            parts.append(text)
-        for attr in self.attributes:
-            text = f"{attr.type} {attr.name}"
-            if attr.has_default:
-                text += f"={_schema_literal(attr.default)}"
+        arguments = self.arguments
+        for index, item in enumerate(arguments):
+            if isinstance(item, Input):
+                text = f"{item.torch_type} {item.name}"
+                # `Tensor? b=None` only when everything after it has a default (torch's rule).
+                if item.optional and all(_has_schema_default(later) for later in arguments[index + 1:]):
+                    text += "=None"
+            else:
+                text = f"{item.type} {item.name}"
+                if item.has_default:
+                    text += f"={_schema_literal(item.default)}"
             parts.append(text)
         returns = "Tensor" if len(self.outputs) == 1 else "(" + ", ".join("Tensor" for _ in self.outputs) + ")"
         return f"({', '.join(parts)}) -> {returns}"
 
     @property
-    def translation_refs(self) -> tuple[tuple[int, Ref], ...]:
-        """``(opset, translation)`` pairs, lowest opset first."""
-        return self.translations  # type: ignore[return-value]  # normalized in __post_init__
+    def translation_refs(self) -> tuple[tuple[int, str, Ref], ...]:
+        """``(opset, variant, translation)`` triples, lowest opset first (``"node"``: the custom
+        node's place)."""
+        return self.translations  # type: ignore[no-any-return]  # normalized in __post_init__
+
+    def node_placements(self) -> tuple[tuple[int, str], ...]:
+        """``(opset, variant)`` of every registry entry of the custom-node translation: where
+        ``"node"`` places it (default: opset 1, variant ``"custom"`` when default-variant standard
+        translations exist, else ``"default"``), and again at every later opset where another
+        translation starts, so that the registry, which picks the highest opset first and a
+        variant among the entries there, can still choose the node there."""
+        if self.op_type is None:
+            return ()
+        triples = self.translation_refs
+        placed = next(((o, v) for o, v, ref in triples if ref == NODE), None)
+        if placed is None:
+            standard_default = any(v == DEFAULT_VARIANT for _, v, _ in triples)
+            placed = (1, "custom" if standard_default else DEFAULT_VARIANT)
+        first, variant = placed
+        taken = {(o, v) for o, v, ref in triples if ref != NODE}
+        later = sorted({o for o, _, _ in triples if o > first})
+        return ((first, variant), *((o, variant) for o in later if (o, variant) not in taken))
 
     def input(self, name: str) -> Input:
         return next(i for i in self.inputs if i.name == name)
 
     def attribute(self, name: str) -> Attribute:
-        return next(a for a in self.attributes if a.name == name)
+        return next(a for a in (*self.attributes, *self.node_attributes) if a.name == name)
 
     def shape_rule(self, index: int) -> ShapeRule | None:
         text = self.outputs[index].shape
@@ -490,13 +589,28 @@ class OpSpec:
         return (value,) if kind == "fixed" else self.input(value).dtypes
 
 
+def _has_schema_default(item: Input | Attribute) -> bool:
+    return item.optional if isinstance(item, Input) else item.has_default
+
+
+_DEVICE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def _check_devices(op: str, value: Any) -> tuple[str, ...]:
+    items = (value,) if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(d, str) and _DEVICE.match(d) for d in items):
+        raise _fail(op, ("devices",), f"devices must be a list of torch device types such as ['cpu', 'cuda']; received {value!r}.")
+    return tuple(items)
+
+
 def _is_code_object(value: Any) -> bool:
     """Callables, kernel declarations and ONNX function bodies may be given as objects."""
     import onnx
 
+    from onnx_custom.runtime.function_builder import TranslationBody
     from onnx_custom.runtime.registry import KernelRegistry, KernelSpec
 
-    return callable(value) or isinstance(value, (KernelSpec, KernelRegistry, onnx.FunctionProto))
+    return callable(value) or isinstance(value, (KernelSpec, KernelRegistry, TranslationBody, onnx.FunctionProto))
 
 
 def _as_list(op: str, field: str, value: Any) -> list[Any]:

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Callable, Sequence
+import functools
+import inspect
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -24,7 +27,7 @@ from onnx_custom.spec.shape_rules import (
 )
 from onnx_custom.spec.spec import TORCH_DTYPES, OpSpec, SpecError
 
-__all__ = ["BoundArgs", "TorchOp", "bind_args", "define_op", "existing_schema"]
+__all__ = ["BoundArgs", "TorchOp", "arguments_tuple", "bind_args", "existing_schema", "make_op", "op_arguments"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,8 +39,8 @@ class BoundArgs:
 
 
 def bind_args(spec: OpSpec, args: Sequence[Any], kwargs: dict[str, Any]) -> BoundArgs:
-    """Positional args in schema order (inputs, then attributes), keywords by name, defaults filled."""
-    names = [i.name for i in spec.inputs] + [a.name for a in spec.attributes]
+    """Positional args in schema order (`OpSpec.arguments`), keywords by name, defaults filled."""
+    names = [a.name for a in spec.arguments]
     if len(args) > len(names):
         raise TypeError(f"{spec.name} takes {len(names)} arguments ({', '.join(names)}) but {len(args)} were given")
     values = dict(zip(names, args, strict=False))
@@ -59,6 +62,37 @@ def bind_args(spec: OpSpec, args: Sequence[Any], kwargs: dict[str, Any]) -> Boun
         else:
             raise TypeError(f"{spec.name} is missing the attribute {attr.name!r} ({attr.type})")
     return BoundArgs(tuple(tensors), attrs)
+
+
+@functools.cache
+def _arguments_type(op_name: str, fields: tuple[str, ...]) -> Any:
+    return collections.namedtuple(f"{op_name}_arguments", fields, rename=True)  # type: ignore[misc]
+
+
+def arguments_tuple(spec: OpSpec, bound: BoundArgs) -> tuple[Any, ...]:
+    """The call's arguments in schema order as a named tuple (``args.x``, ``args.alpha``)."""
+    values = dict(zip((i.name for i in spec.inputs), bound.tensors, strict=True))
+    values.update(bound.attrs)
+    fields = tuple(a.name for a in spec.arguments)
+    return _arguments_type(spec.op_name, fields)(*(values[f] for f in fields))  # type: ignore[no-any-return]
+
+
+def op_arguments(spec: OpSpec) -> Callable[[Callable[[Any], Any]], Callable[..., Any]]:
+    """Decorator: ``fn(args)`` reading the op's arguments from one named tuple (``args.depth``)
+    becomes a function taking them as the torch op does (schema order, keywords, defaults), e.g.
+    a validator for `OpSpec.check` that does not restate the signature."""
+
+    def decorate(fn: Callable[[Any], Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return fn(arguments_tuple(spec, bind_args(spec, args, kwargs)))
+
+        del call.__wrapped__  # its signature is the op's, not fn's
+        params = [inspect.Parameter(a.name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for a in spec.arguments]
+        call.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        return call
+
+    return decorate
 
 
 def _present(spec: OpSpec, tensors: Sequence[Any]) -> list[tuple[str, torch.Tensor]]:
@@ -128,12 +162,19 @@ def _first_tensor(spec: OpSpec, tensors: Sequence[Any]) -> torch.Tensor:
     return _present(spec, tensors)[0][1]
 
 
-def make_fake(spec: OpSpec, meta: Callable[..., Any] | None) -> Callable[..., Any]:
+def _run_check(spec: OpSpec, check: Callable[..., Any] | None, bound: BoundArgs) -> None:
+    """The spec's validator, then the declared dtypes (the validator's messages come first)."""
+    if check is not None:
+        check(*arguments_tuple(spec, bound))
+    check_input_dtypes(spec, bound.tensors)
+
+
+def make_fake(spec: OpSpec, meta: Callable[..., Any] | None, check: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """The fake (meta) kernel: the Python meta function, or empty outputs shaped by the rules."""
 
     def fake(*args: Any, **kwargs: Any) -> Any:
         bound = bind_args(spec, args, kwargs)
-        check_input_dtypes(spec, bound.tensors)
+        _run_check(spec, check, bound)
         if meta is not None:
             return meta(*bound.tensors, **bound.attrs)
         like = _first_tensor(spec, bound.tensors)
@@ -144,14 +185,14 @@ def make_fake(spec: OpSpec, meta: Callable[..., Any] | None) -> Callable[..., An
     return fake
 
 
-def make_eager(spec: OpSpec, impl: Callable[..., Any]) -> Callable[..., Any]:
+def make_eager(spec: OpSpec, impl: Callable[..., Any], check: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """The eager kernel: the declared math, with the declared dtypes, output count and shapes
     enforced; outputs are returned contiguous (as the fake kernel makes them)."""
     check_shapes = spec.shape is None and all(o.shape is not None for o in spec.outputs)
 
     def eager(*args: Any, **kwargs: Any) -> Any:
         bound = bind_args(spec, args, kwargs)
-        check_input_dtypes(spec, bound.tensors)
+        _run_check(spec, check, bound)
         result = impl(*bound.tensors, **bound.attrs)
         outs = list(result) if isinstance(result, (tuple, list)) else [result]
         if len(outs) != len(spec.outputs) or not all(isinstance(o, torch.Tensor) for o in outs):
@@ -180,14 +221,34 @@ def named_inputs(spec: OpSpec, setup_context: Callable[..., Any] | None) -> Call
     ``inputs.alpha``): still the tuple torch passes, without repeating the signature to unpack it."""
     if setup_context is None:
         return None
-    fields = [i.name for i in spec.inputs] + [a.name for a in spec.attributes]
-    inputs_type = collections.namedtuple(f"{spec.op_name}_inputs", fields, rename=True)  # type: ignore[misc]
+    fields = tuple(a.name for a in spec.arguments)
 
     def setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> Any:
-        return setup_context(ctx, inputs_type(*inputs), output)
+        return setup_context(ctx, _arguments_type(spec.op_name, fields)(*inputs), output)
 
     setup.__qualname__ = getattr(setup_context, "__qualname__", "setup_context")
     return setup
+
+
+def gradients_by_name(spec: OpSpec, backward: Callable[..., Any] | None) -> Callable[..., Any] | None:
+    """``backward(ctx, *grads)`` may return ``{input name: gradient}``: the tuple torch expects
+    (one entry per argument, in schema order, None for the rest) is made from it."""
+    if backward is None:
+        return None
+    names = [a.name for a in spec.arguments]
+    inputs = {i.name for i in spec.inputs}
+
+    def run(ctx: Any, *grads: Any) -> Any:
+        result = backward(ctx, *grads)
+        if not isinstance(result, Mapping):
+            return result
+        unknown = sorted(set(result) - inputs)
+        if unknown:
+            raise TypeError(f"{spec.name}: backward returned gradients for {unknown}, which are not inputs; expected names from {sorted(inputs)}")
+        return tuple(result.get(name) for name in names)
+
+    run.__qualname__ = getattr(backward, "__qualname__", "backward")
+    return run
 
 
 def existing_schema(name: str) -> Any:
@@ -202,11 +263,12 @@ def _describe_args(schema: Any) -> list[tuple[str, str, Any]]:
 
 @dataclasses.dataclass
 class TorchOp:
-    """What `define_op` registered with torch; ``undo()`` takes all of it back."""
+    """What `make_op` registered with torch; ``undo()`` takes all of it back."""
 
     overload: Any
     defined: bool  # False when an existing op was adopted
     libraries: list[Any]
+    callable: Any = None  # what users call: the CustomOpDef, or torch.ops.<ns>.<op>
 
     def undo(self) -> None:
         from torch._library import custom_ops
@@ -219,13 +281,31 @@ class TorchOp:
                 del custom_ops.OPDEF_TO_LIB[name]
 
 
-def define_op(spec: OpSpec, impl: Callable[..., Any] | None, meta: Callable[..., Any] | None,
-              backward: Callable[..., Any] | None, setup_context: Callable[..., Any] | None) -> TorchOp:
+def _has_fake(name: str) -> bool:
+    from torch._library import simple_registry
+
+    return bool(simple_registry.singleton.find(name).fake_impl.kernel is not None) or torch._C._dispatch_has_kernel_for_dispatch_key(name, "Meta")
+
+
+def _register_fake_for_caller(lib: Any, op_name: str, fake: Callable[..., Any]) -> None:
+    """Register ``fake`` as coming from the first module outside ``onnx_custom.spec`` on the
+    stack: a C++ library's ``m.set_python_module(...)`` names the module that registers its
+    fake kernels (the one calling `define_op`), and torch checks that it is the registering one."""
+    frame, depth = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(("onnx_custom.spec.", "functools")):
+        frame, depth = frame.f_back, depth + 1
+    lib._register_fake(op_name, fake, _stacklevel=depth + 1)
+
+
+def make_op(spec: OpSpec, impl: Callable[..., Any] | None, meta: Callable[..., Any] | None,
+            backward: Callable[..., Any] | None, setup_context: Callable[..., Any] | None,
+            check: Callable[..., Any] | None = None) -> TorchOp:
     """Define (or adopt) the torch op and register its fake kernel and autograd formula."""
     from torch._library import custom_ops
 
     existing = existing_schema(spec.name)
     needs_fake = meta is not None or all(o.shape is not None for o in spec.outputs)
+    backward = gradients_by_name(spec, backward)
     if existing is None and impl is None:
         raise SpecError(f"op {spec.name}: torch has no such op and the spec has no impl; fix: add impl (the eager math), or load the library that defines the op before registering the spec.", op=spec.name, key=("impl",))
     if existing is not None and impl is not None:
@@ -238,14 +318,11 @@ def define_op(spec: OpSpec, impl: Callable[..., Any] | None, meta: Callable[...,
         if _describe_args(declared) != _describe_args(existing) or len(declared.returns) != len(existing.returns):
             raise SpecError(f"op {spec.name}: the existing torch op's schema is {existing}, but the spec declares {declared}; fix: make the spec's inputs, attributes (types, defaults) and outputs match it.", op=spec.name, key=("inputs",))
         lib = torch.library.Library(spec.namespace, "FRAGMENT")
-        op = TorchOp(getattr(getattr(torch.ops, spec.namespace), spec.op_name).default, False, [lib])
+        packet = getattr(getattr(torch.ops, spec.namespace), spec.op_name)
+        op = TorchOp(packet.default, False, [lib], packet)
         try:
-            if needs_fake:
-                try:
-                    torch.library.register_fake(spec.name, make_fake(spec, meta), lib=lib)
-                except RuntimeError as exc:
-                    if "already has" not in str(exc):  # the library's own fake kernel wins
-                        raise
+            if needs_fake and not _has_fake(spec.name):  # the library's own fake kernel wins
+                _register_fake_for_caller(lib, spec.op_name, make_fake(spec, meta, check))
             if backward is not None:
                 torch.library.register_autograd(spec.name, backward, setup_context=named_inputs(spec, setup_context), lib=lib)
         except Exception:
@@ -253,10 +330,10 @@ def define_op(spec: OpSpec, impl: Callable[..., Any] | None, meta: Callable[...,
             raise
         return op
     assert impl is not None
-    opdef = torch.library.custom_op(spec.name, mutates_args=(), schema=spec.schema)(make_eager(spec, impl))
-    op = TorchOp(opdef._opoverload, True, [custom_ops.OPDEF_TO_LIB[spec.name]])
+    opdef = torch.library.custom_op(spec.name, mutates_args=(), schema=spec.schema, device_types=tuple(spec.devices) or None)(make_eager(spec, impl, check))
+    op = TorchOp(opdef._opoverload, True, [custom_ops.OPDEF_TO_LIB[spec.name]], opdef)
     try:
-        opdef.register_fake(make_fake(spec, meta))
+        opdef.register_fake(make_fake(spec, meta, check))
         if backward is not None:
             opdef.register_autograd(backward, setup_context=named_inputs(spec, setup_context))
     except Exception:

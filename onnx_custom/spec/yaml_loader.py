@@ -12,15 +12,20 @@
         - {name: out, dtype: [float32, float16], shape: "like:x"}
       attr_desc:                          # non-tensor arguments -> typed ONNX attributes
         - {name: alpha, dtype: float, default_value: 2.0}
+      node_attr_desc:                     # constants on the custom node, not torch arguments
+        - {name: beta, dtype: float, value: 1.0}
       impl: "acme_ops:scale_add"          # eager math on torch tensors: impl(x, y, *, alpha)
-      kernel: "acme_ops:scale_add_np"     # ONNX Runtime kernel math on numpy arrays
+      check: "acme_ops:check_scale_add"   # validator: check(x, y, alpha), eager and fake
+      devices: [cpu, cuda]                # device types impl serves (default: all)
+      kernel: "acme_ops:scale_add_np"     # ONNX Runtime kernel math on numpy arrays (or: eager)
       backward: "acme_ops:scale_add_bwd"  # backward(ctx, *grads) -> one grad per argument
       setup_context: "acme_ops:save"      # setup_context(ctx, inputs, output)
       shape: "acme_ops:scale_add_meta"    # meta function instead of per-output shape rules
       native: true                        # libonnx_custom_ops.so serves the node too
-      function: "acme_ops:scale_add_fn"   # ONNX function body (FunctionProto or builder)
+      function: "acme_ops:scale_add_fn"   # ONNX function body (FunctionProto, builder or translation)
       translations:                       # standard-op translations, each from its opset on
         13: "acme_onnx:scale_add_13"
+        18: {default: "acme_onnx:scale_add_18", custom: node}   # by variant; node: the custom node
 
 Keys of ``input_desc`` items: ``name`` (required; ``?`` suffix optional, ``*`` variadic),
 ``dtype`` (list of dtype names, default all), ``format`` (layout label, documentation only),
@@ -28,7 +33,16 @@ Keys of ``input_desc`` items: ``name`` (required; ``?`` suffix optional, ``*`` v
 list, or ``"like:<input>"``; default like the first input), ``shape`` (``"like:x"``,
 ``"broadcast"``, or an expression such as ``"[x.0, w.0]"``), ``format``, ``doc``. ``attr_desc``
 items: ``name``, ``dtype`` (int, float, bool, str, int[], float[], str[]; also listInt,
-listFloat, listStr), ``default_value``, ``doc``.
+listFloat, listStr), ``default_value``, ``after`` (the input it follows in the torch schema;
+default: after every input), ``node_default`` (what a node without it means, when the torch
+schema has no default), ``doc``. ``node_attr_desc`` items: ``name``, ``dtype``, ``value`` (the
+constant every node carries), ``doc``.
+
+``kernel: eager`` runs the eager torch op as the node's kernel. ``translations`` maps an opset
+to a translation or to ``{variant: translation}``; ``node`` in place of a translation says where
+the custom-node translation goes (default: opset 1, variant ``custom`` when default-variant
+translations exist, else ``default``). A ``function`` that takes the graph builder first is a
+translation used as the body, valid from the first opset ``translations`` use it at.
 
 Unknown keys, wrong value types, duplicate keys and everything `OpSpec` refuses are reported as a
 `SpecError` naming the file, the line and the key.
@@ -53,18 +67,20 @@ _OP_KEYS: dict[str, str] = {
     "op_name": _STR, "op_type": _STR, "domain": _STR, "doc": _STR, "input_desc": _LIST,
     "output_desc": _LIST, "attr_desc": _LIST, "impl": _STR, "kernel": _STR, "backward": _STR,
     "setup_context": _STR, "shape": _STR, "native": "a boolean or 'domain::OpType'",
-    "function": _STR, "translations": _MAP,
+    "function": _STR, "translations": _MAP, "node_attr_desc": _LIST, "check": _STR,
+    "devices": "a list of device types",
 }
 _ITEM_KEYS: dict[str, dict[str, str]] = {
     "input_desc": {"name": _STR, "dtype": "a dtype list", "format": _STR, "optional": _BOOL, "variadic": _BOOL, "doc": _STR},
     "output_desc": {"name": _STR, "dtype": "a dtype list or 'like:<input>'", "shape": _STR, "format": _STR, "doc": _STR},
-    "attr_desc": {"name": _STR, "dtype": _STR, "default_value": "a value", "doc": _STR},
+    "attr_desc": {"name": _STR, "dtype": _STR, "default_value": "a value", "after": _STR, "node_default": "a value", "doc": _STR},
+    "node_attr_desc": {"name": _STR, "dtype": _STR, "value": "a value", "doc": _STR},
 }
 YAML_KEYS: dict[str, Any] = {**_OP_KEYS, **{k: dict(v) for k, v in _ITEM_KEYS.items()}}
 """Every accepted key with the type it takes (item keys nested under their list key)."""
 
 # OpSpec field -> YAML key, to point errors raised by OpSpec at the right line.
-_FIELD_TO_KEY = {"name": "op_name", "inputs": "input_desc", "outputs": "output_desc", "attributes": "attr_desc"}
+_FIELD_TO_KEY = {"name": "op_name", "inputs": "input_desc", "outputs": "output_desc", "attributes": "attr_desc", "node_attributes": "node_attr_desc"}
 _ITEM_FIELD_TO_KEY = {"type": "dtype", "default": "default_value"}
 
 _TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
@@ -76,6 +92,7 @@ _TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
     "a dtype list": lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(d, str) for d in v)),
     "a dtype list or 'like:<input>'": lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(d, str) for d in v)),
     "a value": lambda v: True,
+    "a list of device types": lambda v: isinstance(v, list) and all(isinstance(d, str) for d in v),
 }
 
 
@@ -130,8 +147,9 @@ class _Document:
 
 def _suggest(key: str, allowed: dict[str, str]) -> str:
     """'did you mean ...? ' for a misspelt or abbreviated/expanded key ('' when nothing is close)."""
-    close = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
-    close = close or [k for k in allowed if key.startswith(k) or k.startswith(key)][:1]
+    close = [k for k in allowed if k.startswith(key)][:1]  # an abbreviation first ('default')
+    close = close or difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
+    close = close or [k for k in allowed if key.startswith(k)][:1]
     return f"did you mean {close[0]!r}? " if close else ""
 
 
@@ -157,8 +175,9 @@ class _ParsedOp:
 
 def _yaml_path(key: tuple[Any, ...]) -> list[Any]:
     path: list[Any] = [_FIELD_TO_KEY.get(key[0], key[0])] if key else []
+    renames = {**_ITEM_FIELD_TO_KEY, "default": "value"} if path[:1] == ["node_attr_desc"] else _ITEM_FIELD_TO_KEY
     for part in key[1:]:
-        path.append(_ITEM_FIELD_TO_KEY.get(part, part) if isinstance(part, str) else part)
+        path.append(renames.get(part, part) if isinstance(part, str) and path[:1] != ["translations"] else part)
     return path
 
 
@@ -180,9 +199,9 @@ def _parse_op(doc: _Document, node: yaml.Node, position: int) -> _ParsedOp:
         index[(key,)] = value_node if isinstance(value_node, yaml.ScalarNode) else key_node
         values[key] = doc.typed(entries, key, _OP_KEYS[key], op, key)
     items: dict[str, list[dict[str, Any]]] = {}
-    for list_key in ("input_desc", "output_desc", "attr_desc"):
+    for list_key in ("input_desc", "output_desc", "attr_desc", "node_attr_desc"):
         if list_key not in entries:
-            if list_key != "attr_desc":
+            if list_key in ("input_desc", "output_desc"):
                 raise doc.error(node, f"op {op} has no {list_key}; expected a list of {{name: ..., dtype: ...}} entries.", op, list_key)
             continue
         parsed = []
@@ -199,7 +218,11 @@ def _parse_op(doc: _Document, node: yaml.Node, position: int) -> _ParsedOp:
         items[list_key] = parsed
     if "translations" in entries:
         for key_node, value_node in entries["translations"][1].value:
-            index[("translations", doc.value(key_node))] = value_node
+            opset = doc.value(key_node)
+            index[("translations", opset)] = value_node
+            if isinstance(value_node, yaml.MappingNode):  # {variant: translation}
+                for variant_node, ref_node in value_node.value:
+                    index[("translations", opset, doc.value(variant_node))] = ref_node
     try:
         spec = OpSpec(
             name=op,
@@ -208,7 +231,9 @@ def _parse_op(doc: _Document, node: yaml.Node, position: int) -> _ParsedOp:
             doc=values.get("doc", ""),
             inputs=tuple(Input(i["name"], i.get("dtype"), i.get("optional", False), i.get("variadic", False), i.get("format"), i.get("doc", "")) for i in items["input_desc"]),
             outputs=tuple(Output(o["name"], o.get("dtype"), o.get("shape"), o.get("format"), o.get("doc", "")) for o in items["output_desc"]),
-            attributes=tuple(Attribute(a["name"], a.get("dtype", ""), a.get("default_value", NO_DEFAULT), a.get("doc", "")) for a in items.get("attr_desc", [])),
+            attributes=tuple(Attribute(a["name"], a.get("dtype", ""), a.get("default_value", NO_DEFAULT), a.get("doc", ""), a.get("after"), a.get("node_default", NO_DEFAULT)) for a in items.get("attr_desc", [])),
+            node_attributes=tuple(Attribute(a["name"], a.get("dtype", ""), a.get("value", NO_DEFAULT), a.get("doc", "")) for a in items.get("node_attr_desc", [])),
+            check=values.get("check"), devices=tuple(values.get("devices", ())),
             impl=values.get("impl"), kernel=values.get("kernel"), backward=values.get("backward"),
             setup_context=values.get("setup_context"), shape=values.get("shape"),
             native=values.get("native", False), function=values.get("function"),

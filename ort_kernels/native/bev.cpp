@@ -10,7 +10,7 @@
 namespace oc {
 namespace {
 
-const std::vector<int> kFloats = {OC_ELEM_FLOAT, OC_ELEM_DOUBLE, OC_ELEM_FLOAT16};
+const std::vector<int> kFloats = {OC_ELEM_FLOAT, OC_ELEM_DOUBLE, OC_ELEM_FLOAT16, OC_ELEM_BFLOAT16};
 const std::vector<int> kIndex = {OC_ELEM_INT32, OC_ELEM_INT64};
 constexpr int64_t kPointsPerTask = 4096;
 
@@ -53,6 +53,7 @@ struct DepthReader {
     switch (elem) {
       case OC_ELEM_FLOAT: return static_cast<A>(static_cast<const float*>(data)[i]);
       case OC_ELEM_DOUBLE: return static_cast<A>(static_cast<const double*>(data)[i]);
+      case OC_ELEM_BFLOAT16: return static_cast<A>(load(static_cast<const BFloat16*>(data)[i]));
       default: return static_cast<A>(load(static_cast<const Half*>(data)[i]));
     }
   }

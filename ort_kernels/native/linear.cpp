@@ -1,5 +1,5 @@
 // npu::CustomLinear: y = x @ weight^T (+ bias), F.linear semantics for x of any rank >= 1;
-// same semantics as ort_kernels/linear.py. float16 runs in float32 and rounds once per output.
+// same semantics as ort_kernels/linear.py. float16/bfloat16 run in float32 and round once per output.
 #include <algorithm>
 
 #include "gemm.h"
@@ -9,7 +9,7 @@
 namespace oc {
 namespace {
 
-const std::vector<int> kFloats = {OC_ELEM_FLOAT, OC_ELEM_DOUBLE, OC_ELEM_FLOAT16};
+const std::vector<int> kFloats = {OC_ELEM_FLOAT, OC_ELEM_DOUBLE, OC_ELEM_FLOAT16, OC_ELEM_BFLOAT16};
 constexpr double kFlopsPerTask = 4e6;  // enough work to pay for a thread-pool task
 
 int input_elem(const OrtKernelInfo* info, size_t index) {

@@ -7,7 +7,7 @@
 namespace oc {
 namespace {
 
-const std::vector<int> kFloats = {OC_ELEM_FLOAT, OC_ELEM_DOUBLE, OC_ELEM_FLOAT16};
+const std::vector<int> kFloats = {OC_ELEM_FLOAT, OC_ELEM_DOUBLE, OC_ELEM_FLOAT16, OC_ELEM_BFLOAT16};
 
 class MultiOut3 final : public Kernel {
  public:
