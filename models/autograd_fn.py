@@ -38,6 +38,7 @@ dynamic_shapes = ({0: torch.export.Dim("batch")}, {0: torch.export.Dim("batch")}
 ZOO = (
     ZooCase("torchscript", 17),
     ZooCase("torchscript", 17, variant="custom"),
+    ZooCase("torchscript", 17, variant="custom", dynamic=True, note="dynamo: see my_add_ext's dynamic rows"),
     ZooCase(
         "dynamo",
         18,

@@ -39,4 +39,6 @@ ZOO = (
     ZooCase("dynamo", 18, variant="gemm"),
     ZooCase("dynamo", 18, variant="custom"),
     ZooCase("dynamo", 18, dynamic=True),
+    ZooCase("torchscript", 17, variant="custom", dynamic=True),
+    ZooCase("dynamo", 18, variant="custom", dynamic=True),
 )

@@ -78,4 +78,7 @@ ZOO = (
     ZooCase("dynamo", 11),
     ZooCase("torchscript", 19),
     ZooCase("dynamo", 19),
+    # Dynamic batch, height and width. dynamo: opset 18, the lowest its dynamic Shape nodes allow.
+    ZooCase("torchscript", 11, dynamic=True),
+    ZooCase("dynamo", 18, dynamic=True),
 )

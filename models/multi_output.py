@@ -27,4 +27,6 @@ ZOO = (
     ZooCase("torchscript", 13, variant="custom"),
     ZooCase("dynamo", 18),
     ZooCase("dynamo", 18, variant="custom"),
+    ZooCase("torchscript", 13, variant="custom", dynamic=True),
+    ZooCase("dynamo", 18, variant="custom", dynamic=True),
 )

@@ -34,4 +34,5 @@ ZOO = (
     ZooCase("dynamo", 18),
     ZooCase("dynamo", 18, variant="custom"),
     ZooCase("dynamo", 18, variant="custom", dynamic=True),  # kernel shape_fn on symbolic dims
+    ZooCase("torchscript", 13, variant="custom", dynamic=True),
 )

@@ -28,4 +28,6 @@ ZOO = (
     ZooCase("dynamo", 18),
     ZooCase("dynamo", 18, variant="custom"),
     ZooCase("dynamo", 18, dynamic=True),
+    ZooCase("torchscript", 13, variant="custom", dynamic=True),
+    ZooCase("dynamo", 18, variant="custom", dynamic=True),
 )

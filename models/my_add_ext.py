@@ -40,4 +40,6 @@ ZOO = (
     ZooCase("dynamo", 18),
     ZooCase("dynamo", 18, variant="custom"),
     ZooCase("dynamo", 18, dynamic=True),
+    ZooCase("torchscript", 17, variant="custom", dynamic=True),
+    ZooCase("dynamo", 18, variant="custom", dynamic=True),
 )

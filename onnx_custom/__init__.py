@@ -1,25 +1,38 @@
 """onnx-custom: declare once how PyTorch custom ops map to ONNX, export with either exporter,
-run custom nodes in ONNX Runtime with Python kernels, and verify against PyTorch."""
+run custom nodes in ONNX Runtime with Python kernels, and verify against PyTorch.
+
+Every public name loads on first use (module ``__getattr__``): ``import onnx_custom`` costs no
+torch import, so ``onnx-custom --help`` answers at once.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
-from onnx_custom import attributes as attr
-from onnx_custom._torchscript import registered
-from onnx_custom.errors import (
-    DynamicShapesError,
-    ExtensionBuildError,
-    KernelError,
-    OnnxCustomError,
-    SymbolicError,
-    UnsupportedOpError,
-    VerificationError,
-)
-from onnx_custom.export import export
-from onnx_custom.registry import Registry, SymbolicEntry, default_registry, symbolic
-from onnx_custom.spec import OpSpec, load_specs, register_spec
-from onnx_custom.verify import VerificationReport, verify
+if TYPE_CHECKING:
+    from onnx_custom import attributes as attr
+    from onnx_custom._torchscript import registered
+    from onnx_custom.errors import (
+        DynamicShapesError,
+        ExtensionBuildError,
+        KernelError,
+        OnnxCustomError,
+        SymbolicError,
+        UnsupportedOpError,
+        VerificationError,
+    )
+    from onnx_custom.export import export
+    from onnx_custom.preflight import check as check
+    from onnx_custom.registry import Registry, SymbolicEntry, default_registry, symbolic
+    from onnx_custom.runtime import InferenceSession, kernel, session_options
+    from onnx_custom.runtime import KernelRegistry as KernelRegistry
+    from onnx_custom.runtime import reference_evaluator as reference_evaluator
+    from onnx_custom.runtime.native import library_path
+    from onnx_custom.spec import OpSpec, load_specs, register_spec
+    from onnx_custom.verify import VerificationReport, verify
 
 __version__ = "0.1.0"
 
@@ -50,6 +63,33 @@ __all__ = [
     "verify",
 ]
 
+# public name -> (module, attribute); attribute None: the module itself.
+_ERRORS = ("DynamicShapesError", "ExtensionBuildError", "KernelError", "OnnxCustomError", "SymbolicError", "UnsupportedOpError", "VerificationError")
+_RUNTIME = ("InferenceSession", "session_options", "kernel", "KernelRegistry", "reference_evaluator")
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "attr": ("onnx_custom.attributes", None),
+    "registered": ("onnx_custom._torchscript", "registered"),
+    **{name: ("onnx_custom.errors", name) for name in _ERRORS},
+    "export": ("onnx_custom.export", "export"),
+    "Registry": ("onnx_custom.registry", "Registry"),
+    "SymbolicEntry": ("onnx_custom.registry", "SymbolicEntry"),
+    "default_registry": ("onnx_custom.registry", "default_registry"),
+    "symbolic": ("onnx_custom.registry", "symbolic"),
+    "OpSpec": ("onnx_custom.spec", "OpSpec"),
+    "load_specs": ("onnx_custom.spec", "load_specs"),
+    "register_spec": ("onnx_custom.spec", "register_spec"),
+    "VerificationReport": ("onnx_custom.verify", "VerificationReport"),
+    "verify": ("onnx_custom.verify", "verify"),
+    **{name: ("onnx_custom.runtime", name) for name in _RUNTIME},  # onnxruntime + the compiled shim
+    "library_path": ("onnx_custom.runtime.native", "library_path"),  # compiled on first use
+    "check": ("onnx_custom.preflight", "check"),
+    "testing": ("onnx_custom.testing", None),  # onnx_custom.testing.check_op without importing it
+}
+
+# Submodules that share their name with the function they define: importing the submodule must
+# not replace the package attribute (``onnx_custom.export`` stays the function).
+_SHADOWED = ("export", "verify")
+
 
 def translation_table(opset: int = 18, registry: Registry | None = None) -> dict[Any, Any]:
     """``custom_translation_table`` for your own ``torch.onnx.export(..., dynamo=True)``."""
@@ -59,21 +99,26 @@ def translation_table(opset: int = 18, registry: Registry | None = None) -> dict
 
 
 def __getattr__(name: str) -> Any:
-    # The kernel host pulls in onnxruntime and a compiled shim: load it only when asked for.
-    if name in ("InferenceSession", "session_options", "kernel", "KernelRegistry", "reference_evaluator"):
-        from onnx_custom import runtime
+    if name not in _LAZY:
+        raise AttributeError(f"module 'onnx_custom' has no attribute {name!r}")
+    module_name, attribute = _LAZY[name]
+    module = importlib.import_module(module_name)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
 
-        return getattr(runtime, name)
-    if name == "library_path":  # the native kernel library (compiled on first use)
-        from onnx_custom.runtime.native import library_path
 
-        return library_path
-    if name == "check":
-        from onnx_custom.preflight import check
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
-        return check
-    if name == "testing":  # onnx_custom.testing.check_op without an explicit submodule import
-        import importlib
 
-        return importlib.import_module("onnx_custom.testing")
-    raise AttributeError(f"module 'onnx_custom' has no attribute {name!r}")
+class _Package(types.ModuleType):
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The import system binds a loaded submodule onto its package; for the shadowed names
+        # bind the function instead, as an eager ``from onnx_custom.export import export`` did.
+        if name in _SHADOWED and isinstance(value, types.ModuleType) and value.__name__ == f"{__name__}.{name}":
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -18,7 +18,10 @@ from types import ModuleType
 
 from onnx_custom.errors import ExtensionBuildError
 
-__all__ = ["build_torch_extension", "cache_root"]
+__all__ = ["build_torch_extension", "cache_root", "extension_built"]
+
+
+_COMPLETE = ".complete"  # written into a build folder once its build succeeded
 
 
 def cache_root() -> Path:
@@ -89,6 +92,11 @@ def extension_directory(name: str, source: Path, flags: Sequence[str]) -> Path:
     return cache_root() / "torch_ext" / f"{name}-{key.hexdigest()[:16]}"
 
 
+def extension_built(directory: Path) -> bool:
+    """Whether `build_torch_extension` finished a build in ``directory`` (`extension_directory`)."""
+    return (directory / _COMPLETE).exists() and any(directory.glob("*.so"))
+
+
 def _load_library(library: Path) -> Path:
     import torch
 
@@ -130,7 +138,7 @@ def build_torch_extension(name: str, source: Path, *, extra_cflags: Sequence[str
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ExtensionBuildError(f"cannot create the build cache {directory} ({exc}); set ONNX_CUSTOM_CACHE_DIR to a writable folder") from exc
-    marker = directory / ".complete"
+    marker = directory / _COMPLETE
     library = directory / f"{name}.so"
     # Built by an earlier process: load it without the build lock or cpp_extension.load, which
     # would serialize every process behind whoever holds the lock.

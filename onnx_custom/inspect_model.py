@@ -77,7 +77,7 @@ class ModelSummary:
             lines.append(f"    {'node type':<36} {'count':>5}  {'kernel':<6} {'schema':<6} {'function':<8}")
             for c in self.custom_nodes:
                 yn = lambda b: "yes" if b else "no"  # noqa: E731
-                mark = "" if c.runnable else "   <- nothing can run this node"
+                mark = "" if c.runnable else "   <- nothing can run this node (its kernel's module not imported? add --import MODULE)"
                 lines.append(f"    {c.node_type:<36} {c.count:>5}  {yn(c.has_kernel):<6} {yn(c.has_schema):<6} {yn(c.has_function):<8}{mark}")
         else:
             lines.append("  custom nodes: none (runs in any ONNX runtime)")

@@ -100,7 +100,7 @@ def _bound(value: Any) -> int | None:
         return None
     try:
         bound = int(value)
-    except (TypeError, ValueError, OverflowError):
+    except (TypeError, ValueError, OverflowError, AttributeError):  # sympy's oo: AttributeError
         return None
     return bound if abs(bound) < _UNBOUNDED else None
 

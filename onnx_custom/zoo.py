@@ -1,19 +1,45 @@
 """The model zoo: every example model in `onnx_custom.models`, exported with both exporters at
-the opsets that matter, verified in ONNX Runtime. ``onnx-custom zoo`` prints the table."""
+the opsets that matter, verified in ONNX Runtime. ``onnx-custom zoo`` streams the rows.
+
+A model module declares ``Model``, ``example_inputs()``, optionally ``dynamic_shapes`` and
+``input_generator``, and ``ZOO``: its rows (`ZooCase`). A ``dynamic=True`` row exports with
+``dynamic_shapes`` and must verify at `MIN_OTHER_SIZES` or more other sizes of its dynamic dims.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import pkgutil
 import time
 import traceback
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from types import ModuleType
+from typing import Any, Protocol
 
+from onnx_custom._loading import DEFAULT_SEED, seeded
 from onnx_custom.errors import OnnxCustomError
 
-__all__ = ["ZooCase", "ZooResult", "discover", "format_table", "run_case", "run_zoo"]
+__all__ = [
+    "MIN_OTHER_SIZES",
+    "NATIVE_BUILDS",
+    "NativeBuild",
+    "ZooCase",
+    "ZooListener",
+    "ZooResult",
+    "counts_line",
+    "discover",
+    "format_table",
+    "list_zoo",
+    "pending_builds",
+    "run_builds",
+    "run_case",
+    "run_zoo",
+]
+
+MIN_OTHER_SIZES = 3
+"""A dynamic row passes only if verify ran (and passed) at this many sizes besides the export one."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,7 +48,8 @@ class ZooCase:
 
     ``expect_error``: the export is *meant* to be refused with an `OnnxCustomError` whose message
     contains this text (e.g. an autograd.Function under the dynamo exporter); the row passes when
-    it is, and the note documents the alternative.
+    it is, and the note documents the alternative. ``skip``: the row cannot run by design (the
+    reason is shown as a SKIP row).
     """
 
     exporter: str
@@ -32,15 +59,22 @@ class ZooCase:
     trials: int = 2
     note: str = ""
     expect_error: str | None = None
+    skip: str | None = None
 
     @property
     def label(self) -> str:
+        if not self.exporter:  # the placeholder row of a module that could not be imported
+            return "(all rows)"
         parts = [self.exporter, f"opset{self.opset}"]
         if self.variant:
             parts.append(self.variant)
         if self.dynamic:
             parts.append("dynamic")
         return "-".join(parts)
+
+
+MODULE_ROW = ZooCase("", 0)
+"""The case of a result that stands for a whole model module (import failed or skipped)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +88,120 @@ class ZooResult:
     # The VerificationReport of a verified row (per-output statistics for --report files).
     report: Any = dataclasses.field(default=None, repr=False, compare=False)
 
+    @property
+    def summary(self) -> str:
+        """One line: the worst difference and the sizes tried, or the first line of the problem."""
+        if self.report is None or self.status != "pass":
+            return self.detail.splitlines()[0] if self.detail else ""
+        worst = max((c.max_abs_diff for c in self.report.comparisons), default=0.0)
+        other = [dict(t.sizes) for t in self.report.shapes_tried if t.kind == "shape" and t.status == "passed"]
+        if not other:
+            return f"max abs {worst:.2g}"
+        names = sorted({k for sizes in other for k in sizes})
+        sizes = "; ".join(f"{n} {','.join(str(s[n]) for s in other if n in s)}" for n in names)
+        return f"max abs {worst:.2g}; also at {sizes}"
+
+
+# ---------------------------------------------------------------------------- native builds
+
+
+@dataclasses.dataclass(frozen=True)
+class NativeBuild:
+    """A one-time native build zoo rows need (then cached on disk by source hash).
+
+    `run_zoo` runs the pending ones before the first row, each announced with its usual
+    duration, so no row's time (or the ETA) includes a build.
+    """
+
+    name: str
+    duration: str
+    built: Callable[[], bool]  # already in the build cache?
+    build: Callable[[], Any]  # build (or load) it
+    models: frozenset[str] | None  # zoo models needing it; None: every model
+
+
+def _shim_built() -> bool:
+    from onnx_custom.runtime._build import shim_built
+
+    return shim_built()
+
+
+def _build_shim() -> None:
+    from onnx_custom.runtime._build import shim_path
+
+    shim_path()
+
+
+def _extension_built(module: str) -> bool:
+    """Whether the C++ extension of ``module`` (which has ``build_directory()``) is cached."""
+    from onnx_custom._native import extension_built
+
+    return extension_built(importlib.import_module(module).build_directory())
+
+
+def _load_extension(module: str, loader: str = "load_extension") -> None:
+    getattr(importlib.import_module(module), loader)()
+
+
+def _extension_build(name: str, duration: str, module: str, models: set[str], loader: str = "load_extension") -> NativeBuild:
+    return NativeBuild(name, duration, functools.partial(_extension_built, module), functools.partial(_load_extension, module, loader), frozenset(models))
+
+
+NATIVE_BUILDS = (
+    NativeBuild("ONNX Runtime kernel shim (C)", "~5 s", _shim_built, _build_shim, None),
+    _extension_build("my_ops C++ extension", "~30 s", "onnx_custom.ops.extension", {"my_add_ext", "autograd_fn"}, loader="load_my_ops"),
+    _extension_build("deform_conv2d C++ kernels", "~30-60 s", "onnx_custom.ops.deform_conv", {"deform_conv"}),
+    _extension_build("bev_pool_v2 C++ kernels", "~30-60 s", "onnx_custom.ops.bev_pool", {"bev_pool"}),
+)
+
+
+def pending_builds(models: Iterable[str]) -> list[NativeBuild]:
+    """The `NATIVE_BUILDS` these zoo models need that are not cached yet."""
+    wanted = set(models)
+    pending = []
+    for build in NATIVE_BUILDS:
+        if build.models is not None and not build.models & wanted:
+            continue
+        try:
+            done = build.built()
+        except Exception:  # cannot even tell (a broken install): let the build itself report it
+            done = False
+        if not done:
+            pending.append(build)
+    return pending
+
+
+def run_builds(builds: Sequence[NativeBuild], listener: ZooListener | None = None) -> None:
+    """Build each one now (a failure is left to the rows needing it: they skip or fail)."""
+    for build in builds:
+        if listener is not None:
+            listener.building(build)
+        start = time.perf_counter()
+        error: BaseException | None = None
+        try:
+            build.build()
+        except Exception as exc:
+            error = exc
+        if listener is not None:
+            listener.built(build, time.perf_counter() - start, error)
+
+
+# ---------------------------------------------------------------------------- listener
+
+
+class ZooListener(Protocol):
+    """What `run_zoo` reports while it runs (`onnx_custom._zoo_console.ZooConsole` prints it)."""
+
+    def pending(self, builds: Sequence[NativeBuild]) -> None: ...
+    def building(self, build: NativeBuild) -> None: ...
+    def built(self, build: NativeBuild, seconds: float, error: BaseException | None) -> None: ...
+    def planned(self, rows: Sequence[tuple[str, ZooCase]]) -> None: ...
+    def started(self, index: int, total: int, model: str, case: ZooCase) -> None: ...
+    def finished(self, index: int, total: int, result: ZooResult) -> None: ...
+
+
+# ---------------------------------------------------------------------------- running
+
 
 def discover(names: Iterable[str] | None = None) -> dict[str, Any]:
     """Example-model modules by short name (``asinh`` -> ``onnx_custom.models.asinh``)."""
@@ -66,7 +214,7 @@ def discover(names: Iterable[str] | None = None) -> dict[str, Any]:
             continue
         found[info.name] = f"{package.__name__}.{info.name}"
     if wanted is not None and wanted - set(found):
-        raise OnnxCustomError(f"Unknown zoo model(s) {sorted(wanted - set(found))}; known: {sorted(discover())}.")
+        raise OnnxCustomError(f"Unknown zoo model(s) {sorted(wanted - set(found))}; expected names from: {', '.join(discover())}; fix: see `onnx-custom zoo --list`.")
     return found
 
 
@@ -77,20 +225,37 @@ def _node_summary(proto: Any) -> str:
             continue
         key = f"{node.domain}::{node.op_type}" if node.domain else node.op_type
         kinds[key] = kinds.get(key, 0) + 1
-    return ",".join(k if v == 1 else f"{k}x{v}" for k, v in kinds.items())
+    return ", ".join(k if v == 1 else f"{k} x{v}" for k, v in kinds.items())
 
 
-def run_case(name: str, module: Any, case: ZooCase) -> ZooResult:
+def _dynamic_shortfall(report: Any) -> str:
+    """Why a dynamic row's verification did not cover `MIN_OTHER_SIZES` other sizes ('' if it did)."""
+    other = [t for t in report.shapes_tried if t.kind == "shape"]
+    passed = [t for t in other if t.status == "passed"]
+    if len(passed) >= MIN_OTHER_SIZES:
+        return ""
+    skipped = "; ".join(t.describe() for t in other if t.status == "skipped")
+    why = f"skipped: {skipped}" if skipped else "the file's dynamic dims and their ranges allow no more; check the module's dynamic_shapes"
+    return f"dynamic row verified at {len(passed)} other size(s), expected at least {MIN_OTHER_SIZES} ({why})"
+
+
+def run_case(name: str, module: Any, case: ZooCase, *, seed: int = DEFAULT_SEED) -> ZooResult:
+    """Export and verify one row; never raises (failures become ``status="fail"`` rows)."""
     import onnx_custom
 
     start = time.perf_counter()
+    if case.skip:
+        return ZooResult(name, case, "skip", case.skip, 0.0)
     try:
-        model = module.Model().eval()
-        args = module.example_inputs()
+        with seeded(seed):
+            model = module.Model().eval()
+            args = module.example_inputs()
         registry = onnx_custom.default_registry()
         if case.variant:
             registry = registry.with_variants(case.variant)
         dynamic = getattr(module, "dynamic_shapes", None) if case.dynamic else None
+        if case.dynamic and dynamic is None:
+            raise OnnxCustomError(f"zoo row {case.label} is dynamic but {module.__name__} has no dynamic_shapes")
         try:
             proto = onnx_custom.export(model, args, exporter=case.exporter, opset=case.opset, registry=registry, dynamic_shapes=dynamic)
         except OnnxCustomError as exc:
@@ -100,10 +265,10 @@ def run_case(name: str, module: Any, case: ZooCase) -> ZooResult:
         if case.expect_error:
             return ZooResult(name, case, "fail", f"expected a refusal containing {case.expect_error!r}", time.perf_counter() - start)
         generator = getattr(module, "input_generator", None)
-        report = onnx_custom.verify(model, args, proto, trials=case.trials, input_generator=generator, raise_on_mismatch=False)
-        worst = max((c.max_abs_diff for c in report.comparisons), default=0.0)
-        status = "pass" if report.passed else "fail"
-        detail = f"max_abs={worst:.2e}" if report.passed else str(report)
+        report = onnx_custom.verify(model, args, proto, trials=case.trials, input_generator=generator, raise_on_mismatch=False, seed=seed, dynamic_shapes=dynamic)
+        shortfall = _dynamic_shortfall(report) if case.dynamic else ""
+        status = "pass" if report.passed and not shortfall else "fail"
+        detail = "" if status == "pass" else "\n".join(filter(None, [shortfall, str(report)]))
         return ZooResult(name, case, status, detail, time.perf_counter() - start, _node_summary(proto), report)
     except Exception as exc:
         detail = f"{type(exc).__name__}: {exc}"
@@ -112,33 +277,71 @@ def run_case(name: str, module: Any, case: ZooCase) -> ZooResult:
         return ZooResult(name, case, "fail", detail, time.perf_counter() - start)
 
 
-def run_zoo(names: Iterable[str] | None = None, *, progress: Callable[[str], None] | None = None) -> list[ZooResult]:
-    results = []
+def _import(short: str, module_name: str) -> ModuleType | ZooResult:
+    try:
+        return importlib.import_module(module_name)
+    except Exception as exc:
+        skip_reason = getattr(exc, "skip_reason", None)
+        status = "skip" if skip_reason else "fail"
+        return ZooResult(short, MODULE_ROW, status, skip_reason or f"import failed: {type(exc).__name__}: {exc}", 0.0)
+
+
+def run_zoo(names: Iterable[str] | None = None, *, seed: int = DEFAULT_SEED, listener: ZooListener | None = None) -> list[ZooResult]:
+    """Run every row of the named zoo models (default: all), in order; ``listener`` hears why."""
     modules = discover(names)
+    pending = pending_builds(modules)
+    if listener is not None:
+        listener.pending(pending)
+    run_builds(pending, listener)
+    rows: list[tuple[str, ModuleType | None, ZooCase, ZooResult | None]] = []
     for short, module_name in modules.items():
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as exc:
-            skip_reason = getattr(exc, "skip_reason", None)
-            case = ZooCase("-", 0)
-            status = "skip" if skip_reason else "fail"
-            results.append(ZooResult(short, case, status, skip_reason or f"import failed: {type(exc).__name__}: {exc}", 0.0))
+        imported = _import(short, module_name)
+        if isinstance(imported, ZooResult):
+            rows.append((short, None, MODULE_ROW, imported))
             continue
-        cases = getattr(module, "ZOO", ())
-        for case in cases:
-            if progress:
-                progress(f"[{len(results) + 1}] {short} {case.label} ...")
-            results.append(run_case(short, module, case))
+        rows += [(short, imported, case, None) for case in getattr(imported, "ZOO", ())]
+    if listener is not None:
+        listener.planned([(short, case) for short, _, case, _ in rows])
+    results = []
+    for index, (short, module, case, done) in enumerate(rows, start=1):
+        if listener is not None:
+            listener.started(index, len(rows), short, case)
+        result = done if done is not None else run_case(short, module, case, seed=seed)
+        results.append(result)
+        if listener is not None:
+            listener.finished(index, len(rows), result)
     return results
 
 
-def format_table(results: list[ZooResult]) -> str:
-    rows = [f"{'model':<16} {'case':<30} {'status':<6} {'time':>7}  {'nodes':<40} detail"]
+def list_zoo(names: Iterable[str] | None = None) -> str:
+    """The zoo's models and rows (``onnx-custom zoo --list``), importing nothing but the models."""
+    lines = []
+    for short, module_name in discover(names).items():
+        imported = _import(short, module_name)
+        if isinstance(imported, ZooResult):
+            lines.append(f"{short}: {imported.status.upper()} ({imported.detail.splitlines()[0]})")
+            continue
+        doc = (imported.__doc__ or "").strip().splitlines()
+        lines.append(f"{short}: {doc[0] if doc else ''}")
+        for case in getattr(imported, "ZOO", ()):
+            extra = f"  (skip: {case.skip})" if case.skip else (f"  ({case.note})" if case.note else "")
+            lines.append(f"  {case.label}{extra}")
+    return "\n".join(lines)
+
+
+def format_table(results: Sequence[ZooResult]) -> str:
+    """All rows as a table (nodes last, never truncated) and the counts."""
+    model_width = max((len(r.model) for r in results), default=5)
+    case_width = max((len(r.case.label) for r in results), default=4)
+    rows = [f"{'model':<{model_width}}  {'case':<{case_width}}  {'status':<6} {'time':>7}  {'result':<40}  nodes"]
     for r in results:
-        first_line = r.detail.splitlines()[0] if r.detail else ""
-        rows.append(f"{r.model:<16} {r.case.label:<30} {r.status.upper():<6} {r.seconds:>6.1f}s  {r.nodes[:40]:<40} {first_line}")
+        rows.append(f"{r.model:<{model_width}}  {r.case.label:<{case_width}}  {r.status.upper():<6} {r.seconds:>6.1f}s  {r.summary:<40}  {r.nodes}")
+    rows.append(counts_line(results))
+    return "\n".join(rows)
+
+
+def counts_line(results: Sequence[ZooResult]) -> str:
     passed = sum(r.status == "pass" for r in results)
     failed = sum(r.status == "fail" for r in results)
     skipped = sum(r.status == "skip" for r in results)
-    rows.append(f"{passed} passed, {failed} failed, {skipped} skipped")
-    return "\n".join(rows)
+    return f"{passed} passed, {failed} failed, {skipped} skipped"

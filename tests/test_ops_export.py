@@ -36,7 +36,7 @@ def _zoo_rows() -> list[Any]:
         except ExtensionBuildError as exc:
             rows.append(pytest.param(name, None, id=name, marks=pytest.mark.skip(reason=str(exc))))
             continue
-        rows += [pytest.param(name, case, id=f"{name}-{case.label}") for case in cases]
+        rows += [pytest.param(name, case, id=f"{name}-{case.label}", marks=pytest.mark.skip(reason=case.skip) if case.skip else ()) for case in cases]
     return rows
 
 

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from onnx_custom._native import build_torch_extension
+from onnx_custom._native import build_torch_extension, extension_directory
 from onnx_custom.errors import ExtensionBuildError
 from onnx_custom.runtime.function_builder import TranslationBody
 from onnx_custom.spec import Attribute, Input, OpSpec, Output, define_op, op_arguments
@@ -59,6 +59,7 @@ __all__ = [
     "bev_pool_v2_into",
     "bev_pool_v2_math",
     "bev_pool_v2_save",
+    "build_directory",
     "check_bev_pool_inputs",
     "load_extension",
     "prepare_bev_ranks",
@@ -68,6 +69,7 @@ __all__ = [
 FLOATS = ("float32", "float64", "float16", "bfloat16")
 INDEX = ("int32", "int64")
 _INDEX_DTYPES = (torch.int32, torch.int64)
+_EXTENSION = "onnx_custom_bev_pool"
 _BEV = "onnx_custom.symbolics.bev"
 _OPS = "onnx_custom.ops.bev_pool"
 
@@ -101,9 +103,17 @@ def _load() -> ModuleType:
     # The same flags as deform_conv2d's: -O3, OpenMP, AVX2/FMA where the CPU has them.
     from onnx_custom.ops.deform_conv import _cflags
 
-    module = build_torch_extension("onnx_custom_bev_pool", _SOURCE, extra_cflags=_cflags(), is_python_module=True)
+    module = build_torch_extension(_EXTENSION, _SOURCE, extra_cflags=_cflags(), is_python_module=True)
     assert isinstance(module, ModuleType)
     return module
+
+
+def build_directory() -> Path:
+    """The build-cache folder of the C++ kernels (`onnx_custom._native.extension_built` tells
+    whether the first use still has to compile them; ``onnx-custom zoo`` announces that build)."""
+    from onnx_custom.ops.deform_conv import _cflags
+
+    return extension_directory(_EXTENSION, _SOURCE, _cflags())
 
 
 def load_extension() -> ModuleType:

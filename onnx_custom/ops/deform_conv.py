@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from onnx_custom._native import build_torch_extension
+from onnx_custom._native import build_torch_extension, extension_directory
 from onnx_custom.errors import DeformConv2dDtypeError, DeformConv2dError
 from onnx_custom.runtime.function_builder import TranslationBody
 from onnx_custom.spec import EAGER, NODE, Attribute, Input, OpSpec, Output, define_op, op_arguments
@@ -58,6 +58,7 @@ __all__ = [
     "DeformConv2d",
     "DeformConv2dDtypeError",
     "DeformConv2dError",
+    "build_directory",
     "deform_conv2d",
     "deform_conv2d_op",
     "load_extension",
@@ -67,6 +68,7 @@ __all__ = [
 ]
 
 _SOURCE = Path(__file__).parent / "csrc" / "deform_conv2d.cpp"
+_EXTENSION = "onnx_custom_deform_conv2d"
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 """The dtypes ``deform_conv2d`` accepts (eager, fake, and the ``custom::DeformConv2d`` kernel)."""
 _LOCK = threading.Lock()
@@ -132,11 +134,15 @@ def _cflags() -> list[str]:
 
 @functools.cache
 def _load() -> ModuleType:
-    module = build_torch_extension(
-        "onnx_custom_deform_conv2d", _SOURCE, extra_cflags=_cflags(), is_python_module=True
-    )
+    module = build_torch_extension(_EXTENSION, _SOURCE, extra_cflags=_cflags(), is_python_module=True)
     assert isinstance(module, ModuleType)
     return module
+
+
+def build_directory() -> Path:
+    """The build-cache folder of the C++ kernels (`onnx_custom._native.extension_built` tells
+    whether the first use still has to compile them)."""
+    return extension_directory(_EXTENSION, _SOURCE, _cflags())
 
 
 def load_extension() -> ModuleType:

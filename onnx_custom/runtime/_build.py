@@ -27,7 +27,7 @@ from types import ModuleType
 from onnx_custom._native import cache_root
 from onnx_custom.errors import ExtensionBuildError
 
-__all__ = ["MODULE_NAME", "cache_root", "load_shim", "shim_path"]
+__all__ = ["MODULE_NAME", "cache_root", "load_shim", "shim_built", "shim_path"]
 
 MODULE_NAME = "_onnx_custom_shim"
 _SOURCE = Path(__file__).with_name("_shim.c")
@@ -103,15 +103,24 @@ def _compile(source: Path, include_dir: Path, target: Path) -> None:
             os.unlink(tmp)
 
 
-def shim_path() -> Path:
-    """Path of the compiled shim, building it if needed."""
-    source = _SOURCE.read_bytes()
+def _cached_shim() -> tuple[Path, Path]:
+    """(where the compiled shim lives in the cache, the ABI header folder it compiles with)."""
     include_dir = _abi_include_dir()
     header = (include_dir / _ABI_HEADER).read_bytes()
-    folder = cache_root() / "ort_shim" / _build_key(source, header)
-    target = folder / f"{MODULE_NAME}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
+    folder = cache_root() / "ort_shim" / _build_key(_SOURCE.read_bytes(), header)
+    return folder / f"{MODULE_NAME}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}", include_dir
+
+
+def shim_built() -> bool:
+    """Whether the shim is already in the build cache (else the first use compiles it, ~5 s)."""
+    return _cached_shim()[0].exists()
+
+
+def shim_path() -> Path:
+    """Path of the compiled shim, building it if needed."""
+    target, include_dir = _cached_shim()
     if not target.exists():
-        folder.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
         _compile(_SOURCE, include_dir, target)
     return target
 
