@@ -16,10 +16,21 @@ if TYPE_CHECKING:
     from onnx_custom import attributes as attr
     from onnx_custom._torchscript import registered
     from onnx_custom.errors import (
+        CliInputError,
+        DeformConv2dDtypeError,
+        DeformConv2dError,
         DynamicShapesError,
         ExtensionBuildError,
+        InvalidArgumentError,
         KernelError,
+        ModelLoadError,
+        ModelNotFoundError,
+        NodeDeclarationError,
         OnnxCustomError,
+        OpsetError,
+        OutputPathError,
+        ShapeSpecError,
+        SpecError,
         SymbolicError,
         UnsupportedOpError,
         VerificationError,
@@ -30,6 +41,7 @@ if TYPE_CHECKING:
     from onnx_custom.runtime import InferenceSession, kernel, session_options
     from onnx_custom.runtime import KernelRegistry as KernelRegistry
     from onnx_custom.runtime import reference_evaluator as reference_evaluator
+    from onnx_custom.runtime.failures import KernelRunError
     from onnx_custom.runtime.native import library_path
     from onnx_custom.spec import OpSpec, load_specs, register_spec
     from onnx_custom.verify import VerificationReport, verify
@@ -37,19 +49,32 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "CliInputError",
+    "DeformConv2dDtypeError",
+    "DeformConv2dError",
     "DynamicShapesError",
     "ExtensionBuildError",
     "InferenceSession",
+    "InvalidArgumentError",
     "KernelError",
+    "KernelRunError",
+    "ModelLoadError",
+    "ModelNotFoundError",
+    "NodeDeclarationError",
     "OnnxCustomError",
     "OpSpec",
+    "OpsetError",
+    "OutputPathError",
     "Registry",
+    "ShapeSpecError",
+    "SpecError",
     "SymbolicEntry",
     "SymbolicError",
     "UnsupportedOpError",
     "VerificationError",
     "VerificationReport",
     "attr",
+    "check",
     "default_registry",
     "export",
     "kernel",
@@ -64,7 +89,27 @@ __all__ = [
 ]
 
 # public name -> (module, attribute); attribute None: the module itself.
-_ERRORS = ("DynamicShapesError", "ExtensionBuildError", "KernelError", "OnnxCustomError", "SymbolicError", "UnsupportedOpError", "VerificationError")
+# Every error class a user may catch (the catalog in onnx_custom.errors; tests/test_error_catalog.py).
+_ERRORS = (
+    "CliInputError",
+    "DeformConv2dDtypeError",
+    "DeformConv2dError",
+    "DynamicShapesError",
+    "ExtensionBuildError",
+    "InvalidArgumentError",
+    "KernelError",
+    "ModelLoadError",
+    "ModelNotFoundError",
+    "NodeDeclarationError",
+    "OnnxCustomError",
+    "OpsetError",
+    "OutputPathError",
+    "ShapeSpecError",
+    "SpecError",
+    "SymbolicError",
+    "UnsupportedOpError",
+    "VerificationError",
+)
 _RUNTIME = ("InferenceSession", "session_options", "kernel", "KernelRegistry", "reference_evaluator")
 _LAZY: dict[str, tuple[str, str | None]] = {
     "attr": ("onnx_custom.attributes", None),
@@ -82,6 +127,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "verify": ("onnx_custom.verify", "verify"),
     **{name: ("onnx_custom.runtime", name) for name in _RUNTIME},  # onnxruntime + the compiled shim
     "library_path": ("onnx_custom.runtime.native", "library_path"),  # compiled on first use
+    "KernelRunError": ("onnx_custom.runtime.failures", "KernelRunError"),  # subclasses onnxruntime's Fail
     "check": ("onnx_custom.preflight", "check"),
     "testing": ("onnx_custom.testing", None),  # onnx_custom.testing.check_op without importing it
 }

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from onnx_custom.errors import OnnxCustomError
+from onnx_custom.errors import CliInputError, OnnxCustomError
 
 if TYPE_CHECKING:
     import torch
@@ -53,10 +53,6 @@ _DTYPES = {
     "int8": "int8", "uint8": "uint8", "int16": "int16",
     "int32": "int32", "int64": "int64", "long": "int64", "bool": "bool",
 }  # fmt: skip
-
-
-class CliInputError(OnnxCustomError, ValueError):
-    """A command-line input (model spec, ``--import``, ``--input``, path, flag) is unusable."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
+    "CliInputError",
     "DeformConv2dDtypeError",
     "DeformConv2dError",
     "DynamicShapesError",
@@ -137,3 +138,7 @@ class DeformConv2dError(OnnxCustomError, ValueError):
 
 class DeformConv2dDtypeError(OnnxCustomError, TypeError):
     """A deform_conv2d tensor has an unsupported dtype, or the tensors' dtypes differ."""
+
+
+class CliInputError(OnnxCustomError, ValueError):
+    """A command-line input (model spec, ``--import``, ``--input``, path, flag) is unusable."""
