@@ -10,6 +10,10 @@ on POSIX and Windows: a reader sees the old file or the new one, never a truncat
 - `atomic_path(path)`: a temporary path for tools that write the file themselves (a compiler's
   ``-o``); moved into place when the block succeeds.
 - `check_output_path(path)`: is ``path`` a file we can write? Checked before long work starts.
+
+A path that names an existing device, FIFO or socket (``/dev/null``, ``/dev/stdout``, a named
+pipe) is written in place: replacing it with a regular file would destroy the device (as root)
+or fail (as anyone else), and such targets have no "previous content" to protect.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import errno
 import os
 import secrets
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,13 +31,32 @@ from typing import IO, Any
 
 from onnx_custom.errors import InvalidArgumentError, OutputPathError
 
-__all__ = ["atomic_open", "atomic_path", "atomic_write", "check_output_path", "commit_file", "temporary_folder"]
+__all__ = [
+    "atomic_open", "atomic_path", "atomic_write", "check_output_path", "commit_file", "is_file_object",
+    "temporary_folder",
+]  # fmt: skip
+
+
+def is_file_object(f: Any) -> bool:
+    """Whether ``f`` is a file object rather than a path: anything with a ``write`` method that is
+    not a str/bytes/PathLike (``io.BytesIO``, ``open(..., "wb")``, ``tempfile.NamedTemporaryFile()``,
+    ``gzip.open(..., "wb")``), as ``torch.onnx.export`` accepts."""
+    return not isinstance(f, (str, bytes, os.PathLike)) and callable(getattr(f, "write", None))
 
 
 def _final(path: str | os.PathLike[str]) -> Path:
     """Where the bytes must land: through a symlink to its target, so the link stays a link."""
     target = Path(os.fspath(path))
     return Path(os.path.realpath(target)) if target.is_symlink() else target
+
+
+def _is_special(final: Path) -> bool:
+    """An existing device, FIFO or socket: written in place, never replaced (see module doc)."""
+    try:
+        mode = os.stat(final).st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
 
 def _create_temporary(final: Path) -> tuple[Path, int]:
@@ -63,6 +87,10 @@ def _sync_folder(folder: Path) -> None:
 
 
 def _commit(temporary: Path, final: Path) -> None:
+    if _is_special(final):
+        shutil.copyfile(temporary, final)  # a device or pipe takes the bytes; it is never replaced
+        os.unlink(temporary)
+        return
     _keep_mode(final, temporary)
     os.replace(temporary, final)
     _sync_folder(final.parent)
@@ -78,6 +106,10 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "wb", *, encoding: str
     if mode not in ("w", "wb"):
         raise InvalidArgumentError(f"atomic_open writes whole files: mode must be 'w' or 'wb', got {mode!r}; fix: use one of those.")
     final = _final(path)
+    if _is_special(final):
+        with open(final, mode, encoding=(encoding or "utf-8") if mode == "w" else None) as special:
+            yield special
+        return
     temporary, fd = _create_temporary(final)
     try:
         with os.fdopen(fd, mode, encoding=(encoding or "utf-8") if mode == "w" else None) as handle:
@@ -171,6 +203,13 @@ def check_output_path(path: Any, *, what: str = "f", example: str = "model.onnx"
             f"{what}={text!r}: {str(folder)!r} is a file, not a folder; expected a folder to hold "
             f"the file. Fix: choose a path inside a folder, e.g. {what}={example!r}."
         )
+    if _is_special(final):
+        if not os.access(final, os.W_OK):
+            raise OutputPathError(
+                f"{what}={text!r} is a device or pipe that is not writable; expected a writable "
+                f"file or a new path. Fix: choose another path, e.g. {what}={example!r}."
+            )
+        return final
     if final.exists() and not os.access(final, os.W_OK):
         raise OutputPathError(
             f"{what}={text!r} exists and is read-only; expected a writable file or a new path. "

@@ -16,7 +16,13 @@ from typing import Any
 import onnx
 import torch
 
-from onnx_custom._atomic import atomic_write, check_output_path, commit_file, temporary_folder
+from onnx_custom._atomic import (
+    atomic_write,
+    check_output_path,
+    commit_file,
+    is_file_object,
+    temporary_folder,
+)
 from onnx_custom._constraints import (
     check_with_torch_export,
     constraint_violation,
@@ -83,7 +89,7 @@ def finalize_model(model: onnx.ModelProto, domain_versions: dict[str, int] | Non
     return model
 
 
-def save_model(model: onnx.ModelProto, f: str | os.PathLike[str] | io.IOBase, *, external_data: bool | None = None) -> None:
+def save_model(model: onnx.ModelProto, f: str | os.PathLike[str] | io.IOBase | Any, *, external_data: bool | None = None) -> None:
     """Write ``model`` to a path or a binary file object, whole or not at all.
 
     A path is written through a temporary file in its folder and ``os.replace``d, so a failure
@@ -94,14 +100,14 @@ def save_model(model: onnx.ModelProto, f: str | os.PathLike[str] | io.IOBase, *,
     """
     too_big = model.ByteSize() > _PROTOBUF_LIMIT
     external = too_big if external_data is None else bool(external_data)
-    if isinstance(f, io.IOBase):
+    if is_file_object(f):
         if external:
             raise InvalidArgumentError(
                 f"This model is {model.ByteSize() / 2**30:.1f} GiB: over protobuf's 2 GiB limit it "
                 "needs an external data file, which a file object cannot hold; received a file "
                 "object. Fix: pass a path (f='model.onnx'); the tensors go to 'model.onnx.data'."
             )
-        f.write(model.SerializeToString())  # type: ignore[arg-type]
+        f.write(model.SerializeToString())  # type: ignore[union-attr]
         return
     final = check_output_path(f)
     if not external:

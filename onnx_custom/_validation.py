@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from onnx_custom._atomic import check_output_path
+from onnx_custom._atomic import check_output_path, is_file_object
 from onnx_custom._torchscript import TS_MAX_OPSET, TS_MIN_OPSET
 from onnx_custom.errors import InvalidArgumentError, OpsetError
 from onnx_custom.registry import Registry
@@ -196,15 +196,18 @@ def check_output(f: Any, *, what: str = "f") -> None:
     """``f``: None, a writable binary file object, or a path we can create a file at."""
     if f is None:
         return
-    if isinstance(f, io.IOBase):
-        if isinstance(f, io.TextIOBase) or "b" not in getattr(f, "mode", "b"):
+    if is_file_object(f):
+        mode = getattr(f, "mode", "b")  # an int for gzip files: binary
+        if isinstance(getattr(f, "file", f), io.TextIOBase) or (isinstance(mode, str) and "b" not in mode):
             raise InvalidArgumentError(
                 f"{what} is a text stream; expected a binary file object (ONNX files are bytes). "
                 "Fix: open it with mode 'wb', or pass io.BytesIO() or a path."
             )
-        if getattr(f, "closed", False) or not f.writable():
+        closed = bool(getattr(f, "closed", False))
+        writable = getattr(f, "writable", None)
+        if closed or (callable(writable) and not writable()):
             raise InvalidArgumentError(
-                f"{what} is a file object that is {'closed' if f.closed else 'not writable'}; "
+                f"{what} is a file object that is {'closed' if closed else 'not writable'}; "
                 "expected one open for writing. Fix: open(path, 'wb'), or pass the path itself."
             )
         return

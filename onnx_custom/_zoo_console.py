@@ -41,7 +41,8 @@ class ZooConsole:
         self.durations: dict[str, list[float]] = {}
         self.status = ""
         self.row_start = self.start
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the terminal line
+        self._durations_lock = threading.Lock()  # durations: appended here, read by the ticker's ETA
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
 
@@ -85,7 +86,8 @@ class ZooConsole:
     def finished(self, index: int, total: int, result: ZooResult) -> None:
         self.done = index
         if result.status != "skip" and result.case.exporter:
-            self.durations.setdefault(result.case.exporter, []).append(result.seconds)
+            with self._durations_lock:
+                self.durations.setdefault(result.case.exporter, []).append(result.seconds)
         tag = f"[{index:>{len(str(total))}}/{total}]"
         line = (
             f"{tag} {result.model:<{self.model_width}}  {result.case.label:<{self.case_width}}  "
@@ -111,10 +113,12 @@ class ZooConsole:
 
     # -- drawing ------------------------------------------------------------------------
     def _eta(self) -> str:
-        if not self.durations:
+        with self._durations_lock:  # not self._lock: _draw holds it while computing the ETA
+            durations = {exporter: list(ds) for exporter, ds in self.durations.items()}
+        if not durations:
             return "ETA --"
-        overall = statistics.fmean(d for ds in self.durations.values() for d in ds)
-        means = {exporter: statistics.fmean(ds) for exporter, ds in self.durations.items()}
+        overall = statistics.fmean(d for ds in durations.values() for d in ds)
+        means = {exporter: statistics.fmean(ds) for exporter, ds in durations.items()}
         left = sum(0.0 if case.skip else means.get(case.exporter, overall) for case in self.rows[self.done :])
         return f"ETA ~{clock(left)}"
 

@@ -120,6 +120,19 @@ def _shape_case(text: str) -> dict[str, Any]:
 def _report_path(text: str) -> str:
     if os.path.splitext(text)[1].lower() not in (".md", ".json"):
         raise argparse.ArgumentTypeError(f"expected a path ending in .md (Markdown) or .json, got {text!r}")
+    folder = existing = os.path.dirname(os.path.abspath(text))
+    while not os.path.exists(existing):  # missing folders are created when the report is written
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise argparse.ArgumentTypeError(f"{text!r}: {existing!r} is a file, not a folder; expected a path inside a folder such as report.md")
+    if existing == folder:
+        from onnx_custom._atomic import check_output_path
+        from onnx_custom.errors import OnnxCustomError
+
+        try:  # before the run, not after minutes of it
+            check_output_path(text, what="--report", example="report.md")
+        except OnnxCustomError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 

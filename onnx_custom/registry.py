@@ -25,6 +25,7 @@ __all__ = [
     "default_registry",
     "is_tensor_argument",
     "resolve_registry",
+    "same_definition",
     "symbolic",
 ]
 
@@ -209,7 +210,7 @@ def _same_value(a: Any, b: Any) -> bool:
         return False
 
 
-def _same_definition(a: Translation, b: Translation) -> bool:
+def same_definition(a: Translation, b: Translation) -> bool:
     """Re-importing a module re-runs its decorators with new function objects: the same module,
     qualname, code (bytecode and constants), defaults and closure values is the same definition.
     Two different lambdas share module and qualname but not their code, so they differ."""
@@ -266,7 +267,7 @@ class Registry:
             )
         with self._lock:
             existing = self._entries.get(entry.key)
-            if existing is not None and not replace and not _same_definition(existing.fn, entry.fn):
+            if existing is not None and not replace and not same_definition(existing.fn, entry.fn):
                 raise SymbolicError(
                     f"A different translation for {entry.target} at opset {entry.opset} (variant "
                     f"{entry.variant!r}) is already registered: {existing.source}{_defined_at(existing.fn)}; "

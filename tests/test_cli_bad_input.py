@@ -233,3 +233,15 @@ def test_failed_verification_writes_nothing(tmp_path: Path) -> None:
     assert result.returncode == 1, result
     assert "Verification FAILED" in result.stdout and "was not written" in result.stderr
     assert out.read_bytes() == b"previous"
+
+
+def test_report_path_is_checked_before_the_run(tmp_path: Path) -> None:
+    """A --report that cannot be written fails at once (exit 2), not after a long zoo run."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = subprocess.run(
+        [sys.executable, "-m", "onnx_custom.cli", "zoo", "asinh", "--report", str(blocker / "zoo.md")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "is a file, not a folder" in result.stderr and "[1/" not in result.stdout

@@ -411,3 +411,37 @@ def test_torchscript_error_prints_no_graph_dump(capfd: pytest.CaptureFixture[str
     with pytest.raises(SymbolicError):
         onnx_custom.export(MyAdd(), ARGS2, exporter="torchscript", opset=13, registry=_registry(lambda g, a, b: None))
     assert "Torch IR graph at exception" not in capfd.readouterr().err
+
+
+def test_export_to_a_named_pipe_writes_into_it_and_keeps_the_pipe(tmp_path: Path) -> None:
+    """A device or pipe (/dev/null, /dev/stdout, a FIFO) is written in place, never replaced by a
+    regular file (as root, replacing /dev/null broke the machine)."""
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    onnx_custom.export(MyAdd(), ARGS2, fifo, exporter="torchscript", opset=13)
+    reader.join(timeout=60)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert onnx.load_from_string(received[0]).graph.node
+    assert _no_temporaries(tmp_path) == []
+
+
+@pytest.mark.parametrize("kind", ["NamedTemporaryFile", "gzip"])
+def test_export_accepts_file_objects_that_are_not_iobase(tmp_path: Path, kind: str) -> None:
+    import gzip
+    import tempfile
+
+    if kind == "gzip":
+        with gzip.open(tmp_path / "m.onnx.gz", "wb") as handle:
+            onnx_custom.export(MyAdd(), ARGS2, handle, exporter="torchscript", opset=13)
+        data = gzip.decompress((tmp_path / "m.onnx.gz").read_bytes())
+    else:
+        with tempfile.NamedTemporaryFile(dir=tmp_path) as handle:
+            onnx_custom.export(MyAdd(), ARGS2, handle, exporter="torchscript", opset=13)
+            handle.flush()
+            data = Path(handle.name).read_bytes()
+    assert [n.op_type for n in onnx.load_from_string(data).graph.node]

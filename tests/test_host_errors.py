@@ -16,9 +16,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import torch
 from onnx import AttributeProto, TensorProto, helper
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail
 
+import onnx_custom
 import onnx_custom.runtime as rt
 from onnx_custom.errors import KernelError, SymbolicError
 from onnx_custom.runtime import KernelRegistry, KernelRunError, TensorInfo
@@ -301,3 +303,17 @@ def test_shape_fn_returning_garbage_is_typed() -> None:
     reg.kernel("err::Garbage", inputs=["x"], outputs=["y"], shape_fn=lambda ins, a: [(3,)])(_noop)
     with pytest.raises(KernelError, match=r"shape_fn must return TensorInfo objects .*received tuple; fix: return TensorInfo"):
         reg["err::Garbage"].infer([TensorInfo(np.dtype(np.float32), (3,))], {})
+
+
+def test_torch_tensor_fed_to_run_names_the_fix(tmp_path: Path) -> None:
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Relu", ["x"], ["y"])], "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 4])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3, 4])],
+    )  # fmt: skip
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=9)
+    session = onnx_custom.InferenceSession(model)
+    with pytest.raises(onnx_custom.InvalidArgumentError) as info:
+        session.run(None, {"x": torch.randn(3, 4)})
+    message = str(info.value)
+    assert "torch.Tensor" in message and "expected a numpy array" in message and ".numpy()" in message

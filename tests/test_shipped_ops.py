@@ -310,3 +310,21 @@ def test_check_op_on_every_shipped_spec(case: Case) -> None:
         samples.append({**tensors, **attrs})
     report = check_op(case.spec, samples, trials=case.trials)
     assert report.cases, "check_op ran nothing"
+
+
+class SeedOps(torch.nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.ops.mylib.multi_out(torch.ops.mylib.my_add(a, b))
+
+
+@pytest.mark.parametrize(("exporter", "opset"), [("torchscript", 17), ("dynamo", 18)], ids=["torchscript", "dynamo"])
+@pytest.mark.parametrize("dtype", MY_ADD.inputs[0].dtypes)
+def test_seed_default_translations_run_every_declared_dtype(dtype: str, exporter: str, opset: int) -> None:
+    """The standard-op translations, not only the custom node, serve the spec's whole dtype list
+    (ORT's CPU Mul/Add have no bfloat16: those run in float32 and cast back)."""
+    import onnx_custom
+
+    torch.manual_seed(0)
+    a, b = ((torch.randn(4, 3) * 4).to(getattr(torch, dtype)) for _ in range(2))
+    proto = onnx_custom.export(SeedOps(), (a, b), exporter=exporter, opset=opset)
+    assert onnx_custom.verify(SeedOps(), (a, b), proto, shapes=()).passed

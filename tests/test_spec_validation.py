@@ -14,7 +14,8 @@ import torch
 
 import onnx_custom
 from onnx_custom import SymbolicError, VerificationError
-from onnx_custom.registry import default_registry
+from onnx_custom.registry import SymbolicEntry, default_registry
+from onnx_custom.names import normalize_target
 from onnx_custom.runtime import KernelRegistry, default_kernel_registry
 from onnx_custom.spec import (
     Attribute,
@@ -100,6 +101,7 @@ MADE = [
     ("reserved-input-g", {"inputs": [Input("g", F32), Input("y", F32)], "outputs": [Output("out", shape="like:g")]}, ("inputs", 0, "name"), ["'g' is reserved for the translation's graph builder", "fix: rename it"]),
     ("reserved-attribute-out", {"attributes": [Attribute("out", "int", 1)]}, ("attributes", 0, "name"), ["'out' is reserved for kernels' preallocated outputs"]),
     ("reserved-attribute-outputs", {"attributes": [Attribute("outputs", "int", 1)]}, ("attributes", 0, "name"), ["'outputs' is reserved for g.op's output count"]),
+    ("reserved-attribute-output-types", {"attributes": [Attribute("output_types", "int", 1)]}, ("attributes", 0, "name"), ["'output_types' is reserved for g.op's declared output types"]),
     ("keyword-name", {"attributes": [Attribute("lambda", "float", 1.0)]}, ("attributes", 0, "name"), ["'lambda' is not a Python identifier"]),
     ("bad-reference", {"impl": "my_ops.scale_add"}, ("impl",), ["'package.module:function' or a callable", "received 'my_ops.scale_add'", "fix: write e.g."]),
     ("setup-without-backward", {"setup_context": scale_add}, ("setup_context",), ["setup_context is given without backward", "fix: add backward"]),
@@ -367,3 +369,14 @@ def test_function_body_checked_at_registration(function: Any, parts: list[str]) 
     assert info.value.key == ("function",)
     _assert_names(info.value, "op vtest::scale_add: the function body", *parts)
     assert torch._C._jit_get_schemas_for_operator("vtest::scale_add") == []
+
+
+def test_scoped_spec_leaves_a_translation_it_did_not_add() -> None:
+    """The user registered the same translation first: leaving the spec's scope must not remove it."""
+    default_registry().add(SymbolicEntry(normalize_target("vtest::scale_add"), 9, scale_add_translation))
+    try:
+        with spec_scope():
+            register_spec(OpSpec(**_base(translations={9: scale_add_translation})))
+        assert [e.fn for e in default_registry().entries_for("vtest::scale_add")] == [scale_add_translation]
+    finally:
+        default_registry().remove("vtest::scale_add", opset=9)

@@ -40,6 +40,11 @@ def _problems(session: Any, output_names: Any, input_feed: Any) -> list[str]:
     problems += [f"input {_declared(inputs[n])} is missing" for n in missing]
     for name, value in input_feed.items():
         arg = inputs.get(name)
+        if arg is not None and not isinstance(value, (np.ndarray, np.generic)):
+            fix = "x.detach().cpu().numpy()" if type(value).__module__.startswith("torch") else "np.asarray(x)"
+            problems.append(f"input {name!r} is a {type(value).__module__}.{type(value).__name__}; expected "
+                            f"a numpy array: pass {fix}")
+            continue
         dtype = getattr(value, "dtype", None)
         if arg is None or dtype is None or not isinstance(getattr(value, "shape", None), tuple):
             continue

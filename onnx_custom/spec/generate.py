@@ -33,7 +33,13 @@ from typing import Any
 
 from onnx_custom.errors import SymbolicError
 from onnx_custom.names import Target, normalize_target
-from onnx_custom.registry import DEFAULT_VARIANT, Registry, SymbolicEntry, default_registry
+from onnx_custom.registry import (
+    DEFAULT_VARIANT,
+    Registry,
+    SymbolicEntry,
+    default_registry,
+    same_definition,
+)
 from onnx_custom.runtime import registry as kernel_registry
 from onnx_custom.runtime.function_builder import TranslationBody
 from onnx_custom.runtime.registry import KernelRegistry, KernelSpec, default_kernel_registry
@@ -306,6 +312,11 @@ def register_spec(spec: OpSpec) -> SpecRegistration:
     """
     if not isinstance(spec, OpSpec):
         raise SpecError(f"register_spec expects an onnx_custom.OpSpec; received {type(spec).__name__}; fix: build one with OpSpec(...) or load_specs(path).")
+    # Assemble the default registries *before* taking _lock: building them imports the family
+    # modules, which take _lock (define_op) while holding the registries' own lock; taking the two
+    # locks in the other order here would deadlock against a first export in another thread.
+    default_registry()
+    default_kernel_registry()
     with _lock:
         current = _registered.get(spec.name)
         if current is not None:
@@ -345,8 +356,9 @@ def _register(spec: OpSpec, parts: _Parts, made: torch_op.TorchOp | None, undo: 
         undo.append(op.undo)
     registry = default_registry()
     for entry in parts.entries:
-        if any(e is entry for e in registry.entries_for(entry.target)):
-            continue  # a built-in entry, already there
+        same = [e for e in registry.entries_for(entry.target) if (e.opset, e.variant) == (entry.opset, entry.variant)]
+        if any(e is entry or same_definition(e.fn, entry.fn) for e in same):
+            continue  # already there (built in, or registered by its author): not ours to undo
         try:
             registry.add(entry)
         except SymbolicError as exc:

@@ -72,6 +72,7 @@ _REF = re.compile(r"^[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_
 _RESERVED_NAMES = {
     "g": "the translation's graph builder", "out": "kernels' preallocated outputs",
     "outputs": "g.op's output count", "node_type": "g.op's first parameter",
+    "output_types": "g.op's declared output types",
 }
 # Spellings of the default ONNX domain, where only standard ops live.
 _DEFAULT_DOMAINS = ("", "ai.onnx")
