@@ -144,7 +144,7 @@ def custom_linear(rng: np.random.Generator) -> tuple[Case, Case]:
 
 
 def bev_pool(rng: np.random.Generator) -> tuple[Case, Case]:
-    b, n, d, fh, fw, c = 1, int(rng.integers(1, 3)), int(rng.integers(1, 5)), int(rng.integers(1, 4)), int(rng.integers(1, 5)), int(rng.integers(1, 9))
+    b, n, d, fh, fw, c = 1, int(rng.integers(1, 3)), int(rng.integers(1, 5)), int(rng.integers(1, 4)), int(rng.integers(1, 5)), int(rng.integers(1, 41))
     z, y, xg = 1, int(rng.integers(1, 6)), int(rng.integers(1, 6))
     idx = str(rng.choice(["int32", "int64"]))
     dtype = str(rng.choice(["float32", "float64", "float16"]))

@@ -150,11 +150,13 @@ def test_custom_linear_matches_python(dtype: str, x_shape: tuple[int, ...], out:
 
 
 # ---- bev::BEVPoolV2 ------------------------------------------------------------------------------------
-def bev_case(index_dtype: torch.dtype, dtype: str, cameras: int = 2, channels: int = 5) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    depth_bins, hw, grid = 7, (4, 6), (16, 16, 1)
+def bev_case(index_dtype: torch.dtype, dtype: str, cameras: int = 2, channels: int = 5,
+             grid: tuple[int, int, int] = (16, 16, 1)) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:  # fmt: skip
+    depth_bins, hw = 7, (4, 6)
     coor = synthetic_frustum(1, cameras, depth_bins, hw)
+    voxel = (102.4 / grid[0], 102.4 / grid[1], 8.0)
     ranks_bev, ranks_depth, ranks_feat, starts, lengths = prepare_bev_ranks(
-        coor, (-51.2, -51.2, -5.0), (6.4, 6.4, 8.0), grid, index_dtype=index_dtype
+        coor, (-51.2, -51.2, -5.0), voxel, grid, index_dtype=index_dtype
     )
     idx = "int32" if index_dtype == torch.int32 else "int64"
     shape = [1, 1, grid[1], grid[0], channels]
@@ -186,6 +188,26 @@ def test_bev_pool_matches_python_and_eager(dtype: str, index_dtype: torch.dtype)
         eager = bev_pool_v2(t["depth"], t["feat"], t["ranks_depth"], t["ranks_feat"], t["ranks_bev"],
                             shape, t["interval_starts"], t["interval_lengths"])  # fmt: skip
         torch.testing.assert_close(torch.from_numpy(native), eager)
+
+
+# Channel counts around the native kernel's SIMD blocks (16 floats, 8 doubles) and tails; grids of
+# more than one transpose tile (1024 cells); the Python kernel is the reference.
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("channels,grid", [(1, (40, 40, 1)), (16, (16, 16, 1)), (37, (48, 40, 1)), (80, (36, 36, 1))],
+                         ids=["C1-40x40", "C16-16x16", "C37-48x40", "C80-36x36"])  # fmt: skip
+def test_bev_pool_simd_blocks_and_tiles(dtype: str, channels: int, grid: tuple[int, int, int]) -> None:
+    m, feeds = bev_case(torch.int32, dtype, cameras=3, channels=channels, grid=grid)
+    (native,) = run_native(m, feeds)
+    (python,) = run_python(m, feeds)
+    assert native.shape == (1, channels, 1, grid[1], grid[0])
+    assert_close(native, python, dtype, scale=4.0)
+    # two intervals aimed at one cell add up, through the SIMD path too
+    starts, lengths = feeds["interval_starts"], feeds["interval_lengths"]
+    twice = dict(feeds, interval_starts=np.concatenate([starts, starts[:3]]),
+                 interval_lengths=np.concatenate([lengths, lengths[:3]]))  # fmt: skip
+    (doubled,) = run_native(m, twice)
+    (head,) = run_native(m, dict(feeds, interval_starts=starts[:3], interval_lengths=lengths[:3]))
+    assert_close(doubled, native + head, dtype, scale=4.0)
 
 
 def test_bev_pool_ignores_points_outside_intervals_and_sums_shared_cells() -> None:

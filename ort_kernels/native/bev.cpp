@@ -4,6 +4,7 @@
 // ignored; output (B, C, Z, Y, X) in feat's dtype. Semantics of ort_kernels/bev.py; intervals
 // that share a cell add up, like the eager op (the Python kernel keeps the last one).
 #include <algorithm>
+#include <memory>
 
 #include "numeric.h"
 
@@ -44,6 +45,23 @@ void check_range(const Index& ix, const char* name, int64_t upper) {
   }
 }
 
+// Is every p[i], i in [begin, end), in [0, upper)? A min/max reduction in I, which vectorises
+// with baseline SIMD; the exact position of a bad value is then found by check_range.
+template <typename I>
+bool all_in_range(const I* p, int64_t begin, int64_t end, int64_t upper) {
+  if (begin >= end) return true;
+  I lo = p[begin], hi = p[begin];
+  for (int64_t i = begin; i < end; ++i) {
+    lo = p[i] < lo ? p[i] : lo;
+    hi = p[i] > hi ? p[i] : hi;
+  }
+  return lo >= 0 && static_cast<int64_t>(hi) < upper;
+}
+
+bool all_in_range(const Index& ix, int64_t begin, int64_t end, int64_t upper) {
+  return ix.wide ? all_in_range(ix.wide, begin, end, upper) : all_in_range(ix.narrow, begin, end, upper);
+}
+
 // depth values read as the accumulation type, whatever depth's float dtype.
 template <typename A>
 struct DepthReader {
@@ -58,6 +76,151 @@ struct DepthReader {
     }
   }
 };
+
+// Channels go in blocks of four vector-extension values (GCC/Clang) that stay in SIMD registers
+// while an interval's points stream by, like the eager op's kernel (onnx_custom/ops/csrc/
+// bev_pool.cpp). Bytes = 16 is the baseline x86-64/arm64 width the library is built for (wider
+// generic vectors spill there); Bytes = 32 runs in a function compiled for AVX2 (see below).
+template <typename A, int Bytes>
+struct Vec {
+  typedef A type __attribute__((vector_size(Bytes)));
+  static constexpr int64_t lanes = Bytes / sizeof(A);
+};
+
+// Vectors travel by reference: a by-value 32-byte vector outside AVX code is an ABI change GCC
+// warns about (-Wpsabi).
+template <typename A, int Bytes, typename T>
+__attribute__((always_inline)) inline void load_vec(const T* p, typename Vec<A, Bytes>::type& v) {
+  if constexpr (std::is_same_v<A, T>) {
+    std::memcpy(&v, p, sizeof(v));
+  } else {
+    for (int64_t j = 0; j < Vec<A, Bytes>::lanes; ++j) v[j] = static_cast<A>(load(p[j]));
+  }
+}
+
+template <typename A, int Bytes, typename T>
+__attribute__((always_inline)) inline void store_vec(T* p, const typename Vec<A, Bytes>::type& v) {
+  if constexpr (std::is_same_v<A, T>) {
+    std::memcpy(p, &v, sizeof(v));
+  } else {
+    for (int64_t j = 0; j < Vec<A, Bytes>::lanes; ++j) p[j] = store<T>(v[j]);
+  }
+}
+
+// Everything one interval needs. Accumulation type A: float for float/float16/bfloat16, double for
+// double; point by point in index order (as the eager op).
+template <typename T>
+struct Pooling {
+  using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  DepthReader<A> depth_at;
+  const T* feat_rows;
+  const Index *rd, *rf, *rb, *starts, *lengths;
+  const uint8_t* first;  // interval k is the first of its cell: store, not add
+  T* rows;               // one row of C channels per BEV cell
+  int64_t C;
+};
+
+// Intervals [k0, k1): gather each one's points once (depth weight, feature row), then sum them
+// channel block by channel block into the cell's row.
+template <int Bytes, typename T>
+__attribute__((always_inline)) inline void sum_intervals(const Pooling<T>& job, int64_t k0, int64_t k1) {
+  using A = typename Pooling<T>::A;
+  using V = typename Vec<A, Bytes>::type;
+  constexpr int64_t L = Vec<A, Bytes>::lanes;
+  const int64_t C = job.C;
+  std::vector<A> weight;
+  std::vector<const T*> src;
+  for (int64_t k = k0; k < k1; ++k) {
+    const int64_t s = (*job.starts)[k], n = (*job.lengths)[k];
+    if (n == 0) continue;
+    weight.resize(static_cast<size_t>(n));
+    src.resize(static_cast<size_t>(n));
+    for (int64_t q = 0; q < n; ++q) {
+      weight[q] = job.depth_at((*job.rd)[s + q]);
+      src[q] = job.feat_rows + (*job.rf)[s + q] * C;
+    }
+    T* dst = job.rows + (*job.rb)[s] * C;
+    const bool store_only = job.first[k] != 0;
+    int64_t c0 = 0;
+    for (; c0 + 4 * L <= C; c0 += 4 * L) {
+      V a[4] = {}, x = {};
+      for (int64_t q = 0; q < n; ++q) {
+        for (int v = 0; v < 4; ++v) {
+          load_vec<A, Bytes>(src[q] + c0 + v * L, x);
+          a[v] += weight[q] * x;
+        }
+      }
+      for (int v = 0; v < 4; ++v) {
+        if (!store_only) {
+          load_vec<A, Bytes>(dst + c0 + v * L, x);
+          a[v] = x + a[v];
+        }
+        store_vec<A, Bytes>(dst + c0 + v * L, a[v]);
+      }
+    }
+    for (; c0 + L <= C; c0 += L) {  // e.g. C = 80 on AVX2: 2 blocks of 32, then 2 of 8
+      V a = {}, x = {};
+      for (int64_t q = 0; q < n; ++q) {
+        load_vec<A, Bytes>(src[q] + c0, x);
+        a += weight[q] * x;
+      }
+      if (!store_only) {
+        load_vec<A, Bytes>(dst + c0, x);
+        a = x + a;
+      }
+      store_vec<A, Bytes>(dst + c0, a);
+    }
+    for (; c0 < C; ++c0) {
+      A acc = 0;
+      for (int64_t q = 0; q < n; ++q) acc += weight[q] * static_cast<A>(load(src[q][c0]));
+      dst[c0] = store<T>(store_only ? acc : static_cast<A>(load(dst[c0])) + acc);
+    }
+  }
+}
+
+// The AVX2 build of sum_intervals, chosen at run time where the CPU has AVX2: twice the lanes per
+// instruction. Same operations in the same order (no FMA contraction), so the same results.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define OC_BEV_AVX2 1
+template <typename T>
+__attribute__((target("avx2"))) void sum_intervals_avx2(const Pooling<T>& job, int64_t k0, int64_t k1) {
+  sum_intervals<32>(job, k0, k1);
+}
+#endif
+
+template <typename T>
+void sum_intervals_any(const Pooling<T>& job, int64_t k0, int64_t k1) {
+#ifdef OC_BEV_AVX2
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return sum_intervals_avx2(job, k0, k1);
+#endif
+  sum_intervals<16>(job, k0, k1);
+}
+
+// One row of C channels per cell (B * cells, C) -> channels-first (B, C, cells); cells no
+// interval wrote (`written` 0) become zeros. Tiles of 16 channels x 256 cells keep their row lines
+// (16 KiB) in L1 while each channel writes a 1 KiB run (a direct strided store per channel would
+// walk cells-sized steps); 1024-cell tiles (64 KiB of row lines) fall out of L1.
+template <typename T>
+void rows_to_channels_first(Context& ctx, const T* rows, const uint8_t* written, T* out, int64_t B,
+                            int64_t C, int64_t S) {
+  constexpr int64_t kChannels = 16, kCells = 256;
+  const int64_t ctiles = (C + kChannels - 1) / kChannels, stiles = (S + kCells - 1) / kCells;
+  const T zero = store<T>(0.0f);
+  ctx.parallel_for(static_cast<size_t>(B * stiles * ctiles), [&](size_t task) {
+    const int64_t t = static_cast<int64_t>(task);
+    const int64_t b = t / (stiles * ctiles), st = (t / ctiles) % stiles, ct = t % ctiles;
+    const int64_t s0 = st * kCells, s1 = std::min(S, s0 + kCells);
+    const int64_t c0 = ct * kChannels, c1 = std::min(C, c0 + kChannels);
+    const T* rw = rows + b * S * C;
+    const uint8_t* seen = written + b * S;
+    T* cf = out + b * C * S;
+    for (int64_t c = c0; c < c1; ++c) {
+      T* dst = cf + c * S;
+      for (int64_t j = s0; j < s1; ++j) dst[j] = seen[j] ? rw[j * C + c] : zero;
+    }
+  });
+}
 
 class BEVPoolV2 final : public Kernel {
  public:
@@ -107,9 +270,20 @@ class BEVPoolV2 final : public Kernel {
            static_cast<long long>(starts.size), static_cast<long long>(lengths.size));
     }
     const int64_t cells = Z * Y * X, points = rd.size;
-    check_range(rd, "ranks_depth", depth.size);
-    check_range(rf, "ranks_feat", feat.size / C);
-    check_range(rb, "ranks_bev", B * cells);
+    // A parallel, branch-free pass; when it finds a bad rank, the serial one names the first.
+    const int64_t checks = std::max<int64_t>(1, std::min<int64_t>(64, points / (16 * kPointsPerTask)));
+    std::vector<uint8_t> ranks_ok(static_cast<size_t>(checks), 0);
+    ctx.parallel_for(static_cast<size_t>(checks), [&](size_t task) {
+      int64_t i0, i1;
+      chunk_range(points, checks, static_cast<int64_t>(task), &i0, &i1);
+      ranks_ok[task] = all_in_range(rd, i0, i1, depth.size) && all_in_range(rf, i0, i1, feat.size / C) &&
+                       all_in_range(rb, i0, i1, B * cells);
+    });
+    if (std::find(ranks_ok.begin(), ranks_ok.end(), 0) != ranks_ok.end()) {
+      check_range(rd, "ranks_depth", depth.size);
+      check_range(rf, "ranks_feat", feat.size / C);
+      check_range(rb, "ranks_bev", B * cells);
+    }
     for (int64_t k = 0; k < starts.size; ++k) {
       const int64_t s = starts[k], n = lengths[k];
       if (s < 0 || n < 0 || n > points - s) {
@@ -137,49 +311,35 @@ class BEVPoolV2 final : public Kernel {
   }
 
  private:
+  // The eager op's forward strategy: intervals in parallel (sum_intervals), each stored as one
+  // row per BEV cell; a tiled transpose makes the channels-first output.
   template <typename T>
   void pool(Context& ctx, const Tensor& depth, const Tensor& feat, const Index& rd,
             const Index& rf, const Index& rb, const Index& starts, const Index& lengths,
             const Tensor& out, int64_t cells, int64_t C) const {
-    using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
-    const DepthReader<A> depth_at{depth.data, depth.elem};
-    const T* rows = feat.as<T>();
-    T* dst = out.mut<T>();
     const int64_t intervals = starts.size, batches = shape_[0];
-    // Distinct target cells let intervals run in parallel and store; shared cells accumulate.
-    std::vector<uint8_t> seen(static_cast<size_t>(batches * cells), 0);
+    // written[cell]: some interval stores it. first[k]: interval k is the first (non-empty) one
+    // of its cell, so it stores rather than adds. Shared cells run serially, in interval order.
+    std::vector<uint8_t> written(static_cast<size_t>(batches * cells), 0);
+    std::vector<uint8_t> first(static_cast<size_t>(intervals), 0);
     bool shared = false;
-    for (int64_t k = 0; k < intervals && !shared; ++k) {
+    for (int64_t k = 0; k < intervals; ++k) {
       if (lengths[k] == 0) continue;
-      uint8_t& mark = seen[static_cast<size_t>(rb[starts[k]])];
-      shared = mark != 0;
+      uint8_t& mark = written[static_cast<size_t>(rb[starts[k]])];
+      shared = shared || mark != 0;
+      first[k] = mark == 0;
       mark = 1;
     }
-    const T zero = store<T>(0.0f);
-    std::fill(dst, dst + out.size, zero);
+    std::unique_ptr<T[]> rows(new T[static_cast<size_t>(batches * cells * C)]);
+    const Pooling<T> job{{depth.data, depth.elem}, feat.as<T>(), &rd, &rf, &rb, &starts, &lengths,
+                         first.data(), rows.get(), C};
     const int64_t tasks = shared ? 1 : std::max<int64_t>(1, std::min<int64_t>(256, rd.size / kPointsPerTask));
     ctx.parallel_for(static_cast<size_t>(tasks), [&](size_t task) {
       int64_t k0, k1;
       chunk_range(intervals, tasks, static_cast<int64_t>(task), &k0, &k1);
-      std::vector<A> acc(static_cast<size_t>(C));
-      for (int64_t k = k0; k < k1; ++k) {
-        const int64_t s = starts[k], n = lengths[k];
-        if (n == 0) continue;
-        std::fill(acc.begin(), acc.end(), A(0));
-        for (int64_t i = s; i < s + n; ++i) {
-          const A w = depth_at(rd[i]);
-          const T* row = rows + rf[i] * C;
-          A* a = acc.data();
-          for (int64_t c = 0; c < C; ++c) a[c] += w * static_cast<A>(load(row[c]));
-        }
-        const int64_t cell = rb[s], b = cell / cells, at = cell % cells;
-        T* base = dst + b * C * cells + at;
-        for (int64_t c = 0; c < C; ++c) {
-          base[c * cells] = shared ? store<T>(static_cast<A>(load(base[c * cells])) + acc[c])
-                                   : store<T>(acc[c]);
-        }
-      }
+      sum_intervals_any(job, k0, k1);
     });
+    rows_to_channels_first(ctx, rows.get(), written.data(), out.mut<T>(), batches, C, cells);
   }
 
   std::vector<int64_t> shape_;
