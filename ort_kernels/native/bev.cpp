@@ -2,7 +2,7 @@
 // ranks_bev[starts[k]] receives sum over i in [starts[k], starts[k] + lengths[k]) of
 // depth.flat[ranks_depth[i]] * feat_rows[ranks_feat[i], :]; points outside every interval are
 // ignored; output (B, C, Z, Y, X) in feat's dtype. Semantics of ort_kernels/bev.py; intervals
-// that share a cell add up, like the eager op (the Python kernel keeps the last one).
+// that share a cell add up, like the eager op and the Python kernel.
 #include <algorithm>
 #include <memory>
 
