@@ -14,8 +14,8 @@ import torch
 
 import onnx_custom
 from onnx_custom import SymbolicError, VerificationError
-from onnx_custom.registry import SymbolicEntry, default_registry
 from onnx_custom.names import normalize_target
+from onnx_custom.registry import SymbolicEntry, default_registry
 from onnx_custom.runtime import KernelRegistry, default_kernel_registry
 from onnx_custom.spec import (
     Attribute,
