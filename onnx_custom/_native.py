@@ -18,7 +18,7 @@ from types import ModuleType
 
 from onnx_custom.errors import ExtensionBuildError
 
-__all__ = ["build_torch_extension", "cache_root", "extension_built"]
+__all__ = ["build_torch_extension", "cache_root", "extension_built", "find_compiler"]
 
 
 _COMPLETE = ".complete"  # written into a build folder once its build succeeded
@@ -28,6 +28,19 @@ def cache_root() -> Path:
     """Folder holding cached native builds (override with ``ONNX_CUSTOM_CACHE_DIR``)."""
     env = os.environ.get("ONNX_CUSTOM_CACHE_DIR")
     return Path(env) if env else Path.home() / ".cache" / "onnx_custom"
+
+
+def find_compiler(env_var: str, names: Sequence[str], *, language: str, needed_for: str, package: str) -> str:
+    """The compiler ``$env_var`` names, else the first of ``names`` on PATH (it may carry flags,
+    as ``CXX="ccache g++"`` does); `ExtensionBuildError` naming them all and the fix otherwise."""
+    for name in (os.environ.get(env_var), *names):
+        if name and shutil.which(name.split()[0]):
+            return name
+    listed = ", ".join(f"`{n}`" for n in names)
+    raise ExtensionBuildError(
+        f"{needed_for} needs a {language} compiler: expected ${env_var}, {listed} on PATH, found "
+        f"none; fix: install one (e.g. `apt-get install {package}`) or set {env_var}."
+    )
 
 
 def _cxx() -> str:

@@ -15,7 +15,6 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -24,7 +23,7 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
-from onnx_custom._native import cache_root
+from onnx_custom._native import cache_root, find_compiler
 from onnx_custom.errors import ExtensionBuildError
 
 __all__ = ["MODULE_NAME", "cache_root", "load_shim", "shim_built", "shim_path"]
@@ -66,13 +65,7 @@ def _build_key(source: bytes, header: bytes) -> str:
 
 
 def _compiler() -> str:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name.split()[0]):
-            return name
-    raise ExtensionBuildError(
-        "onnx-custom needs a C compiler to build its ONNX Runtime kernel shim: expected `cc`, `gcc` "
-        "or `clang` on PATH (or $CC), found none; fix: install one (e.g. `apt-get install gcc`)."
-    )
+    return find_compiler("CC", ("cc", "gcc", "clang"), language="C", needed_for="building the ONNX Runtime kernel shim", package="gcc")
 
 
 def _compile(source: Path, include_dir: Path, target: Path) -> None:

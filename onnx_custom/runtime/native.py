@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from onnx_custom._native import _process_lock, cache_root
+from onnx_custom._native import _process_lock, cache_root, find_compiler
 from onnx_custom.errors import ExtensionBuildError, InvalidArgumentError, KernelError
 
 if TYPE_CHECKING:
@@ -87,13 +87,7 @@ def _sources() -> list[Path]:
 
 
 def _compiler() -> str:
-    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
-        if name and shutil.which(name.split()[0]):
-            return name
-    raise ExtensionBuildError(
-        "building libonnx_custom_ops.so needs a C++17 compiler: expected $CXX, `c++`, `g++` or "
-        "`clang++` on PATH, found none; fix: install one (e.g. `apt-get install g++`) or set CXX."
-    )
+    return find_compiler("CXX", ("c++", "g++", "clang++"), language="C++17", needed_for=f"building {LIBRARY_NAME}", package="g++")
 
 
 @functools.cache
