@@ -12,6 +12,8 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
+from onnx_custom import errors as _errors
+
 if TYPE_CHECKING:
     from onnx_custom import attributes as attr
     from onnx_custom._torchscript import registered
@@ -89,27 +91,8 @@ __all__ = [
 ]
 
 # public name -> (module, attribute); attribute None: the module itself.
-# Every error class a user may catch (the catalog in onnx_custom.errors; tests/test_error_catalog.py).
-_ERRORS = (
-    "CliInputError",
-    "DeformConv2dDtypeError",
-    "DeformConv2dError",
-    "DynamicShapesError",
-    "ExtensionBuildError",
-    "InvalidArgumentError",
-    "KernelError",
-    "ModelLoadError",
-    "ModelNotFoundError",
-    "NodeDeclarationError",
-    "OnnxCustomError",
-    "OpsetError",
-    "OutputPathError",
-    "ShapeSpecError",
-    "SpecError",
-    "SymbolicError",
-    "UnsupportedOpError",
-    "VerificationError",
-)
+# Every error class a user may catch: the catalog's own list (errors.py is plain Python, no torch).
+_ERRORS = tuple(_errors.__all__)
 _RUNTIME = ("InferenceSession", "session_options", "kernel", "KernelRegistry", "reference_evaluator")
 _LAZY: dict[str, tuple[str, str | None]] = {
     "attr": ("onnx_custom.attributes", None),
