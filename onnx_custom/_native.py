@@ -12,13 +12,14 @@ import hashlib
 import os
 import shutil
 import sys
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 
 from onnx_custom.errors import ExtensionBuildError
 
-__all__ = ["build_torch_extension", "cache_root", "extension_built", "find_compiler"]
+__all__ = ["KernelModule", "build_torch_extension", "cache_root", "extension_built", "find_compiler"]
 
 
 _COMPLETE = ".complete"  # written into a build folder once its build succeeded
@@ -179,3 +180,31 @@ def build_torch_extension(name: str, source: Path, *, extra_cflags: Sequence[str
             raise ExtensionBuildError(f"building the C++ extension {name!r} in {directory} failed:\n" + "\n".join(detail)) from exc
         marker.write_text("ok")
     return result if is_python_module else library
+
+
+class KernelModule:
+    """An op family's C++ kernels as a Python module (`build_torch_extension` with
+    ``is_python_module=True``): built on the first `load` (~30 s; one thread builds while the
+    others wait), then served from memory without a lock. ``cflags`` is called when needed, not
+    at import (it may ask torch about the CPU)."""
+
+    def __init__(self, name: str, source: Path, cflags: Callable[[], Sequence[str]]) -> None:
+        self.name, self.source, self._cflags = name, source, cflags
+        self._lock = threading.Lock()
+        self._module: ModuleType | None = None
+
+    def directory(self) -> Path:
+        """The build-cache folder (`extension_built` tells whether the first load still compiles)."""
+        return extension_directory(self.name, self.source, self._cflags())
+
+    def load(self) -> ModuleType:
+        """Build (first call) or load the cached kernels."""
+        module = self._module
+        if module is None:
+            with self._lock:
+                if self._module is None:
+                    built = build_torch_extension(self.name, self.source, extra_cflags=self._cflags(), is_python_module=True)
+                    assert isinstance(built, ModuleType)
+                    self._module = built
+                module = self._module
+        return module

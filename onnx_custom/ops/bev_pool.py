@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,7 +40,7 @@ from typing import Any
 
 import torch
 
-from onnx_custom._native import build_torch_extension, extension_directory
+from onnx_custom._native import KernelModule
 from onnx_custom.errors import ExtensionBuildError
 from onnx_custom.runtime.function_builder import TranslationBody
 from onnx_custom.spec import Attribute, Input, OpSpec, Output, define_op, op_arguments
@@ -95,31 +94,18 @@ BEV_POOL_V2 = OpSpec(
 )
 SPECS = (BEV_POOL_V2,)
 _SOURCE = Path(__file__).parent / "csrc" / "bev_pool.cpp"
-_LOCK = threading.Lock()
 
 
-@functools.cache
-def _load() -> ModuleType:
+def _cflags() -> list[str]:
     # The same flags as deform_conv2d's: -O3, OpenMP, AVX2/FMA where the CPU has them.
-    from onnx_custom.ops.deform_conv import _cflags
+    from onnx_custom.ops.deform_conv import _cflags as deform_conv_cflags
 
-    module = build_torch_extension(_EXTENSION, _SOURCE, extra_cflags=_cflags(), is_python_module=True)
-    assert isinstance(module, ModuleType)
-    return module
+    return deform_conv_cflags()
 
 
-def build_directory() -> Path:
-    """The build-cache folder of the C++ kernels (`onnx_custom._native.extension_built` tells
-    whether the first use still has to compile them; ``onnx-custom zoo`` announces that build)."""
-    from onnx_custom.ops.deform_conv import _cflags
-
-    return extension_directory(_EXTENSION, _SOURCE, _cflags())
-
-
-def load_extension() -> ModuleType:
-    """Build (first call, ~30 s) or load the cached C++ kernels."""
-    with _LOCK:
-        return _load()
+_KERNELS = KernelModule(_EXTENSION, _SOURCE, _cflags)
+build_directory = _KERNELS.directory  # the C++ kernels' build-cache folder (the zoo announces a build)
+load_extension = _KERNELS.load  # build (first call, ~30 s) or load the cached C++ kernels
 
 
 @functools.cache

@@ -35,17 +35,14 @@ are drop-ins for ``torchvision.ops``' and compile with ``torch.jit.script``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-import threading
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from onnx_custom._native import build_torch_extension, extension_directory
+from onnx_custom._native import KernelModule
 from onnx_custom.errors import DeformConv2dDtypeError, DeformConv2dError
 from onnx_custom.runtime.function_builder import TranslationBody
 from onnx_custom.spec import EAGER, NODE, Attribute, Input, OpSpec, Output, define_op, op_arguments
@@ -71,7 +68,6 @@ _SOURCE = Path(__file__).parent / "csrc" / "deform_conv2d.cpp"
 _EXTENSION = "onnx_custom_deform_conv2d"
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 """The dtypes ``deform_conv2d`` accepts (eager, fake, and the ``custom::DeformConv2d`` kernel)."""
-_LOCK = threading.Lock()
 _FLOATS = tuple(str(d).removeprefix("torch.") for d in DTYPES)
 _VISION = "onnx_custom.symbolics.vision"
 # What a custom node without the attribute means (the torch schema, torchvision's, has no defaults).
@@ -132,23 +128,9 @@ def _cflags() -> list[str]:
     return flags
 
 
-@functools.cache
-def _load() -> ModuleType:
-    module = build_torch_extension(_EXTENSION, _SOURCE, extra_cflags=_cflags(), is_python_module=True)
-    assert isinstance(module, ModuleType)
-    return module
-
-
-def build_directory() -> Path:
-    """The build-cache folder of the C++ kernels (`onnx_custom._native.extension_built` tells
-    whether the first use still has to compile them)."""
-    return extension_directory(_EXTENSION, _SOURCE, _cflags())
-
-
-def load_extension() -> ModuleType:
-    """Build (first call, ~30 s) or load the cached C++ kernels."""
-    with _LOCK:
-        return _load()
+_KERNELS = KernelModule(_EXTENSION, _SOURCE, _cflags)
+build_directory = _KERNELS.directory  # the C++ kernels' build-cache folder (the zoo announces a build)
+load_extension = _KERNELS.load  # build (first call, ~30 s) or load the cached C++ kernels
 
 
 def output_size(
