@@ -30,9 +30,9 @@ import onnxruntime as ort
 import torch
 
 import onnx_custom
-import onnx_custom.symbolics.bev
+import onnx_custom.symbolics.bev_pool
 from onnx_custom.ops.bev_pool import bev_pool_v2, prepare_bev_ranks, synthetic_frustum
-from onnx_custom.ort_kernels.bev import bev_pool_v2_numpy
+from onnx_custom.ort_kernels.bev_pool import bev_pool_v2_numpy
 
 __all__ = ["Pool", "inputs", "main", "paired"]
 

@@ -19,7 +19,7 @@ import torch
 
 import onnx_custom
 import onnx_custom.ops.seed
-from onnx_custom._torchscript import registered
+from onnx_custom.exporter.torchscript import registered
 
 
 class Model(torch.nn.Module):
@@ -62,7 +62,7 @@ def main() -> None:
     def ours_ts() -> None:
         onnx_custom.export(model, args, exporter="torchscript", opset=13)
 
-    print(f"{'exporter':<12} {'raw torch.onnx.export':>22} {'onnx_custom.export':>20} {'ratio':>7}")
+    print(f"{'exporter':<12} {'raw torch.onnx.export':>22} {'onnx_custom.api':>20} {'ratio':>7}")
     for name, raw, ours, scope in (("dynamo", raw_dynamo, ours_dynamo, contextlib.nullcontext), ("torchscript", raw_ts, ours_ts, registered)):
         raw_samples: list[float] = []
         our_samples: list[float] = []

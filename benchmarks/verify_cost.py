@@ -35,9 +35,9 @@ import torch
 from torch import nn
 
 import onnx_custom
-from onnx_custom.compare import compare_arrays
 from onnx_custom.models.deform_conv import DeformBlock
-from onnx_custom.runner import make_session
+from onnx_custom.verification.compare import compare_arrays
+from onnx_custom.verification.runner import make_session
 
 __all__ = ["DcnResNet", "main", "paired", "planted_registry"]
 
@@ -76,10 +76,10 @@ def example(seed: int = 0) -> tuple[torch.Tensor]:
 
 def planted_registry() -> onnx_custom.Registry:
     """The default registry with a wrong DeformConv translation (the modulation mask dropped)."""
-    from onnx_custom.symbolics import vision
+    from onnx_custom.symbolics import deform_conv as deform_conv_symbolics
 
     def planted_deform_conv2d(g: Any, input: Any, weight: Any, offset: Any, mask: Any, bias: Any, **attrs: Any) -> Any:
-        return vision.deform_conv2d(g, input, weight, offset, mask, bias, **{**attrs, "use_mask": False})
+        return deform_conv_symbolics.deform_conv2d(g, input, weight, offset, mask, bias, **{**attrs, "use_mask": False})
 
     registry = onnx_custom.default_registry().copy()
     registry.symbolic("onnx_custom::deform_conv2d", opset=OPSET, replace=True)(planted_deform_conv2d)

@@ -16,7 +16,7 @@ import warnings
 from typing import Any
 
 import onnx_custom
-from onnx_custom.verify import DEFAULT_SHAPE_TRIALS, verify
+from onnx_custom.verification.verifier import DEFAULT_SHAPE_TRIALS, verify
 from onnx_custom.zoo import discover
 
 __all__ = ["main", "time_row"]

@@ -3,9 +3,9 @@
  * Loads ONNX Runtime's shared library (e.g. the libonnxruntime.so.1.31.1 inside the onnxruntime
  * wheel, onnxruntime/capi/), registers libonnx_custom_ops.so through the C API's
  * RegisterCustomOpsLibrary_V2, runs the model on float32 inputs read from files and writes its
- * first output. Uses only ort_kernels/native/include/onnx_custom_ort_abi.h.
+ * first output. Uses only onnx_custom/runtime/include/onnx_custom_ort_abi.h.
  *
- * Build:  cc -std=c11 -O2 -I ort_kernels/native/include examples/run_model.c -ldl -o run_model
+ * Build:  cc -std=c11 -O2 -I onnx_custom/runtime/include examples/run_model.c -ldl -o run_model
  * Run:    ./run_model LIBONNXRUNTIME LIBONNX_CUSTOM_OPS MODEL.onnx OUTPUT.tensor INPUT.tensor...
  *         (one INPUT file per model input, in the model's input order; ONNX_CUSTOM_THREADS sets
  *         the intra-op thread count, default 1)

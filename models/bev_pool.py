@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-import onnx_custom.ort_kernels.bev
-import onnx_custom.symbolics.bev  # noqa: F401  (translations)
+import onnx_custom.ort_kernels.bev_pool
+import onnx_custom.symbolics.bev_pool  # noqa: F401  (translations)
 from onnx_custom.ops.bev_pool import bev_pool_v2, prepare_bev_ranks, synthetic_frustum
 from onnx_custom.zoo import ZooCase
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-import onnx_custom.ort_kernels.linear
-import onnx_custom.symbolics.linear  # noqa: F401  (translations)
+import onnx_custom.ort_kernels.custom_linear
+import onnx_custom.symbolics.custom_linear  # noqa: F401  (translations)
 from onnx_custom.ops.custom_linear import custom_linear
 from onnx_custom.zoo import ZooCase
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-import onnx_custom.ort_kernels.vision
-import onnx_custom.symbolics.vision  # noqa: F401  (translations, kernels)
+import onnx_custom.ort_kernels.deform_conv
+import onnx_custom.symbolics.deform_conv  # noqa: F401  (translations, kernels)
 from onnx_custom.ops import DeformConv2d
 from onnx_custom.zoo import ZooCase
 

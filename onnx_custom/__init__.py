@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any
 from onnx_custom import errors as _errors
 
 if TYPE_CHECKING:
-    from onnx_custom import attributes as attr
-    from onnx_custom._torchscript import registered
+    from onnx_custom.api import export
     from onnx_custom.errors import (
         CliInputError,
         DeformConv2dDtypeError,
@@ -37,16 +36,17 @@ if TYPE_CHECKING:
         UnsupportedOpError,
         VerificationError,
     )
-    from onnx_custom.export import export
-    from onnx_custom.preflight import check as check
-    from onnx_custom.registry import Registry, SymbolicEntry, default_registry, symbolic
+    from onnx_custom.exporter.torchscript import registered
     from onnx_custom.runtime import InferenceSession, kernel, session_options
     from onnx_custom.runtime import KernelRegistry as KernelRegistry
     from onnx_custom.runtime import reference_evaluator as reference_evaluator
     from onnx_custom.runtime.failures import KernelRunError
     from onnx_custom.runtime.native import library_path
     from onnx_custom.spec import OpSpec, load_specs, register_spec
-    from onnx_custom.verify import VerificationReport, verify
+    from onnx_custom.translate import attributes as attr
+    from onnx_custom.translate.registry import Registry, SymbolicEntry, default_registry, symbolic
+    from onnx_custom.verification.preflight import check as check
+    from onnx_custom.verification.verifier import VerificationReport, verify
 
 __version__ = "0.1.0"
 
@@ -95,23 +95,23 @@ __all__ = [
 _ERRORS = tuple(_errors.__all__)
 _RUNTIME = ("InferenceSession", "session_options", "kernel", "KernelRegistry", "reference_evaluator")
 _LAZY: dict[str, tuple[str, str | None]] = {
-    "attr": ("onnx_custom.attributes", None),
-    "registered": ("onnx_custom._torchscript", "registered"),
+    "attr": ("onnx_custom.translate.attributes", None),
+    "registered": ("onnx_custom.exporter.torchscript", "registered"),
     **{name: ("onnx_custom.errors", name) for name in _ERRORS},
-    "export": ("onnx_custom.export", "export"),
-    "Registry": ("onnx_custom.registry", "Registry"),
-    "SymbolicEntry": ("onnx_custom.registry", "SymbolicEntry"),
-    "default_registry": ("onnx_custom.registry", "default_registry"),
-    "symbolic": ("onnx_custom.registry", "symbolic"),
+    "export": ("onnx_custom.api", "export"),
+    "Registry": ("onnx_custom.translate.registry", "Registry"),
+    "SymbolicEntry": ("onnx_custom.translate.registry", "SymbolicEntry"),
+    "default_registry": ("onnx_custom.translate.registry", "default_registry"),
+    "symbolic": ("onnx_custom.translate.registry", "symbolic"),
     "OpSpec": ("onnx_custom.spec", "OpSpec"),
     "load_specs": ("onnx_custom.spec", "load_specs"),
     "register_spec": ("onnx_custom.spec", "register_spec"),
-    "VerificationReport": ("onnx_custom.verify", "VerificationReport"),
-    "verify": ("onnx_custom.verify", "verify"),
+    "VerificationReport": ("onnx_custom.verification.verifier", "VerificationReport"),
+    "verify": ("onnx_custom.verification.verifier", "verify"),
     **{name: ("onnx_custom.runtime", name) for name in _RUNTIME},  # onnxruntime + the compiled shim
     "library_path": ("onnx_custom.runtime.native", "library_path"),  # compiled on first use
     "KernelRunError": ("onnx_custom.runtime.failures", "KernelRunError"),  # subclasses onnxruntime's Fail
-    "check": ("onnx_custom.preflight", "check"),
+    "check": ("onnx_custom.verification.preflight", "check"),
     "testing": ("onnx_custom.testing", None),  # onnx_custom.testing.check_op without importing it
 }
 
@@ -122,7 +122,7 @@ _SHADOWED = ("export", "verify")
 
 def translation_table(opset: int = 18, registry: Registry | None = None) -> dict[Any, Any]:
     """``custom_translation_table`` for your own ``torch.onnx.export(..., dynamo=True)``."""
-    from onnx_custom._dynamo import translation_table as build
+    from onnx_custom.exporter.dynamo import translation_table as build
 
     return build(opset, registry)
 
@@ -144,7 +144,7 @@ def __dir__() -> list[str]:
 class _Package(types.ModuleType):
     def __setattr__(self, name: str, value: Any) -> None:
         # The import system binds a loaded submodule onto its package; for the shadowed names
-        # bind the function instead, as an eager ``from onnx_custom.export import export`` did.
+        # bind the function instead, as an eager ``from onnx_custom.api import export`` did.
         if name in _SHADOWED and isinstance(value, types.ModuleType) and value.__name__ == f"{__name__}.{name}":
             value = getattr(value, name)
         super().__setattr__(name, value)

@@ -28,11 +28,16 @@ from typing import Any
 import torch
 
 from onnx_custom.errors import VerificationError
-from onnx_custom.registry import DEFAULT_VARIANT, Registry, SymbolicEntry, default_registry
 from onnx_custom.runtime.registry import KernelRegistry, KernelSpec
 from onnx_custom.spec import generate, signatures
 from onnx_custom.spec.spec import OpSpec, SpecError
 from onnx_custom.spec.torch_op import BoundArgs, bind_args
+from onnx_custom.translate.registry import (
+    DEFAULT_VARIANT,
+    Registry,
+    SymbolicEntry,
+    default_registry,
+)
 
 __all__ = ["CheckCase", "CheckReport", "check_op"]
 
@@ -286,9 +291,9 @@ class _Checker:
                           dynamic: bool, run: bool = True, kernels: Any = None, body: KernelSpec | None = None) -> str:
         """Export ``first`` through ``entry``; verify at every sample of its kind (``body``: embed
         that declaration's function body; ``kernels``: what ONNX Runtime may use)."""
-        from onnx_custom.export import export
-        from onnx_custom.runtime.functions import embed_functions
-        from onnx_custom.verify import verify
+        from onnx_custom.api import export
+        from onnx_custom.function_bodies.embed import embed_functions
+        from onnx_custom.verification.verifier import verify
 
         model = _op_module(self.spec, self.op, first)
         shapes = tuple({d: torch.export.Dim.AUTO for d in range(t.dim())} for t in first.tensors) if dynamic else None

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from types import ModuleType
 from typing import Any, Protocol
 
-from onnx_custom._loading import DEFAULT_SEED, seeded
+from onnx_custom.cli.loading import DEFAULT_SEED, seeded
 from onnx_custom.errors import OnnxCustomError
 
 __all__ = [
@@ -121,20 +121,20 @@ class NativeBuild:
 
 
 def _shim_built() -> bool:
-    from onnx_custom.runtime._build import shim_built
+    from onnx_custom.runtime.shim_build import shim_built
 
     return shim_built()
 
 
 def _build_shim() -> None:
-    from onnx_custom.runtime._build import shim_path
+    from onnx_custom.runtime.shim_build import shim_path
 
     shim_path()
 
 
 def _extension_built(module: str) -> bool:
     """Whether the C++ extension of ``module`` (which has ``build_directory()``) is cached."""
-    from onnx_custom._native import extension_built
+    from onnx_custom.common.native_build import extension_built
 
     return extension_built(importlib.import_module(module).build_directory())
 
@@ -190,7 +190,7 @@ def run_builds(builds: Sequence[NativeBuild], listener: ZooListener | None = Non
 
 
 class ZooListener(Protocol):
-    """What `run_zoo` reports while it runs (`onnx_custom._zoo_console.ZooConsole` prints it)."""
+    """What `run_zoo` reports while it runs (`onnx_custom.cli.zoo_console.ZooConsole` prints it)."""
 
     def pending(self, builds: Sequence[NativeBuild]) -> None: ...
     def building(self, build: NativeBuild) -> None: ...

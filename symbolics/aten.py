@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from onnx_custom.registry import Registry
+from onnx_custom.translate.registry import Registry
 
 __all__ = ["registry"]
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from onnx_custom.names import normalize_target
 from onnx_custom.ops.extension import SPECS, MyAddFunction
 from onnx_custom.spec import spec_translations
+from onnx_custom.translate.names import normalize_target
 
 __all__ = ["registry"]
 

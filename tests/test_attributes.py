@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from onnx_custom import attr
-from onnx_custom.attributes import AttrKind, convert_attribute
 from onnx_custom.errors import SymbolicError
+from onnx_custom.translate.attributes import AttrKind, convert_attribute
 
 
 @pytest.mark.parametrize(

@@ -45,7 +45,7 @@ from onnx_custom.runtime import InferenceSession, KernelRegistry
 from onnx_custom.runtime.native import build_library
 from onnx_custom.runtime.session import ModelLoadError, ModelNotFoundError
 from onnx_custom.spec.spec import SpecError
-from onnx_custom.trial_shapes import ShapeSpecError
+from onnx_custom.verification.trial_shapes import ShapeSpecError
 
 
 class MyAdd(torch.nn.Module):

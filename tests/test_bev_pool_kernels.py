@@ -22,8 +22,8 @@ from onnx_custom.ops.bev_pool import (
     prepare_bev_ranks,
     synthetic_frustum,
 )
-from onnx_custom.ort_kernels.bev import bev_pool_v2 as bev_kernel
-from onnx_custom.ort_kernels.bev import bev_pool_v2_numpy
+from onnx_custom.ort_kernels.bev_pool import bev_pool_v2 as bev_kernel
+from onnx_custom.ort_kernels.bev_pool import bev_pool_v2_numpy
 
 SHAPE = [1, 1, 8, 8, 6]  # B, Z, Y, X, C
 Case = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[int], torch.Tensor, torch.Tensor]
@@ -192,7 +192,7 @@ def test_numpy_kernel_matches_the_loop(name: str, make: Callable[[torch.dtype], 
 
 def test_numpy_kernel_splits_long_intervals_and_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunk size 4: every interval spans several pieces and chunks; sums must not change."""
-    import onnx_custom.ort_kernels.bev as bev
+    import onnx_custom.ort_kernels.bev_pool as bev
 
     args = _shared_cells_and_overlaps(torch.float64)
     monkeypatch.setattr(bev, "_CHUNK_POINTS", 4)

@@ -11,7 +11,7 @@ import onnx_custom
 import onnx_custom.ops.seed  # defines mylib::my_add and mylib::multi_out
 from onnx_custom.cli import main
 from onnx_custom.errors import UnsupportedOpError
-from onnx_custom.preflight import CoverageReport, check
+from onnx_custom.verification.preflight import CoverageReport, check
 
 
 @torch.library.custom_op("onnx_custom_test_check::untranslated", mutates_args=())

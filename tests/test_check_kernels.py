@@ -11,8 +11,8 @@ import torch
 
 import onnx_custom
 import onnx_custom.ops.seed
-from onnx_custom.coverage import missing_ops_torchscript
-from onnx_custom.preflight import check
+from onnx_custom.translate.coverage import missing_ops_torchscript
+from onnx_custom.verification.preflight import check
 from onnx_custom.zoo import ZooCase, discover
 
 EXPORTERS = [("dynamo", 18), ("torchscript", 17)]

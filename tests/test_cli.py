@@ -18,7 +18,7 @@ import pytest
 from test_spec_yaml import GOOD as SPEC_YAML  # the op-spec file and kernels test_spec_yaml checks
 from test_spec_yaml import OPS as SPEC_KERNELS
 
-from onnx_custom.cli import DEFAULT_OPSET, _announce_if_slow, build_parser, main
+from onnx_custom.cli.main import DEFAULT_OPSET, _announce_if_slow, build_parser, main
 
 EXE = str(Path(sys.executable).with_name("onnx-custom"))
 
@@ -205,7 +205,7 @@ def test_help_is_plain_and_shows_defaults(capsys: Any) -> None:
 
 
 def test_default_opset_matches_the_exporters() -> None:
-    from onnx_custom._exporters import DEFAULT_OPSET as EXPORTER_DEFAULT
+    from onnx_custom.exporter.pipeline import DEFAULT_OPSET as EXPORTER_DEFAULT
 
     assert DEFAULT_OPSET == EXPORTER_DEFAULT
 
@@ -232,10 +232,10 @@ def test_lazy_package_attributes() -> None:
 
     import onnx_custom
 
-    importlib.import_module("onnx_custom.export")
-    importlib.import_module("onnx_custom.verify")
-    assert callable(onnx_custom.export) and onnx_custom.export.__module__ == "onnx_custom.export"
-    assert callable(onnx_custom.verify) and onnx_custom.verify.__module__ == "onnx_custom.verify"
+    importlib.import_module("onnx_custom.api")
+    importlib.import_module("onnx_custom.verification.verifier")
+    assert callable(onnx_custom.export) and onnx_custom.export.__module__ == "onnx_custom.api"
+    assert callable(onnx_custom.verify) and onnx_custom.verify.__module__ == "onnx_custom.verification.verifier"
     for name in onnx_custom.__all__:
         assert getattr(onnx_custom, name) is not None
     assert set(onnx_custom.__all__) <= set(dir(onnx_custom))

@@ -16,9 +16,9 @@ import pytest
 import torch
 from torch.testing._comparison import default_tolerances
 
-from onnx_custom.compare import OutputComparison, compare_arrays, to_numpy, to_tensor
 from onnx_custom.errors import OnnxCustomError
-from onnx_custom.report import histogram
+from onnx_custom.verification.compare import OutputComparison, compare_arrays, to_numpy, to_tensor
+from onnx_custom.verification.report import histogram
 
 TINY = torch.finfo(torch.float64).tiny
 

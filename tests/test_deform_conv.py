@@ -323,7 +323,7 @@ def test_backward_matches_through_custom_op_registration() -> None:
 
 
 def test_build_failure_is_an_extension_build_error(tmp_path, monkeypatch) -> None:
-    from onnx_custom._native import KernelModule
+    from onnx_custom.common.native_build import KernelModule
     from onnx_custom.errors import ExtensionBuildError
     from onnx_custom.ops import deform_conv as module
 

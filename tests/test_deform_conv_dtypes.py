@@ -22,8 +22,8 @@ from onnx_custom.ops.deform_conv import (
     DeformConv2dError,
     load_extension,
 )
-from onnx_custom.ort_kernels import vision as vision_kernels
-from onnx_custom.symbolics import vision as vision_symbolics
+from onnx_custom.ort_kernels import deform_conv as vision_kernels
+from onnx_custom.symbolics import deform_conv as vision_symbolics
 
 OP = torch.ops.onnx_custom.deform_conv2d.default
 HALF = [torch.float16, torch.bfloat16]

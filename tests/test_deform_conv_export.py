@@ -16,9 +16,9 @@ from test_deform_conv import onnx_backend_cases, op_args_from_onnx
 import onnx_custom
 from onnx_custom.models import deform_conv as dcn
 from onnx_custom.ops.deform_conv import load_extension
-from onnx_custom.ort_kernels import vision as vision_kernels
+from onnx_custom.ort_kernels import deform_conv as vision_kernels
 from onnx_custom.runtime.types import TensorInfo
-from onnx_custom.symbolics import vision as vision_symbolics
+from onnx_custom.symbolics import deform_conv as vision_symbolics
 from onnx_custom.zoo import run_case
 
 EXPORTERS = ["torchscript", "dynamo"]

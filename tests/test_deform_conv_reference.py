@@ -1,6 +1,6 @@
 """An independent, slow, pure-torch reference of torchvision's ``deform_conv2d`` and its own checks.
 
-The reference shares no code with ``onnx_custom/ops/csrc/deform_conv2d.cpp``: it samples with
+The reference shares no code with ``onnx_custom/ops/csrc/deform_conv.cpp``: it samples with
 vectorized gathers on the unpadded image (the C++ kernel uses im2col on a zero-bordered copy) and
 gets every gradient from autograd through the forward (the C++ kernel has hand-written adjoints).
 

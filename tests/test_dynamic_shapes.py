@@ -49,8 +49,8 @@ def _custom_outputs(proto: onnx.ModelProto) -> list[str]:
 
 ZOO_ROWS = [
     ("my_add", "torchscript", 13), ("my_add", "dynamo", 18),
-    ("multi_output", "torchscript", 13), ("multi_output", "dynamo", 18),
-    ("multi_output3", "torchscript", 13), ("multi_output3", "dynamo", 18),
+    ("multi_out", "torchscript", 13), ("multi_out", "dynamo", 18),
+    ("multi_out3", "torchscript", 13), ("multi_out3", "dynamo", 18),
     ("my_add_ext", "torchscript", 17), ("my_add_ext", "dynamo", 18),
     ("custom_linear", "torchscript", 17), ("custom_linear", "dynamo", 18),
     # autograd.Function translations are TorchScript-only (the dynamo exporter refuses them).
@@ -237,8 +237,8 @@ def test_derived_dim_keeps_its_expression(exporter: str, opset: int) -> None:
 # -- the user's own torch.onnx.export calls ---------------------------------------------------
 
 
-def _multi_output3() -> tuple[Any, Any, tuple[torch.Tensor, ...]]:
-    module = _zoo_module("multi_output3")
+def _multi_out3() -> tuple[Any, Any, tuple[torch.Tensor, ...]]:
+    module = _zoo_module("multi_out3")
     return module, module.Model().eval(), module.example_inputs()
 
 
@@ -254,7 +254,7 @@ def _run_at_batches(proto: onnx.ModelProto, model: torch.nn.Module, batches: tup
 
 def test_users_own_torchscript_export_keeps_symbolic_dims() -> None:
     # The reproduction: export with a dynamic batch, run at batch 5.
-    _, model, args = _multi_output3()
+    _, model, args = _multi_out3()
     buffer = io.BytesIO()
     with onnx_custom.registered(onnx_custom.default_registry().with_variants("custom")), warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -269,7 +269,7 @@ def test_users_own_torchscript_export_keeps_symbolic_dims() -> None:
 
 
 def test_users_own_dynamo_export_keeps_symbolic_dims() -> None:
-    _, model, args = _multi_output3()
+    _, model, args = _multi_out3()
     table = onnx_custom.translation_table(opset=18, registry=onnx_custom.default_registry().with_variants("custom"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -284,7 +284,7 @@ def test_users_own_dynamo_export_keeps_symbolic_dims() -> None:
 
 @pytest.mark.parametrize(("exporter", "opset"), [("torchscript", 13), ("dynamo", 18)])
 def test_derived_dims_named_alike_by_both_exporters(exporter: str, opset: int) -> None:
-    module, model, args = _multi_output3()
+    module, model, args = _multi_out3()
     proto = onnx_custom.export(model, args, exporter=exporter, opset=opset,
                                registry=onnx_custom.default_registry().with_variants("custom"),
                                dynamic_shapes=module.dynamic_shapes)  # fmt: skip

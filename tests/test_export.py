@@ -10,7 +10,7 @@ import torch
 
 import onnx_custom
 import onnx_custom.ops.seed
-from onnx_custom.export import MAX_IR_VERSION
+from onnx_custom.api import MAX_IR_VERSION
 
 EXPORTERS = [("torchscript", 13), ("dynamo", 18)]
 

@@ -27,12 +27,12 @@ import torch
 import onnx_custom
 import onnx_custom.ops.seed  # registers mylib::my_add
 from onnx_custom import OnnxCustomError, Registry, SymbolicError, VerificationError
-from onnx_custom._atomic import atomic_open, atomic_path, atomic_write
-from onnx_custom._exporters import save_model
-from onnx_custom._validation import dynamo_max_opset
+from onnx_custom.common.atomic import atomic_open, atomic_path, atomic_write
 from onnx_custom.errors import OpsetError, OutputPathError
+from onnx_custom.exporter.arguments import dynamo_max_opset
+from onnx_custom.exporter.pipeline import save_model
+from onnx_custom.function_bodies.builder import TranslationBody
 from onnx_custom.runtime import KernelRegistry
-from onnx_custom.runtime.function_builder import TranslationBody
 
 EXPORTERS = [("torchscript", 13), ("dynamo", 18)]
 IDS = [e for e, _ in EXPORTERS]
@@ -156,7 +156,7 @@ _FAILING_WRITE = textwrap.dedent(
     """
     import resource, signal, sys
     import numpy as np, onnx
-    from onnx_custom._exporters import save_model
+    from onnx_custom.exporter.pipeline import save_model
     folder = sys.argv[1]
     big = onnx.numpy_helper.from_array(np.arange(500_000, dtype=np.float32), "w")
     model = onnx.load(folder + "/single.onnx")

@@ -16,13 +16,13 @@ from onnx.reference import ReferenceEvaluator
 
 import onnx_custom
 from onnx_custom.errors import KernelError, SymbolicError
-from onnx_custom.runtime import KernelRegistry, embed_functions, function_proto
-from onnx_custom.runtime.function_builder import (
+from onnx_custom.function_bodies.builder import (
     INT_ATTRIBUTE_LIMIT,
     AttrRef,
     TranslationBody,
     cast_like,
 )
+from onnx_custom.runtime import KernelRegistry, embed_functions, function_proto
 
 ELEM = {"float32": TensorProto.FLOAT, "float64": TensorProto.DOUBLE}
 
@@ -181,7 +181,7 @@ def test_registered_kernel_wins_over_the_embedded_body(tmp_path) -> None:
     """Plain ORT runs the DCN body (= eager); our InferenceSession runs the kernel (here a fake
     that answers zeros, so the two are told apart)."""
     from onnx_custom.models import deform_conv
-    from onnx_custom.ort_kernels.vision import make_kernels
+    from onnx_custom.ort_kernels.deform_conv import make_kernels
 
     model, args = deform_conv.Model().eval(), deform_conv.example_inputs()
     proto = onnx_custom.export(model, args, exporter="torchscript", opset=11, functions=True)

@@ -1,4 +1,4 @@
-"""The standard-op deform_conv2d (symbolics/vision_decomposed.py), both as the function body of
+"""The standard-op deform_conv2d (symbolics/deform_conv_decomposed.py), both as the function body of
 ``custom::DeformConv2d`` and as the ``"standard"`` variant translation below opset 19, against
 ONNX's backend DeformConv cases and against the eager op on random configurations (strides,
 pads, dilations, groups, offset groups, mask on/off, non-square, boundary-crossing and non-finite

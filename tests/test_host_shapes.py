@@ -16,9 +16,9 @@ from onnx import TensorProto, helper
 
 import onnx_custom
 import onnx_custom.runtime as rt
-from onnx_custom._builtins import KERNEL_MODULES
-from onnx_custom.runner import input_names
+from onnx_custom.common.builtins import KERNEL_MODULES
 from onnx_custom.runtime import KernelRegistry, TensorInfo
+from onnx_custom.verification.runner import input_names
 from onnx_custom.zoo import discover
 
 kernels = KernelRegistry()

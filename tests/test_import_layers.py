@@ -76,9 +76,9 @@ def test_core_modules_import_in_one_direction() -> None:
 
 def test_verify_path_layers() -> None:
     graph = _graph()
-    assert "onnx_custom.export" not in graph["onnx_custom.localize"]
-    assert "onnx_custom.verify" not in graph["onnx_custom.localize"]
-    assert graph["onnx_custom.compare"] <= {"onnx_custom.errors"}
+    assert "onnx_custom.api" not in graph["onnx_custom.verification.localize"]
+    assert "onnx_custom.verification.verifier" not in graph["onnx_custom.verification.localize"]
+    assert graph["onnx_custom.verification.compare"] <= {"onnx_custom.errors"}
 
 
 def test_cycle_finder_finds_a_planted_cycle() -> None:

@@ -9,8 +9,8 @@ import pytest
 
 import onnx_custom
 from onnx_custom.cli import main
+from onnx_custom.cli.inspect_model import inspect_model
 from onnx_custom.errors import OnnxCustomError
-from onnx_custom.inspect_model import inspect_model
 from onnx_custom.models import my_add
 
 

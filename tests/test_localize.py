@@ -11,7 +11,7 @@ import onnx_custom
 import onnx_custom.ops.seed  # defines mylib::my_add and mylib::multi_out
 from onnx_custom.cli import main
 from onnx_custom.errors import VerificationError
-from onnx_custom.localize import Localization, localize
+from onnx_custom.verification.localize import Localization, localize
 
 EXPORTERS = ("dynamo", "torchscript")
 
@@ -158,7 +158,7 @@ def test_probe_warns_when_the_file_is_not_the_reexport(broken_add: onnx_custom.R
 @pytest.mark.parametrize(("exporter", "opset"), [("dynamo", 19), ("torchscript", 19)])
 def test_planted_dcn_attribute_names_the_deform_node(exporter: str, opset: int) -> None:
     """The mask dropped: wrong for the first (modulated) DCN block, right for the unmodulated second."""
-    from symbolics_vision_planted import planted_registry  # type: ignore[import-not-found]
+    from symbolics_deform_conv_planted import planted_registry  # type: ignore[import-not-found]
 
     from onnx_custom.models import deform_conv
 
@@ -178,10 +178,10 @@ def test_planted_dcn_attribute_names_the_deform_node(exporter: str, opset: int) 
 def test_runtime_refusal_is_a_verification_error() -> None:
     """ORT rejecting a planted node (offset_group that does not match the offsets) is typed."""
     from onnx_custom.models import deform_conv
-    from onnx_custom.symbolics import vision
+    from onnx_custom.symbolics import deform_conv as deform_conv_symbolics
 
     def wrong_offset_group(g: Any, input: Any, weight: Any, offset: Any, mask: Any, bias: Any, **attrs: Any) -> Any:
-        return vision.deform_conv2d(g, input, weight, offset, mask, bias, **{**attrs, "offset_groups": 3})
+        return deform_conv_symbolics.deform_conv2d(g, input, weight, offset, mask, bias, **{**attrs, "offset_groups": 3})
 
     registry = onnx_custom.default_registry().copy()
     registry.symbolic("onnx_custom::deform_conv2d", opset=19, replace=True)(wrong_offset_group)

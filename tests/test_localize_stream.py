@@ -13,9 +13,9 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import onnx_custom
-import onnx_custom.localize as localize_module
-from onnx_custom._segmented import SegmentedRun
-from onnx_custom.localize import _Cones, localize
+import onnx_custom.verification.localize as localize_module
+from onnx_custom.verification.localize import _Cones, localize
+from onnx_custom.verification.segmented import SegmentedRun
 
 FLOAT = TensorProto.FLOAT
 

@@ -5,7 +5,7 @@ import torch
 
 import onnx_custom.ops.seed  # noqa: F401
 from onnx_custom.errors import SymbolicError
-from onnx_custom.names import QualifiedName, normalize_target, parse_node_type
+from onnx_custom.translate.names import QualifiedName, normalize_target, parse_node_type
 
 
 @pytest.mark.parametrize(

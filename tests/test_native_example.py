@@ -21,7 +21,8 @@ import torch
 
 import onnx_custom
 from onnx_custom.models import deform_conv as dcn
-from onnx_custom.runtime.native import library_path, sources_dir
+from onnx_custom.runtime.native import library_path
+from onnx_custom.runtime.shim_build import abi_include_dir
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCE = REPO / "examples" / "run_model.c"
@@ -55,7 +56,7 @@ def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip(f"C compiler {cc!r} not found")
     out = tmp_path_factory.mktemp("example") / "run_model"
     cmd = [cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-pedantic",
-           f"-I{sources_dir() / 'include'}", str(SOURCE), "-ldl", "-o", str(out)]  # fmt: skip
+           f"-I{abi_include_dir()}", str(SOURCE), "-ldl", "-o", str(out)]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     return out
 

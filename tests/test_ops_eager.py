@@ -19,7 +19,7 @@ from onnx_custom.ops.bev_pool import (
     synthetic_frustum,
 )
 from onnx_custom.ops.custom_linear import custom_linear, linear_output_shape
-from onnx_custom.ops.multi_output import fold_tiles, multi_out3, multi_out3_shapes
+from onnx_custom.ops.multi_out3 import fold_tiles, multi_out3, multi_out3_shapes
 from onnx_custom.ops.numpy_sin import numpy_sin
 
 

@@ -15,10 +15,10 @@ import torch
 import onnx_custom
 from onnx_custom.errors import ExtensionBuildError
 from onnx_custom.ops.bev_pool import bev_pool_v2, prepare_bev_ranks, synthetic_frustum
-from onnx_custom.ort_kernels.bev import bev_pool_v2 as bev_kernel
+from onnx_custom.ort_kernels.bev_pool import bev_pool_v2 as bev_kernel
 from onnx_custom.zoo import ZooCase, run_case
 
-MODELS = ("my_add_ext", "autograd_fn", "numpy_sin", "multi_output3", "custom_linear", "bev_pool")
+MODELS = ("my_add_ext", "autograd_fn", "numpy_sin", "multi_out3", "custom_linear", "bev_pool")
 
 
 def _import(name: str) -> ModuleType:
@@ -67,7 +67,7 @@ def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
 
 @pytest.mark.parametrize("exporter,opset", [("torchscript", 17), ("dynamo", 18)], ids=["torchscript-17", "dynamo-18"])
 def test_multi_out3_custom_node_keeps_outputs_and_attributes(exporter: str, opset: int) -> None:
-    module, proto = _export("multi_output3", exporter, opset, "custom")
+    module, proto = _export("multi_out3", exporter, opset, "custom")
     node = _node(proto, "custom", "MultiOut3")
     assert len(node.output) == 3
     attrs = _attrs(node)

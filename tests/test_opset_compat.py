@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 import onnx_custom
-from onnx_custom._opset_compat import lower_default_opset
 from onnx_custom.errors import OnnxCustomError
+from onnx_custom.exporter.opset_compat import lower_default_opset
 
 
 class ConstantPad(torch.nn.Module):

@@ -15,9 +15,9 @@ import torch
 
 import onnx_custom
 from onnx_custom import SymbolicError
-from onnx_custom.builder import OutputMeta
 from onnx_custom.runtime import KernelRegistry
 from onnx_custom.runtime.types import TensorInfo
+from onnx_custom.translate.builder import OutputMeta
 
 EXPORTERS = [("torchscript", 17), ("dynamo", 18)]
 BATCHES = (1, 3, 7)
@@ -148,7 +148,7 @@ def test_g_outputs_identical_under_both_exporters(dynamic: bool, expected: list[
 
 
 def test_g_outputs_spell_derived_dims_alike() -> None:
-    from onnx_custom.models import multi_output3 as mo3
+    from onnx_custom.models import multi_out3 as mo3
 
     seen: dict[str, tuple[OutputMeta, ...]] = {}
     reg = onnx_custom.default_registry().with_variants("custom").copy()
@@ -346,10 +346,10 @@ def test_dynamo_without_the_fx_node_runs_the_fake_kernel_on_onnx_types() -> None
     # to the op's fake kernel on the inputs' ONNX types, and must give the same answer.
     import onnx_ir as ir
 
-    from onnx_custom._dynamo import DynamoBuilder
-    from onnx_custom._dynamo_shapes import symbol_names, value_outputs
-    from onnx_custom._output_meta import flat_outputs
-    from onnx_custom.models import multi_output3  # noqa: F401  (defines mylib::multi_out3)
+    from onnx_custom.exporter.dynamo import DynamoBuilder
+    from onnx_custom.exporter.dynamo_shapes import symbol_names, value_outputs
+    from onnx_custom.exporter.output_meta import flat_outputs
+    from onnx_custom.models import multi_out3  # noqa: F401  (defines mylib::multi_out3)
 
     x = ir.Value(name="x")
     x.dtype, x.shape = ir.DataType.FLOAT, ir.Shape(["s1", 3, 4])
@@ -364,7 +364,7 @@ def test_dynamo_without_the_fx_node_runs_the_fake_kernel_on_onnx_types() -> None
 
 
 def test_g_outputs_outside_an_export_is_a_clear_error() -> None:
-    from onnx_custom._dynamo import DynamoBuilder
+    from onnx_custom.exporter.dynamo import DynamoBuilder
 
     with pytest.raises(SymbolicError, match=r"g.outputs exists inside a translation.*Fix: add register_fake"):
         _ = DynamoBuilder(None, 18, "octest_meta::halve").outputs

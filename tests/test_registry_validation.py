@@ -14,7 +14,7 @@ import torch
 
 import onnx_custom
 from onnx_custom import Registry, SymbolicEntry, SymbolicError
-from onnx_custom.names import normalize_target
+from onnx_custom.translate.names import normalize_target
 
 EXPORTERS = [("torchscript", 17), ("dynamo", 18)]
 

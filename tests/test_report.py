@@ -17,7 +17,7 @@ import onnx_custom
 import onnx_custom.ops.seed  # defines mylib::my_add and mylib::multi_out
 from onnx_custom.cli import main
 from onnx_custom.errors import OnnxCustomError
-from onnx_custom.report import (
+from onnx_custom.verification.report import (
     environment,
     histogram,
     render_markdown,
@@ -107,7 +107,7 @@ def test_json_report(broken_report: onnx_custom.VerificationReport, tmp_path: Pa
 
 
 def test_infinite_diffs_stay_valid_json(tmp_path: Path) -> None:
-    from onnx_custom.verify import VerificationReport, compare_arrays
+    from onnx_custom.verification.verifier import VerificationReport, compare_arrays
 
     c = compare_arrays(torch.zeros(2), np.zeros(3, np.float32), name="y", trial=0)
     path = write_report(tmp_path / "inf.json", VerificationReport([c], 1))
@@ -150,16 +150,16 @@ def test_documented_refusal_keeps_its_reason() -> None:
 
 def test_cli_zoo_report_is_short_when_all_pass(tmp_path: Path, capsys: Any) -> None:
     md, js = tmp_path / "zoo.md", tmp_path / "zoo.json"
-    assert main(["zoo", "multi_output", "--report", str(md)]) == 0
+    assert main(["zoo", "multi_out", "--report", str(md)]) == 0
     captured = capsys.readouterr()
-    assert "[1/6] multi_output" in captured.err and f"report written to {md}" in captured.err
+    assert "[1/6] multi_out" in captured.err and f"report written to {md}" in captured.err
     text = md.read_text()
-    rows = [line for line in text.splitlines() if line.startswith("| multi_output |")]
+    rows = [line for line in text.splitlines() if line.startswith("| multi_out |")]
     assert len(rows) == 6 and len(text.splitlines()) < 40, text
     assert "histogram" not in text.lower() and "| abs diff |" not in text
     dynamic = next(r for r in rows if "custom-dynamic" in r)
     assert "batch: 1, 5, 8 (export 4)" in dynamic and "custom::multi_out" in dynamic
-    assert main(["zoo", "multi_output", "--report", str(js)]) == 0
+    assert main(["zoo", "multi_out", "--report", str(js)]) == 0
     data = json.loads(js.read_text())
     assert data["kind"] == "zoo" and data["passed"] and data["counts"] == {"pass": 6, "fail": 0, "skip": 0}
     verified = [r for r in data["results"] if r["verification"]]

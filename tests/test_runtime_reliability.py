@@ -191,7 +191,7 @@ def test_missing_compiler_raises_extension_build_error(tmp_path: Path,
 
 def test_concurrent_first_builds_share_one_cache(tmp_path: Path) -> None:
     env = {**os.environ, "ONNX_CUSTOM_CACHE_DIR": str(tmp_path)}
-    code = "from onnx_custom.runtime._build import load_shim; print(load_shim()[1])"
+    code = "from onnx_custom.runtime.shim_build import load_shim; print(load_shim()[1])"
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(3)]
     outs = [p.communicate(timeout=180) for p in procs]

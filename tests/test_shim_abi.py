@@ -1,7 +1,7 @@
 """The kernel shim and the native library share one declaration of ONNX Runtime's C ABI.
 
 ``onnx_custom_ort_abi.h`` holds every OrtApi slot index and struct layout; the Python kernel shim
-(``runtime/_shim.c``) includes it instead of declaring its own, its build puts the header's folder
+(``runtime/shim.c``) includes it instead of declaring its own, its build puts the header's folder
 on the include path, and the header's content is part of the shim's cache key (a corrected slot
 rebuilds the shim rather than reusing a stale build).
 """
@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from onnx_custom.errors import ExtensionBuildError
-from onnx_custom.runtime import _build
+from onnx_custom.runtime import shim_build
 
-HEADER = _build._abi_include_dir() / _build._ABI_HEADER
-SHIM = _build._SOURCE
+HEADER = shim_build.abi_include_dir() / shim_build.ABI_HEADER
+SHIM = shim_build.SOURCE
 
 
 def test_header_is_package_data_of_ort_kernels() -> None:
@@ -36,8 +36,8 @@ def test_header_is_package_data_of_ort_kernels() -> None:
 ], ids=["slot-enum", "fn-typedefs", "custom-op-struct", "allocator-struct", "api-base-struct"])
 def test_shim_declares_no_abi_of_its_own(pattern: str) -> None:
     source = SHIM.read_text()
-    assert f'#include "{_build._ABI_HEADER}"' in source
-    assert not re.search(pattern, source), f"_shim.c declares ORT ABI itself: {pattern}"
+    assert f'#include "{shim_build.ABI_HEADER}"' in source
+    assert not re.search(pattern, source), f"shim.c declares ORT ABI itself: {pattern}"
 
 
 def test_every_slot_the_shim_calls_is_declared_once_in_the_header() -> None:
@@ -56,26 +56,26 @@ def test_slot_indices_are_unique() -> None:
 
 def test_cache_key_covers_the_header() -> None:
     source, header = SHIM.read_bytes(), HEADER.read_bytes()
-    key = _build._build_key(source, header)
-    assert _build._build_key(source, header) == key
-    assert _build._build_key(source, header + b"\n/* changed */\n") != key
+    key = shim_build._build_key(source, header)
+    assert shim_build._build_key(source, header) == key
+    assert shim_build._build_key(source, header + b"\n/* changed */\n") != key
 
 
 def test_shim_build_uses_the_shared_header(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Build once, then swap in a header that cannot compile: the shim must be rebuilt against
     it (and fail), not served from the cache of the first build."""
     monkeypatch.setenv("ONNX_CUSTOM_CACHE_DIR", str(tmp_path / "cache"))
-    good = _build.shim_path()
+    good = shim_build.shim_path()
     assert good.is_file()
-    assert _build.shim_path() == good  # cached
+    assert shim_build.shim_path() == good  # cached
 
     broken = tmp_path / "include"
     broken.mkdir()
-    (broken / _build._ABI_HEADER).write_text(
+    (broken / shim_build.ABI_HEADER).write_text(
         HEADER.read_text() + '\n#error "onnx-custom test: this header was included"\n')
-    monkeypatch.setattr(_build, "_abi_include_dir", lambda: broken)
+    monkeypatch.setattr(shim_build, "abi_include_dir", lambda: broken)
     with pytest.raises(ExtensionBuildError, match="onnx-custom test: this header was included"):
-        _build.shim_path()
+        shim_build.shim_path()
 
 
 @pytest.mark.parametrize("compiler,flags", [

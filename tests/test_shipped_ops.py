@@ -18,7 +18,7 @@ from onnx_custom.ops import extension
 from onnx_custom.ops.bev_pool import BEV_POOL_V2, prepare_bev_ranks, synthetic_frustum
 from onnx_custom.ops.custom_linear import CUSTOM_LINEAR
 from onnx_custom.ops.deform_conv import DEFORM_CONV2D
-from onnx_custom.ops.multi_output import MULTI_OUT3
+from onnx_custom.ops.multi_out3 import MULTI_OUT3
 from onnx_custom.ops.numpy_sin import NUMPY_SIN
 from onnx_custom.ops.seed import MULTI_OUT, MY_ADD
 from onnx_custom.runtime.native import native_ops
@@ -103,7 +103,7 @@ CASES = [
     Case("onnx_custom::numpy_sin", NUMPY_SIN, _one_x, ("x",)),
     Case("npu::custom_linear", CUSTOM_LINEAR, _linear, ("x", "weight", "bias")),
     # trials=1: the standard-op translation holds only for ranks as voxel_pooling_prepare_v2 makes
-    # them (symbolics/bev.py), not for random index tensors
+    # them (symbolics/bev_pool.py), not for random index tensors
     Case("bev::bev_pool_v2", BEV_POOL_V2, lambda d, n: _bev(d, "int32", n), _FLOATS_BEV, trials=1),
     Case("bev::bev_pool_v2[indices]", BEV_POOL_V2, lambda d, n: _bev("float32", d, n), _INDEX_BEV),
     Case("onnx_custom::deform_conv2d", DEFORM_CONV2D, _deform, ("input", "weight", "offset", "mask", "bias")),

@@ -18,7 +18,6 @@ import pytest
 import torch
 
 import onnx_custom
-from onnx_custom.registry import default_registry
 from onnx_custom.runtime import default_kernel_registry
 from onnx_custom.spec import (
     Attribute,
@@ -29,6 +28,7 @@ from onnx_custom.spec import (
     registered_specs,
     spec_scope,
 )
+from onnx_custom.translate.registry import default_registry
 
 EXPORTERS = [("torchscript", 17), ("dynamo", 18)]
 

@@ -14,8 +14,6 @@ import torch
 
 import onnx_custom
 from onnx_custom import SymbolicError, VerificationError
-from onnx_custom.names import normalize_target
-from onnx_custom.registry import SymbolicEntry, default_registry
 from onnx_custom.runtime import KernelRegistry, default_kernel_registry
 from onnx_custom.spec import (
     Attribute,
@@ -28,6 +26,8 @@ from onnx_custom.spec import (
     spec_scope,
 )
 from onnx_custom.testing import check_op
+from onnx_custom.translate.names import normalize_target
+from onnx_custom.translate.registry import SymbolicEntry, default_registry
 
 F32 = ["float32"]
 

@@ -11,7 +11,12 @@ import torch
 import onnx_custom
 from onnx_custom.cli import main
 from onnx_custom.errors import OnnxCustomError, VerificationError
-from onnx_custom.verify import OutputComparison, VerificationReport, compare_arrays, verify
+from onnx_custom.verification.verifier import (
+    OutputComparison,
+    VerificationReport,
+    compare_arrays,
+    verify,
+)
 
 
 class NonFinite(torch.nn.Module):
@@ -184,11 +189,11 @@ def test_progress_and_cli_backends(tmp_path: Any, capsys: Any) -> None:
     lines: list[str] = []
     verify(OneOut(), (torch.randn(3),), proto, trials=3, progress=lines.append)
     assert lines == ["verify: trial 1/3", "verify: trial 2/3", "verify: trial 3/3"]
-    from onnx_custom.models import multi_output
+    from onnx_custom.models import multi_out
 
     path = tmp_path / "multi.onnx"
-    onnx_custom.export(multi_output.Model().eval(), multi_output.example_inputs(), path, exporter="dynamo")
-    rc = main(["verify", "multi_output", str(path), "--trials", "2", "--backend", "onnxruntime", "--backend", "reference"])
+    onnx_custom.export(multi_out.Model().eval(), multi_out.example_inputs(), path, exporter="dynamo")
+    rc = main(["verify", "multi_out", str(path), "--trials", "2", "--backend", "onnxruntime", "--backend", "reference"])
     captured = capsys.readouterr()
     assert rc == 0 and "reference" in captured.out and "verify: trial 2/2" in captured.err
 

@@ -13,12 +13,12 @@ import torch
 from onnx import TensorProto, helper
 
 import onnx_custom
-import onnx_custom.symbolics.bev
-from onnx_custom.compare import compare_arrays, to_numpy
-from onnx_custom.declared import DeclaredTypes, evaluate_dim
+import onnx_custom.symbolics.bev_pool
 from onnx_custom.ops.bev_pool import bev_pool_v2, prepare_bev_ranks, synthetic_frustum
-from onnx_custom.runner import bind_inputs, make_session, run_onnx
-from onnx_custom.verify import InitializerMismatchWarning, verify
+from onnx_custom.verification.compare import compare_arrays, to_numpy
+from onnx_custom.verification.declared import DeclaredTypes, evaluate_dim
+from onnx_custom.verification.runner import bind_inputs, make_session, run_onnx
+from onnx_custom.verification.verifier import InitializerMismatchWarning, verify
 
 EXPORTERS = ("torchscript", "dynamo")
 

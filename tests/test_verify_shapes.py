@@ -16,15 +16,15 @@ from onnx import TensorProto, helper
 import onnx_custom
 import onnx_custom.ops.seed
 from onnx_custom.errors import OnnxCustomError, VerificationError
-from onnx_custom.runner import bind_inputs
-from onnx_custom.trial_shapes import (
+from onnx_custom.verification.runner import bind_inputs
+from onnx_custom.verification.trial_shapes import (
     METADATA_KEY,
     ShapeSpecError,
     default_cases,
     plan_dims,
     resize_inputs,
 )
-from onnx_custom.verify import DEFAULT_SHAPE_TRIALS, verify
+from onnx_custom.verification.verifier import DEFAULT_SHAPE_TRIALS, verify
 
 Dim = torch.export.Dim
 EXPORTERS = ("torchscript", "dynamo")
@@ -347,7 +347,7 @@ def test_progress_names_the_shape_of_each_trial() -> None:
 
 
 def test_report_lists_shapes_in_dict_and_markdown(tmp_path: Any) -> None:
-    from onnx_custom.report import render_markdown, report_to_dict
+    from onnx_custom.verification.report import render_markdown, report_to_dict
 
     report = verify(NeedsBatchTwo(), _scaled_args(), _scaled_file())
     data = report_to_dict(report)
@@ -360,10 +360,10 @@ def test_report_lists_shapes_in_dict_and_markdown(tmp_path: Any) -> None:
 
 def test_cli_verify_lists_the_shapes_tried(tmp_path: Any, capsys: Any) -> None:
     from onnx_custom.cli import main
-    from onnx_custom.models import multi_output3
+    from onnx_custom.models import multi_out3
 
     path = tmp_path / "m3.onnx"
-    onnx_custom.export(multi_output3.Model().eval(), multi_output3.example_inputs(), path, exporter="dynamo", dynamic_shapes=multi_output3.dynamic_shapes)
-    assert main(["verify", "multi_output3", str(path)]) == 0
+    onnx_custom.export(multi_out3.Model().eval(), multi_out3.example_inputs(), path, exporter="dynamo", dynamic_shapes=multi_out3.dynamic_shapes)
+    assert main(["verify", "multi_out3", str(path)]) == 0
     out = capsys.readouterr().out
     assert "Verification PASSED" in out and "Shapes tried:" in out and out.count("(shape)") == DEFAULT_SHAPE_TRIALS

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from onnx_custom._zoo_console import ZooConsole, clock
+from onnx_custom.cli.zoo_console import ZooConsole, clock
 from onnx_custom.zoo import (
     MIN_OTHER_SIZES,
     MODULE_ROW,

@@ -24,8 +24,8 @@ intervals) and :func:`synthetic_frustum` makes a plausible 6-camera geometry for
 
 The op is declared once below (`BEV_POOL_V2`): schema, dtypes (float32/float64/float16/bfloat16
 features, int32/int64 indices: eager, fake, Python and native kernels alike), shape rule,
-validator, autograd, the ``bev::BEVPoolV2`` node (kernel math in ``ort_kernels/bev.py``) and the
-standard-op translation at opset 16 (``symbolics/bev.py``, also the node's function body).
+validator, autograd, the ``bev::BEVPoolV2`` node (kernel math in ``ort_kernels/bev_pool.py``) and the
+standard-op translation at opset 16 (``symbolics/bev_pool.py``, also the node's function body).
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from typing import Any
 
 import torch
 
-from onnx_custom._native import KernelModule
+from onnx_custom.common.native_build import KernelModule
 from onnx_custom.errors import ExtensionBuildError
-from onnx_custom.runtime.function_builder import TranslationBody
+from onnx_custom.function_bodies.builder import TranslationBody
 from onnx_custom.spec import Attribute, Input, OpSpec, Output, define_op, op_arguments
 
 __all__ = [
@@ -69,7 +69,7 @@ FLOATS = ("float32", "float64", "float16", "bfloat16")
 INDEX = ("int32", "int64")
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _EXTENSION = "onnx_custom_bev_pool"
-_BEV = "onnx_custom.symbolics.bev"
+_BEV = "onnx_custom.symbolics.bev_pool"
 _OPS = "onnx_custom.ops.bev_pool"
 
 BEV_POOL_V2 = OpSpec(
@@ -87,8 +87,8 @@ BEV_POOL_V2 = OpSpec(
     backward=f"{_OPS}:bev_pool_v2_grads",
     setup_context=f"{_OPS}:bev_pool_v2_save",
     op_type="BEVPoolV2",  # not bev_pool_v2: TorchScript mistakes such a node for an onnxscript function
-    kernel="onnx_custom.ort_kernels.bev:bev_pool_v2",
-    native=True,  # ort_kernels/native/bev.cpp
+    kernel="onnx_custom.ort_kernels.bev_pool:bev_pool_v2",
+    native=True,  # ort_kernels/native/bev_pool.cpp
     function=TranslationBody(f"{_BEV}:bev_pool_v2", min_opset=16),
     translations={16: {"default": f"{_BEV}:bev_pool_v2", "custom": "node"}},  # ScatterND reduction: 16
 )

@@ -6,7 +6,7 @@ The point of the article is the Meta function: output shape and dtype computed f
 alone, so the op traces (and exports) on device="meta"/fake tensors without running a kernel;
 here it is the spec's shape rule ``x[:-1] + [weight.0]``. Declared once below (`CUSTOM_LINEAR`);
 translated to MatMul(+Add), Gemm (2-D x) or a namespaced ``npu::CustomLinear`` node
-(``symbolics/linear.py``), whose kernel math is in ``ort_kernels/linear.py``.
+(``symbolics/custom_linear.py``), whose kernel math is in ``ort_kernels/custom_linear.py``.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from typing import Any
 
 import torch
 
-from onnx_custom.runtime.function_builder import TranslationBody
+from onnx_custom.function_bodies.builder import TranslationBody
 from onnx_custom.spec import Input, OpSpec, Output, define_op, op_arguments
 
 __all__ = ["CUSTOM_LINEAR", "SPECS", "check_linear_inputs", "custom_linear", "linear_output_shape"]
 
 FLOATS = ("float32", "float64", "float16", "bfloat16")
-_LINEAR = "onnx_custom.symbolics.linear"
+_LINEAR = "onnx_custom.symbolics.custom_linear"
 
 CUSTOM_LINEAR = OpSpec(
     "npu::custom_linear",
@@ -33,8 +33,8 @@ CUSTOM_LINEAR = OpSpec(
     backward="onnx_custom.ops.custom_linear:linear_backward",
     setup_context="onnx_custom.ops.custom_linear:linear_save",
     op_type="CustomLinear",  # the stand-in for the vendor's NPU kernel, in domain npu
-    kernel="onnx_custom.ort_kernels.linear:custom_linear",
-    native=True,  # ort_kernels/native/linear.cpp
+    kernel="onnx_custom.ort_kernels.custom_linear:custom_linear",
+    native=True,  # ort_kernels/native/custom_linear.cpp
     # one Gemm on x flattened to 2-D: serves nodes with and without a bias (Gemm's C is optional)
     function=TranslationBody(f"{_LINEAR}:linear_any_rank_gemm", min_opset=11),
     # every variant from opset 11 (optional Gemm C): the registry picks the highest opset first

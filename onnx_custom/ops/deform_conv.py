@@ -19,8 +19,8 @@ and round once. All tensors share one dtype. Any strides are accepted.
 
 The op is declared once below (`DEFORM_CONV2D`): schema, validator, shape rule, autograd, the
 custom node ``custom::DeformConv2d`` (its kernel is this eager op, its function body the
-standard-op decomposition in ``symbolics/vision_decomposed.py``) and the opset-19 ``DeformConv``
-translation (``symbolics/vision.py``). ``TORCHVISION_DEFORM_CONV2D`` is the same declaration for
+standard-op decomposition in ``symbolics/deform_conv_decomposed.py``) and the opset-19 ``DeformConv``
+translation (``symbolics/deform_conv.py``). ``TORCHVISION_DEFORM_CONV2D`` is the same declaration for
 ``torchvision::deform_conv2d``, adopted where torchvision's compiled ops load.
 
 The kernels are C++ (im2col with bilinear sampling, one GEMM per group) built on first use with
@@ -42,9 +42,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from onnx_custom._native import KernelModule
+from onnx_custom.common.native_build import KernelModule
 from onnx_custom.errors import DeformConv2dDtypeError, DeformConv2dError
-from onnx_custom.runtime.function_builder import TranslationBody
+from onnx_custom.function_bodies.builder import TranslationBody
 from onnx_custom.spec import EAGER, NODE, Attribute, Input, OpSpec, Output, define_op, op_arguments
 
 __all__ = [
@@ -64,12 +64,12 @@ __all__ = [
     "validate_deform_conv2d",
 ]
 
-_SOURCE = Path(__file__).parent / "csrc" / "deform_conv2d.cpp"
+_SOURCE = Path(__file__).parent / "csrc" / "deform_conv.cpp"
 _EXTENSION = "onnx_custom_deform_conv2d"
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 """The dtypes ``deform_conv2d`` accepts (eager, fake, and the ``custom::DeformConv2d`` kernel)."""
 _FLOATS = tuple(str(d).removeprefix("torch.") for d in DTYPES)
-_VISION = "onnx_custom.symbolics.vision"
+_VISION = "onnx_custom.symbolics.deform_conv"
 # What a custom node without the attribute means (the torch schema, torchvision's, has no defaults).
 _NODE_DEFAULTS = {"stride_h": 1, "stride_w": 1, "pad_h": 0, "pad_w": 0, "dilation_h": 1,
                   "dilation_w": 1, "groups": 1, "offset_groups": 1}  # fmt: skip
@@ -91,7 +91,7 @@ DEFORM_CONV2D = OpSpec(
     op_type="DeformConv2d",  # CamelCase, like ONNX op types
     domain="custom",
     kernel=EAGER,  # the node runs this op on torch views of ORT's buffers: one implementation
-    native=True,  # ort_kernels/native/vision.cpp
+    native=True,  # ort_kernels/native/deform_conv.cpp
     function=TranslationBody(f"{_VISION}_decomposed:deform_conv2d_decomposed", min_opset=11),
     translations={
         1: {"default": NODE, "standard": f"{_VISION}_decomposed:deform_conv2d_decomposed"},
@@ -102,7 +102,7 @@ DEFORM_CONV2D = OpSpec(
 # the same way, its node served by the kernel above.
 TORCHVISION_DEFORM_CONV2D = dataclasses.replace(
     DEFORM_CONV2D, name="torchvision::deform_conv2d", impl=None, check=None, backward=None,
-    setup_context=None, kernel="onnx_custom.ort_kernels.vision:kernels", function=None,
+    setup_context=None, kernel="onnx_custom.ort_kernels.deform_conv:kernels", function=None,
 )  # fmt: skip
 
 

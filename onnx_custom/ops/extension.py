@@ -1,6 +1,6 @@
 """``my_ops::my_add`` (2a + b) as a C++ extension op, built on demand and cached on disk.
 
-The C++ source (``csrc/my_ops.cpp``) defines the op with ``TORCH_LIBRARY`` and a CPU kernel;
+The C++ source (``csrc/extension.cpp``) defines the op with ``TORCH_LIBRARY`` and a CPU kernel;
 this module builds it with ``torch.utils.cpp_extension.load(is_python_module=False)`` into
 ``<cache>/torch_ext/<hash>/`` (compiled once, reused by every later process). The op is declared
 once below (`MY_ADD`) without ``impl``: the spec adopts the op the C++ library defines (whose
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from onnx_custom._native import build_torch_extension, cache_root, extension_directory
+from onnx_custom.common.native_build import build_torch_extension, cache_root, extension_directory
 from onnx_custom.errors import ExtensionBuildError
 from onnx_custom.ops.seed import MY_ADD as SEED_MY_ADD
 from onnx_custom.ops.seed import my_add_backward
@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 EXTENSION_NAME = "my_ops"
-SOURCE = Path(__file__).resolve().parent / "csrc" / "my_ops.cpp"
+SOURCE = Path(__file__).resolve().parent / "csrc" / "extension.cpp"
 QUALNAME = "my_ops::my_add"
 
 _CFLAGS = ("-O2",)

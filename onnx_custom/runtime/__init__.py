@@ -2,7 +2,8 @@
 
 Declare kernels with :func:`kernel` (default registry) or a :class:`KernelRegistry`, then run
 models with :class:`InferenceSession` (or :func:`session_options` for your own sessions). The
-C shim is compiled on first use (see :mod:`onnx_custom.runtime._build`).
+C shim is compiled on first use (see :mod:`onnx_custom.runtime.shim_build`).
+Function bodies (ONNX functions standing in for kernels) live in :mod:`onnx_custom.function_bodies`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from onnx_custom.runtime.types import TensorInfo, broadcast_shapes
 
 if TYPE_CHECKING:  # real types for checkers; at run time these load lazily (see __getattr__)
     from onnx_custom.runtime.failures import KernelRunError
-    from onnx_custom.runtime.functions import embed_functions, function_proto
     from onnx_custom.runtime.reference import make_op_run, reference_evaluator
     from onnx_custom.runtime.schemas import make_schema, register_schema, register_schemas
     from onnx_custom.runtime.session import (
@@ -43,8 +43,6 @@ __all__ = [
     "TensorInfo",
     "broadcast_shapes",
     "default_kernel_registry",
-    "embed_functions",
-    "function_proto",
     "kernel",
     "make_op_run",
     "make_schema",
@@ -65,8 +63,6 @@ _LAZY = {
     "missing_kernels": "session",
     "required_kernels": "session",
     "session_options": "session",
-    "embed_functions": "functions",
-    "function_proto": "functions",
     "make_op_run": "reference",
     "reference_evaluator": "reference",
     "make_schema": "schemas",

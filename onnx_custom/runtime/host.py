@@ -27,9 +27,9 @@ import numpy as np
 import onnxruntime as ort
 
 from onnx_custom.errors import KernelError
-from onnx_custom.runtime import _abi
-from onnx_custom.runtime._build import load_shim
+from onnx_custom.runtime import abi
 from onnx_custom.runtime.registry import KernelSpec
+from onnx_custom.runtime.shim_build import load_shim
 from onnx_custom.runtime.types import TensorInfo, concrete_shape
 
 __all__ = [
@@ -43,7 +43,7 @@ __all__ = [
     "thread_state_counts",
 ]
 
-_CHAR = {"required": _abi.CHAR_REQUIRED, "optional": _abi.CHAR_OPTIONAL, "variadic": _abi.CHAR_VARIADIC}
+_CHAR = {"required": abi.CHAR_REQUIRED, "optional": abi.CHAR_OPTIONAL, "variadic": abi.CHAR_VARIADIC}
 _initialised = False
 _shutting_down = False
 _init_lock = threading.Lock()
@@ -120,7 +120,7 @@ def _shim() -> tuple[Any, str]:
     shim, path = load_shim()
     with _init_lock:
         if not _initialised:
-            shim.init(_abi.numpy_table(), format_error)
+            shim.init(abi.numpy_table(), format_error)
             atexit.register(_shutdown)
             _initialised = True
     return shim, path
@@ -145,7 +145,7 @@ def _to_torch(a: Any) -> Any:
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # inputs are read-only views; kernels must not write them
-        if a.dtype == _abi.elem_to_numpy(16):  # bfloat16: numpy cannot hand it to torch directly
+        if a.dtype == abi.elem_to_numpy(16):  # bfloat16: numpy cannot hand it to torch directly
             return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(a)
 
@@ -157,7 +157,7 @@ def _from_torch(t: Any) -> Any:
         return t
     t = t.detach().cpu().contiguous()
     if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(_abi.elem_to_numpy(16))
+        return t.view(torch.int16).numpy().view(abi.elem_to_numpy(16))
     return t.numpy()
 
 
@@ -202,7 +202,7 @@ def _strings_value(blob: bytes) -> list[str]:
 
 # ---- callbacks handed to the shim -----------------------------------------------------------
 def _dtype_of(elem: int) -> TensorInfo | None:
-    return TensorInfo(_abi.elem_to_numpy(elem)) if elem in _abi.ELEM_TO_NAME else None
+    return TensorInfo(abi.elem_to_numpy(elem)) if elem in abi.ELEM_TO_NAME else None
 
 
 def _check_output_dtypes(spec: KernelSpec, inputs: list[TensorInfo | None], out_elems: list[int]) -> None:
@@ -211,10 +211,10 @@ def _check_output_dtypes(spec: KernelSpec, inputs: list[TensorInfo | None], out_
     if callable(spec.shape_fn):
         return
     for j, (want, got) in enumerate(zip(spec.infer(inputs, {}), out_elems, strict=False)):
-        if want is None or not got or _abi.numpy_to_elem(want.dtype) == got:
+        if want is None or not got or abi.numpy_to_elem(want.dtype) == got:
             continue
         name = spec.outputs[min(j, len(spec.outputs) - 1)].name
-        want_name, got_name = str(want.dtype), _abi.ELEM_TO_NAME.get(got, f"element type {got}")
+        want_name, got_name = str(want.dtype), abi.ELEM_TO_NAME.get(got, f"element type {got}")
         src = spec.inputs[spec.like_index or 0].name
         raise KernelError(
             f"kernel {spec.name}: ONNX Runtime typed output {j} ({name!r}) as {got_name}, but the "
@@ -234,11 +234,11 @@ def _make_bind(spec: KernelSpec) -> Callable[..., tuple[Any, dict[str, Any], Any
         # ORT ignores failures of graph-time inference, so dtype constraints are enforced here
         inputs = [_dtype_of(e) for e in elems]
         spec.check_input_dtypes(inputs)
-        unknown = [e for e in elems if e and e not in _abi.ELEM_TO_NAME]
+        unknown = [e for e in elems if e and e not in abi.ELEM_TO_NAME]
         if unknown:
             raise KernelError(
                 f"kernel {spec.name}: input element type(s) {unknown} (ONNX TensorProto.DataType) "
-                f"cannot be passed to Python kernels; expected one of {', '.join(_abi.DTYPE_NAMES)}; "
+                f"cannot be passed to Python kernels; expected one of {', '.join(abi.DTYPE_NAMES)}; "
                 f"fix: cast the inputs in the model."
             )
         required = [m for m in missing if m not in defaults]
@@ -275,18 +275,18 @@ def _make_infer(spec: KernelSpec) -> Callable[[list[Any], dict[str, Any]], list[
                 continue
             elem, shape = item
             try:
-                dt = _abi.elem_to_numpy(elem)
+                dt = abi.elem_to_numpy(elem)
             except KeyError:
                 raise KernelError(
                     f"kernel {spec.name}: input {i} has ONNX element type {elem}, which Python "
-                    f"kernels cannot receive; expected one of {', '.join(_abi.DTYPE_NAMES)}."
+                    f"kernels cannot receive; expected one of {', '.join(abi.DTYPE_NAMES)}."
                 ) from None
             # ORT reports an input of unknown rank as rank 0; treat () as unknown so we never
             # declare a scalar output by mistake (true scalars just lose static shapes)
             infos.append(TensorInfo(dt, shape if shape != () else None))
         values = {k: _strings_value(v) if isinstance(v, bytes) else v for k, v in attrs.items()}
         # an output whose shape is unknown is left to ORT (it cannot take a dtype alone)
-        return [None if r is None or r.shape is None else (_abi.numpy_to_elem(r.dtype), r.shape)
+        return [None if r is None or r.shape is None else (abi.numpy_to_elem(r.dtype), r.shape)
                 for r in spec.infer(infos, values)]
 
     return infer
@@ -319,13 +319,13 @@ def _type_variants(spec: KernelSpec) -> list[tuple[list[int], list[int]]]:
     """
     n_in = len(spec.inputs)
     declared = [spec.declared_dtype(j) for j in range(len(spec.outputs))]
-    fixed = [0 if d is None else _abi.numpy_to_elem(d) for d in declared]
+    fixed = [0 if d is None else abi.numpy_to_elem(d) for d in declared]
     source = spec.like_index or 0
     if callable(spec.shape_fn) or all(fixed) or source >= n_in - 1:
         return [([0] * n_in, fixed)]
     variants = []
     for name in spec.inputs[source].dtypes:
-        elem = _abi.NAME_TO_ELEM[name]
+        elem = abi.NAME_TO_ELEM[name]
         in_types = [0] * n_in
         in_types[source] = elem
         variants.append((in_types, [f or elem for f in fixed]))
@@ -334,8 +334,8 @@ def _type_variants(spec: KernelSpec) -> list[tuple[list[int], list[int]]]:
 
 def _new_op(shim: Any, spec: KernelSpec) -> _HostOp:
     like = spec.like_index
-    rule = (_abi.RULE_UNKNOWN if spec.shape_fn is None else _abi.RULE_PY if callable(spec.shape_fn)
-            else _abi.RULE_BROADCAST if like is None else _abi.RULE_LIKE)
+    rule = (abi.RULE_UNKNOWN if spec.shape_fn is None else abi.RULE_PY if callable(spec.shape_fn)
+            else abi.RULE_BROADCAST if like is None else abi.RULE_LIKE)
     bind, infer = _make_bind(spec), _make_infer(spec)
     addrs = tuple(int(shim.make_op(
         spec.op_type,
@@ -344,7 +344,7 @@ def _new_op(shim: Any, spec: KernelSpec) -> _HostOp:
         [_CHAR[p.kind] for p in spec.outputs],
         in_types,
         out_types,
-        [(a.name, _abi.ATTR_KINDS[a.type]) for a in spec.attrs],
+        [(a.name, abi.ATTR_KINDS[a.type]) for a in spec.attrs],
         rule,
         like or 0,
         spec.out_mode,

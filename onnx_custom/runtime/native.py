@@ -1,7 +1,7 @@
 """The torch-free native kernel library ``libonnx_custom_ops.so``: build on first use, locate, load.
 
 The C++ sources live in ``onnx_custom/ort_kernels/native/`` (one file per op family; ORT's C ABI
-declared in ``include/onnx_custom_ort_abi.h``). They need only a C++17 compiler: no Python, no
+declared in ``onnx_custom/runtime/include/onnx_custom_ort_abi.h``). They need only a C++17 compiler: no Python, no
 torch, no ONNX Runtime headers or libraries (ORT hands the library its function table when it
 loads it). :func:`library_path` compiles them once into the cache
 (``$ONNX_CUSTOM_CACHE_DIR``, default ``~/.cache/onnx_custom``, folder ``native/<key>`` keyed by
@@ -29,8 +29,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from onnx_custom._native import _process_lock, cache_root, find_compiler
+from onnx_custom.common.native_build import cache_root, find_compiler, process_lock
 from onnx_custom.errors import ExtensionBuildError, InvalidArgumentError, KernelError
+from onnx_custom.runtime.shim_build import ABI_HEADER, abi_include_dir
 
 if TYPE_CHECKING:
     import onnx
@@ -62,7 +63,7 @@ _FLAGS: dict[str, tuple[str, ...]] = {
 _LINK = ("-shared", "-Wl,-z,nodelete")  # never unmapped: ORT threads may outlive a dlclose
 ONE_LINE = (
     "c++ -std=c++17 -O3 -fPIC -shared -fvisibility=hidden -pthread -Wl,-z,nodelete "
-    "ort_kernels/native/*.cpp -o libonnx_custom_ops.so"
+    "-I onnx_custom/runtime/include ort_kernels/native/*.cpp -o libonnx_custom_ops.so"
 )
 _lock = threading.Lock()
 _built: dict[str, Path] = {}
@@ -103,9 +104,9 @@ def _compiler_identity(cxx: str) -> str:
 def _build_key(cxx: str, flags: Sequence[str]) -> str:
     h = hashlib.sha256()
     folder = sources_dir()
-    for path in sorted(folder.rglob("*")):
+    for path in [*sorted(folder.rglob("*")), abi_include_dir() / ABI_HEADER]:
         if path.suffix in (".cpp", ".h"):
-            h.update(str(path.relative_to(folder)).encode())
+            h.update(path.name.encode())
             h.update(path.read_bytes())
     for part in (_compiler_identity(cxx), " ".join(flags), " ".join(_LINK), sys.platform):
         h.update(part.encode())
@@ -131,7 +132,7 @@ def _finish(proc: subprocess.Popen[str], cmd: list[str], what: str) -> None:
 def _compile(cxx: str, flags: Sequence[str], target: Path) -> None:
     """Objects in parallel (one compiler per source, as many at once as CPUs), then one link."""
     sources = _sources()
-    include = f"-I{sources_dir()}"
+    include = f"-I{abi_include_dir()}"
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         objects = [Path(tmp) / (src.stem + ".o") for src in sources]
         jobs = [[*cxx.split(), *flags, include, "-c", str(src), "-o", str(obj)]
@@ -176,7 +177,7 @@ def library_path(*, sanitize: bool = False) -> Path:
                 folder.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise ExtensionBuildError(f"cannot create the build cache {folder} ({exc}); fix: set ONNX_CUSTOM_CACHE_DIR to a writable folder.") from exc
-            with _process_lock(folder):
+            with process_lock(folder):
                 if not target.exists():  # another process may have built it while we waited
                     _compile(cxx, flags, target)
         _built[variant] = target.resolve()
@@ -243,7 +244,7 @@ def plan_kernels(model: onnx.ModelProto, kernels: KernelRegistry | None = None) 
     otherwise the whole domain falls back to Python kernels (one definition per domain and
     session). Raises :class:`KernelError` naming every node nothing serves.
     """
-    from onnx_custom._onnx_utils import iter_nodes
+    from onnx_custom.common.onnx_utils import iter_nodes
     from onnx_custom.runtime.registry import RESERVED_DOMAINS, default_kernel_registry
 
     registry = default_kernel_registry() if kernels is None else kernels

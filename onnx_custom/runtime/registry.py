@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from onnx_custom.errors import KernelError, SymbolicError
-from onnx_custom.runtime._abi import DTYPE_NAMES
+from onnx_custom.runtime.abi import DTYPE_NAMES
 from onnx_custom.runtime.types import TensorInfo, broadcast_shapes
 
 __all__ = [
@@ -468,7 +468,7 @@ class KernelRegistry:
         shape. ``"broadcast"``: input 0's dtype, the inputs' broadcast shape. A callable
         ``(inputs: list[TensorInfo|None], attrs) -> TensorInfo | list[TensorInfo|None]``.
         ``function``: FunctionProto (or callable/onnxscript function producing one) used by
-        :func:`embed_functions`. ``tensor_type="torch"`` passes torch tensors instead of numpy.
+        :func:`onnx_custom.function_bodies.embed_functions`. ``tensor_type="torch"`` passes torch tensors instead of numpy.
         A kernel with an ``out`` keyword gets preallocated writable outputs (``out=(y0, ...)``)
         shaped by ``shape_fn`` and should return None.
 
@@ -568,7 +568,7 @@ def _builtin_registry() -> KernelRegistry:
     global _builtin
     with _builtin_lock:
         if _builtin is None:
-            from onnx_custom._builtins import KERNEL_MODULES
+            from onnx_custom.common.builtins import KERNEL_MODULES
 
             reg = KernelRegistry()
             for mod_name in KERNEL_MODULES:
@@ -576,7 +576,7 @@ def _builtin_registry() -> KernelRegistry:
                 kernels = getattr(mod, "kernels", None)
                 if not isinstance(kernels, KernelRegistry):
                     raise KernelError(
-                        f"{mod_name} is listed in onnx_custom._builtins.KERNEL_MODULES but defines no "
+                        f"{mod_name} is listed in onnx_custom.common.builtins.KERNEL_MODULES but defines no "
                         f"`kernels: KernelRegistry`."
                     )
                 reg.update(kernels)
@@ -585,7 +585,7 @@ def _builtin_registry() -> KernelRegistry:
 
 
 def default_kernel_registry() -> KernelRegistry:
-    """Built-in kernels (``onnx_custom._builtins.KERNEL_MODULES``) plus :func:`kernel` registrations.
+    """Built-in kernels (``onnx_custom.common.builtins.KERNEL_MODULES``) plus :func:`kernel` registrations.
 
     Returns a fresh copy: mutating it does not change the default.
     """

@@ -10,7 +10,7 @@ import onnx
 from onnx import helper
 from onnx.defs import OpSchema
 
-from onnx_custom.runtime import _abi
+from onnx_custom.runtime import abi
 from onnx_custom.runtime.registry import KernelRegistry, KernelSpec, default_kernel_registry
 from onnx_custom.runtime.types import TensorInfo
 
@@ -35,7 +35,7 @@ _ATTR_TYPE = {
 
 
 def _onnx_type_str(dtype_name: str) -> str:
-    elem = _abi.NAME_TO_ELEM[dtype_name]
+    elem = abi.NAME_TO_ELEM[dtype_name]
     name = onnx.TensorProto.DataType.Name(elem).lower()  # FLOAT -> float, DOUBLE -> double
     return f"tensor({name})"
 
@@ -45,7 +45,7 @@ def _info_from_type(tp: onnx.TypeProto | None) -> TensorInfo | None:
         return None
     tt = tp.tensor_type
     try:
-        dt = _abi.elem_to_numpy(tt.elem_type)
+        dt = abi.elem_to_numpy(tt.elem_type)
     except KeyError:
         return None
     if not tt.HasField("shape"):
@@ -62,7 +62,7 @@ def _info_from_type(tp: onnx.TypeProto | None) -> TensorInfo | None:
 
 
 def _type_from_info(info: TensorInfo) -> onnx.TypeProto:
-    elem = _abi.numpy_to_elem(info.dtype)
+    elem = abi.numpy_to_elem(info.dtype)
     shape = None if info.shape is None else list(info.shape)
     return helper.make_tensor_type_proto(elem, shape)
 
@@ -105,7 +105,7 @@ def make_schema(spec: KernelSpec) -> OpSchema:
         if a.required:
             attributes.append(OpSchema.Attribute(a.name, _ATTR_TYPE[a.type], "", required=True))
         else:
-            default = helper.make_attribute(a.name, a.default, attr_type=_abi.ATTR_PROTO_TYPES[a.type])
+            default = helper.make_attribute(a.name, a.default, attr_type=abi.ATTR_PROTO_TYPES[a.type])
             attributes.append(OpSchema.Attribute(a.name, default, ""))
     schema = OpSchema(
         spec.op_type, spec.domain, 1, spec.doc or f"Python kernel {spec.name} (onnx-custom).",

@@ -11,7 +11,7 @@ import onnx
 import onnxruntime as ort
 from google.protobuf.message import DecodeError
 
-from onnx_custom._onnx_utils import iter_nodes
+from onnx_custom.common.onnx_utils import iter_nodes
 from onnx_custom.errors import KernelError, ModelLoadError, ModelNotFoundError, OnnxCustomError
 from onnx_custom.runtime.failures import (
     KernelRunError,

@@ -12,7 +12,7 @@ import onnx
 from onnx import AttributeProto
 
 from onnx_custom.errors import NodeDeclarationError
-from onnx_custom.runtime import _abi
+from onnx_custom.runtime import abi
 from onnx_custom.runtime.host import note_exact_strings
 from onnx_custom.runtime.registry import RESERVED_DOMAINS, AttrSpec, KernelSpec, ParamSpec
 
@@ -56,7 +56,7 @@ def _arity_problems(what: str, names: Sequence[str], params: Sequence[ParamSpec]
 
 
 def _attr_value_problem(attr: AttributeProto, decl: AttrSpec) -> str | None:
-    expected = _abi.ATTR_PROTO_TYPES[decl.type]
+    expected = abi.ATTR_PROTO_TYPES[decl.type]
     if attr.ref_attr_name:  # inside a function body: resolved when the function is inlined
         return None
     if attr.type != expected:
@@ -109,7 +109,7 @@ def _dtype_problems(node: onnx.NodeProto, spec: KernelSpec, known: Mapping[str, 
         if not name or not elem or not spec.inputs:
             continue
         param = spec.inputs[min(i, len(spec.inputs) - 1)]
-        got = _abi.ELEM_TO_NAME.get(elem, onnx.TensorProto.DataType.Name(elem).lower())
+        got = abi.ELEM_TO_NAME.get(elem, onnx.TensorProto.DataType.Name(elem).lower())
         if got not in param.dtypes:
             problems.append(
                 f"gives input {i} ({param.name!r}) {name!r} of dtype {got}; expected one of "

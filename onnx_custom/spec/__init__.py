@@ -20,7 +20,7 @@ The YAML form (`load_specs`) and every key are described in `onnx_custom.spec.ya
 A built-in op family declares its specs once and builds everything from them without touching
 the default registries at import time: ``define_op(spec)`` in its ops module (the torch op),
 ``registry = spec_translations(spec)`` in ``symbolics/`` and ``kernels = spec_kernels(spec)``
-in ``ort_kernels/`` (assembled lazily via `onnx_custom._builtins`).
+in ``ort_kernels/`` (assembled lazily via `onnx_custom.common.builtins`).
 """
 
 from __future__ import annotations

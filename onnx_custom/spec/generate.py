@@ -13,7 +13,7 @@ Everything a spec generates is made from it once per process and shared:
 
 Built-in op families call `define_op` when their ops module is imported and build their
 ``registry``/``kernels`` with `spec_translations`/`spec_kernels`; the default registries
-assemble those lazily (`onnx_custom._builtins`), so nothing global changes at import time.
+assemble those lazily (`onnx_custom.common.builtins`), so nothing global changes at import time.
 
 `register_spec` puts all of it into the default registries at once (a user's op, or a built-in
 spec again, e.g. inside `onnx_custom.testing.check_op`): all or nothing, undoable. Registering an
@@ -32,19 +32,19 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from onnx_custom.errors import SymbolicError
-from onnx_custom.names import Target, normalize_target
-from onnx_custom.registry import (
+from onnx_custom.function_bodies.builder import TranslationBody
+from onnx_custom.runtime import registry as kernel_registry
+from onnx_custom.runtime.registry import KernelRegistry, KernelSpec, default_kernel_registry
+from onnx_custom.spec import onnx_side, signatures, torch_op
+from onnx_custom.spec.spec import EAGER, NODE, OpSpec, SpecError
+from onnx_custom.translate.names import Target, normalize_target
+from onnx_custom.translate.registry import (
     DEFAULT_VARIANT,
     Registry,
     SymbolicEntry,
     default_registry,
     same_definition,
 )
-from onnx_custom.runtime import registry as kernel_registry
-from onnx_custom.runtime.function_builder import TranslationBody
-from onnx_custom.runtime.registry import KernelRegistry, KernelSpec, default_kernel_registry
-from onnx_custom.spec import onnx_side, signatures, torch_op
-from onnx_custom.spec.spec import EAGER, NODE, OpSpec, SpecError
 
 __all__ = [
     "CUSTOM_VARIANT",

@@ -17,9 +17,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnx_custom import attributes
 from onnx_custom.errors import KernelError
-from onnx_custom.runtime._abi import NAME_TO_ELEM, elem_to_numpy
+from onnx_custom.runtime.abi import NAME_TO_ELEM, elem_to_numpy
 from onnx_custom.runtime.registry import KernelRegistry, KernelSpec, make_spec
 from onnx_custom.runtime.types import TensorInfo, broadcast_shapes
 from onnx_custom.spec.shape_rules import (
@@ -30,6 +29,7 @@ from onnx_custom.spec.shape_rules import (
     UnknownShape,
 )
 from onnx_custom.spec.spec import EAGER, NO_DEFAULT, OpSpec, SpecError
+from onnx_custom.translate import attributes
 
 __all__ = [
     "check_function_body",
@@ -318,7 +318,7 @@ def check_kernel_spec(spec: OpSpec, kernel: KernelSpec | KernelRegistry) -> Kern
 
 def check_function_body(spec: OpSpec, declaration: KernelSpec) -> None:
     """The function body must build, and take the node's inputs, outputs and attributes."""
-    from onnx_custom.runtime.functions import function_proto
+    from onnx_custom.function_bodies.embed import function_proto
 
     def fail(problem: str, fix: str) -> SpecError:
         return SpecError(f"op {spec.name}: the function body {problem}; fix: {fix}.", op=spec.name, key=("function",))

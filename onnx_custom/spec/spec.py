@@ -18,9 +18,7 @@ from typing import Any
 import torch
 
 from onnx_custom.errors import SpecError, SymbolicError
-from onnx_custom.names import QualifiedName
-from onnx_custom.registry import DEFAULT_VARIANT
-from onnx_custom.runtime._abi import DTYPE_NAMES
+from onnx_custom.runtime.abi import DTYPE_NAMES
 from onnx_custom.spec.shape_rules import (
     ExpressionRule,
     LikeRule,
@@ -28,6 +26,8 @@ from onnx_custom.spec.shape_rules import (
     ShapeRule,
     parse_shape_rule,
 )
+from onnx_custom.translate.names import QualifiedName
+from onnx_custom.translate.registry import DEFAULT_VARIANT
 
 __all__ = [
     "ATTRIBUTE_TYPES",
@@ -608,7 +608,7 @@ def _is_code_object(value: Any) -> bool:
     """Callables, kernel declarations and ONNX function bodies may be given as objects."""
     import onnx
 
-    from onnx_custom.runtime.function_builder import TranslationBody
+    from onnx_custom.function_bodies.builder import TranslationBody
     from onnx_custom.runtime.registry import KernelRegistry, KernelSpec
 
     return callable(value) or isinstance(value, (KernelSpec, KernelRegistry, TranslationBody, onnx.FunctionProto))

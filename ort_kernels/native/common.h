@@ -13,7 +13,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "include/onnx_custom_ort_abi.h"
+#include "onnx_custom_ort_abi.h"  // onnx_custom/runtime/include: on the include path
 
 namespace oc {
 

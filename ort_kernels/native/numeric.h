@@ -1,5 +1,5 @@
 // Element-type dispatch and numpy's scalar semantics for the elementwise kernels (seed.cpp,
-// multi_output.cpp): `x * dtype(scale)` with the scale cast to x's dtype first, 16-bit floats
+// multi_out.cpp): `x * dtype(scale)` with the scale cast to x's dtype first, 16-bit floats
 // rounded after every operation (numpy computes them in float and rounds per ufunc), integers
 // wrapping on overflow, bool multiply/add as logical and/or.
 #pragma once

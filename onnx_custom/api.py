@@ -1,0 +1,138 @@
+"""``onnx_custom.export``: one call, either exporter, our translations scoped to the call."""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import onnx
+import torch
+
+from onnx_custom.common.atomic import check_output_path
+from onnx_custom.errors import InvalidArgumentError, KernelError, OnnxCustomError, VerificationError
+from onnx_custom.exporter.arguments import check_exporter, check_model, check_names, check_output
+from onnx_custom.exporter.pipeline import (
+    DEFAULT_OPSET,
+    EXPORTERS,
+    MAX_IR_VERSION,
+    export_model,
+    finalize_model,
+    save_model,
+    trace_program,
+)
+from onnx_custom.translate.registry import Registry
+from onnx_custom.verification.verifier import verify as run_verify
+
+__all__ = ["DEFAULT_OPSET", "EXPORTERS", "MAX_IR_VERSION", "export", "finalize_model", "trace_program"]
+
+
+def export(
+    model: torch.nn.Module,
+    args: tuple[Any, ...] | torch.Tensor,
+    f: str | os.PathLike[str] | io.IOBase | None = None,
+    *,
+    exporter: str = "dynamo",
+    opset: int | None = None,
+    dynamic_shapes: Any = None,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
+    registry: Registry | None = None,
+    verify: bool = False,
+    functions: bool = False,
+    kernels: Any = None,
+    dynamic_axes: Any = None,
+    keep_failed: str | os.PathLike[str] | None = None,
+    **exporter_kwargs: Any,
+) -> onnx.ModelProto:
+    """Export ``model`` with the ``"dynamo"`` or ``"torchscript"`` exporter using our translations.
+
+    The translations are visible only during the call. Every custom domain is declared in
+    ``opset_import`` and the IR version is one ONNX Runtime accepts. With ``f`` the model is written
+    as one self-contained file (external data only past protobuf's 2 GB limit), whole or not at
+    all: through a temporary file in the same folder, so a failure leaves the previous file intact.
+    Every argument (``model``, ``f``, ``opset``, ...) is checked before the export starts.
+
+    ``dynamic_shapes`` takes every form ``torch.onnx.export`` does (a dict keyed by ``forward``'s
+    parameter names or a tuple by position; per tensor ``{axis: dim}`` or one entry per axis; a
+    dim is a name such as ``"batch"``, a ``torch.export.Dim`` with min/max, ``Dim.AUTO``/
+    ``DYNAMIC``/``STATIC`` or None), the same way for both exporters; ``dynamic_axes`` is the
+    TorchScript form (``{"x": {0: "batch"}}``). Dim names become the file's ``dim_param``s, ONNX
+    inputs are named after ``forward``'s parameters, and ``metadata_props
+    ["onnx_custom.dynamic_dims"]`` records each named dim's declared range. ``functions=True``
+    embeds the ONNX function bodies of custom nodes that have one (from ``kernels`` when given, for
+    runtimes without our kernels). ``verify=True`` runs `onnx_custom.verify` (with ``kernels``, a
+    `onnx_custom.runtime.KernelRegistry`, for custom nodes) *before* writing ``f``: on a mismatch
+    nothing is written and `VerificationError` says so, unless ``keep_failed`` names a path for the
+    failing model (the error then says where it is).
+    """
+    check_exporter(exporter)
+    check_model(model, exporter)
+    check_output(f)
+    check_names(input_names, "input_names")
+    check_names(output_names, "output_names")
+    if kernels is not None:
+        _check_kernels(kernels)
+    if keep_failed is not None:
+        if not verify:
+            raise InvalidArgumentError(
+                f"keep_failed={keep_failed!r} keeps a model that failed verification, so it needs "
+                "verify=True; received verify=False. Fix: pass verify=True, or drop keep_failed."
+            )
+        check_output_path(keep_failed, what="keep_failed")
+    proto = export_model(
+        model, args, exporter=exporter, opset=opset, dynamic_shapes=dynamic_shapes, dynamic_axes=dynamic_axes,
+        input_names=input_names, output_names=output_names, registry=registry, **exporter_kwargs,
+    )
+    if functions:
+        from onnx_custom.function_bodies import embed_functions
+        from onnx_custom.runtime import KernelRegistry
+
+        proto = embed_functions(proto, kernels if isinstance(kernels, KernelRegistry) else None)  # type: ignore[operator]
+    if verify:
+        _verify_before_writing(model, args, proto, kernels, f, keep_failed)
+    if f is not None:
+        save_model(proto, f)
+    return proto
+
+
+def _verify_before_writing(model: Any, args: Any, proto: onnx.ModelProto, kernels: Any, f: Any, keep_failed: Any) -> None:
+    """Verify ``proto``; on failure write nothing to ``f`` (the failing model goes to
+    ``keep_failed`` when given) and say so in the error."""
+    if isinstance(model, torch.export.ExportedProgram):
+        model = model.module()
+    try:
+        run_verify(model, args if isinstance(args, tuple) else (args,), proto, raise_on_mismatch=True, kernels=kernels)
+    except Exception as exc:
+        notes = []
+        if f is not None:
+            notes.append(f"Nothing was written to {_describe(f)}.")
+        if keep_failed is not None:
+            save_model(proto, keep_failed)
+            notes.append(f"The failing model was kept at {os.fspath(keep_failed)!r} (keep_failed=).")
+            if isinstance(exc, VerificationError):
+                exc.kept = os.fspath(keep_failed)
+        elif f is not None:
+            notes.append("Pass keep_failed='failing.onnx' to keep the failing model for inspection.")
+        if notes:
+            if isinstance(exc, OnnxCustomError) and exc.args and isinstance(exc.args[0], str):
+                exc.args = (f"{exc.args[0]}\n{' '.join(notes)}", *exc.args[1:])
+            else:
+                exc.add_note(" ".join(notes))
+        raise
+
+
+def _check_kernels(kernels: Any) -> None:
+    """``kernels=`` before the export runs (its consumers check it only after)."""
+    from onnx_custom.runtime import KernelRegistry
+
+    if not isinstance(kernels, KernelRegistry) and kernels != "native":
+        raise KernelError(
+            f"kernels= expects a KernelRegistry, None or 'native'; received {kernels!r:.60}. Fix: pass "
+            "an onnx_custom.runtime.KernelRegistry with your kernels, kernels='native', or leave it out."
+        )
+
+
+def _describe(f: Any) -> str:
+    return repr(os.fspath(f)) if isinstance(f, (str, os.PathLike)) else "the file object f"

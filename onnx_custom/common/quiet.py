@@ -1,0 +1,80 @@
+"""Torch's exporter chatter silenced during *our* exports, never the user's own warnings.
+
+A zoo run printed 104 "torchvision is not installed. Skipping torchvision::..." lines (torch's
+dynamo exporter logs them on every export), FutureWarnings/DeprecationWarnings from torch
+internals, and, on any TorchScript export error, a full "Torch IR graph at exception" dump on
+stderr (torch 2.13's ``setup_onnx_logging`` tests a function object for truth, so its log is
+always on). Inside `quiet_torch`:
+
+- warnings *attributed to* torch, onnxscript, onnx_ir, onnx or onnxruntime modules (or to our
+  adapters, the callers torch's warnings point at) are ignored;
+  a warning raised by the user's model or translation is attributed to the user's module and
+  still reaches them (TracerWarnings point at the user's line too, so they stay);
+- the ``torch.onnx``, ``onnxscript`` and ``onnx_ir`` loggers drop records below ERROR;
+- the TorchScript exporter's ONNX log is on only with ``verbose=True``.
+
+Everything is restored on exit, also when the export raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+__all__ = ["LIBRARY_MODULES", "OUR_CALLERS", "quiet_torch"]
+
+# Modules whose own warnings are implementation chatter during an export.
+# copy/copyreg: torch's pytree warns from inside deepcopy, attributed to the stdlib module.
+LIBRARY_MODULES = r"(torch|onnxscript|onnx_ir|onnx|onnxruntime|torchvision|copy|copyreg)(\..*)?$"
+# Our modules that call torch's exporter APIs: torch warns with a stacklevel pointing at its
+# caller (e.g. "You are using the legacy TorchScript-based ONNX export"), which is one of these;
+# they raise no warnings of their own.
+OUR_CALLERS = r"onnx_custom\.exporter\.\w+$"  # every module of the export stage
+_LOGGERS = ("torch.onnx", "onnxscript", "onnx_ir")
+
+
+@contextlib.contextmanager
+def _onnx_log_only_when_verbose(verbose: bool = False) -> Iterator[None]:
+    was = bool(torch._C._jit_is_onnx_log_enabled())
+    torch._C._jit_set_onnx_log_enabled(was or bool(verbose))
+    try:
+        yield
+    finally:
+        torch._C._jit_set_onnx_log_enabled(was)
+
+
+@contextlib.contextmanager
+def _patched_onnx_logging() -> Iterator[None]:
+    try:
+        from torch.onnx._internal.torchscript_exporter import utils
+    except ImportError:  # pragma: no cover - other torch versions
+        yield
+        return
+    original: Any = utils.setup_onnx_logging
+    utils.setup_onnx_logging = _onnx_log_only_when_verbose
+    try:
+        yield
+    finally:
+        utils.setup_onnx_logging = original
+
+
+@contextlib.contextmanager
+def quiet_torch() -> Iterator[None]:
+    """Silence torch's exporter warnings, logs and graph dumps inside the block (see module doc)."""
+    loggers = [logging.getLogger(name) for name in _LOGGERS]
+    levels = [logger.level for logger in loggers]
+    with warnings.catch_warnings(), _patched_onnx_logging():
+        warnings.filterwarnings("ignore", module=LIBRARY_MODULES)
+        warnings.filterwarnings("ignore", module=OUR_CALLERS)
+        for logger in loggers:
+            logger.setLevel(max(logger.getEffectiveLevel(), logging.ERROR))
+        try:
+            yield
+        finally:
+            for logger, level in zip(loggers, levels, strict=True):
+                logger.setLevel(level)

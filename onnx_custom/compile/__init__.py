@@ -1,0 +1,1 @@
+"""Stage 5, compile: reserved for the ``torch.compile(backend="onnx_custom")`` backend."""

@@ -1,0 +1,298 @@
+"""Adapter for the torch.export-based exporter (``torch.onnx.export(..., dynamo=True)``).
+
+Each registry target becomes a plain Python function in ``custom_translation_table``. When the
+exporter calls it, an onnxscript tracer (torch's ``OpRecorder``) is the active evaluator; our
+builder appends ``onnx_ir`` nodes to it directly, so custom domains need no onnxscript schema and
+attribute kinds stay exactly those of `onnx_custom.translate.attributes`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+import onnxscript
+import torch
+from torch.onnx._internal.exporter import _building, _tensors
+
+from onnx_custom.errors import SymbolicError
+from onnx_custom.exporter.dynamo_shapes import fx_outputs, value_outputs
+from onnx_custom.exporter.output_meta import Outputs, flat_outputs, layout
+from onnx_custom.translate.attributes import AttrKind, AttrValue, c_contiguous
+from onnx_custom.translate.builder import GraphBuilder, OutputMeta, call_translation
+from onnx_custom.translate.names import QualifiedName, Target
+from onnx_custom.translate.registry import Registry, SymbolicEntry, resolve_registry
+
+__all__ = ["DynamoBuilder", "resolve_overloads", "translation_table"]
+
+_IR_KIND = {
+    AttrKind.INT: ir.AttributeType.INT,
+    AttrKind.FLOAT: ir.AttributeType.FLOAT,
+    AttrKind.STRING: ir.AttributeType.STRING,
+    AttrKind.INTS: ir.AttributeType.INTS,
+    AttrKind.FLOATS: ir.AttributeType.FLOATS,
+    AttrKind.STRINGS: ir.AttributeType.STRINGS,
+}
+
+
+class DynamoBuilder(GraphBuilder):
+    exporter = "dynamo"
+
+    def __init__(
+        self,
+        recorder: Any,
+        opset: int,
+        target: str,
+        outputs: Sequence[OutputMeta] | None = None,
+        typings: Sequence[Sequence[int | str | None]] | None = None,
+    ) -> None:
+        super().__init__(opset, target, outputs)
+        self.recorder = recorder
+        # How the file spells each output's dims (torch's symbols, renamed after export), and
+        # for output_types=: a dim name -> that spelling.
+        self._typings = None if typings is None else [list(t) for t in typings]
+        self._spelling: dict[str, int | str | None] = {}
+        for meta, typing in zip(self._outputs or (), self._typings or (), strict=False):
+            for name, spelled in zip(meta.shape or (), typing, strict=False):
+                if isinstance(name, str):
+                    self._spelling.setdefault(name, spelled)
+
+    def is_value(self, value: Any) -> bool:
+        return isinstance(value, ir.Value)
+
+    def dtype(self, value: Any) -> torch.dtype | None:
+        return self.dtype_of(value)
+
+    @staticmethod
+    def dtype_of(value: Any) -> torch.dtype | None:
+        dtype = getattr(value, "dtype", None)
+        if dtype is None:
+            return None
+        try:
+            return _ONNX_TO_TORCH[int(dtype)]
+        except KeyError:
+            return None
+
+    def shape(self, value: Any) -> tuple[int | None, ...] | None:
+        shape = getattr(value, "shape", None)
+        if shape is None:
+            return None
+        return tuple(d if isinstance(d, int) else None for d in shape)
+
+    def _add_node(self, domain: str, op_type: str, inputs: Sequence[Any], attrs: list[AttrValue], outputs: int) -> list[Any]:
+        ir_attrs = []
+        for attr in attrs:
+            if attr.kind is AttrKind.TENSOR:
+                ir_attrs.append(ir.AttrTensor(attr.name, ir.tensor(c_contiguous(attr.value))))
+            else:
+                value = list(attr.value) if isinstance(attr.value, tuple) else attr.value
+                ir_attrs.append(ir.Attr(attr.name, _IR_KIND[attr.kind], value))
+        node = ir.Node(
+            domain,
+            op_type,
+            inputs=list(inputs),
+            attributes=ir_attrs,
+            outputs=[_tensors.SymbolicTensor(self.recorder.opset) for _ in range(outputs)],
+        )
+        self.recorder.nodes.append(node)
+        if not domain:
+            _infer_types(node, self.recorder.opset.version)
+        return list(node.outputs)
+
+    def _set_type(self, value: Any, meta: OutputMeta, index: int | None = None) -> None:
+        if meta.dtype is not None:
+            value.dtype = ir.DataType(_TORCH_TO_ONNX[meta.dtype])
+        typing = None if index is None or self._typings is None else self._typings[index]
+        if typing is not None and meta.shape is not None:
+            value.shape = ir.Shape(typing)
+        elif meta.shape is not None:
+            value.shape = ir.Shape([self._spelling.get(d, d) if isinstance(d, str) else d for d in meta.shape])
+
+    def _constant(self, array: np.ndarray) -> Any:
+        (value,) = self._add_node("", "Constant", [], [AttrValue("value", AttrKind.TENSOR, array)], 1)
+        value.dtype = ir.DataType(_numpy_to_onnx(array.dtype))
+        value.shape = ir.Shape(array.shape)
+        return value
+
+
+def _infer_types(node: ir.Node, opset: int) -> None:
+    """ONNX type inference for one standard node, so ``g.dtype``/``g.shape`` see its outputs
+    (the TorchScript exporter infers each node as it is added; torch's dynamo exporter only
+    types the values a translation returns). Nothing is set when inference cannot tell."""
+    import onnx
+
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, "")
+        types = {}
+        names = []
+        for index, value in enumerate(node.inputs):
+            if value is None:
+                names.append("")
+                continue
+            if value.dtype is None:
+                return
+            shape = None if value.shape is None else [d if isinstance(d, int) else d.value for d in value.shape]
+            names.append(f"in{index}")
+            types[names[-1]] = onnx.helper.make_tensor_type_proto(int(value.dtype), shape)
+        proto = onnx.helper.make_node(node.op_type, names, [f"out{i}" for i in range(len(node.outputs))])
+        proto.attribute.extend(ir.serde.serialize_attribute(a) for a in node.attributes.values())
+        inferred = onnx.shape_inference.infer_node_outputs(schema, proto, types)
+    except Exception:  # an op or attribute inference does not handle: leave the outputs untyped
+        return
+    for index, value in enumerate(node.outputs):
+        typ = inferred.get(f"out{index}")
+        if typ is None or not typ.HasField("tensor_type") or not typ.tensor_type.elem_type:
+            continue
+        value.dtype = ir.DataType(typ.tensor_type.elem_type)
+        if typ.tensor_type.HasField("shape"):
+            value.shape = ir.Shape([d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in typ.tensor_type.shape.dim])
+
+
+def _numpy_to_onnx(dtype: np.dtype) -> int:
+    import onnx
+
+    if dtype.name == "bfloat16":
+        return onnx.TensorProto.BFLOAT16
+    return onnx.helper.np_dtype_to_tensor_dtype(dtype)
+
+
+def _build_onnx_to_torch() -> dict[int, torch.dtype]:
+    import onnx
+
+    table: dict[int, torch.dtype] = {}
+    for dt in (torch.float16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128):
+        table[onnx.helper.np_dtype_to_tensor_dtype(torch.empty((), dtype=dt).numpy().dtype)] = dt
+    table[onnx.TensorProto.BFLOAT16] = torch.bfloat16
+    return table
+
+
+_ONNX_TO_TORCH = _build_onnx_to_torch()
+_TORCH_TO_ONNX = {v: k for k, v in _ONNX_TO_TORCH.items()}
+
+
+def _split(schema: torch._C.FunctionSchema, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    inputs: list[Any] = []
+    attrs: dict[str, Any] = {}
+    for index, param in enumerate(schema.arguments):
+        if index < len(args):
+            value = args[index]
+        elif param.name in kwargs:
+            value = kwargs[param.name]
+        elif param.has_default_value():
+            value = param.default_value
+        else:
+            value = None
+        text = str(param.type)
+        if text.startswith("Tensor") or text in ("Optional[Tensor]", "List[Tensor]", "List[Optional[Tensor]]"):
+            inputs.append(list(value) if isinstance(value, (list, tuple)) else value)
+        else:
+            attrs[param.name] = value
+    return inputs, attrs
+
+
+def _torch_outputs(overload: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Outputs, Any, Any] | None:
+    found = fx_outputs(overload)
+    if found is None:
+        found = value_outputs(overload, args, kwargs, DynamoBuilder.dtype_of)
+    return found
+
+
+def _pack(target: Target, values: list[Any], returns: list[int | None] | None, expected: int) -> Any:
+    if returns is None:  # the count was checked by call_translation
+        return values[0] if expected == 1 else tuple(values)
+    if returns == [None]:
+        return values[0]
+    if all(r is None for r in returns) or len(returns) == 1:
+        return tuple(values)  # several tensors, or the elements of a single Tensor[] return
+    raise SymbolicError(
+        f"{target} returns a Tensor[] next to other outputs, which the dynamo exporter cannot "
+        "carry. Fix: return the list alone (or tensors only), or export with exporter='torchscript'."
+    )
+
+
+def _translation(registry: Registry, target: Target, overload: torch._ops.OpOverload, opset: int, entry: SymbolicEntry) -> Any:
+    schema = overload._schema
+    expected = len(schema.returns)
+
+    def translate(*args: Any, **kwargs: Any) -> Any:
+        recorder = onnxscript.evaluator.default()
+        if not isinstance(recorder, _building.OpRecorder):
+            raise SymbolicError(f"The translation for {target} was called outside the dynamo exporter.")
+        found = _torch_outputs(overload, args, kwargs)
+        inputs, attrs = _split(schema, args, kwargs)
+        if found is None:
+            builder = DynamoBuilder(recorder, opset, str(target))
+            returns = None
+        else:
+            outputs, typings, names = found
+            builder = DynamoBuilder(recorder, opset, str(target), [names.meta(d) for d in flat_outputs(outputs)], typings)
+            returns = layout(outputs)
+        count = expected if builder._outputs is None else None  # else finish() counts Tensor[] elements
+        names = [f"{a.name}: {a.type}" for a in schema.arguments]
+        values = builder.finish(call_translation(entry, builder, inputs, attrs, outputs=count, schema_args=names))
+        for index, (value, meta) in enumerate(zip(values, builder._outputs or (), strict=False)):
+            producer = value.producer()
+            if producer is not None and producer.domain not in ("", "ai.onnx"):
+                builder._set_type(value, meta, index)  # torch re-types it too; in-graph uses see it now
+        return _pack(target, values, returns, expected)
+
+    # Plain parameters without annotations: torch treats every one as an input and dispatches
+    # all calls for this overload to us (no signature mismatch warnings).
+    translate.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(a.name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for a in schema.arguments]
+    )
+    translate.__name__ = f"onnx_custom_{target.name.name if target.name else 'op'}"
+    translate.__qualname__ = f"onnx_custom_translation[{target}]"
+    return translate
+
+
+def resolve_overloads(target: Target) -> list[torch._ops.OpOverload]:
+    """The torch OpOverloads a name target covers (all overloads when none is named)."""
+    if target.function is not None:
+        raise SymbolicError(
+            f"{target.function.__qualname__} is a torch.autograd.Function: the dynamo exporter "
+            "ignores Function.symbolic and cannot dispatch on it. Wrap the op as a "
+            "torch.library.custom_op (with register_fake) and register the translation for that "
+            "op's name, or export with exporter='torchscript'."
+        )
+    name: QualifiedName = target.name  # type: ignore[assignment]
+    try:
+        packet = getattr(getattr(torch.ops, name.namespace), name.name)
+    except (AttributeError, RuntimeError):
+        packet = None
+    if packet is None:
+        return []
+    overloads = [name.overload] if name.overload else packet.overloads()
+    result = []
+    for ovl in overloads:
+        try:
+            result.append(getattr(packet, ovl))
+        except (AttributeError, RuntimeError) as exc:
+            raise SymbolicError(f"{name.op} has no overload {ovl!r}; it has {packet.overloads()}.") from exc
+    return result
+
+
+def translation_table(opset: int = 18, registry: Registry | None = None) -> dict[torch._ops.OpOverload, Any]:
+    """``custom_translation_table`` for ``torch.onnx.export(..., dynamo=True)`` at ``opset``.
+
+    Only torch ops that exist in this process (their library is loaded) and have a translation
+    valid at ``opset`` are included; autograd.Function targets are skipped (TorchScript only).
+    """
+    reg = resolve_registry(registry)
+    if not isinstance(opset, int) or opset < 1:
+        raise SymbolicError(f"opset must be a positive int; received {opset!r}. Fix: pass the opset of your torch.onnx.export call, e.g. opset=18.")
+    table: dict[torch._ops.OpOverload, Any] = {}
+    for target in reg.targets():
+        if target.function is not None:
+            continue
+        for overload in resolve_overloads(target):
+            ovl_target = Target(QualifiedName(target.name.namespace, target.name.name, overload._overloadname))  # type: ignore[union-attr]
+            candidates = [e for e in reg.entries_for(ovl_target) if e.opset <= opset]
+            if not candidates:
+                continue
+            entry = reg.lookup(ovl_target, opset, exporter="dynamo")
+            table[overload] = _translation(reg, ovl_target, overload, opset, entry)
+    return table

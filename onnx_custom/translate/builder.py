@@ -1,0 +1,294 @@
+"""The exporter-neutral graph builder ``g`` that translations receive.
+
+Subclasses adapt it to the TorchScript exporter (`_torchscript.py`) and to the torch.export-based
+exporter (`_dynamo.py`). Everything a translation can observe (node types, attribute kinds,
+output counts) is decided here, so both exporters emit the same ONNX nodes.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import contextvars
+import dataclasses
+import numbers
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from onnx_custom.errors import OnnxCustomError, SymbolicError
+from onnx_custom.translate.attributes import AttrValue, c_contiguous, convert_attribute
+from onnx_custom.translate.names import parse_node_type
+from onnx_custom.translate.standard_ops import check_standard_node
+from onnx_custom.translate.torch_errors import translation_error
+
+__all__ = ["GraphBuilder", "NodeRecord", "OutputMeta", "call_translation", "record_nodes"]
+
+DimValue = int | str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputMeta:
+    """What torch computed for one output of the op being translated (its fake kernel's answer).
+
+    ``dtype`` is None when torch could not tell; ``shape`` is None when even the rank is unknown.
+    A dim is an int (static), a str (a symbolic dim: the user's dim name such as ``"batch"``, or
+    an expression of names such as ``"2*batch"``) or None (dynamic, with no name).
+    """
+
+    dtype: torch.dtype | None = None
+    shape: tuple[DimValue, ...] | None = None
+
+    @property
+    def rank(self) -> int | None:
+        return None if self.shape is None else len(self.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeRecord:
+    """What a translation emitted: enough to compare the two exporters node for node."""
+
+    target: str
+    domain: str
+    op_type: str
+    attributes: tuple[tuple[str, str, Any], ...]
+    inputs: int
+    outputs: int
+
+
+_recorder: contextvars.ContextVar[list[NodeRecord] | None] = contextvars.ContextVar("onnx_custom_recorder", default=None)
+
+
+@contextlib.contextmanager
+def record_nodes() -> Iterator[list[NodeRecord]]:
+    """Collect a `NodeRecord` for every node any translation adds inside the block."""
+    log: list[NodeRecord] = []
+    token = _recorder.set(log)
+    try:
+        yield log
+    finally:
+        _recorder.reset(token)
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return (str(value.dtype), value.shape, value.tobytes())
+    return value
+
+
+class GraphBuilder(abc.ABC):
+    """``g.op(...)``, ``g.constant(...)``, ``g.opset``, ``g.exporter``, ``g.dtype(x)``, ``g.outputs``."""
+
+    exporter: str = ""
+
+    def __init__(self, opset: int, target: str, outputs: Sequence[OutputMeta] | None = None) -> None:
+        self.opset = opset
+        self.target = target  # the torch op being translated, for error messages
+        self.custom_domains: set[str] = set()
+        self._outputs: tuple[OutputMeta, ...] | None = None if outputs is None else tuple(outputs)
+
+    @property
+    def outputs(self) -> tuple[OutputMeta, ...]:
+        """One `OutputMeta` per torch output (a ``Tensor[]`` return gives one per element):
+        dtype and shape as torch computed them, symbolic dims by name. The same under both
+        exporters."""
+        if self._outputs is None:
+            raise SymbolicError(
+                f"{self.target}: torch's output types are not known here: g.outputs exists inside "
+                "a translation called by an exporter, for an op whose fake kernel (or, under "
+                "TorchScript, whose trace) tells them. Fix: add register_fake to the op, or pass "
+                "output_types= to g.op."
+            )
+        return self._outputs
+
+    def op(
+        self,
+        node_type: str,
+        *inputs: Any,
+        outputs: int = 1,
+        output_types: Sequence[OutputMeta | torch.dtype] | None = None,
+        **attributes: Any,
+    ) -> Any:
+        """Add one ONNX node. ``node_type`` is ``"OpType"`` or ``"domain::OpType"``.
+
+        Returns one value, or a tuple of ``outputs`` values when ``outputs > 1``.
+
+        A custom-domain node's outputs are typed from ``g.outputs`` when it has as many outputs
+        as the torch op (its outputs are the op's outputs); otherwise, or to override, pass
+        ``output_types``: one `OutputMeta` (or just a torch dtype) per output.
+        """
+        domain, op_type = parse_node_type(node_type)
+        if not isinstance(outputs, int) or isinstance(outputs, bool) or outputs < 1:
+            raise SymbolicError(f"{self.target}: outputs= must be a positive int; received {outputs!r}. Fix: pass outputs=1 or more.")
+        types = self._output_types(node_type, outputs, output_types, custom=bool(domain))
+        where = f"{self.target}: g.op({node_type!r}): "
+        attrs = [convert_attribute(name, value, where=where) for name, value in attributes.items() if value is not None]
+        converted = [self._input(domain, op_type, i, value) for i, value in enumerate(inputs)]
+        while converted and converted[-1] is None:  # trailing absent optional inputs are dropped
+            converted.pop()
+        if not domain:
+            # A function body's attribute references (FunctionBuilder) are present at run time.
+            referenced = [ref.name for ref in getattr(self, "_pending_refs", ())]
+            attrs = check_standard_node(where, op_type, self.opset, len(converted), outputs, attrs, referenced)
+        if domain:
+            self.custom_domains.add(domain)
+        log = _recorder.get()
+        if log is not None:
+            frozen = tuple((a.name, a.kind.value, _freeze(a.value)) for a in attrs)
+            log.append(NodeRecord(self.target, domain, op_type, frozen, len(converted), outputs))
+        result = self._add_node(domain, op_type, converted, attrs, outputs)
+        if types is not None:
+            torch_types = types is self._outputs
+            for index, (value, meta) in enumerate(zip(result, types, strict=True)):
+                self._set_type(value, meta, index if torch_types else None)
+        return result[0] if outputs == 1 else tuple(result)
+
+    def _output_types(
+        self, node_type: str, outputs: int, given: Sequence[OutputMeta | torch.dtype] | None, *, custom: bool
+    ) -> tuple[OutputMeta, ...] | None:
+        if given is None:
+            # A custom node's outputs are invisible to ONNX shape inference: when the node stands
+            # for the whole op (same output count), torch's own output types are its types.
+            if custom and self._outputs is not None and outputs == len(self._outputs):
+                return self._outputs
+            return None
+        if isinstance(given, (OutputMeta, torch.dtype)) or len(given) != outputs:
+            raise SymbolicError(
+                f"{self.target}: {node_type} has {outputs} output(s); output_types= must list one "
+                f"OutputMeta (or torch dtype) per output, got {given!r}."
+            )
+        metas = []
+        for item in given:
+            if isinstance(item, torch.dtype):
+                item = OutputMeta(item, None)
+            if not isinstance(item, OutputMeta):
+                raise SymbolicError(
+                    f"{self.target}: output_types= entries must be onnx_custom.translate.builder.OutputMeta "
+                    f"or torch dtypes, got {item!r} ({type(item).__name__})."
+                )
+            metas.append(item)
+        return tuple(metas)
+
+    def finish(self, result: Any) -> list[Any]:
+        """The translation's return value as one graph value per entry of `outputs`, checked
+        against what torch computed (a claimed dtype or static shape torch contradicts raises)."""
+        values = list(result) if isinstance(result, (tuple, list)) else [result]
+        if self._outputs is None:
+            return values
+        if len(values) != len(self._outputs):
+            raise SymbolicError(
+                f"The translation for {self.target} returned {len(values)} output(s) but the torch "
+                f"op has {len(self._outputs)} (per torch's fake kernel; a Tensor[] return counts each "
+                "element). Return one value per torch output (a tuple for several)."
+            )
+        for index, (value, meta) in enumerate(zip(values, self._outputs, strict=True)):
+            if not self.is_value(value):
+                raise SymbolicError(
+                    f"The translation for {self.target} returned {type(value).__name__} ({value!r}) "
+                    f"as output {index}; expected a graph value from g.op(...) or an input."
+                )
+            self._check_claim(index, value, meta)
+        return values
+
+    def _check_claim(self, index: int, value: Any, meta: OutputMeta) -> None:
+        dtype, shape = self.dtype(value), self.shape(value)
+        problem = ""
+        if dtype is not None and meta.dtype is not None and dtype != meta.dtype:
+            problem = f"dtype {dtype}, but torch computes {meta.dtype}"
+        elif shape is not None and meta.shape is not None:
+            if len(shape) != len(meta.shape):
+                problem = f"rank {len(shape)} (shape {list(shape)}), but torch computes rank {len(meta.shape)} ({list(meta.shape)})"
+            else:
+                clash = [i for i, (a, b) in enumerate(zip(shape, meta.shape, strict=True)) if isinstance(a, int) and isinstance(b, int) and a != b]
+                if clash:
+                    problem = f"shape {list(shape)}, but torch computes {list(meta.shape)} (axis {clash[0]})"
+        if problem:
+            raise SymbolicError(
+                f"The translation for {self.target} returns output {index} with {problem} (its fake "
+                "kernel). Fix the translation (e.g. a Cast, or output_types= on a custom node), or "
+                "the op's register_fake if that is what is wrong."
+            )
+
+    def _input(self, domain: str, op_type: str, index: int, value: Any) -> Any:
+        if value is None or self.is_value(value):
+            return value
+        if isinstance(value, (np.ndarray, torch.Tensor, np.generic)):
+            return self.constant(value)
+        kind = type(value).__name__
+        hint = " Use g.constant(value, like=x) so the dtype is explicit." if isinstance(value, numbers.Number) else ""
+        raise SymbolicError(
+            f"{self.target}: input {index} of {domain + '::' if domain else ''}{op_type} is a {kind} "
+            f"({value!r}); expected a graph value, a numpy array or a torch tensor.{hint}"
+        )
+
+    def constant(self, value: Any, *, dtype: Any = None, like: Any = None) -> Any:
+        """A Constant node. ``dtype`` (torch/numpy dtype) or ``like`` (a graph value) sets its type."""
+        if like is not None:
+            dtype = self.dtype(like)
+            if dtype is None:
+                raise SymbolicError(f"{self.target}: g.constant(like=...) got a value with unknown dtype; pass dtype= explicitly.")
+        if isinstance(value, torch.Tensor):
+            array = value.detach().cpu().numpy()
+        else:
+            array = np.asarray(value)
+        if dtype is not None:
+            array = array.astype(_numpy_dtype(dtype))
+        elif array.dtype == np.float64 and not isinstance(value, (np.ndarray, torch.Tensor, np.generic)):
+            array = array.astype(np.float32)  # a bare Python float means float32, as in torch
+        array = c_contiguous(array)  # keeps a 0-d constant 0-d
+        self._record_constant(array)
+        return self._constant(array)
+
+    @abc.abstractmethod
+    def is_value(self, value: Any) -> bool: ...
+
+    @abc.abstractmethod
+    def dtype(self, value: Any) -> torch.dtype | None:
+        """The torch dtype of a graph value, or None when the exporter does not know it."""
+
+    @abc.abstractmethod
+    def shape(self, value: Any) -> tuple[int | None, ...] | None:
+        """The shape of a graph value (None for a dynamic dim), or None when the rank is unknown."""
+
+    @abc.abstractmethod
+    def _add_node(self, domain: str, op_type: str, inputs: Sequence[Any], attrs: list[AttrValue], outputs: int) -> list[Any]: ...
+
+    @abc.abstractmethod
+    def _constant(self, array: np.ndarray) -> Any: ...
+
+    @abc.abstractmethod
+    def _set_type(self, value: Any, meta: OutputMeta, index: int | None = None) -> None:
+        """Give a node output the dtype/shape of ``meta`` (symbolic dims by name); ``index`` says
+        ``meta`` is ``outputs[index]``, whose symbols the exporter knows exactly."""
+
+    def _record_constant(self, array: np.ndarray) -> None:
+        log = _recorder.get()
+        if log is not None:
+            log.append(NodeRecord(self.target, "", "Constant", (("value", "tensor", _freeze(array)),), 0, 1))
+
+
+def _numpy_dtype(dtype: Any) -> np.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype == torch.bfloat16:
+            import ml_dtypes
+
+            return np.dtype(ml_dtypes.bfloat16)
+        return torch.empty((), dtype=dtype).numpy().dtype
+    return np.dtype(dtype)
+
+
+def call_translation(
+    entry: Any, g: GraphBuilder, inputs: Sequence[Any], attrs: dict[str, Any], *, outputs: int | None = None, schema_args: Sequence[str] | None = None
+) -> tuple[Any, ...]:
+    """Run a `SymbolicEntry` for an exporter adapter: its result checked (`SymbolicEntry.call`:
+    None, a number, an eager tensor or a wrong count -> `SymbolicError` naming the op) and any
+    other exception it raises turned into a `SymbolicError` naming the translation and the line
+    (``schema_args``: the op's argument names, listed when the call itself does not fit)."""
+    try:
+        return tuple(entry.call(g, inputs, attrs, outputs=outputs))
+    except OnnxCustomError:
+        raise
+    except Exception as exc:
+        raise translation_error(entry, exc, len(inputs), list(attrs), schema_args) from exc

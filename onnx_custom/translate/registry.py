@@ -1,0 +1,454 @@
+"""The translation registry: frozen entries keyed by validated targets, opset-versioned."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import numbers
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from onnx_custom.errors import InvalidArgumentError, SymbolicError, UnsupportedOpError
+from onnx_custom.translate.names import Target, normalize_target
+
+__all__ = [
+    "DEFAULT_VARIANT",
+    "Registry",
+    "SymbolicEntry",
+    "check_translation_result",
+    "check_translation_signature",
+    "default_registry",
+    "is_tensor_argument",
+    "resolve_registry",
+    "same_definition",
+    "symbolic",
+]
+
+DEFAULT_VARIANT = "default"
+Translation = Callable[..., Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class SymbolicEntry:
+    """One translation: ``fn(g, *tensor_inputs, **attributes)`` valid from ``opset`` on."""
+
+    target: Target
+    opset: int
+    fn: Translation
+    variant: str = DEFAULT_VARIANT
+    # Custom node types ("custom::my_add") this translation emits; used by pre-flight checks.
+    emits: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> tuple[str, int, str]:
+        return (self.target.key, self.opset, self.variant)
+
+    @property
+    def source(self) -> str:
+        fn = self.fn
+        return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+    def describe(self) -> str:
+        variant = "" if self.variant == DEFAULT_VARIANT else f", variant={self.variant!r}"
+        return f"{self.target} (opset>={self.opset}{variant}) -> {self.source}"
+
+    def call(self, g: Any, inputs: Sequence[Any], attrs: Mapping[str, Any], *, outputs: int | None = None) -> tuple[Any, ...]:
+        """Run the translation as the exporter adapters do and check what it returned.
+
+        ``fn(g, *inputs, **attrs)``; the result (one value or a tuple) comes back as a tuple of
+        graph values, one per torch output (``outputs``, when the adapter knows it).
+        """
+        return check_translation_result(self, g, self.fn(g, *inputs, **dict(attrs)), outputs)
+
+
+# -- what a translation returns -------------------------------------------------------------
+
+
+def _describe_bad_value(value: Any) -> tuple[str, str] | None:
+    """(what it is, how to fix it) for a value that is not a graph value, else None."""
+    if value is None:
+        return "None", "return the value(s) g.op(...) produced (a missing `return`?)"
+    if isinstance(value, torch.Tensor):
+        return (
+            f"an eager torch.Tensor (shape {list(value.shape)}, {value.dtype})",
+            "compute it in the graph with g.op(...), or wrap a true constant in g.constant(tensor)",
+        )
+    if isinstance(value, (np.ndarray, np.generic)):
+        return f"a numpy {type(value).__name__}", "wrap a constant in g.constant(array)"
+    if isinstance(value, (numbers.Number, str)):
+        return (
+            f"a Python {type(value).__name__} ({value!r})",
+            f"wrap it in g.constant({value!r}, like=<an input>) so it becomes a graph value",
+        )
+    return None
+
+
+def _defined_at(fn: Any) -> str:
+    """`` (file.py:12)`` for a function (two lambdas share a name; their lines tell them apart)."""
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    return f" ({code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno})" if code is not None else ""
+
+
+def check_translation_result(entry: SymbolicEntry, g: Any, result: Any, outputs: int | None = None) -> tuple[Any, ...]:
+    """``result`` of ``entry.fn`` as a tuple of graph values; `SymbolicError` naming the op else.
+
+    Refuses None, Python numbers, eager tensors and arrays (alone or inside the tuple), anything
+    ``g.is_value`` rejects, and a count different from ``outputs`` (when given).
+    """
+    values = tuple(result) if isinstance(result, (tuple, list)) else (result,)
+    where = f"The translation of {entry.target} ({entry.source}, opset>={entry.opset})"
+    for index, value in enumerate(values):
+        if g.is_value(value):
+            continue
+        what, fix = _describe_bad_value(value) or (f"a {type(value).__name__}", "return graph values made by g.op(...)")
+        position = "" if len(values) == 1 and not isinstance(result, (tuple, list)) else f" as output {index}"
+        raise SymbolicError(
+            f"{where} returned {what}{position}; expected a graph value for each of the op's "
+            f"{outputs if outputs is not None else len(values)} output(s); fix: {fix}."
+        )
+    if outputs is not None and len(values) != outputs:
+        raise SymbolicError(
+            f"{where} returned {len(values)} output(s) but the torch op has {outputs}; fix: return "
+            "one value per torch output (a tuple for several)."
+        )
+    return values
+
+
+# -- signatures against the torch schema ------------------------------------------------------
+
+_TENSOR_TYPES = ("Optional[Tensor]", "List[Tensor]", "List[Optional[Tensor]]")
+
+
+def is_tensor_argument(type_text: str) -> bool:
+    """Schema argument types the adapters hand to translations as positional inputs."""
+    return type_text.startswith("Tensor") or type_text in _TENSOR_TYPES
+
+
+def _schema_of(target: Target) -> Any:
+    """The torch schema a translation for ``target`` receives, or None (unknown or ambiguous).
+
+    A named overload gives its own schema; a bare ``ns::op`` gives the default overload's, or the
+    only overload's. Looked up without touching ``torch.ops`` (no side effects).
+    """
+    if target.name is None:
+        return None
+    try:
+        schemas = torch._C._jit_get_schemas_for_operator(target.name.op)
+    except RuntimeError:
+        return None
+    wanted = "" if target.name.overload in ("", "default") else target.name.overload
+    chosen = [s for s in schemas if s.overload_name == wanted]
+    if not chosen and not target.name.overload and len(schemas) == 1:
+        chosen = list(schemas)
+    return chosen[0] if chosen else None
+
+
+def check_translation_signature(entry: SymbolicEntry, schema: Any) -> None:
+    """`SymbolicError` unless ``entry.fn(g, *tensor_args, **other_args)`` binds for ``schema``."""
+    try:
+        signature = inspect.signature(entry.fn)
+    except (TypeError, ValueError):  # builtins and some C callables: nothing to check
+        return
+    tensors = [a.name for a in schema.arguments if is_tensor_argument(str(a.type))]
+    others = [a.name for a in schema.arguments if not is_tensor_argument(str(a.type))]
+    try:
+        signature.bind(None, *tensors, **dict.fromkeys(others))
+    except TypeError as exc:
+        listed = ", ".join(f"{a.name}: {a.type}" for a in schema.arguments)
+        expected = ", ".join(["g", *tensors] + (["*", *others] if others else []))
+        raise SymbolicError(
+            f"The translation of {entry.target} ({entry.source}) does not match the op's torch "
+            f"schema: {_signature_problem(signature, tensors, others) or exc}. The schema's arguments are [{listed}]; expected `def "
+            f"{getattr(entry.fn, '__name__', 'fn')}({expected})` (tensor arguments positional in "
+            f"schema order, other arguments keyword-named as in the schema, or **kwargs); received "
+            f"`{getattr(entry.fn, '__name__', 'fn')}{signature}`. Fix: rename or reorder the "
+            "translation's parameters."
+        ) from None
+
+
+def _signature_problem(signature: inspect.Signature, tensors: list[str], others: list[str]) -> str:
+    """What exactly does not fit, in the schema's terms ('' when it is not that simple)."""
+    params = list(signature.parameters.values())
+    kinds = inspect.Parameter
+    positional = [p for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
+    var_positional = any(p.kind == kinds.VAR_POSITIONAL for p in params)
+    var_keyword = any(p.kind == kinds.VAR_KEYWORD for p in params)
+    problems: list[str] = []
+    takes = len(positional) - 1  # after g
+    if takes < len(tensors) and not var_positional:
+        problems.append(f"it takes {max(takes, 0)} tensor input(s) after g, the schema has {len(tensors)} ({', '.join(tensors)})")
+    filled = {p.name for p in positional[: 1 + len(tensors)]}
+    keywords = {p.name for p in params if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)} - filled
+    unaccepted = [name for name in others if name not in keywords and not var_keyword]
+    if unaccepted:
+        problems.append(f"it does not accept the schema argument(s) {unaccepted} as keywords")
+    extra = [p.name for p in params if p.name not in filled and p.name not in others and p.default is p.empty and p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)]
+    if extra:
+        problems.append(f"it requires {extra}, which the schema does not have")
+    return "; ".join(problems)
+
+
+# -- same definition (re-import) vs a different one -----------------------------------------
+
+
+def _code_key(code: Any) -> tuple[Any, ...]:
+    consts = tuple(_code_key(c) if inspect.iscode(c) else (type(c).__name__, repr(c)) for c in code.co_consts)
+    return (code.co_code, consts, code.co_names, code.co_varnames, code.co_freevars)
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except Exception:  # arrays and other values without a plain truth value
+        return False
+
+
+def same_definition(a: Translation, b: Translation) -> bool:
+    """Re-importing a module re-runs its decorators with new function objects: the same module,
+    qualname, code (bytecode and constants), defaults and closure values is the same definition.
+    Two different lambdas share module and qualname but not their code, so they differ."""
+    if a is b:
+        return True
+    code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
+    if code_a is None or code_b is None:
+        return False
+    if (getattr(a, "__module__", None), getattr(a, "__qualname__", None)) != (
+        getattr(b, "__module__", None), getattr(b, "__qualname__", None)
+    ):
+        return False
+    if _code_key(code_a) != _code_key(code_b):
+        return False
+    cells_a = [c.cell_contents for c in (getattr(a, "__closure__", None) or ())]
+    cells_b = [c.cell_contents for c in (getattr(b, "__closure__", None) or ())]
+    return (
+        _same_value(getattr(a, "__defaults__", None), getattr(b, "__defaults__", None))
+        and _same_value(getattr(a, "__kwdefaults__", None), getattr(b, "__kwdefaults__", None))
+        and len(cells_a) == len(cells_b)
+        and all(_same_value(x, y) for x, y in zip(cells_a, cells_b, strict=True))
+    )
+
+
+class Registry:
+    """Holds translations. Copy/extend it freely; the default registry is never touched by copies.
+
+    ``prefer`` lists variants (e.g. ``("custom",)``) that win over the default variant when a
+    target has several translations at the chosen opset.
+    """
+
+    def __init__(self, entries: Iterator[SymbolicEntry] | list[SymbolicEntry] = (), *, prefer: tuple[str, ...] = ()) -> None:  # type: ignore[assignment]
+        self._entries: dict[tuple[str, int, str], SymbolicEntry] = {}
+        # Entries whose signature matched the torch schema (checked once: at registration when
+        # the op exists, else at the first lookup after its library loaded).
+        self._checked: set[tuple[tuple[str, int, str], int]] = set()
+        self._lock = threading.RLock()
+        self.prefer: tuple[str, ...] = tuple(prefer)
+        for entry in entries:
+            self.add(entry)
+
+    # -- registration ---------------------------------------------------------------------
+    def add(self, entry: SymbolicEntry, *, replace: bool = False) -> SymbolicEntry:
+        if not isinstance(entry.opset, int) or isinstance(entry.opset, bool) or entry.opset < 1:
+            raise SymbolicError(
+                f"opset must be a positive int (the first opset the translation for {entry.target} "
+                f"serves); received {entry.opset!r}. Fix: pass e.g. opset=9 (it then serves 9 and up)."
+            )
+        if not callable(entry.fn):
+            raise SymbolicError(
+                f"The translation for {entry.target} must be callable (a function taking g and the op's "
+                f"inputs); received {type(entry.fn).__name__} ({entry.fn!r:.60}). Fix: decorate a function: "
+                f"@registry.symbolic(...) above def my_translation(g, x): ..."
+            )
+        with self._lock:
+            existing = self._entries.get(entry.key)
+            if existing is not None and not replace and not same_definition(existing.fn, entry.fn):
+                raise SymbolicError(
+                    f"A different translation for {entry.target} at opset {entry.opset} (variant "
+                    f"{entry.variant!r}) is already registered: {existing.source}{_defined_at(existing.fn)}; "
+                    f"received {entry.source}{_defined_at(entry.fn)}. Fix: pass replace=True to override "
+                    "it, or register at another opset/variant."
+                )
+            self._check_signature(entry)
+            self._entries[entry.key] = entry
+        return entry
+
+    def _check_signature(self, entry: SymbolicEntry) -> None:
+        """Check ``entry`` against its op's torch schema once that op exists (else later)."""
+        mark = (entry.key, id(entry.fn))
+        if mark in self._checked:
+            return
+        schema = _schema_of(entry.target)
+        if schema is None:
+            return
+        check_translation_signature(entry, schema)
+        self._checked.add(mark)
+
+    def symbolic(
+        self,
+        target: Any,
+        *,
+        opset: int = 1,
+        variant: str = DEFAULT_VARIANT,
+        emits: tuple[str, ...] | list[str] = (),
+        replace: bool = False,
+    ) -> Callable[[Translation], Translation]:
+        """Decorator: register ``fn(g, *inputs, **attributes)`` for ``target`` from ``opset`` on."""
+        normalized = normalize_target(target)
+        if not isinstance(variant, str) or not variant:
+            raise SymbolicError(f"variant must be a non-empty string, got {variant!r}.")
+
+        def decorate(fn: Translation) -> Translation:
+            self.add(SymbolicEntry(normalized, opset, fn, variant, tuple(emits)), replace=replace)
+            return fn
+
+        return decorate
+
+    def remove(self, target: Any, *, opset: int, variant: str = DEFAULT_VARIANT) -> None:
+        key = (normalize_target(target).key, opset, variant)
+        with self._lock:
+            if key not in self._entries:
+                have = sorted(e.opset for e in self.entries_for(target) if e.variant == variant)
+                raise SymbolicError(
+                    f"No translation registered for {key[0]} at opset {opset} (variant {variant!r}); "
+                    f"expected one of the registered opsets {have}. Fix: pass the opset it was registered with."
+                )
+            entry = self._entries.pop(key)
+            self._checked.discard((key, id(entry.fn)))
+
+    def update(self, other: Registry, *, replace: bool = False) -> Registry:
+        for entry in other:
+            self.add(entry, replace=replace)
+        return self
+
+    def copy(self) -> Registry:
+        return Registry(list(self), prefer=self.prefer)
+
+    def with_variants(self, *variants: str) -> Registry:
+        """A copy that prefers the given variants, e.g. ``registry.with_variants("custom")``."""
+        known = {e.variant for e in self}
+        unknown = [v for v in variants if v not in known]
+        if unknown:
+            raise SymbolicError(
+                f"Unknown variant(s) {unknown}; expected variants this registry has: {sorted(known)}. "
+                "Fix: pick one of those, or register translations with variant=<name> first."
+            )
+        out = self.copy()
+        out.prefer = tuple(variants)
+        return out
+
+    # -- lookup ---------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[SymbolicEntry]:
+        with self._lock:
+            return iter(sorted(self._entries.values(), key=lambda e: e.key))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, target: object) -> bool:
+        try:
+            key = normalize_target(target).key
+        except SymbolicError:
+            return False
+        return any(e.target.key == key for e in self)
+
+    def targets(self) -> list[Target]:
+        seen: dict[str, Target] = {}
+        for entry in self:
+            seen.setdefault(entry.target.key, entry.target)
+        return list(seen.values())
+
+    def entries_for(self, target: Any) -> list[SymbolicEntry]:
+        """Entries for ``target``; an overload (``ns::op.ovl``) falls back to ``ns::op`` entries."""
+        tgt = target if isinstance(target, Target) else normalize_target(target)
+        exact = [e for e in self if e.target.key == tgt.key]
+        if exact or tgt.name is None or not tgt.name.overload:
+            return exact
+        return [e for e in self if e.target.key == tgt.name.op]
+
+    def opsets_for(self, target: Any) -> list[int]:
+        return sorted({e.opset for e in self.entries_for(target)})
+
+    def lookup(self, target: Any, opset: int, *, exporter: str = "") -> SymbolicEntry:
+        """The entry with the highest ``opset`` <= ``opset`` (preferred variants first)."""
+        tgt = target if isinstance(target, Target) else normalize_target(target)
+        entries = [e for e in self.entries_for(tgt) if e.opset <= opset]
+        if not entries:
+            available = self.opsets_for(tgt)
+            where = f" for the {exporter} exporter" if exporter else ""
+            if available:
+                msg = (
+                    f"No translation for {tgt}{where} at opset {opset}: translations exist from "
+                    f"opset {available} on. Export with opset>={available[0]} or register a "
+                    f"translation with @symbolic({str(tgt)!r}, opset={opset})."
+                )
+            else:
+                msg = f"No translation registered for {tgt}{where}. Register one with @onnx_custom.symbolic({str(tgt)!r})."
+            raise UnsupportedOpError(msg, missing=(tgt.key,))
+        best = max(e.opset for e in entries)
+        at_best = {e.variant: e for e in entries if e.opset == best}
+        chosen = next((at_best[v] for v in (*self.prefer, DEFAULT_VARIANT) if v in at_best), None)
+        if chosen is None:
+            chosen = at_best[sorted(at_best)[0]]
+        with self._lock:
+            self._check_signature(chosen)  # registered before its op's library was loaded
+        return chosen
+
+    def __repr__(self) -> str:
+        return f"Registry({len(self)} translations, prefer={self.prefer})"
+
+
+_default: Registry | None = None
+_default_lock = threading.Lock()
+
+
+def resolve_registry(registry: Registry | None) -> Registry:
+    """``registry`` or the default one; a clear TypeError for anything else."""
+    if registry is None:
+        return default_registry()
+    if not isinstance(registry, Registry):
+        raise InvalidArgumentError(
+            f"registry must be an onnx_custom.Registry or None; received {type(registry).__name__}. "
+            "Fix: build one with onnx_custom.Registry() or default_registry().copy(), or leave it out."
+        )
+    return registry
+
+
+def default_registry() -> Registry:
+    """The registry holding the built-in translations (assembled on first use) plus user ones."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            from onnx_custom.common.builtins import SYMBOLIC_MODULES
+
+            registry = Registry()
+            for module_name in SYMBOLIC_MODULES:
+                module = importlib.import_module(module_name)
+                registry.update(module.registry)
+            _default = registry
+        return _default
+
+
+def symbolic(
+    target: Any,
+    *,
+    opset: int = 1,
+    registry: Registry | None = None,
+    variant: str = DEFAULT_VARIANT,
+    emits: tuple[str, ...] | list[str] = (),
+    replace: bool = False,
+) -> Callable[[Translation], Translation]:
+    """Register a translation ``fn(g, *inputs, **attributes)`` for ``target``.
+
+    ``target`` is a qualified torch op name (``"aten::asinh"``, ``"mylib::my_add.default"``), an
+    ``OpOverload``, or a ``torch.autograd.Function`` subclass (TorchScript exporter only).
+    ``opset`` is the first opset the translation is valid for; the highest ``opset`` <= the export
+    opset wins. Without ``registry`` it goes to the default registry.
+    """
+    reg = resolve_registry(registry)
+    return reg.symbolic(target, opset=opset, variant=variant, emits=emits, replace=replace)

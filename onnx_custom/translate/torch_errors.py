@@ -1,0 +1,128 @@
+"""Torch's exporter errors turned into ours: one `SymbolicError` naming the op, the translation
+and the attribute, with the fix, instead of torch's wrappers.
+
+- A translation that raises: our adapters wrap it at the call (`translation_error`), naming the
+  translation and the line that raised; the original exception stays chained.
+- The dynamo exporter wraps everything in a ~1.3 KB ``ConversionError`` ("submit a PR to
+  PyTorch"); serialization problems arrive as a chain of ``SerdeError``s.
+- The TorchScript exporter appends graph dumps ("Invoked with: %2 : Tensor = ...", "[Caused by
+  the value ...") and "(Occurred when translating X)".
+"""
+
+from __future__ import annotations
+
+import re
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+from onnx_custom.errors import OnnxCustomError, SymbolicError
+
+__all__ = ["chain", "translation_error", "unwrap_dynamo_error", "unwrap_torchscript_error", "useful_line"]
+
+_OCCURRED = re.compile(r"\(Occurred when translating (?P<op>[\w:.]+)\)")
+_CONTAINING = re.compile(r"The containing node has kind '(?P<op>[\w:]+)'")
+_NODE = re.compile(r"Error when translating node %(?P<node>[\w.]+) : .*?target=(?P<target>[\w.:]+)")
+_ATTRIBUTE = re.compile(r"serialize_attribute_into with: Attr\('(?P<name>[^']+)'")
+_SERDE_NODE = re.compile(r"serialize_node_into with: Node\(name='(?P<name>[^']*)', domain='(?P<domain>[^']*)', op_type='(?P<op>[^']+)'")
+
+
+def useful_line(text: str, limit: int = 300) -> str:
+    """The first meaningful line of a torch error, without graph dumps and suffixes."""
+    text = _OCCURRED.sub("", text)
+    text = text.split("[Caused by the value")[0]
+    text = text.split("The following argument types are supported")[0]
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "").rstrip(" .:")
+    return first if len(first) <= limit else first[: limit - 3] + "..."
+
+
+def chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and its causes/contexts, outermost first (cycles cut)."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not s for s in seen):
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+def _raised_at(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f" at {last.filename}:{last.lineno} (in {last.name})"
+
+
+def _binding_failed(exc: BaseException) -> bool:
+    """A TypeError raised while *calling* the translation (its parameters do not fit), not inside it."""
+    from onnx_custom.translate.registry import SymbolicEntry
+
+    if not isinstance(exc, TypeError) or exc.__traceback__ is None:
+        return False
+    tb = exc.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code is SymbolicEntry.call.__code__
+
+
+def translation_error(entry: Any, exc: BaseException, inputs: int, attrs: Sequence[str], schema_args: Sequence[str] | None = None) -> SymbolicError:
+    """A `SymbolicError` for an exception a translation raised (or its call signature caused)."""
+    where = f"The translation of {entry.target} ({entry.source}, opset>={entry.opset})"
+    if _binding_failed(exc):
+        call = ", ".join(["g", *(f"<input {i}>" for i in range(inputs)), *(f"{a}=..." for a in attrs)])
+        listed = f" The op's arguments are [{', '.join(schema_args)}]." if schema_args is not None else ""
+        return SymbolicError(
+            f"{where} cannot be called as the exporter calls it, fn({call}): {exc}.{listed} Expected "
+            "tensor inputs positional after g and the other arguments by keyword under their "
+            "schema names. Fix: rename the translation's parameters to match (or accept **kwargs)."
+        )
+    return SymbolicError(
+        f"{where} raised {type(exc).__name__}: {useful_line(str(exc)) or '(no message)'}"
+        f"{_raised_at(exc)}; expected it to build nodes with g.op(...) and return them. Fix the "
+        "translation there (the original traceback is chained above)."
+    )
+
+
+def unwrap_dynamo_error(exc: BaseException) -> OnnxCustomError | None:
+    """Ours for torch's ``ConversionError``/``SerdeError`` chains (None when it is neither)."""
+    links = chain(exc)
+    root = links[-1]
+    attribute = next((m for link in links if (m := _ATTRIBUTE.search(str(link)))), None)
+    if attribute is not None:
+        node = next((m for link in links if (m := _SERDE_NODE.search(str(link)))), None)
+        op = f"{node['domain'] + '::' if node and node['domain'] else ''}{node['op']}" if node else "a node"
+        return SymbolicError(
+            f"The dynamo exporter could not write attribute {attribute['name']!r} of {op}: "
+            f"{type(root).__name__}: {useful_line(str(root))}. Expected a value ONNX can hold (an "
+            "int64, a float32, UTF-8 text, a numeric tensor); fix the value the translation passes "
+            "to g.op."
+        )
+    node = next((m for link in links if (m := _NODE.search(str(link)))), None)
+    if node is None:
+        return None
+    target = node["target"].removeprefix("torch.ops.")
+    namespace, _, rest = target.partition(".")
+    op = f"{namespace}::{rest}"
+    return SymbolicError(
+        f"The dynamo exporter could not translate {op} (graph node %{node['node']}): "
+        f"{type(root).__name__}: {useful_line(str(root))}. Expected a translation torch's exporter "
+        f"can run for it. Fix: register one with @onnx_custom.symbolic({op.rsplit('.', 1)[0]!r}), "
+        "or export with exporter='torchscript'."
+    )
+
+
+def unwrap_torchscript_error(exc: BaseException) -> OnnxCustomError | None:
+    """Ours for a TorchScript exporter error that names the op it was translating (its message
+    then carries a graph dump), else None."""
+    text = str(exc)
+    match = _OCCURRED.search(text) or _CONTAINING.search(text)
+    if match is None:
+        return None
+    op = match["op"]
+    register = f"@onnx_custom.symbolic({op!r})" if "::" in op else f"@onnx_custom.symbolic('<namespace>::{op}')"
+    return SymbolicError(
+        f"The TorchScript exporter could not translate {op}: {type(exc).__name__}: "
+        f"{useful_line(text)}. Expected a symbolic that handles these arguments. Fix: register "
+        f"a translation with {register}, or export with exporter='dynamo'."
+    )

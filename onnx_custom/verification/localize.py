@@ -1,0 +1,632 @@
+"""``onnx_custom.verification.localize``: when PyTorch and ONNX disagree, find the first node that diverges.
+
+The PyTorch side is the ``torch.export`` program of the model, run node by node with a
+``torch.fx.Interpreter``. The ONNX side depends on how the file names its values:
+
+- ``"names"``: the dynamo exporter names ONNX values after FX nodes (``relu``, ``my_add``,
+  ``getitem_1``), so the intermediates of the given ONNX model are read and compared by name.
+- ``"probe"``: the TorchScript exporter names values ``/Mul_output_0``; there is no reliable
+  mapping back. Instead the FX program is re-exported with the same exporter, opset and
+  registry, with every intermediate as a graph output (output *i* is FX node *i*), and compared
+  by position. This localizes faulty translations, not edits made to the file afterwards.
+
+Both sides stream: the ONNX graph runs segment by segment (`onnx_custom.verification.segmented`), the FX
+program frees each value after its last use, and each value is compared once, when both sides
+have it; so memory stays near one forward pass and time is linear in the nodes. Parameters and
+buffers are compared with the file's initializers of the same name (a file exported from other
+weights is named as such); model inputs are fed to both sides.
+
+Nodes are reported in topological order; a node is an *origin* when its output diverges while
+all its observed inputs still agree (the translation of that node is the suspect).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import operator
+import os
+import re
+import warnings
+from collections.abc import Callable, Collection
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+
+from onnx_custom.errors import OnnxCustomError
+from onnx_custom.exporter.pipeline import DEFAULT_OPSET, EXPORTERS, export_model
+from onnx_custom.translate.registry import Registry, default_registry
+from onnx_custom.verification.compare import compare_arrays
+from onnx_custom.verification.runner import (
+    _to_ort_value,
+    input_names,
+    load_model,
+    make_session,
+    run_onnx,
+    tensor_inputs,
+)
+from onnx_custom.verification.segmented import SegmentedRun
+
+__all__ = ["Localization", "NodeLocalization", "ValueDiff", "localize"]
+
+_INPUT = "model input (the same values are fed to both sides)"
+_PARAMETER = "model parameter vs the ONNX initializer"
+_FX_NODE = re.compile(r"^%(?P<name>[\w.]+) :")
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueDiff:
+    """One compared value: FX name, ONNX name, and how far apart they are."""
+
+    name: str
+    onnx_name: str
+    shape: tuple[int, ...]
+    dtype: str
+    max_abs_diff: float
+    max_rel_diff: float
+    mismatched: int
+    total: int
+    observed: bool = True  # False: the ONNX graph has no value for it (fused away, or a parameter)
+    note: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.mismatched == 0
+
+    def describe(self) -> str:
+        if not self.observed:
+            return f"{self.name}: not observable in ONNX{f' ({self.note})' if self.note else ''}"
+        if self.note == _INPUT:
+            return f"{self.name}: {_INPUT}"
+        state = "ok" if self.passed else f"DIFF {self.mismatched}/{self.total}"
+        extra = f"; {self.note}" if self.note else ""
+        return (
+            f"{self.name} -> {self.onnx_name} {list(self.shape)} {self.dtype}: max_abs={self.max_abs_diff:.3g} "
+            f"max_rel={self.max_rel_diff:.3g} [{state}{extra}]"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeLocalization:
+    """One torch op call (an FX node) and the ONNX nodes its translation produced."""
+
+    index: int
+    fx_name: str
+    torch_op: str
+    onnx_nodes: tuple[str, ...]
+    inputs: tuple[ValueDiff, ...]
+    outputs: tuple[ValueDiff, ...]
+    translation: str
+    stack: str = ""
+
+    @property
+    def observed(self) -> bool:
+        return any(o.observed for o in self.outputs)
+
+    @property
+    def diverges(self) -> bool:
+        return any(o.observed and not o.passed for o in self.outputs)
+
+    @property
+    def origin(self) -> bool:
+        """Output diverges while every observed input agrees: this node's translation is suspect."""
+        return self.diverges and all(i.passed for i in self.inputs if i.observed)
+
+    def describe(self) -> str:
+        lines = [f"#{self.index} {self.fx_name} = {self.torch_op}" + (f"   ({self.stack})" if self.stack else "")]
+        lines.append(f"    ONNX node(s): {', '.join(self.onnx_nodes) or '(none found)'}")
+        lines.append(f"    translation: {self.translation}")
+        lines += [f"    input  {v.describe()}" for v in self.inputs]
+        lines += [f"    output {v.describe()}" for v in self.outputs]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"diverges": self.diverges, "origin": self.origin}
+
+
+@dataclasses.dataclass(frozen=True)
+class Localization:
+    """Per-node comparison of one trial; ``first`` is the first diverging node (an origin if any)."""
+
+    method: str  # "names" or "probe"
+    exporter: str
+    opset: int
+    trial: int
+    nodes: tuple[NodeLocalization, ...]
+    note: str = ""
+
+    @property
+    def diverging(self) -> tuple[NodeLocalization, ...]:
+        return tuple(n for n in self.nodes if n.diverges)
+
+    @property
+    def origins(self) -> tuple[NodeLocalization, ...]:
+        return tuple(n for n in self.nodes if n.origin)
+
+    @property
+    def first(self) -> NodeLocalization | None:
+        origins = self.origins
+        if origins:
+            return origins[0]
+        diverging = self.diverging
+        return diverging[0] if diverging else None
+
+    def summary(self) -> str:
+        first = self.first
+        observed = sum(n.observed for n in self.nodes)
+        if first is None and self.method == "probe":
+            return (
+                f"Localization ({self.method}, {self.exporter}, opset {self.opset}, trial {self.trial}): "
+                f"all {observed} observed intermediate node(s) of the re-export agree. If the file "
+                "still mismatches, it was not made by this exporter/opset/registry (another variant "
+                "or registry?), was edited after export, or the fault is in an autograd.Function "
+                "translation (inlined by torch.export, so not re-exported)."
+            )
+        if first is None:
+            return (
+                f"Localization ({self.method}, {self.exporter}, opset {self.opset}, trial {self.trial}): "
+                f"all {observed} observed intermediate node(s) agree. If the outputs still mismatch, "
+                "the divergence is in a part this comparison cannot observe (nodes fused away, the "
+                "translation of an autograd.Function, or edits made to the file after export)."
+            )
+        worst = max((o for o in first.outputs if o.observed), key=lambda o: o.max_abs_diff)
+        text = (
+            f"First diverging node: #{first.index} {first.fx_name} = {first.torch_op} -> ONNX "
+            f"{', '.join(first.onnx_nodes) or '(none found)'}; output max_abs={worst.max_abs_diff:.3g} "
+            f"max_rel={worst.max_rel_diff:.3g}; translation: {first.translation}"
+        )
+        parameters = [i for i in first.inputs if i.observed and not i.passed and i.note.startswith(_PARAMETER)]
+        if parameters:
+            text += (
+                f". Its input {parameters[0].name} (a model parameter) already differs from the file's "
+                f"initializer {parameters[0].onnx_name!r}: the file was not exported from these weights"
+            )
+        return text
+
+    def __str__(self) -> str:
+        observed = sum(n.observed for n in self.nodes)
+        lines = [
+            f"Localization ({self.method}, {self.exporter}, opset {self.opset}, trial {self.trial}): "
+            f"{observed}/{len(self.nodes)} torch node(s) observed in ONNX, "
+            f"{len(self.diverging)} diverge, {len(self.origins)} origin(s)",
+            self.summary(),
+        ]
+        if self.note:
+            lines.append(f"note: {self.note}")
+        shown = [n for n in self.nodes if n.diverges][:5]
+        if shown:
+            lines.append("Diverging nodes in topological order (origins first are the suspects):")
+            lines += [("[ORIGIN] " if n.origin else "") + n.describe() for n in shown]
+            if len(self.diverging) > len(shown):
+                lines.append(f"... and {len(self.diverging) - len(shown)} more diverging node(s) downstream")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        first = self.first
+        return {
+            "method": self.method,
+            "exporter": self.exporter,
+            "opset": self.opset,
+            "trial": self.trial,
+            "note": self.note,
+            "summary": self.summary(),
+            "first": first.fx_name if first else None,
+            "nodes": [n.to_dict() for n in self.nodes],
+        }
+
+
+# -- the PyTorch side ------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _TorchProgram:
+    module: torch.fx.GraphModule
+    flat_args: tuple[Any, ...]
+    exported: torch.export.ExportedProgram
+
+
+def _trace_torch(model: torch.nn.Module, args: tuple[Any, ...]) -> _TorchProgram:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            exported = torch.export.export(model, args, strict=False)
+    except Exception as exc:
+        raise OnnxCustomError(
+            f"Localization needs a torch.export program of the model, but torch.export failed: "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}. Fix: make the "
+            "model exportable (register_fake for custom ops) or verify without localize."
+        ) from exc
+    return _TorchProgram(exported.module(), tuple(torch.utils._pytree.tree_leaves(args)), exported)
+
+
+def _fx_inputs(node: torch.fx.Node) -> list[torch.fx.Node]:
+    found: list[torch.fx.Node] = []
+
+    def collect(n: torch.fx.Node) -> torch.fx.Node:
+        found.append(n)
+        return n
+
+    torch.fx.node.map_arg((node.args, node.kwargs), collect)
+    return list(dict.fromkeys(found))
+
+
+def _traced_tensor(node: torch.fx.Node) -> bool:
+    """Did tracing record a tensor for this node? (Decides the outputs before anything runs.)"""
+    return isinstance(node.meta.get("val"), torch.Tensor)
+
+
+def _torch_op_name(node: torch.fx.Node) -> str:
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return target.name()  # "aten::mul.Tensor"; the .default overload is left out
+    return getattr(target, "__name__", str(target))
+
+
+def _op_nodes(module: torch.fx.GraphModule, is_tensor: Callable[[torch.fx.Node], bool]) -> list[tuple[torch.fx.Node, list[torch.fx.Node]]]:
+    """(op node, its tensor-valued output nodes) in topological order; getitems fold into parents."""
+    result = []
+    for node in module.graph.nodes:
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        if is_tensor(node):
+            outputs = [node]
+        else:
+            outputs = [u for u in node.users if u.target is operator.getitem and is_tensor(u)]
+            outputs.sort(key=lambda u: u.args[1])
+        if outputs:
+            result.append((node, outputs))
+    return result
+
+
+def _source_of(node: torch.fx.Node) -> str:
+    stack = node.meta.get("stack_trace") or ""
+    lines = [line.strip() for line in stack.strip().splitlines() if line.strip()]
+    files = [line for line in lines if line.startswith("File ")]
+    if not files:
+        return ""
+    match = re.match(r'File "(?P<file>[^"]+)", line (?P<line>\d+)', files[-1])
+    code = lines[-1] if not lines[-1].startswith("File ") else ""
+    where = f"{match['file'].rsplit('/', 1)[-1]}:{match['line']}" if match else files[-1]
+    return f"{where}: {code}" if code else where
+
+
+def _translation_of(node: torch.fx.Node, registry: Registry, opset: int, exporter: str) -> str:
+    from onnx_custom.translate.names import QualifiedName, Target
+
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return "(not an op)"
+    ns, _, rest = target.name().partition("::")
+    op = rest.split(".")[0]
+    entry = None
+    with contextlib.suppress(Exception):
+        entry = registry.lookup(Target(QualifiedName(ns, op, target._overloadname)), opset, exporter=exporter)
+    if entry is not None:
+        return entry.describe()
+    builtin = "torchlib (torch.onnx built-in)" if exporter == "dynamo" else "torch.onnx TorchScript symbolic (built-in)"
+    return f"{ns}::{op} -> {builtin}"
+
+
+# -- comparing, one value at a time ------------------------------------------------------------
+
+
+def _compare(name: str, onnx_name: str, expected: torch.Tensor, actual: np.ndarray | None, rtol: float | None, atol: float | None, note: str = "") -> ValueDiff:
+    shape, dtype = tuple(expected.shape), str(expected.dtype).removeprefix("torch.")
+    if actual is None:
+        return ValueDiff(name, onnx_name, shape, dtype, 0.0, 0.0, 0, 0, observed=False, note=note)
+    notes = [note] if note else []
+    actual = np.asarray(actual)
+    expected_np = torch.empty((), dtype=expected.dtype).numpy().dtype if expected.dtype != torch.bfloat16 else None
+    if expected_np is not None and actual.dtype != expected_np and tuple(actual.shape) == shape:
+        # Intermediates may legitimately differ in dtype (e.g. int32 vs int64 indices): compare values.
+        notes.append(f"ONNX dtype {actual.dtype}")
+        actual = actual.astype(expected_np)
+    c = compare_arrays(expected, actual, name=name, trial=0, rtol=rtol, atol=atol, keep_diffs=False)
+    _, separator, mismatch = c.tolerance_source.partition("; ONNX ")
+    if separator:  # a shape/dtype mismatch replaces the dtype note
+        notes = [*([note] if note else []), f"ONNX {mismatch}"]
+    return ValueDiff(name, onnx_name, shape, dtype, c.max_abs_diff, c.max_rel_diff, c.mismatched, c.total, note="; ".join(notes))
+
+
+def _compare_parameter(node: torch.fx.Node, value: torch.Tensor, initializers: dict[str, onnx.TensorProto], rtol: float | None, atol: float | None) -> ValueDiff:
+    """A parameter/buffer against the ONNX initializer of the same name, for real."""
+    target = str(node.target)
+    if target not in initializers:
+        note = f"{_PARAMETER}; the ONNX file has no initializer {target!r} to compare it with (folded or renamed by the exporter)"
+        return _compare(node.name, "", value, None, rtol, atol, note=note)
+    array = onnx.numpy_helper.to_array(initializers[target])
+    return _compare(node.name, target, value, array, rtol, atol, note=_PARAMETER)
+
+
+class _StreamingComparison(torch.fx.Interpreter):
+    """Runs the FX program node by node and compares every tensor value once, when it is made.
+
+    Values are freed after their last use (the interpreter's own garbage collection) and ONNX
+    values are taken from a `SegmentedRun` one at a time, so neither side holds all intermediates.
+    ``onnx_name(node)`` names the ONNX value to compare with (None: not observable);
+    ``keep``: FX names whose ONNX arrays the caller wants back (``kept``). Parameters are compared
+    with the initializers of the model that runs, and listed in ``differing_parameters`` when the
+    user's file (``file_initializers``, default: the same) holds other values.
+    """
+
+    def __init__(
+        self,
+        program: _TorchProgram,
+        onnx_values: SegmentedRun,
+        onnx_name: Callable[[torch.fx.Node], str | None],
+        initializers: dict[str, onnx.TensorProto],
+        rtol: float | None,
+        atol: float | None,
+        *,
+        keep: Collection[str] = (),
+        file_initializers: dict[str, onnx.TensorProto] | None = None,
+    ) -> None:
+        super().__init__(program.module, garbage_collect_values=True)
+        self._program, self._onnx_values, self._onnx_name = program, onnx_values, onnx_name
+        self._initializers, self._rtol, self._atol, self._keep = initializers, rtol, atol, set(keep)
+        self._file_initializers = initializers if file_initializers is None else file_initializers
+        self.diffs: dict[str, ValueDiff] = {}
+        self.kept: dict[str, np.ndarray] = {}
+        self.differing_parameters: list[ValueDiff] = []  # against the user's file
+
+    def compare_all(self) -> _StreamingComparison:
+        with torch.no_grad():
+            self.run(*self._program.flat_args)
+        return self
+
+    def is_tensor(self, node: torch.fx.Node) -> bool:
+        return node.name in self.diffs
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        value = super().run_node(n)
+        if isinstance(value, torch.Tensor):
+            self.diffs[n.name] = self._diff(n, value)
+        return value
+
+    def _diff(self, node: torch.fx.Node, value: torch.Tensor) -> ValueDiff:
+        if node.op == "placeholder":
+            return ValueDiff(node.name, node.name, tuple(value.shape), str(value.dtype).removeprefix("torch."), 0.0, 0.0, 0, 0, note=_INPUT)
+        if node.op == "get_attr":
+            diff = _compare_parameter(node, value, self._initializers, self._rtol, self._atol)
+            in_file = diff if self._file_initializers is self._initializers else _compare_parameter(node, value, self._file_initializers, self._rtol, self._atol)
+            if in_file.observed and not in_file.passed:
+                self.differing_parameters.append(in_file)
+            return diff
+        onnx_name = self._onnx_name(node)
+        actual = self._onnx_values.take(onnx_name) if onnx_name else None
+        if actual is not None and node.name in self._keep:
+            self.kept[node.name] = actual
+        return _compare(node.name, onnx_name or "", value, actual, self._rtol, self._atol)
+
+
+def _onnx_feeds(proto: onnx.ModelProto, flat_args: tuple[Any, ...]) -> dict[str, Any]:
+    """The graph inputs as OrtValues (bfloat16-safe), fed by position like ``run_onnx``."""
+    return {n: _to_ort_value(t) for n, t in zip(input_names(proto, flat_args), tensor_inputs(flat_args), strict=True)}
+
+
+# -- the ONNX side ---------------------------------------------------------------------------
+
+
+def _label(node: onnx.NodeProto) -> str:
+    op = f"{node.domain}::{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type
+    return f"{op}({node.name})" if node.name else op
+
+
+class _Cones:
+    """ONNX nodes per torch op: walking up from its output values, stopping at its input values.
+
+    Torch ops are visited in topological order and every ONNX node is claimed by the first op
+    whose walk reaches it, so all walks together visit each node and edge once: O(nodes + edges).
+    """
+
+    def __init__(self, graph: onnx.GraphProto) -> None:
+        self._nodes = list(graph.node)
+        self._index = {id(n): i for i, n in enumerate(self._nodes)}
+        self._producer = {out: i for i, node in enumerate(self._nodes) for out in node.output if out}
+        self._claimed: set[int] = set()
+
+    def mark(self, nodes: list[onnx.NodeProto]) -> tuple[str, ...]:
+        """Nodes known to belong to one torch op (the dynamo exporter's metadata): claim them."""
+        self._claimed.update(self._index[id(n)] for n in nodes)
+        return tuple(_label(n) for n in nodes if n.op_type != "Constant")
+
+    def claim(self, outputs: list[str], inputs: list[str]) -> tuple[str, ...]:
+        stop = set(inputs)
+        found: list[int] = []
+        stack = [self._producer[o] for o in outputs if o in self._producer and o not in stop]
+        while stack:
+            i = stack.pop()
+            if i in self._claimed:
+                continue
+            self._claimed.add(i)
+            found.append(i)
+            stack.extend(self._producer[n] for n in self._nodes[i].input if n in self._producer and n not in stop)
+        return tuple(_label(self._nodes[i]) for i in sorted(found) if self._nodes[i].op_type != "Constant")
+
+
+def _nodes_by_fx_name(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    found: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for prop in node.metadata_props:
+            if prop.key == "pkg.torch.onnx.fx_node":
+                match = _FX_NODE.match(prop.value)
+                if match:
+                    found.setdefault(match["name"], []).append(node)
+    return found
+
+
+def _run(proto: onnx.ModelProto, flat_args: tuple[Any, ...], kernels: Any = None) -> dict[str, np.ndarray]:
+    session = make_session(proto, kernels)
+    values = run_onnx(session, proto, flat_args)
+    return {o.name: v for o, v in zip(proto.graph.output, values, strict=True)}
+
+
+def _graph_value_names(graph: onnx.GraphProto) -> set[str]:
+    return {out for node in graph.node for out in node.output if out} | {i.name for i in graph.input}
+
+
+def _initializers(proto: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    return {i.name: i for i in proto.graph.initializer}
+
+
+def _parameter_warning(differing: list[ValueDiff]) -> str:
+    """One line naming model parameters whose same-named ONNX initializer holds other values."""
+    if not differing:
+        return ""
+    shown = ", ".join(f"{d.onnx_name} (max_abs={d.max_abs_diff:.3g})" for d in differing[:3])
+    more = f" and {len(differing) - 3} more" if len(differing) > 3 else ""
+    return (
+        f"WARNING: the file's initializers differ from the model's parameters: {shown}{more}; was the "
+        "file exported from this model's weights (same seed, same checkpoint)?"
+    )
+
+
+def _localize_by_names(program: _TorchProgram, proto: onnx.ModelProto, registry: Registry, opset: int, rtol: float | None, atol: float | None, trial: int, kernels: Any = None) -> Localization:
+    graph = proto.graph
+    available = _graph_value_names(graph)
+    initializers = _initializers(proto)
+    produced = {out for node in graph.node for out in node.output if out} - set(initializers)
+    wanted = [n.name for n in program.module.graph.nodes if n.op == "call_function" and n.name in produced]
+    onnx_values = SegmentedRun(proto, _onnx_feeds(proto, program.flat_args), wanted, kernels=kernels)
+    observed = set(wanted)
+    result = _StreamingComparison(program, onnx_values, lambda n: n.name if n.name in observed else None, initializers, rtol, atol).compare_all()
+    by_fx = _nodes_by_fx_name(graph)
+    cones = _Cones(graph)
+    ops = _op_nodes(program.module, result.is_tensor)
+    annotated = {node.name: cones.mark(by_fx[node.name]) for node, _ in ops if node.name in by_fx}
+    nodes = []
+    for index, (node, outs) in enumerate(ops):
+        inputs = tuple(result.diffs[i.name] for i in _fx_inputs(node) if result.is_tensor(i))
+        outputs = tuple(result.diffs[o.name] for o in outs)
+        onnx_nodes = annotated.get(node.name) or cones.claim([o.name for o in outs if o.name in available], [i.name for i in _fx_inputs(node)])
+        nodes.append(NodeLocalization(index, node.name, _torch_op_name(node), onnx_nodes, inputs, outputs, _translation_of(node, registry, opset, "dynamo"), _source_of(node)))
+    return Localization("names", "dynamo", opset, trial, tuple(nodes), note=_parameter_warning(result.differing_parameters))
+
+
+def _probe_module(program: _TorchProgram, outs: list[torch.fx.Node]) -> torch.fx.GraphModule:
+    """A copy of the FX program that returns every listed intermediate (plain, flat I/O)."""
+    graph = torch.fx.Graph()
+    mapping: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in program.module.graph.nodes:
+        if node.op == "output":
+            continue
+        if node.op == "call_module" and str(node.target).startswith("_guards"):
+            continue  # torch.export's guard check; nothing to export
+        mapping[node] = graph.node_copy(node, lambda n: mapping[n])
+    graph.output(tuple(mapping[o] for o in outs))
+    return torch.fx.GraphModule(program.module, graph)
+
+
+def _final_nodes(program: _TorchProgram) -> list[torch.fx.Node]:
+    output_node = next(n for n in program.module.graph.nodes if n.op == "output")
+    return [n for n in torch.utils._pytree.tree_leaves(output_node.args) if isinstance(n, torch.fx.Node)]
+
+
+def _file_vs_probe(program: _TorchProgram, file: onnx.ModelProto, probe_finals: dict[str, np.ndarray], kernels: Any = None) -> str:
+    """Does the given file compute what the re-export computes? (If not, the probe proves little.)"""
+    finals = _final_nodes(program)
+    if len(finals) != len(file.graph.output) or any(n.name not in probe_finals for n in finals):
+        return ""
+    try:
+        from_file = list(_run(file, program.flat_args, kernels).values())
+    except Exception as exc:
+        return f"the given file could not be run for comparison ({type(exc).__name__})"
+    for node, value in zip(finals, from_file, strict=True):
+        probe = probe_finals[node.name]
+        if probe.shape != value.shape or not np.allclose(probe, value, rtol=1e-4, atol=1e-5, equal_nan=True):
+            return (
+                f"WARNING: the given file's output for {node.name} differs from this re-export's: the file "
+                "was made with another registry/variant/opset or edited, so these per-node results "
+                "describe the re-export, not the file"
+            )
+    return "the given file's outputs equal the re-export's"
+
+
+def _localize_by_probe(program: _TorchProgram, exporter: str, registry: Registry, opset: int, rtol: float | None, atol: float | None, trial: int, file: onnx.ModelProto | None = None, kernels: Any = None) -> Localization:
+    outs = [o for _, node_outs in _op_nodes(program.module, _traced_tensor) for o in node_outs]
+    if not outs:
+        return Localization("probe", exporter, opset, trial, (), note="the program has no intermediate tensors")
+    probe = _probe_module(program, outs)
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            proto = export_model(probe, program.flat_args, exporter=exporter, opset=opset, registry=registry)
+        except Exception as exc:
+            raise OnnxCustomError(
+                f"Localization re-exports the program with every intermediate as an output, and that "
+                f"export ({exporter}, opset {opset}) failed: {type(exc).__name__}: {exc}"
+            ) from exc
+    if len(proto.graph.output) != len(outs):
+        raise OnnxCustomError(f"The probe export has {len(proto.graph.output)} outputs, expected {len(outs)}.")
+    by_name = {o.name: proto.graph.output[i].name for i, o in enumerate(outs)}
+    onnx_values = SegmentedRun(proto, _onnx_feeds(proto, program.flat_args), by_name.values(), kernels=kernels)
+    finals = {n.name for n in _final_nodes(program)}
+    file_initializers = _initializers(file) if file is not None else None
+    result = _StreamingComparison(program, onnx_values, lambda n: by_name.get(n.name), _initializers(proto), rtol, atol, keep=finals, file_initializers=file_initializers).compare_all()
+    graph_inputs = [i.name for i in proto.graph.input]
+    cones = _Cones(proto.graph)
+    nodes = []
+    for index, (node, node_outs) in enumerate(_op_nodes(program.module, result.is_tensor)):
+        fx_inputs = [i for i in _fx_inputs(node) if result.is_tensor(i)]
+        inputs = tuple(result.diffs[i.name] for i in fx_inputs)
+        outputs = tuple(result.diffs[o.name] for o in node_outs)
+        input_values = [by_name[i.name] for i in fx_inputs if i.name in by_name] + graph_inputs
+        onnx_nodes = cones.claim([by_name[o.name] for o in node_outs if o.name in by_name], input_values)
+        nodes.append(NodeLocalization(index, node.name, _torch_op_name(node), onnx_nodes, inputs, outputs, _translation_of(node, registry, opset, exporter), _source_of(node)))
+    notes = [
+        f"the {exporter} exporter's value names do not map to torch ops, so the program was re-exported "
+        "with every intermediate as an output (same exporter, opset and registry)"
+    ]
+    if file is not None:
+        notes += [_file_vs_probe(program, file, result.kept, kernels), _parameter_warning(result.differing_parameters)]
+    return Localization("probe", exporter, opset, trial, tuple(nodes), note="; ".join(n for n in notes if n))
+
+
+def _default_opset(proto: onnx.ModelProto | None) -> int:
+    if proto is not None:
+        for entry in proto.opset_import:
+            if entry.domain in ("", "ai.onnx"):
+                return int(entry.version)
+    return DEFAULT_OPSET
+
+
+def localize(
+    model: torch.nn.Module,
+    args: tuple[Any, ...] | torch.Tensor,
+    onnx_model: onnx.ModelProto | str | os.PathLike[str] | bytes | None = None,
+    *,
+    exporter: str | None = None,
+    opset: int | None = None,
+    registry: Registry | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    trial: int = 0,
+    kernels: Any = None,
+) -> Localization:
+    """Compare every intermediate value of ``model(*args)`` with the ONNX side, node by node.
+
+    With an ``onnx_model`` whose value names follow FX node names (the dynamo exporter), its own
+    intermediates are compared. Otherwise (TorchScript files, or no file) the program is
+    re-exported with ``exporter`` (default: ``"torchscript"`` when a file was given, else
+    ``"dynamo"``) at ``opset`` (default: the file's) with ``registry`` and compared by position.
+    """
+    if isinstance(args, torch.Tensor):
+        args = (args,)
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"localize needs a torch.nn.Module (torch.export traces it), got {type(model).__name__}.")
+    if exporter is not None and exporter not in EXPORTERS:
+        raise OnnxCustomError(f"exporter must be one of {EXPORTERS}, got {exporter!r}.")
+    proto = load_model(onnx_model) if onnx_model is not None else None
+    reg = registry if registry is not None else default_registry()
+    opset = opset if opset is not None else _default_opset(proto)
+    program = _trace_torch(model, args)
+    if proto is not None and exporter in (None, "dynamo"):
+        fx_names = {o.name for _, outs in _op_nodes(program.module, _traced_tensor) for o in outs}
+        if fx_names and len(fx_names & _graph_value_names(proto.graph)) >= max(1, len(fx_names) // 4):
+            return _localize_by_names(program, proto, reg, opset, rtol, atol, trial, kernels)
+    chosen = exporter or ("torchscript" if proto is not None else "dynamo")
+    return _localize_by_probe(program, chosen, reg, opset, rtol, atol, trial, proto, kernels)
+

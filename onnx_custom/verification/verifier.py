@@ -1,0 +1,439 @@
+"""``onnx_custom.verify``: PyTorch eager vs ONNX Runtime, dtype-aware tolerances, hard pass/fail.
+
+A file is checked at the shapes it claims: when its inputs have dynamic dims, trials at other
+sizes run by default (`onnx_custom.verification.trial_shapes` says which), and the types the file declares
+for its outputs (and custom-node outputs) must match what ONNX Runtime returns
+(`onnx_custom.verification.declared`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+import torch
+
+from onnx_custom.errors import InvalidArgumentError, OnnxCustomError, VerificationError
+from onnx_custom.exporter.arguments import check_args, check_model
+from onnx_custom.verification.compare import (
+    OutputComparison,
+    check_tolerances,
+    compare_arrays,
+    flatten_outputs,
+)
+from onnx_custom.verification.declared import DeclaredTypes, TypeMismatch
+from onnx_custom.verification.initializers import (
+    InitializerMismatch,
+    InitializerMismatchWarning,
+    compare_initializers,
+)
+from onnx_custom.verification.localize import localize as localize_trial
+from onnx_custom.verification.runner import (
+    InputBinding,
+    bind_inputs,
+    load_model,
+    make_reference,
+    make_session,
+    run_onnx,
+    tensor_inputs,
+)
+from onnx_custom.verification.trial_shapes import (
+    DEFAULT_SHAPE_TRIALS,
+    DimPlan,
+    ShapeSpecError,
+    default_cases,
+    describe_sizes,
+    plan_dims,
+    resize_inputs,
+    resolve_cases,
+)
+
+if TYPE_CHECKING:
+    from onnx_custom.translate.registry import Registry
+
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_SHAPE_TRIALS",
+    "InitializerMismatch",
+    "InitializerMismatchWarning",
+    "OutputComparison",
+    "ShapeSpecError",
+    "TrialRecord",
+    "TypeMismatch",
+    "VerificationReport",
+    "compare_arrays",
+    "flatten_outputs",
+    "load_model",
+    "make_reference",
+    "make_session",
+    "verify",
+]
+
+BACKENDS = ("onnxruntime", "reference")
+
+InputGenerator = Callable[[int, tuple[Any, ...]], tuple[Any, ...]]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialRecord:
+    """One trial: its dynamic-dim sizes, the input shapes fed, and how it went.
+
+    ``kind``: ``"example"`` (the example inputs), ``"values"`` (new values at the export shape) or
+    ``"shape"`` (other sizes of the dynamic dims). ``status``: ``"passed"``, ``"failed"`` or
+    ``"skipped"`` (PyTorch eager cannot take these sizes; ``reason`` holds its error).
+    """
+
+    trial: int
+    kind: str
+    sizes: tuple[tuple[str, int], ...]
+    input_shapes: tuple[tuple[str, tuple[int, ...]], ...]
+    status: str = "passed"
+    reason: str = ""
+
+    def describe(self) -> str:
+        inputs = ", ".join(f"{n}{list(s)}" for n, s in self.input_shapes)
+        text = f"trial {self.trial} ({self.kind}) {describe_sizes(dict(self.sizes))}: {inputs} -> {self.status.upper()}"
+        return f"{text}: {self.reason}" if self.reason else text
+
+
+@dataclasses.dataclass
+class VerificationReport:
+    """Every comparison of every trial; ``str(report)`` is a table.
+
+    Beyond the comparisons: ``shapes_tried`` (one `TrialRecord` per trial, skipped ones with the
+    reason), ``type_mismatches`` (declared vs returned types), ``pruned_inputs`` (arguments the
+    file has no input for), ``input_matching``, ``initializer_mismatches`` and ``notes``.
+    """
+
+    comparisons: list[OutputComparison]
+    trials: int
+    backends: tuple[str, ...] = ("onnxruntime",)
+    localization: Any = None  # filled by verify(..., localize=True)
+    shapes_tried: list[TrialRecord] = dataclasses.field(default_factory=list)
+    type_mismatches: list[TypeMismatch] = dataclasses.field(default_factory=list)
+    pruned_inputs: tuple[str, ...] = ()
+    input_matching: str = ""
+    initializer_mismatches: list[InitializerMismatch] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.comparisons) and not self.type_mismatches and not self.failed_trials()
+
+    def failures(self) -> list[OutputComparison]:
+        return [c for c in self.comparisons if not c.passed]
+
+    def failed_trials(self) -> list[TrialRecord]:
+        return [r for r in self.shapes_tried if r.status == "failed"]
+
+    def skipped(self) -> list[TrialRecord]:
+        return [r for r in self.shapes_tried if r.status == "skipped"]
+
+    def table(self) -> str:
+        header = f"{'trial':>5} {'backend':<12} {'output':<24} {'shape':<18} {'dtype':<9} {'max_abs':>10} {'max_rel':>10} {'mismatch':>16} {'rtol':>8} {'atol':>8}  tolerance"
+        rows = [header]
+        for c in self.comparisons:
+            mism = f"{c.mismatched}/{c.total} ({c.mismatched_percent:.2f}%)"
+            rows.append(
+                f"{c.trial:>5} {c.backend:<12} {c.name[:24]:<24} {str(list(c.shape))[:18]:<18} {c.dtype:<9} "
+                f"{c.max_abs_diff:>10.3g} {c.max_rel_diff:>10.3g} {mism:>16} {c.rtol:>8.2g} {c.atol:>8.2g}  {c.tolerance_source}"
+            )
+        return "\n".join(rows)
+
+    def findings(self) -> list[str]:
+        """The lines after the table: shapes tried, type mismatches, inputs, weights, notes."""
+        lines = []
+        if self.shapes_tried:
+            lines.append("Shapes tried:")
+            lines += [f"  {r.describe()}" for r in self.shapes_tried]
+        if self.type_mismatches:
+            lines.append("Declared types that ONNX Runtime contradicts:")
+            lines += [f"  {m.describe()}" for m in self.type_mismatches]
+        if self.input_matching and (self.pruned_inputs or "by position" in self.input_matching):
+            lines.append(f"Inputs: {self.input_matching}")
+        if self.initializer_mismatches:
+            lines.append("WARNING: the file's weights differ from the model's:")
+            lines += [f"  {m.describe()}" for m in self.initializer_mismatches]
+        lines += [f"Note: {n}" for n in self.notes]
+        return lines
+
+    def passed_by_backend(self) -> dict[str, bool]:
+        return {b: all(c.passed for c in self.comparisons if c.backend == b) for b in self.backends}
+
+    def diagnosis(self) -> str:
+        """Which side to suspect when backends disagree (empty when they agree)."""
+        by_backend = self.passed_by_backend()
+        if len(by_backend) < 2 or len(set(by_backend.values())) == 1:
+            return ""
+        good = [b for b, ok in by_backend.items() if ok]
+        bad = [b for b, ok in by_backend.items() if not ok]
+        return (
+            f"Backends disagree: {', '.join(bad)} mismatch PyTorch but {', '.join(good)} match(es) it. "
+            "The translation is likely right; suspect the runtime or a custom kernel of the failing backend."
+        )
+
+    def __str__(self) -> str:
+        status = "PASSED" if self.passed else "FAILED"
+        text = f"Verification {status}: {len(self.comparisons)} comparison(s) over {self.trials} trial(s)\n{self.table()}"
+        findings = self.findings()
+        if findings:
+            text += "\n" + "\n".join(findings)
+        diagnosis = self.diagnosis()
+        if diagnosis:
+            text += f"\n{diagnosis}"
+        if self.localization is not None:
+            text += f"\n{self.localization}"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "trials": self.trials,
+            "backends": list(self.backends),
+            "outputs": [
+                {k: v for k, v in dataclasses.asdict(c).items() if k != "abs_diffs"} | {"passed": c.passed}
+                for c in self.comparisons
+            ],
+            "shapes_tried": [dataclasses.asdict(r) | {"sizes": dict(r.sizes), "input_shapes": {n: list(s) for n, s in r.input_shapes}} for r in self.shapes_tried],
+            "type_mismatches": [dataclasses.asdict(m) for m in self.type_mismatches],
+            "pruned_inputs": list(self.pruned_inputs),
+            "input_matching": self.input_matching,
+            "initializer_mismatches": [dataclasses.asdict(m) for m in self.initializer_mismatches],
+            "notes": list(self.notes),
+            "diagnosis": self.diagnosis(),
+            "localization": self.localization.to_dict() if hasattr(self.localization, "to_dict") else (None if self.localization is None else str(self.localization)),
+        }
+
+
+def _random_like(example: tuple[Any, ...], generator: torch.Generator) -> tuple[Any, ...]:
+    """Same shapes/dtypes; floats redrawn from N(0, 1), ints/bools kept (they are often indices)."""
+
+    def redraw(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            return torch.randn(x.shape, generator=generator, dtype=torch.float32).to(x.dtype)
+        if isinstance(x, (tuple, list)):
+            return type(x)(redraw(v) for v in x)
+        return x
+
+    return tuple(redraw(x) for x in example)
+
+
+def _make_backend(name: str, proto: onnx.ModelProto, kernels: Any = None) -> Any:
+    try:
+        return make_session(proto, kernels) if name == "onnxruntime" else make_reference(proto, kernels)
+    except OnnxCustomError:
+        raise
+    except Exception as exc:
+        raise VerificationError(f"Could not load the ONNX model in backend {name!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def _localize_safely(model: Any, args: tuple[Any, ...], proto: onnx.ModelProto, trial: int, **options: Any) -> Any:
+    """A `Localization`, or a one-line reason why none could be made (never raises)."""
+    if not isinstance(model, torch.nn.Module):
+        return f"Localization unavailable: it needs a torch.nn.Module, got {type(model).__name__}."
+    try:
+        return localize_trial(model, args, proto, trial=trial, **options)
+    except Exception as exc:
+        return f"Localization unavailable: {type(exc).__name__}: {exc}"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+@dataclasses.dataclass
+class _Trial:
+    index: int
+    kind: str
+    sizes: dict[str, int]
+
+
+class _DeclaredCheck:
+    """Checks declared types once per distinct input shape (ORT backend only)."""
+
+    def __init__(self, proto: onnx.ModelProto, kernels: Any) -> None:
+        self.declared = DeclaredTypes(proto)
+        self.kernels = kernels
+        self.seen: set[tuple[tuple[str, tuple[int, ...]], ...]] = set()
+        self._session: Any = None
+
+    def run(self, trial: int, args: tuple[Any, ...], binding: InputBinding, outputs: dict[str, np.ndarray], input_shapes: dict[str, tuple[int, ...]]) -> list[TypeMismatch]:
+        key = tuple(sorted(input_shapes.items()))
+        if key in self.seen:
+            return []
+        self.seen.add(key)
+        values = outputs
+        if self.declared.extra_outputs:
+            augmented = self.declared.augmented()
+            if self._session is None:
+                self._session = _make_backend("onnxruntime", augmented, self.kernels)
+            values = dict(zip([o.name for o in augmented.graph.output], run_onnx(self._session, augmented, args, binding), strict=True))
+        return self.declared.check(trial, values, input_shapes)
+
+
+def _trial_plan(trials: int, cases: list[dict[str, int]]) -> list[_Trial]:
+    plan = [_Trial(t, "example" if t == 0 else "values", {}) for t in range(trials)]
+    return plan + [_Trial(trials + i, "shape", case) for i, case in enumerate(cases)]
+
+
+def _trial_args(trial: _Trial, args: tuple[Any, ...], plan: DimPlan, generator: torch.Generator, input_generator: InputGenerator | None) -> tuple[Any, ...]:
+    if trial.kind == "example":
+        return args
+    if trial.kind == "values":
+        return input_generator(trial.index, args) if input_generator else _random_like(args, generator)
+    resized = resize_inputs(args, trial.sizes, plan, generator)
+    return input_generator(trial.index, resized) if input_generator else resized
+
+
+def _check_callable_model(model: Any) -> None:
+    """verify() runs ``model(*args)``: an nn.Module instance or any callable, not a class."""
+    if isinstance(model, type) or not callable(model):
+        check_model(model)  # raises with the fix (instantiate the class, ...)
+
+
+def verify(
+    model: torch.nn.Module | Callable[..., Any],
+    args: tuple[Any, ...] | torch.Tensor,
+    onnx_model: onnx.ModelProto | str | os.PathLike[str] | bytes,
+    *,
+    trials: int = 1,
+    input_generator: InputGenerator | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    raise_on_mismatch: bool = True,
+    seed: int = 0,
+    backends: Sequence[str] = ("onnxruntime",),
+    localize: bool = False,
+    exporter: str | None = None,
+    opset: int | None = None,
+    registry: Registry | None = None,
+    progress: Callable[[str], None] | None = None,
+    kernels: Any = None,
+    shapes: Sequence[Mapping[str, Any]] | None = None,
+    dynamic_shapes: Any = None,
+) -> VerificationReport:
+    """Run PyTorch eager and ONNX Runtime on the example inputs (+ ``trials - 1`` random ones),
+    then at other sizes of the file's dynamic dims.
+
+    Outputs (nested tuples/lists/dicts, flattened in order) are compared with torch.testing's
+    per-dtype default tolerances unless ``rtol``/``atol`` are given; NaN/Inf positions must agree;
+    ints and bools compare exactly. ``input_generator(trial, example_args)`` makes the extra
+    inputs (default: floats redrawn from N(0, 1) at the same shapes, ints/bools kept); for shape
+    trials it receives the inputs already drawn at the new shape.
+
+    Shapes: when the file's inputs have dynamic dims (``dim_param`` or unnamed), up to
+    `DEFAULT_SHAPE_TRIALS` trials vary them (sizes 1, e + 1, 2e... within each dim's range; see
+    `onnx_custom.verification.trial_shapes`). ``shapes=`` replaces those with explicit cases: a list of dicts
+    mapping dim names to sizes and/or ONNX input names to full shapes, e.g.
+    ``[{"batch": 1}, {"batch": 7}, {"x": (5, 3, 4)}]``; ``shapes=()`` tries the export shape only.
+    ``dynamic_shapes``: the ``torch.export``-style spec given to export; its ``Dim`` ranges bound
+    the sizes tried and its ``Dim`` names can be used in ``shapes=`` (default: ranges from the
+    file's ``onnx_custom.dynamic_dims`` metadata). A size PyTorch eager rejects is reported as
+    skipped; one ONNX Runtime fails on or disagrees at fails verification, naming the shape.
+
+    Every ONNX Runtime run also checks the file's declared output types (graph outputs, and
+    custom-node outputs with a ``value_info``) against the returned arrays. Inputs are matched to
+    the file's inputs by ``forward``'s parameter names (else by position); arguments the exporter
+    pruned are listed in ``report.pruned_inputs``. Initializers that differ from the model's
+    parameters/buffers give an `InitializerMismatchWarning` and a report line.
+
+    ``backends``: any of ``"onnxruntime"`` and ``"reference"`` (onnx's ReferenceEvaluator with
+    our kernels); every comparison names its backend, and a disagreement between backends points
+    at the runtime/kernels rather than the translation. ``localize=True``: on the first failing
+    trial, compare every intermediate value (`onnx_custom.verification.localize.localize`) and attach the
+    result as ``report.localization`` (also in the `VerificationError` message); ``exporter``,
+    ``opset`` and ``registry`` tell it how the file was made (defaults: inferred from the file,
+    the default registry). ``progress`` receives one line per trial. ``kernels``: the
+    `onnx_custom.runtime.KernelRegistry` for custom nodes (default: the default kernel registry).
+    """
+    _check_callable_model(model)
+    args = check_args(args)
+    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
+        raise InvalidArgumentError(f"trials must be a positive int; received {trials!r}. Fix: pass trials=1 (the example inputs) or more.")
+    check_tolerances(rtol, atol)
+    backends = (backends,) if isinstance(backends, str) else tuple(backends)
+    unknown = [b for b in backends if b not in BACKENDS]
+    if unknown or not backends:
+        raise InvalidArgumentError(
+            f"backends must be a non-empty subset of {BACKENDS}; received {list(backends)!r}. "
+            "Fix: pass backends=('onnxruntime',) (and/or 'reference', onnx's reference evaluator)."
+        )
+    proto = load_model(onnx_model)
+    binding = bind_inputs(proto, args, model)  # fails on inputs that cannot fit before running anything
+    plan = plan_dims(proto, binding, args, model=model, dynamic_shapes=dynamic_shapes)
+    cases = default_cases(plan) if shapes is None else resolve_cases(shapes, plan)
+    mismatched_weights = compare_initializers(model, proto)
+    sessions = {name: _make_backend(name, proto, kernels) for name in backends}
+    declared = _DeclaredCheck(proto, kernels)
+    generator = torch.Generator().manual_seed(seed)
+    onnx_names = [o.name for o in proto.graph.output]
+    export_sizes = {k: d.export_size for k, d in plan.dims.items()}
+    report = VerificationReport(
+        [], 0, backends, pruned_inputs=binding.pruned, input_matching=binding.describe(),
+        initializer_mismatches=mismatched_weights, notes=list(plan.notes),
+    )
+    schedule = _trial_plan(trials, cases)
+    for trial in schedule:
+        sizes = trial.sizes or export_sizes
+        if progress is not None:
+            where = f" ({describe_sizes(trial.sizes)})" if trial.kind == "shape" else ""
+            progress(f"verify: trial {trial.index + 1}/{len(schedule)}{where}")
+        trial_args = _trial_args(trial, args, plan, generator, input_generator)
+        input_shapes = {n: tuple(t.shape) for n, t in binding.feeds(tensor_inputs(trial_args)).items()}
+        record = dict(trial=trial.index, kind=trial.kind, sizes=tuple(sizes.items()), input_shapes=tuple(input_shapes.items()))
+        try:
+            with torch.no_grad():
+                expected = model(*trial_args)
+        except Exception as exc:
+            if trial.kind != "shape":
+                raise VerificationError(f"The PyTorch model raised in eager mode on trial {trial.index}: {type(exc).__name__}: {exc}") from exc
+            reason = f"the model cannot take {describe_sizes(trial.sizes)}: {_first_line(exc)}"
+            report.shapes_tried.append(TrialRecord(**record, status="skipped", reason=reason))  # type: ignore[arg-type]
+            continue
+        flat = flatten_outputs(expected)
+        non_tensor = [name for name, leaf in flat if not isinstance(leaf, torch.Tensor)]
+        if non_tensor:
+            raise VerificationError(f"Model outputs {non_tensor} are not tensors; only tensor outputs can be compared with ONNX.")
+        if len(onnx_names) != len(flat):
+            raise VerificationError(
+                f"Output structure mismatch: the PyTorch model returns {len(flat)} tensor(s) "
+                f"({[n for n, _ in flat]}) but the ONNX model has {len(onnx_names)} output(s) "
+                f"({onnx_names}). Was the file exported from this model?"
+            )
+        problems: list[str] = []
+        compared_bad = False
+        for backend, session in sessions.items():
+            try:
+                actual = run_onnx(session, proto, tuple(trial_args), binding)
+                mismatches = declared.run(trial.index, tuple(trial_args), binding, dict(zip(onnx_names, actual, strict=True)), input_shapes) if backend == "onnxruntime" else []
+            except OnnxCustomError:
+                raise
+            except Exception as exc:
+                shape = f" at {describe_sizes(trial.sizes)}" if trial.kind == "shape" else ""
+                problems.append(f"Backend {backend!r} failed to run the ONNX model on trial {trial.index}{shape}: {type(exc).__name__}: {exc}")
+                continue
+            if mismatches:
+                report.type_mismatches += mismatches
+                problems.append(f"{len(mismatches)} declared type(s) contradicted: {', '.join(repr(m.value) for m in mismatches)}")
+            for (path, exp), act, onnx_name in zip(flat, actual, onnx_names, strict=True):
+                comparison = compare_arrays(exp, act, name=f"{path}={onnx_name}", trial=trial.index, rtol=rtol, atol=atol, backend=backend)
+                compared_bad |= not comparison.passed
+                report.comparisons.append(comparison)
+        if compared_bad:
+            bad = sorted({c.name for c in report.comparisons if c.trial == trial.index and not c.passed})
+            problems.append(f"outputs mismatch PyTorch: {', '.join(bad)}")
+        status = "failed" if problems else "passed"
+        report.shapes_tried.append(TrialRecord(**record, status=status, reason="; ".join(problems)))  # type: ignore[arg-type]
+        if localize and compared_bad and report.localization is None:
+            if progress is not None:
+                progress(f"verify: localizing the mismatch of trial {trial.index}")
+            report.localization = _localize_safely(model, tuple(trial_args), proto, trial.index, exporter=exporter, opset=opset, registry=registry, rtol=rtol, atol=atol, kernels=kernels)
+    report.trials = len(report.shapes_tried)
+    if raise_on_mismatch and not report.passed:
+        raise VerificationError(str(report), report)
+    return report

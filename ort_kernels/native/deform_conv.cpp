@@ -1,0 +1,475 @@
+// custom::DeformConv2d: torchvision's deformable convolution (v1, and v2 with use_mask), the node
+// emitted for deform_conv2d below opset 19. Inputs (input, weight, offset, mask, bias), INT
+// attributes stride_h .. use_mask; semantics of ort_kernels/deform_conv.py and ops/deform_conv.py.
+//
+// Algorithm (the eager op's, without torch): the image is copied into a zero-bordered plane so
+// the 4 bilinear corners of any in-image sample are always in bounds; output positions are cut
+// into tiles; one thread-pool task per (image, tile) samples its im2col columns (taps built once
+// per tile, swept over every channel, AVX2 gathers where available) and multiplies them by the
+// weights with the GEMM, straight into the output rows. float16/bfloat16 run in float32.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "gemm.h"
+#include "numeric.h"
+#include "ort_gemm.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define OC_X86 1
+#endif
+
+namespace oc {
+namespace {
+
+const std::vector<int> kFloats = {OC_ELEM_FLOAT, OC_ELEM_DOUBLE, OC_ELEM_FLOAT16, OC_ELEM_BFLOAT16};
+constexpr int64_t kTile = 256;                 // output positions per task
+constexpr int64_t kAttrLimit = int64_t(1) << 30;  // keeps every size computation inside int64
+
+struct Params {
+  int64_t sh, sw, ph, pw, dh, dw, groups, offset_groups;
+  bool use_mask;
+};
+
+struct Geometry {
+  int64_t N, C, H, W, Cout, kh, kw, K, Ho, Wo, P, cin_g, cout_g, cpog;
+  int64_t Wp, plane;  // padded row length and plane size: (H + 3) x (W + 2)
+  Params p;
+};
+
+int64_t out_size(int64_t size, int64_t kernel, int64_t stride, int64_t pad, int64_t dilation) {
+  const int64_t span = dilation * (kernel - 1) + 1;
+  const int64_t room = size + 2 * pad - span;
+  return room < 0 ? (room - stride + 1) / stride + 1 : room / stride + 1;  // floor division
+}
+
+// Taps of one tile: per sample the padded-plane index of its top-left corner and 4 bilinear
+// weights with the mask folded in (pairs: top row, bottom row). Off-image samples point at a
+// block of zeros with zero weights, so they read as exactly 0 even next to Inf/NaN pixels.
+template <typename T>
+struct Taps {
+  std::vector<int32_t> base;
+  std::vector<T> top, bottom;
+  void resize(size_t n) {
+    if (base.size() < n) {
+      base.resize(n);
+      top.resize(2 * n);
+      bottom.resize(2 * n);
+    }
+  }
+};
+
+template <typename T>
+void build_taps(const Geometry& g, const T* off, const T* mask, int64_t og, int64_t k, int64_t p0,
+                int64_t len, Taps<T>& t, int64_t at) {
+  const int64_t i = k / g.kw, j = k % g.kw;
+  const T* dy_row = off + (2 * (og * g.K + k)) * g.P;
+  const T* dx_row = dy_row + g.P;
+  const T* m_row = g.p.use_mask ? mask + (og * g.K + k) * g.P : nullptr;
+  const int32_t zeros = static_cast<int32_t>((g.H + 1) * g.Wp);
+  int64_t oh = p0 / g.Wo, ow = p0 % g.Wo;  // advanced incrementally: no division per sample
+  for (int64_t q = 0; q < len; ++q, ++ow) {
+    if (ow == g.Wo) {
+      ow = 0;
+      ++oh;
+    }
+    const int64_t p = p0 + q, e = at + q;
+    const T y = static_cast<T>(oh * g.p.sh - g.p.ph + i * g.p.dh) + dy_row[p];
+    const T x = static_cast<T>(ow * g.p.sw - g.p.pw + j * g.p.dw) + dx_row[p];
+    // torchvision's support: zero unless -1 < y < H and -1 < x < W (NaN lands outside too)
+    if (!(y > T(-1) && y < static_cast<T>(g.H) && x > T(-1) && x < static_cast<T>(g.W))) {
+      t.base[e] = zeros;
+      t.top[2 * e] = t.top[2 * e + 1] = t.bottom[2 * e] = t.bottom[2 * e + 1] = T(0);
+      continue;
+    }
+    const T fy = std::floor(y), fx = std::floor(x);
+    const T ly = y - fy, lx = x - fx, hy = T(1) - ly, hx = T(1) - lx;
+    const T m = m_row ? m_row[p] : T(1);
+    const int64_t y0 = static_cast<int64_t>(fy), x0 = static_cast<int64_t>(fx);
+    t.base[e] = static_cast<int32_t>((y0 + 1) * g.Wp + (x0 + 1));
+    t.top[2 * e] = hy * hx * m;
+    t.top[2 * e + 1] = hy * lx * m;
+    t.bottom[2 * e] = ly * hx * m;
+    t.bottom[2 * e + 1] = ly * lx * m;
+  }
+}
+
+template <typename T>
+void sample_row_generic(const T* plane, int64_t Wp, const int32_t* base, const T* top,
+                        const T* bottom, int64_t len, T* row) {
+  for (int64_t i = 0; i < len; ++i) {
+    const T* q = plane + base[i];
+    row[i] = (top[2 * i] * q[0] + top[2 * i + 1] * q[1]) +
+             (bottom[2 * i] * q[Wp] + bottom[2 * i + 1] * q[Wp + 1]);
+  }
+}
+
+#ifdef OC_X86
+// 8 bilinear samples from their corner pairs: t0/t1 hold the top pairs (x0, x0 + 1) of samples
+// 0-3 / 4-7, d0/d1 the bottom pairs; top/bottom hold the matching interleaved weights.
+__attribute__((target("avx2,fma"))) inline void blend8(__m256 t0, __m256 t1, __m256 d0, __m256 d1,
+                                                       const float* top, const float* bottom,
+                                                       float* row) {
+  const __m256 s0 = _mm256_fmadd_ps(d0, _mm256_loadu_ps(bottom), _mm256_mul_ps(t0, _mm256_loadu_ps(top)));
+  const __m256 s1 =
+      _mm256_fmadd_ps(d1, _mm256_loadu_ps(bottom + 8), _mm256_mul_ps(t1, _mm256_loadu_ps(top + 8)));
+  // hadd yields (o0 o1 o4 o5 | o2 o3 o6 o7); reorder the 64-bit lanes to (o0 .. o7)
+  const __m256 h = _mm256_hadd_ps(s0, s1);
+  _mm256_storeu_ps(row, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(h), 0xD8)));
+}
+
+// 8 samples per step: each horizontal pixel pair is one 64-bit gather lane, so four 4-lane
+// gathers fetch all 32 corners; the pair sums collapse with one horizontal add.
+__attribute__((target("avx2,fma"))) void sample_row_avx2(const float* plane, int64_t Wp,
+                                                         const int32_t* base, const float* top,
+                                                         const float* bottom, int64_t len,
+                                                         float* row) {
+  const __m128i wp = _mm_set1_epi32(static_cast<int32_t>(Wp));
+  const auto* pairs = reinterpret_cast<const long long*>(plane);
+  int64_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    const __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + i));
+    const __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + i + 4));
+    const __m256 t0 = _mm256_castsi256_ps(_mm256_i32gather_epi64(pairs, b0, 4));
+    const __m256 t1 = _mm256_castsi256_ps(_mm256_i32gather_epi64(pairs, b1, 4));
+    const __m256 d0 = _mm256_castsi256_ps(_mm256_i32gather_epi64(pairs, _mm_add_epi32(b0, wp), 4));
+    const __m256 d1 = _mm256_castsi256_ps(_mm256_i32gather_epi64(pairs, _mm_add_epi32(b1, wp), 4));
+    blend8(t0, t1, d0, d1, top + 2 * i, bottom + 2 * i, row + i);
+  }
+  sample_row_generic(plane, Wp, base + i, top + 2 * i, bottom + 2 * i, len - i, row + i);
+}
+
+// The same 8 samples from plain 64-bit loads: each corner pair is one movq/movhps. On CPUs with
+// slow gathers (AMD Zen) this is faster; see sampler().
+__attribute__((target("avx2,fma"))) void sample_row_pairs(const float* plane, int64_t Wp,
+                                                          const int32_t* base, const float* top,
+                                                          const float* bottom, int64_t len,
+                                                          float* row) {
+  int64_t i = 0;
+  const auto pair = [](const float* lo, const float* hi) {  // (lo[0], lo[1], hi[0], hi[1])
+    double a, b;  // 8-byte loads from 4-byte aligned addresses: memcpy keeps them well defined
+    std::memcpy(&a, lo, sizeof a);
+    std::memcpy(&b, hi, sizeof b);
+    return _mm_castpd_ps(_mm_set_pd(b, a));
+  };
+  for (; i + 8 <= len; i += 8) {
+    const float* q[8];
+    for (int j = 0; j < 8; ++j) q[j] = plane + base[i + j];
+    const __m256 t0 = _mm256_set_m128(pair(q[2], q[3]), pair(q[0], q[1]));
+    const __m256 t1 = _mm256_set_m128(pair(q[6], q[7]), pair(q[4], q[5]));
+    const __m256 d0 = _mm256_set_m128(pair(q[2] + Wp, q[3] + Wp), pair(q[0] + Wp, q[1] + Wp));
+    const __m256 d1 = _mm256_set_m128(pair(q[6] + Wp, q[7] + Wp), pair(q[4] + Wp, q[5] + Wp));
+    blend8(t0, t1, d0, d1, top + 2 * i, bottom + 2 * i, row + i);
+  }
+  sample_row_generic(plane, Wp, base + i, top + 2 * i, bottom + 2 * i, len - i, row + i);
+}
+
+bool has_avx2() {
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    const char* cap = std::getenv("ONNX_CUSTOM_NATIVE_ISA");
+    const bool capped = cap != nullptr && std::strcmp(cap, "generic") == 0;
+    return !capped && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return yes;
+}
+#endif
+
+template <typename T>
+using Sampler = void (*)(const T*, int64_t, const int32_t*, const T*, const T*, int64_t, T*);
+
+template <typename T>
+Sampler<T> sampler() {
+#ifdef OC_X86
+  if constexpr (std::is_same_v<T, float>) {
+    if (has_avx2()) {
+      const char* choice = std::getenv("ONNX_CUSTOM_NATIVE_SAMPLER");
+      if (choice != nullptr && std::strcmp(choice, "gather") == 0) return sample_row_avx2;
+      return sample_row_pairs;
+    }
+  }
+#endif
+  return sample_row_generic<T>;
+}
+
+// Samples of one im2col row (len positions) written into column strips of width S, `stride`
+// apart; the last strip's columns past len are zeroed (the GEMM reads whole strips).
+template <typename T>
+void sample_row(Sampler<T> sample, const T* plane, int64_t Wp, const Taps<T>& t, int64_t at,
+                int64_t len, int64_t S, int64_t stride, T* dst) {
+  for (int64_t s0 = 0; s0 < len; s0 += S, dst += stride) {
+    const int64_t n = std::min(S, len - s0);
+    sample(plane, Wp, t.base.data() + at + s0, t.top.data() + 2 * (at + s0),
+           t.bottom.data() + 2 * (at + s0), n, dst);
+    if (n < S) std::fill(dst + n, dst + S, T(0));
+  }
+}
+
+// The im2col columns of one tile (output positions p0 .. p0 + len) for every group: group gi's
+// B matrix (rows = cin_g * K, one per (channel, tap); len columns) starts at gi * group_stride
+// and is laid out in column strips of width S (S = gemm_nr for our GEMM's packed B; S = len for
+// a plain row-major matrix).
+template <typename T>
+void im2col_tile(const Geometry& g, Sampler<T> sample, const T* padded, const T* off,
+                 const T* mask, int64_t p0, int64_t len, int64_t S, Taps<T>& taps, T* cols) {
+  const int64_t rows = g.cin_g * g.K, strips = (len + S - 1) / S;
+  const int64_t strip_stride = rows * S, group_stride = strips * strip_stride;
+  for (int64_t og = 0; og < g.p.offset_groups; ++og) {
+    for (int64_t k = 0; k < g.K; ++k) build_taps(g, off, mask, og, k, p0, len, taps, k * len);
+    for (int64_t c = og * g.cpog; c < (og + 1) * g.cpog; ++c) {
+      const int64_t gi = c / g.cin_g, first_row = (c - gi * g.cin_g) * g.K;
+      for (int64_t k = 0; k < g.K; ++k) {
+        sample_row(sample, padded + c * g.plane, g.Wp, taps, k * len, len, S, strip_stride,
+                   cols + gi * group_stride + (first_row + k) * S);
+      }
+    }
+  }
+}
+
+// output[N, Cout, Ho, Wo] for T in {float, double} (16-bit types are widened by the caller).
+template <typename T>
+void deform_conv(Context& ctx, const Geometry& g, const T* input, const T* weight, const T* offset,
+                 const T* mask, const T* bias, T* output, const OrtGemm* ort_gemm) {
+  // Uninitialized, then every element written once: the border zeros and the image rows (a
+  // zero-filled allocation would write the whole buffer twice).
+  std::unique_ptr<T[]> padded(new T[static_cast<size_t>(g.N * g.C * g.plane)]);
+  ctx.parallel_for(static_cast<size_t>(g.N), [&](size_t n) {
+    for (int64_t c = 0; c < g.C; ++c) {
+      const T* src = input + (static_cast<int64_t>(n) * g.C + c) * g.H * g.W;
+      T* plane = padded.get() + (static_cast<int64_t>(n) * g.C + c) * g.plane;
+      std::fill(plane, plane + g.Wp, T(0));  // top border row
+      for (int64_t y = 0; y < g.H; ++y) {
+        T* row = plane + (y + 1) * g.Wp;
+        row[0] = row[g.W + 1] = T(0);
+        std::copy(src + y * g.W, src + (y + 1) * g.W, row + 1);
+      }
+      std::fill(plane + (g.H + 1) * g.Wp, plane + g.plane, T(0));  // bottom border + zero row
+    }
+  });
+  const int64_t tiles = (g.P + kTile - 1) / kTile, rows = g.cin_g * g.K;
+  const int64_t off_stride = 2 * g.p.offset_groups * g.K * g.P, mask_stride = off_stride / 2;
+  const bool ours = ort_gemm == nullptr || !std::is_same_v<T, float> || rows == 0;
+  // Our GEMM reads the columns as packed strips and the weights packed once per call.
+  const int64_t S = ours ? gemm_nr<T>() : 0;
+  const size_t packed_size = ours ? packed_a_size<T>(g.cout_g, rows) : 0;
+  std::vector<T> packed_w(packed_size * static_cast<size_t>(g.p.groups));
+  for (int64_t grp = 0; ours && grp < g.p.groups; ++grp) {
+    pack_a<T>(weight + grp * g.cout_g * rows, rows, g.cout_g, rows, packed_w.data() + grp * packed_size);
+  }
+  const Sampler<T> sample = sampler<T>();
+  ctx.parallel_for(static_cast<size_t>(g.N * tiles), [&](size_t item) {
+    thread_local Taps<T> taps;
+    thread_local std::vector<T> cols, staged;
+    const int64_t n = static_cast<int64_t>(item) / tiles, p0 = (static_cast<int64_t>(item) % tiles) * kTile;
+    const int64_t len = std::min(kTile, g.P - p0), width = ours ? S : len;
+    const int64_t group_stride = (len + width - 1) / width * width * rows;
+    taps.resize(static_cast<size_t>(g.K * kTile));
+    if (cols.size() < static_cast<size_t>(group_stride * g.p.groups)) cols.resize(group_stride * g.p.groups);
+    im2col_tile(g, sample, padded.get() + n * g.C * g.plane, offset + n * off_stride,
+                g.p.use_mask ? mask + n * mask_stride : nullptr, p0, len, width, taps, cols.data());
+    for (int64_t grp = 0; grp < g.p.groups; ++grp) {
+      const T* b = cols.data() + grp * group_stride;
+      T* out = output + (n * g.Cout + grp * g.cout_g) * g.P + p0;
+      const T* bias_g = bias + grp * g.cout_g;
+      if constexpr (std::is_same_v<T, float>) {
+        if (!ours) {  // ORT's Gemm writes a contiguous block: stage, then copy into the rows
+          if (staged.size() < static_cast<size_t>(g.cout_g * len)) staged.resize(g.cout_g * len);
+          ort_gemm->run(ctx.raw(), weight + grp * g.cout_g * rows, b, bias_g, true, staged.data(),
+                        g.cout_g, len, rows);
+          for (int64_t co = 0; co < g.cout_g; ++co) {
+            std::copy(staged.data() + co * len, staged.data() + (co + 1) * len, out + co * g.P);
+          }
+          continue;
+        }
+      }
+      for (int64_t co = 0; co < g.cout_g; ++co) std::fill(out + co * g.P, out + co * g.P + len, bias_g[co]);
+      gemm_packed<T>(g.cout_g, len, rows, packed_w.data() + grp * packed_size, b, out, g.P, true);
+    }
+  });
+}
+
+template <typename T>
+std::vector<float> widen(const Tensor& t) {
+  std::vector<float> out(static_cast<size_t>(t.size));
+  const T* p = t.as<T>();
+  for (int64_t i = 0; i < t.size; ++i) out[i] = load(p[i]);
+  return out;
+}
+
+Params read_params(int64_t (*get)(const void*, const char*, int64_t), const void* src) {
+  Params p;
+  p.sh = get(src, "stride_h", 1);
+  p.sw = get(src, "stride_w", 1);
+  p.ph = get(src, "pad_h", 0);
+  p.pw = get(src, "pad_w", 0);
+  p.dh = get(src, "dilation_h", 1);
+  p.dw = get(src, "dilation_w", 1);
+  p.groups = get(src, "groups", 1);
+  p.offset_groups = get(src, "offset_groups", 1);
+  p.use_mask = get(src, "use_mask", 0) != 0;
+  const struct { const char* name; int64_t value; int64_t lowest; } checks[] = {
+      {"stride_h", p.sh, 1}, {"stride_w", p.sw, 1}, {"dilation_h", p.dh, 1},
+      {"dilation_w", p.dw, 1}, {"groups", p.groups, 1}, {"offset_groups", p.offset_groups, 1},
+      {"pad_h", p.ph, 0}, {"pad_w", p.pw, 0}};
+  for (const auto& c : checks) {
+    if (c.value < c.lowest || c.value > kAttrLimit) {
+      fail("attribute %s must be in [%lld, 2^30]; received %lld", c.name,
+           static_cast<long long>(c.lowest), static_cast<long long>(c.value));
+    }
+  }
+  return p;
+}
+
+class DeformConv2d final : public Kernel {
+ public:
+  explicit DeformConv2d(const Attributes& attrs)
+      : p_(read_params([](const void* a, const char* name, int64_t fallback) {
+                         return static_cast<const Attributes*>(a)->int_or(name, fallback);
+                       }, &attrs)) {
+    // Our GEMM by default: on par with ORT's Gemm through InvokeOp here (benchmarks/native_ops.py
+    // --only dcn), and it reads the im2col columns in place (packed as it samples them, no staging
+    // copy), for every dtype, without invoking ORT ops from inside thread-pool tasks.
+    ort_gemm_ = make_ort_gemm(choose_gemm(GemmBackend::own), attrs.raw(), /*trans_b=*/false);
+  }
+
+  void compute(Context& ctx) override {
+    const Tensor input = ctx.input(0), weight = ctx.input(1), offset = ctx.input(2);
+    const Tensor mask = ctx.input(3), bias = ctx.input(4);
+    const Geometry g = validate(input, weight, offset, mask, bias);
+    const Tensor out = ctx.output(0, {g.N, g.Cout, g.Ho, g.Wo});
+    if (out.size == 0) return;
+    const std::vector<float> no_bias(static_cast<size_t>(g.Cout), 0.0f);
+    dispatch_float(input.elem, "input", kFloats, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+        const std::vector<T> zeros(static_cast<size_t>(g.Cout), T(0));
+        deform_conv<T>(ctx, g, input.as<T>(), weight.as<T>(), offset.as<T>(),
+                       g.p.use_mask ? mask.as<T>() : nullptr, bias.present ? bias.as<T>() : zeros.data(),
+                       out.mut<T>(), ort_gemm_.get());
+      } else {  // float16 / bfloat16: widen, compute in float32, round once
+        const std::vector<float> in = widen<T>(input), w = widen<T>(weight), off = widen<T>(offset);
+        const std::vector<float> m = g.p.use_mask ? widen<T>(mask) : std::vector<float>();
+        const std::vector<float> b = bias.present ? widen<T>(bias) : no_bias;
+        std::vector<float> result(static_cast<size_t>(out.size));
+        deform_conv<float>(ctx, g, in.data(), w.data(), off.data(), m.empty() ? nullptr : m.data(),
+                           b.data(), result.data(), ort_gemm_.get());
+        T* dst = out.mut<T>();
+        for (int64_t i = 0; i < out.size; ++i) dst[i] = store<T>(result[i]);
+      }
+    });
+  }
+
+  static void infer(const InferContext& ctx) {
+    const TypeShape x = ctx.input(0), w = ctx.input(1), off = ctx.input(2);
+    if (!x.present) fail("the element type of input is unknown at graph time");
+    const Params p = read_params([](const void* c, const char* name, int64_t fallback) {
+                                   int64_t v = fallback;
+                                   static_cast<const InferContext*>(c)->attr(name, &v);
+                                   return v;
+                                 }, &ctx);
+    std::vector<Dim> out(4, Dim::unknown());  // the rank is always 4
+    if (x.has_shape && w.has_shape && x.dims.size() == 4 && w.dims.size() == 4) {
+      const bool off4 = off.has_shape && off.dims.size() == 4;
+      const auto spatial = [&](size_t d, int64_t stride, int64_t pad, int64_t dil) {
+        if (x.dims[d].is_known() && w.dims[d].is_known()) {
+          const int64_t n = out_size(x.dims[d].value, w.dims[d].value, stride, pad, dil);
+          if (n <= 0) fail("input is too small for the kernel: output size %lld", static_cast<long long>(n));
+          return Dim::known(n);
+        }
+        return off4 ? off.dims[d] : Dim::unknown();  // offset's spatial dims equal the output's
+      };
+      out = {x.dims[0], w.dims[0], spatial(2, p.sh, p.ph, p.dh), spatial(3, p.sw, p.pw, p.dw)};
+    }
+    ctx.set_output(0, x.elem, out);
+  }
+
+ private:
+  Geometry validate(const Tensor& input, const Tensor& weight, const Tensor& offset,
+                    const Tensor& mask, const Tensor& bias) const {
+    require_dtype("input", input, kFloats);
+    require_same_dtype("weight", weight, "input", input);
+    require_same_dtype("offset", offset, "input", input);
+    if (p_.use_mask) {
+      if (!mask.present) fail("use_mask=1 but the mask input is absent; fix: pass the mask or set use_mask=0");
+      require_same_dtype("mask", mask, "input", input);
+    }
+    if (bias.present) require_same_dtype("bias", bias, "input", input);
+    require_rank("input", input, 4, "(N, C, H, W)");
+    require_rank("weight", weight, 4, "(Cout, C / groups, kh, kw)");
+    require_rank("offset", offset, 4, "(N, 2 * offset_groups * kh * kw, Ho, Wo)");
+    if (p_.use_mask) require_rank("mask", mask, 4, "(N, offset_groups * kh * kw, Ho, Wo)");
+    if (bias.present) require_rank("bias", bias, 1, "(Cout,)");
+    Geometry g;
+    g.p = p_;
+    g.N = input.dim(0); g.C = input.dim(1); g.H = input.dim(2); g.W = input.dim(3);
+    g.Cout = weight.dim(0); g.kh = weight.dim(2); g.kw = weight.dim(3); g.K = g.kh * g.kw;
+    const std::string in_s = shape_str(input.shape), w_s = shape_str(weight.shape);
+    if (g.C != weight.dim(1) * p_.groups) {
+      fail("input channels %lld (input %s) must equal weight.shape[1] * groups = %lld * %lld "
+           "(weight %s)", static_cast<long long>(g.C), in_s.c_str(),
+           static_cast<long long>(weight.dim(1)), static_cast<long long>(p_.groups), w_s.c_str());
+    }
+    if (g.Cout % p_.groups != 0) {
+      fail("out channels %lld (weight %s) are not divisible by groups=%lld",
+           static_cast<long long>(g.Cout), w_s.c_str(), static_cast<long long>(p_.groups));
+    }
+    if (g.C % p_.offset_groups != 0) {
+      fail("input channels %lld are not divisible by offset_groups=%lld",
+           static_cast<long long>(g.C), static_cast<long long>(p_.offset_groups));
+    }
+    if (bias.present && bias.dim(0) != g.Cout) {
+      fail("bias %s does not match out channels %lld", shape_str(bias.shape).c_str(),
+           static_cast<long long>(g.Cout));
+    }
+    g.Ho = out_size(g.H, g.kh, p_.sh, p_.ph, p_.dh);
+    g.Wo = out_size(g.W, g.kw, p_.sw, p_.pw, p_.dw);
+    if (g.Ho <= 0 || g.Wo <= 0) {
+      fail("input %s is too small for kernel (%lld, %lld), padding (%lld, %lld), dilation "
+           "(%lld, %lld): output would be (%lld, %lld)", in_s.c_str(),
+           static_cast<long long>(g.kh), static_cast<long long>(g.kw),
+           static_cast<long long>(p_.ph), static_cast<long long>(p_.pw),
+           static_cast<long long>(p_.dh), static_cast<long long>(p_.dw),
+           static_cast<long long>(g.Ho), static_cast<long long>(g.Wo));
+    }
+    const Shape want_off = {g.N, 2 * p_.offset_groups * g.K, g.Ho, g.Wo};
+    if (offset.shape != want_off) {
+      fail("offset must have shape (N, 2*offset_groups*kh*kw, Ho, Wo) = %s; received %s (input "
+           "%s, weight %s)", shape_str(want_off).c_str(), shape_str(offset.shape).c_str(),
+           in_s.c_str(), w_s.c_str());
+    }
+    if (p_.use_mask) {
+      const Shape want_mask = {g.N, p_.offset_groups * g.K, g.Ho, g.Wo};
+      if (mask.shape != want_mask) {
+        fail("mask must have shape (N, offset_groups*kh*kw, Ho, Wo) = %s; received %s (offset %s)",
+             shape_str(want_mask).c_str(), shape_str(mask.shape).c_str(),
+             shape_str(offset.shape).c_str());
+      }
+    }
+    g.P = g.Ho * g.Wo;
+    g.cin_g = g.C / p_.groups;
+    g.cout_g = g.Cout / p_.groups;
+    g.cpog = g.C / p_.offset_groups;
+    g.Wp = g.W + 2;
+    g.plane = (g.H + 3) * g.Wp;
+    if (g.plane >= (int64_t(1) << 31)) {
+      fail("(H + 3) * (W + 2) must be below 2^31 (32-bit sample indices); received input %s",
+           in_s.c_str());
+    }
+    return g;
+  }
+
+  Params p_;
+  std::unique_ptr<OrtGemm> ort_gemm_;
+};
+
+}  // namespace
+
+void add_vision_ops(std::vector<OpDef>& ops) {
+  ops.push_back({"custom", "DeformConv2d",
+                 {OC_IO_REQUIRED, OC_IO_REQUIRED, OC_IO_REQUIRED, OC_IO_OPTIONAL, OC_IO_OPTIONAL},
+                 {OC_IO_REQUIRED}, create_kernel<DeformConv2d>, DeformConv2d::infer});
+}
+
+}  // namespace oc
