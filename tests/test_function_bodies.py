@@ -16,13 +16,14 @@ from onnx.reference import ReferenceEvaluator
 
 import onnx_custom
 from onnx_custom.errors import KernelError, SymbolicError
+from onnx_custom.function_bodies import embed_functions, function_proto
 from onnx_custom.function_bodies.builder import (
     INT_ATTRIBUTE_LIMIT,
     AttrRef,
     TranslationBody,
     cast_like,
 )
-from onnx_custom.runtime import KernelRegistry, embed_functions, function_proto
+from onnx_custom.runtime import KernelRegistry
 
 ELEM = {"float32": TensorProto.FLOAT, "float64": TensorProto.DOUBLE}
 

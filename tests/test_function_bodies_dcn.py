@@ -21,7 +21,7 @@ from test_deform_conv import onnx_backend_cases, op_args_from_onnx
 import onnx_custom
 import onnx_custom.ops.deform_conv  # defines onnx_custom::deform_conv2d
 from onnx_custom.errors import SymbolicError
-from onnx_custom.runtime import embed_functions
+from onnx_custom.function_bodies import embed_functions
 
 OP = torch.ops.onnx_custom.deform_conv2d
 NAMES = ["x", "w", "offset", "mask", "bias"]

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 
 import onnx_custom.runtime as rt
 from onnx_custom.errors import ExtensionBuildError
-from onnx_custom.runtime import KernelRegistry, KernelRunError, TensorInfo, _build
+from onnx_custom.runtime import KernelRegistry, KernelRunError, TensorInfo, shim_build
 
 bad = KernelRegistry()
 
@@ -186,7 +186,7 @@ def test_missing_compiler_raises_extension_build_error(tmp_path: Path,
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.delenv("CC", raising=False)
     with pytest.raises(ExtensionBuildError, match="C compiler.*cc.*gcc.*fix"):
-        _build.shim_path()
+        shim_build.shim_path()
 
 
 def test_concurrent_first_builds_share_one_cache(tmp_path: Path) -> None:
