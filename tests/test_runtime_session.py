@@ -13,6 +13,7 @@ from onnx import TensorProto, helper
 
 import onnx_custom.runtime as rt
 from onnx_custom.errors import KernelError
+from onnx_custom.function_bodies import embed_functions
 from onnx_custom.ort_kernels.seed import kernels as seed_kernels
 from onnx_custom.runtime import KernelRegistry, TensorInfo
 
@@ -265,7 +266,7 @@ def test_function_body_fallback_and_kernel_precedence() -> None:
     reg.kernel("t::Bump", inputs=["x"], outputs=["y"], function=body)(lambda x: x + 1)
     m = model([helper.make_node("Bump", ["x"], ["y"], domain="t")],
               [vi("x", "float32", [3])], [vi("y", "float32", [3])])
-    embedded = rt.embed_functions(m, kernels=reg)
+    embedded = embed_functions(m, kernels=reg)
     assert [f.name for f in embedded.functions] == ["Bump"] and not m.functions
     x = np.zeros(3, np.float32)
     plain = ort.InferenceSession(embedded.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -276,7 +277,7 @@ def test_function_body_fallback_and_kernel_precedence() -> None:
 
 
 def test_seed_my_add_body_matches_kernel() -> None:
-    m = rt.embed_functions(my_add_model("float32", alpha=0.25))
+    m = embed_functions(my_add_model("float32", alpha=0.25))
     assert m.functions[0].name == "my_add"
     a, b = data("float32", (3, 3)), data("float32", (3,), 1)
     plain = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])

@@ -22,9 +22,10 @@ HEADER = shim_build.abi_include_dir() / shim_build.ABI_HEADER
 SHIM = shim_build.SOURCE
 
 
-def test_header_is_package_data_of_ort_kernels() -> None:
+def test_header_is_package_data_of_runtime() -> None:
+    """The shim (runtime/) must not reach into ort_kernels/ for its header (layer order)."""
     assert HEADER.is_file()
-    assert HEADER.parent.parts[-3:] == ("ort_kernels", "native", "include")
+    assert HEADER.parent.parts[-3:] == ("onnx_custom", "runtime", "include")
 
 
 @pytest.mark.parametrize("pattern", [
