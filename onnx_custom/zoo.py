@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from types import ModuleType
 from typing import Any, Protocol
 
-from onnx_custom.cli.loading import DEFAULT_SEED, seeded
+from onnx_custom.common.seeding import DEFAULT_SEED, seeded
 from onnx_custom.errors import OnnxCustomError
 
 __all__ = [

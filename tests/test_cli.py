@@ -18,7 +18,8 @@ import pytest
 from test_spec_yaml import GOOD as SPEC_YAML  # the op-spec file and kernels test_spec_yaml checks
 from test_spec_yaml import OPS as SPEC_KERNELS
 
-from onnx_custom.cli.main import DEFAULT_OPSET, _announce_if_slow, build_parser, main
+from onnx_custom.cli.main import DEFAULT_OPSET, build_parser, main
+from onnx_custom.cli.shared import announce_if_slow
 
 EXE = str(Path(sys.executable).with_name("onnx-custom"))
 
@@ -282,12 +283,12 @@ def test_zoo_run_is_quiet_and_streams() -> None:
 
 
 def test_a_slow_step_is_announced_and_a_fast_one_is_not(capsys: Any) -> None:
-    with _announce_if_slow("the thing", "~1 s", after=0.05):
+    with announce_if_slow("the thing", "~1 s", after=0.05):
         time.sleep(0.5)
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "onnx-custom: building the thing (one time, usually ~1 s; cached afterwards) ..."
     assert len(err) == 2 and err[1].startswith("onnx-custom: built the thing in ")
-    with _announce_if_slow("the thing", "~1 s", after=5.0):
+    with announce_if_slow("the thing", "~1 s", after=5.0):
         pass
     assert capsys.readouterr().err == ""
 

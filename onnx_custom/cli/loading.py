@@ -15,11 +15,11 @@ import inspect
 import os
 import re
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from onnx_custom.common.seeding import DEFAULT_SEED, seeded
 from onnx_custom.errors import CliInputError, OnnxCustomError
 
 if TYPE_CHECKING:
@@ -36,10 +36,6 @@ __all__ = [
     "parse_input_spec",
     "seeded",
 ]
-
-DEFAULT_SEED = 0
-"""Seed of the global torch RNG while a model is built (``--seed``): two processes building the
-same spec get the same random weights, so a file exported by one verifies in the other."""
 
 MAX_INPUT_ELEMENTS = 1 << 30
 
@@ -60,16 +56,6 @@ class LoadedModel:
     module: ModuleType
     model: torch.nn.Module
     spec: str
-
-
-@contextmanager
-def seeded(seed: int) -> Iterator[None]:
-    """Run the block with torch's global CPU RNG seeded; the caller's RNG state is restored."""
-    import torch
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield
 
 
 def _user_module_name(path: str) -> str:

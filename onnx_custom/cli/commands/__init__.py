@@ -1,0 +1,1 @@
+"""One module per ``onnx-custom`` sub-command; each imports what it needs when it runs."""
