@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from onnx_custom.zoo import ZooCase
+from onnx_custom.testing import ZooCase
 
 __all__ = ["ZOO", "Model", "example_inputs"]
 

@@ -12,7 +12,7 @@ import torch
 import onnx_custom.symbolics.extension  # noqa: F401  (translation of MyAddFunction)
 from onnx_custom.errors import ExtensionBuildError
 from onnx_custom.ops.extension import MyAddFunction, load_my_ops
-from onnx_custom.zoo import ZooCase
+from onnx_custom.testing import ZooCase
 
 __all__ = ["ZOO", "Model", "dynamic_shapes", "example_inputs"]
 

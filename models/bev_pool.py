@@ -11,7 +11,7 @@ import torch
 import onnx_custom.ort_kernels.bev_pool
 import onnx_custom.symbolics.bev_pool  # noqa: F401  (translations)
 from onnx_custom.ops.bev_pool import bev_pool_v2, prepare_bev_ranks, synthetic_frustum
-from onnx_custom.zoo import ZooCase
+from onnx_custom.testing import ZooCase
 
 __all__ = ["BEV_SHAPE", "ZOO", "Model", "example_inputs"]
 

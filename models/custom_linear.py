@@ -7,7 +7,7 @@ import torch
 import onnx_custom.ort_kernels.custom_linear
 import onnx_custom.symbolics.custom_linear  # noqa: F401  (translations)
 from onnx_custom.ops.custom_linear import custom_linear
-from onnx_custom.zoo import ZooCase
+from onnx_custom.testing import ZooCase
 
 __all__ = ["ZOO", "Model", "dynamic_shapes", "example_inputs"]
 

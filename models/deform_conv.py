@@ -14,7 +14,7 @@ from torch import nn
 import onnx_custom.ort_kernels.deform_conv
 import onnx_custom.symbolics.deform_conv  # noqa: F401  (translations, kernels)
 from onnx_custom.ops import DeformConv2d
-from onnx_custom.zoo import ZooCase
+from onnx_custom.testing import ZooCase
 
 __all__ = ["ZOO", "DeformBlock", "DeformConv2d", "Model", "dynamic_shapes", "example_inputs"]
 

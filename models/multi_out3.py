@@ -7,7 +7,7 @@ import torch
 import onnx_custom.ort_kernels.multi_out3
 import onnx_custom.symbolics.multi_out3  # noqa: F401  (translations)
 from onnx_custom.ops.multi_out3 import multi_out3
-from onnx_custom.zoo import ZooCase
+from onnx_custom.testing import ZooCase
 
 __all__ = ["REPEATS", "SCALE", "ZOO", "Model", "dynamic_shapes", "example_inputs"]
 

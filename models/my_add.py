@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import onnx_custom.ops.seed  # noqa: F401  (defines mylib::my_add)
-from onnx_custom.zoo import ZooCase
+from onnx_custom.testing import ZooCase
 
 __all__ = ["ZOO", "Model", "example_inputs"]
 

@@ -11,7 +11,7 @@ import torch
 import onnx_custom.symbolics.extension  # noqa: F401  (translations of my_ops::my_add)
 from onnx_custom.errors import ExtensionBuildError
 from onnx_custom.ops.extension import load_my_ops
-from onnx_custom.zoo import ZooCase
+from onnx_custom.testing import ZooCase
 
 __all__ = ["ZOO", "Model", "dynamic_shapes", "example_inputs"]
 

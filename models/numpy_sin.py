@@ -6,7 +6,7 @@ import torch
 
 import onnx_custom.symbolics.numpy_sin  # noqa: F401  (translation)
 from onnx_custom.ops.numpy_sin import numpy_sin
-from onnx_custom.zoo import ZooCase
+from onnx_custom.testing import ZooCase
 
 __all__ = ["ZOO", "Model", "dynamic_shapes", "example_inputs"]
 

@@ -28,7 +28,8 @@ from typing import Any
 import torch
 
 from onnx_custom.errors import VerificationError
-from onnx_custom.runtime.registry import KernelRegistry, KernelSpec
+from onnx_custom.runtime.kernel_spec import KernelSpec
+from onnx_custom.runtime.registry import KernelRegistry
 from onnx_custom.spec import generate, signatures
 from onnx_custom.spec.spec import OpSpec, SpecError
 from onnx_custom.spec.torch_op import BoundArgs, bind_args
@@ -39,7 +40,7 @@ from onnx_custom.translate.registry import (
     default_registry,
 )
 
-__all__ = ["CheckCase", "CheckReport", "check_op"]
+__all__ = ["CheckCase", "CheckReport", "ZooCase", "check_op"]
 
 EXPORTERS = ("torchscript", "dynamo")
 _DEFAULT_OPSET = {"torchscript": 17, "dynamo": 18}
@@ -426,3 +427,34 @@ def check_op(
     if raise_on_failure and not report.passed:
         raise VerificationError(str(report), report)
     return report
+
+
+@dataclasses.dataclass(frozen=True)
+class ZooCase:
+    """One row: export ``model`` with ``exporter`` at ``opset`` (preferring ``variant``), verify.
+
+    ``expect_error``: the export is *meant* to be refused with an `OnnxCustomError` whose message
+    contains this text (e.g. an autograd.Function under the dynamo exporter); the row passes when
+    it is, and the note documents the alternative. ``skip``: the row cannot run by design (the
+    reason is shown as a SKIP row).
+    """
+
+    exporter: str
+    opset: int
+    variant: str | None = None
+    dynamic: bool = False
+    trials: int = 2
+    note: str = ""
+    expect_error: str | None = None
+    skip: str | None = None
+
+    @property
+    def label(self) -> str:
+        if not self.exporter:  # the placeholder row of a module that could not be imported
+            return "(all rows)"
+        parts = [self.exporter, f"opset{self.opset}"]
+        if self.variant:
+            parts.append(self.variant)
+        if self.dynamic:
+            parts.append("dynamic")
+        return "-".join(parts)

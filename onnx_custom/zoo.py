@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from onnx_custom.common.seeding import DEFAULT_SEED, seeded
 from onnx_custom.errors import OnnxCustomError
+from onnx_custom.testing import ZooCase
 
 __all__ = [
     "MIN_OTHER_SIZES",
@@ -40,37 +41,6 @@ __all__ = [
 
 MIN_OTHER_SIZES = 3
 """A dynamic row passes only if verify ran (and passed) at this many sizes besides the export one."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ZooCase:
-    """One row: export ``model`` with ``exporter`` at ``opset`` (preferring ``variant``), verify.
-
-    ``expect_error``: the export is *meant* to be refused with an `OnnxCustomError` whose message
-    contains this text (e.g. an autograd.Function under the dynamo exporter); the row passes when
-    it is, and the note documents the alternative. ``skip``: the row cannot run by design (the
-    reason is shown as a SKIP row).
-    """
-
-    exporter: str
-    opset: int
-    variant: str | None = None
-    dynamic: bool = False
-    trials: int = 2
-    note: str = ""
-    expect_error: str | None = None
-    skip: str | None = None
-
-    @property
-    def label(self) -> str:
-        if not self.exporter:  # the placeholder row of a module that could not be imported
-            return "(all rows)"
-        parts = [self.exporter, f"opset{self.opset}"]
-        if self.variant:
-            parts.append(self.variant)
-        if self.dynamic:
-            parts.append("dynamic")
-        return "-".join(parts)
 
 
 MODULE_ROW = ZooCase("", 0)
@@ -241,7 +211,9 @@ def _dynamic_shortfall(report: Any) -> str:
 
 def run_case(name: str, module: Any, case: ZooCase, *, seed: int = DEFAULT_SEED) -> ZooResult:
     """Export and verify one row; never raises (failures become ``status="fail"`` rows)."""
-    import onnx_custom
+    from onnx_custom.api import export
+    from onnx_custom.translate.registry import default_registry
+    from onnx_custom.verification.verifier import verify
 
     start = time.perf_counter()
     if case.skip:
@@ -250,14 +222,14 @@ def run_case(name: str, module: Any, case: ZooCase, *, seed: int = DEFAULT_SEED)
         with seeded(seed):
             model = module.Model().eval()
             args = module.example_inputs()
-        registry = onnx_custom.default_registry()
+        registry = default_registry()
         if case.variant:
             registry = registry.with_variants(case.variant)
         dynamic = getattr(module, "dynamic_shapes", None) if case.dynamic else None
         if case.dynamic and dynamic is None:
             raise OnnxCustomError(f"zoo row {case.label} is dynamic but {module.__name__} has no dynamic_shapes")
         try:
-            proto = onnx_custom.export(model, args, exporter=case.exporter, opset=case.opset, registry=registry, dynamic_shapes=dynamic)
+            proto = export(model, args, exporter=case.exporter, opset=case.opset, registry=registry, dynamic_shapes=dynamic)
         except OnnxCustomError as exc:
             if case.expect_error and case.expect_error in str(exc):
                 return ZooResult(name, case, "pass", f"refused as documented: {case.note}", time.perf_counter() - start)
@@ -265,7 +237,7 @@ def run_case(name: str, module: Any, case: ZooCase, *, seed: int = DEFAULT_SEED)
         if case.expect_error:
             return ZooResult(name, case, "fail", f"expected a refusal containing {case.expect_error!r}", time.perf_counter() - start)
         generator = getattr(module, "input_generator", None)
-        report = onnx_custom.verify(model, args, proto, trials=case.trials, input_generator=generator, raise_on_mismatch=False, seed=seed, dynamic_shapes=dynamic)
+        report = verify(model, args, proto, trials=case.trials, input_generator=generator, raise_on_mismatch=False, seed=seed, dynamic_shapes=dynamic)
         shortfall = _dynamic_shortfall(report) if case.dynamic else ""
         status = "pass" if report.passed and not shortfall else "fail"
         detail = "" if status == "pass" else "\n".join(filter(None, [shortfall, str(report)]))

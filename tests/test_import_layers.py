@@ -1,46 +1,185 @@
-"""Modules of the core import in one direction: no cycles, also through function-local imports.
+"""The package imports in one direction: a layer order over every folder, no cycles, no private
+names across subpackages, and the two documented by-name lookups checked where they are.
 
-The verify path once read ``export -> verify -> localize -> export``; the lower modules
-(`compare`, `runner`, `_exporters`) exist so that it reads one way. This test parses every module
-of the package (imports inside functions included) and fails on any cycle between them.
+The order is written in docs/design.md ("Layers"); this test is its enforcement. Every import
+counts, also those inside functions and under ``TYPE_CHECKING``: a lazy import is still a
+dependency a newcomer has to follow.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
-import onnx_custom
+import pytest
 
-PACKAGE = Path(onnx_custom.__file__).parent
+# (layer index, groups in it): a module may import its own group and any group of a lower
+# layer; groups that share a layer are siblings and never import each other.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors",),
+    ("common",),
+    ("translate", "runtime"),
+    ("exporter", "function_bodies"),
+    ("spec",),
+    ("ops",),
+    ("symbolics", "ort_kernels"),
+    ("verification",),
+    ("compile",),
+    ("api",),
+    ("testing",),
+    ("models",),
+    ("zoo",),
+    ("cli",),
+)
+LAYER_OF = {group: i for i, groups in enumerate(LAYERS) for group in groups}
+
+# The documented exceptions, each a lookup by name (no import statement):
+# - the registries load the built-in family modules listed in common.builtins by name;
+# - runtime.native finds the native library's C++ sources in ort_kernels/native by name.
+# - runtime.function_builder is the README's old path of function_bodies.builder (an alias).
+BY_NAME = {
+    "onnx_custom.translate.registry": "onnx_custom.common.builtins",
+    "onnx_custom.runtime.registry": "onnx_custom.common.builtins",
+    "onnx_custom.runtime.native": "onnx_custom.ort_kernels",
+}
+ALIASES = {"onnx_custom.runtime.function_builder": {"onnx_custom.function_bodies.builder"}}
 
 
-def _module_name(path: Path) -> str:
-    rel = path.relative_to(PACKAGE.parent).with_suffix("")
-    parts = list(rel.parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
+def _roots() -> dict[str, Path]:
+    """Import name -> folder for the package and the three folders installed into it."""
+    roots = {}
+    for name in ("onnx_custom", "onnx_custom.symbolics", "onnx_custom.ort_kernels", "onnx_custom.models"):
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.submodule_search_locations, name
+        roots[name] = Path(next(iter(spec.submodule_search_locations)))
+    return roots
 
 
-def _imports(path: Path, known: set[str]) -> set[str]:
-    found: set[str] = set()
+def _modules() -> dict[str, Path]:
+    files: dict[str, Path] = {}
+    for package, folder in _roots().items():
+        for path in folder.rglob("*.py"):
+            parts = [*package.split("."), *path.relative_to(folder).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            files[".".join(parts)] = path
+    return files
+
+
+MODULES = _modules()
+
+
+def _group(module: str) -> str:
+    """``onnx_custom.translate.registry`` -> ``translate``; the package itself -> ``""``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _imports(path: Path) -> list[tuple[str, list[str], int]]:
+    """(module, imported names, line) for every absolute import of our package."""
+    found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            found.append((node.module, [a.name for a in node.names], node.lineno))
         elif isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        else:
-            continue
-        found |= {n for n in names if n in known}
+            found.extend((a.name, [], node.lineno) for a in node.names)
+    return [f for f in found if f[0] == "onnx_custom" or f[0].startswith("onnx_custom.")]
+
+
+def _targets(module: str, names: list[str]) -> set[str]:
+    """The modules an import statement reaches (``from pkg import sub`` reaches ``pkg.sub``)."""
+    reached = {module}
+    reached |= {f"{module}.{n}" for n in names if f"{module}.{n}" in MODULES}
+    return reached
+
+
+def _layer_violations() -> list[str]:
+    problems = []
+    for module, path in sorted(MODULES.items()):
+        group = _group(module)
+        if group == "":
+            continue  # the package's lazy façade re-exports for users; nothing imports it back
+        for target_module, names, line in _imports(path):
+            for target in sorted(_targets(target_module, names)):
+                target_group = _group(target)
+                if target in ALIASES.get(module, ()):
+                    continue
+                if target_group == "":
+                    if group == "cli":  # the top layer may use the public façade like a user
+                        continue
+                    problems.append(f"{path.name}:{line} {module} imports the package façade {target}")
+                elif target_group == group:
+                    continue
+                elif LAYER_OF[target_group] >= LAYER_OF[group]:
+                    kind = "its sibling" if LAYER_OF[target_group] == LAYER_OF[group] else "a higher layer"
+                    problems.append(f"{path.name}:{line} {module} ({group}) imports {kind} {target} ({target_group})")
+    return problems
+
+
+def test_every_folder_has_a_layer() -> None:
+    groups = {_group(m) for m in MODULES} - {""}
+    assert groups <= set(LAYER_OF), f"folders without a layer: {sorted(groups - set(LAYER_OF))}"
+
+
+def test_imports_follow_the_layer_order() -> None:
+    problems = _layer_violations()
+    assert problems == [], "imports against the layer order (docs/design.md):\n" + "\n".join(problems)
+
+
+def test_no_private_name_crosses_a_subpackage() -> None:
+    problems = []
+    for module, path in sorted(MODULES.items()):
+        for target, names, line in _imports(path):
+            same = _group(target) == _group(module)
+            private_module = any(p.startswith("_") and not p.startswith("__") for p in target.split(".")[1:])
+            private_names = [n for n in names if n.startswith("_") and not n.startswith("__")]
+            if not same and (private_module or private_names):
+                problems.append(f"{path.name}:{line} {module} imports {target} {private_names or ''}")
+    assert problems == [], "\n".join(problems)
+
+
+def _by_name_lookups(path: Path) -> set[str]:
+    """String constants naming our modules in importlib/find_spec calls of one file."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("import_module", "find_spec"):
+            for arg in node.args:
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.startswith("onnx_custom"):
+                    found.add(arg.value)
     return found
 
 
-def _graph() -> dict[str, set[str]]:
-    # Package __init__ files re-export for users and are never imported by core modules.
-    files = {_module_name(p): p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
-    known = set(files)
-    return {name: _imports(path, known) - {name} for name, path in files.items()}
+@pytest.mark.parametrize(("module", "target"), sorted(BY_NAME.items()))
+def test_documented_by_name_lookups_are_where_documented(module: str, target: str) -> None:
+    path = MODULES[module]
+    if target == "onnx_custom.common.builtins":
+        # the registry imports the list, then imports each listed module by name
+        assert any(t == target for t, _, _ in _imports(path)), f"{module} no longer reads {target}"
+        assert "import_module" in path.read_text()
+    else:
+        assert target in _by_name_lookups(path), f"{module} no longer looks up {target} by name"
+
+
+def test_by_name_lookups_only_in_documented_places() -> None:
+    """A by-name import reaching up or sideways would hide a dependency from the layer test."""
+    strays = {}
+    for module, path in MODULES.items():
+        group = _group(module)
+        for target in _by_name_lookups(path):
+            target_group = _group(target)
+            upward = target_group == "" or (target_group != group and LAYER_OF[target_group] >= LAYER_OF.get(group, -1))
+            if upward and BY_NAME.get(module) != target:
+                strays[module] = target
+    assert strays == {}
+
+
+def test_builtins_list_only_symbolics_and_kernels() -> None:
+    from onnx_custom.common import builtins
+
+    assert all(m.startswith("onnx_custom.symbolics.") for m in builtins.SYMBOLIC_MODULES)
+    assert all(m.startswith("onnx_custom.ort_kernels.") for m in builtins.KERNEL_MODULES)
+    assert set(builtins.SYMBOLIC_MODULES) | set(builtins.KERNEL_MODULES) <= set(MODULES)
 
 
 def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -69,18 +208,37 @@ def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_core_modules_import_in_one_direction() -> None:
-    cycle = _find_cycle(_graph())
+def test_modules_import_without_cycles() -> None:
+    # Package __init__ files re-export for users and are never imported by core modules.
+    graph = {}
+    for module, path in MODULES.items():
+        if path.name == "__init__.py":
+            continue
+        deps = set()
+        for target, names, _ in _imports(path):
+            deps |= {t for t in _targets(target, names) if t in MODULES and MODULES[t].name != "__init__.py"}
+        graph[module] = deps - {module}
+    cycle = _find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
 def test_verify_path_layers() -> None:
-    graph = _graph()
-    assert "onnx_custom.api" not in graph["onnx_custom.verification.localize"]
-    assert "onnx_custom.verification.verifier" not in graph["onnx_custom.verification.localize"]
-    assert graph["onnx_custom.verification.compare"] <= {"onnx_custom.errors"}
+    def deps(module: str) -> set[str]:
+        return {t for target, names, _ in _imports(MODULES[module]) for t in _targets(target, names)}
+
+    assert not deps("onnx_custom.verification.localize") & {"onnx_custom.api", "onnx_custom.verification.verifier"}
+    assert deps("onnx_custom.verification.compare") <= {"onnx_custom.errors"}
 
 
 def test_cycle_finder_finds_a_planted_cycle() -> None:
     assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_layer_check_finds_a_planted_upward_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    planted = tmp_path / "planted.py"
+    planted.write_text("from onnx_custom.cli.main import main\nfrom onnx_custom.runtime import registry\n")
+    monkeypatch.setitem(MODULES, "onnx_custom.translate.planted", planted)
+    problems = [p for p in _layer_violations() if "planted" in p]
+    assert any("imports a higher layer onnx_custom.cli.main" in p for p in problems), problems
+    assert any("imports its sibling onnx_custom.runtime.registry" in p for p in problems), problems

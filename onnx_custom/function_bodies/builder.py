@@ -35,9 +35,9 @@ import torch
 from onnx import AttributeProto, helper, numpy_helper
 
 from onnx_custom.errors import KernelError, SymbolicError
-from onnx_custom.runtime.registry import KernelSpec
+from onnx_custom.runtime.kernel_spec import KernelSpec
 from onnx_custom.translate.attributes import AttrKind, AttrValue
-from onnx_custom.translate.builder import GraphBuilder, OutputMeta, _numpy_dtype
+from onnx_custom.translate.builder import GraphBuilder, OutputMeta, numpy_dtype
 
 __all__ = [
     "INT_ATTRIBUTE_LIMIT", "AttrRef", "FunctionBuilder", "TranslationBody", "build_function",
@@ -100,7 +100,7 @@ def _holds_ref(value: Any) -> bool:
 
 def onnx_dtype(dtype: Any) -> int:
     """The ``TensorProto`` element type of a torch or numpy dtype."""
-    return helper.np_dtype_to_tensor_dtype(_numpy_dtype(dtype))
+    return helper.np_dtype_to_tensor_dtype(numpy_dtype(dtype))
 
 
 def _torch_dtype(elem_type: int) -> torch.dtype | None:

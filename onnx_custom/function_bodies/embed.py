@@ -20,7 +20,8 @@ from onnx import helper
 
 from onnx_custom.errors import KernelError, SymbolicError
 from onnx_custom.function_bodies.builder import TranslationBody, _torch_dtype
-from onnx_custom.runtime.registry import KernelRegistry, KernelSpec, default_kernel_registry
+from onnx_custom.runtime.kernel_spec import KernelSpec
+from onnx_custom.runtime.registry import KernelRegistry, default_kernel_registry
 from onnx_custom.runtime.session import ModelSource, custom_nodes, load_model
 
 __all__ = ["embed_functions", "function_proto"]

@@ -17,7 +17,7 @@ import onnxruntime as ort
 
 from onnx_custom.errors import KernelError, OnnxCustomError
 from onnx_custom.runtime.host import take_failure
-from onnx_custom.runtime.registry import KernelSpec
+from onnx_custom.runtime.kernel_spec import KernelSpec
 
 __all__ = ["KernelRunError", "raise_for_type_error", "raise_typed", "typed_kernel_errors"]
 

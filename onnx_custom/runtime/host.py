@@ -28,7 +28,7 @@ import onnxruntime as ort
 
 from onnx_custom.errors import KernelError
 from onnx_custom.runtime import abi
-from onnx_custom.runtime.registry import KernelSpec
+from onnx_custom.runtime.kernel_spec import KernelSpec
 from onnx_custom.runtime.shim_build import load_shim
 from onnx_custom.runtime.types import TensorInfo, concrete_shape
 

@@ -9,7 +9,8 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
 from onnx_custom.runtime.host import _torch_wrapper
-from onnx_custom.runtime.registry import KernelRegistry, KernelSpec
+from onnx_custom.runtime.kernel_spec import KernelSpec
+from onnx_custom.runtime.registry import KernelRegistry
 from onnx_custom.runtime.session import ModelSource, load_model, required_kernels
 from onnx_custom.runtime.types import TensorInfo, concrete_shape
 

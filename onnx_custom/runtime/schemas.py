@@ -11,7 +11,8 @@ from onnx import helper
 from onnx.defs import OpSchema
 
 from onnx_custom.runtime import abi
-from onnx_custom.runtime.registry import KernelRegistry, KernelSpec, default_kernel_registry
+from onnx_custom.runtime.kernel_spec import KernelSpec
+from onnx_custom.runtime.registry import KernelRegistry, default_kernel_registry
 from onnx_custom.runtime.types import TensorInfo
 
 __all__ = ["make_schema", "register_schema", "register_schemas"]

@@ -21,12 +21,8 @@ from onnx_custom.runtime.failures import (
 )
 from onnx_custom.runtime.feeds import explain_feed_error
 from onnx_custom.runtime.host import register_kernels
-from onnx_custom.runtime.registry import (
-    RESERVED_DOMAINS,
-    KernelRegistry,
-    KernelSpec,
-    default_kernel_registry,
-)
+from onnx_custom.runtime.kernel_spec import RESERVED_DOMAINS, KernelSpec
+from onnx_custom.runtime.registry import KernelRegistry, default_kernel_registry
 from onnx_custom.runtime.validate import validate_model
 
 __all__ = [

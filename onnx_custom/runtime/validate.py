@@ -14,7 +14,7 @@ from onnx import AttributeProto
 from onnx_custom.errors import NodeDeclarationError
 from onnx_custom.runtime import abi
 from onnx_custom.runtime.host import note_exact_strings
-from onnx_custom.runtime.registry import RESERVED_DOMAINS, AttrSpec, KernelSpec, ParamSpec
+from onnx_custom.runtime.kernel_spec import RESERVED_DOMAINS, AttrSpec, KernelSpec, ParamSpec
 
 __all__ = ["NodeDeclarationError", "graph_value_types", "node_problems", "validate_model", "validate_nodes"]
 

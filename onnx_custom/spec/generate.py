@@ -34,7 +34,8 @@ from typing import Any
 from onnx_custom.errors import SymbolicError
 from onnx_custom.function_bodies.builder import TranslationBody
 from onnx_custom.runtime import registry as kernel_registry
-from onnx_custom.runtime.registry import KernelRegistry, KernelSpec, default_kernel_registry
+from onnx_custom.runtime.kernel_spec import KernelSpec
+from onnx_custom.runtime.registry import KernelRegistry, default_kernel_registry
 from onnx_custom.spec import onnx_side, signatures, torch_op
 from onnx_custom.spec.spec import EAGER, NODE, OpSpec, SpecError
 from onnx_custom.translate.names import Target, normalize_target

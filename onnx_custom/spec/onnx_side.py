@@ -19,7 +19,8 @@ import onnx
 
 from onnx_custom.errors import KernelError
 from onnx_custom.runtime.abi import NAME_TO_ELEM, elem_to_numpy
-from onnx_custom.runtime.registry import KernelRegistry, KernelSpec, make_spec
+from onnx_custom.runtime.kernel_spec import KernelSpec, make_spec
+from onnx_custom.runtime.registry import KernelRegistry
 from onnx_custom.runtime.types import TensorInfo, broadcast_shapes
 from onnx_custom.spec.shape_rules import (
     BroadcastRule,

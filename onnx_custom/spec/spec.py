@@ -443,7 +443,7 @@ class OpSpec:
             clash = onnx.defs.has(self.op_type, "")
             what = f"collides with the standard ONNX op {self.op_type!r}" if clash else "would sit in the default ONNX domain, where runtimes only serve standard ops"
             raise _fail(op, ("domain",), f"node {self.op_type!r} in domain {domain!r} {what}; expected a custom domain; fix: drop domain: (it defaults to {self.name.split('::')[0]!r}) or name your own.")
-        from onnx_custom.runtime.registry import RESERVED_DOMAINS
+        from onnx_custom.runtime.kernel_spec import RESERVED_DOMAINS
 
         if domain in RESERVED_DOMAINS:
             raise _fail(op, ("domain",), f"domain {domain!r} belongs to ONNX Runtime; expected your own domain, e.g. {self.name.split('::')[0]!r}.")
@@ -609,7 +609,8 @@ def _is_code_object(value: Any) -> bool:
     import onnx
 
     from onnx_custom.function_bodies.builder import TranslationBody
-    from onnx_custom.runtime.registry import KernelRegistry, KernelSpec
+    from onnx_custom.runtime.kernel_spec import KernelSpec
+    from onnx_custom.runtime.registry import KernelRegistry
 
     return callable(value) or isinstance(value, (KernelSpec, KernelRegistry, TranslationBody, onnx.FunctionProto))
 

@@ -24,7 +24,7 @@ from onnx_custom.translate.names import parse_node_type
 from onnx_custom.translate.standard_ops import check_standard_node
 from onnx_custom.translate.torch_errors import translation_error
 
-__all__ = ["GraphBuilder", "NodeRecord", "OutputMeta", "call_translation", "record_nodes"]
+__all__ = ["GraphBuilder", "NodeRecord", "OutputMeta", "call_translation", "numpy_dtype", "record_nodes"]
 
 DimValue = int | str | None
 
@@ -234,7 +234,7 @@ class GraphBuilder(abc.ABC):
         else:
             array = np.asarray(value)
         if dtype is not None:
-            array = array.astype(_numpy_dtype(dtype))
+            array = array.astype(numpy_dtype(dtype))
         elif array.dtype == np.float64 and not isinstance(value, (np.ndarray, torch.Tensor, np.generic)):
             array = array.astype(np.float32)  # a bare Python float means float32, as in torch
         array = c_contiguous(array)  # keeps a 0-d constant 0-d
@@ -269,7 +269,7 @@ class GraphBuilder(abc.ABC):
             log.append(NodeRecord(self.target, "", "Constant", (("value", "tensor", _freeze(array)),), 0, 1))
 
 
-def _numpy_dtype(dtype: Any) -> np.dtype:
+def numpy_dtype(dtype: Any) -> np.dtype:
     if isinstance(dtype, torch.dtype):
         if dtype == torch.bfloat16:
             import ml_dtypes
