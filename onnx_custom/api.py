@@ -12,13 +12,14 @@ import torch
 
 from onnx_custom.common.atomic import check_output_path
 from onnx_custom.errors import InvalidArgumentError, KernelError, OnnxCustomError, VerificationError
-from onnx_custom.exporter.arguments import check_exporter, check_model, check_names, check_output
+from onnx_custom.exporter.arguments import check_names, check_output
 from onnx_custom.exporter.pipeline import (
     DEFAULT_OPSET,
     EXPORTERS,
     MAX_IR_VERSION,
-    export_model,
+    check_export_request,
     finalize_model,
+    run_export,
     save_model,
     trace_program,
 )
@@ -67,8 +68,10 @@ def export(
     nothing is written and `VerificationError` says so, unless ``keep_failed`` names a path for the
     failing model (the error then says where it is).
     """
-    check_exporter(exporter)
-    check_model(model, exporter)
+    request = check_export_request(
+        model, args, exporter=exporter, opset=opset, dynamic_shapes=dynamic_shapes, dynamic_axes=dynamic_axes,
+        input_names=input_names, output_names=output_names, registry=registry, **exporter_kwargs,
+    )  # fmt: skip
     check_output(f)
     check_names(input_names, "input_names")
     check_names(output_names, "output_names")
@@ -81,10 +84,7 @@ def export(
                 "verify=True; received verify=False. Fix: pass verify=True, or drop keep_failed."
             )
         check_output_path(keep_failed, what="keep_failed")
-    proto = export_model(
-        model, args, exporter=exporter, opset=opset, dynamic_shapes=dynamic_shapes, dynamic_axes=dynamic_axes,
-        input_names=input_names, output_names=output_names, registry=registry, **exporter_kwargs,
-    )
+    proto = run_export(request)
     if functions:
         from onnx_custom.function_bodies import embed_functions
         from onnx_custom.runtime import KernelRegistry

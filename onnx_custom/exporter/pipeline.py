@@ -7,6 +7,7 @@ re-exports probes through `export_model` here, so the verify path never imports 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import os
 import re
@@ -61,23 +62,24 @@ from onnx_custom.translate.coverage import (
 from onnx_custom.translate.registry import Registry, resolve_registry
 from onnx_custom.translate.torch_errors import chain, unwrap_dynamo_error, unwrap_torchscript_error
 
-__all__ = ["DEFAULT_OPSET", "EXPORTERS", "MAX_IR_VERSION", "export_model", "finalize_model", "save_model", "trace_program"]
+__all__ = [
+    "DEFAULT_OPSET",
+    "EXPORTERS",
+    "MAX_IR_VERSION",
+    "ExportRequest",
+    "check_export_request",
+    "export_model",
+    "finalize_model",
+    "run_export",
+    "save_model",
+    "trace_program",
+]
 
 DEFAULT_OPSET = 18
 MAX_IR_VERSION = 10  # ORT 1.31 accepts <= 13; 10 covers opsets up to 21 and every older runtime
 _PROTOBUF_LIMIT = 2**31 - 1
 _DYNAMO_NATIVE_OPSET = 18
 _NO_FAKE = re.compile(r"no fake impl registered for (?:<CustomOpDef\()?(?P<op>[\w:.]+)")
-
-
-def _validate(model: Any, args: Any, exporter: str, opset: int, registry: Any = None, kwargs: dict[str, Any] | None = None) -> tuple[Any, ...]:
-    """Every argument checked before any tracing (see `_validation`)."""
-    check_exporter(exporter)
-    check_model(model, exporter)
-    check_opset(exporter, opset)
-    check_registry(registry)
-    check_exporter_kwargs(kwargs or {})
-    return check_args(args)
 
 
 def _custom_domains(model: onnx.ModelProto) -> set[str]:
@@ -280,7 +282,23 @@ def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry,
     return proto, spec
 
 
-def export_model(
+@dataclasses.dataclass(frozen=True)
+class ExportRequest:
+    """The arguments of one export, checked once (`check_export_request`) before anything runs."""
+
+    model: Any
+    args: tuple[Any, ...]
+    exporter: str
+    opset: int
+    registry: Registry | None
+    dynamic_shapes: Any
+    dynamic_axes: Any
+    input_names: Sequence[str] | None
+    output_names: Sequence[str] | None
+    exporter_kwargs: dict[str, Any]
+
+
+def check_export_request(
     model: Any,
     args: Any,
     *,
@@ -292,28 +310,46 @@ def export_model(
     output_names: Sequence[str] | None = None,
     registry: Registry | None = None,
     **exporter_kwargs: Any,
-) -> onnx.ModelProto:
+) -> ExportRequest:
+    """Every check of `export_model`'s arguments, in the order a user reads them; the one place
+    the export path validates the model."""
+    opset = DEFAULT_OPSET if opset is None else opset
+    check_exporter(exporter)
+    check_model(model, exporter)
+    check_opset(exporter, opset)
+    check_registry(registry)
+    check_exporter_kwargs(exporter_kwargs)
+    args = check_args(args)
+    check_dynamic_for_program(model, dynamic_shapes, dynamic_axes)
+    return ExportRequest(model, args, exporter, opset, registry, dynamic_shapes, dynamic_axes,
+                         input_names, output_names, dict(exporter_kwargs))  # fmt: skip
+
+
+def export_model(model: Any, args: Any, **options: Any) -> onnx.ModelProto:
     """Export with ``exporter`` at ``opset`` using ``registry``; every used domain declared.
 
     ``dynamic_shapes`` (any form torch.onnx.export accepts) or ``dynamic_axes`` (the TorchScript
     form) are read once, the same way for both exporters: ONNX inputs are named after
     ``forward``'s parameters (unless ``input_names``), each dynamic dim is a ``dim_param`` with the
     user's name, and ``metadata_props["onnx_custom.dynamic_dims"]`` records the named dims' ranges.
+    Options are those of `check_export_request`.
     """
-    opset = DEFAULT_OPSET if opset is None else opset
-    args = _validate(model, args, exporter, opset, registry, exporter_kwargs)
-    check_dynamic_for_program(model, dynamic_shapes, dynamic_axes)
-    reg = resolve_registry(registry)
-    kwargs = dict(exporter_kwargs)
+    return run_export(check_export_request(model, args, **options))
+
+
+def run_export(request: ExportRequest) -> onnx.ModelProto:
+    """Run a checked `ExportRequest` (no argument is checked again)."""
+    model, args, kwargs = request.model, request.args, dict(request.exporter_kwargs)
+    reg = resolve_registry(request.registry)
     if isinstance(model, torch.export.ExportedProgram):
-        spec = resolve_dynamic_shapes(model.module(), args, kwargs.get("kwargs"), input_names=input_names)
+        spec = resolve_dynamic_shapes(model.module(), args, kwargs.get("kwargs"), input_names=request.input_names)
     else:
         spec = resolve_dynamic_shapes(
-            model, args, kwargs.get("kwargs"), dynamic_shapes=dynamic_shapes, dynamic_axes=dynamic_axes,
-            input_names=input_names, output_names=output_names,
-        )
-    run = _export_dynamo if exporter == "dynamo" else _export_torchscript
+            model, args, kwargs.get("kwargs"), dynamic_shapes=request.dynamic_shapes, dynamic_axes=request.dynamic_axes,
+            input_names=request.input_names, output_names=request.output_names,
+        )  # fmt: skip
+    run = _export_dynamo if request.exporter == "dynamo" else _export_torchscript
     with quiet_torch():
-        proto, spec = run(model, args, opset, reg, spec, output_names, kwargs)
+        proto, spec = run(model, args, request.opset, reg, spec, request.output_names, kwargs)
     write_metadata(proto, spec)
     return finalize_model(proto)
