@@ -24,7 +24,7 @@ from onnx_custom.models import deform_conv as dcn
 from onnx_custom.runtime.native import library_path
 from onnx_custom.runtime.shim_build import abi_include_dir
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / "examples" / "run_model.c"
 
 

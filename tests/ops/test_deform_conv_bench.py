@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "deform_conv2d.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "deform_conv2d.py"
 
 
 @pytest.mark.slow

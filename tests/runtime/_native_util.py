@@ -1,4 +1,4 @@
-"""Helpers shared by the tests of the native kernel library (tests/test_native_*.py)."""
+"""Helpers shared by the tests of the native kernel library (tests/runtime/test_native_*.py)."""
 
 from __future__ import annotations
 

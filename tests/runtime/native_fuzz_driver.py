@@ -1,4 +1,4 @@
-"""Fuzz driver for libonnx_custom_ops.so (run by tests/test_native_fuzz.py in a subprocess).
+"""Fuzz driver for libonnx_custom_ops.so (run by tests/runtime/test_native_fuzz.py in a subprocess).
 
 usage: python native_fuzz_driver.py LIBRARY SEED ROUNDS
 

@@ -289,7 +289,7 @@ def test_benchmark_runs_and_reports_ratio_and_memory(capsys: pytest.CaptureFixtu
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "function_bodies.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "function_bodies.py"
     spec = importlib.util.spec_from_file_location("bench_function_bodies", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
