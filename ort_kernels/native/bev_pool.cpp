@@ -347,7 +347,7 @@ class BEVPoolV2 final : public Kernel {
 
 }  // namespace
 
-void add_bev_ops(std::vector<OpDef>& ops) {
+void add_bev_pool_ops(std::vector<OpDef>& ops) {
   ops.push_back({"bev", "BEVPoolV2", std::vector<int>(7, OC_IO_REQUIRED), {OC_IO_REQUIRED},
                  create_kernel<BEVPoolV2>, BEVPoolV2::infer});
 }

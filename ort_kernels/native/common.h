@@ -236,10 +236,10 @@ struct OpDef {
 
 // Every op of the library (filled by the op family files through their add_* functions).
 void add_seed_ops(std::vector<OpDef>& ops);
-void add_multi_output_ops(std::vector<OpDef>& ops);
-void add_vision_ops(std::vector<OpDef>& ops);
-void add_bev_ops(std::vector<OpDef>& ops);
-void add_linear_ops(std::vector<OpDef>& ops);
+void add_multi_out3_ops(std::vector<OpDef>& ops);
+void add_deform_conv_ops(std::vector<OpDef>& ops);
+void add_bev_pool_ops(std::vector<OpDef>& ops);
+void add_custom_linear_ops(std::vector<OpDef>& ops);
 const std::vector<OpDef>& all_ops();
 
 template <typename K>

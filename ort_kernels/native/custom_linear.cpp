@@ -146,7 +146,7 @@ class CustomLinear final : public Kernel {
 
 }  // namespace
 
-void add_linear_ops(std::vector<OpDef>& ops) {
+void add_custom_linear_ops(std::vector<OpDef>& ops) {
   ops.push_back({"npu", "CustomLinear", {OC_IO_REQUIRED, OC_IO_REQUIRED, OC_IO_OPTIONAL},
                  {OC_IO_REQUIRED}, create_kernel<CustomLinear>, CustomLinear::infer});
 }

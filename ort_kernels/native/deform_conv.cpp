@@ -466,7 +466,7 @@ class DeformConv2d final : public Kernel {
 
 }  // namespace
 
-void add_vision_ops(std::vector<OpDef>& ops) {
+void add_deform_conv_ops(std::vector<OpDef>& ops) {
   ops.push_back({"custom", "DeformConv2d",
                  {OC_IO_REQUIRED, OC_IO_REQUIRED, OC_IO_REQUIRED, OC_IO_OPTIONAL, OC_IO_OPTIONAL},
                  {OC_IO_REQUIRED}, create_kernel<DeformConv2d>, DeformConv2d::infer});

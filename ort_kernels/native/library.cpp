@@ -207,10 +207,10 @@ const std::vector<OpDef>& all_ops() {
   static const std::vector<OpDef> ops = [] {
     std::vector<OpDef> v;
     add_seed_ops(v);
-    add_multi_output_ops(v);
-    add_vision_ops(v);
-    add_bev_ops(v);
-    add_linear_ops(v);
+    add_multi_out3_ops(v);
+    add_deform_conv_ops(v);
+    add_bev_pool_ops(v);
+    add_custom_linear_ops(v);
     return v;
   }();
   return ops;

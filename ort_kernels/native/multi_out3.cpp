@@ -103,7 +103,7 @@ class MultiOut3 final : public Kernel {
 
 }  // namespace
 
-void add_multi_output_ops(std::vector<OpDef>& ops) {
+void add_multi_out3_ops(std::vector<OpDef>& ops) {
   ops.push_back({"custom", "MultiOut3", {OC_IO_REQUIRED},
                  {OC_IO_REQUIRED, OC_IO_REQUIRED, OC_IO_REQUIRED}, create_kernel<MultiOut3>,
                  MultiOut3::infer});

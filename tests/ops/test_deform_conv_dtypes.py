@@ -22,8 +22,8 @@ from onnx_custom.ops.deform_conv import (
     DeformConv2dError,
     load_extension,
 )
-from onnx_custom.ort_kernels import deform_conv as vision_kernels
-from onnx_custom.symbolics import deform_conv as vision_symbolics
+from onnx_custom.ort_kernels import deform_conv as deform_conv_kernels
+from onnx_custom.symbolics import deform_conv as deform_conv_symbolics
 
 OP = torch.ops.onnx_custom.deform_conv2d.default
 HALF = [torch.float16, torch.bfloat16]
@@ -117,7 +117,7 @@ def test_fake_and_opcheck(dtype: torch.dtype) -> None:
 
 
 def test_kernel_dtypes_are_the_eager_dtypes() -> None:
-    spec = vision_kernels.kernels[f"custom::{vision_kernels.NODE_TYPE}"]
+    spec = deform_conv_kernels.kernels[f"custom::{deform_conv_kernels.NODE_TYPE}"]
     names = tuple(str(d).removeprefix("torch.") for d in DTYPES)
     assert {p.name: p.dtypes for p in spec.inputs} == dict.fromkeys(NAMES, names)
     assert all(p.dtypes == names for p in spec.outputs)
@@ -239,7 +239,7 @@ def test_deformconv_dtypes_are_what_ort_runs() -> None:
     elems = {torch.float32: TensorProto.FLOAT, torch.float64: TensorProto.DOUBLE,
              torch.float16: TensorProto.FLOAT16, torch.bfloat16: TensorProto.BFLOAT16}  # fmt: skip
     for dtype, elem in elems.items():
-        if dtype in vision_symbolics.DEFORMCONV_DTYPES:
+        if dtype in deform_conv_symbolics.DEFORMCONV_DTYPES:
             session(elem)
         else:
             with pytest.raises(Exception, match="bfloat16"):

@@ -16,9 +16,9 @@ from test_deform_conv import onnx_backend_cases, op_args_from_onnx
 import onnx_custom
 from onnx_custom.models import deform_conv as dcn
 from onnx_custom.ops.deform_conv import load_extension
-from onnx_custom.ort_kernels import deform_conv as vision_kernels
+from onnx_custom.ort_kernels import deform_conv as deform_conv_kernels
 from onnx_custom.runtime.types import TensorInfo
-from onnx_custom.symbolics import deform_conv as vision_symbolics
+from onnx_custom.symbolics import deform_conv as deform_conv_symbolics
 from onnx_custom.zoo import run_case
 
 EXPORTERS = ["torchscript", "dynamo"]
@@ -173,31 +173,31 @@ def test_shape_function(x, w, offset, attrs, expected) -> None:
         None,
         TensorInfo(f32, (6,)),
     ]
-    out = vision_kernels.deform_conv2d_shape(infos, {**attrs, "groups": 1, "offset_groups": 1})
+    out = deform_conv_kernels.deform_conv2d_shape(infos, {**attrs, "groups": 1, "offset_groups": 1})
     assert out.shape == expected and out.dtype == f32
 
 
 def test_custom_domain_factory() -> None:
     registry = onnx_custom.default_registry().copy()
-    registry.update(vision_symbolics.make_registry(domain="acme"), replace=True)
+    registry.update(deform_conv_symbolics.make_registry(domain="acme"), replace=True)
     model = dcn.Model().eval()
     args = dcn.example_inputs()
     proto = onnx_custom.export(model, args, exporter="torchscript", opset=11, registry=registry)
     assert {n.domain for n in _nodes(proto, "DeformConv2d")} == {"acme"}
-    (got,) = _run(proto, *args, kernels=vision_kernels.make_kernels("acme"))
+    (got,) = _run(proto, *args, kernels=deform_conv_kernels.make_kernels("acme"))
     with torch.no_grad():
         torch.testing.assert_close(torch.from_numpy(got), model(*args), rtol=1e-4, atol=1e-5)
 
 
 def test_translation_docstrings_are_the_schema() -> None:
-    for entry in vision_symbolics.registry:
-        assert entry.fn.__doc__ == vision_symbolics.SCHEMA
+    for entry in deform_conv_symbolics.registry:
+        assert entry.fn.__doc__ == deform_conv_symbolics.SCHEMA
 
 
-@pytest.mark.skipif(not vision_symbolics.torchvision_ops_available(),
+@pytest.mark.skipif(not deform_conv_symbolics.torchvision_ops_available(),
                     reason="torchvision's compiled ops do not load with this torch")  # fmt: skip
 def test_torchvision_op_translates_too() -> None:
-    targets = {str(t) for t in vision_symbolics.registry.targets()}
+    targets = {str(t) for t in deform_conv_symbolics.registry.targets()}
     assert any("torchvision" in t for t in targets)
 
 
@@ -234,7 +234,7 @@ def test_export_fails_early_with_eager_message(exporter: str) -> None:
 def test_checker_and_shape_inference_see_the_output_shape() -> None:
     from onnx_custom.runtime.schemas import register_schemas
 
-    register_schemas(vision_kernels.kernels)
+    register_schemas(deform_conv_kernels.kernels)
     f = onnx.TensorProto.FLOAT
     node = helper.make_node("DeformConv2d", ["x", "w", "offset", "mask", "bias"], ["y"],
                             domain="custom", stride_h=2, pad_h=1, pad_w=1, use_mask=1)  # fmt: skip
