@@ -18,6 +18,7 @@ import onnx_custom
 from onnx_custom.cli import main as cli_main
 from onnx_custom.errors import ExtensionBuildError, KernelError
 from onnx_custom.runtime import native
+from onnx_custom.runtime.shim_build import abi_include_dir
 
 EXPECTED_OPS = ("custom::my_add", "custom::multi_out", "custom::MultiOut3", "custom::DeformConv2d",
                 "bev::BEVPoolV2", "npu::CustomLinear")  # fmt: skip
@@ -167,20 +168,34 @@ def _check_built(path: Path) -> None:
     np.testing.assert_array_equal(sess.run(None, feeds)[0], [12.0, 24.0])
 
 
+# The sources and the ORT ABI header as a repository checkout and as an installed package lay
+# them out: the build files must find the header (onnx_custom/runtime/include) in both.
+LAYOUTS = {
+    "repository": ("ort_kernels/native", "onnx_custom/runtime/include"),
+    "installed": ("onnx_custom/ort_kernels/native", "onnx_custom/runtime/include"),
+}
+
+
+def _lay_out(root: Path, layout: str) -> Path:
+    sources, include = LAYOUTS[layout]
+    shutil.copytree(native.sources_dir(), root / sources)
+    shutil.copytree(abi_include_dir(), root / include)
+    return root / sources
+
+
 @pytest.mark.slow
 def test_one_line_compiler_command_builds_it(tmp_path: Path) -> None:
-    src = tmp_path / "ort_kernels" / "native"
-    shutil.copytree(native.sources_dir(), src)
+    _lay_out(tmp_path, "repository")
     subprocess.run(native.ONE_LINE, shell=True, check=True, cwd=tmp_path, timeout=900)
     _check_built(tmp_path / "libonnx_custom_ops.so")
 
 
 @pytest.mark.slow
-def test_makefile_builds_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_makefile_builds_it(tmp_path: Path, layout: str) -> None:
     if shutil.which("make") is None:
         pytest.skip("make not installed")
-    src = tmp_path / "native"
-    shutil.copytree(native.sources_dir(), src)
+    src = _lay_out(tmp_path, layout)
     subprocess.run(["make", "-j2"], check=True, cwd=src, timeout=900, capture_output=True)
     _check_built(src / "libonnx_custom_ops.so")
 
@@ -189,7 +204,8 @@ def test_makefile_builds_it(tmp_path: Path) -> None:
 def test_cmake_builds_it(tmp_path: Path) -> None:
     if shutil.which("cmake") is None:
         pytest.skip("cmake not installed")
-    subprocess.run(["cmake", "-S", str(native.sources_dir()), "-B", str(tmp_path / "b")], check=True,
+    src = _lay_out(tmp_path / "installed", "installed")
+    subprocess.run(["cmake", "-S", str(src), "-B", str(tmp_path / "b")], check=True,
                    capture_output=True, timeout=300)  # fmt: skip
     subprocess.run(["cmake", "--build", str(tmp_path / "b"), "-j2"], check=True, capture_output=True, timeout=900)
     _check_built(tmp_path / "b" / "libonnx_custom_ops.so")
