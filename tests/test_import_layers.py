@@ -242,3 +242,13 @@ def test_layer_check_finds_a_planted_upward_import(tmp_path: Path, monkeypatch: 
     problems = [p for p in _layer_violations() if "planted" in p]
     assert any("imports a higher layer onnx_custom.cli.main" in p for p in problems), problems
     assert any("imports its sibling onnx_custom.runtime.registry" in p for p in problems), problems
+
+
+def test_every_package_folder_is_listed_for_installation() -> None:
+    """pyproject lists packages explicitly; a folder missing there is absent from a wheel."""
+    import tomllib
+
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    listed = set(tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["packages"])
+    packages = {m for m, p in MODULES.items() if p.name == "__init__.py"}
+    assert packages == listed, f"not listed: {sorted(packages - listed)}; listed but absent: {sorted(listed - packages)}"
