@@ -139,7 +139,7 @@ class GraphBuilder(abc.ABC):
             attrs = check_standard_node(where, op_type, self.opset, len(converted), outputs, attrs, referenced)
         self._nodes += 1
         check_node_types(
-            self.target, f"node {self._nodes} of its translation", domain, op_type, self.opset,
+            self.target, f"the translation's node {self._nodes},", domain, op_type, self.opset,
             [None if v is None else NodeInput(self.dtype(v), self._is_constant(v)) for v in converted],
         )
         if domain:
@@ -248,6 +248,7 @@ class GraphBuilder(abc.ABC):
         elif array.dtype == np.float64 and not isinstance(value, (np.ndarray, torch.Tensor, np.generic)):
             array = array.astype(np.float32)  # a bare Python float means float32, as in torch
         array = c_contiguous(array)  # keeps a 0-d constant 0-d
+        self._nodes += 1
         self._record_constant(array)
         return self._constant(array)
 

@@ -107,7 +107,8 @@ def _name(dtype: torch.dtype | None) -> str:
 def check_node_types(target: str, node: str, domain: str, op_type: str, opset: int, inputs: Sequence[NodeInput | None]) -> None:
     """`SymbolicError` when the inputs' element types break the node's schema: a type outside a
     constraint's allowed set, or two inputs bound to one type parameter with different types.
-    ``node`` describes the node (e.g. ``"node 2 (Mul)"``); unknown dtypes are not checked."""
+    ``node`` names the node before its type (e.g. ``"the translation's node 2,"``); unknown
+    dtypes are not checked."""
     digest = _custom_digest(domain, op_type) if domain else _standard_digest(op_type, opset)
     if digest is None:
         return
@@ -121,7 +122,7 @@ def check_node_types(target: str, node: str, domain: str, op_type: str, opset: i
         name = onnx_type_name(item.dtype)
         if name is None:
             continue
-        where = f"{target}: {node} of {domain + '::' if domain else ''}{op_type} (opset {opset})"
+        where = f"{target}: {node} {domain + '::' if domain else ''}{op_type} (opset {opset})"
         if formal.type_str.startswith("tensor("):
             wanted = formal.type_str[len("tensor(") : -1]
             if name != wanted:
