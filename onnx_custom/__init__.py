@@ -45,6 +45,11 @@ if TYPE_CHECKING:
     from onnx_custom.spec import OpSpec, load_specs, register_spec
     from onnx_custom.translate import attributes as attr
     from onnx_custom.translate.registry import Registry, SymbolicEntry, default_registry, symbolic
+    from onnx_custom.translate.torch_symbolics import (
+        import_torch_symbolics,
+        register_custom_op_symbolic,
+        unregister_custom_op_symbolic,
+    )
     from onnx_custom.verification.preflight import check as check
     from onnx_custom.verification.verifier import VerificationReport, verify
 
@@ -79,14 +84,17 @@ __all__ = [
     "check",
     "default_registry",
     "export",
+    "import_torch_symbolics",
     "kernel",
     "library_path",
     "load_specs",
+    "register_custom_op_symbolic",
     "register_spec",
     "registered",
     "session_options",
     "symbolic",
     "translation_table",
+    "unregister_custom_op_symbolic",
     "verify",
 ]
 
@@ -103,6 +111,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "SymbolicEntry": ("onnx_custom.translate.registry", "SymbolicEntry"),
     "default_registry": ("onnx_custom.translate.registry", "default_registry"),
     "symbolic": ("onnx_custom.translate.registry", "symbolic"),
+    **{name: ("onnx_custom.translate.torch_symbolics", name) for name in ("register_custom_op_symbolic", "unregister_custom_op_symbolic", "import_torch_symbolics")},
     "OpSpec": ("onnx_custom.spec", "OpSpec"),
     "load_specs": ("onnx_custom.spec", "load_specs"),
     "register_spec": ("onnx_custom.spec", "register_spec"),

@@ -63,6 +63,10 @@ class DynamoBuilder(GraphBuilder):
     def is_value(self, value: Any) -> bool:
         return isinstance(value, ir.Value)
 
+    def _is_constant(self, value: Any) -> bool:
+        producer = value.producer()
+        return producer is not None and producer.op_type == "Constant" and producer.domain in ("", "ai.onnx")
+
     def dtype(self, value: Any) -> torch.dtype | None:
         return self.dtype_of(value)
 
@@ -216,6 +220,7 @@ def _pack(target: Target, values: list[Any], returns: list[int | None] | None, e
 def _translation(registry: Registry, target: Target, overload: torch._ops.OpOverload, opset: int, entry: SymbolicEntry) -> Any:
     schema = overload._schema
     expected = len(schema.returns)
+    arguments = tuple((a.name, str(a.type)) for a in schema.arguments)
 
     def translate(*args: Any, **kwargs: Any) -> Any:
         recorder = onnxscript.evaluator.default()
@@ -230,6 +235,7 @@ def _translation(registry: Registry, target: Target, overload: torch._ops.OpOver
             outputs, typings, names = found
             builder = DynamoBuilder(recorder, opset, str(target), [names.meta(d) for d in flat_outputs(outputs)], typings)
             returns = layout(outputs)
+        builder.arguments = arguments
         count = expected if builder._outputs is None else None  # else finish() counts Tensor[] elements
         names = [f"{a.name}: {a.type}" for a in schema.arguments]
         values = builder.finish(call_translation(entry, builder, inputs, attrs, outputs=count, schema_args=names))

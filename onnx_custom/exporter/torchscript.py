@@ -63,6 +63,9 @@ class TorchScriptBuilder(GraphBuilder):
         except Exception:
             return None
 
+    def _is_constant(self, value: Any) -> bool:
+        return bool(value.node().kind() == "onnx::Constant")
+
     def shape(self, value: Any) -> tuple[int | None, ...] | None:
         return self.shape_of(value)
 
@@ -279,6 +282,8 @@ def _op_symbolic(registry: Registry, target: Target) -> Any:
         if outputs is None:
             outputs = _traced_outputs(ctx, [v for v in args if isinstance(v, torch._C.Value)])
         builder = TorchScriptBuilder(ctx, str(target), None if outputs is None else flat_outputs(outputs))
+        if schema is not None:
+            builder.arguments = tuple((a.name, str(a.type)) for a in schema.arguments)
         names = None if schema is None else [f"{a.name}: {a.type}" for a in schema.arguments]
         values = call_translation(entry, builder, inputs, attrs, outputs=_expected_outputs(ctx, builder), schema_args=names)
         return _finish(builder, values, None if outputs is None else layout(outputs))
@@ -300,6 +305,7 @@ def _function_symbolic(registry: Registry, target: Target) -> Any:
         fake_args = [dims.describe(a) if isinstance(a, torch._C.Value) else a for a in args]
         outputs = dims.fake_outputs(function.apply, fake_args) or _traced_outputs(ctx, inputs)  # type: ignore[attr-defined]
         builder = TorchScriptBuilder(ctx, str(target), None if outputs is None else flat_outputs(outputs))
+        builder.arguments = tuple((n, "Tensor" if isinstance(a, torch._C.Value) else "Any") for n, a in zip(params, args, strict=False))
         values = call_translation(entry, builder, inputs, attrs, outputs=_expected_outputs(ctx, builder), schema_args=params)
         return _finish(builder, values, None)
 

@@ -23,6 +23,7 @@ from onnx_custom.translate.attributes import AttrValue, c_contiguous, convert_at
 from onnx_custom.translate.names import parse_node_type
 from onnx_custom.translate.standard_ops import check_standard_node
 from onnx_custom.translate.torch_errors import translation_error
+from onnx_custom.translate.type_check import NodeInput, check_node_types
 
 __all__ = ["GraphBuilder", "NodeRecord", "OutputMeta", "call_translation", "numpy_dtype", "record_nodes"]
 
@@ -87,6 +88,10 @@ class GraphBuilder(abc.ABC):
         self.opset = opset
         self.target = target  # the torch op being translated, for error messages
         self.custom_domains: set[str] = set()
+        # The op's arguments in schema order as (name, type text), set by the exporter adapters;
+        # torch-style translations take them all positionally (`onnx_custom.translate.torch_style`).
+        self.arguments: tuple[tuple[str, str], ...] | None = None
+        self._nodes = 0  # nodes added so far, to name a node in errors
         self._outputs: tuple[OutputMeta, ...] | None = None if outputs is None else tuple(outputs)
 
     @property
@@ -132,6 +137,11 @@ class GraphBuilder(abc.ABC):
             # A function body's attribute references (FunctionBuilder) are present at run time.
             referenced = [ref.name for ref in getattr(self, "_pending_refs", ())]
             attrs = check_standard_node(where, op_type, self.opset, len(converted), outputs, attrs, referenced)
+        self._nodes += 1
+        check_node_types(
+            self.target, f"the translation's node {self._nodes},", domain, op_type, self.opset,
+            [None if v is None else NodeInput(self.dtype(v), self._is_constant(v)) for v in converted],
+        )
         if domain:
             self.custom_domains.add(domain)
         log = _recorder.get()
@@ -238,11 +248,16 @@ class GraphBuilder(abc.ABC):
         elif array.dtype == np.float64 and not isinstance(value, (np.ndarray, torch.Tensor, np.generic)):
             array = array.astype(np.float32)  # a bare Python float means float32, as in torch
         array = c_contiguous(array)  # keeps a 0-d constant 0-d
+        self._nodes += 1
         self._record_constant(array)
         return self._constant(array)
 
     @abc.abstractmethod
     def is_value(self, value: Any) -> bool: ...
+
+    def _is_constant(self, value: Any) -> bool:
+        """Whether a graph value is a Constant node's output (error messages suggest typing it)."""
+        return False
 
     @abc.abstractmethod
     def dtype(self, value: Any) -> torch.dtype | None:

@@ -15,6 +15,13 @@ import torch
 
 from onnx_custom.errors import InvalidArgumentError, SymbolicError, UnsupportedOpError
 from onnx_custom.translate.names import Target, normalize_target
+from onnx_custom.translate.torch_style import (
+    TORCH_STYLE_MARK,
+    binds_torch_style,
+    check_codes,
+    parse_args_codes,
+    torch_style_translation,
+)
 
 __all__ = [
     "DEFAULT_VARIANT",
@@ -193,6 +200,23 @@ def _signature_problem(signature: inspect.Signature, tensors: list[str], others:
     return "; ".join(problems)
 
 
+def _check_torch_style(entry: SymbolicEntry, fn: Any, schema: Any) -> None:
+    """A torch-style symbolic against the schema: its parse_args codes, and that it takes every
+    argument positionally."""
+    arguments = [(a.name, str(a.type)) for a in schema.arguments]
+    codes = parse_args_codes(fn)
+    if codes is not None:
+        check_codes(str(entry.target), fn, codes, arguments)
+    if not binds_torch_style(fn, len(arguments)):
+        listed = ", ".join(f"{n}: {t}" for n, t in arguments)
+        raise SymbolicError(
+            f"The torch-style symbolic for {entry.target} ({entry.source}{_defined_at(fn)}) cannot "
+            f"take the op's {len(arguments)} argument(s) [{listed}] positionally after g, as torch "
+            f"calls it; received `{getattr(fn, '__name__', 'fn')}{inspect.signature(fn)}`. Fix: one "
+            "parameter per argument (any names), or defaults for trailing ones."
+        )
+
+
 # -- same definition (re-import) vs a different one -----------------------------------------
 
 
@@ -214,6 +238,7 @@ def same_definition(a: Translation, b: Translation) -> bool:
     """Re-importing a module re-runs its decorators with new function objects: the same module,
     qualname, code (bytecode and constants), defaults and closure values is the same definition.
     Two different lambdas share module and qualname but not their code, so they differ."""
+    a, b = getattr(a, TORCH_STYLE_MARK, a), getattr(b, TORCH_STYLE_MARK, b)  # torch-style wrappers
     if a is b:
         return True
     code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
@@ -265,6 +290,8 @@ class Registry:
                 f"inputs); received {type(entry.fn).__name__} ({entry.fn!r:.60}). Fix: decorate a function: "
                 f"@registry.symbolic(...) above def my_translation(g, x): ..."
             )
+        if getattr(entry.fn, TORCH_STYLE_MARK, None) is None and parse_args_codes(entry.fn) is not None:
+            entry = dataclasses.replace(entry, fn=torch_style_translation(entry.fn))  # @parse_args: torch's API
         with self._lock:
             existing = self._entries.get(entry.key)
             if existing is not None and not replace and not same_definition(existing.fn, entry.fn):
@@ -274,20 +301,33 @@ class Registry:
                     f"received {entry.source}{_defined_at(entry.fn)}. Fix: pass replace=True to override "
                     "it, or register at another opset/variant."
                 )
-            self._check_signature(entry)
+            entry = self._check_signature(entry)
             self._entries[entry.key] = entry
         return entry
 
-    def _check_signature(self, entry: SymbolicEntry) -> None:
-        """Check ``entry`` against its op's torch schema once that op exists (else later)."""
+    def _check_signature(self, entry: SymbolicEntry) -> SymbolicEntry:
+        """Check ``entry`` against its op's torch schema once that op exists (else later).
+
+        A function written for torch's API (every argument positional, named freely) that does
+        not fit our convention comes back wrapped as a torch-style translation."""
         mark = (entry.key, id(entry.fn))
         if mark in self._checked:
-            return
+            return entry
         schema = _schema_of(entry.target)
         if schema is None:
-            return
-        check_translation_signature(entry, schema)
-        self._checked.add(mark)
+            return entry
+        torch_style = getattr(entry.fn, TORCH_STYLE_MARK, None)
+        if torch_style is not None:
+            _check_torch_style(entry, torch_style, schema)
+        else:
+            try:
+                check_translation_signature(entry, schema)
+            except SymbolicError:
+                if not binds_torch_style(entry.fn, len(schema.arguments)):
+                    raise
+                entry = dataclasses.replace(entry, fn=torch_style_translation(entry.fn))
+        self._checked.add((entry.key, id(entry.fn)))
+        return entry
 
     def symbolic(
         self,
@@ -396,8 +436,10 @@ class Registry:
         if chosen is None:
             chosen = at_best[sorted(at_best)[0]]
         with self._lock:
-            self._check_signature(chosen)  # registered before its op's library was loaded
-        return chosen
+            checked = self._check_signature(chosen)  # registered before its op's library was loaded
+            if checked is not chosen and self._entries.get(chosen.key) is chosen:
+                self._entries[chosen.key] = checked
+        return checked
 
     def __repr__(self) -> str:
         return f"Registry({len(self)} translations, prefer={self.prefer})"
