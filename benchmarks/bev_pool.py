@@ -1,10 +1,10 @@
-"""Benchmark ``bev::bev_pool_v2`` at a BEVDet-R50-like size: eager op, custom node, ORT graph.
+"""Benchmark ``onnx_custom::bev_pool_v2`` at a BEVDet-R50-like size: eager op, custom node, ORT graph.
 
 6 cameras, 59 depth bins, 16x44 features, C=80, a 128x128 BEV grid from ``synthetic_frustum`` /
 ``prepare_bev_ranks`` (230,592 points in 9,604 intervals). Rows, paired (contender and baseline
 alternate round by round in one process; medians):
 
-- the custom node ``bev::BEVPoolV2`` in ONNX Runtime (our Python kernel) / the eager op;
+- the custom node ``onnx_custom::BEVPoolV2`` in ONNX Runtime (our Python kernel) / the eager op;
 - the eager forward / the standard-op translation (Gather, Mul, ScatterND) in ONNX Runtime;
 - the eager forward + backward / the eager forward.
 

@@ -29,8 +29,8 @@ class Model(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         for layer in self.layers:
-            x = torch.ops.mylib.my_add(torch.asinh(layer(x)), y)
-        return torch.ops.mylib.multi_out(x)
+            x = torch.ops.onnx_custom.my_add(torch.asinh(layer(x)), y)
+        return torch.ops.onnx_custom.multi_out(x)
 
 
 def _time(fn) -> float:  # type: ignore[no-untyped-def]

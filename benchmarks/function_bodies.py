@@ -1,4 +1,4 @@
-"""Benchmark the ``custom::DeformConv2d`` function body in plain ONNX Runtime against ORT's built-in
+"""Benchmark the ``onnx_custom::DeformConv2d`` function body in plain ONNX Runtime against ORT's built-in
 ``DeformConv`` (opset 19): the price of running a DCN file with nothing registered.
 
 Run: ``python benchmarks/function_bodies.py [--repeat 10] [--rounds 5]``. Shape N=4, C=64, 56x56,
@@ -32,7 +32,7 @@ from onnx import TensorProto, helper
 __all__ = ["body_model", "builtin_model", "main"]
 
 _HERE = Path(__file__).resolve().parent
-_NAMES = ["X", "W", "offset", "mask", "B"]  # custom::DeformConv2d's input order
+_NAMES = ["X", "W", "offset", "mask", "B"]  # onnx_custom::DeformConv2d's input order
 
 
 def _sibling(name: str) -> object:
@@ -44,17 +44,17 @@ def _sibling(name: str) -> object:
 
 
 def body_model(opset: int) -> onnx.ModelProto:
-    """One ``custom::DeformConv2d`` node (pad 1, mask on) with its embedded function body."""
+    """One ``onnx_custom::DeformConv2d`` node (pad 1, mask on) with its embedded function body."""
     from onnx_custom.runtime import embed_functions
 
     pad = 1
-    node = helper.make_node("DeformConv2d", _NAMES, ["Y"], domain="custom", stride_h=1, stride_w=1,
+    node = helper.make_node("DeformConv2d", _NAMES, ["Y"], domain="onnx_custom", stride_h=1, stride_w=1,
                             pad_h=pad, pad_w=pad, dilation_h=1, dilation_w=1, groups=1,
                             offset_groups=1, use_mask=1)  # fmt: skip
     inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None] * (1 if n == "B" else 4)) for n in _NAMES]
     graph = helper.make_graph([node], "dcn_body", inputs, [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
     model = helper.make_model(graph, ir_version=9, opset_imports=[
-        helper.make_opsetid("", opset), helper.make_opsetid("custom", 1)])  # fmt: skip
+        helper.make_opsetid("", opset), helper.make_opsetid("onnx_custom", 1)])  # fmt: skip
     return embed_functions(model)
 
 

@@ -1,6 +1,6 @@
 """Per-call overhead of Python kernels in ONNX Runtime, on every kind of ORT thread.
 
-1. One node: ``custom::my_add`` (alpha=2, writes into ORT's output buffer with ``out=``) and a
+1. One node: ``onnx_custom::my_add`` (alpha=2, writes into ORT's output buffer with ``out=``) and a
    variant that *returns* its result, against native ``Mul(a, 2) -> Add(., b)``; one intra-op
    thread, spinning off.
 2. Thread kinds: a chain of 32 ``my_add`` nodes against a chain of 32 native ``Mul+Add`` pairs,

@@ -7,13 +7,13 @@ one comparison run interleaved (the order flips every round) and each ratio is t
 per-round ratios of medians, so load drift hits both sides alike. CPU time (all threads) is
 reported next to wall time: on a loaded machine it is the steadier of the two.
 
-- dcn: native custom::DeformConv2d vs ORT's built-in DeformConv (opset 19), N=4, C=64, 56x56,
+- dcn: native onnx_custom::DeformConv2d vs ORT's built-in DeformConv (opset 19), N=4, C=64, 56x56,
   3x3, Cout=64, mask on (goal <= 1.0); also our kernel with ORT's Gemm (CreateOp/InvokeOp) in
   place of our GEMM, and the eager torch op.
-- my_add: native custom::my_add vs native Mul+Add at 64x1024 (goal <= 1.1).
-- bev: native bev::BEVPoolV2 vs the eager op at a BEVDet-R50-like size: 6 cameras, D=59,
+- my_add: native onnx_custom::my_add vs native Mul+Add at 64x1024 (goal <= 1.1).
+- bev: native onnx_custom::BEVPoolV2 vs the eager op at a BEVDet-R50-like size: 6 cameras, D=59,
   16x44 features, C=80, 128x128 grid (goal <= 1.0).
-- gemm: npu::CustomLinear with our GEMM vs with ORT's Gemm through InvokeOp vs a plain ORT Gemm
+- gemm: onnx_custom::CustomLinear with our GEMM vs with ORT's Gemm through InvokeOp vs a plain ORT Gemm
   node (the measurement behind the GEMM choice).
 """
 
@@ -116,8 +116,8 @@ def bench_dcn(rounds: int, repeat: int) -> dict[str, float]:
     builtin = _session(_model([helper.make_node("DeformConv", ref_inputs, ["Y"], kernel_shape=[k, k], pads=[1] * 4)],
                               [(i, TensorProto.FLOAT) for i in ref_inputs], ["Y"], 19), native=False)  # fmt: skip
     ours_inputs = ["input", "weight", "offset", "mask", "bias"]
-    node = helper.make_node("DeformConv2d", ours_inputs, ["Y"], domain="custom", pad_h=1, pad_w=1, use_mask=1)
-    model = _model([node], [(i, TensorProto.FLOAT) for i in ours_inputs], ["Y"], 11, ("custom",))
+    node = helper.make_node("DeformConv2d", ours_inputs, ["Y"], domain="onnx_custom", pad_h=1, pad_w=1, use_mask=1)
+    model = _model([node], [(i, TensorProto.FLOAT) for i in ours_inputs], ["Y"], 11, ("onnx_custom",))
     feeds = {"input": f["X"], "weight": f["W"], "offset": f["offset"], "mask": f["mask"], "bias": f["B"]}
     own, via_ort = _session(model, gemm="own"), _session(model, gemm="ort")
     expected = builtin.run(None, f)[0]
@@ -130,7 +130,7 @@ def bench_dcn(rounds: int, repeat: int) -> dict[str, float]:
             return deform_conv2d(t["X"], t["offset"], t["W"], t["B"], padding=1, mask=t["mask"])
 
     return compare(
-        "custom::DeformConv2d, float32, N=4 C=64 56x56 3x3 Cout=64 mask on (baseline: ORT DeformConv op19)",
+        "onnx_custom::DeformConv2d, float32, N=4 C=64 56x56 3x3 Cout=64 mask on (baseline: ORT DeformConv op19)",
         {"ORT DeformConv (opset 19)": lambda: builtin.run(None, f),
          "native DeformConv2d (our GEMM)": lambda: own.run(None, feeds),
          "native DeformConv2d (ORT Gemm via InvokeOp)": lambda: via_ort.run(None, feeds),
@@ -145,12 +145,12 @@ def bench_my_add(rounds: int, repeat: int) -> dict[str, float]:
     ab = [("a", TensorProto.FLOAT), ("b", TensorProto.FLOAT)]
     mul_add = _model([helper.make_node("Constant", [], ["c"], value=two), helper.make_node("Mul", ["a", "c"], ["t"]),
                       helper.make_node("Add", ["t", "b"], ["y"])], ab, ["y"], 18)  # fmt: skip
-    ours = _model([helper.make_node("my_add", ["a", "b"], ["y"], domain="custom", alpha=2.0)], ab, ["y"], 18, ("custom",))
+    ours = _model([helper.make_node("my_add", ["a", "b"], ["y"], domain="onnx_custom", alpha=2.0)], ab, ["y"], 18, ("onnx_custom",))
     rng = np.random.default_rng(0)
     feeds = {"a": rng.standard_normal((64, 1024), np.float32), "b": rng.standard_normal((64, 1024), np.float32)}
     s_ref, s_ours = _session(mul_add, native=False), _session(ours)
     np.testing.assert_allclose(s_ours.run(None, feeds)[0], s_ref.run(None, feeds)[0], rtol=1e-6)
-    return compare("custom::my_add (alpha=2), float32 64x1024 (baseline: ORT Mul+Add)",
+    return compare("onnx_custom::my_add (alpha=2), float32 64x1024 (baseline: ORT Mul+Add)",
                    {"ORT Mul + Add": lambda: s_ref.run(None, feeds), "native my_add": lambda: s_ours.run(None, feeds)},
                    "ORT Mul + Add", rounds, repeat * 20, {"native my_add": 1.1})  # fmt: skip
 
@@ -170,7 +170,7 @@ def bench_bev(rounds: int, repeat: int) -> dict[str, float]:
     values = [depth, feat, ranks_depth, ranks_feat, ranks_bev, starts, lengths]
     feeds = {n: v.numpy() for n, v in zip(names, values, strict=True)}
     types = [(n, TensorProto.FLOAT if i < 2 else TensorProto.INT32) for i, n in enumerate(names)]
-    model = _model([helper.make_node("BEVPoolV2", names, ["bev"], domain="bev", bev_feat_shape=shape)], types, ["bev"], 17, ("bev",))
+    model = _model([helper.make_node("BEVPoolV2", names, ["bev"], domain="onnx_custom", bev_feat_shape=shape)], types, ["bev"], 17, ("onnx_custom",))
     sess = _session(model)
     torch.set_num_threads(2)
 
@@ -180,12 +180,12 @@ def bench_bev(rounds: int, repeat: int) -> dict[str, float]:
 
     torch.testing.assert_close(torch.from_numpy(sess.run(None, feeds)[0]), eager())
     print(f"\n(BEV: {int(ranks_bev.numel())} points in {int(starts.numel())} intervals)", end="")
-    return compare("bev::BEVPoolV2, float32, 6 cams, D=59, 16x44, C=80, 128x128 grid (baseline: eager op)",
-                   {"eager bev::bev_pool_v2 (torch)": eager, "native BEVPoolV2": lambda: sess.run(None, feeds)},
-                   "eager bev::bev_pool_v2 (torch)", rounds, repeat, {"native BEVPoolV2": 1.0})  # fmt: skip
+    return compare("onnx_custom::BEVPoolV2, float32, 6 cams, D=59, 16x44, C=80, 128x128 grid (baseline: eager op)",
+                   {"eager onnx_custom::bev_pool_v2 (torch)": eager, "native BEVPoolV2": lambda: sess.run(None, feeds)},
+                   "eager onnx_custom::bev_pool_v2 (torch)", rounds, repeat, {"native BEVPoolV2": 1.0})  # fmt: skip
 
 
-# ---- GEMM choice: npu::CustomLinear ---------------------------------------------------------------------------
+# ---- GEMM choice: onnx_custom::CustomLinear ---------------------------------------------------------------------------
 def bench_gemm(rounds: int, repeat: int) -> dict[str, float]:
     out: dict[str, float] = {}
     for m, k, n in [(64, 1024, 1024), (4096, 256, 256), (8, 512, 512)]:
@@ -194,11 +194,11 @@ def bench_gemm(rounds: int, repeat: int) -> dict[str, float]:
                  "b": rng.standard_normal(n, np.float32)}  # fmt: skip
         io = [("x", TensorProto.FLOAT), ("w", TensorProto.FLOAT), ("b", TensorProto.FLOAT)]
         gemm = _session(_model([helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)], io, ["y"], 13), native=False)
-        lin = _model([helper.make_node("CustomLinear", ["x", "w", "b"], ["y"], domain="npu")], io, ["y"], 13, ("npu",))
+        lin = _model([helper.make_node("CustomLinear", ["x", "w", "b"], ["y"], domain="onnx_custom")], io, ["y"], 13, ("onnx_custom",))
         own, via_ort = _session(lin, gemm="own"), _session(lin, gemm="ort")
         for s in (own, via_ort):
             np.testing.assert_allclose(s.run(None, feeds)[0], gemm.run(None, feeds)[0], rtol=1e-4, atol=1e-4)
-        ratios = compare(f"npu::CustomLinear, float32, x {m}x{k} @ W^T {k}x{n} + b (baseline: ORT Gemm node)",
+        ratios = compare(f"onnx_custom::CustomLinear, float32, x {m}x{k} @ W^T {k}x{n} + b (baseline: ORT Gemm node)",
                          {"ORT Gemm node (MLAS)": functools.partial(gemm.run, None, feeds),
                           "native CustomLinear (our GEMM)": functools.partial(own.run, None, feeds),
                           "native CustomLinear (ORT Gemm via InvokeOp)": functools.partial(via_ort.run, None, feeds)},

@@ -2,7 +2,7 @@
 
 The TorchScript exporter uses the Function's translation from our registry. The dynamo exporter
 inlines Functions and would silently ignore that translation, so onnx-custom refuses; the dynamo
-route is to call ``my_ops::my_add`` directly (see ``models/my_add_ext.py``).
+route is to call ``onnx_custom_ext::my_add`` directly (see ``models/my_add_ext.py``).
 """
 
 from __future__ import annotations
@@ -43,6 +43,6 @@ ZOO = (
         "dynamo",
         18,
         expect_error="dynamo exporter ignores Function translations",
-        note="autograd.Function is TorchScript-only; export my_ops::my_add directly (my_add_ext)",
+        note="autograd.Function is TorchScript-only; export onnx_custom_ext::my_add directly (my_add_ext)",
     ),
 )

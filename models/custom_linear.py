@@ -1,4 +1,4 @@
-"""``npu::custom_linear`` (the NPU article): MatMul(+Add), Gemm, or one ``npu::CustomLinear`` node."""
+"""``onnx_custom::custom_linear`` (the NPU article): MatMul(+Add), Gemm, or one ``onnx_custom::CustomLinear`` node."""
 
 from __future__ import annotations
 

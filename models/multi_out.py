@@ -1,10 +1,10 @@
-"""``mylib::multi_out(x) -> (x * 2, x + 3)``: one 2-output custom node, or standard ops."""
+"""``onnx_custom::multi_out(x) -> (x * 2, x + 3)``: one 2-output custom node, or standard ops."""
 
 from __future__ import annotations
 
 import torch
 
-import onnx_custom.ops.seed  # noqa: F401  (defines mylib::multi_out)
+import onnx_custom.ops.seed  # noqa: F401  (defines onnx_custom::multi_out)
 from onnx_custom.testing import ZooCase
 
 __all__ = ["ZOO", "Model", "dynamic_shapes", "example_inputs"]
@@ -12,7 +12,7 @@ __all__ = ["ZOO", "Model", "dynamic_shapes", "example_inputs"]
 
 class Model(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        doubled, shifted = torch.ops.mylib.multi_out(x)
+        doubled, shifted = torch.ops.onnx_custom.multi_out(x)
         return doubled.sum(dim=-1), shifted * doubled
 
 

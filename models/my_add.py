@@ -1,10 +1,10 @@
-"""``mylib::my_add`` (2a + b), a ``torch.library.custom_op``: standard ops or one custom node."""
+"""``onnx_custom::my_add`` (2a + b), a ``torch.library.custom_op``: standard ops or one custom node."""
 
 from __future__ import annotations
 
 import torch
 
-import onnx_custom.ops.seed  # noqa: F401  (defines mylib::my_add)
+import onnx_custom.ops.seed  # noqa: F401  (defines onnx_custom::my_add)
 from onnx_custom.testing import ZooCase
 
 __all__ = ["ZOO", "Model", "example_inputs"]
@@ -12,7 +12,7 @@ __all__ = ["ZOO", "Model", "example_inputs"]
 
 class Model(torch.nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mylib.my_add(torch.relu(a), b) - 1.0
+        return torch.ops.onnx_custom.my_add(torch.relu(a), b) - 1.0
 
 
 def example_inputs() -> tuple[torch.Tensor, ...]:

@@ -1,4 +1,4 @@
-"""``my_ops::my_add`` (2a + b) from the C++ extension, called directly: both exporters.
+"""``onnx_custom_ext::my_add`` (2a + b) from the C++ extension, called directly: both exporters.
 
 Importing this module builds (once, cached) and loads the extension; without a compiler or ninja
 the import raises ExtensionBuildError carrying ``skip_reason`` and the zoo skips the model.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-import onnx_custom.symbolics.extension  # noqa: F401  (translations of my_ops::my_add)
+import onnx_custom.symbolics.extension  # noqa: F401  (translations of onnx_custom_ext::my_add)
 from onnx_custom.errors import ExtensionBuildError
 from onnx_custom.ops.extension import load_my_ops
 from onnx_custom.testing import ZooCase
@@ -24,7 +24,7 @@ except ExtensionBuildError as exc:
 
 class Model(torch.nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.ops.my_ops.my_add(torch.tanh(a), b) * 0.5
+        return torch.ops.onnx_custom_ext.my_add(torch.tanh(a), b) * 0.5
 
 
 def example_inputs() -> tuple[torch.Tensor, ...]:

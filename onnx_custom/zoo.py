@@ -119,7 +119,7 @@ def _extension_build(name: str, duration: str, module: str, models: set[str], lo
 
 NATIVE_BUILDS = (
     NativeBuild("ONNX Runtime kernel shim (C)", "~5 s", _shim_built, _build_shim, None),
-    _extension_build("my_ops C++ extension", "~30 s", "onnx_custom.ops.extension", {"my_add_ext", "autograd_fn"}, loader="load_my_ops"),
+    _extension_build("onnx_custom_ext C++ extension", "~30 s", "onnx_custom.ops.extension", {"my_add_ext", "autograd_fn"}, loader="load_my_ops"),
     _extension_build("deform_conv2d C++ kernels", "~30-60 s", "onnx_custom.ops.deform_conv", {"deform_conv"}),
     _extension_build("bev_pool_v2 C++ kernels", "~30-60 s", "onnx_custom.ops.bev_pool", {"bev_pool"}),
 )

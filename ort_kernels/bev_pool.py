@@ -1,4 +1,4 @@
-"""Kernel math of ``bev::BEVPoolV2`` (the node of the torch op ``bev::bev_pool_v2``, declared with
+"""Kernel math of ``onnx_custom::BEVPoolV2`` (the node of the torch op ``onnx_custom::bev_pool_v2``, declared with
 its dtypes, attributes and shape rule in ``onnx_custom/ops/bev_pool.py``).
 
 Semantics are the eager op's: every point of every interval adds ``depth * feat_row`` to its
@@ -33,17 +33,17 @@ _CHUNK_POINTS = 1 << 14
 def _check_range(name: str, values: np.ndarray, upper: int) -> None:
     if values.size and (values.min() < 0 or values.max() >= upper):
         raise ValueError(
-            f"bev::BEVPoolV2: {name} must lie in [0, {upper}), got values in "
+            f"onnx_custom::BEVPoolV2: {name} must lie in [0, {upper}), got values in "
             f"[{values.min()}, {values.max()}]"
         )
 
 
 def _check_intervals(starts: np.ndarray, lengths: np.ndarray, points: int) -> None:
     if lengths.size and lengths.min() < 0:
-        raise ValueError(f"bev::BEVPoolV2: interval_lengths must be >= 0, got a minimum of {lengths.min()}")
+        raise ValueError(f"onnx_custom::BEVPoolV2: interval_lengths must be >= 0, got a minimum of {lengths.min()}")
     used = lengths > 0
     if used.any() and (starts[used].min() < 0 or (starts + lengths)[used].max() > points):
-        raise ValueError(f"bev::BEVPoolV2: intervals must lie within the {points} ranks")
+        raise ValueError(f"onnx_custom::BEVPoolV2: intervals must lie within the {points} ranks")
 
 
 def _check_ranks(depth: np.ndarray, feat: np.ndarray, ranks_depth: np.ndarray, ranks_feat: np.ndarray, ranks_bev: np.ndarray, cells: int) -> None:

@@ -1,4 +1,4 @@
-"""Kernel math of ``npu::CustomLinear`` (the node of ``npu::custom_linear``, declared in
+"""Kernel math of ``onnx_custom::CustomLinear`` (the node of ``onnx_custom::custom_linear``, declared in
 ``onnx_custom/ops/custom_linear.py``): the NPU kernel's CPU stand-in, NumPy."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def custom_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = N
     once, as torch's CPU kernel does."""
     if weight.ndim != 2 or x.shape[-1] != weight.shape[1]:
         raise ValueError(
-            f"npu::CustomLinear: x {list(x.shape)} and weight {list(weight.shape)} do not match "
+            f"onnx_custom::CustomLinear: x {list(x.shape)} and weight {list(weight.shape)} do not match "
             "([..., in] x [out, in])"
         )
     wide = np.float64 if x.dtype == np.float64 else np.float32

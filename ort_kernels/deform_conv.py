@@ -1,4 +1,4 @@
-"""Kernel of ``custom::DeformConv2d`` (emitted for ``deform_conv2d`` below opset 19), generated
+"""Kernel of ``onnx_custom::DeformConv2d`` (emitted for ``deform_conv2d`` below opset 19), generated
 from the op's spec (``onnx_custom/ops/deform_conv.py``, ``kernel=EAGER``).
 
 The node carries torchvision's schema: inputs (input, weight, offset, mask, bias), INT attributes

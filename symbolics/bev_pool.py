@@ -1,10 +1,10 @@
-"""Translations of ``bev::bev_pool_v2`` (BEVDet voxel pooling).
+"""Translations of ``onnx_custom::bev_pool_v2`` (BEVDet voxel pooling).
 
 Default (opset 16+): a standard-op decomposition, Gather depth and feature rows, Mul, then
 ScatterND(reduction="add") into a zero (B*Z*Y*X, C) grid, Reshape and Transpose to (B, C, Z, Y, X).
 It assumes the intervals cover every point and each interval holds one ranks_bev value (what
 ``voxel_pooling_prepare_v2`` produces); the interval tensors are then not needed.
-Variant ``"custom"``: one ``bev::BEVPoolV2`` node (kernel in ``ort_kernels/bev_pool.py``) that honours
+Variant ``"custom"``: one ``onnx_custom::BEVPoolV2`` node (kernel in ``ort_kernels/bev_pool.py``) that honours
 the intervals exactly like the CUDA kernel; generated from the op's spec
 (``onnx_custom/ops/bev_pool.py``), which also makes `bev_pool_v2` the node's function body.
 """
@@ -41,7 +41,7 @@ def bev_pool_v2(
     """Gather, Mul, ScatterND(add) into the BEV grid, Reshape, Transpose (the interval inputs
     are unused: see the module's docstring)."""
     # Sizes as graph values (constants here, folded by ONNX Runtime): the same code is the function
-    # body of bev::BEVPoolV2, where bev_feat_shape is a reference to the node's attribute.
+    # body of onnx_custom::BEVPoolV2, where bev_feat_shape is a reference to the node's attribute.
     shape = g.constant(bev_feat_shape, dtype=np.int64)  # [B, Z, Y, X, C]
     channels = g.op("Slice", shape, _i64(g, [4]), _i64(g, [5]))
     cells = g.op("ReduceProd", g.op("Slice", shape, _i64(g, [0]), _i64(g, [4])), keepdims=1)

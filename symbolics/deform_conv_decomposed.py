@@ -6,7 +6,7 @@ Two uses of one decomposition:
   any ONNX runtime without a custom op or ONNX's ``DeformConv`` (opset 19). From opset 19 on the
   default ``DeformConv`` translation (``symbolics/deform_conv.py``) wins. (The registry entries come
   from the op's spec in ``onnx_custom/ops/deform_conv.py``.)
-- the function body of ``custom::DeformConv2d`` (``export(..., functions=True)``), built by
+- the function body of ``onnx_custom::DeformConv2d`` (``export(..., functions=True)``), built by
   `onnx_custom.function_bodies.builder` with the node's attributes as references.
 
 Like the eager op (and torchvision), a sample at (y, x) = tap origin + offset is bilinear with

@@ -1,14 +1,14 @@
-"""Translations of ``my_ops::my_add`` (the C++ extension op, declared in
+"""Translations of ``onnx_custom_ext::my_add`` (the C++ extension op, declared in
 ``onnx_custom/ops/extension.py``) and of ``MyAddFunction``.
 
 Two routes, as in the seed article:
 
-* ``my_ops::my_add`` itself (both exporters): Mul + Add by default, or a ``custom::my_add`` node
+* ``onnx_custom_ext::my_add`` itself (both exporters): Mul + Add by default, or a ``onnx_custom::my_add`` node
   (variant ``"custom"``, kernel in ``ort_kernels/seed.py``) -- all generated from its spec.
 * ``MyAddFunction`` (an ``autograd.Function`` calling the C++ op): TorchScript exporter only,
   with the very same translations. The dynamo exporter inlines Functions, so
   ``onnx_custom.export(..., exporter="dynamo")`` refuses a model whose Function has a
-  translation here; export ``my_ops::my_add`` directly instead.
+  translation here; export ``onnx_custom_ext::my_add`` directly instead.
 
 Importing this module does not build the extension.
 """

@@ -345,7 +345,7 @@ def registered(registry: Registry | None = None, *, opset: int | None = None) ->
             # the next export ("min() arg is an empty sequence"), so we treat it as absent.
             existed, previous = touched.setdefault(name, (group is not None and bool(group._functions), {}))
             # Custom namespaces start at 1: after export torch looks a custom node named like a
-            # torch op (bev::bev_pool_v2) up at its domain version (1). Our lookup still refuses
+            # torch op (onnx_custom::bev_pool_v2) up at its domain version (1). Our lookup still refuses
             # opsets below the translation's own.
             low = max(TS_MIN_OPSET, min(reg.opsets_for(target))) if target.name.namespace == "aten" else 1
             fn = _op_symbolic(reg, target)

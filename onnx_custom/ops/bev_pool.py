@@ -1,4 +1,4 @@
-"""``bev::bev_pool_v2``: BEVDet's voxel pooling ("BEVPoolv2"), eager PyTorch version.
+"""``onnx_custom::bev_pool_v2``: BEVDet's voxel pooling ("BEVPoolv2"), eager PyTorch version.
 
 Signature and semantics follow BEVDet's ``mmdet3d/ops/bev_pool_v2`` (CUDA kernel +
 ``bev_pool_v2()`` wrapper)::
@@ -24,7 +24,7 @@ intervals) and :func:`synthetic_frustum` makes a plausible 6-camera geometry for
 
 The op is declared once below (`BEV_POOL_V2`): schema, dtypes (float32/float64/float16/bfloat16
 features, int32/int64 indices: eager, fake, Python and native kernels alike), shape rule,
-validator, autograd, the ``bev::BEVPoolV2`` node (kernel math in ``ort_kernels/bev_pool.py``) and the
+validator, autograd, the ``onnx_custom::BEVPoolV2`` node (kernel math in ``ort_kernels/bev_pool.py``) and the
 standard-op translation at opset 16 (``symbolics/bev_pool.py``, also the node's function body).
 """
 
@@ -73,7 +73,7 @@ _BEV = "onnx_custom.symbolics.bev_pool"
 _OPS = "onnx_custom.ops.bev_pool"
 
 BEV_POOL_V2 = OpSpec(
-    "bev::bev_pool_v2",
+    "onnx_custom::bev_pool_v2",
     doc="BEVDet's voxel pooling: depth x feature rows summed into BEV cells, (B, C, Z, Y, X)",
     inputs=[
         Input("depth", FLOATS, format="(B, N, D, fH, fW)"),
@@ -113,7 +113,7 @@ def _extension_or_none() -> ModuleType | None:
     try:
         return load_extension()
     except ExtensionBuildError as exc:
-        warnings.warn(f"bev::bev_pool_v2: C++ kernels unavailable, using the slower PyTorch path ({exc})", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"onnx_custom::bev_pool_v2: C++ kernels unavailable, using the slower PyTorch path ({exc})", RuntimeWarning, stacklevel=3)
         return None
 
 
@@ -129,7 +129,7 @@ def check_bev_pool_inputs(args: Any) -> None:
     """Shape/dtype checks shared by the eager and fake kernels (no data access); takes the op's
     arguments as the op does."""
     depth, feat, bev_feat_shape = args.depth, args.feat, args.bev_feat_shape
-    op = "bev::bev_pool_v2"
+    op = "onnx_custom::bev_pool_v2"
     if depth.dim() != 5 or feat.dim() != 5:
         raise ValueError(
             f"{op} expects depth (B, N, D, fH, fW) and feat (B, N, fH, fW, C), got depth "
@@ -179,7 +179,7 @@ def _check_bounds(name: str, t: torch.Tensor, upper: int) -> None:
     # Eager only: needs the values. index_add_ would fail with a less helpful message.
     if t.numel() and (int(t.min()) < 0 or int(t.max()) >= upper):
         raise ValueError(
-            f"bev::bev_pool_v2: {name} must lie in [0, {upper}), got values in "
+            f"onnx_custom::bev_pool_v2: {name} must lie in [0, {upper}), got values in "
             f"[{int(t.min())}, {int(t.max())}]"
         )
 
@@ -191,7 +191,7 @@ def _interval_points(
     starts = interval_starts.long()
     lengths = interval_lengths.long()
     if lengths.numel() and int(lengths.min()) < 0:
-        raise ValueError("bev::bev_pool_v2: interval_lengths must be >= 0")
+        raise ValueError("onnx_custom::bev_pool_v2: interval_lengths must be >= 0")
     interval = torch.repeat_interleave(torch.arange(starts.numel(), device=starts.device), lengths)
     first = torch.cumsum(lengths, 0) - lengths  # position of each interval's first point
     offset = torch.arange(interval.numel(), device=starts.device) - first[interval]
@@ -261,10 +261,10 @@ def _raise_index_error(a: Any) -> None:
     b, z, y, x, _ = (int(s) for s in a.bev_feat_shape)
     _d, _f, cell = _gather_terms(a)
     _check_bounds("ranks_bev", cell, b * z * y * x)
-    raise ValueError("bev::bev_pool_v2: an index lies out of range (ranks or intervals)")
+    raise ValueError("onnx_custom::bev_pool_v2: an index lies out of range (ranks or intervals)")
 
 
-@torch.library.custom_op("bev::bev_pool_v2_backward", mutates_args=())
+@torch.library.custom_op("onnx_custom::bev_pool_v2_backward", mutates_args=())
 def bev_pool_v2_backward(
     grad: torch.Tensor,
     depth: torch.Tensor,

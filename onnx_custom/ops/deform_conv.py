@@ -18,7 +18,7 @@ dtypes: float32, float64, float16 and bfloat16 (``DTYPES``); the half types comp
 and round once. All tensors share one dtype. Any strides are accepted.
 
 The op is declared once below (`DEFORM_CONV2D`): schema, validator, shape rule, autograd, the
-custom node ``custom::DeformConv2d`` (its kernel is this eager op, its function body the
+custom node ``onnx_custom::DeformConv2d`` (its kernel is this eager op, its function body the
 standard-op decomposition in ``symbolics/deform_conv_decomposed.py``) and the opset-19 ``DeformConv``
 translation (``symbolics/deform_conv.py``). ``TORCHVISION_DEFORM_CONV2D`` is the same declaration for
 ``torchvision::deform_conv2d``, adopted where torchvision's compiled ops load.
@@ -67,7 +67,7 @@ __all__ = [
 _SOURCE = Path(__file__).parent / "csrc" / "deform_conv.cpp"
 _EXTENSION = "onnx_custom_deform_conv2d"
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-"""The dtypes ``deform_conv2d`` accepts (eager, fake, and the ``custom::DeformConv2d`` kernel)."""
+"""The dtypes ``deform_conv2d`` accepts (eager, fake, and the ``onnx_custom::DeformConv2d`` kernel)."""
 _FLOATS = tuple(str(d).removeprefix("torch.") for d in DTYPES)
 _VISION = "onnx_custom.symbolics.deform_conv"
 # What a custom node without the attribute means (the torch schema, torchvision's, has no defaults).
@@ -89,7 +89,7 @@ DEFORM_CONV2D = OpSpec(
     backward="onnx_custom.ops.deform_conv:deform_conv2d_backward",
     setup_context="onnx_custom.ops.deform_conv:deform_conv2d_save",
     op_type="DeformConv2d",  # CamelCase, like ONNX op types
-    domain="custom",
+    domain="onnx_custom",
     kernel=EAGER,  # the node runs this op on torch views of ORT's buffers: one implementation
     native=True,  # ort_kernels/native/deform_conv.cpp
     function=TranslationBody(f"{_VISION}_decomposed:deform_conv2d_decomposed", min_opset=11),

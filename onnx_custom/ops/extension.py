@@ -1,11 +1,11 @@
-"""``my_ops::my_add`` (2a + b) as a C++ extension op, built on demand and cached on disk.
+"""``onnx_custom_ext::my_add`` (2a + b) as a C++ extension op, built on demand and cached on disk.
 
 The C++ source (``csrc/extension.cpp``) defines the op with ``TORCH_LIBRARY`` and a CPU kernel;
 this module builds it with ``torch.utils.cpp_extension.load(is_python_module=False)`` into
 ``<cache>/torch_ext/<hash>/`` (compiled once, reused by every later process). The op is declared
 once below (`MY_ADD`) without ``impl``: the spec adopts the op the C++ library defines (whose
 schema must agree), and loading the library adopts it, which registers the fake kernel and the
-autograd formula. It emits the node of ``mylib::my_add`` (``custom::my_add``), served by that
+autograd formula. It emits the node of ``onnx_custom::my_add`` (``onnx_custom::my_add``), served by that
 op's kernel (``ort_kernels/seed.py``), and shares its dtype list and backward.
 
 Nothing is compiled at import time: call :func:`load_my_ops` first. When no compiler or ninja
@@ -15,7 +15,7 @@ rest of onnx-custom keeps working.
 ``MyAddFunction`` is the "seed article" pattern (an ``autograd.Function`` whose forward calls the
 C++ op). Its ONNX ``symbolic`` comes from our registry (``symbolics/extension.py``) and applies to
 the TorchScript exporter only: the dynamo exporter traces through ``autograd.Function`` and sees
-``my_ops::my_add`` itself, which is how it must be exported there.
+``onnx_custom_ext::my_add`` itself, which is how it must be exported there.
 """
 
 from __future__ import annotations
@@ -48,16 +48,16 @@ __all__ = [
     "my_add_reference",
 ]
 
-EXTENSION_NAME = "my_ops"
+EXTENSION_NAME = "onnx_custom_ext"
 SOURCE = Path(__file__).resolve().parent / "csrc" / "extension.cpp"
-QUALNAME = "my_ops::my_add"
+QUALNAME = "onnx_custom_ext::my_add"
 
 _CFLAGS = ("-O2",)
 _lock = threading.Lock()
 _loaded_path: str | None = None
 _failure: ExtensionBuildError | None = None
 
-# mylib::my_add's declaration (signature, dtypes, node, translations, kernel, backward), for the
+# onnx_custom::my_add's declaration (signature, dtypes, node, translations, kernel, backward), for the
 # op the C++ library defines: no impl (adopted), its own validator.
 MY_ADD = OpSpec(
     QUALNAME,
@@ -69,7 +69,7 @@ MY_ADD = OpSpec(
     backward="onnx_custom.ops.seed:my_add_backward",
     op_type=SEED_MY_ADD.op_type,
     domain=SEED_MY_ADD.domain,
-    kernel="onnx_custom.ort_kernels.seed:kernels",  # mylib::my_add's kernel serves the node
+    kernel="onnx_custom.ort_kernels.seed:kernels",  # onnx_custom::my_add's kernel serves the node
     native=True,
     translations=SEED_MY_ADD.translations,
 )
@@ -83,16 +83,16 @@ def check_my_add_inputs(args: Any) -> None:
     a, b = args.a, args.b
     if a.shape != b.shape:
         raise ValueError(
-            f"my_ops::my_add expects a and b of the same shape, got a {list(a.shape)} "
+            f"onnx_custom_ext::my_add expects a and b of the same shape, got a {list(a.shape)} "
             f"and b {list(b.shape)}"
         )
     if a.dtype != b.dtype:
         raise TypeError(
-            f"my_ops::my_add expects a and b of the same dtype, got a {a.dtype} and b {b.dtype}"
+            f"onnx_custom_ext::my_add expects a and b of the same dtype, got a {a.dtype} and b {b.dtype}"
         )
     if str(a.dtype).removeprefix("torch.") not in MY_ADD.inputs[0].dtypes:
         raise TypeError(
-            "my_ops::my_add expects tensors of float32, float64, float16, bfloat16, int8, int16, "
+            "onnx_custom_ext::my_add expects tensors of float32, float64, float16, bfloat16, int8, int16, "
             f"int32, int64 or uint8, got {a.dtype}"
         )
 
@@ -114,7 +114,7 @@ def _build(verbose: bool) -> str:
 
 
 def load_my_ops(verbose: bool = False) -> str:
-    """Build (once, cached on disk) and load ``my_ops``; returns the shared library's path.
+    """Build (once, cached on disk) and load ``onnx_custom_ext``; returns the shared library's path.
 
     Raises ExtensionBuildError when a tool is missing or the build fails; the failure is
     remembered so later calls fail fast. Set ``ONNX_CUSTOM_DISABLE_EXTENSIONS=1`` to refuse.
@@ -150,7 +150,7 @@ def extension_available() -> tuple[bool, str]:
 def _op_defined() -> bool:
     try:
         return torch._C._dispatch_has_kernel_for_dispatch_key(QUALNAME, "CPU")
-    except RuntimeError:  # "operator my_ops::my_add does not exist"
+    except RuntimeError:  # "operator onnx_custom_ext::my_add does not exist"
         return False
 
 
@@ -176,20 +176,20 @@ def _ensure_loaded() -> None:
 def my_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Call the C++ op (building/loading it on first use)."""
     _ensure_loaded()
-    return torch.ops.my_ops.my_add(a, b)
+    return torch.ops.onnx_custom_ext.my_add(a, b)
 
 
 class MyAddFunction(torch.autograd.Function):
     """The article's pattern: forward calls the C++ op; ``symbolic`` comes from our registry.
 
     TorchScript export only. Under ``torch.export``/dynamo the Function is traced through and
-    the graph holds ``my_ops::my_add``, which is what the dynamo route translates.
+    the graph holds ``onnx_custom_ext::my_add``, which is what the dynamo route translates.
     """
 
     @staticmethod
     def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         _ensure_loaded()
-        return torch.ops.my_ops.my_add(a, b)
+        return torch.ops.onnx_custom_ext.my_add(a, b)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

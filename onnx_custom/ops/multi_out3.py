@@ -1,12 +1,12 @@
-"""``mylib::multi_out3``: three outputs of different shapes, an int-list and a float argument.
+"""``onnx_custom::multi_out3``: three outputs of different shapes, an int-list and a float argument.
 
     multi_out3(x, repeats, scale) = (x * scale, x.tile(repeats), x.sum(-1))
 
 It exists to prove that several outputs and non-tensor arguments survive both exporters, as
-attributes of a custom node (``custom::MultiOut3``) or folded into standard ops. The op is
+attributes of a custom node (``onnx_custom::MultiOut3``) or folded into standard ops. The op is
 declared once below (`MULTI_OUT3`); this module holds its eager math and backward and defines
 the torch op when imported; the ONNX math lives in ``symbolics/multi_out3.py``, the kernel
-math in ``ort_kernels/multi_out3.py``. (The 2-output ``mylib::multi_out`` lives in
+math in ``ort_kernels/multi_out3.py``. (The 2-output ``onnx_custom::multi_out`` lives in
 ``ops/seed.yaml``.)
 """
 
@@ -34,7 +34,7 @@ __all__ = [
 FLOATS = ("float32", "float64", "float16", "bfloat16")
 
 MULTI_OUT3 = OpSpec(
-    "mylib::multi_out3",
+    "onnx_custom::multi_out3",
     doc="(x * scale, x.tile(repeats), x.sum(-1))",
     inputs=[Input("x", FLOATS)],
     # Declared, not inferred: an inferred schema would say SymInt[]; repeats are static attributes.
@@ -49,7 +49,7 @@ MULTI_OUT3 = OpSpec(
     backward="onnx_custom.ops.multi_out3:multi_out3_backward",
     setup_context="onnx_custom.ops.multi_out3:multi_out3_save",
     op_type="MultiOut3",
-    domain="custom",
+    domain="onnx_custom",
     kernel="onnx_custom.ort_kernels.multi_out3:multi_out3",
     native=True,  # ort_kernels/native/multi_out3.cpp
     # list attributes are readable in a body from opset 12 (Constant value_ints)
@@ -64,17 +64,17 @@ def check_multi_out3_inputs(args: Any) -> None:
     """Shared by the eager and fake kernels."""
     x, repeats = args.x, args.repeats
     if not x.dtype.is_floating_point:
-        raise TypeError(f"mylib::multi_out3 expects a floating-point x, got {x.dtype}")
+        raise TypeError(f"onnx_custom::multi_out3 expects a floating-point x, got {x.dtype}")
     if x.dim() < 1:
-        raise ValueError("mylib::multi_out3 expects x with at least 1 dimension, got a 0-d tensor")
+        raise ValueError("onnx_custom::multi_out3 expects x with at least 1 dimension, got a 0-d tensor")
     if len(repeats) != x.dim():
         # ONNX Tile needs one repeat per axis; torch.tile would silently pad.
         raise ValueError(
-            f"mylib::multi_out3 expects one repeat per dimension of x: x has shape "
+            f"onnx_custom::multi_out3 expects one repeat per dimension of x: x has shape "
             f"{list(x.shape)} ({x.dim()} dims) but repeats is {list(repeats)}"
         )
     if any(int(r) < 1 for r in repeats):
-        raise ValueError(f"mylib::multi_out3 expects repeats >= 1, got {list(repeats)}")
+        raise ValueError(f"onnx_custom::multi_out3 expects repeats >= 1, got {list(repeats)}")
 
 
 def multi_out3_shapes(

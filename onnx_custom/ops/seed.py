@@ -1,5 +1,5 @@
-"""The seed ops of the first custom-op articles: ``mylib::my_add(a, b) = 2a + b`` and
-``mylib::multi_out(x) = (x * 2, x + 3)``.
+"""The seed ops of the first custom-op articles: ``onnx_custom::my_add(a, b) = 2a + b`` and
+``onnx_custom::multi_out(x) = (x * 2, x + 3)``.
 
 Both are declared once, in ``seed.yaml`` beside this module (the YAML form of `OpSpec`); this
 module holds their eager math and defines the torch ops when imported. The ONNX math lives in
@@ -37,9 +37,9 @@ def check_my_add(args: Any) -> None:
     """a and b of one shape and dtype (shared by the eager and fake kernels)."""
     a, b = args.a, args.b
     if a.shape != b.shape:
-        raise ValueError(f"mylib::my_add: expected a and b of the same shape, got {tuple(a.shape)} and {tuple(b.shape)}.")
+        raise ValueError(f"onnx_custom::my_add: expected a and b of the same shape, got {tuple(a.shape)} and {tuple(b.shape)}.")
     if a.dtype != b.dtype:
-        raise TypeError(f"mylib::my_add: expected a and b of the same dtype, got {a.dtype} and {b.dtype}.")
+        raise TypeError(f"onnx_custom::my_add: expected a and b of the same dtype, got {a.dtype} and {b.dtype}.")
 
 
 def two_a_plus_b(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,7 @@ The declarations they hold are in :mod:`onnx_custom.runtime.kernel_spec`."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -22,6 +23,13 @@ __all__ = [
     "split_name",
     "user_kernel_registry",
 ]
+
+
+def _defined_at(fn: Any) -> str:
+    """``module.qualname (file.py:12)``: which function, and where (two lambdas differ by line)."""
+    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    return name if code is None else f"{name} at {code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno}"
 
 
 class KernelRegistry:
@@ -83,10 +91,13 @@ class KernelRegistry:
             )
         split_name(spec.name)
         with self._lock:
-            if spec.name in self._specs and not replace and self._specs[spec.name] is not spec:
+            existing = self._specs.get(spec.name)
+            if existing is not None and not replace and existing is not spec:
                 raise KernelError(
-                    f"kernel {spec.name!r} is already registered; fix: pass replace=True to "
-                    f"override it, or register under another 'domain::OpType'."
+                    f"kernel {spec.name!r} is already registered ({_defined_at(existing.fn)}); "
+                    f"received another one ({_defined_at(spec.fn)}); expected one kernel per "
+                    f"'domain::OpType'; fix: pass replace=True to override it, or register under "
+                    f"another 'domain::OpType'."
                 )
             self._specs[spec.name] = spec
         return spec

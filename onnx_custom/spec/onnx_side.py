@@ -83,7 +83,7 @@ def custom_node_translation(spec: OpSpec) -> Callable[..., Any]:
 
 def with_node_constants(spec: OpSpec, fn: Callable[..., Any]) -> Callable[..., Any]:
     """A standard translation that also receives the node's constant attributes (``alpha=2.0``
-    for ``custom::my_add``) as keywords: one function serves as translation and function body."""
+    for ``onnx_custom::my_add``) as keywords: one function serves as translation and function body."""
     if not spec.node_attributes:
         return fn
     constants = {a.name: a.default for a in spec.node_attributes}

@@ -1,24 +1,48 @@
 """`OpSpec`: one frozen declaration of a custom op, validated when it is made.
 
 Everything structural is checked here (names, types, dtypes, defaults, shape rules, the node type
-and domain), so a spec that exists is well-formed. References to code (``"module:function"`` or
-callables) are resolved and checked against the declaration when the spec is registered
-(`onnx_custom.spec.generate`).
+and domain), so a spec that exists is well-formed; the parts it is made of (`Input`, `Output`,
+`Attribute`) and the checks of single fields live in `onnx_custom.spec.fields`. References to
+code (``"module:function"`` or callables) are resolved and checked against the declaration when
+the spec is registered (`onnx_custom.spec.generate`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import keyword
-import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from onnx_custom.errors import SpecError, SymbolicError
-from onnx_custom.runtime.abi import DTYPE_NAMES
+from onnx_custom.spec.fields import (
+    _DEFAULT_DOMAINS,
+    _IDENT,
+    _NOT_ATTRIBUTES,
+    _TYPE_ALIASES,
+    ATTRIBUTE_TYPES,
+    EAGER,
+    NO_DEFAULT,
+    NODE,
+    TORCH_DTYPES,
+    Attribute,
+    Input,
+    Output,
+    Ref,
+    _as_list,
+    _check_devices,
+    _check_dtypes,
+    _check_name,
+    _check_ref,
+    _fail,
+    _has_schema_default,
+    _is_code_object,
+    _normalize_default,
+    _normalize_translations,
+    _schema_literal,
+)
 from onnx_custom.spec.shape_rules import (
     ExpressionRule,
     LikeRule,
@@ -29,11 +53,13 @@ from onnx_custom.spec.shape_rules import (
 from onnx_custom.translate.names import QualifiedName
 from onnx_custom.translate.registry import DEFAULT_VARIANT
 
+# The parts are re-exported: `from onnx_custom.spec.spec import Input` keeps working.
 __all__ = [
     "ATTRIBUTE_TYPES",
     "EAGER",
     "NODE",
     "NO_DEFAULT",
+    "TORCH_DTYPES",
     "Attribute",
     "Input",
     "OpSpec",
@@ -41,221 +67,6 @@ __all__ = [
     "Ref",
     "SpecError",
 ]
-
-Ref = str | Callable[..., Any]
-"""A reference to code: ``"package.module:function"`` (imported at registration) or the object."""
-
-# torch schema type -> ONNX attribute type (the kernel registry's names); bool travels as INT.
-ATTRIBUTE_TYPES: dict[str, str] = {
-    "int": "int", "float": "float", "bool": "int", "str": "string",
-    "int[]": "ints", "float[]": "floats", "str[]": "strings",
-}
-# The op-plugin YAML style spells some types differently.
-_TYPE_ALIASES = {"listInt": "int[]", "listFloat": "float[]", "listStr": "str[]", "string": "str", "double": "float"}
-_NOT_ATTRIBUTES = {
-    "Tensor": "make it an input (input_desc) instead",
-    "Tensor?": "make it an optional input ('name?') instead",
-    "Tensor[]": "make it a variadic input ('name*') instead",
-    "bool[]": "use int[] (ONNX has no list-of-bool attribute)",
-    "Scalar": "use float (or int)",
-    "complex": "use two float attributes",
-}
-
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    name: getattr(torch, name) for name in DTYPE_NAMES
-}
-
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_REF = re.compile(r"^[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
-# Input and attribute names become parameters of translations (g, ...), kernels (out=) and
-# keywords of g.op(node_type, ..., outputs=n, **attributes); output names never do.
-_RESERVED_NAMES = {
-    "g": "the translation's graph builder", "out": "kernels' preallocated outputs",
-    "outputs": "g.op's output count", "node_type": "g.op's first parameter",
-    "output_types": "g.op's declared output types",
-}
-# Spellings of the default ONNX domain, where only standard ops live.
-_DEFAULT_DOMAINS = ("", "ai.onnx")
-
-
-class _NoDefault:
-    def __repr__(self) -> str:
-        return "NO_DEFAULT"
-
-    def __reduce__(self) -> str:
-        return "NO_DEFAULT"
-
-
-NO_DEFAULT: Any = _NoDefault()
-
-EAGER = "eager"
-"""``kernel="eager"``: the node's kernel runs the eager torch op on torch views of ORT's buffers."""
-
-
-def _fail(op: str, key: tuple[Any, ...], message: str) -> SpecError:
-    label = f"op {op}" if op else "op spec"
-    return SpecError(f"{label}: {message}", op=op, key=key)
-
-
-def _check_name(op: str, key: tuple[Any, ...], what: str, name: Any) -> str:
-    if not isinstance(name, str) or not _IDENT.match(name) or keyword.iskeyword(name):
-        raise _fail(op, key, f"{what} name {name!r} is not a Python identifier; expected e.g. 'x' or 'weight'; fix: rename it.")
-    if name in _RESERVED_NAMES and what != "output":
-        raise _fail(op, key, f"{what} name {name!r} is reserved for {_RESERVED_NAMES[name]}; fix: rename it.")
-    return name
-
-
-def _check_dtypes(op: str, key: tuple[Any, ...], value: Any) -> tuple[str, ...]:
-    items = (value,) if isinstance(value, str) else value
-    if not isinstance(items, (list, tuple)) or not items:
-        raise _fail(op, key, f"dtype must be a non-empty list of dtype names such as [float32, float16]; received {value!r}.")
-    unknown = [d for d in items if d not in DTYPE_NAMES]
-    if unknown:
-        raise _fail(op, key, f"unknown dtype(s) {unknown}; expected names from {', '.join(DTYPE_NAMES)}; fix: spell them as listed.")
-    if len(set(items)) != len(items):
-        raise _fail(op, key, f"dtype list {list(items)} repeats a dtype; fix: list each once.")
-    return tuple(items)
-
-
-def _check_ref(op: str, key: tuple[Any, ...], value: Any, what: str) -> Ref | None:
-    if value is None or callable(value):
-        return value
-    if isinstance(value, str) and _REF.match(value):
-        return value
-    raise _fail(op, key, f"{what} must be 'package.module:function' or a callable; received {value!r}; fix: write e.g. 'my_ops:scale_add'.")
-
-
-@dataclasses.dataclass(frozen=True)
-class Input:
-    """A tensor input. ``name`` may end in ``?`` (optional: ``Tensor?``) or ``*`` (variadic:
-    ``Tensor[]``, last input only). ``dtype``: allowed dtype names (default: all). ``format`` is
-    the seed's layout label (``ND``, ``NCHW``...), kept as documentation."""
-
-    name: str
-    dtype: tuple[str, ...] | None = None
-    optional: bool = False
-    variadic: bool = False
-    format: str | None = None
-    doc: str = ""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.name, str) and self.name[-1:] in ("?", "*"):
-            object.__setattr__(self, "optional", self.optional or self.name.endswith("?"))
-            object.__setattr__(self, "variadic", self.variadic or self.name.endswith("*"))
-            object.__setattr__(self, "name", self.name[:-1])
-        if isinstance(self.dtype, (list, str)):
-            object.__setattr__(self, "dtype", tuple([self.dtype] if isinstance(self.dtype, str) else self.dtype))
-
-    @property
-    def dtypes(self) -> tuple[str, ...]:
-        return self.dtype or DTYPE_NAMES
-
-    @property
-    def torch_type(self) -> str:
-        return "Tensor[]" if self.variadic else "Tensor?" if self.optional else "Tensor"
-
-
-@dataclasses.dataclass(frozen=True)
-class Output:
-    """A tensor output. ``dtype``: a list of allowed dtypes, or ``"like:<input>"`` (default: like
-    the first input). ``shape``: ``"like:x"``, ``"broadcast"`` or an expression (see
-    `onnx_custom.spec.shape_rules`)."""
-
-    name: str
-    dtype: tuple[str, ...] | str | None = None
-    shape: str | None = None
-    format: str | None = None
-    doc: str = ""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.dtype, list):
-            object.__setattr__(self, "dtype", tuple(self.dtype))
-
-
-@dataclasses.dataclass(frozen=True)
-class Attribute:
-    """A non-tensor argument: torch schema ``type`` (int, float, bool, str, int[], float[], str[])
-    and an optional ``default``. It becomes a typed ONNX attribute of the same name.
-
-    ``after``: the input it follows in the torch schema (default: after every input), for ops
-    whose schema interleaves tensors and other arguments. ``node_default``: what a node without
-    this attribute means (kernel, ONNX schema, function body) when the torch schema has no
-    default. In `OpSpec.node_attributes`, ``default`` is the constant every node carries."""
-
-    name: str
-    type: str
-    default: Any = NO_DEFAULT
-    doc: str = ""
-    after: str | None = None
-    node_default: Any = NO_DEFAULT
-
-    @property
-    def has_default(self) -> bool:
-        return self.default is not NO_DEFAULT
-
-    @property
-    def onnx_default(self) -> Any:
-        """The node-side default (NO_DEFAULT: the attribute is required on every node)."""
-        return self.default if self.has_default else self.node_default
-
-    @property
-    def onnx_type(self) -> str:
-        return ATTRIBUTE_TYPES[self.type]
-
-
-def _normalize_default(op: str, key: tuple[Any, ...], attr: Attribute, value: Any = NO_DEFAULT) -> Any:
-    """The default as the Python value torch hands the op (lists become tuples: specs are frozen)."""
-    value, typ = (attr.default if value is NO_DEFAULT else value), attr.type
-    scalar = typ.removesuffix("[]")
-    items = value if typ.endswith("[]") else [value]
-    if typ.endswith("[]") and not isinstance(value, (list, tuple)):
-        raise _fail(op, key, f"attribute {attr.name!r} ({typ}) has default {value!r}; expected a list of {scalar}s.")
-    checks: dict[str, Callable[[Any], bool]] = {
-        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-        "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-        "bool": lambda v: isinstance(v, bool),
-        "str": lambda v: isinstance(v, str),
-    }
-    bad = [v for v in items if not checks[scalar](v)]
-    if bad:
-        raise _fail(op, key, f"attribute {attr.name!r} ({typ}) has default {value!r}; expected {'a list of ' + scalar + 's' if typ.endswith('[]') else 'a ' + scalar}; fix: change the default or the type.")
-    if scalar == "float":
-        items = [float(v) for v in items]
-        if not all(math.isfinite(v) for v in items):
-            raise _fail(op, key, f"attribute {attr.name!r}: default {value!r} is not finite; the torch schema cannot express inf/nan defaults; fix: use a finite default or none.")
-    return tuple(items) if typ.endswith("[]") else items[0]
-
-
-NODE = "node"
-"""In `OpSpec.translations`, where the custom-node translation goes: ``{16: {"custom": "node"}}``."""
-_VARIANT = re.compile(r"^[A-Za-z_][\w-]*$")
-
-
-def _normalize_translations(op: str, value: Any) -> tuple[tuple[int, str, Any], ...]:
-    """``{opset: ref | "node" | {variant: ref | "node"}}`` as sorted (opset, variant, ref) triples."""
-    items = value.items() if isinstance(value, Mapping) else value
-    out: list[tuple[int, str, Any]] = []
-    try:
-        # (opset, variant, ref) triples too: a normalized spec goes through dataclasses.replace
-        pairs = [(k[0], {k[1]: k[2]}) if len(k) == 3 else (k[0], k[1]) for k in (tuple(i) for i in items)]
-    except (TypeError, ValueError, IndexError):
-        raise _fail(op, ("translations",), f"translations must map opset -> translation (or -> {{variant: translation}}), e.g. {{13: 'my_onnx:scale_add_13'}}; received {value!r}.") from None
-    for opset, ref in pairs:
-        if not isinstance(opset, int) or isinstance(opset, bool) or opset < 1:
-            raise _fail(op, ("translations", opset), f"translation opset {opset!r} must be a positive int (the first opset it is valid for).")
-        by_variant = ref if isinstance(ref, Mapping) else {DEFAULT_VARIANT: ref}
-        if not by_variant:
-            raise _fail(op, ("translations", opset), "maps to an empty {variant: translation} mapping; fix: name at least one translation.")
-        for variant, fn in by_variant.items():
-            if not isinstance(variant, str) or not _VARIANT.match(variant):
-                raise _fail(op, ("translations", opset, variant), f"variant {variant!r} is not a variant name; expected an identifier such as 'default', 'custom' or 'gemm'.")
-            checked = fn if fn == NODE else _check_ref(op, ("translations", opset, variant), fn, f"translation for opset {opset} (variant {variant!r})")
-            out.append((opset, variant, checked))
-    if len({(o, v) for o, v, _ in out}) != len(out):
-        raise _fail(op, ("translations",), "two translations for one opset and variant; fix: keep one per opset and variant.")
-    if sum(ref == NODE for _, _, ref in out) > 1:
-        raise _fail(op, ("translations",), f"places the custom node ({NODE!r}) more than once; fix: name it once, at its first opset (it is re-registered where later translations start).")
-    return tuple(sorted(out, key=lambda item: (item[0], item[1])))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -588,46 +399,3 @@ class OpSpec:
         """Dtypes output ``index`` can have (for the ONNX schema's type constraint)."""
         kind, value = self.dtype_source(index)
         return (value,) if kind == "fixed" else self.input(value).dtypes
-
-
-def _has_schema_default(item: Input | Attribute) -> bool:
-    return item.optional if isinstance(item, Input) else item.has_default
-
-
-_DEVICE = re.compile(r"^[a-z][a-z0-9_]*$")
-
-
-def _check_devices(op: str, value: Any) -> tuple[str, ...]:
-    items = (value,) if isinstance(value, str) else value
-    if not isinstance(items, (list, tuple)) or not all(isinstance(d, str) and _DEVICE.match(d) for d in items):
-        raise _fail(op, ("devices",), f"devices must be a list of torch device types such as ['cpu', 'cuda']; received {value!r}.")
-    return tuple(items)
-
-
-def _is_code_object(value: Any) -> bool:
-    """Callables, kernel declarations and ONNX function bodies may be given as objects."""
-    import onnx
-
-    from onnx_custom.function_bodies.builder import TranslationBody
-    from onnx_custom.runtime.kernel_spec import KernelSpec
-    from onnx_custom.runtime.registry import KernelRegistry
-
-    return callable(value) or isinstance(value, (KernelSpec, KernelRegistry, TranslationBody, onnx.FunctionProto))
-
-
-def _as_list(op: str, field: str, value: Any) -> list[Any]:
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise _fail(op, (field,), f"{field} must be a list; received {type(value).__name__} {value!r}.")
-    return list(value)
-
-
-def _schema_literal(value: Any) -> str:
-    if isinstance(value, tuple):
-        return "[" + ", ".join(_schema_literal(v) for v in value) + "]"
-    if isinstance(value, bool):
-        return "True" if value else "False"
-    if isinstance(value, float):
-        return repr(value)
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return str(value)

@@ -41,7 +41,7 @@ class QualifiedName:
                 hint = f" Did you mean 'aten::{text}' or '<your_namespace>::{text}'?"
             raise SymbolicError(
                 f"Ill-formed op name {text!r}: expected 'namespace::op' or 'namespace::op.overload' "
-                f"(e.g. 'aten::asinh', 'torchvision::deform_conv2d', 'mylib::my_add.default').{hint}"
+                f"(e.g. 'aten::asinh', 'torchvision::deform_conv2d', 'onnx_custom::my_add.default').{hint}"
             )
         return cls(match["ns"], match["op"], match["overload"] or "")
 
@@ -95,12 +95,12 @@ def normalize_target(target: Any) -> Target:
 
 
 def parse_node_type(text: str) -> tuple[str, str]:
-    """``"custom::my_add"`` -> ``("custom", "my_add")``; ``"Asinh"`` -> ``("", "Asinh")``."""
+    """``"onnx_custom::my_add"`` -> ``("onnx_custom", "my_add")``; ``"Asinh"`` -> ``("", "Asinh")``."""
     match = _NODE_TYPE.match(text) if isinstance(text, str) else None
     if match is None:
         raise SymbolicError(
             f"Ill-formed ONNX node type {text!r}: expected 'OpType' for the default domain or "
-            "'domain::OpType' (e.g. 'Asinh', 'custom::my_add', 'com.microsoft::FusedConv')."
+            "'domain::OpType' (e.g. 'Asinh', 'onnx_custom::my_add', 'com.microsoft::FusedConv')."
         )
     domain = match["domain"] or ""
     if domain in ("ai.onnx", "onnx"):

@@ -30,7 +30,7 @@ class TypeMismatch:
 
     trial: int
     value: str
-    producer: str  # "custom::MultiOut3 node '/MultiOut3' output 1"
+    producer: str  # "onnx_custom::MultiOut3 node '/MultiOut3' output 1"
     declared: str
     actual: str
     problem: str

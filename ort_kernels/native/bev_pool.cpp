@@ -1,4 +1,4 @@
-// bev::BEVPoolV2 (BEVDet's voxel pooling): for every interval k, the BEV cell
+// onnx_custom::BEVPoolV2 (BEVDet's voxel pooling): for every interval k, the BEV cell
 // ranks_bev[starts[k]] receives sum over i in [starts[k], starts[k] + lengths[k]) of
 // depth.flat[ranks_depth[i]] * feat_rows[ranks_feat[i], :]; points outside every interval are
 // ignored; output (B, C, Z, Y, X) in feat's dtype. Semantics of ort_kernels/bev_pool.py; intervals
@@ -348,7 +348,7 @@ class BEVPoolV2 final : public Kernel {
 }  // namespace
 
 void add_bev_pool_ops(std::vector<OpDef>& ops) {
-  ops.push_back({"bev", "BEVPoolV2", std::vector<int>(7, OC_IO_REQUIRED), {OC_IO_REQUIRED},
+  ops.push_back({"onnx_custom", "BEVPoolV2", std::vector<int>(7, OC_IO_REQUIRED), {OC_IO_REQUIRED},
                  create_kernel<BEVPoolV2>, BEVPoolV2::infer});
 }
 

@@ -1,4 +1,4 @@
-// npu::CustomLinear: y = x @ weight^T (+ bias), F.linear semantics for x of any rank >= 1;
+// onnx_custom::CustomLinear: y = x @ weight^T (+ bias), F.linear semantics for x of any rank >= 1;
 // same semantics as ort_kernels/custom_linear.py. float16/bfloat16 run in float32 and round once per output.
 #include <algorithm>
 
@@ -147,7 +147,7 @@ class CustomLinear final : public Kernel {
 }  // namespace
 
 void add_custom_linear_ops(std::vector<OpDef>& ops) {
-  ops.push_back({"npu", "CustomLinear", {OC_IO_REQUIRED, OC_IO_REQUIRED, OC_IO_OPTIONAL},
+  ops.push_back({"onnx_custom", "CustomLinear", {OC_IO_REQUIRED, OC_IO_REQUIRED, OC_IO_OPTIONAL},
                  {OC_IO_REQUIRED}, create_kernel<CustomLinear>, CustomLinear::infer});
 }
 

@@ -1,4 +1,4 @@
-// custom::DeformConv2d: torchvision's deformable convolution (v1, and v2 with use_mask), the node
+// onnx_custom::DeformConv2d: torchvision's deformable convolution (v1, and v2 with use_mask), the node
 // emitted for deform_conv2d below opset 19. Inputs (input, weight, offset, mask, bias), INT
 // attributes stride_h .. use_mask; semantics of ort_kernels/deform_conv.py and ops/deform_conv.py.
 //
@@ -467,7 +467,7 @@ class DeformConv2d final : public Kernel {
 }  // namespace
 
 void add_deform_conv_ops(std::vector<OpDef>& ops) {
-  ops.push_back({"custom", "DeformConv2d",
+  ops.push_back({"onnx_custom", "DeformConv2d",
                  {OC_IO_REQUIRED, OC_IO_REQUIRED, OC_IO_REQUIRED, OC_IO_OPTIONAL, OC_IO_OPTIONAL},
                  {OC_IO_REQUIRED}, create_kernel<DeformConv2d>, DeformConv2d::infer});
 }

@@ -1,4 +1,4 @@
-// custom::MultiOut3: (x * scale, tile(x, repeats), x.sum(-1)), attributes repeats (INTS) and
+// onnx_custom::MultiOut3: (x * scale, tile(x, repeats), x.sum(-1)), attributes repeats (INTS) and
 // scale (FLOAT), both required; same semantics as ort_kernels/multi_out3.py.
 #include <algorithm>
 
@@ -104,7 +104,7 @@ class MultiOut3 final : public Kernel {
 }  // namespace
 
 void add_multi_out3_ops(std::vector<OpDef>& ops) {
-  ops.push_back({"custom", "MultiOut3", {OC_IO_REQUIRED},
+  ops.push_back({"onnx_custom", "MultiOut3", {OC_IO_REQUIRED},
                  {OC_IO_REQUIRED, OC_IO_REQUIRED, OC_IO_REQUIRED}, create_kernel<MultiOut3>,
                  MultiOut3::infer});
 }

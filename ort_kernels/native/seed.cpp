@@ -1,4 +1,4 @@
-// custom::my_add (y = alpha * a + b, numpy broadcasting) and custom::multi_out
+// onnx_custom::my_add (y = alpha * a + b, numpy broadcasting) and onnx_custom::multi_out
 // ((x * scale, x + shift)): the seed ops, same semantics as ort_kernels/seed.py.
 #include <algorithm>
 
@@ -138,7 +138,7 @@ void need_rank(const TypeShape& t, const char* name) {
   if (!t.has_shape) fail("input %s has unknown rank; output shape left to run time", name);
 }
 
-// ---- custom::my_add ----------------------------------------------------------------------------------
+// ---- onnx_custom::my_add ----------------------------------------------------------------------------------
 class MyAdd final : public Kernel {
  public:
   explicit MyAdd(const Attributes& attrs) : alpha_(attrs.float_or("alpha", 2.0f)) {}
@@ -172,7 +172,7 @@ class MyAdd final : public Kernel {
   float alpha_;
 };
 
-// ---- custom::multi_out --------------------------------------------------------------------------------
+// ---- onnx_custom::multi_out --------------------------------------------------------------------------------
 class MultiOut final : public Kernel {
  public:
   explicit MultiOut(const Attributes& attrs)
@@ -214,9 +214,9 @@ class MultiOut final : public Kernel {
 }  // namespace
 
 void add_seed_ops(std::vector<OpDef>& ops) {
-  ops.push_back({"custom", "my_add", {OC_IO_REQUIRED, OC_IO_REQUIRED}, {OC_IO_REQUIRED},
+  ops.push_back({"onnx_custom", "my_add", {OC_IO_REQUIRED, OC_IO_REQUIRED}, {OC_IO_REQUIRED},
                  create_kernel<MyAdd>, MyAdd::infer});
-  ops.push_back({"custom", "multi_out", {OC_IO_REQUIRED}, {OC_IO_REQUIRED, OC_IO_REQUIRED},
+  ops.push_back({"onnx_custom", "multi_out", {OC_IO_REQUIRED}, {OC_IO_REQUIRED, OC_IO_REQUIRED},
                  create_kernel<MultiOut>, MultiOut::infer});
 }
 

@@ -47,7 +47,7 @@ def test_export_custom_variant_with_input_specs(tmp_path: Path) -> None:
     out = tmp_path / "my_add.onnx"
     code = main(["export", "onnx_custom.models.my_add:Model", "--input", "2x4:float32", "--input", "2x4", "--variant", "custom", "-o", str(out)])
     assert code == 0
-    assert ("custom", "my_add") in {(n.domain, n.op_type) for n in onnx.load(str(out)).graph.node}
+    assert ("onnx_custom", "my_add") in {(n.domain, n.op_type) for n in onnx.load(str(out)).graph.node}
 
 
 @pytest.fixture(scope="module")
@@ -250,7 +250,7 @@ def test_lazy_package_attributes() -> None:
 def test_ops_lists_registry(capsys: Any) -> None:
     assert main(["ops"]) == 0
     out = capsys.readouterr().out
-    assert "aten::asinh" in out and "custom::my_add" in out and "variants: " in out
+    assert "aten::asinh" in out and "onnx_custom::my_add" in out and "variants: " in out
 
 
 def test_zoo_list(capsys: Any) -> None:

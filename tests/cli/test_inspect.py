@@ -35,8 +35,8 @@ def test_custom_nodes_with_and_without_kernels(tmp_path: Any) -> None:
     path = _export(tmp_path, "custom")
     summary = inspect_model(path)
     (node,) = summary.custom_nodes
-    assert node.node_type == "custom::my_add" and node.count == 1 and not node.has_function
-    assert ("custom", 1) in summary.opset_imports
+    assert node.node_type == "onnx_custom::my_add" and node.count == 1 and not node.has_function
+    assert ("onnx_custom", 1) in summary.opset_imports
     if summary.kernels_checked:
         assert node.has_kernel and summary.ok
     proto = onnx.load(path)

@@ -22,8 +22,8 @@ class AsinhModel(torch.nn.Module):
 
 class SeedModel(torch.nn.Module):
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        s = torch.ops.mylib.my_add(torch.relu(x), y)
-        p, q = torch.ops.mylib.multi_out(s)
+        s = torch.ops.onnx_custom.my_add(torch.relu(x), y)
+        p, q = torch.ops.onnx_custom.multi_out(s)
         return p, {"q": q, "s": s}
 
 
@@ -51,8 +51,8 @@ def test_seed_ops_export(exporter: str, opset: int, variant: str | None, tmp_pat
     proto = onnx_custom.export(SeedModel(), _args(), path, exporter=exporter, opset=opset, registry=reg)
     types = {(n.domain, n.op_type) for n in proto.graph.node}
     if variant == "custom":
-        assert {("custom", "my_add"), ("custom", "multi_out")} <= types
-        assert {o.domain: o.version for o in proto.opset_import}["custom"] == 1
+        assert {("onnx_custom", "my_add"), ("onnx_custom", "multi_out")} <= types
+        assert {o.domain: o.version for o in proto.opset_import}["onnx_custom"] == 1
         multi = next(n for n in proto.graph.node if n.op_type == "multi_out")
         assert len(multi.output) == 2
         assert {a.name: a.f for a in multi.attribute} == {"scale": 2.0, "shift": 3.0}
@@ -92,7 +92,7 @@ def test_translation_scoped_to_the_call() -> None:
 
 class ReluMyAdd(torch.nn.Module):
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mylib.my_add(torch.relu(x), y) * 2
+        return torch.ops.onnx_custom.my_add(torch.relu(x), y) * 2
 
 
 @pytest.mark.parametrize("opset", [11, 13, 17])

@@ -57,7 +57,7 @@ class NoFake(torch.nn.Module):
 
 class MyAdd(torch.nn.Module):
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mylib.my_add(x, y)
+        return torch.ops.onnx_custom.my_add(x, y)
 
 
 ARGS2 = (torch.randn(2, 3), torch.randn(2, 3))
@@ -87,7 +87,7 @@ def test_export_opset_below_every_translation() -> None:
 
 def _broken_registry(fn) -> Registry:  # type: ignore[no-untyped-def]
     reg = onnx_custom.default_registry().copy()
-    reg.symbolic("mylib::my_add", opset=1, replace=True)(fn)
+    reg.symbolic("onnx_custom::my_add", opset=1, replace=True)(fn)
     return reg
 
 
@@ -103,7 +103,7 @@ def test_wrong_number_of_outputs(exporter: str, opset: int) -> None:
 @pytest.mark.parametrize(("exporter", "opset"), EXPORTERS, ids=[e for e, _ in EXPORTERS])
 def test_unsupported_attribute_value(exporter: str, opset: int) -> None:
     def bad_attr(g, a, b):  # type: ignore[no-untyped-def]
-        return g.op("custom::my_add", a, b, alpha={"no": "dicts"})
+        return g.op("onnx_custom::my_add", a, b, alpha={"no": "dicts"})
 
     with pytest.raises(SymbolicError, match="Attribute 'alpha' has unsupported type dict"):
         onnx_custom.export(MyAdd(), ARGS2, exporter=exporter, opset=opset, registry=_broken_registry(bad_attr))

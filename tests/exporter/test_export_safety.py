@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import onnx_custom
-import onnx_custom.ops.seed  # registers mylib::my_add
+import onnx_custom.ops.seed  # registers onnx_custom::my_add
 from onnx_custom import OnnxCustomError, Registry, SymbolicError, VerificationError
 from onnx_custom.common.atomic import atomic_open, atomic_path, atomic_write
 from onnx_custom.errors import OpsetError, OutputPathError
@@ -41,12 +41,12 @@ ARGS2 = (torch.randn(2, 3), torch.randn(2, 3))
 
 class MyAdd(torch.nn.Module):
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mylib.my_add(x, y)
+        return torch.ops.onnx_custom.my_add(x, y)
 
 
 def _registry(fn: Any) -> Registry:
     reg = onnx_custom.default_registry().copy()
-    reg.symbolic("mylib::my_add", opset=1, replace=True)(fn)
+    reg.symbolic("onnx_custom::my_add", opset=1, replace=True)(fn)
     return reg
 
 
@@ -69,7 +69,7 @@ def test_translation_result_that_is_not_a_graph_value(exporter: str, opset: int,
     with pytest.raises(SymbolicError) as info:
         onnx_custom.export(MyAdd(), ARGS2, exporter=exporter, opset=opset, registry=_registry(fn))
     message = str(info.value)
-    assert "The translation of mylib::my_add" in message and received in message and fix in message
+    assert "The translation of onnx_custom::my_add" in message and received in message and fix in message
     assert "expected a graph value" in message
 
 
@@ -105,7 +105,7 @@ def test_translation_exception_names_the_translation_and_line(exporter: str, ops
     with pytest.raises(SymbolicError) as info:
         onnx_custom.export(MyAdd(), ARGS2, exporter=exporter, opset=opset, registry=_registry(broken))
     message = str(info.value)
-    assert "The translation of mylib::my_add" in message and "broken" in message
+    assert "The translation of onnx_custom::my_add" in message and "broken" in message
     assert "raised KeyError: 'missing key'" in message and f"{Path(__file__).name}:" in message
     assert "submit a PR to PyTorch" not in message and len(message) < 600
     assert isinstance(info.value.__cause__, KeyError)

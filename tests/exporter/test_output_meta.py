@@ -152,9 +152,9 @@ def test_g_outputs_spell_derived_dims_alike() -> None:
 
     seen: dict[str, tuple[OutputMeta, ...]] = {}
     reg = onnx_custom.default_registry().with_variants("custom").copy()
-    original = reg.lookup("mylib::multi_out3", 13).fn
+    original = reg.lookup("onnx_custom::multi_out3", 13).fn
 
-    @reg.symbolic("mylib::multi_out3", opset=7, variant="custom", replace=True)
+    @reg.symbolic("onnx_custom::multi_out3", opset=7, variant="custom", replace=True)
     def recording(g: Any, x: Any, **attrs: Any) -> Any:
         seen[g.exporter] = g.outputs
         return original(g, x, **attrs)
@@ -349,12 +349,12 @@ def test_dynamo_without_the_fx_node_runs_the_fake_kernel_on_onnx_types() -> None
     from onnx_custom.exporter.dynamo import DynamoBuilder
     from onnx_custom.exporter.dynamo_shapes import symbol_names, value_outputs
     from onnx_custom.exporter.output_meta import flat_outputs
-    from onnx_custom.models import multi_out3  # noqa: F401  (defines mylib::multi_out3)
+    from onnx_custom.models import multi_out3  # noqa: F401  (defines onnx_custom::multi_out3)
 
     x = ir.Value(name="x")
     x.dtype, x.shape = ir.DataType.FLOAT, ir.Shape(["s1", 3, 4])
     with symbol_names({"s1": "batch"}):
-        found = value_outputs(torch.ops.mylib.multi_out3.default, [x, [2, 1, 3], 0.25], {}, DynamoBuilder.dtype_of)
+        found = value_outputs(torch.ops.onnx_custom.multi_out3.default, [x, [2, 1, 3], 0.25], {}, DynamoBuilder.dtype_of)
     assert found is not None
     outputs, spelled, names = found
     assert [names.meta(d) for d in flat_outputs(outputs)] == [

@@ -15,7 +15,7 @@ import onnx_custom.ops.seed
 
 class Model(torch.nn.Module):
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mylib.my_add(torch.asinh(x), y)
+        return torch.ops.onnx_custom.my_add(torch.asinh(x), y)
 
 
 ARGS = (torch.randn(2, 3), torch.randn(2, 3))
@@ -68,7 +68,7 @@ def test_users_own_symbolic_is_restored() -> None:
 
 def test_translation_table_with_plain_dynamo_export() -> None:
     table = onnx_custom.translation_table(opset=18)
-    assert torch.ops.mylib.my_add.default in table
+    assert torch.ops.onnx_custom.my_add.default in table
     assert all(isinstance(k, torch._ops.OpOverload) for k in table)
     program = torch.onnx.export(Model(), ARGS, dynamo=True, opset_version=18, custom_translation_table=table, verbose=False)
     onnx_custom.verify(Model(), ARGS, program.model_proto)
@@ -77,7 +77,7 @@ def test_translation_table_with_plain_dynamo_export() -> None:
 def test_translation_table_custom_variant() -> None:
     table = onnx_custom.translation_table(opset=18, registry=onnx_custom.default_registry().with_variants("custom"))
     program = torch.onnx.export(Model(), ARGS, dynamo=True, opset_version=18, custom_translation_table=table, verbose=False)
-    assert "custom" in {n.domain for n in program.model_proto.graph.node}
+    assert "onnx_custom" in {n.domain for n in program.model_proto.graph.node}
 
 
 def test_translation_table_bad_opset() -> None:

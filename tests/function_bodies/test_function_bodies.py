@@ -167,10 +167,10 @@ def test_mixed_dtypes_share_one_body_from_opset_15() -> None:
 
 def test_my_add_body_runs_in_an_opset_13_model() -> None:
     """The old fixed body imported opset 18 (CastLike): ORT failed on opset-13 files."""
-    node = helper.make_node("my_add", ["a", "b"], ["y"], domain="custom", alpha=0.25)
+    node = helper.make_node("my_add", ["a", "b"], ["y"], domain="onnx_custom", alpha=0.25)
     vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", 3]) for n in ("a", "b", "y")]
     model = helper.make_model(helper.make_graph([node], "g", vi[:2], vi[2:]), ir_version=7,
-                              opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("custom", 1)])  # fmt: skip
+                              opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("onnx_custom", 1)])  # fmt: skip
     embedded = embed_functions(model)
     assert embedded.ir_version >= 9 and embedded.functions[0].opset_import[0].version == 13
     onnx.checker.check_model(embedded)
@@ -193,7 +193,7 @@ def test_registered_kernel_wins_over_the_embedded_body(tmp_path) -> None:
         calls.append(1)
         return torch.zeros(tensors[0].shape[0], tensors[1].shape[0], *tensors[2].shape[2:])
 
-    spec = make_kernels()["custom::DeformConv2d"]
+    spec = make_kernels()["onnx_custom::DeformConv2d"]
     fakes = KernelRegistry()
     fakes.kernel(spec.name, inputs=[p.name for p in spec.inputs], outputs=["output"],
                  attrs={a.name: (a.type, a.default) for a in spec.attrs}, tensor_type="torch",

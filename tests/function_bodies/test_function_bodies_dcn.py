@@ -1,5 +1,5 @@
 """The standard-op deform_conv2d (symbolics/deform_conv_decomposed.py), both as the function body of
-``custom::DeformConv2d`` and as the ``"standard"`` variant translation below opset 19, against
+``onnx_custom::DeformConv2d`` and as the ``"standard"`` variant translation below opset 19, against
 ONNX's backend DeformConv cases and against the eager op on random configurations (strides,
 pads, dilations, groups, offset groups, mask on/off, non-square, boundary-crossing and non-finite
 offsets, float64, zero batch), run at sizes other than the export size."""
@@ -111,15 +111,15 @@ def _plain_session(model: onnx.ModelProto) -> ort.InferenceSession:
 
 
 def body_model(params: tuple[int, ...], dtype: torch.dtype, opset: int) -> onnx.ModelProto:
-    """One custom::DeformConv2d node (inputs with symbolic dims) and its embedded body."""
-    node = helper.make_node("DeformConv2d", NAMES, ["y"], domain="custom", name="dcn",
+    """One onnx_custom::DeformConv2d node (inputs with symbolic dims) and its embedded body."""
+    node = helper.make_node("DeformConv2d", NAMES, ["y"], domain="onnx_custom", name="dcn",
                             **dict(zip(ATTRS, params, strict=True)))  # fmt: skip
     elem = ELEM[dtype]
     shapes = [["N", "C", "H", "W"], ["Co", "Cg", "kh", "kw"], ["N", "O", "Ho", "Wo"], None, ["Co"]]
     inputs = [helper.make_tensor_value_info(n, elem, s) for n, s in zip(NAMES, shapes, strict=True)]
     graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("y", elem, None)])
     model = helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", opset),
-                                                                  helper.make_opsetid("custom", 1)])  # fmt: skip
+                                                                  helper.make_opsetid("onnx_custom", 1)])  # fmt: skip
     return embed_functions(model)
 
 

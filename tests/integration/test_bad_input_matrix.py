@@ -24,7 +24,7 @@ import torch
 from onnx import TensorProto, helper
 
 import onnx_custom
-import onnx_custom.ops.seed  # registers mylib::my_add
+import onnx_custom.ops.seed  # registers onnx_custom::my_add
 from onnx_custom import (
     DynamicShapesError,
     ExtensionBuildError,
@@ -50,7 +50,7 @@ from onnx_custom.verification.trial_shapes import ShapeSpecError
 
 class MyAdd(torch.nn.Module):
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mylib.my_add(x, y)
+        return torch.ops.onnx_custom.my_add(x, y)
 
 
 class RaisesInForward(torch.nn.Module):
@@ -83,7 +83,7 @@ def _custom_node_model() -> onnx.ModelProto:
 
 def _translation(fn: Callable[..., Any]) -> Registry:
     reg = onnx_custom.default_registry().copy()
-    reg.symbolic("mylib::my_add", opset=1, replace=True)(fn)
+    reg.symbolic("onnx_custom::my_add", opset=1, replace=True)(fn)
     return reg
 
 
@@ -175,7 +175,7 @@ CASES = [
     # -- the translation a user wrote, through the builder g ------------------------------------
     Case("g.op/misspelt-standard-op", lambda t: _export_with(lambda g, a, b: g.op("Reluu", a)), SymbolicError, "expected an ONNX operator type", "received 'Reluu'", "did you mean 'Relu'"),
     Case("g.op/misspelt-standard-op-dynamo", lambda t: _export_with(lambda g, a, b: g.op("Addd", a, b), "dynamo"), SymbolicError, "expected an ONNX operator type", "received 'Addd'", "did you mean 'Add'"),
-    Case("g.op/ill-formed-node-type", lambda t: _export_with(lambda g, a, b: g.op("bad name::X", a)), SymbolicError, "expected 'OpType' for the default domain or 'domain::OpType'", "'bad name::X'", "e.g. 'Asinh', 'custom::my_add'"),
+    Case("g.op/ill-formed-node-type", lambda t: _export_with(lambda g, a, b: g.op("bad name::X", a)), SymbolicError, "expected 'OpType' for the default domain or 'domain::OpType'", "'bad name::X'", "e.g. 'Asinh', 'onnx_custom::my_add'"),
     Case("g.op/int-attribute-past-int64", lambda t: _export_with(lambda g, a, b: g.op("mylib::X", a, n=2**70)), SymbolicError, "int64 range", "1180591620717411303424", "pass a value in that range"),
     Case("g.op/outputs-0", lambda t: _export_with(lambda g, a, b: g.op("Add", a, b, outputs=0)), SymbolicError, "a positive int", "received 0", "outputs=1 or more"),
     Case("g.op/python-scalar-input", lambda t: _export_with(lambda g, a, b: g.op("Add", a, 2.0)), SymbolicError, "graph value", "float", "g.constant(value, like=x)"),

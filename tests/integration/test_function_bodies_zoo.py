@@ -3,7 +3,7 @@ executed by a separate Python process that imports only onnxruntime and numpy (n
 registered), then compared to PyTorch eager; and by ``onnx.reference`` on the function bodies.
 
 Rows: every ``models/*.py`` ZOO row with ``variant="custom"``, plus deform_conv at opset 11 (where
-``custom::DeformConv2d`` is the default translation).
+``onnx_custom::DeformConv2d`` is the default translation).
 """
 
 from __future__ import annotations

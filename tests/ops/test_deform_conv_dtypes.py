@@ -1,6 +1,6 @@
 """deform_conv2d in float16 and bfloat16 (float32 accumulation): eager forward and backward, fake,
 opcheck, both exporters (ONNX ``DeformConv`` at opset 19 where ONNX Runtime runs the dtype, the
-``custom::DeformConv2d`` node and its kernel below), one dtype list per op, and bad input."""
+``onnx_custom::DeformConv2d`` node and its kernel below), one dtype list per op, and bad input."""
 
 from __future__ import annotations
 
@@ -216,7 +216,7 @@ def test_bfloat16_deformconv_at_opset19_names_the_alternatives(exporter: str) ->
         onnx_custom.export(model, _export_inputs(torch.bfloat16), exporter=exporter, opset=19)
     message = str(info.value)
     for part in ("cannot run bfloat16", "float32, float64 and float16", "opset 18 or lower",
-                 "custom::DeformConv2d", "model.half() / model.float()"):  # fmt: skip
+                 "onnx_custom::DeformConv2d", "model.half() / model.float()"):  # fmt: skip
         assert part in message, part
 
 

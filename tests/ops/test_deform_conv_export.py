@@ -1,4 +1,4 @@
-"""deform_conv2d through both exporters: ONNX ``DeformConv`` at opset 19, ``custom::DeformConv2d``
+"""deform_conv2d through both exporters: ONNX ``DeformConv`` at opset 19, ``onnx_custom::DeformConv2d``
 (run by our kernel) below; the DCN example network, ONNX's backend cases, shape function, domain
 factory and early export errors."""
 
@@ -67,7 +67,7 @@ def test_dcn_network(exporter: str, opset: int, dynamic: bool) -> None:
         assert len(_nodes(proto, "DeformConv")) == 2 and not _nodes(proto, "DeformConv2d")
     else:
         custom = _nodes(proto, "DeformConv2d")
-        assert len(custom) == 2 and {n.domain for n in custom} == {"custom"}
+        assert len(custom) == 2 and {n.domain for n in custom} == {"onnx_custom"}
         assert not _nodes(proto, "DeformConv")
     # Dynamic exports run on another batch and spatial size than the one traced.
     x = (
@@ -237,7 +237,7 @@ def test_checker_and_shape_inference_see_the_output_shape() -> None:
     register_schemas(deform_conv_kernels.kernels)
     f = onnx.TensorProto.FLOAT
     node = helper.make_node("DeformConv2d", ["x", "w", "offset", "mask", "bias"], ["y"],
-                            domain="custom", stride_h=2, pad_h=1, pad_w=1, use_mask=1)  # fmt: skip
+                            domain="onnx_custom", stride_h=2, pad_h=1, pad_w=1, use_mask=1)  # fmt: skip
     graph = helper.make_graph(
         [node], "g",
         [helper.make_tensor_value_info("x", f, ["N", 4, 9, "W"]),
@@ -248,7 +248,7 @@ def test_checker_and_shape_inference_see_the_output_shape() -> None:
         [helper.make_tensor_value_info("y", f, None)],
     )  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11),
-                                                    helper.make_opsetid("custom", 1)])  # fmt: skip
+                                                    helper.make_opsetid("onnx_custom", 1)])  # fmt: skip
     inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
     onnx.checker.check_model(inferred, full_check=True)
     (y,) = [v for v in inferred.graph.output if v.name == "y"]

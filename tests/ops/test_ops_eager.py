@@ -71,7 +71,7 @@ def _my_add_sample() -> tuple[Any, ...]:
 
 
 OPCHECK_CASES: list[tuple[str, Callable[[], Any], Callable[[], tuple[Any, ...]]]] = [
-    ("my_ops::my_add-3x4", lambda: torch.ops.my_ops.my_add.default, _my_add_sample),
+    ("onnx_custom_ext::my_add-3x4", lambda: torch.ops.onnx_custom_ext.my_add.default, _my_add_sample),
     (
         "numpy_sin-2x5",
         lambda: torch.ops.onnx_custom.numpy_sin.default,
@@ -84,12 +84,12 @@ OPCHECK_CASES: list[tuple[str, Callable[[], Any], Callable[[], tuple[Any, ...]]]
     ),
     (
         "multi_out3-2x3x4-r213",
-        lambda: torch.ops.mylib.multi_out3.default,
+        lambda: torch.ops.onnx_custom.multi_out3.default,
         lambda: (torch.randn(2, 3, 4, generator=_gen(), requires_grad=True), [2, 1, 3], 0.5),
     ),
     (
         "custom_linear-5x3x8-w4x8-bias",
-        lambda: torch.ops.npu.custom_linear.default,
+        lambda: torch.ops.onnx_custom.custom_linear.default,
         lambda: (
             torch.randn(5, 3, 8, generator=_gen(), requires_grad=True),
             torch.randn(4, 8, generator=_gen(1), requires_grad=True),
@@ -98,18 +98,18 @@ OPCHECK_CASES: list[tuple[str, Callable[[], Any], Callable[[], tuple[Any, ...]]]
     ),
     (
         "custom_linear-6x8-w4x8-nobias",
-        lambda: torch.ops.npu.custom_linear.default,
+        lambda: torch.ops.onnx_custom.custom_linear.default,
         lambda: (torch.randn(6, 8, generator=_gen()), torch.randn(4, 8, generator=_gen(1)), None),
     ),
-    ("bev_pool_v2-2cam-8x8-i32", lambda: torch.ops.bev.bev_pool_v2.default, small_bev_inputs),
+    ("bev_pool_v2-2cam-8x8-i32", lambda: torch.ops.onnx_custom.bev_pool_v2.default, small_bev_inputs),
     (
         "bev_pool_v2_backward-2cam-8x8",
-        lambda: torch.ops.bev.bev_pool_v2_backward.default,
+        lambda: torch.ops.onnx_custom.bev_pool_v2_backward.default,
         lambda: _backward_sample(small_bev_inputs()),
     ),
     (
         "bev_pool_v2-2cam-8x8-i64-grad",
-        lambda: torch.ops.bev.bev_pool_v2.default,
+        lambda: torch.ops.onnx_custom.bev_pool_v2.default,
         lambda: _with_grad(small_bev_inputs(index_dtype=torch.int64)),
     ),
 ]
@@ -128,12 +128,12 @@ def _with_grad(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 @pytest.mark.parametrize(("name", "op", "sample"), OPCHECK_CASES, ids=[c[0] for c in OPCHECK_CASES])
 def test_opcheck(name: str, op: Callable[[], Any], sample: Callable[[], tuple[Any, ...]], request: pytest.FixtureRequest) -> None:
-    if name.startswith("my_ops::"):
+    if name.startswith("onnx_custom_ext::"):
         request.getfixturevalue("my_ops_lib")
     torch.library.opcheck(op(), sample())
 
 
-# --------------------------------------------------------------------------- my_ops::my_add
+# --------------------------------------------------------------------------- onnx_custom_ext::my_add
 @pytest.mark.parametrize(
     ("shape", "dtype"),
     [((3, 4), torch.float32), ((2, 3, 5), torch.float64), ((17,), torch.float16), ((0, 3), torch.float32)],
@@ -153,8 +153,8 @@ def test_my_add_noncontiguous_and_autograd(my_ops_lib: str) -> None:
     g = _gen()
     a = torch.randn(4, 3, generator=g, dtype=torch.float64).t().requires_grad_()
     b = torch.randn(3, 4, generator=g, dtype=torch.float64, requires_grad=True)
-    torch.testing.assert_close(torch.ops.my_ops.my_add(a, b), 2 * a + b)
-    assert torch.autograd.gradcheck(torch.ops.my_ops.my_add, (a, b))
+    torch.testing.assert_close(torch.ops.onnx_custom_ext.my_add(a, b), 2 * a + b)
+    assert torch.autograd.gradcheck(torch.ops.onnx_custom_ext.my_add, (a, b))
     assert torch.autograd.gradcheck(extension.MyAddFunction.apply, (a, b))
 
 
@@ -169,9 +169,9 @@ def test_my_add_noncontiguous_and_autograd(my_ops_lib: str) -> None:
 )
 def test_my_add_validation_same_in_cpp_and_fake(my_ops_lib: str, a: torch.Tensor, b: torch.Tensor, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
-        torch.ops.my_ops.my_add(a, b)  # the C++ kernel
+        torch.ops.onnx_custom_ext.my_add(a, b)  # the C++ kernel
     with FakeTensorMode() as mode, pytest.raises(error, match=match):
-        torch.ops.my_ops.my_add(mode.from_tensor(a), mode.from_tensor(b))
+        torch.ops.onnx_custom_ext.my_add(mode.from_tensor(a), mode.from_tensor(b))
     with pytest.raises(error, match=match):
         extension.my_add_reference(a, b)
 

@@ -68,12 +68,12 @@ def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
 @pytest.mark.parametrize("exporter,opset", [("torchscript", 17), ("dynamo", 18)], ids=["torchscript-17", "dynamo-18"])
 def test_multi_out3_custom_node_keeps_outputs_and_attributes(exporter: str, opset: int) -> None:
     module, proto = _export("multi_out3", exporter, opset, "custom")
-    node = _node(proto, "custom", "MultiOut3")
+    node = _node(proto, "onnx_custom", "MultiOut3")
     assert len(node.output) == 3
     attrs = _attrs(node)
     assert list(attrs["repeats"]) == list(module.REPEATS)
     assert attrs["scale"] == pytest.approx(module.SCALE)
-    assert {d.domain for d in proto.opset_import} >= {"", "custom"}
+    assert {d.domain for d in proto.opset_import} >= {"", "onnx_custom"}
     x = module.example_inputs()[0]
     shapes = [[d.dim_value for d in o.type.tensor_type.shape.dim] for o in proto.graph.output]
     assert shapes == [list(x.shape), [4, 3, 12], list(x.shape[:-1])]
@@ -82,7 +82,7 @@ def test_multi_out3_custom_node_keeps_outputs_and_attributes(exporter: str, opse
 @pytest.mark.parametrize("exporter,opset", [("torchscript", 17), ("dynamo", 18)], ids=["torchscript-17", "dynamo-18"])
 def test_custom_linear_npu_node_with_and_without_bias(exporter: str, opset: int) -> None:
     _, proto = _export("custom_linear", exporter, opset, "custom")
-    nodes = [n for n in proto.graph.node if n.domain == "npu"]
+    nodes = [n for n in proto.graph.node if n.domain == "onnx_custom"]
     assert [n.op_type for n in nodes] == ["CustomLinear", "CustomLinear"]
     assert [len([i for i in n.input if i]) for n in nodes] == [3, 2]  # the second has no bias
 
@@ -103,7 +103,7 @@ def test_bev_pool_both_translations_match_eager_on_a_realistic_rig(exporter: str
         proto = onnx_custom.export(model, args, exporter=exporter, opset=opset, registry=registry)
         assert marker in {n.op_type for n in proto.graph.node}
         if variant:
-            assert list(_attrs(_node(proto, "bev", "BEVPoolV2"))["bev_feat_shape"]) == module.BEV_SHAPE
+            assert list(_attrs(_node(proto, "onnx_custom", "BEVPoolV2"))["bev_feat_shape"]) == module.BEV_SHAPE
         session = onnx_custom.InferenceSession(proto)
         feeds = {i.name: a.numpy() for i, a in zip(session.get_inputs(), args, strict=True)}
         (actual,) = session.run(None, feeds)

@@ -43,7 +43,7 @@ def test_build_is_cached_on_disk(my_ops_lib: str) -> None:
     directory = extension.build_directory()
     assert directory.parent == extension.cache_root() / "torch_ext"
     assert (directory / ".complete").exists() and (directory / f"{extension.EXTENSION_NAME}.so").exists()
-    assert torch.ops.my_ops.my_add.default is not None
+    assert torch.ops.onnx_custom_ext.my_add.default is not None
     assert extension.load_my_ops() == my_ops_lib  # second call: no rebuild, same answer
 
 
@@ -53,7 +53,7 @@ def test_second_process_reuses_the_build_quickly(my_ops_lib: str) -> None:
         import time, torch
         from onnx_custom.ops.extension import load_my_ops
         t = time.perf_counter(); load_my_ops(); print(time.perf_counter() - t)
-        print(torch.ops.my_ops.my_add(torch.ones(2), torch.ones(2)).tolist())
+        print(torch.ops.onnx_custom_ext.my_add(torch.ones(2), torch.ones(2)).tolist())
         """
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
@@ -116,7 +116,7 @@ def test_concurrent_first_builds_are_safe(tmp_path: Path, monkeypatch: pytest.Mo
         import torch
         from onnx_custom.ops.extension import load_my_ops
         load_my_ops()
-        print(torch.ops.my_ops.my_add(torch.ones(2), torch.ones(2)).tolist())
+        print(torch.ops.onnx_custom_ext.my_add(torch.ones(2), torch.ones(2)).tolist())
         """
     )
     env = _env(ONNX_CUSTOM_CACHE_DIR=str(tmp_path))
@@ -141,7 +141,7 @@ def test_concurrent_first_builds_are_safe(tmp_path: Path, monkeypatch: pytest.Mo
 # --------------------------------------------------------------------------- export routes
 class DirectModel(torch.nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.ops.my_ops.my_add(a, b)
+        return torch.ops.onnx_custom_ext.my_add(a, b)
 
 
 class FunctionModel(torch.nn.Module):
@@ -151,11 +151,11 @@ class FunctionModel(torch.nn.Module):
 
 ROUTES = [
     ("direct-torchscript-17", DirectModel, "torchscript", 17, None, ["Mul", "Add"]),
-    ("direct-torchscript-17-custom", DirectModel, "torchscript", 17, "custom", ["custom::my_add"]),
+    ("direct-torchscript-17-custom", DirectModel, "torchscript", 17, "custom", ["onnx_custom::my_add"]),
     ("direct-dynamo-18", DirectModel, "dynamo", 18, None, ["Mul", "Add"]),
-    ("direct-dynamo-18-custom", DirectModel, "dynamo", 18, "custom", ["custom::my_add"]),
+    ("direct-dynamo-18-custom", DirectModel, "dynamo", 18, "custom", ["onnx_custom::my_add"]),
     ("function-torchscript-17", FunctionModel, "torchscript", 17, None, ["Mul", "Add"]),
-    ("function-torchscript-17-custom", FunctionModel, "torchscript", 17, "custom", ["custom::my_add"]),
+    ("function-torchscript-17-custom", FunctionModel, "torchscript", 17, "custom", ["onnx_custom::my_add"]),
 ]
 
 
@@ -174,7 +174,7 @@ def test_my_add_routes_export_and_verify(
     kinds = [f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in proto.graph.node if n.op_type != "Constant"]
     assert kinds == nodes
     if variant == "custom":
-        (node,) = (n for n in proto.graph.node if n.domain == "custom")
+        (node,) = (n for n in proto.graph.node if n.domain == "onnx_custom")
         assert {a.name: a.f for a in node.attribute} == {"alpha": 2.0}
     onnx_custom.verify(model_cls(), args, proto, trials=2)
 

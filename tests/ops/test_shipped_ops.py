@@ -96,16 +96,16 @@ def _deform(dtype: str, n: int) -> tuple[Arrays, dict[str, Any]]:
 _FLOATS_BEV = ("depth", "feat")
 _INDEX_BEV = ("ranks_depth", "ranks_feat", "ranks_bev", "interval_starts", "interval_lengths")
 CASES = [
-    Case("mylib::my_add", MY_ADD, _my_add, ("a", "b")),
-    Case("my_ops::my_add", extension.MY_ADD, _my_add, ("a", "b"), needs_extension=True),
-    Case("mylib::multi_out", MULTI_OUT, _one_x, ("x",)),
-    Case("mylib::multi_out3", MULTI_OUT3, _multi_out3, ("x",)),
+    Case("onnx_custom::my_add", MY_ADD, _my_add, ("a", "b")),
+    Case("onnx_custom_ext::my_add", extension.MY_ADD, _my_add, ("a", "b"), needs_extension=True),
+    Case("onnx_custom::multi_out", MULTI_OUT, _one_x, ("x",)),
+    Case("onnx_custom::multi_out3", MULTI_OUT3, _multi_out3, ("x",)),
     Case("onnx_custom::numpy_sin", NUMPY_SIN, _one_x, ("x",)),
-    Case("npu::custom_linear", CUSTOM_LINEAR, _linear, ("x", "weight", "bias")),
+    Case("onnx_custom::custom_linear", CUSTOM_LINEAR, _linear, ("x", "weight", "bias")),
     # trials=1: the standard-op translation holds only for ranks as voxel_pooling_prepare_v2 makes
     # them (symbolics/bev_pool.py), not for random index tensors
-    Case("bev::bev_pool_v2", BEV_POOL_V2, lambda d, n: _bev(d, "int32", n), _FLOATS_BEV, trials=1),
-    Case("bev::bev_pool_v2[indices]", BEV_POOL_V2, lambda d, n: _bev("float32", d, n), _INDEX_BEV),
+    Case("onnx_custom::bev_pool_v2", BEV_POOL_V2, lambda d, n: _bev(d, "int32", n), _FLOATS_BEV, trials=1),
+    Case("onnx_custom::bev_pool_v2[indices]", BEV_POOL_V2, lambda d, n: _bev("float32", d, n), _INDEX_BEV),
     Case("onnx_custom::deform_conv2d", DEFORM_CONV2D, _deform, ("input", "weight", "offset", "mask", "bias")),
 ]
 OPS = [c for c in CASES if not c.id.endswith("]")]  # one row per op
@@ -314,7 +314,7 @@ def test_check_op_on_every_shipped_spec(case: Case) -> None:
 
 class SeedOps(torch.nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.ops.mylib.multi_out(torch.ops.mylib.my_add(a, b))
+        return torch.ops.onnx_custom.multi_out(torch.ops.onnx_custom.my_add(a, b))
 
 
 @pytest.mark.parametrize(("exporter", "opset"), [("torchscript", 17), ("dynamo", 18)], ids=["torchscript", "dynamo"])

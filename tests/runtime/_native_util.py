@@ -40,7 +40,7 @@ ELEM = {
 # torch.testing's defaults per dtype (rtol, atol)
 TOL = {"float32": (1.3e-6, 1e-5), "float64": (1e-7, 1e-7), "float16": (1e-3, 1e-5),
        "bfloat16": (1.6e-2, 1e-5)}  # fmt: skip
-DOMAINS = {"custom": 1, "bev": 1, "npu": 1}
+DOMAINS = {"onnx_custom": 1}
 
 Io = tuple[str, str, Any]  # (name, dtype name, shape: list of int/str/None, or None = unknown rank)
 

@@ -70,7 +70,7 @@ def my_add(rng: np.random.Generator) -> tuple[Case, Case]:
             expect = (a * np.asarray(alpha, dtype=a.dtype) + b).astype(a.dtype)
             np.testing.assert_allclose(outs[0].astype(np.float64), expect.astype(np.float64), rtol=2e-3, atol=1e-3)
 
-    valid: Case = ("my_add", "custom", {"alpha": alpha}, [("a", a), ("b", b)], 1, check, "")
+    valid: Case = ("my_add", "onnx_custom", {"alpha": alpha}, [("a", a), ("b", b)], 1, check, "")
     bad = rng.integers(0, 3)
     if bad == 0:  # shapes that do not broadcast
         inputs = [("a", floats(rng, (3, 4))), ("b", floats(rng, (5,)))]
@@ -81,7 +81,7 @@ def my_add(rng: np.random.Generator) -> tuple[Case, Case]:
     else:
         inputs = [("a", floats(rng, (2, 1))), ("b", floats(rng, (2, 3, 4)))]
         key = "do not broadcast"
-    return valid, ("my_add", "custom", {}, inputs, 1, None, key)
+    return valid, ("my_add", "onnx_custom", {}, inputs, 1, None, key)
 
 
 def multi_out(rng: np.random.Generator) -> tuple[Case, Case]:
@@ -91,9 +91,9 @@ def multi_out(rng: np.random.Generator) -> tuple[Case, Case]:
     def check(outs: list[np.ndarray]) -> None:
         assert outs[0].shape == x.shape and outs[1].shape == x.shape
 
-    valid: Case = ("multi_out", "custom", {"scale": scale, "shift": shift}, [("x", x)], 2, check, "")
+    valid: Case = ("multi_out", "onnx_custom", {"scale": scale, "shift": shift}, [("x", x)], 2, check, "")
     # a string tensor: no numeric kernel for it
-    return valid, ("multi_out", "custom", {}, [("x", np.array(["a", "b"], dtype=object))], 2, None, "dtype")
+    return valid, ("multi_out", "onnx_custom", {}, [("x", np.array(["a", "b"], dtype=object))], 2, None, "dtype")
 
 
 def multi_out3(rng: np.random.Generator) -> tuple[Case, Case]:
@@ -105,17 +105,17 @@ def multi_out3(rng: np.random.Generator) -> tuple[Case, Case]:
         np.testing.assert_array_equal(outs[1], np.tile(x, reps))
         assert outs[2].shape == s[:-1]
 
-    valid: Case = ("MultiOut3", "custom", {"repeats": reps, "scale": 0.5}, [("x", x)], 3, check, "")
+    valid: Case = ("MultiOut3", "onnx_custom", {"repeats": reps, "scale": 0.5}, [("x", x)], 3, check, "")
     bad = rng.integers(0, 5)
     if bad == 0:
-        return valid, ("MultiOut3", "custom", {"repeats": [*reps, 1], "scale": 1.0}, [("x", x)], 3, None, "one repeat per dimension")
+        return valid, ("MultiOut3", "onnx_custom", {"repeats": [*reps, 1], "scale": 1.0}, [("x", x)], 3, None, "one repeat per dimension")
     if bad == 1:
-        return valid, ("MultiOut3", "custom", {"scale": 1.0}, [("x", x)], 3, None, "lacks the required attribute repeats")
+        return valid, ("MultiOut3", "onnx_custom", {"scale": 1.0}, [("x", x)], 3, None, "lacks the required attribute repeats")
     if bad == 2:
-        return valid, ("MultiOut3", "custom", {"repeats": reps}, [("x", x)], 3, None, "lacks the required attribute scale")
+        return valid, ("MultiOut3", "onnx_custom", {"repeats": reps}, [("x", x)], 3, None, "lacks the required attribute scale")
     if bad == 3:
-        return valid, ("MultiOut3", "custom", {"repeats": [-1] * len(s), "scale": 1.0}, [("x", x)], 3, None, "non-negative")
-    return valid, ("MultiOut3", "custom", {"repeats": [1], "scale": 1.0}, [("x", np.arange(3, dtype=np.int32))], 3, None, "dtype int32")
+        return valid, ("MultiOut3", "onnx_custom", {"repeats": [-1] * len(s), "scale": 1.0}, [("x", x)], 3, None, "non-negative")
+    return valid, ("MultiOut3", "onnx_custom", {"repeats": [1], "scale": 1.0}, [("x", np.arange(3, dtype=np.int32))], 3, None, "dtype int32")
 
 
 def custom_linear(rng: np.random.Generator) -> tuple[Case, Case]:
@@ -129,7 +129,7 @@ def custom_linear(rng: np.random.Generator) -> tuple[Case, Case]:
         ref = x.astype(np.float64) @ w.T.astype(np.float64) + (0 if bias is None else bias.astype(np.float64))
         np.testing.assert_allclose(outs[0].astype(np.float64), ref, rtol=2e-2, atol=2e-2 * max(1, k))
 
-    valid: Case = ("CustomLinear", "npu", {}, [("x", x), ("w", w), ("b", bias)], 1, check, "")
+    valid: Case = ("CustomLinear", "onnx_custom", {}, [("x", x), ("w", w), ("b", bias)], 1, check, "")
     bad = rng.integers(0, 5)
     f = lambda *s: floats(rng, s, dtype)  # noqa: E731
     inputs = [
@@ -140,7 +140,7 @@ def custom_linear(rng: np.random.Generator) -> tuple[Case, Case]:
         [("x", f(2, 3)), ("w", floats(rng, (4, 3), "float64" if dtype != "float64" else "float32")), ("b", None)],
     ][bad]
     key = ["do not match", "do not match", "does not match weight", "do not match", "expected one dtype"][bad]
-    return valid, ("CustomLinear", "npu", {}, inputs, 1, None, key)
+    return valid, ("CustomLinear", "onnx_custom", {}, inputs, 1, None, key)
 
 
 def bev_pool(rng: np.random.Generator) -> tuple[Case, Case]:
@@ -162,7 +162,7 @@ def bev_pool(rng: np.random.Generator) -> tuple[Case, Case]:
         assert outs[0].shape == (b, c, z, y, xg) and np.isfinite(outs[0].astype(np.float64)).all()
 
     inputs = [("depth", depth), ("feat", feat), *zip(names, ranks, strict=True)]
-    valid: Case = ("BEVPoolV2", "bev", attrs, inputs, 1, check, "")
+    valid: Case = ("BEVPoolV2", "onnx_custom", attrs, inputs, 1, check, "")
     bad = int(rng.integers(0, 9))
     broken = [list(x) for x in inputs]
     key = ""
@@ -191,12 +191,12 @@ def bev_pool(rng: np.random.Generator) -> tuple[Case, Case]:
         broken[5][1] = ranks[3].astype(np.float32)
         key = "interval_starts has dtype float32"
     elif bad == 6:
-        return valid, ("BEVPoolV2", "bev", {"bev_feat_shape": [b, z, y, xg]}, inputs, 1, None, "5 values")
+        return valid, ("BEVPoolV2", "onnx_custom", {"bev_feat_shape": [b, z, y, xg]}, inputs, 1, None, "5 values")
     elif bad == 7:
-        return valid, ("BEVPoolV2", "bev", {}, inputs, 1, None, "lacks the required attribute bev_feat_shape")
+        return valid, ("BEVPoolV2", "onnx_custom", {}, inputs, 1, None, "lacks the required attribute bev_feat_shape")
     else:
-        return valid, ("BEVPoolV2", "bev", {"bev_feat_shape": [b, 1 << 30, 1 << 30, 4, c]}, inputs, 1, None, "more than 2^40")
-    return valid, ("BEVPoolV2", "bev", attrs, [tuple(x) for x in broken], 1, None, key)
+        return valid, ("BEVPoolV2", "onnx_custom", {"bev_feat_shape": [b, 1 << 30, 1 << 30, 4, c]}, inputs, 1, None, "more than 2^40")
+    return valid, ("BEVPoolV2", "onnx_custom", attrs, [tuple(x) for x in broken], 1, None, key)
 
 
 def deform_conv(rng: np.random.Generator) -> tuple[Case, Case]:
@@ -221,7 +221,7 @@ def deform_conv(rng: np.random.Generator) -> tuple[Case, Case]:
     def check(outs: list[np.ndarray]) -> None:
         assert outs[0].shape == (n, cout, ho, wo)
 
-    valid: Case = ("DeformConv2d", "custom", attrs, inputs, 1, check, "")
+    valid: Case = ("DeformConv2d", "onnx_custom", attrs, inputs, 1, check, "")
     bad = int(rng.integers(0, 9))
     broken = [list(x) for x in inputs]
     a2 = dict(attrs)
@@ -254,7 +254,7 @@ def deform_conv(rng: np.random.Generator) -> tuple[Case, Case]:
     else:
         broken[0][1] = floats(rng, (n, c, h, w), "float64" if dtype != "float64" else "float32")
         key = "expected one dtype"
-    return valid, ("DeformConv2d", "custom", a2, [tuple(x) for x in broken], 1, None, key)
+    return valid, ("DeformConv2d", "onnx_custom", a2, [tuple(x) for x in broken], 1, None, key)
 
 
 GENERATORS = [my_add, multi_out, multi_out3, custom_linear, bev_pool, deform_conv]

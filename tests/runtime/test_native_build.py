@@ -20,12 +20,12 @@ from onnx_custom.errors import ExtensionBuildError, KernelError
 from onnx_custom.runtime import native
 from onnx_custom.runtime.shim_build import abi_include_dir
 
-EXPECTED_OPS = ("custom::my_add", "custom::multi_out", "custom::MultiOut3", "custom::DeformConv2d",
-                "bev::BEVPoolV2", "npu::CustomLinear")  # fmt: skip
+EXPECTED_OPS = ("onnx_custom::my_add", "onnx_custom::multi_out", "onnx_custom::MultiOut3", "onnx_custom::DeformConv2d",
+                "onnx_custom::BEVPoolV2", "onnx_custom::CustomLinear")  # fmt: skip
 
 
 def my_add_model() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    m = node_model("my_add", "custom", [("a", "float32", [2]), ("b", "float32", [2])], [("y", "float32", None)])
+    m = node_model("my_add", "onnx_custom", [("a", "float32", [2]), ("b", "float32", [2])], [("y", "float32", None)])
     return m, {"a": np.array([1.0, 2.0], np.float32), "b": np.array([10.0, 20.0], np.float32)}
 
 
@@ -64,7 +64,7 @@ def test_cli_build_library_copies_it_out(tmp_path: Path, capsys: pytest.CaptureF
     printed = capsys.readouterr()
     copy = tmp_path / "out" / "libonnx_custom_ops.so"
     assert printed.out.strip() == str(copy.resolve())
-    assert "custom::DeformConv2d" in printed.err
+    assert "onnx_custom::DeformConv2d" in printed.err
     assert copy.read_bytes() == native.library_path().read_bytes()
     assert not [p for p in copy.parent.iterdir() if p.name.startswith(".")]  # no temp file left
 
@@ -133,16 +133,16 @@ def test_native_session_falls_back_to_python_for_a_shared_domain() -> None:
     from onnx_custom.runtime import KernelRegistry
 
     reg = KernelRegistry()
-    reg.kernel("custom::negate_only_in_python", inputs=["x"], outputs=["y"])(lambda x: -x)
-    nodes = [helper.make_node("my_add", ["a", "b"], ["t"], domain="custom"),
-             helper.make_node("negate_only_in_python", ["t"], ["y"], domain="custom")]  # fmt: skip
+    reg.kernel("onnx_custom::negate_only_in_python", inputs=["x"], outputs=["y"])(lambda x: -x)
+    nodes = [helper.make_node("my_add", ["a", "b"], ["t"], domain="onnx_custom"),
+             helper.make_node("negate_only_in_python", ["t"], ["y"], domain="onnx_custom")]  # fmt: skip
     vi = helper.make_tensor_value_info
     graph = helper.make_graph(nodes, "g", [vi("a", TensorProto.FLOAT, [2]), vi("b", TensorProto.FLOAT, [2])],
                               [vi("y", TensorProto.FLOAT, None)])  # fmt: skip
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("custom", 1)])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("onnx_custom", 1)])
     domains, specs = native.plan_kernels(m, onnx_custom.runtime.default_kernel_registry().copy().update(reg))
-    assert domains == frozenset() and {s.name for s in specs} == {"custom::my_add", "custom::negate_only_in_python"}
-    with pytest.raises(KernelError, match=r"neither a native nor a Python kernel: custom::negate_only_in_python.*fix"):
+    assert domains == frozenset() and {s.name for s in specs} == {"onnx_custom::my_add", "onnx_custom::negate_only_in_python"}
+    with pytest.raises(KernelError, match=r"neither a native nor a Python kernel: onnx_custom::negate_only_in_python.*fix"):
         native.plan_kernels(m)
 
 

@@ -1,4 +1,4 @@
-"""examples/run_model.c: the DCN model (opset 11, custom::DeformConv2d) run from plain C.
+"""examples/run_model.c: the DCN model (opset 11, onnx_custom::DeformConv2d) run from plain C.
 
 The test builds the program with the system C compiler, exports models/deform_conv.py with
 onnx_custom.export (dynamic batch/height/width), runs the program at a size other than the
@@ -69,7 +69,7 @@ def test_c_program_runs_the_dcn_model_like_eager(program: Path, tmp_path: Path, 
     onnx_path = tmp_path / "dcn.onnx"
     proto = onnx_custom.export(model, dcn.example_inputs(), onnx_path, exporter=exporter, opset=opset,
                                dynamic_shapes=dcn.dynamic_shapes if dynamic else None)  # fmt: skip
-    assert [n.op_type for n in proto.graph.node if n.domain == "custom"] == ["DeformConv2d"] * 2
+    assert [n.op_type for n in proto.graph.node if n.domain == "onnx_custom"] == ["DeformConv2d"] * 2
     # a size other than the export size when the file allows it
     shape = (3, 3, 40, 48) if dynamic else tuple(dcn.example_inputs()[0].shape)
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(5))

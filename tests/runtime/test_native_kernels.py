@@ -2,7 +2,7 @@
 
 Randomized inputs per op: broadcasting, zero-size and 0-d tensors, non-default attributes,
 float16/bfloat16, int32/int64 indices; plus ONNX's own backend DeformConv cases run through
-custom::DeformConv2d, and each GEMM/sampler code path (AVX-512, AVX2, portable C++, ORT's Gemm).
+onnx_custom::DeformConv2d, and each GEMM/sampler code path (AVX-512, AVX2, portable C++, ORT's Gemm).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def ids(value: Any) -> str:
     return str(value)
 
 
-# ---- custom::my_add --------------------------------------------------------------------------------
+# ---- onnx_custom::my_add --------------------------------------------------------------------------------
 MY_ADD_SHAPES = [((4, 3), (4, 3)), ((4, 3), (3,)), ((3,), (2, 4, 3)), ((5, 1, 3), (1, 6, 1)),
                  ((), ()), ((0, 3), (3,)), ((2, 0), (1,)), ((64, 1024), (64, 1024))]  # fmt: skip
 MY_ADD_DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64", "int8", "int16", "uint8"]  # ops/seed.yaml
@@ -56,7 +56,7 @@ MY_ADD_CASES += [(d, MY_ADD_SHAPES[1], -0.75) for d in ("float32", "float16", "i
 def test_my_add_matches_python(dtype: str, shapes: tuple[tuple[int, ...], ...], alpha: float | None) -> None:
     sa, sb = shapes
     attrs = {} if alpha is None else {"alpha": alpha}
-    m = node_model("my_add", "custom", [("a", dtype, list(sa)), ("b", dtype, list(sb))],
+    m = node_model("my_add", "onnx_custom", [("a", dtype, list(sa)), ("b", dtype, list(sb))],
                    [("y", dtype, None)], **attrs)  # fmt: skip
     feeds = {"a": rand(dtype, sa, 1), "b": rand(dtype, sb, 2)}
     (native,) = run_native(m, feeds)
@@ -65,7 +65,7 @@ def test_my_add_matches_python(dtype: str, shapes: tuple[tuple[int, ...], ...], 
 
 
 def test_my_add_output_shape_keeps_symbolic_dims() -> None:
-    m = node_model("my_add", "custom", [("a", "float32", ["batch", 1, 3]), ("b", "float32", [5, 1])],
+    m = node_model("my_add", "onnx_custom", [("a", "float32", ["batch", 1, 3]), ("b", "float32", [5, 1])],
                    [("y", "float32", None)])  # fmt: skip
     from _native_util import native_session
 
@@ -75,21 +75,21 @@ def test_my_add_output_shape_keeps_symbolic_dims() -> None:
     assert y.shape == (7, 5, 3)
 
 
-# ---- custom::multi_out --------------------------------------------------------------------------------
+# ---- onnx_custom::multi_out --------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16", "int64", "int16", "uint8"])
 @pytest.mark.parametrize("shape", [(2, 5), (0, 4), (), (3, 1, 7)], ids=ids)
 @pytest.mark.parametrize("attrs", [{}, {"scale": -1.5, "shift": 0.25}], ids=["defaults", "custom-attrs"])
 def test_multi_out_matches_python(dtype: str, shape: tuple[int, ...], attrs: dict[str, float]) -> None:
     if dtype == "uint8" and attrs:
         attrs = {"scale": 1.5, "shift": 0.25}  # numpy refuses a negative scale for unsigned types
-    m = node_model("multi_out", "custom", [("x", dtype, list(shape))],
+    m = node_model("multi_out", "onnx_custom", [("x", dtype, list(shape))],
                    [("s", dtype, None), ("t", dtype, None)], **attrs)  # fmt: skip
     feeds = {"x": rand(dtype, shape, 3)}
     for native, python in zip(run_native(m, feeds), run_python(m, feeds), strict=True):
         assert_close(native, python, dtype)
 
 
-# ---- custom::MultiOut3 -------------------------------------------------------------------------------
+# ---- onnx_custom::MultiOut3 -------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 @pytest.mark.parametrize(
     ("shape", "repeats"),
@@ -97,7 +97,7 @@ def test_multi_out_matches_python(dtype: str, shape: tuple[int, ...], attrs: dic
     ids=lambda v: ids(tuple(v)),
 )
 def test_multi_out3_matches_python(dtype: str, shape: tuple[int, ...], repeats: tuple[int, ...]) -> None:
-    m = node_model("MultiOut3", "custom", [("x", dtype, ["n", *shape[1:]])],
+    m = node_model("MultiOut3", "onnx_custom", [("x", dtype, ["n", *shape[1:]])],
                    [("a", dtype, None), ("b", dtype, None), ("c", dtype, None)],
                    repeats=list(repeats), scale=0.3)  # fmt: skip
     feeds = {"x": rand(dtype, shape, 4)}
@@ -110,19 +110,19 @@ def test_multi_out3_matches_python(dtype: str, shape: tuple[int, ...], repeats: 
 def test_multi_out3_shape_inference_symbolic() -> None:
     from _native_util import native_session
 
-    m = node_model("MultiOut3", "custom", [("x", "float32", ["batch", 3, 4])],
+    m = node_model("MultiOut3", "onnx_custom", [("x", "float32", ["batch", 3, 4])],
                    [("a", "float32", None), ("b", "float32", None), ("c", "float32", None)],
                    repeats=[1, 2, 3], scale=2.0)  # fmt: skip
     shapes = [o.shape for o in native_session(m).get_outputs()]
     assert shapes == [["batch", 3, 4], ["batch", 6, 12], ["batch", 3]]
-    m = node_model("MultiOut3", "custom", [("x", "float32", ["batch", 3])],
+    m = node_model("MultiOut3", "onnx_custom", [("x", "float32", ["batch", 3])],
                    [("a", "float32", None), ("b", "float32", None), ("c", "float32", None)],
                    repeats=[2, 1], scale=2.0)  # fmt: skip
     tiled = native_session(m).get_outputs()[1].shape
     assert tiled[1] == 3 and tiled[0] != "batch"  # 2 * batch has no name: never claimed as "batch"
 
 
-# ---- npu::CustomLinear ---------------------------------------------------------------------------------
+# ---- onnx_custom::CustomLinear ---------------------------------------------------------------------------------
 LINEAR_CASES = [((4, 16), 8, True), ((16,), 8, False), ((2, 3, 5, 16), 7, True), ((0, 16), 8, True),
                 ((3, 0), 4, True), ((130, 96), 70, True), ((2, 48), 200, False)]  # fmt: skip
 
@@ -133,7 +133,7 @@ def test_custom_linear_matches_python(dtype: str, x_shape: tuple[int, ...], out:
     k = x_shape[-1]
     inputs = [("x", dtype, ["n", *x_shape[1:]] if len(x_shape) > 1 else [k]), ("w", dtype, [out, k])]
     inputs.append(("b", dtype, [out]) if bias else ("", dtype, None))
-    m = node_model("CustomLinear", "npu", inputs, [("y", dtype, None)])
+    m = node_model("CustomLinear", "onnx_custom", inputs, [("y", dtype, None)])
     feeds = {"x": rand(dtype, x_shape, 5), "w": rand(dtype, (out, k), 6, scale=0.2)}
     if bias:
         feeds["b"] = rand(dtype, (out,), 7)
@@ -149,7 +149,7 @@ def test_custom_linear_matches_python(dtype: str, x_shape: tuple[int, ...], out:
         assert_close(native, python, dtype, scale=10.0)
 
 
-# ---- bev::BEVPoolV2 ------------------------------------------------------------------------------------
+# ---- onnx_custom::BEVPoolV2 ------------------------------------------------------------------------------------
 def bev_case(index_dtype: torch.dtype, dtype: str, cameras: int = 2, channels: int = 5,
              grid: tuple[int, int, int] = (16, 16, 1)) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:  # fmt: skip
     depth_bins, hw = 7, (4, 6)
@@ -163,7 +163,7 @@ def bev_case(index_dtype: torch.dtype, dtype: str, cameras: int = 2, channels: i
     names = ["depth", "feat", "ranks_depth", "ranks_feat", "ranks_bev", "interval_starts", "interval_lengths"]
     inputs = [("depth", dtype, [1, cameras, depth_bins, *hw]), ("feat", dtype, [1, cameras, *hw, channels])]
     inputs += [(n, idx, [None]) for n in names[2:]]
-    m = node_model("BEVPoolV2", "bev", inputs, [("bev", dtype, None)], bev_feat_shape=shape)
+    m = node_model("BEVPoolV2", "onnx_custom", inputs, [("bev", dtype, None)], bev_feat_shape=shape)
     feeds = {
         "depth": rand(dtype, (1, cameras, depth_bins, *hw), 8), "feat": rand(dtype, (1, cameras, *hw, channels), 9),
         "ranks_depth": ranks_depth.numpy(), "ranks_feat": ranks_feat.numpy(), "ranks_bev": ranks_bev.numpy(),
@@ -226,7 +226,7 @@ def test_bev_pool_ignores_points_outside_intervals_and_sums_shared_cells() -> No
     np.testing.assert_allclose(doubled, 2 * single)
 
 
-# ---- custom::DeformConv2d -------------------------------------------------------------------------------
+# ---- onnx_custom::DeformConv2d -------------------------------------------------------------------------------
 DCN_CASES = [
     # N, C, H, W, Cout, kh, kw, stride, pad, dilation, groups, offset_groups, use_mask
     (2, 4, 9, 11, 6, 3, 3, 1, 1, 1, 1, 1, 1),
@@ -255,7 +255,7 @@ def dcn_case(case: tuple[Any, ...], dtype: str = "float32", seed: int = 0) -> tu
         "bias": rand(dtype, (cout,), seed + 4),
     }  # fmt: skip
     names = ["input", "weight", "offset", "mask", "bias"]
-    m = node_model("DeformConv2d", "custom", [(k, dtype, ["N", *feeds[k].shape[1:]] if k != "bias" and k != "weight" else list(feeds[k].shape)) for k in names],
+    m = node_model("DeformConv2d", "onnx_custom", [(k, dtype, ["N", *feeds[k].shape[1:]] if k != "bias" and k != "weight" else list(feeds[k].shape)) for k in names],
                    [("y", dtype, None)], opset=11, **attrs)  # fmt: skip
     return m, feeds, attrs
 
@@ -294,7 +294,7 @@ def test_deform_conv_optional_mask_and_bias_absent() -> None:
     m, feeds, attrs = dcn_case(DCN_CASES[0])
     attrs = dict(attrs, use_mask=0)
     names = [("input", "float32", None), ("weight", "float32", None), ("offset", "float32", None), ("", "float32", None), ("", "float32", None)]
-    m = node_model("DeformConv2d", "custom", names, [("y", "float32", None)], opset=11, **attrs)
+    m = node_model("DeformConv2d", "onnx_custom", names, [("y", "float32", None)], opset=11, **attrs)
     (native,) = run_native(m, {k: feeds[k] for k in ("input", "weight", "offset")})
     expected = dcn_eager(dict(feeds, bias=np.zeros_like(feeds["bias"])), attrs).astype(np.float32)
     assert_close(native, expected, "float32", scale=4.0)
@@ -326,11 +326,11 @@ def backend_cases() -> list[Any]:
 
 @pytest.mark.parametrize("case", backend_cases(), ids=lambda c: c.name)
 def test_onnx_backend_deform_conv_cases(case: Any) -> None:
-    """ONNX's DeformConv conformance cases, mapped onto custom::DeformConv2d's attributes."""
+    """ONNX's DeformConv conformance cases, mapped onto onnx_custom::DeformConv2d's attributes."""
     node = case.model.graph.node[0]
     a = {x.name: onnx.helper.get_attribute_value(x) for x in node.attribute}
     pads, strides, dil = a.get("pads", [0, 0, 0, 0]), a.get("strides", [1, 1]), a.get("dilations", [1, 1])
-    assert pads[:2] == pads[2:], "custom::DeformConv2d pads symmetrically"
+    assert pads[:2] == pads[2:], "onnx_custom::DeformConv2d pads symmetrically"
     inputs, (expected,) = case.data_sets[0]
     named = dict(zip(node.input, inputs, strict=False))
     x, w, off = inputs[:3]
@@ -340,7 +340,7 @@ def test_onnx_backend_deform_conv_cases(case: Any) -> None:
                  offset_groups=a.get("offset_group", 1), use_mask=int(mask is not None))  # fmt: skip
     bias = named.get("B", np.zeros(w.shape[0], np.float32))
     feeds = {"input": x, "weight": w, "offset": off, "mask": mask if mask is not None else np.zeros((1, 1), np.float32), "bias": bias}
-    m = node_model("DeformConv2d", "custom", [(k, "float32", list(v.shape)) for k, v in feeds.items()],
+    m = node_model("DeformConv2d", "onnx_custom", [(k, "float32", list(v.shape)) for k, v in feeds.items()],
                    [("y", "float32", None)], opset=11, **attrs)  # fmt: skip
     (native,) = run_native(m, feeds)
     (python,) = run_python(m, feeds)
@@ -383,7 +383,7 @@ def path_cases(tmp_path_factory: pytest.TempPathFactory) -> str:
         arrays[f"out{i}"] = dcn_eager(feeds, attrs).astype(np.float32)
         i += 1
     for xs, out in [((130, 96), 70), ((3, 5, 40), 33)]:
-        m = node_model("CustomLinear", "npu", [("x", "float32", None), ("w", "float32", None), ("b", "float32", None)],
+        m = node_model("CustomLinear", "onnx_custom", [("x", "float32", None), ("w", "float32", None), ("b", "float32", None)],
                        [("y", "float32", None)])  # fmt: skip
         f = {"x": rand("float32", xs, 1), "w": rand("float32", (out, xs[-1]), 2), "b": rand("float32", (out,), 3)}
         arrays[f"model{i}"] = np.frombuffer(m.SerializeToString(), np.uint8)

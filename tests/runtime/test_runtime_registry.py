@@ -98,18 +98,18 @@ def test_copy_update_and_lookup() -> None:
 
 def test_default_registry_has_seed_and_user_kernels() -> None:
     reg = rt.default_kernel_registry()
-    assert {"custom::my_add", "custom::multi_out"} <= set(reg.names())
-    assert reg["custom::my_add"].out_mode and reg["custom::my_add"].function is not None
+    assert {"onnx_custom::my_add", "onnx_custom::multi_out"} <= set(reg.names())
+    assert reg["onnx_custom::my_add"].out_mode and reg["onnx_custom::my_add"].function is not None
     try:
         rt.kernel("testuser::Twice", inputs=["x"], outputs=["y"])(lambda x: 2 * x)
         assert "testuser::Twice" in rt.default_kernel_registry()
         with pytest.raises(KernelError, match="built-in kernel"):
-            rt.kernel("custom::my_add", inputs=["a", "b"], outputs=["y"],
+            rt.kernel("onnx_custom::my_add", inputs=["a", "b"], outputs=["y"],
                       attrs={"alpha": "float"})(_add)
         # a copy: mutating it leaves the default alone
         reg2 = rt.default_kernel_registry()
-        reg2.remove("custom::my_add")
-        assert "custom::my_add" in rt.default_kernel_registry()
+        reg2.remove("onnx_custom::my_add")
+        assert "onnx_custom::my_add" in rt.default_kernel_registry()
     finally:
         kernel_mod._user.remove("testuser::Twice")
 

@@ -84,8 +84,8 @@ def test_out_kernel_with_bad_shape_fn_reports_and_recovers() -> None:
 
 
 def test_four_threads_match_sequential_results() -> None:
-    nodes = [helper.make_node("my_add", ["a", "b"], ["y"], domain="custom", alpha=1.5),
-             helper.make_node("multi_out", ["y"], ["s", "t"], domain="custom")]
+    nodes = [helper.make_node("my_add", ["a", "b"], ["y"], domain="onnx_custom", alpha=1.5),
+             helper.make_node("multi_out", ["y"], ["s", "t"], domain="onnx_custom")]
     graph = helper.make_graph(
         nodes, "g",
         [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", "M"]),
@@ -93,7 +93,7 @@ def test_four_threads_match_sequential_results() -> None:
         [helper.make_tensor_value_info("s", TensorProto.FLOAT, ["N", "M"]),
          helper.make_tensor_value_info("t", TensorProto.FLOAT, ["N", "M"])])
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
-                                                helper.make_opsetid("custom", 1)], ir_version=10)
+                                                helper.make_opsetid("onnx_custom", 1)], ir_version=10)
     sess = rt.InferenceSession(m)
     rng = np.random.default_rng(0)
     feeds = []
@@ -154,12 +154,12 @@ def test_interpreter_exit_with_live_sessions_is_clean(tmp_path: Path) -> None:
         import threading, numpy as np
         from onnx import helper, TensorProto
         import onnx_custom.runtime as rt
-        nodes = [helper.make_node("my_add", ["a", "b"], ["y"], domain="custom")]
+        nodes = [helper.make_node("my_add", ["a", "b"], ["y"], domain="onnx_custom")]
         g = helper.make_graph(nodes, "g",
             [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in "ab"],
             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18),
-                              helper.make_opsetid("custom", 1)], ir_version=10)
+                              helper.make_opsetid("onnx_custom", 1)], ir_version=10)
         sessions = [rt.InferenceSession(m) for _ in range(3)]
         x = np.ones(2, np.float32)
         print(sessions[0].run(None, {"a": x, "b": x})[0].tolist())

@@ -34,7 +34,7 @@ def model(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto],
                              ir_version=10)
 
 
-def my_add_model(dtype: str, domain: str = "custom", op: str = "my_add", **attrs: Any) -> onnx.ModelProto:
+def my_add_model(dtype: str, domain: str = "onnx_custom", op: str = "my_add", **attrs: Any) -> onnx.ModelProto:
     node = helper.make_node(op, ["a", "b"], ["y"], domain=domain, name="add0", **attrs)
     return model([node], [vi("a", dtype, ["N", 3]), vi("b", dtype, [3])], [vi("y", dtype, ["N", 3])])
 
@@ -68,7 +68,7 @@ def test_my_add_default_alpha_and_outputs_metadata() -> None:
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int64"])
 def test_multi_out(dtype: str) -> None:
-    node = helper.make_node("multi_out", ["x"], ["s", "t"], domain="custom", scale=4.0, shift=-1.0)
+    node = helper.make_node("multi_out", ["x"], ["s", "t"], domain="onnx_custom", scale=4.0, shift=-1.0)
     m = model([node], [vi("x", dtype, [2, "K"])], [vi("s", dtype, [2, "K"]), vi("t", dtype, [2, "K"])])
     x = data(dtype, (2, 5))
     s, t = rt.InferenceSession(m).run(None, {"x": x})
@@ -80,8 +80,8 @@ def test_multi_out(dtype: str) -> None:
 
 def test_reregistered_in_user_domains() -> None:
     reg = seed_kernels.copy()
-    reg.alias("com.acme::MyAdd", "custom::my_add")
-    reg.add(seed_kernels["custom::multi_out"].renamed("com.acme.v2::MultiOut"))
+    reg.alias("com.acme::MyAdd", "onnx_custom::my_add")
+    reg.add(seed_kernels["onnx_custom::multi_out"].renamed("com.acme.v2::MultiOut"))
     nodes = [helper.make_node("MyAdd", ["a", "b"], ["y"], domain="com.acme", alpha=0.5),
              helper.make_node("MultiOut", ["y"], ["s", "t"], domain="com.acme.v2")]
     m = model(nodes, [vi("a", "float64", ["N", 3]), vi("b", "float64", [3])],
@@ -194,7 +194,7 @@ def test_missing_kernels_listed_before_ort() -> None:
     nodes = [helper.make_node("Nope", ["a"], ["b"], domain="x.y", name="n1"),
              helper.make_node("Relu", ["b"], ["c"]),
              helper.make_node("Nope", ["c"], ["d"], domain="x.y", name="n2"),
-             helper.make_node("my_add", ["d", "d"], ["e"], domain="custom"),
+             helper.make_node("my_add", ["d", "d"], ["e"], domain="onnx_custom"),
              helper.make_node("Other", ["e"], ["f"], domain="z")]
     m = model(nodes, [vi("a", "float32", [2])], [vi("f", "float32", [2])])
     assert rt.missing_kernels(m) == [("x.y", "Nope"), ("z", "Other")]
@@ -239,8 +239,8 @@ def test_session_options_for_users_own_sessions() -> None:
 def test_checker_shape_inference_and_reference_evaluator() -> None:
     rt.register_schemas()
     rt.register_schemas()  # idempotent
-    nodes = [helper.make_node("my_add", ["a", "b"], ["y"], domain="custom", alpha=1.5),
-             helper.make_node("multi_out", ["y"], ["s", "t"], domain="custom")]
+    nodes = [helper.make_node("my_add", ["a", "b"], ["y"], domain="onnx_custom", alpha=1.5),
+             helper.make_node("multi_out", ["y"], ["s", "t"], domain="onnx_custom")]
     m = model(nodes, [vi("a", "float32", ["N", 3]), vi("b", "float32", [3])],
               [vi("s", "float32", ["N", 3]), vi("t", "float32", ["N", 3])])
     onnx.checker.check_model(m, full_check=True)
@@ -287,8 +287,8 @@ def test_seed_my_add_body_matches_kernel() -> None:
 
 def test_unknown_rank_inputs_keep_real_output_shapes() -> None:
     # ORT reports unknown-rank inputs as rank 0 to custom ops; outputs must not become scalars
-    nodes = [helper.make_node("my_add", ["a", "b"], ["y"], domain="custom"),
-             helper.make_node("multi_out", ["y"], ["s", "t"], domain="custom")]
+    nodes = [helper.make_node("my_add", ["a", "b"], ["y"], domain="onnx_custom"),
+             helper.make_node("multi_out", ["y"], ["s", "t"], domain="onnx_custom")]
     m = model(nodes, [vi("a", "float32", None), vi("b", "float32", None)],
               [vi("s", "float32", None), vi("t", "float32", None)])
     a, b = data("float32", (2, 5)), data("float32", (2, 5), 1)

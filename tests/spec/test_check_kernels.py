@@ -21,13 +21,13 @@ ARGS = (torch.ones(2, 3), torch.ones(2, 3))
 
 class AddThenSplit(torch.nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.ops.mylib.multi_out(torch.ops.mylib.my_add(a, b))
+        return torch.ops.onnx_custom.multi_out(torch.ops.onnx_custom.my_add(a, b))
 
 
 def _registry_emitting(node_type: str) -> onnx_custom.Registry:
     registry = onnx_custom.default_registry().copy()
     # No emits=: check must find the node by running the translation.
-    registry.symbolic("mylib::my_add", opset=1, replace=True)(lambda g, a, b: g.op(node_type, a, b))
+    registry.symbolic("onnx_custom::my_add", opset=1, replace=True)(lambda g, a, b: g.op(node_type, a, b))
     return registry
 
 
@@ -36,7 +36,7 @@ def test_a_custom_node_without_kernel_is_found_without_emits(exporter: str, opse
     report = check(AddThenSplit(), ARGS, exporter=exporter, opset=opset, registry=_registry_emitting("nokernel_check::Thing"))
     assert report.translations_ran and not report.ok and not report.missing
     (gap,) = report.missing_kernels
-    assert gap.node_type == "nokernel_check::Thing" and "mylib::my_add" in gap.emitted_by[0]
+    assert gap.node_type == "nokernel_check::Thing" and "onnx_custom::my_add" in gap.emitted_by[0]
     assert "nokernel_check::Thing: no runtime kernel and no ONNX schema" in str(report)
 
 
@@ -61,10 +61,10 @@ def test_emits_is_still_accepted_when_the_export_cannot_run() -> None:
 
     class Gap(torch.nn.Module):
         def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-            return untranslated(torch.ops.mylib.my_add(a, b))
+            return untranslated(torch.ops.onnx_custom.my_add(a, b))
 
     registry = onnx_custom.default_registry().copy()
-    registry.symbolic("mylib::my_add", opset=1, replace=True, emits=["declared_check::Thing"])(lambda g, a, b: g.op("declared_check::Thing", a, b))
+    registry.symbolic("onnx_custom::my_add", opset=1, replace=True, emits=["declared_check::Thing"])(lambda g, a, b: g.op("declared_check::Thing", a, b))
     report = check(Gap(), ARGS, registry=registry)
     assert not report.translations_ran and [m.name for m in report.missing] == ["onnx_custom_test_check_kernels::untranslated.default"]
     assert [k.node_type for k in report.missing_kernels] == ["declared_check::Thing"]

@@ -256,8 +256,8 @@ def test_output_without_shape_rule() -> None:
 
 def test_node_served_by_another_kernel() -> None:
     with pytest.raises(SpecError) as info:
-        register_spec(OpSpec(**_base(domain="custom", op_type="my_add")))  # a built-in kernel's node
-    _assert_names(info.value, "a kernel for custom::my_add is already registered", "fix: pick another op_type/domain")
+        register_spec(OpSpec(**_base(domain="onnx_custom", op_type="my_add")))  # a built-in kernel's node
+    _assert_names(info.value, "a kernel for onnx_custom::my_add is already registered", "fix: pick another op_type/domain")
 
 
 def test_translation_clash_rolls_back_the_torch_op() -> None:

@@ -33,11 +33,11 @@ def test_parse_ill_formed(bad: str, hint: str) -> None:
 
 def test_overload_packet_is_rejected_with_fix() -> None:
     with pytest.raises(SymbolicError, match=r"OverloadPacket.*\.default"):
-        normalize_target(torch.ops.mylib.my_add)
+        normalize_target(torch.ops.onnx_custom.my_add)
 
 
 def test_op_overload_and_function_targets() -> None:
-    assert normalize_target(torch.ops.mylib.my_add.default).key == "mylib::my_add.default"
+    assert normalize_target(torch.ops.onnx_custom.my_add.default).key == "onnx_custom::my_add.default"
 
     class Fn(torch.autograd.Function):
         @staticmethod
@@ -49,7 +49,7 @@ def test_op_overload_and_function_targets() -> None:
         normalize_target(42)
 
 
-@pytest.mark.parametrize(("text", "expected"), [("Asinh", ("", "Asinh")), ("custom::my_add", ("custom", "my_add")), ("com.acme::Foo", ("com.acme", "Foo")), ("ai.onnx::Add", ("", "Add"))])
+@pytest.mark.parametrize(("text", "expected"), [("Asinh", ("", "Asinh")), ("custom::my_add", ("onnx_custom", "my_add")), ("com.acme::Foo", ("com.acme", "Foo")), ("ai.onnx::Add", ("", "Add"))])
 def test_node_types(text: str, expected: tuple[str, str]) -> None:
     assert parse_node_type(text) == expected
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import onnx_custom
-import onnx_custom.ops.seed  # defines mylib::my_add and mylib::multi_out
+import onnx_custom.ops.seed  # defines onnx_custom::my_add and onnx_custom::multi_out
 from onnx_custom.cli import main
 from onnx_custom.errors import UnsupportedOpError
 from onnx_custom.verification.preflight import CoverageReport, check
@@ -26,13 +26,13 @@ def _(x: torch.Tensor) -> torch.Tensor:
 
 class Uncovered(torch.nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.mylib.my_add(torch.relu(a), b)
+        y = torch.ops.onnx_custom.my_add(torch.relu(a), b)
         return untranslated(y) + untranslated(a)
 
 
 class Covered(torch.nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.ops.mylib.multi_out(torch.ops.mylib.my_add(a, b))
+        return torch.ops.onnx_custom.multi_out(torch.ops.onnx_custom.my_add(a, b))
 
 
 ARGS = (torch.ones(2, 3), torch.ones(2, 3))
@@ -46,7 +46,7 @@ def test_lists_every_untranslated_op(exporter: str, opset: int) -> None:
     assert missing.name.startswith("onnx_custom_test_check::untranslated") and missing.count == 2
     text = str(report)
     assert "1 op(s) without a translation" in text and "untranslated" in text and "(x2)" in text
-    assert any("mylib::my_add" in t for t in report.translations)
+    assert any("onnx_custom::my_add" in t for t in report.translations)
     with pytest.raises(UnsupportedOpError) as info:
         check(Uncovered(), ARGS, exporter=exporter, opset=opset, raise_if_missing=True)
     assert str(info.value) == text and info.value.missing == report.missing_names
@@ -62,18 +62,18 @@ def test_reports_the_opsets_where_a_translation_exists() -> None:
 
 def test_custom_nodes_without_kernel_or_schema() -> None:
     registry = onnx_custom.default_registry().copy()
-    registry.symbolic("mylib::my_add", opset=1, replace=True, emits=["nokernel::Thing"])(lambda g, a, b: g.op("nokernel::Thing", a, b))
+    registry.symbolic("onnx_custom::my_add", opset=1, replace=True, emits=["nokernel::Thing"])(lambda g, a, b: g.op("nokernel::Thing", a, b))
     report = check(Covered(), ARGS, registry=registry)
     assert not report.missing and not report.ok
     (gap,) = report.missing_kernels
-    assert gap.node_type == "nokernel::Thing" and "mylib::my_add" in gap.emitted_by[0]
+    assert gap.node_type == "nokernel::Thing" and "onnx_custom::my_add" in gap.emitted_by[0]
     assert "nokernel::Thing: no runtime kernel and no ONNX schema" in str(report)
 
 
 def test_clean_model_and_custom_variant() -> None:
     assert check(Covered(), ARGS).ok
     custom = check(Covered(), ARGS, registry=onnx_custom.default_registry().with_variants("custom"))
-    assert set(custom.emitted) == {"custom::my_add", "custom::multi_out"}
+    assert set(custom.emitted) == {"onnx_custom::my_add", "onnx_custom::multi_out"}
     if custom.kernels_checked:  # the shipped kernels cover the shipped custom nodes
         assert custom.ok, str(custom)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import onnx_custom
-import onnx_custom.ops.seed  # defines mylib::my_add and mylib::multi_out
+import onnx_custom.ops.seed  # defines onnx_custom::my_add and onnx_custom::multi_out
 from onnx_custom.cli import main
 from onnx_custom.errors import VerificationError
 from onnx_custom.verification.localize import Localization, localize
@@ -21,8 +21,8 @@ class Chain(torch.nn.Module):
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         x = torch.relu(a)
-        y = torch.ops.mylib.my_add(x, b)
-        doubled, shifted = torch.ops.mylib.multi_out(y)
+        y = torch.ops.onnx_custom.my_add(x, b)
+        doubled, shifted = torch.ops.onnx_custom.multi_out(y)
         return (doubled * shifted).sum(dim=-1)
 
 
@@ -44,14 +44,14 @@ def planted_multi_out(g: Any, x: Any) -> Any:
 @pytest.fixture(scope="module")
 def broken_add() -> onnx_custom.Registry:
     registry = onnx_custom.default_registry().copy()
-    registry.symbolic("mylib::my_add", opset=1, replace=True)(planted_my_add)
+    registry.symbolic("onnx_custom::my_add", opset=1, replace=True)(planted_my_add)
     return registry
 
 
 @pytest.fixture(scope="module")
 def broken_multi() -> onnx_custom.Registry:
     registry = onnx_custom.default_registry().copy()
-    registry.symbolic("mylib::multi_out", opset=1, replace=True)(planted_multi_out)
+    registry.symbolic("onnx_custom::multi_out", opset=1, replace=True)(planted_multi_out)
     return registry
 
 
@@ -62,7 +62,7 @@ def test_planted_my_add_is_named_in_the_error(exporter: str, broken_add: onnx_cu
     with pytest.raises(VerificationError) as info:
         onnx_custom.verify(model, args, proto, localize=True, registry=broken_add)
     message = str(info.value)
-    assert "First diverging node: #1 my_add = mylib::my_add" in message
+    assert "First diverging node: #1 my_add = onnx_custom::my_add" in message
     assert "planted_my_add" in message  # the translation that produced it
     loc = info.value.report.localization
     assert isinstance(loc, Localization)
@@ -72,7 +72,7 @@ def test_planted_my_add_is_named_in_the_error(exporter: str, broken_add: onnx_cu
     relu = loc.nodes[0]
     assert relu.torch_op == "aten::relu" and relu.observed and not relu.diverges
     first = loc.first
-    assert first.torch_op == "mylib::my_add"
+    assert first.torch_op == "onnx_custom::my_add"
     assert all(i.passed for i in first.inputs)
     assert first.outputs[0].max_abs_diff > 0.1
     assert any(n.startswith("Mul") for n in first.onnx_nodes) and any(n.startswith("Add") for n in first.onnx_nodes)
@@ -127,7 +127,7 @@ def test_cli_verify_localize_and_report(tmp_path: Any, broken_add: onnx_custom.R
         "import torch\nimport onnx_custom.ops.seed\n\n"
         "class Model(torch.nn.Module):\n"
         "    def forward(self, a, b):\n"
-        "        d, s = torch.ops.mylib.multi_out(torch.ops.mylib.my_add(torch.relu(a), b))\n"
+        "        d, s = torch.ops.onnx_custom.multi_out(torch.ops.onnx_custom.my_add(torch.relu(a), b))\n"
         "        return (d * s).sum(dim=-1)\n\n"
         "def example_inputs():\n"
         "    g = torch.Generator().manual_seed(1)\n"
@@ -139,7 +139,7 @@ def test_cli_verify_localize_and_report(tmp_path: Any, broken_add: onnx_custom.R
     rc = main(["verify", f"{model_file}:Model", str(onnx_file), "--localize", "--report", str(report_file)])
     out = capsys.readouterr()
     assert rc == 1
-    assert "First diverging node: #1 my_add = mylib::my_add" in out.out
+    assert "First diverging node: #1 my_add = onnx_custom::my_add" in out.out
     text = report_file.read_text()
     assert "## Localization" in text and "my_add" in text and "## Environment" in text
 

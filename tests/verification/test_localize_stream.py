@@ -39,14 +39,14 @@ def _graph_model() -> onnx.ModelProto:
         helper.make_node("Shape", ["c"], ["shape"]),
         helper.make_node("Cast", ["shape"], ["shape_f"], to=FLOAT),
         helper.make_node("Add", ["a", "c"], ["f"]),
-        helper.make_node("my_add", ["a", "f"], ["y"], domain="custom", alpha=2.0),
+        helper.make_node("my_add", ["a", "f"], ["y"], domain="onnx_custom", alpha=2.0),
     ]
     graph = helper.make_graph(
         nodes, "segments", [helper.make_tensor_value_info("x", FLOAT, [2, 3])],
         [helper.make_tensor_value_info("y", FLOAT, [2, 3]), helper.make_tensor_value_info("shape_f", FLOAT, [2])],
         initializer=[w],
     )  # fmt: skip
-    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("custom", 1)]
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("onnx_custom", 1)]
     return helper.make_model(graph, opset_imports=opsets, ir_version=10)
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import onnx_custom
-import onnx_custom.ops.seed  # defines mylib::my_add and mylib::multi_out
+import onnx_custom.ops.seed  # defines onnx_custom::my_add and onnx_custom::multi_out
 from onnx_custom.cli import main
 from onnx_custom.errors import OnnxCustomError
 from onnx_custom.verification.report import (
@@ -33,7 +33,7 @@ class AddOneAndTriple(torch.nn.Module):
     """Output 0 goes through the (broken) my_add translation, output 1 does not."""
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.ops.mylib.my_add(a.relu(), b) + 1.0, a * 3.0
+        return torch.ops.onnx_custom.my_add(a.relu(), b) + 1.0, a * 3.0
 
 
 DYNAMIC = {"a": {0: "batch"}, "b": {0: "batch"}}
@@ -42,7 +42,7 @@ DYNAMIC = {"a": {0: "batch"}, "b": {0: "batch"}}
 @pytest.fixture(scope="module")
 def broken_report() -> onnx_custom.VerificationReport:
     registry = onnx_custom.default_registry().copy()
-    registry.symbolic("mylib::my_add", opset=1, replace=True)(lambda g, a, b: g.op("Add", a, b))  # 2a + b is not a + b
+    registry.symbolic("onnx_custom::my_add", opset=1, replace=True)(lambda g, a, b: g.op("Add", a, b))  # 2a + b is not a + b
     g = torch.Generator().manual_seed(0)
     args = (torch.randn(2, 4, generator=g), torch.randn(2, 4, generator=g))
     proto = onnx_custom.export(AddOneAndTriple(), args, exporter="dynamo", registry=registry, dynamic_shapes=DYNAMIC)
@@ -81,7 +81,7 @@ def test_outputs_are_summarized_by_index_and_name(broken_report: onnx_custom.Ver
 def test_markdown_histograms_only_for_failing_outputs(broken_report: onnx_custom.VerificationReport, tmp_path: Path) -> None:
     text = Path(write_report(tmp_path / "r.md", broken_report)).read_text()
     assert text.startswith("# onnx-custom verification: FAILED")
-    assert "## Environment" in text and "| onnxruntime |" in text and "## Localization" in text and "mylib::my_add" in text
+    assert "## Environment" in text and "| onnxruntime |" in text and "## Localization" in text and "onnx_custom::my_add" in text
     assert "## Shapes tried" in text and "batch=1" in text and "batch=4" in text
     failing = text[text.index("## Failing outputs") :]
     assert "#0 output[0]" in failing and "#1 output[1]" not in failing
@@ -158,7 +158,7 @@ def test_cli_zoo_report_is_short_when_all_pass(tmp_path: Path, capsys: Any) -> N
     assert len(rows) == 6 and len(text.splitlines()) < 40, text
     assert "histogram" not in text.lower() and "| abs diff |" not in text
     dynamic = next(r for r in rows if "custom-dynamic" in r)
-    assert "batch: 1, 5, 8 (export 4)" in dynamic and "custom::multi_out" in dynamic
+    assert "batch: 1, 5, 8 (export 4)" in dynamic and "onnx_custom::multi_out" in dynamic
     assert main(["zoo", "multi_out", "--report", str(js)]) == 0
     data = json.loads(js.read_text())
     assert data["kind"] == "zoo" and data["passed"] and data["counts"] == {"pass": 6, "fail": 0, "skip": 0}

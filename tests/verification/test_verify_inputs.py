@@ -179,7 +179,7 @@ def test_reference_backend_runs_custom_nodes() -> None:
     model, args = my_add.Model().eval(), my_add.example_inputs()
     registry = onnx_custom.default_registry().with_variants("custom")
     proto = onnx_custom.export(model, args, exporter="dynamo", registry=registry)
-    assert any(n.domain == "custom" for n in proto.graph.node)
+    assert any(n.domain == "onnx_custom" for n in proto.graph.node)
     report = verify(model, args, proto, backends=("onnxruntime", "reference"), trials=2)
     assert report.passed and len(report.comparisons) == 4
 
@@ -217,11 +217,11 @@ def test_verify_with_a_users_own_kernel_registry() -> None:
     kernels = KernelRegistry()
     kernels.kernel("octest_own::my_add", inputs=["a", "b"], outputs=["y"], attrs={"alpha": ("float", 2.0)})(lambda a, b, *, alpha: alpha * a + b)
     registry = onnx_custom.default_registry().copy()
-    registry.symbolic("mylib::my_add", opset=1, replace=True)(lambda g, a, b: g.op("octest_own::my_add", a, b, alpha=2.0))
+    registry.symbolic("onnx_custom::my_add", opset=1, replace=True)(lambda g, a, b: g.op("octest_own::my_add", a, b, alpha=2.0))
 
     class M(torch.nn.Module):
         def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-            return torch.ops.mylib.my_add(a, b)
+            return torch.ops.onnx_custom.my_add(a, b)
 
     args = (torch.randn(2, 3), torch.randn(2, 3))
     proto = onnx_custom.export(M(), args, exporter="dynamo", registry=registry, verify=True, kernels=kernels)

@@ -125,12 +125,12 @@ def test_unnamed_dynamic_dims_are_varied_too() -> None:
 
 class CustomAdd(torch.nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mylib.my_add(a, b)  # the custom node's output is the graph output
+        return torch.ops.onnx_custom.my_add(a, b)  # the custom node's output is the graph output
 
 
 class CustomAddRelu(torch.nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mylib.my_add(a, b).relu()  # the custom node's output is intermediate
+        return torch.ops.onnx_custom.my_add(a, b).relu()  # the custom node's output is intermediate
 
 
 def _bake_static(proto: onnx.ModelProto, value: str, shape: Sequence[int]) -> onnx.ModelProto:
@@ -156,7 +156,7 @@ def test_a_baked_static_custom_node_shape_fails_by_default(exporter: str, model:
     args = (torch.randn(2, 3, 8), torch.randn(2, 3, 8))
     registry = onnx_custom.default_registry().with_variants("custom")
     proto = onnx_custom.export(model, args, exporter=exporter, registry=registry, dynamic_shapes=({0: Dim("batch")}, {0: Dim("batch")}))
-    (node,) = [n for n in proto.graph.node if n.domain == "custom"]
+    (node,) = [n for n in proto.graph.node if n.domain == "onnx_custom"]
     planted = _bake_static(proto, node.output[0], (2, 3, 8))
     # The old verifier ran the export shape only, where the baked shape is right: PASS.
     assert verify(model, args, planted, shapes=()).passed
@@ -168,7 +168,7 @@ def test_a_baked_static_custom_node_shape_fails_by_default(exporter: str, model:
     assert failed and all(r.kind == "shape" for r in failed)
     if report.type_mismatches:  # ORT ran, returned another shape than the file declares
         (mismatch,) = [m for m in report.type_mismatches if m.value == node.output[0] and m.trial == failed[0].trial]
-        assert "custom::my_add" in mismatch.producer
+        assert "onnx_custom::my_add" in mismatch.producer
         assert mismatch.declared == "float[2, 3, 8]" and mismatch.actual == "float[1, 3, 8]"
         assert "dim 0 is static 2 in the file but 1 at run time" in str(info.value)
     else:  # our kernel host refused the output ORT inferred from the baked shape

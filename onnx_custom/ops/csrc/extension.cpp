@@ -1,5 +1,5 @@
-// my_ops::my_add(a, b) = 2 * a + b, registered with the PyTorch dispatcher (no Python binding:
-// the library is loaded with torch.ops.load_library and called as torch.ops.my_ops.my_add).
+// onnx_custom_ext::my_add(a, b) = 2 * a + b, registered with the PyTorch dispatcher (no Python binding:
+// the library is loaded with torch.ops.load_library and called as torch.ops.onnx_custom_ext.my_add).
 // Its spec (onnx_custom/ops/extension.py) adopts this op: the schema below must be the spec's.
 #include <torch/library.h>
 #include <ATen/ATen.h>
@@ -9,11 +9,11 @@ namespace {
 at::Tensor my_add_cpu(const at::Tensor& a, const at::Tensor& b) {
   // Same checks (and wording) as onnx_custom.ops.extension.check_my_add_inputs.
   TORCH_CHECK_VALUE(a.sizes() == b.sizes(),
-      "my_ops::my_add expects a and b of the same shape, got a ", a.sizes(), " and b ", b.sizes());
+      "onnx_custom_ext::my_add expects a and b of the same shape, got a ", a.sizes(), " and b ", b.sizes());
   TORCH_CHECK_TYPE(a.scalar_type() == b.scalar_type(),
-      "my_ops::my_add expects a and b of the same dtype, got a ", a.scalar_type(),
+      "onnx_custom_ext::my_add expects a and b of the same dtype, got a ", a.scalar_type(),
       " and b ", b.scalar_type());
-  // The spec's dtype list (onnx_custom/ops/extension.py): floats and ints, as mylib::my_add.
+  // The spec's dtype list (onnx_custom/ops/extension.py): floats and ints, as onnx_custom::my_add.
   bool supported = false;
   switch (a.scalar_type()) {
     case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16:
@@ -24,7 +24,7 @@ at::Tensor my_add_cpu(const at::Tensor& a, const at::Tensor& b) {
       break;
   }
   TORCH_CHECK_TYPE(supported,
-      "my_ops::my_add expects tensors of float32, float64, float16, bfloat16, int8, int16, int32, "
+      "onnx_custom_ext::my_add expects tensors of float32, float64, float16, bfloat16, int8, int16, int32, "
       "int64 or uint8, got ", a.scalar_type());
   at::Tensor out = at::empty_like(a, at::MemoryFormat::Contiguous);
   at::Tensor ac = a.contiguous();
@@ -43,12 +43,12 @@ at::Tensor my_add_cpu(const at::Tensor& a, const at::Tensor& b) {
 
 }  // namespace
 
-TORCH_LIBRARY(my_ops, m) {
+TORCH_LIBRARY(onnx_custom_ext, m) {
   // The fake (meta) kernel and autograd formula live in Python; torch requires this pointer.
   m.set_python_module("onnx_custom.ops.extension");
   m.def("my_add(Tensor a, Tensor b) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(my_ops, CPU, m) {
+TORCH_LIBRARY_IMPL(onnx_custom_ext, CPU, m) {
   m.impl("my_add", &my_add_cpu);
 }
