@@ -18,11 +18,13 @@ from onnx_custom.exporter.pipeline import (
     EXPORTERS,
     MAX_IR_VERSION,
     check_export_request,
+    check_external_data_option,
     finalize_model,
     run_export,
     save_model,
     trace_program,
 )
+from onnx_custom.runtime.half_precision import DEFAULT_MODE
 from onnx_custom.translate.registry import Registry
 from onnx_custom.verification.verifier import verify as run_verify
 
@@ -45,6 +47,8 @@ def export(
     kernels: Any = None,
     dynamic_axes: Any = None,
     keep_failed: str | os.PathLike[str] | None = None,
+    half_precision: str = DEFAULT_MODE,
+    external_data: bool | str | os.PathLike[str] | None = None,
     **exporter_kwargs: Any,
 ) -> onnx.ModelProto:
     """Export ``model`` with the ``"dynamo"`` or ``"torchscript"`` exporter using our translations.
@@ -67,12 +71,26 @@ def export(
     `onnx_custom.runtime.KernelRegistry`, for custom nodes) *before* writing ``f``: on a mismatch
     nothing is written and `VerificationError` says so, unless ``keep_failed`` names a path for the
     failing model (the error then says where it is).
+
+    ``external_data``: None (default) writes ``f`` as one file unless it would exceed protobuf's
+    2 GiB limit (or ``$ONNX_CUSTOM_EXTERNAL_DATA_THRESHOLD`` bytes), and then puts the tensors in
+    ``<f>.data`` next to it; True always does; False never (an error past 2 GiB); a file name
+    (``"weights.bin"``) always, in that file next to ``f``. The data file is written first and
+    the model records which write it belongs to, so onnx-custom's loaders never pair a model with
+    another export's data. A file object ``f`` cannot take external data (`InvalidArgumentError`).
+
+    ``half_precision``: standard nodes (function bodies included) that ONNX Runtime's CPU provider
+    cannot run at float16/bfloat16 are computed in float32 with ``Cast``s around them
+    (``"float32-compute"``, default), or raise `HalfPrecisionError` naming the op, dtype and
+    provider (``"strict"``), or are left alone (``"off"``: files for other providers).
     """
     request = check_export_request(
         model, args, exporter=exporter, opset=opset, dynamic_shapes=dynamic_shapes, dynamic_axes=dynamic_axes,
-        input_names=input_names, output_names=output_names, registry=registry, **exporter_kwargs,
+        input_names=input_names, output_names=output_names, registry=registry, half_precision=half_precision,
+        **exporter_kwargs,
     )  # fmt: skip
     check_output(f)
+    check_external_data_option(external_data, f)
     check_names(input_names, "input_names")
     check_names(output_names, "output_names")
     if kernels is not None:
@@ -89,11 +107,11 @@ def export(
         from onnx_custom.function_bodies import embed_functions
         from onnx_custom.runtime import KernelRegistry
 
-        proto = embed_functions(proto, kernels if isinstance(kernels, KernelRegistry) else None)  # type: ignore[operator]
+        proto = embed_functions(proto, kernels if isinstance(kernels, KernelRegistry) else None, half_precision=half_precision)  # type: ignore[operator]
     if verify:
         _verify_before_writing(model, args, proto, kernels, f, keep_failed)
     if f is not None:
-        save_model(proto, f)
+        save_model(proto, f, external_data=external_data)
     return proto
 
 

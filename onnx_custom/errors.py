@@ -11,6 +11,7 @@ __all__ = [
     "DeformConv2dError",
     "DynamicShapesError",
     "ExtensionBuildError",
+    "HalfPrecisionError",
     "InvalidArgumentError",
     "KernelError",
     "ModelLoadError",
@@ -48,6 +49,12 @@ class UnsupportedOpError(OnnxCustomError):
 
 class SymbolicError(OnnxCustomError, ValueError):
     """A translation or its registration is malformed (bad target name, bad attribute, wrong arity)."""
+
+
+class HalfPrecisionError(SymbolicError):
+    """A float16/bfloat16 node ONNX Runtime's CPU provider cannot run, and the export may not (or
+    cannot) compute it in float32 (``half_precision=``): raised at export, before anything is
+    written, naming the op, the dtype and the provider."""
 
 
 class DynamicShapesError(OnnxCustomError, ValueError):

@@ -11,18 +11,18 @@ import dataclasses
 import io
 import os
 import re
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
 import onnx
 import torch
 
-from onnx_custom.common.atomic import (
-    atomic_write,
-    check_output_path,
-    commit_file,
-    is_file_object,
-    temporary_folder,
+from onnx_custom.common.atomic import atomic_write, check_output_path, is_file_object
+from onnx_custom.common.external_data import (
+    PROTOBUF_LIMIT,
+    external_threshold,
+    save_with_external_data,
 )
 from onnx_custom.common.onnx_utils import iter_nodes
 from onnx_custom.common.quiet import quiet_torch
@@ -54,6 +54,7 @@ from onnx_custom.exporter.dynamo_shapes import symbol_names
 from onnx_custom.exporter.opset_compat import lower_default_opset
 from onnx_custom.exporter.torchscript import registered
 from onnx_custom.exporter.torchscript_shapes import ExportDims, export_dims, name_derived_dims
+from onnx_custom.runtime.half_precision import DEFAULT_MODE, check_mode, widen_model
 from onnx_custom.translate.coverage import (
     format_missing,
     missing_ops_dynamo,
@@ -68,6 +69,7 @@ __all__ = [
     "MAX_IR_VERSION",
     "ExportRequest",
     "check_export_request",
+    "check_external_data_option",
     "export_model",
     "finalize_model",
     "run_export",
@@ -77,8 +79,12 @@ __all__ = [
 
 DEFAULT_OPSET = 18
 MAX_IR_VERSION = 10  # ORT 1.31 accepts <= 13; 10 covers opsets up to 21 and every older runtime
-_PROTOBUF_LIMIT = 2**31 - 1
 _DYNAMO_NATIVE_OPSET = 18
+_IN_MEMORY_LIMIT = 2**30  # above this many bytes of weights, TorchScript exports through a folder
+_ONNX_FLOATS = {
+    torch.float16: onnx.TensorProto.FLOAT16, torch.bfloat16: onnx.TensorProto.BFLOAT16,
+    torch.float32: onnx.TensorProto.FLOAT, torch.float64: onnx.TensorProto.DOUBLE,
+}  # fmt: skip
 _NO_FAKE = re.compile(r"no fake impl registered for (?:<CustomOpDef\()?(?P<op>[\w:.]+)")
 
 
@@ -95,40 +101,69 @@ def finalize_model(model: onnx.ModelProto, domain_versions: dict[str, int] | Non
     return model
 
 
-def save_model(model: onnx.ModelProto, f: str | os.PathLike[str] | io.IOBase | Any, *, external_data: bool | None = None) -> None:
+def check_external_data_option(external_data: Any, f: Any) -> None:
+    """``external_data=`` before any export work: None, a bool, or a plain file name, and only
+    with a path ``f`` (a file object cannot hold a second file)."""
+    if external_data is None or external_data is False:
+        return
+    if not isinstance(external_data, (bool, str, os.PathLike)):
+        raise InvalidArgumentError(
+            f"external_data= expects None (automatic: above {external_threshold()} bytes), True, False "
+            f"or a file name; received {type(external_data).__name__} ({external_data!r:.60}). "
+            "Fix: pass external_data=True (tensors in '<f>.data') or external_data='weights.bin'."
+        )
+    if not isinstance(external_data, bool):
+        name = os.fspath(external_data)
+        if not name or os.path.basename(name) != name or name in (".", ".."):
+            raise InvalidArgumentError(
+                f"external_data= names the data file, which must sit next to the model: a plain file "
+                f"name; received {name!r}. Fix: pass a name without folders, e.g. external_data='weights.bin'."
+            )
+    if f is None or is_file_object(f):
+        target = "no f" if f is None else "a file object f"
+        raise InvalidArgumentError(
+            f"external_data={external_data!r} writes the tensors to a second file next to the model, "
+            f"which needs f to be a path; received {target}. Fix: pass a path (f='model.onnx'; the "
+            "tensors go to 'model.onnx.data'), or leave external_data out."
+        )
+
+
+def save_model(model: onnx.ModelProto, f: str | os.PathLike[str] | io.IOBase | Any, *, external_data: bool | str | os.PathLike[str] | None = None) -> None:
     """Write ``model`` to a path or a binary file object, whole or not at all.
 
     A path is written through a temporary file in its folder and ``os.replace``d, so a failure
     (serialization, a full disk, Ctrl-C) leaves the previous file intact and no temporary file.
-    ``external_data`` (default: only past protobuf's 2 GB limit) puts the tensors in
-    ``<name>.data`` next to it, written the same way; ``model`` itself is never modified.
+    ``external_data``: None (default) puts the tensors of 1 KiB or more in ``<f>.data`` next to
+    the model when it serializes to more than `external_threshold` bytes (protobuf's 2 GiB limit,
+    or ``$ONNX_CUSTOM_EXTERNAL_DATA_THRESHOLD``); True always; False never (an error past 2 GiB);
+    a file name: always, in that file. The data file is written first, then the model, crash-safe
+    (`onnx_custom.common.external_data`); ``model`` itself is never modified.
     A file object receives the bytes only once the whole model serialized.
     """
-    too_big = model.ByteSize() > _PROTOBUF_LIMIT
-    external = too_big if external_data is None else bool(external_data)
+    check_external_data_option(external_data, None if external_data in (None, False) else f)
+    size = model.ByteSize()
+    external = size > external_threshold() if external_data is None else bool(external_data)
     if is_file_object(f):
         if external:
             raise InvalidArgumentError(
-                f"This model is {model.ByteSize() / 2**30:.1f} GiB: over protobuf's 2 GiB limit it "
-                "needs an external data file, which a file object cannot hold; received a file "
-                "object. Fix: pass a path (f='model.onnx'); the tensors go to 'model.onnx.data'."
+                f"This model is {size / 2**30:.1f} GiB: over {external_threshold()} bytes it needs an "
+                "external data file, which a file object cannot hold; received a file object. Fix: "
+                "pass a path (f='model.onnx'); the tensors go to 'model.onnx.data'."
             )
         f.write(model.SerializeToString())  # type: ignore[union-attr]
         return
     final = check_output_path(f)
     if not external:
+        if size > PROTOBUF_LIMIT:
+            raise InvalidArgumentError(
+                f"external_data=False, but this model is {size / 2**30:.2f} GiB and protobuf cannot "
+                "write one file over 2 GiB. Fix: leave external_data out (automatic) or pass True."
+            )
         atomic_write(final, model.SerializeToString())
         return
-    data_name = final.name + ".data"
+    data_name = os.fspath(external_data) if isinstance(external_data, (str, os.PathLike)) else final.name + ".data"
     check_output_path(final.with_name(data_name), what="the external data file")
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)  # onnx.save_model moves tensors out of the proto it is given
-    with temporary_folder(final) as folder:
-        onnx.save_model(copy, os.fspath(folder / final.name), save_as_external_data=True, all_tensors_to_one_file=True, location=data_name)
-        # Data first: the new model file never points at missing data.
-        if (folder / data_name).exists():  # absent when no tensor was big enough to move
-            commit_file(folder / data_name, final.with_name(data_name))
-        commit_file(folder / final.name, final)
+    save_with_external_data(model, final, data_name)
 
 
 def _ours(exc: BaseException, unwrap: Any = None) -> BaseException | None:
@@ -146,6 +181,17 @@ def _ours(exc: BaseException, unwrap: Any = None) -> BaseException | None:
     return found
 
 
+def _tensor_bytes(model: Any) -> int:
+    """Bytes of the model's parameters and buffers (each storage once): the size of its file."""
+    if not isinstance(model, torch.nn.Module):
+        return 0
+    seen: dict[int, int] = {}
+    for tensor in (*model.parameters(), *model.buffers()):
+        storage = tensor.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
 def _export_torchscript(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, spec: DynamicSpec, output_names: Any, kwargs: dict[str, Any]) -> tuple[onnx.ModelProto, DynamicSpec]:
     if spec.export_shapes is not None:
         spec = check_with_torch_export(model, args, kwargs.get("kwargs"), spec)
@@ -156,12 +202,19 @@ def _export_torchscript(model: Any, args: tuple[Any, ...], opset: int, reg: Regi
     dims = ExportDims(tuple(names), spec.dynamic_axes, tuple(tuple(leaf.tensor.shape) for leaf in spec.leaves))
     buffer = io.BytesIO()
     failure: BaseException | None = None
+    big = _tensor_bytes(model) > _IN_MEMORY_LIMIT
+    folder = tempfile.TemporaryDirectory(prefix="onnx_custom_export_") if big else contextlib.nullcontext(None)
     try:
-        with export_dims(dims), registered(reg, opset=opset):
+        with folder as where, export_dims(dims), registered(reg, opset=opset):
+            # TorchScript writes past 2 GiB only to a path (tensors as files next to it): a big
+            # model goes through a temporary folder and is read back with its data.
+            target = os.path.join(where, "model.onnx") if where else buffer
             torch.onnx.export(
-                model, args, buffer, dynamo=False, opset_version=opset, input_names=names,  # type: ignore[arg-type]
+                model, args, target, dynamo=False, opset_version=opset, input_names=names,  # type: ignore[arg-type]
                 output_names=output_names, dynamic_axes=spec.dynamic_axes or None, **kwargs,
             )
+            if where:
+                proto = onnx.load(target, load_external_data=True)
     except torch.onnx.errors.UnsupportedOperatorError as exc:
         missing = missing_ops_torchscript(model, args, opset, reg)
         if not missing:
@@ -175,7 +228,8 @@ def _export_torchscript(model: Any, args: tuple[Any, ...], opset: int, reg: Regi
             raise
     if failure is not None:
         raise failure
-    proto = onnx.load_from_string(buffer.getvalue())
+    if not big:
+        proto = onnx.load_from_string(buffer.getvalue())
     name_derived_dims(proto, dims)
     return proto, spec
 
@@ -276,10 +330,40 @@ def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry,
     if failure is not None:
         raise failure
     proto = lower_default_opset(onnx_program.model_proto, opset)  # type: ignore[union-attr]
+    _keep_output_dtypes(proto, program)
     rename_dims(proto, names)
     if not isinstance(model, torch.export.ExportedProgram):
         spec = spec.without(static_axes(program, spec))
     return proto, spec
+
+
+def _keep_output_dtypes(proto: onnx.ModelProto, program: torch.export.ExportedProgram) -> None:
+    """Graph outputs in the dtypes PyTorch returns: torch's dynamo exporter drops the final
+    downcast of a float16 ``sum`` (computed in float32), so the file returned float32 where the
+    model returns float16. A ``Cast`` back restores the model's dtype."""
+    from torch.export.graph_signature import OutputKind
+
+    output = next(n for n in program.graph.nodes if n.op == "output")
+    kinds = [spec.kind for spec in program.graph_signature.output_specs]
+    values = [getattr(a, "meta", {}).get("val") for a, kind in zip(output.args[0], kinds, strict=False) if kind == OutputKind.USER_OUTPUT]
+    if len(values) != len(proto.graph.output):
+        return
+    for info, value in zip(proto.graph.output, values, strict=True):
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            continue
+        want = _ONNX_FLOATS.get(value.dtype)
+        have = info.type.tensor_type.elem_type
+        if want is None or have == want or have not in _ONNX_FLOATS.values():
+            continue
+        computed = f"{info.name}_as_computed"
+        for node in proto.graph.node:
+            node.output[:] = [computed if o == info.name else o for o in node.output]
+            node.input[:] = [computed if i == info.name else i for i in node.input]
+        for described in proto.graph.value_info:
+            if described.name == info.name:
+                described.name = computed
+        proto.graph.node.append(onnx.helper.make_node("Cast", [computed], [info.name], name=f"{info.name}_dtype", to=want))
+        info.type.tensor_type.elem_type = want
 
 
 @dataclasses.dataclass(frozen=True)
@@ -296,6 +380,7 @@ class ExportRequest:
     input_names: Sequence[str] | None
     output_names: Sequence[str] | None
     exporter_kwargs: dict[str, Any]
+    half_precision: str = DEFAULT_MODE
 
 
 def check_export_request(
@@ -309,6 +394,7 @@ def check_export_request(
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
     registry: Registry | None = None,
+    half_precision: str = DEFAULT_MODE,
     **exporter_kwargs: Any,
 ) -> ExportRequest:
     """Every check of `export_model`'s arguments, in the order a user reads them; the one place
@@ -316,17 +402,22 @@ def check_export_request(
     opset = DEFAULT_OPSET if opset is None else opset
     check_exporter(exporter)
     check_model(model, exporter)
+    check_mode(half_precision)
     check_opset(exporter, opset)
     check_registry(registry)
     check_exporter_kwargs(exporter_kwargs)
     args = check_args(args)
     check_dynamic_for_program(model, dynamic_shapes, dynamic_axes)
     return ExportRequest(model, args, exporter, opset, registry, dynamic_shapes, dynamic_axes,
-                         input_names, output_names, dict(exporter_kwargs))  # fmt: skip
+                         input_names, output_names, dict(exporter_kwargs), half_precision)  # fmt: skip
 
 
 def export_model(model: Any, args: Any, **options: Any) -> onnx.ModelProto:
     """Export with ``exporter`` at ``opset`` using ``registry``; every used domain declared.
+
+    ``half_precision`` (see `onnx_custom.runtime.half_precision`): standard nodes ONNX Runtime's
+    CPU provider lacks at float16/bfloat16 compute in float32 (``"float32-compute"``), raise
+    `HalfPrecisionError` (``"strict"``), or are left alone (``"off"``).
 
     ``dynamic_shapes`` (any form torch.onnx.export accepts) or ``dynamic_axes`` (the TorchScript
     form) are read once, the same way for both exporters: ONNX inputs are named after
@@ -352,4 +443,4 @@ def run_export(request: ExportRequest) -> onnx.ModelProto:
     with quiet_torch():
         proto, spec = run(model, args, request.opset, reg, spec, request.output_names, kwargs)
     write_metadata(proto, spec)
-    return finalize_model(proto)
+    return widen_model(finalize_model(proto), request.half_precision)

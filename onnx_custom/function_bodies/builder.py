@@ -104,6 +104,8 @@ def onnx_dtype(dtype: Any) -> int:
 
 
 def _torch_dtype(elem_type: int) -> torch.dtype | None:
+    if elem_type == onnx.TensorProto.BFLOAT16:  # NumPy's is ml_dtypes', which torch cannot take
+        return torch.bfloat16
     try:
         return torch.from_numpy(np.empty(0, helper.tensor_dtype_to_np_dtype(elem_type))).dtype
     except (KeyError, TypeError, ValueError):

@@ -18,8 +18,9 @@ import onnx
 import torch
 from onnx import helper
 
-from onnx_custom.errors import KernelError, SymbolicError
+from onnx_custom.errors import HalfPrecisionError, KernelError, SymbolicError
 from onnx_custom.function_bodies.builder import TranslationBody, _torch_dtype
+from onnx_custom.runtime.half_precision import DEFAULT_MODE, HALF_TYPES, check_mode, widen_function
 from onnx_custom.runtime.kernel_spec import KernelSpec
 from onnx_custom.runtime.registry import KernelRegistry, default_kernel_registry
 from onnx_custom.runtime.session import ModelSource, custom_nodes, load_model
@@ -142,8 +143,38 @@ def _check_fixed_body(spec: KernelSpec, body: onnx.FunctionProto, model_opset: i
             )
 
 
-def embed_functions(model: ModelSource, kernels: KernelRegistry | None = None) -> onnx.ModelProto:
-    """Copy of ``model`` with a ``FunctionProto`` for each custom op whose kernel has a body."""
+def _call_types(spec: KernelSpec, nodes: list[onnx.NodeProto], types: dict[str, int]) -> tuple[int, ...]:
+    """The element type the calls feed each body input (0: absent or unknown). At float16/bfloat16
+    the body is specialised for those types, so every call must agree on them."""
+    width = max(len(node.input) for node in nodes)
+    merged: list[set[int]] = [set() for _ in range(width)]
+    for node in nodes:
+        for index, name in enumerate(node.input):
+            if name and types.get(name):
+                merged[index].add(types[name])
+    if any(len(found) > 1 for found in merged) and any(t in HALF_TYPES for found in merged for t in found):
+        raise HalfPrecisionError(
+            f"{spec.name} nodes feed their inputs different types ({[sorted(f) for f in merged]}), "
+            "and at float16/bfloat16 its function body is specialised for one (ONNX Runtime's CPU "
+            "provider lacks some half-precision kernels); fix: export the model in one dtype, or "
+            "embed no function bodies (functions=False)."
+        )
+    return tuple(min(found) if found else 0 for found in merged)
+
+
+def _sometimes_absent(body: onnx.FunctionProto, nodes: list[onnx.NodeProto]) -> list[str]:
+    """Body inputs that at least one call leaves out."""
+    return [name for index, name in enumerate(body.input) if any(index >= len(n.input) or not n.input[index] for n in nodes)]
+
+
+def embed_functions(model: ModelSource, kernels: KernelRegistry | None = None, *, half_precision: str = DEFAULT_MODE) -> onnx.ModelProto:
+    """Copy of ``model`` with a ``FunctionProto`` for each custom op whose kernel has a body.
+
+    A body called with float16/bfloat16 inputs is passed through
+    `onnx_custom.runtime.half_precision.widen_function` with ``half_precision`` (default
+    ``"float32-compute"``): nodes ONNX Runtime's CPU provider lacks at that dtype compute in float32.
+    """
+    check_mode(half_precision)
     proto, _ = load_model(model)
     out = onnx.ModelProto()
     out.CopyFrom(proto)
@@ -167,6 +198,9 @@ def embed_functions(model: ModelSource, kernels: KernelRegistry | None = None) -
         if body is None:
             continue
         _check_fixed_body(spec, body, model_opset)
+        if half_precision != "off":
+            types = _value_types(out) if types is None else types
+            widen_function(body, _call_types(spec, nodes, types), nodes[0], half_precision, maybe_absent=_sometimes_absent(body, nodes))
         for op in body.opset_import:
             if op.domain in imports and op.domain != spec.domain:
                 op.version = imports[op.domain]

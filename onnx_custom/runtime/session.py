@@ -11,6 +11,7 @@ import onnx
 import onnxruntime as ort
 from google.protobuf.message import DecodeError
 
+from onnx_custom.common.external_data import check_external_data, external_tensors
 from onnx_custom.common.onnx_utils import iter_nodes
 from onnx_custom.errors import KernelError, ModelLoadError, ModelNotFoundError, OnnxCustomError
 from onnx_custom.runtime.failures import (
@@ -44,13 +45,20 @@ _SPIN_KEYS = ("session.intra_op.allow_spinning", "session.inter_op.allow_spinnin
 _QUIET = 3  # ORT log severity ERROR: drops VerifyOutputSizes/MergeShapeInfo-style warnings
 
 
-def load_model(model: ModelSource) -> tuple[onnx.ModelProto, bytes | str]:
-    """``(ModelProto, what to hand ORT)``; paths stay paths so external data keeps resolving."""
+def load_model(model: ModelSource, *, with_data: bool = False) -> tuple[onnx.ModelProto, bytes | str]:
+    """``(ModelProto, what to hand ORT)``; paths stay paths so external data keeps resolving.
+
+    A file's external data is checked (present, long enough, from the same export: else
+    `ModelLoadError` with the fix) and, with ``with_data``, loaded into the returned proto.
+    """
     if isinstance(model, onnx.ModelProto):
+        _refuse_detached(model, "the given ModelProto")
         return model, model.SerializeToString()
     if isinstance(model, (bytes, bytearray, memoryview)):
         data = bytes(model)
-        return _parse(data, "the given bytes"), data
+        parsed = _parse(data, "the given bytes")
+        _refuse_detached(parsed, "the given bytes")
+        return parsed, data
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
         if not path.exists():
@@ -60,11 +68,27 @@ def load_model(model: ModelSource) -> tuple[onnx.ModelProto, bytes | str]:
             )
         if not path.is_file():
             raise ModelLoadError(f"{str(path)!r} is not a file; expected an .onnx model file. Fix: pass the path of the .onnx file inside it.")
-        return _parse(path.read_bytes(), repr(str(path))), str(path.resolve())
+        parsed = _parse(path.read_bytes(), repr(str(path)))
+        check_external_data(parsed, path.resolve().parent, f"the model {str(path)!r}")
+        if with_data and external_tensors(parsed):
+            onnx.external_data_helper.load_external_data_for_model(parsed, str(path.resolve().parent))
+        return parsed, str(path.resolve())
     raise ModelLoadError(
         f"expected an onnx.ModelProto, bytes or a file path; received {type(model).__name__} ({model!r:.60}). "
         "Fix: pass onnx_custom.export(...)'s result, open(path, 'rb').read() or the path itself."
     )
+
+
+def _refuse_detached(model: onnx.ModelProto, what: str) -> None:
+    """A proto whose tensors point into files cannot be handed over as bytes: ORT would look for
+    the files relative to nothing."""
+    tensors = external_tensors(model)
+    if tensors:
+        raise ModelLoadError(
+            f"{what} keeps {len(tensors)} tensor(s) (e.g. {tensors[0].name!r}) in external data files, "
+            "which can only be found relative to the model's file. Fix: pass the model's path, or "
+            "load it with onnx.load(path) (which reads the data in)."
+        )
 
 
 def _parse(data: bytes, what: str) -> onnx.ModelProto:

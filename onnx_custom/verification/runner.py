@@ -57,7 +57,7 @@ def load_model(onnx_model: onnx.ModelProto | str | os.PathLike[str] | bytes) -> 
     """A ModelProto from a proto, bytes or path; clear errors for missing or corrupt files."""
     from onnx_custom.runtime.session import load_model as load
 
-    return load(onnx_model)[0]
+    return load(onnx_model, with_data=True)[0]
 
 
 def tensor_inputs(args: tuple[Any, ...]) -> list[torch.Tensor]:
