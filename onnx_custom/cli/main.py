@@ -223,8 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_imports(p)
     p.set_defaults(func=cmd_ops)
 
-    p = command("build-library", "build libonnx_custom_ops.so, the native kernels for plain ONNX Runtime, and print its path")
+    p = command("build-library", "build libonnx_custom_ops.so (or, with --spec, a library of your C++ kernels) for plain ONNX Runtime, and print its path")
     p.add_argument("-o", "--output", metavar="DIR", help="copy the library into DIR (default: leave it in the build cache)")
+    p.add_argument("--spec", action="append", metavar="YAML", help="op spec file (or folder) whose ops name their C++ kernel (native: {source, function}); repeatable")
+    p.add_argument("--name", metavar="NAME", help="with --spec: library name, lib<NAME>_ops.so (default: the first op's namespace)")
+    p.add_argument("--with-shipped", action="store_true", help="with --spec: also hold every shipped native kernel")
+    p.add_argument("--cmake", metavar="DIR", help="with --spec: also write a standalone CMake project of the library into DIR")
     p.set_defaults(func=cmd_build_library)
 
     p = command("zoo", "export and verify every example model with both exporters")
@@ -481,12 +485,33 @@ def _announce_if_slow(what: str, usual: str, *, after: float = 1.0) -> Iterator[
 
 
 def cmd_build_library(ns: argparse.Namespace) -> int:
+    from onnx_custom.cli.loading import CliInputError
+
+    if ns.spec:
+        return _build_user_library(ns)
+    for flag in ("name", "cmake"):
+        if getattr(ns, flag):
+            raise CliInputError(f"--{flag} needs --spec (it applies to a library built from your op specs); fix: add --spec acme.yaml or drop --{flag}.")
     from onnx_custom.runtime.native import LIBRARY_NAME, build_library, native_ops
 
     with _announce_if_slow(LIBRARY_NAME, "15-45 s"):
         path = build_library(ns.output)
     print(path, flush=True)
     _stderr(f"serves {', '.join(native_ops())}; load it with SessionOptions.register_custom_ops_library (Python) or RegisterCustomOpsLibrary_V2 (C API)")
+    return 0
+
+
+def _build_user_library(ns: argparse.Namespace) -> int:
+    from onnx_custom.spec import build_native_library, parse_specs, write_cmake_project
+
+    specs = [spec for path in ns.spec for spec in parse_specs(path)]
+    if ns.cmake:
+        write_cmake_project(specs, ns.cmake, name=ns.name, include_shipped=ns.with_shipped)
+        _stderr(f"wrote the CMake project into {ns.cmake} (cmake -S {ns.cmake} -B build && cmake --build build)")
+    with _announce_if_slow("the native library", "10-45 s"):
+        library = build_native_library(specs, ns.output, name=ns.name, include_shipped=ns.with_shipped)
+    print(library.path, flush=True)
+    _stderr(f"serves {', '.join(library.ops)}; load it with SessionOptions.register_custom_ops_library (Python) or RegisterCustomOpsLibrary_V2 (C API)")
     return 0
 
 
