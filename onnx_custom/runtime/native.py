@@ -76,6 +76,7 @@ ONE_LINE = (
     "c++ -std=c++17 -O3 -fPIC -shared -fvisibility=hidden -pthread -Wl,-z,nodelete "
     "-I onnx_custom/runtime/include ort_kernels/native/*.cpp -o libonnx_custom_ops.so"
 )
+_NAME_MACROS = ("OC_LIBRARY_NAME=", "OC_DOMAINS_KEY=")
 _lock = threading.Lock()
 _built: dict[str, Path] = {}
 
@@ -146,19 +147,23 @@ def _finish(proc: subprocess.Popen[str], cmd: list[str], what: str) -> None:
 
 
 def _compile(cxx: str, flags: Sequence[str], target: Path, sources: Sequence[Path],
-             includes: Sequence[Path] = (), defines: Sequence[str] = ()) -> None:  # fmt: skip
-    """Objects in parallel (one compiler per source, as many at once as CPUs), then one link."""
+             includes: Sequence[Path] = (), defines: Sequence[str] = (),
+             cached: Sequence[Path | None] = ()) -> None:  # fmt: skip
+    """Objects in parallel (one compiler per source, as many at once as CPUs), then one link.
+    ``cached[i]``: where source i's object is kept between builds (reused when present)."""
     include = [f"-I{abi_include_dir()}", *(f"-I{d}" for d in includes)]
     macros = [f"-D{d}" for d in defines]
+    keep = list(cached) or [None] * len(sources)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        objects = [Path(tmp) / f"{i:02d}-{src.stem}.o" for i, src in enumerate(sources)]
-        jobs = [[*cxx.split(), *flags, *include, *macros, "-c", str(src), "-o", str(obj)]
-                for src, obj in zip(sources, objects, strict=True)]  # fmt: skip
+        objects = [kept if kept is not None and kept.exists() else Path(tmp) / f"{i:02d}-{src.stem}.o"
+                   for i, (src, kept) in enumerate(zip(sources, keep, strict=True))]  # fmt: skip
+        jobs = [([*cxx.split(), *flags, *include, *macros, "-c", str(src), "-o", str(obj)], src.name)
+                for src, obj in zip(sources, objects, strict=True) if obj.parent == Path(tmp)]  # fmt: skip
         width = max(1, os.cpu_count() or 1)
         running: list[tuple[subprocess.Popen[str], list[str], str]] = []
         try:
-            for cmd, src in zip(jobs, sources, strict=True):
-                running.append((_run(cmd, src.name), cmd, src.name))
+            for cmd, name in jobs:
+                running.append((_run(cmd, name), cmd, name))
                 if len(running) >= width:
                     _finish(*running.pop(0))
             while running:
@@ -167,6 +172,12 @@ def _compile(cxx: str, flags: Sequence[str], target: Path, sources: Sequence[Pat
             for proc, _, _ in running:  # a failed source: stop the others before the folder goes
                 proc.kill()
                 proc.communicate()
+        for obj, kept in zip(objects, keep, strict=True):
+            if kept is not None and obj != kept:  # keep it for the next library using this source
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                part = kept.with_name(f".{kept.name}.{os.getpid()}")
+                shutil.copyfile(obj, part)
+                os.replace(part, kept)
         out = Path(tmp) / target.name
         link = [*cxx.split(), *flags, *(str(o) for o in objects), *_LINK, "-o", str(out)]
         _finish(_run(link, target.name), link, target.name)
@@ -192,9 +203,20 @@ def compile_library(name: str, sources: Sequence[Path], *, includes: Sequence[Pa
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ExtensionBuildError(f"cannot create the build cache {folder} ({exc}); fix: set ONNX_CUSTOM_CACHE_DIR to a writable folder.") from exc
+    # Our own sources do not see the user's files: their objects are shared by every library
+    # built with the same flags and defines (a user library then compiles only its own code).
+    # Only library.cpp reads the library's name macros (OC_LIBRARY_NAME, OC_DOMAINS_KEY).
+    own, shipped = sources_dir().resolve(), _shipped_inputs()
+
+    def object_key(src: Path) -> str:
+        used = defines if src.name == "library.cpp" else [d for d in defines if not d.startswith(_NAME_MACROS)]
+        return _build_key(cxx, flags, shipped, [*used, *map(str, includes[:1])])
+
+    cached = [cache_root() / "native" / "objects" / f"{variant}-{src.stem}-{object_key(src)}.o"
+              if src.resolve().parent == own else None for src in sources]  # fmt: skip
     with process_lock(folder):
         if not target.exists():  # another process may have built it while we waited
-            _compile(cxx, flags, target, list(sources), includes, defines)
+            _compile(cxx, flags, target, list(sources), includes, defines, cached)
     return target.resolve()
 
 
