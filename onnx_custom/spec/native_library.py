@@ -34,6 +34,7 @@ from onnx_custom.runtime.native import (
 )
 from onnx_custom.runtime.shim_build import abi_include_dir
 from onnx_custom.spec.native_codegen import (
+    GeneratedOp,
     GeneratedSource,
     check_sources,
     expected_signature,
@@ -121,7 +122,10 @@ def _attribute_error(exc: NativeCompileError, generated: Sequence[GeneratedSourc
     file, line = Path(first["file"]).name, int(first["line"])
     where = f"{file}:{line}{':' + first['col'] if first['col'] else ''}"
     gen = next((g for g in generated if g.filename == file), None)
-    if gen is None:  # in the user's source: find the op through the notes naming generated lines
+    if gen is None and any(g.source.name == file for g in generated):  # in the user's source
+        gen = next(g for g in generated if g.source.name == file)
+        file_lines = [int(m["line"]) for m in _CONTEXT.finditer(output) if Path(m["file"]).name == gen.filename]
+    elif gen is None:  # in a header: find the op through the notes naming generated lines
         for match in _CONTEXT.finditer(output):
             gen = next((g for g in generated if g.filename == Path(match["file"]).name), None)
             if gen is not None:
@@ -139,6 +143,8 @@ def _attribute_error(exc: NativeCompileError, generated: Sequence[GeneratedSourc
                 op = candidate
                 dtypes = next((combo for n, combo in candidate.dispatch if n in file_lines), None)
                 break
+        if op is None and file == gen.source.name:
+            op = _defined_before(gen, line)  # an error in a kernel's own code (no instantiation note)
         if op is None and len(gen.ops) == 1:
             op = gen.ops[0]
     errors = [m.group(0) for m in _DIAGNOSTIC.finditer(output)]
@@ -149,13 +155,26 @@ def _attribute_error(exc: NativeCompileError, generated: Sequence[GeneratedSourc
     assert isinstance(spec.native, NativeKernel)
     label = f"op {spec.name}{f' ({spec.source})' if spec.source else ''}"
     dtype_text = f" at dtype {', '.join(dtypes)}" if dtypes else ""
-    if gen is not None and file == gen.filename and "no matching function" in first["msg"]:
+    if gen is not None and file == gen.filename and (line == op.call_line or "no matching function" in first["msg"]):
         detail = (f"the C++ function {spec.native.function} in {Path(spec.native.source).name} cannot be called as the spec declares "
                   f"it{dtype_text}; expected {expected_signature(spec, dtypes or ())}; fix: change the function's signature "
                   f"(or make it a template) or the spec's inputs, outputs, attributes and dtype lists.")
     else:
         detail = f"its C++ kernel{dtype_text} does not compile: {where}: {first['msg']}"
     return NativeCompileError(f"{label}: {detail}\ncompiler errors:\n{shown}\n(full compiler output: .output)", op=spec.name, file=file, line=line, output=output)
+
+
+def _defined_before(gen: GeneratedSource, line: int) -> GeneratedOp:
+    """The op whose kernel function is named last before ``line`` of its source."""
+    text = gen.source.read_text(encoding="utf-8", errors="replace").splitlines()[:line]
+    best, best_line = gen.ops[0], -1
+    for op in gen.ops:
+        assert isinstance(op.spec.native, NativeKernel)
+        pattern = re.compile(rf"\b{re.escape(op.spec.native.function.split('::')[-1])}\s*\(")
+        hits = [i for i, row in enumerate(text) if pattern.search(row)]
+        if hits and hits[-1] > best_line:
+            best, best_line = op, hits[-1]
+    return best
 
 
 def build_native_library(specs: Sequence[OpSpec], output_dir: str | os.PathLike[str] | None = None, *,
