@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         KernelError,
         ModelLoadError,
         ModelNotFoundError,
+        NativeCompileError,
         NodeDeclarationError,
         OnnxCustomError,
         OpsetError,
@@ -41,8 +42,14 @@ if TYPE_CHECKING:
     from onnx_custom.runtime import KernelRegistry as KernelRegistry
     from onnx_custom.runtime import reference_evaluator as reference_evaluator
     from onnx_custom.runtime.failures import KernelRunError
-    from onnx_custom.runtime.native import library_path
-    from onnx_custom.spec import OpSpec, load_specs, register_spec
+    from onnx_custom.runtime.native import NativeLibrary, library_path
+    from onnx_custom.spec import (
+        OpSpec,
+        build_native_library,
+        load_specs,
+        parse_specs,
+        register_spec,
+    )
     from onnx_custom.translate import attributes as attr
     from onnx_custom.translate.registry import Registry, SymbolicEntry, default_registry, symbolic
     from onnx_custom.translate.torch_symbolics import (
@@ -67,6 +74,8 @@ __all__ = [
     "KernelRunError",
     "ModelLoadError",
     "ModelNotFoundError",
+    "NativeCompileError",
+    "NativeLibrary",
     "NodeDeclarationError",
     "OnnxCustomError",
     "OpSpec",
@@ -81,6 +90,7 @@ __all__ = [
     "VerificationError",
     "VerificationReport",
     "attr",
+    "build_native_library",
     "check",
     "default_registry",
     "export",
@@ -88,6 +98,7 @@ __all__ = [
     "kernel",
     "library_path",
     "load_specs",
+    "parse_specs",
     "register_custom_op_symbolic",
     "register_spec",
     "registered",
@@ -114,6 +125,9 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{name: ("onnx_custom.translate.torch_symbolics", name) for name in ("register_custom_op_symbolic", "unregister_custom_op_symbolic", "import_torch_symbolics")},
     "OpSpec": ("onnx_custom.spec", "OpSpec"),
     "load_specs": ("onnx_custom.spec", "load_specs"),
+    "parse_specs": ("onnx_custom.spec", "parse_specs"),
+    "build_native_library": ("onnx_custom.spec", "build_native_library"),  # your C++ kernels
+    "NativeLibrary": ("onnx_custom.runtime.native", "NativeLibrary"),
     "register_spec": ("onnx_custom.spec", "register_spec"),
     "VerificationReport": ("onnx_custom.verification.verifier", "VerificationReport"),
     "verify": ("onnx_custom.verification.verifier", "verify"),

@@ -16,6 +16,7 @@ __all__ = [
     "KernelError",
     "ModelLoadError",
     "ModelNotFoundError",
+    "NativeCompileError",
     "NodeDeclarationError",
     "OnnxCustomError",
     "OpsetError",
@@ -103,6 +104,16 @@ class OutputPathError(OnnxCustomError, OSError):
 
 class ExtensionBuildError(OnnxCustomError):
     """A native piece (C shim, C++ extension) could not be built; names the missing tool."""
+
+
+class NativeCompileError(ExtensionBuildError):
+    """The C++ compiler rejected a native kernel library's sources. ``op`` names the op spec the
+    first error belongs to (when known), ``file``/``line`` where the compiler placed it, and
+    ``output`` holds the compiler's full output."""
+
+    def __init__(self, message: str, *, op: str = "", file: str = "", line: int | None = None, output: str = "") -> None:
+        super().__init__(message)
+        self.op, self.file, self.line, self.output = op, file, line, output
 
 
 class SpecError(SymbolicError):

@@ -23,6 +23,7 @@ import functools
 import importlib.util
 import inspect
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ from onnx_custom.errors import VerificationError
 from onnx_custom.runtime.kernel_spec import KernelSpec
 from onnx_custom.runtime.registry import KernelRegistry
 from onnx_custom.spec import generate, signatures
+from onnx_custom.spec.native_source import NativeKernel
 from onnx_custom.spec.spec import OpSpec, SpecError
 from onnx_custom.spec.torch_op import BoundArgs, bind_args
 from onnx_custom.translate.registry import (
@@ -369,11 +371,38 @@ class _Checker:
         if self.spec.function is not None and self.registration.declaration is not None:
             # no Python kernels: ONNX Runtime must inline the body
             yield _run(f"function body of {node} (ONNX Runtime without our kernels)", functools.partial(verify_at, first, dynamic=False, kernels=KernelRegistry(), body=self.registration.declaration))
-        if self.spec.native:
+        if isinstance(self.spec.native, NativeKernel):
+            yield from _user_native_cases(self, custom, first, ts, floats)
+        elif self.spec.native:
             if importlib.util.find_spec("onnx_custom.runtime.native") is None:
                 yield CheckCase(f"native kernel of {node}", None, "the native library (onnx_custom.runtime.native) is not part of this build")
             else:
                 yield _run(f"native kernel of {node}", functools.partial(verify_at, first, dynamic=False, kernels="native"))
+
+
+def _user_native_cases(checker: _Checker, custom: SymbolicEntry, first: _Sample, opset: int, floats: dict[int, torch.Tensor]) -> Iterator[CheckCase]:
+    """The user's C++ kernel (``native: {source, function}``), built into its own library, against
+    eager at the sample's dtype and every other declared floating dtype, at several sizes."""
+    from onnx_custom.spec.native_library import build_native_library
+
+    spec = checker.spec
+    node = spec.node_type
+    library: list[Any] = []
+
+    def built() -> Any:
+        if not library:
+            library.append(build_native_library([spec]))
+        return library[0]
+
+    common = set.intersection(*(set(spec.inputs[i].dtypes) for i in floats)) if floats else set()
+    current = str(next(iter(floats.values())).dtype).removeprefix("torch.") if floats else None
+    samples = [(current or "sample dtypes", first)] + [(d, first.cast(getattr(torch, d))) for d in _FLOATS if d in common and d != current]
+    for label, sample in samples:
+        def case(sample: _Sample = sample) -> str:
+            result = checker.export_and_verify(custom, "torchscript", opset, sample, dynamic=checker.dynamic, kernels=built())
+            return f"{result} with {built().path.name}"
+
+        yield _run(f"native kernel of {node} ({Path(str(getattr(spec.native, 'source', ''))).name}) at {label}, torchscript opset {opset}", case)
 
 
 def _first_tensor(value: Any) -> torch.Tensor | None:

@@ -204,8 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_imports(p)
     p.set_defaults(func=ops.cmd_ops)
 
-    p = command("build-library", "build libonnx_custom_ops.so, the native kernels for plain ONNX Runtime, and print its path")
+    p = command("build-library", "build libonnx_custom_ops.so (or, with --spec, a library of your C++ kernels) for plain ONNX Runtime, and print its path")
     p.add_argument("-o", "--output", metavar="DIR", help="copy the library into DIR (default: leave it in the build cache)")
+    p.add_argument("--spec", action="append", metavar="YAML", help="op spec file (or folder) whose ops name their C++ kernel (native: {source, function}); repeatable")
+    p.add_argument("--name", metavar="NAME", help="with --spec: library name, lib<NAME>_ops.so (default: the first op's namespace)")
+    p.add_argument("--with-shipped", action="store_true", help="with --spec: also hold every shipped native kernel")
+    p.add_argument("--cmake", metavar="DIR", help="with --spec: also write a standalone CMake project of the library into DIR")
     p.set_defaults(func=build_library.cmd_build_library)
 
     p = command("zoo", "export and verify every example model with both exporters")

@@ -23,6 +23,7 @@ from onnx_custom.runtime.failures import (
 from onnx_custom.runtime.feeds import explain_feed_error
 from onnx_custom.runtime.host import register_kernels
 from onnx_custom.runtime.kernel_spec import RESERVED_DOMAINS, KernelSpec
+from onnx_custom.runtime.native import NativeLibrary, plan_native, register_library, shipped_library
 from onnx_custom.runtime.registry import KernelRegistry, default_kernel_registry
 from onnx_custom.runtime.validate import validate_model
 
@@ -218,6 +219,22 @@ def _options_for(specs: Sequence[KernelSpec], base: ort.SessionOptions | None) -
     return so
 
 
+def _native_libraries(kernels: Any) -> tuple[NativeLibrary, ...] | None:
+    """The user libraries ``kernels=`` names (``()`` for "native"), or None: not native."""
+    if isinstance(kernels, str):
+        if kernels != "native":
+            raise KernelError(
+                f"kernels= expects a KernelRegistry, None or 'native' (or NativeLibrary objects); received {kernels!r}. Fix: pass "
+                "kernels='native' (the compiled library), a KernelRegistry, or leave it out."
+            )
+        return ()
+    if isinstance(kernels, NativeLibrary):
+        return (kernels,)
+    if isinstance(kernels, (list, tuple)) and kernels and all(isinstance(k, NativeLibrary) for k in kernels):
+        return tuple(kernels)
+    return None
+
+
 class InferenceSession(ort.InferenceSession):
     """``onnxruntime.InferenceSession`` that registers the Python kernels the model needs.
 
@@ -225,7 +242,9 @@ class InferenceSession(ort.InferenceSession):
     kernel, or whose inputs, outputs or attributes disagree with its kernel's declaration.
     ``model_or_path``: ModelProto, serialized bytes or a path. ``providers`` defaults to CPU
     (Python kernels always run on CPU). ``kernels="native"``: prefer the native library
-    (``onnx_custom.library_path()``) and use Python kernels only for domains it cannot serve.
+    (``onnx_custom.library_path()``) and use Python kernels only for domains it cannot serve;
+    ``kernels=`` a `NativeLibrary` or a list of them (``onnx_custom.spec.build_native_library``):
+    those libraries first, then the shipped one.
     A kernel that raises makes ``run`` (and ``run_with_ort_values``, ``run_with_iobinding``)
     raise :class:`KernelRunError` carrying the kernel's exception type and traceback; Ctrl-C
     inside a kernel raises KeyboardInterrupt. ORT logs only errors unless
@@ -238,27 +257,21 @@ class InferenceSession(ort.InferenceSession):
         sess_options: ort.SessionOptions | None = None,
         providers: Sequence[str] | None = None,
         *,
-        kernels: KernelRegistry | str | None = None,
+        kernels: KernelRegistry | str | NativeLibrary | Sequence[NativeLibrary] | None = None,
         **kwargs: Any,
     ) -> None:
         model, source = load_model(model_or_path)
-        native: frozenset[str] = frozenset()
-        if isinstance(kernels, str):  # "native": see onnx_custom.runtime.native.plan_kernels
-            from onnx_custom.runtime.native import plan_kernels, register_library
-
-            if kernels != "native":
-                raise KernelError(
-                    f"kernels= expects a KernelRegistry, None or 'native'; received {kernels!r}. Fix: pass "
-                    "kernels='native' (the compiled library), a KernelRegistry, or leave it out."
-                )
-            native, specs = plan_kernels(model)
+        native: dict[str, NativeLibrary] = {}
+        libraries = _native_libraries(kernels)
+        if libraries is not None:  # see onnx_custom.runtime.native.plan_native
+            native, specs = plan_native(model, None, libraries)
             self.kernel_specs: tuple[KernelSpec, ...] = tuple(specs)
         else:
-            self.kernel_specs = tuple(required_kernels(model, kernels))
+            self.kernel_specs = tuple(required_kernels(model, kernels))  # type: ignore[arg-type]  # _registry checks it
         validate_model(model, self.kernel_specs)
         so = _options_for(self.kernel_specs, sess_options)
-        if native:
-            register_library(so, native)
+        for lib in dict.fromkeys(native.values()):  # each library once, with the domains it serves here
+            register_library(so, [d for d, chosen in native.items() if chosen is lib], None if lib == shipped_library() else lib)
         if so.log_severity_level < 0:  # not chosen by the user: ORT's warnings here are noise
             so.log_severity_level = _QUIET
         try:

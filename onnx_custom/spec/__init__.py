@@ -36,6 +36,8 @@ from onnx_custom.spec.generate import (
     spec_translations,
     unregister_spec,
 )
+from onnx_custom.spec.native_library import build_native_library, write_cmake_project
+from onnx_custom.spec.native_source import NativeKernel
 from onnx_custom.spec.spec import (
     ATTRIBUTE_TYPES,
     EAGER,
@@ -59,10 +61,12 @@ __all__ = [
     "YAML_KEYS",
     "Attribute",
     "Input",
+    "NativeKernel",
     "OpSpec",
     "Output",
     "SpecError",
     "SpecRegistration",
+    "build_native_library",
     "define_op",
     "load_specs",
     "op_arguments",
@@ -73,4 +77,5 @@ __all__ = [
     "spec_scope",
     "spec_translations",
     "unregister_spec",
+    "write_cmake_project",
 ]

@@ -43,6 +43,7 @@ from onnx_custom.spec.fields import (
     _normalize_translations,
     _schema_literal,
 )
+from onnx_custom.spec.native_source import NativeKernel, native_field
 from onnx_custom.spec.shape_rules import (
     ExpressionRule,
     LikeRule,
@@ -91,7 +92,9 @@ class OpSpec:
     ``backward``/``setup_context``: as ``torch.library.register_autograd`` (``setup_context``
     gets the inputs as a named tuple; ``backward`` may return ``{input name: grad}``).
     ``native``: the native library (``libonnx_custom_ops.so``) serves the node (True, or the node
-    name ``"domain::OpType"``). ``function``: the node's ONNX function body (a FunctionProto, an
+    name ``"domain::OpType"``), or the user's C++ kernel ``{"source": "acme_kernels.cpp",
+    "function": "scale_add"}`` (`NativeKernel`; built by `onnx_custom.spec.build_native_library`).
+    ``function``: the node's ONNX function body (a FunctionProto, an
     onnxscript function, a zero-argument builder, a `TranslationBody`, or a translation
     ``fn(g, *inputs, **attributes)``). ``translations``: ``{opset: fn}`` standard-op
     translations ``fn(g, *inputs, **attributes)``, each valid from its opset on; ``{opset:
@@ -110,7 +113,7 @@ class OpSpec:
     kernel: Any = None
     backward: Ref | None = None
     setup_context: Ref | None = None
-    native: bool | str = False
+    native: bool | str | NativeKernel = False
     function: Any = None
     translations: Any = ()  # {opset: ref | {variant: ref}}; stored as sorted (opset, variant, ref)
     shape: Ref | None = None
@@ -137,6 +140,7 @@ class OpSpec:
         set_("node_attributes", tuple(_as_list(op, "node_attributes", self.node_attributes)))
         set_("devices", _check_devices(op, self.devices))
         set_("translations", _normalize_translations(op, self.translations))
+        set_("native", native_field(op, self.native))
         if self.domain is None:
             set_("domain", qualified.namespace)
         self._check_signature(op)
@@ -258,7 +262,7 @@ class OpSpec:
 
         if domain in RESERVED_DOMAINS:
             raise _fail(op, ("domain",), f"domain {domain!r} belongs to ONNX Runtime; expected your own domain, e.g. {self.name.split('::')[0]!r}.")
-        if self.native not in (True, False) and self.native != self.node_type:
+        if isinstance(self.native, str) and self.native != self.node_type:
             raise _fail(op, ("native",), f"native is {self.native!r}; expected true or this spec's node {self.node_type!r} (the native library serves the node the spec emits).")
 
     def _check_outputs(self, op: str) -> None:

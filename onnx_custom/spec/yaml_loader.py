@@ -21,7 +21,10 @@
       backward: "acme_ops:scale_add_bwd"  # backward(ctx, *grads) -> one grad per argument
       setup_context: "acme_ops:save"      # setup_context(ctx, inputs, output)
       shape: "acme_ops:scale_add_meta"    # meta function instead of per-output shape rules
-      native: true                        # libonnx_custom_ops.so serves the node too
+      native: true                        # libonnx_custom_ops.so serves the node too, or the
+                                          # user's C++ kernel (onnx_custom/kernel.h), source
+                                          # relative to this file:
+      # native: {source: acme_kernels.cpp, function: scale_add}
       function: "acme_ops:scale_add_fn"   # ONNX function body (FunctionProto, builder or translation)
       translations:                       # standard-op translations, each from its opset on
         13: "acme_onnx:scale_add_13"
@@ -58,6 +61,7 @@ from typing import Any
 
 import yaml
 
+from onnx_custom.spec.native_source import native_field
 from onnx_custom.spec.spec import NO_DEFAULT, Attribute, Input, OpSpec, Output, SpecError
 
 __all__ = ["YAML_KEYS", "load_specs", "parse_specs"]
@@ -66,7 +70,7 @@ _STR, _BOOL, _LIST, _MAP = "a string", "a boolean", "a list", "a mapping"
 _OP_KEYS: dict[str, str] = {
     "op_name": _STR, "op_type": _STR, "domain": _STR, "doc": _STR, "input_desc": _LIST,
     "output_desc": _LIST, "attr_desc": _LIST, "impl": _STR, "kernel": _STR, "backward": _STR,
-    "setup_context": _STR, "shape": _STR, "native": "a boolean or 'domain::OpType'",
+    "setup_context": _STR, "shape": _STR, "native": "a boolean, 'domain::OpType' or {source, function}",
     "function": _STR, "translations": _MAP, "node_attr_desc": _LIST, "check": _STR,
     "devices": "a list of device types",
 }
@@ -88,7 +92,7 @@ _TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
     _BOOL: lambda v: isinstance(v, bool),
     _LIST: lambda v: isinstance(v, list),
     _MAP: lambda v: isinstance(v, dict),
-    "a boolean or 'domain::OpType'": lambda v: isinstance(v, (bool, str)),
+    "a boolean, 'domain::OpType' or {source, function}": lambda v: isinstance(v, (bool, str, dict)),
     "a dtype list": lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(d, str) for d in v)),
     "a dtype list or 'like:<input>'": lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(d, str) for d in v)),
     "a value": lambda v: True,
@@ -236,7 +240,7 @@ def _parse_op(doc: _Document, node: yaml.Node, position: int) -> _ParsedOp:
             check=values.get("check"), devices=tuple(values.get("devices", ())),
             impl=values.get("impl"), kernel=values.get("kernel"), backward=values.get("backward"),
             setup_context=values.get("setup_context"), shape=values.get("shape"),
-            native=values.get("native", False), function=values.get("function"),
+            native=native_field(op, values.get("native", False), Path(doc.path).resolve().parent), function=values.get("function"),
             translations=values.get("translations", {}),
             source=f"{doc.path}:{node.start_mark.line + 1}",
         )

@@ -148,6 +148,9 @@ void run_task(void* user, size_t index) {
   } catch (const std::exception& e) {
     std::lock_guard<std::mutex> guard(job->lock);
     if (!job->failed.exchange(true)) job->message = e.what();
+  } catch (...) {  // never let anything escape into ORT's worker thread
+    std::lock_guard<std::mutex> guard(job->lock);
+    if (!job->failed.exchange(true)) job->message = "unknown C++ exception";
   }
 }
 }  // namespace
