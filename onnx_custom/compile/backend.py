@@ -127,6 +127,8 @@ class OnnxCustomBackend:
 
     def _compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, kind: str, index: int) -> Callable[..., Any]:
         registry, ours, _ = self._prepare()
+        with quiet_torch():
+            torch_adapter.prepare_graph(gm)
         support = OrtSupport(registry, ours)
         name = f"graph{index}_{kind}"
         record = GraphRecord(name, kind, len(_compute_nodes(gm.graph)))
@@ -173,7 +175,7 @@ class OnnxCustomBackend:
 
     def _partition(self, gm: torch.fx.GraphModule, name: str, record: GraphRecord, registry: Any, ours: dict[Any, Any]) -> OrtPartition:
         start = time.perf_counter()
-        translated = translate(gm.graph, registry=registry, ours=ours, opset=self.options.opset, name=name)
+        translated = translate(gm.graph, registry=registry, ours=ours, opset=self.options.opset)
         translated_at = time.perf_counter()
         saved = None
         if self.options.save_dir is not None:

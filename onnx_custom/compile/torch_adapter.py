@@ -25,6 +25,7 @@ __all__ = [
     "decompositions",
     "is_registered",
     "is_training_batch_norm",
+    "prepare_graph",
     "scoped_registry",
     "torchlib_registry",
     "translate_graph",
@@ -39,6 +40,7 @@ _NEEDED = {
     "_registration": ("ONNXRegistry",),
     "_decomp": ("create_onnx_friendly_decomposition_table", "get_onnx_implemented_overloads"),
     "_ir_passes": ("add_opset_imports",),
+    "_fx_passes": ("insert_type_promotion_nodes", "remove_assertion_nodes"),
 }
 
 # Training batch norm: torchlib's translation computes inference statistics only (wrong
@@ -137,6 +139,19 @@ def _qualified(op: Any) -> str:
         return ""
     text = str(name())
     return text.split(".")[0]
+
+
+def prepare_graph(gm: torch.fx.GraphModule) -> None:
+    """What ``torch.onnx.export`` does to a graph before translating it, in place: explicit type
+    promotion nodes (ONNX ops take one dtype: ``Mul(float, int64)`` is invalid) and no runtime
+    assertion nodes (dynamo's guards already check the shapes)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    passes = _modules()["_fx_passes"]
+    with unset_fake_temporarily():
+        passes.remove_assertion_nodes(gm)
+        passes.insert_type_promotion_nodes(gm)
+    gm.recompile()
 
 
 def translate_graph(graph: torch.fx.Graph, registry: Any, graph_name: str = "main_graph") -> Any:

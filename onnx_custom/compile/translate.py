@@ -148,9 +148,13 @@ def _failed_node(exc: BaseException, graph: torch.fx.Graph) -> tuple[str, str, s
     return node.name, str(node.target), reason
 
 
-def translate(graph: torch.fx.Graph, *, registry: Any, ours: Mapping[Any, Any], opset: int, name: str = "main_graph") -> TranslatedGraph:
+GRAPH_NAME = "onnx_custom_compiled"
+
+
+def translate(graph: torch.fx.Graph, *, registry: Any, ours: Mapping[Any, Any], opset: int) -> TranslatedGraph:
     """Translate ``graph`` (every placeholder and node carrying ``meta["val"]``); raises
-    `TranslationFailure` naming the node whose translation raised."""
+    `TranslationFailure` naming the node whose translation raised. The same graph always gives
+    the same bytes (one fixed graph name), so a recompiled graph finds its cached session."""
     from onnx_ir import serde
 
     from onnx_custom.exporter.opset_compat import lower_default_opset
@@ -163,7 +167,7 @@ def translate(graph: torch.fx.Graph, *, registry: Any, ours: Mapping[Any, Any], 
     output.args = (tuple(distinct),)
     try:
         with quiet_torch():
-            model = torch_adapter.translate_graph(graph, onnx_registry, name)
+            model = torch_adapter.translate_graph(graph, onnx_registry, GRAPH_NAME)
     except Exception as exc:
         raise TranslationFailure(*_failed_node(exc, graph)) from exc
     finally:
