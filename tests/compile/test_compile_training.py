@@ -8,9 +8,8 @@ our ops' backward ops) run eager inside the backward graph, and must not change 
 from __future__ import annotations
 
 import copy
-from typing import Any
-
 from pathlib import Path
+from typing import Any
 
 import onnx
 import pytest
