@@ -46,6 +46,7 @@ class PartitionRecord:
     translate_seconds: float
     session_seconds: float
     saved: str | None = None
+    runner: Any = dataclasses.field(default=None, repr=False, compare=False)  # the OrtPartition
 
 
 @dataclasses.dataclass
@@ -189,7 +190,7 @@ class OnnxCustomBackend:
         runner = OrtPartition(translated, session, name, verify)
         record.partitions.append(PartitionRecord(
             name, len(_compute_nodes(gm.graph)), translated.custom_ops,
-            translated_at - start, time.perf_counter() - translated_at, saved,
+            translated_at - start, time.perf_counter() - translated_at, saved, runner,
         ))  # fmt: skip
         return runner
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -94,7 +95,13 @@ def _as_tensor(value: Any) -> torch.Tensor:
 
 
 class OrtPartition:
-    """Callable running one translated graph in ORT; called like the FX graph it replaces."""
+    """Callable running one translated graph in ORT; called like the FX graph it replaces.
+
+    With ``OrtPartition.profile = True`` (benchmarks) each call adds to ``seconds`` (whole call)
+    and ``ort_seconds`` (inside ORT's run); the difference is the hand-off.
+    """
+
+    profile = False
 
     def __init__(self, graph: TranslatedGraph, session: Any, name: str, verify: Callable[[Sequence[Any], Any], None] | None = None) -> None:
         self.graph = graph
@@ -109,6 +116,8 @@ class OrtPartition:
         self._run_options = ort.RunOptions()
         self._verify = verify
         self.calls = 0
+        self.seconds = 0.0
+        self.ort_seconds = 0.0
 
     def run(self, args: Sequence[Any]) -> list[torch.Tensor]:
         """ORT's distinct outputs for ``args`` (the graph's inputs, in order)."""
@@ -124,7 +133,12 @@ class OrtPartition:
         outputs = ortc.OrtValueVector()
         assert self._sess is not None  # only graphs with outputs run
         try:
-            self._sess.run_with_ortvaluevector(self._run_options, self._inputs, values, self._outputs, outputs, self._out_devices)
+            if self.profile:
+                start = time.perf_counter()
+                self._sess.run_with_ortvaluevector(self._run_options, self._inputs, values, self._outputs, outputs, self._out_devices)
+                self.ort_seconds += time.perf_counter() - start
+            else:
+                self._sess.run_with_ortvaluevector(self._run_options, self._inputs, values, self._outputs, outputs, self._out_devices)
         except OnnxCustomError:
             raise
         except Exception as exc:
@@ -132,7 +146,10 @@ class OrtPartition:
         return list(outputs.to_dlpacks(torch.utils.dlpack.from_dlpack))
 
     def __call__(self, *args: Any) -> Any:
+        start = time.perf_counter() if self.profile else 0.0
         result = self.graph.plan.assemble(self.run(args) if self._outputs else [], args)
+        if self.profile:
+            self.seconds += time.perf_counter() - start
         if self._verify is not None and self.calls == 0:
             self._verify(args, result)
         self.calls += 1
