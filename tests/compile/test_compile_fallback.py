@@ -156,3 +156,35 @@ def test_save_dir_that_is_a_file(tmp_path: Path) -> None:
 def test_explain_rejects_non_callable() -> None:
     with pytest.raises(InvalidArgumentError, match="module or function"):
         onnx_custom.explain_compile(42, X)
+
+
+@torch.library.custom_op("compile_test::add_into", mutates_args=("out",))
+def add_into(x: torch.Tensor, out: torch.Tensor) -> None:
+    out.add_(x)
+
+
+def test_mutating_op_runs_eager_and_mutates() -> None:
+    def f(x: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
+        y = x.exp()
+        add_into(y, acc)
+        return acc * 2
+
+    x = torch.randn(3, 4)
+    acc, ref_acc = torch.zeros(3, 4), torch.zeros(3, 4)
+    backend = onnx_custom.compile_backend()
+    got = torch.compile(f, backend=backend)(x, acc)
+    want = f(x, ref_acc)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(acc, ref_acc)  # the in-place effect reached the caller's tensor
+    reasons = [f.reason for r in backend.records for f in r.fallbacks]
+    assert reasons and all("no translation" in r or "mutates" in r for r in reasons), reasons
+
+
+def test_console_stays_quiet(capfd: pytest.CaptureFixture[str]) -> None:
+    """torch's translator logs an nn_module_stack warning per node; none may reach the user."""
+    model = UsesUntranslated()
+    with torch.no_grad():
+        torch.compile(model, backend=onnx_custom.compile_backend())(X)
+    captured = capfd.readouterr()
+    noise = [line for line in (captured.err + captured.out).splitlines() if "nn_module_stack" in line or "torchvision is not installed" in line or "onnxruntime" in line.lower()]
+    assert not noise, noise[:5]
