@@ -26,10 +26,10 @@ import torch
 
 from onnx_custom.common.quiet import quiet_torch
 from onnx_custom.compile import torch_adapter
+from onnx_custom.compile.aten_extra import aten_extra_registry
 from onnx_custom.compile.options import CompileOptions
 from onnx_custom.compile.partition import Fallback, OrtSupport, fill_placeholder_meta, fuse
 from onnx_custom.compile.session import OrtPartition, SessionCache
-from onnx_custom.compile.symints import symint_registry
 from onnx_custom.compile.translate import TranslationFailure, translate
 from onnx_custom.errors import CompileError, VerificationError
 
@@ -96,7 +96,7 @@ class OnnxCustomBackend:
                 with quiet_torch():
                     registry = torch_adapter.torchlib_registry(self.options.build_opset)
                 ours = translation_table(self.options.opset, self.options.resolved_registry())
-                ours.update((k, v) for k, v in translation_table(self.options.opset, symint_registry()).items() if k not in ours)
+                ours.update((k, v) for k, v in translation_table(self.options.opset, aten_extra_registry()).items() if k not in ours)
                 self._setup = (registry, ours, torch_adapter.decompositions(registry, ours))
             return self._setup
 

@@ -82,7 +82,7 @@ def test_training_batch_norm_running_stats_and_gradients(tmp_path: Path) -> None
         assert int(model.bn.num_batches_tracked) == int(reference.bn.num_batches_tracked) == step + 1
     for (pname, p), (_, q) in zip(model.named_parameters(), reference.named_parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, msg=lambda m, n=pname: f"grad of {n}: {m}")
-    assert [f.target for r in backend.records for f in r.fallbacks] == ["aten::convolution_backward"]
+    assert not [f for r in backend.records for f in r.fallbacks]  # convolution_backward: aten_extra
     for path in tmp_path.glob("*.onnx"):  # decomposed: no BatchNormalization node in training graphs
         assert "BatchNormalization" not in {n.op_type for n in onnx.load(path).graph.node}, path.name
     # eval mode after training: the inference graph (torchlib's batch norm is right there)
