@@ -16,8 +16,10 @@ from onnx_custom import errors as _errors
 
 if TYPE_CHECKING:
     from onnx_custom.api import export
+    from onnx_custom.compile import compile_backend, explain_compile
     from onnx_custom.errors import (
         CliInputError,
+        CompileError,
         DeformConv2dDtypeError,
         DeformConv2dError,
         DynamicShapesError,
@@ -64,6 +66,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CliInputError",
+    "CompileError",
     "DeformConv2dDtypeError",
     "DeformConv2dError",
     "DynamicShapesError",
@@ -92,7 +95,9 @@ __all__ = [
     "attr",
     "build_native_library",
     "check",
+    "compile_backend",
     "default_registry",
+    "explain_compile",
     "export",
     "import_torch_symbolics",
     "kernel",
@@ -135,7 +140,9 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "library_path": ("onnx_custom.runtime.native", "library_path"),  # compiled on first use
     "KernelRunError": ("onnx_custom.runtime.failures", "KernelRunError"),  # subclasses onnxruntime's Fail
     "check": ("onnx_custom.verification.preflight", "check"),
-    "testing": ("onnx_custom.testing", None),  # onnx_custom.testing.check_op without importing it
+    "testing": ("onnx_custom.testing", None),
+    "compile_backend": ("onnx_custom.compile", "compile_backend"),  # torch.compile(backend=...)
+    "explain_compile": ("onnx_custom.compile", "explain_compile"),  # onnx_custom.testing.check_op without importing it
 }
 
 # Submodules that share their name with the function they define: importing the submodule must

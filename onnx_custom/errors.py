@@ -7,6 +7,7 @@ from typing import Any
 
 __all__ = [
     "CliInputError",
+    "CompileError",
     "DeformConv2dDtypeError",
     "DeformConv2dError",
     "DynamicShapesError",
@@ -160,3 +161,9 @@ class DeformConv2dDtypeError(OnnxCustomError, TypeError):
 
 class CliInputError(OnnxCustomError, ValueError):
     """A command-line input (model spec, ``--import``, ``--input``, path, flag) is unusable."""
+
+
+class CompileError(OnnxCustomError):
+    """``torch.compile(backend="onnx_custom")`` could not run a graph as asked: a node without a
+    translation under ``fallback="error"``, inputs on a device the chosen providers cannot take,
+    or a torch version whose private exporter API the backend's adapter does not know."""
