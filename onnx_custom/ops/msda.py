@@ -92,9 +92,11 @@ MSDA = OpSpec(
     kernel=EAGER,  # the node runs this op on torch views of ORT's buffers: one implementation
     native=True,  # ort_kernels/native/msda.cpp
     function=TranslationBody(f"{_SYMBOLICS}:msda_gather", min_opset=11),
+    # The highest opset <= the export's wins before variants are preferred: the mmdeploy variant
+    # is declared again at 16, where the GridSample form starts (the node is re-placed there).
     translations={
-        1: {"default": NODE, "standard": f"{_SYMBOLICS}:msda_gather", "mmdeploy": f"{_SYMBOLICS}:msda_mmdeploy"},
-        16: {"standard": f"{_SYMBOLICS}:msda_grid_sample"},  # GridSample: opset 16
+        1: {"default": NODE, "mmdeploy": f"{_SYMBOLICS}:msda_mmdeploy", "standard": f"{_SYMBOLICS}:msda_gather"},
+        16: {"mmdeploy": f"{_SYMBOLICS}:msda_mmdeploy", "standard": f"{_SYMBOLICS}:msda_grid_sample"},
     },
 )
 SPECS = (MSDA,)

@@ -240,6 +240,7 @@ void add_multi_output_ops(std::vector<OpDef>& ops);
 void add_vision_ops(std::vector<OpDef>& ops);
 void add_bev_ops(std::vector<OpDef>& ops);
 void add_linear_ops(std::vector<OpDef>& ops);
+void add_msda_ops(std::vector<OpDef>& ops);
 const std::vector<OpDef>& all_ops();
 
 template <typename K>

@@ -211,6 +211,7 @@ const std::vector<OpDef>& all_ops() {
     add_vision_ops(v);
     add_bev_ops(v);
     add_linear_ops(v);
+    add_msda_ops(v);
     return v;
   }();
   return ops;

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from msda_reference import grid_sample_msda, level_start, make_inputs
+from _msda_reference import grid_sample_msda, level_start, make_inputs
 
 from onnx_custom.errors import MultiScaleDeformableAttnDtypeError, MultiScaleDeformableAttnError
 from onnx_custom.ops import multi_scale_deformable_attn

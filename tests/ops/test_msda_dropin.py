@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from msda_reference import grid_sample_msda, level_start
+from _msda_reference import grid_sample_msda, level_start
 
 from onnx_custom.errors import MultiScaleDeformableAttnError
 from onnx_custom.ops import MultiScaleDeformableAttention
