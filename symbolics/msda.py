@@ -10,6 +10,8 @@
 - variant ``"standard"``: standard ops only. From opset 16 `msda_grid_sample`: one ``GridSample``
   per level (mmcv's pure-PyTorch formulation; needs the number of levels at export time). Below 16,
   and for float64 (ONNX Runtime's CPU GridSample computes in float32), `msda_gather`.
+- variant ``"gather"``: `msda_gather` at every opset, for backends that mishandle GridSample
+  (TensorRT #4813) and for the dynamo exporter (whose graphs start at opset 18).
 
 `msda_gather` (opset 11+) computes all levels at once: each sample's four bilinear corners are
 rows of value viewed as (bs*num_keys*num_heads, head_dim), found by one ``Gather`` of

@@ -28,7 +28,8 @@ kernel, so export fails early with eager's message), shape rule, autograd, the c
 ``custom::MultiScaleDeformableAttn`` (Python kernel: this eager op on ORT's buffers; native
 kernel in ``ort_kernels/native/msda.cpp``; function body: the gather decomposition) and the
 translations in ``symbolics/msda.py`` (variants ``standard``: ``GridSample`` per level from
-opset 16, gathers below; ``mmdeploy``: ``mmdeploy::MMCVMultiScaleDeformableAttention``).
+opset 16, gathers below; ``gather``: gathers at every opset; ``mmdeploy``:
+``mmdeploy::MMCVMultiScaleDeformableAttention``).
 
 ``multi_scale_deformable_attn`` (mmcv's ``MultiScaleDeformableAttnFunction.apply`` argument
 order) and ``MultiScaleDeformableAttention`` (mmcv's module: constructor, parameter names,
@@ -94,9 +95,12 @@ MSDA = OpSpec(
     function=TranslationBody(f"{_SYMBOLICS}:msda_gather", min_opset=11),
     # The highest opset <= the export's wins before variants are preferred: the mmdeploy variant
     # is declared again at 16, where the GridSample form starts (the node is re-placed there).
+    # "gather": the gather form at every opset (for backends that mishandle GridSample).
     translations={
-        1: {"default": NODE, "mmdeploy": f"{_SYMBOLICS}:msda_mmdeploy", "standard": f"{_SYMBOLICS}:msda_gather"},
-        16: {"mmdeploy": f"{_SYMBOLICS}:msda_mmdeploy", "standard": f"{_SYMBOLICS}:msda_grid_sample"},
+        1: {"default": NODE, "mmdeploy": f"{_SYMBOLICS}:msda_mmdeploy", "standard": f"{_SYMBOLICS}:msda_gather",
+            "gather": f"{_SYMBOLICS}:msda_gather"},
+        16: {"mmdeploy": f"{_SYMBOLICS}:msda_mmdeploy", "standard": f"{_SYMBOLICS}:msda_grid_sample",
+             "gather": f"{_SYMBOLICS}:msda_gather"},
     },
 )
 SPECS = (MSDA,)
@@ -415,7 +419,7 @@ class MultiScaleDeformableAttention(nn.Module):
             bs, num_query, self.num_heads, self.num_levels * self.num_points).softmax(-1)  # fmt: skip
         weights = weights.view(bs, num_query, self.num_heads, self.num_levels, self.num_points)
         if reference_points.shape[-1] == 2:
-            normalizer = torch.stack([spatial_shapes[..., 1], spatial_shapes[..., 0]], -1)
+            normalizer = spatial_shapes.flip(-1)  # (W, H) per level; mmcv stacks two selects
             locations = reference_points[:, :, None, :, None, :] + offsets / normalizer[None, None, None, :, None, :]
         elif reference_points.shape[-1] == 4:
             locations = (reference_points[:, :, None, :, None, :2]

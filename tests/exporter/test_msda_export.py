@@ -80,6 +80,7 @@ VARIANTS = [  # (variant, opset for torchscript, opset for dynamo, the node that
     ("mmdeploy", 17, 18, ("mmdeploy", "MMCVMultiScaleDeformableAttention")),
     ("standard", 11, 11, ("", "Gather")),
     ("standard", 16, 18, ("", "GridSample")),
+    ("gather", 17, 18, ("", "Gather")),
 ]
 
 
@@ -95,15 +96,15 @@ def test_export_verify_and_run_at_other_sizes(exporter: str, variant: str | None
     proto = onnx_custom.export(model, args, exporter=exporter, opset=opset, registry=registry, dynamic_shapes=_dynamic(levels_as_inputs))
     types = _node_types(proto)
     assert node in types
-    if variant == "standard":
+    if variant in ("standard", "gather"):
         assert all(domain == "" for domain, _ in types), types
-        assert (("", "GridSample") in types) == (opset >= 16)
+        assert (("", "GridSample") in types) == (variant == "standard" and opset >= 16)
     # verify: the export size plus other batch/query sizes the file claims
     assert onnx_custom.verify(model, args, proto, trials=2).passed
     # and at a size chosen here, against the independent reference
     _, other_args, (value, shapes, _, loc, attn) = _model_and_args(levels_as_inputs, bs=3, queries=9, seed=5)
     expected = grid_sample_msda(value, shapes, loc, attn).numpy()
-    runs = {"python": {}} if variant == "standard" else {"python": {}, "native": {"kernels": "native"}}
+    runs = {"python": {}} if variant in ("standard", "gather") else {"python": {}, "native": {"kernels": "native"}}
     for name, kwargs in runs.items():
         np.testing.assert_allclose(_run(proto, other_args, **kwargs), expected, rtol=1e-5, atol=1e-5, err_msg=name)
 
