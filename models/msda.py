@@ -59,6 +59,10 @@ class EncoderLayer(nn.Module):
 class Model(nn.Module):
     """Three feature maps (B, 32, H_l, W_l) -> encoded tokens (B, sum H_l*W_l, 32)."""
 
+    spatial_shapes: torch.Tensor
+    level_start_index: torch.Tensor
+    reference_points: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         generator_state = torch.random.get_rng_state()
