@@ -17,6 +17,8 @@ __all__ = [
     "KernelError",
     "ModelLoadError",
     "ModelNotFoundError",
+    "MultiScaleDeformableAttnDtypeError",
+    "MultiScaleDeformableAttnError",
     "NativeCompileError",
     "NodeDeclarationError",
     "OnnxCustomError",
@@ -157,6 +159,15 @@ class DeformConv2dError(OnnxCustomError, ValueError):
 
 class DeformConv2dDtypeError(OnnxCustomError, TypeError):
     """A deform_conv2d tensor has an unsupported dtype, or the tensors' dtypes differ."""
+
+
+class MultiScaleDeformableAttnError(OnnxCustomError, ValueError, RuntimeError):
+    """A multi_scale_deformable_attn argument has the wrong shape, layout or value (also a
+    ``RuntimeError``, what mmcv's compiled op raises, so code catching either keeps working)."""
+
+
+class MultiScaleDeformableAttnDtypeError(OnnxCustomError, TypeError, RuntimeError):
+    """A multi_scale_deformable_attn tensor has an unsupported dtype, or the float dtypes differ."""
 
 
 class CliInputError(OnnxCustomError, ValueError):

@@ -122,6 +122,7 @@ NATIVE_BUILDS = (
     _extension_build("onnx_custom_ext C++ extension", "~30 s", "onnx_custom.ops.extension", {"my_add_ext", "autograd_fn"}, loader="load_my_ops"),
     _extension_build("deform_conv2d C++ kernels", "~30-60 s", "onnx_custom.ops.deform_conv", {"deform_conv"}),
     _extension_build("bev_pool_v2 C++ kernels", "~30-60 s", "onnx_custom.ops.bev_pool", {"bev_pool"}),
+    _extension_build("multi_scale_deformable_attn C++ kernels", "~30-60 s", "onnx_custom.ops.msda", {"msda"}),
 )
 
 

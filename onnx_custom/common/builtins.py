@@ -19,6 +19,7 @@ SYMBOLIC_MODULES: tuple[str, ...] = (
     "onnx_custom.symbolics.bev_pool",
     "onnx_custom.symbolics.custom_linear",
     "onnx_custom.symbolics.deform_conv",
+    "onnx_custom.symbolics.msda",
 )
 
 # Each module defines `kernels: onnx_custom.runtime.KernelRegistry`.
@@ -28,4 +29,5 @@ KERNEL_MODULES: tuple[str, ...] = (
     "onnx_custom.ort_kernels.bev_pool",
     "onnx_custom.ort_kernels.custom_linear",
     "onnx_custom.ort_kernels.deform_conv",
+    "onnx_custom.ort_kernels.msda",
 )

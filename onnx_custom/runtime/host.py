@@ -266,6 +266,16 @@ def _make_bind(spec: KernelSpec) -> Callable[..., tuple[Any, dict[str, Any], Any
     return bind
 
 
+_FRESH_DIMS = itertools.count()
+
+
+def _named_unknowns(shape: Sequence[Any]) -> tuple[Any, ...]:
+    """Unknown dims (None) as fresh names no other dim shares. ORT stores a nameless unknown dim
+    as dim_value -1, which later nodes' inference takes literally (a MatMul after an output of
+    shape (2, 336, None) then fails to load); the native library names them the same way."""
+    return tuple(f"onnx_custom_unk__py{next(_FRESH_DIMS)}" if d is None else d for d in shape)
+
+
 def _make_infer(spec: KernelSpec) -> Callable[[list[Any], dict[str, Any]], list[Any]]:
     def infer(inputs: list[Any], attrs: dict[str, Any]) -> list[Any]:
         infos: list[TensorInfo | None] = []
@@ -286,7 +296,7 @@ def _make_infer(spec: KernelSpec) -> Callable[[list[Any], dict[str, Any]], list[
             infos.append(TensorInfo(dt, shape if shape != () else None))
         values = {k: _strings_value(v) if isinstance(v, bytes) else v for k, v in attrs.items()}
         # an output whose shape is unknown is left to ORT (it cannot take a dtype alone)
-        return [None if r is None or r.shape is None else (abi.numpy_to_elem(r.dtype), r.shape)
+        return [None if r is None or r.shape is None else (abi.numpy_to_elem(r.dtype), _named_unknowns(r.shape))
                 for r in spec.infer(infos, values)]
 
     return infer

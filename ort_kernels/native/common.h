@@ -191,6 +191,7 @@ void add_multi_out3_ops(std::vector<OpDef>& ops);
 void add_deform_conv_ops(std::vector<OpDef>& ops);
 void add_bev_pool_ops(std::vector<OpDef>& ops);
 void add_custom_linear_ops(std::vector<OpDef>& ops);
+void add_msda_ops(std::vector<OpDef>& ops);
 void add_user_ops(std::vector<OpDef>& ops);  // generated for libraries built from user op specs
 const std::vector<OpDef>& all_ops();
 

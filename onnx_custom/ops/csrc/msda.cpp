@@ -1,0 +1,252 @@
+// multi_scale_deformable_attn (mmcv's MultiScaleDeformableAttnFunction semantics) for CPU.
+//
+// For every (batch b, query q, head h): output[b, q, h*D:(h+1)*D] = sum over levels l and points
+// p of attention_weights[b, q, h, l, p] * bilinear(value level l of head h, at sampling location
+// (x, y) = (loc_x * W_l - 0.5, loc_y * H_l - 0.5)), zero outside the level: exactly
+// grid_sample(align_corners=False, padding_mode="zeros") on grid 2 * loc - 1. A sample at
+// x < -1, x > W, y < -1, y > H or with a non-finite coordinate contributes 0 and gets zero
+// gradients (every corner of it lies outside; the check also keeps floor() of huge values or NaN
+// from overflowing int64). On the lines x = -1 / x = W the value is 0 but the derivative, as
+// grid_sample's, is that of the inside corners.
+//
+// Validation (shapes, dtypes, the spatial_shapes / level_start_index / num_keys contract) lives in
+// Python (onnx_custom/ops/msda.py); this file trusts its inputs. Any strides are accepted: the
+// float tensors are converted to dense copies in the compute dtype (float32 for float16 and
+// bfloat16, else their own) and results are rounded once at the end.
+//
+// value (bs, K, M, D) stores each (key, head) as D contiguous numbers, so every bilinear corner is
+// one contiguous D-vector: the inner loops are plain axpy / dot over D, which the compiler
+// vectorizes. The forward is parallel over (b, q); the backward over (b, h) pairs, whose value
+// gradients never overlap (split further by queries with private buffers, summed in a fixed order,
+// when there are fewer pairs than threads), so results never depend on thread timing.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace {
+
+inline at::ScalarType compute_type(at::ScalarType t) {
+  return (t == at::kHalf || t == at::kBFloat16) ? at::kFloat : t;
+}
+
+struct Geometry {
+  int64_t bs, K, M, D, Q, L, P;
+  std::vector<int64_t> H, W, start;
+};
+
+Geometry make_geometry(const at::Tensor& value, const at::Tensor& shapes, const at::Tensor& starts,
+                       const at::Tensor& loc) {
+  Geometry g;
+  g.bs = value.size(0); g.K = value.size(1); g.M = value.size(2); g.D = value.size(3);
+  g.Q = loc.size(1); g.L = loc.size(3); g.P = loc.size(4);
+  const at::Tensor s = shapes.to(at::kLong).contiguous(), st = starts.to(at::kLong).contiguous();
+  const int64_t* sp = s.data_ptr<int64_t>();
+  const int64_t* stp = st.data_ptr<int64_t>();
+  for (int64_t l = 0; l < g.L; ++l) {
+    g.H.push_back(sp[2 * l]);
+    g.W.push_back(sp[2 * l + 1]);
+    g.start.push_back(stp[l]);
+  }
+  return g;
+}
+
+// One sample's cell: corner (dy, dx) is value row `row + (dy * W + dx)` when `in[2*dy+dx]`.
+template <typename T>
+struct Cell {
+  int64_t row;
+  T lx, ly;
+  bool in[4];
+};
+
+// False when the sample is outside [-1, W] x [-1, H] (or not finite): it then contributes nothing.
+template <typename T>
+inline bool sample_cell(T loc_x, T loc_y, int64_t H, int64_t W, int64_t start, Cell<T>* c) {
+  const T x = loc_x * static_cast<T>(W) - T(0.5), y = loc_y * static_cast<T>(H) - T(0.5);
+  if (!(x >= T(-1) && x <= static_cast<T>(W) && y >= T(-1) && y <= static_cast<T>(H))) return false;
+  const int64_t x0 = static_cast<int64_t>(std::floor(x)), y0 = static_cast<int64_t>(std::floor(y));
+  c->lx = x - static_cast<T>(x0);
+  c->ly = y - static_cast<T>(y0);
+  c->row = start + y0 * W + x0;
+  const bool x0_in = x0 >= 0 && x0 < W, x1_in = x0 + 1 >= 0 && x0 + 1 < W;
+  const bool y0_in = y0 >= 0 && y0 < H, y1_in = y0 + 1 >= 0 && y0 + 1 < H;
+  c->in[0] = y0_in && x0_in;
+  c->in[1] = y0_in && x1_in;
+  c->in[2] = y1_in && x0_in;
+  c->in[3] = y1_in && x1_in;
+  return c->in[0] || c->in[1] || c->in[2] || c->in[3];
+}
+
+template <typename T>
+inline int64_t corner_row(const Cell<T>& c, int corner, int64_t W) {
+  return c.row + (corner >> 1) * W + (corner & 1);
+}
+
+template <typename T>
+inline void corner_weights(const Cell<T>& c, T* w) {
+  const T hx = T(1) - c.lx, hy = T(1) - c.ly;
+  w[0] = hy * hx; w[1] = hy * c.lx; w[2] = c.ly * hx; w[3] = c.ly * c.lx;
+}
+
+template <typename T>
+void forward_rows(const Geometry& g, const T* value, const T* loc, const T* attn, T* out,
+                  int64_t begin, int64_t end) {
+  const int64_t key_stride = g.M * g.D;  // between consecutive keys of one head
+  for (int64_t bq = begin; bq < end; ++bq) {
+    const int64_t b = bq / g.Q;
+    const T* vb = value + b * g.K * key_stride;
+    for (int64_t h = 0; h < g.M; ++h) {
+      T* __restrict acc = out + bq * key_stride + h * g.D;
+      const T* vh = vb + h * g.D;
+      const int64_t sample0 = (bq * g.M + h) * g.L * g.P;
+      for (int64_t l = 0; l < g.L; ++l) {
+        for (int64_t p = 0; p < g.P; ++p) {
+          const int64_t s = sample0 + l * g.P + p;
+          Cell<T> c;
+          if (!sample_cell(loc[2 * s], loc[2 * s + 1], g.H[l], g.W[l], g.start[l], &c)) continue;
+          T w[4];
+          corner_weights(c, w);
+          const T a = attn[s];
+          for (int corner = 0; corner < 4; ++corner) {
+            if (!c.in[corner]) continue;
+            const T* __restrict v = vh + corner_row(c, corner, g.W[l]) * key_stride;
+            const T aw = a * w[corner];
+            for (int64_t d = 0; d < g.D; ++d) acc[d] += aw * v[d];
+          }
+        }
+      }
+    }
+  }
+}
+
+// Gradients of the queries [q0, q1) of head h in batch b. The value gradient of key k goes to
+// gv[k * gv_stride : + D].
+template <typename T>
+void backward_pair(const Geometry& g, int64_t b, int64_t h, int64_t q0, int64_t q1,
+                   const T* value, const T* loc, const T* attn, const T* grad, T* gv,
+                   int64_t gv_stride, T* gloc, T* gattn) {
+  const int64_t key_stride = g.M * g.D;
+  const T* vh = value + b * g.K * key_stride + h * g.D;
+  for (int64_t q = q0; q < q1; ++q) {
+    const int64_t bq = b * g.Q + q;
+    const T* __restrict go = grad + bq * key_stride + h * g.D;
+    const int64_t sample0 = (bq * g.M + h) * g.L * g.P;
+    for (int64_t l = 0; l < g.L; ++l) {
+      for (int64_t p = 0; p < g.P; ++p) {
+        const int64_t s = sample0 + l * g.P + p;
+        Cell<T> c;
+        if (!sample_cell(loc[2 * s], loc[2 * s + 1], g.H[l], g.W[l], g.start[l], &c)) continue;
+        T w[4];
+        corner_weights(c, w);
+        const T a = attn[s];
+        T dot[4] = {T(0), T(0), T(0), T(0)};  // grad . corner value
+        for (int corner = 0; corner < 4; ++corner) {
+          if (!c.in[corner]) continue;
+          const int64_t row = corner_row(c, corner, g.W[l]);
+          const T* __restrict v = vh + row * key_stride;
+          T* __restrict gvr = gv + row * gv_stride;
+          const T aw = a * w[corner];
+          T sum = T(0);
+          for (int64_t d = 0; d < g.D; ++d) {
+            sum += go[d] * v[d];
+            gvr[d] += aw * go[d];
+          }
+          dot[corner] = sum;
+        }
+        gattn[s] = w[0] * dot[0] + w[1] * dot[1] + w[2] * dot[2] + w[3] * dot[3];
+        const T hx = T(1) - c.lx, hy = T(1) - c.ly;
+        const T dx = hy * (dot[1] - dot[0]) + c.ly * (dot[3] - dot[2]);
+        const T dy = hx * (dot[2] - dot[0]) + c.lx * (dot[3] - dot[1]);
+        gloc[2 * s] = a * static_cast<T>(g.W[l]) * dx;
+        gloc[2 * s + 1] = a * static_cast<T>(g.H[l]) * dy;
+      }
+    }
+  }
+}
+
+at::Tensor forward(const at::Tensor& value_, const at::Tensor& spatial_shapes,
+                   const at::Tensor& level_start_index, const at::Tensor& loc_,
+                   const at::Tensor& attn_, int64_t /*im2col_step: a CUDA batching hint*/) {
+  const at::ScalarType ct = compute_type(value_.scalar_type());
+  const at::Tensor value = value_.to(ct).contiguous(), loc = loc_.to(ct).contiguous(),
+                   attn = attn_.to(ct).contiguous();
+  const Geometry g = make_geometry(value, spatial_shapes, level_start_index, loc);
+  at::Tensor out = at::zeros({g.bs, g.Q, g.M * g.D}, value.options());
+  if (out.numel() == 0) return out.to(value_.scalar_type());
+  AT_DISPATCH_FLOATING_TYPES(ct, "multi_scale_deformable_attn", [&] {
+    const scalar_t* v = value.data_ptr<scalar_t>();
+    const scalar_t* lp = loc.data_ptr<scalar_t>();
+    const scalar_t* ap = attn.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, g.bs * g.Q, 16, [&](int64_t begin, int64_t end) {
+      forward_rows(g, v, lp, ap, op, begin, end);
+    });
+  });
+  return out.to(value_.scalar_type());
+}
+
+std::vector<at::Tensor> backward(const at::Tensor& grad_, const at::Tensor& value_,
+                                 const at::Tensor& spatial_shapes,
+                                 const at::Tensor& level_start_index, const at::Tensor& loc_,
+                                 const at::Tensor& attn_, int64_t /*im2col_step*/) {
+  const at::ScalarType ct = compute_type(value_.scalar_type());
+  const at::Tensor value = value_.to(ct).contiguous(), loc = loc_.to(ct).contiguous(),
+                   attn = attn_.to(ct).contiguous(), grad = grad_.to(ct).contiguous();
+  const Geometry g = make_geometry(value, spatial_shapes, level_start_index, loc);
+  at::Tensor grad_value = at::zeros(value.sizes(), value.options());
+  at::Tensor grad_loc = at::zeros(loc.sizes(), value.options());
+  at::Tensor grad_attn = at::zeros(attn.sizes(), value.options());
+  const auto result = [&]() -> std::vector<at::Tensor> {
+    return {grad_value.to(value_.scalar_type()), grad_loc.to(loc_.scalar_type()),
+            grad_attn.to(attn_.scalar_type())};
+  };
+  if (g.bs * g.Q * g.M * g.L * g.P == 0 || g.D == 0) return result();
+  const int64_t pairs = g.bs * g.M, threads = at::get_num_threads();
+  // Fewer (b, h) pairs than threads: split each pair's queries, each split with its own value
+  // gradient buffer (K x D), summed afterwards in split order.
+  const int64_t splits = pairs >= threads ? 1 : std::min<int64_t>(g.Q, (threads + pairs - 1) / pairs);
+  const int64_t items = pairs * splits;
+  std::vector<at::Tensor> privates(splits > 1 ? items : 0);
+  AT_DISPATCH_FLOATING_TYPES(ct, "multi_scale_deformable_attn_backward", [&] {
+    using T = scalar_t;
+    const T* v = value.data_ptr<T>();
+    const T* lp = loc.data_ptr<T>();
+    const T* ap = attn.data_ptr<T>();
+    const T* gp = grad.data_ptr<T>();
+    T* gvp = grad_value.data_ptr<T>();
+    T* glp = grad_loc.data_ptr<T>();
+    T* gap = grad_attn.data_ptr<T>();
+    at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t pair = item / splits, split = item % splits;
+        const int64_t b = pair / g.M, h = pair % g.M;
+        const int64_t q0 = split * g.Q / splits, q1 = (split + 1) * g.Q / splits;
+        if (splits == 1) {
+          backward_pair(g, b, h, q0, q1, v, lp, ap, gp, gvp + b * g.K * g.M * g.D + h * g.D,
+                        g.M * g.D, glp, gap);
+        } else {
+          privates[item] = at::zeros({g.K, g.D}, value.options());
+          backward_pair(g, b, h, q0, q1, v, lp, ap, gp, privates[item].data_ptr<T>(), g.D, glp,
+                        gap);
+        }
+      }
+    });
+  });
+  if (splits > 1) {
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t pair = item / splits;
+      grad_value.select(0, pair / g.M).select(1, pair % g.M).add_(privates[item]);
+    }
+  }
+  return result();
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("forward", &forward, "multi_scale_deformable_attn forward (CPU)");
+  m.def("backward", &backward,
+        "multi_scale_deformable_attn backward (CPU): value, sampling_locations, attention_weights");
+}
