@@ -10,6 +10,7 @@ import contextlib
 import io
 import os
 import re
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -61,7 +62,7 @@ from onnx_custom.translate.coverage import (
 from onnx_custom.translate.registry import Registry, resolve_registry
 from onnx_custom.translate.torch_errors import chain, unwrap_dynamo_error, unwrap_torchscript_error
 
-__all__ = ["DEFAULT_OPSET", "EXPORTERS", "MAX_IR_VERSION", "export_model", "finalize_model", "save_model", "trace_program"]
+__all__ = ["DEFAULT_OPSET", "EXPORTERS", "EXPORT_LOCK", "MAX_IR_VERSION", "export_model", "finalize_model", "save_model", "trace_program"]
 
 DEFAULT_OPSET = 18
 MAX_IR_VERSION = 10  # ORT 1.31 accepts <= 13; 10 covers opsets up to 21 and every older runtime
@@ -257,7 +258,7 @@ def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry,
     missing = missing_ops_dynamo(program, opset, reg)
     if missing:
         raise UnsupportedOpError(format_missing(missing, "dynamo", opset), tuple(m.name for m in missing))
-    table = translation_table(opset, reg)
+    table = translation_table(opset, reg, build_opset=max(opset, _DYNAMO_NATIVE_OPSET))
     failure: BaseException | None = None
     try:
         with symbol_names(names):
@@ -278,6 +279,10 @@ def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry,
     if not isinstance(model, torch.export.ExportedProgram):
         spec = spec.without(static_axes(program, spec))
     return proto, spec
+
+
+EXPORT_LOCK = threading.RLock()
+"""Held for the length of each export (`export_model`); re-entrant (localization re-exports)."""
 
 
 def export_model(
@@ -313,7 +318,10 @@ def export_model(
             input_names=input_names, output_names=output_names,
         )
     run = _export_dynamo if exporter == "dynamo" else _export_torchscript
-    with quiet_torch():
+    # One export at a time per process: torch's exporters keep process-global state (the
+    # TorchScript symbolic table our `registered` swaps in, its GLOBALS, the dynamo exporter's
+    # registries), so two threads exporting with different specs would see each other's.
+    with EXPORT_LOCK, quiet_torch():
         proto, spec = run(model, args, opset, reg, spec, output_names, kwargs)
     write_metadata(proto, spec)
     return finalize_model(proto)
