@@ -157,22 +157,6 @@ def test_one_variant_rule(entries: list[tuple[int, str, Any]], prefer: tuple[str
     assert chosen.fn is expected
 
 
-def test_preferred_variant_below_the_default_is_exported() -> None:
-    """The shipped DCN: `standard` (opset 1 on) is preferred over DeformConv (19 on) at 19."""
-    from onnx_custom.ops import deform_conv2d
-
-    class M(torch.nn.Module):
-        def forward(self, x: torch.Tensor, w: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-            return deform_conv2d(x, offset, w, padding=(1, 1))
-
-    args = (torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3), torch.randn(1, 18, 5, 5))
-    registry = onnx_custom.default_registry().with_variants("standard")
-    proto = onnx_custom.export(M(), args, exporter="dynamo", opset=19, registry=registry)
-    types = {n.op_type for n in proto.graph.node}
-    assert "DeformConv" not in types and {"Gather", "GatherElements"} & types, types  # the decomposition
-    assert onnx_custom.verify(M(), args, proto).passed
-
-
 # -- translation_table(opset=) vs the export's opset --------------------------------------------
 
 
@@ -213,6 +197,18 @@ def test_translation_table_used_at_another_opset_is_an_opset_error(table_op: Reg
     message = str(opset_errors[0])
     for phrase in ("translation_table(opset=10)", "records at opset 20", "expected the opset the table was made for (10)", "Fix: pass translation_table(opset=20)"):
         assert phrase in message, (phrase, message)
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_preferred_variant_below_the_default_is_exported(table_op: Registry, exporter: str) -> None:
+    table_op.symbolic("tabletest::neg", opset=19)(_translation_c)  # default variant: Relu from 19
+    table_op.symbolic("tabletest::neg", opset=11, variant="custom")(_translation_b)  # Abs from 11
+    types = {}
+    for registry in (table_op, table_op.with_variants("custom")):
+        proto = onnx_custom.export(_Neg(), (torch.randn(2, 3),), exporter=exporter, opset=20, registry=registry)
+        types[registry.prefer] = {n.op_type for n in proto.graph.node}
+    assert "Relu" in types[()] and "Abs" not in types[()]
+    assert "Abs" in types[("custom",)] and "Relu" not in types[("custom",)]
 
 
 def test_translation_table_at_the_export_opset_works(table_op: Registry, tmp_path: Path) -> None:
