@@ -18,7 +18,7 @@ import onnxscript
 import torch
 from torch.onnx._internal.exporter import _building, _tensors
 
-from onnx_custom.errors import SymbolicError
+from onnx_custom.errors import OpsetError, SymbolicError
 from onnx_custom.exporter.dynamo_shapes import fx_outputs, value_outputs
 from onnx_custom.exporter.output_meta import Outputs, flat_outputs, layout
 from onnx_custom.translate.attributes import AttrKind, AttrValue, c_contiguous
@@ -26,7 +26,12 @@ from onnx_custom.translate.builder import GraphBuilder, OutputMeta, call_transla
 from onnx_custom.translate.names import QualifiedName, Target
 from onnx_custom.translate.registry import Registry, SymbolicEntry, resolve_registry
 
-__all__ = ["DynamoBuilder", "resolve_overloads", "translation_table"]
+__all__ = [
+    "DynamoBuilder",
+    "check_recording_opset",
+    "resolve_overloads",
+    "translation_table",
+]
 
 _IR_KIND = {
     AttrKind.INT: ir.AttributeType.INT,
@@ -217,7 +222,25 @@ def _pack(target: Target, values: list[Any], returns: list[int | None] | None, e
     )
 
 
-def _translation(registry: Registry, target: Target, overload: torch._ops.OpOverload, opset: int, entry: SymbolicEntry) -> Any:
+def check_recording_opset(target: Target, table_opset: int, recording: int | None, build_opset: int) -> None:
+    """`OpsetError` when the exporter records at another opset than the table was made for: its
+    translations were picked (and ``g.opset`` answers) for ``table_opset``, so the file would mix
+    opsets or hold the wrong translation, without a word."""
+    if recording is None or recording == build_opset:
+        return
+    raise OpsetError(
+        f"translation_table(opset={table_opset}) is used by a dynamo export that records at opset "
+        f"{recording} (op {target}); expected the opset the table was made for ({build_opset}); its "
+        f"translations were chosen for opset {table_opset}. Fix: pass "
+        f"translation_table(opset={recording}) to this export (torch's dynamo exporter records at "
+        f"opset >= 18 and converts down afterwards), or use onnx_custom.export(..., opset="
+        f"{table_opset}), which lowers the file itself when that is provably safe.",
+        exporter="dynamo",
+    )
+
+
+def _translation(registry: Registry, target: Target, overload: torch._ops.OpOverload, opset: int, entry: SymbolicEntry,
+                 build_opset: int | None = None) -> Any:
     schema = overload._schema
     expected = len(schema.returns)
     arguments = tuple((a.name, str(a.type)) for a in schema.arguments)
@@ -226,6 +249,7 @@ def _translation(registry: Registry, target: Target, overload: torch._ops.OpOver
         recorder = onnxscript.evaluator.default()
         if not isinstance(recorder, _building.OpRecorder):
             raise SymbolicError(f"The translation for {target} was called outside the dynamo exporter.")
+        check_recording_opset(target, opset, getattr(recorder.opset, "version", None), opset if build_opset is None else build_opset)
         found = _torch_outputs(overload, args, kwargs)
         inputs, attrs = _split(schema, args, kwargs)
         if found is None:
@@ -281,11 +305,14 @@ def resolve_overloads(target: Target) -> list[torch._ops.OpOverload]:
     return result
 
 
-def translation_table(opset: int = 18, registry: Registry | None = None) -> dict[torch._ops.OpOverload, Any]:
+def translation_table(opset: int = 18, registry: Registry | None = None, *, build_opset: int | None = None) -> dict[torch._ops.OpOverload, Any]:
     """``custom_translation_table`` for ``torch.onnx.export(..., dynamo=True)`` at ``opset``.
 
     Only torch ops that exist in this process (their library is loaded) and have a translation
     valid at ``opset`` are included; autograd.Function targets are skipped (TorchScript only).
+    A translation called by an export recording at another opset raises `OpsetError` naming
+    both (``build_opset``: the opset the export records at when it is lowered to ``opset``
+    afterwards, as `onnx_custom.export` does).
     """
     reg = resolve_registry(registry)
     if not isinstance(opset, int) or opset < 1:
@@ -300,5 +327,5 @@ def translation_table(opset: int = 18, registry: Registry | None = None) -> dict
             if not candidates:
                 continue
             entry = reg.lookup(ovl_target, opset, exporter="dynamo")
-            table[overload] = _translation(reg, ovl_target, overload, opset, entry)
+            table[overload] = _translation(reg, ovl_target, overload, opset, entry, build_opset)
     return table

@@ -12,6 +12,7 @@ import io
 import os
 import re
 import tempfile
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -66,6 +67,7 @@ from onnx_custom.translate.torch_errors import chain, unwrap_dynamo_error, unwra
 __all__ = [
     "DEFAULT_OPSET",
     "EXPORTERS",
+    "EXPORT_LOCK",
     "MAX_IR_VERSION",
     "ExportRequest",
     "check_export_request",
@@ -313,7 +315,7 @@ def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry,
     missing = missing_ops_dynamo(program, opset, reg)
     if missing:
         raise UnsupportedOpError(format_missing(missing, "dynamo", opset), tuple(m.name for m in missing))
-    table = translation_table(opset, reg)
+    table = translation_table(opset, reg, build_opset=max(opset, _DYNAMO_NATIVE_OPSET))
     failure: BaseException | None = None
     try:
         with symbol_names(names):
@@ -383,6 +385,10 @@ class ExportRequest:
     half_precision: str = DEFAULT_MODE
 
 
+EXPORT_LOCK = threading.RLock()
+"""Held for the length of each export (`run_export`); re-entrant (localization re-exports)."""
+
+
 def check_export_request(
     model: Any,
     args: Any,
@@ -440,7 +446,10 @@ def run_export(request: ExportRequest) -> onnx.ModelProto:
             input_names=request.input_names, output_names=request.output_names,
         )  # fmt: skip
     run = _export_dynamo if request.exporter == "dynamo" else _export_torchscript
-    with quiet_torch():
+    # One export at a time per process: torch's exporters keep process-global state (the
+    # TorchScript symbolic table our `registered` swaps in, its GLOBALS, the dynamo exporter's
+    # registries), so two threads exporting with different specs would see each other's.
+    with EXPORT_LOCK, quiet_torch():
         proto, spec = run(model, args, request.opset, reg, spec, request.output_names, kwargs)
     write_metadata(proto, spec)
     return widen_model(finalize_model(proto), request.half_precision)

@@ -95,7 +95,9 @@ DEFORM_CONV2D = OpSpec(
     function=TranslationBody(f"{_VISION}_decomposed:deform_conv2d_decomposed", min_opset=11),
     translations={
         1: {"default": NODE, "standard": f"{_VISION}_decomposed:deform_conv2d_decomposed"},
-        19: f"{_VISION}:deform_conv2d",  # ONNX DeformConv
+        # ONNX DeformConv; `standard` names it too: it stops at 19 (a preferred variant's own
+        # newest entry wins at any opset, so without this it would decompose at 19+ as well)
+        19: {"default": f"{_VISION}:deform_conv2d", "standard": f"{_VISION}:deform_conv2d"},
     },
 )
 # torchvision's op has the same schema and its own fake kernel and autograd: adopted, exported

@@ -19,13 +19,13 @@ __all__ = [
     "MULTI_OUT",
     "MY_ADD",
     "SPECS",
+    "alpha_a_plus_b",
     "check_my_add",
-    "double_and_shift",
     "multi_out",
     "multi_out_backward",
     "my_add",
     "my_add_backward",
-    "two_a_plus_b",
+    "scale_and_shift",
 ]
 
 SPECS = tuple(parse_specs(Path(__file__).with_name("seed.yaml")))
@@ -42,16 +42,26 @@ def check_my_add(args: Any) -> None:
         raise TypeError(f"onnx_custom::my_add: expected a and b of the same dtype, got {a.dtype} and {b.dtype}.")
 
 
-def two_a_plus_b(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return 2 * a + b
+def alpha_a_plus_b(a: torch.Tensor, b: torch.Tensor, *, alpha: float) -> torch.Tensor:
+    """alpha * a + b; alpha is the node constant declared in seed.yaml (node_attr_desc)."""
+    return _exact(alpha, a) * a + b
 
 
 def my_add_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return 2 * grad, grad
 
 
-def double_and_shift(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return x * 2, x + 3
+def scale_and_shift(x: torch.Tensor, *, scale: float, shift: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x * scale, x + shift), the constants from seed.yaml (node_attr_desc)."""
+    return x * _exact(scale, x), x + _exact(shift, x)
+
+
+def _exact(constant: float, like: torch.Tensor) -> float | int:
+    """A float attribute as an int for integer tensors (2.0 * int64 would go through float32
+    and round large values; the kernels compute in the tensor's own dtype too)."""
+    if like.is_floating_point() or not float(constant).is_integer():
+        return constant
+    return int(constant)
 
 
 def multi_out_backward(ctx: Any, grad_scaled: torch.Tensor, grad_shifted: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ CHAR_REQUIRED, CHAR_OPTIONAL, CHAR_VARIADIC = 0, 1, 2
 RULE_LIKE, RULE_BROADCAST, RULE_PY, RULE_UNKNOWN = 0, 1, 2, 3
 
 # attribute type name -> OrtOpAttrType value (the shim reads attributes by this kind)
-ATTR_KINDS: dict[str, int] = {"int": 1, "ints": 2, "float": 3, "floats": 4, "string": 5, "strings": 6}
+ATTR_KINDS: dict[str, int] = {"int": 1, "ints": 2, "float": 3, "floats": 4, "string": 5, "strings": 6, "tensor": 8}
 ATTR_PROTO_TYPES: dict[str, int] = {
     "int": AttributeProto.INT,
     "ints": AttributeProto.INTS,
@@ -38,6 +38,7 @@ ATTR_PROTO_TYPES: dict[str, int] = {
     "floats": AttributeProto.FLOATS,
     "string": AttributeProto.STRING,
     "strings": AttributeProto.STRINGS,
+    "tensor": AttributeProto.TENSOR,
 }
 
 NAME_TO_ELEM: dict[str, int] = {

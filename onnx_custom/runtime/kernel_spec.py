@@ -17,7 +17,7 @@ from onnx_custom.errors import KernelError, SymbolicError
 from onnx_custom.runtime.abi import DTYPE_NAMES
 from onnx_custom.runtime.types import TensorInfo, broadcast_shapes
 
-__all__ = ["RESERVED_DOMAINS", "AttrSpec", "KernelSpec", "ParamSpec", "make_spec", "split_name"]
+__all__ = ["RESERVED_DOMAINS", "AttrSpec", "KernelSpec", "ParamSpec", "make_spec", "split_name", "tensor_attribute_value"]
 
 # Domains ONNX Runtime serves itself; kernels may not be registered there.
 RESERVED_DOMAINS = frozenset({
@@ -28,7 +28,7 @@ RESERVED_DOMAINS = frozenset({
 _IDENT = r"[A-Za-z_][A-Za-z0-9_\-]*"
 _NAME_RE = re.compile(rf"^({_IDENT}(?:\.{_IDENT})*)::([A-Za-z_][A-Za-z0-9_]*)$")
 _PARAM_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)([?*]?)$")
-_ATTR_TYPES = ("int", "float", "string", "ints", "floats", "strings")
+_ATTR_TYPES = ("int", "float", "string", "ints", "floats", "strings", "tensor")
 _RULE_NAMES = ("like:<input name>", "like0", "broadcast")
 _INT64 = (-(2**63), 2**63 - 1)
 
@@ -211,6 +211,22 @@ def _parse_params(names: Sequence[str], what: str, qual: str) -> list[ParamSpec]
     return out
 
 
+def _is_tensor_value(value: Any) -> bool:
+    if isinstance(value, np.ndarray) or hasattr(value, "__dlpack__"):
+        return getattr(value, "dtype", None) is not None and np.asarray(value).dtype != object
+    return False
+
+
+def tensor_attribute_value(value: Any) -> np.ndarray[Any, Any]:
+    """A TENSOR attribute's value as kernels receive it: a read-only C-contiguous numpy copy
+    (a torch tensor is detached and moved to the CPU first)."""
+    if hasattr(value, "detach"):  # torch.Tensor, without importing torch here
+        value = value.detach().cpu().numpy()
+    array = np.array(value, copy=True, order="C")
+    array.setflags(write=False)
+    return array
+
+
 def _check_default(qual: str, name: str, typ: str, value: Any) -> Any:
     ok = {
         "int": lambda v: isinstance(v, (int, np.integer)),
@@ -219,6 +235,7 @@ def _check_default(qual: str, name: str, typ: str, value: Any) -> Any:
         "ints": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, (int, np.integer)) for x in v),
         "floats": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) for x in v),
         "strings": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v),
+        "tensor": _is_tensor_value,
     }[typ]
     if not ok(value):
         raise SymbolicError(
@@ -242,6 +259,8 @@ def _check_default(qual: str, name: str, typ: str, value: Any) -> Any:
         return [float(x) for x in value]
     if typ == "strings":
         return list(value)
+    if typ == "tensor":
+        return tensor_attribute_value(value)
     return value
 
 

@@ -7,7 +7,7 @@ import weakref
 from typing import Any
 
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 from onnx.defs import OpSchema
 
 from onnx_custom.runtime import abi
@@ -32,6 +32,7 @@ _ATTR_TYPE = {
     "ints": OpSchema.AttrType.INTS,
     "floats": OpSchema.AttrType.FLOATS,
     "strings": OpSchema.AttrType.STRINGS,
+    "tensor": OpSchema.AttrType.TENSOR,
 }
 
 
@@ -106,7 +107,8 @@ def make_schema(spec: KernelSpec) -> OpSchema:
         if a.required:
             attributes.append(OpSchema.Attribute(a.name, _ATTR_TYPE[a.type], "", required=True))
         else:
-            default = helper.make_attribute(a.name, a.default, attr_type=abi.ATTR_PROTO_TYPES[a.type])
+            value = numpy_helper.from_array(a.default) if a.type == "tensor" else a.default
+            default = helper.make_attribute(a.name, value, attr_type=abi.ATTR_PROTO_TYPES[a.type])
             attributes.append(OpSchema.Attribute(a.name, default, ""))
     schema = OpSchema(
         spec.op_type, spec.domain, 1, spec.doc or f"Python kernel {spec.name} (onnx-custom).",

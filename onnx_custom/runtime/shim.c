@@ -412,6 +412,40 @@ static void sized_alloc_done(SizedAlloc* al) {
   memset(al, 0, sizeof *al);
 }
 
+static OrtStatus* tensor_view(const OrtValue* value, int* elem, int64_t* dims, size_t* rank, void** data);
+static PyObject* wrap_array(int elem, const int64_t* dims, size_t rank, void* data, int writable);
+
+/* A TENSOR attribute as a numpy array that owns a copy of the data (the OrtValue ORT fills is
+ * released here). NULL with *missing set when the node lacks it. */
+static PyObject* read_tensor_attr(const OrtKernelInfo* info, const char* name, int* missing) {
+  OrtAllocator* alloc = NULL;
+  OrtValue* value = NULL;
+  OrtStatus* st = OC_API(g_api, GetAllocatorWithDefaultOptions)(&alloc);
+  if (!st) st = OC_API(g_api, KernelInfoGetAttribute_tensor)(info, name, alloc, &value);
+  if (st) { release_status(st); *missing = 1; return NULL; }
+  int elem = 0;
+  int64_t dims[32];
+  size_t rank = 0;
+  void* data = NULL;
+  PyObject* copy = NULL;
+  st = tensor_view(value, &elem, dims, &rank, &data);
+  if (st) {
+    PyErr_Format(PyExc_RuntimeError, "onnx-custom: cannot read TENSOR attribute '%s': %s", name,
+                 OC_API(g_api, GetErrorMessage)(st));
+    release_status(st);
+  } else {
+    PyObject* view = wrap_array(elem, dims, rank, data, 0);
+    if (view) {
+      copy = PyArray_NewCopy((PyArrayObject*)view, NPY_CORDER);
+      Py_DECREF(view);
+      /* one value per kernel instance, shared by its calls: read-only */
+      if (copy) PyArray_CLEARFLAGS((PyArrayObject*)copy, NPY_ARRAY_WRITEABLE);
+    }
+  }
+  OC_API(g_api, ReleaseValue)(value);
+  return copy;
+}
+
 /* Reads one declared attribute into a Python value; *missing set when the node lacks it. */
 static PyObject* read_kernel_attr(const OrtKernelInfo* info, const AttrDesc* a, int* missing) {
   OrtStatus* st = NULL;
@@ -490,6 +524,8 @@ static PyObject* read_kernel_attr(const OrtKernelInfo* info, const AttrDesc* a, 
       sized_alloc_done(&al); /* frees the strings and the array too */
       return lst;
     }
+    case OC_ATTR_TENSOR:
+      return read_tensor_attr(info, a->name, missing);
     default:
       PyErr_Format(PyExc_RuntimeError, "unsupported attribute kind %d", a->kind);
       return NULL;

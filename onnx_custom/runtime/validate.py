@@ -20,7 +20,7 @@ __all__ = ["NodeDeclarationError", "graph_value_types", "node_problems", "valida
 
 _MAX_LISTED = 10
 _EXAMPLE = {"int": "1", "float": "1.0", "string": "'text'", "ints": "[1, 2]", "floats": "[1.0, 2.0]",
-            "strings": "['a', 'b']"}
+            "strings": "['a', 'b']", "tensor": "numpy.array([1.0, 2.0])"}
 
 
 def _label(node: onnx.NodeProto) -> str:

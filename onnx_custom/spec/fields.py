@@ -22,12 +22,14 @@ __all__ = [
     "ATTRIBUTE_TYPES",
     "EAGER",
     "NODE",
+    "NODE_ONLY_TYPES",
     "NO_DEFAULT",
     "TORCH_DTYPES",
     "Attribute",
     "Input",
     "Output",
     "Ref",
+    "TensorValue",
 ]
 
 Ref = str | Callable[..., Any]
@@ -38,6 +40,9 @@ ATTRIBUTE_TYPES: dict[str, str] = {
     "int": "int", "float": "float", "bool": "int", "str": "string",
     "int[]": "ints", "float[]": "floats", "str[]": "strings",
 }
+# Types a node constant (`OpSpec.node_attributes`) may have beyond those: no torch schema type
+# expresses them, so torch arguments cannot.
+NODE_ONLY_TYPES: dict[str, str] = {"tensor": "tensor"}
 # The op-plugin YAML style spells some types differently.
 _TYPE_ALIASES = {"listInt": "int[]", "listFloat": "float[]", "listStr": "str[]", "string": "str", "double": "float"}
 _NOT_ATTRIBUTES = {
@@ -64,6 +69,58 @@ _RESERVED_NAMES = {
 }
 # Spellings of the default ONNX domain, where only standard ops live.
 _DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorValue:
+    """An immutable tensor constant: the value of a ``"tensor"`` node attribute (an ONNX TENSOR
+    attribute). Made from a numpy array, a torch tensor or a nested list (floats -> float32,
+    ints -> int64, as ONNX constants usually are); kernels get ``numpy()``, eager math
+    ``torch()``, translations write it as a TENSOR attribute."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    data: bytes = dataclasses.field(repr=False)
+
+    @classmethod
+    def of(cls, value: Any) -> TensorValue:
+        import numpy as np
+
+        if isinstance(value, TensorValue):
+            return value
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu()
+            name = str(value.dtype).removeprefix("torch.")
+            if name == "bfloat16":
+                return cls(name, tuple(value.shape), value.view(torch.int16).numpy().tobytes())
+            value = value.numpy()
+        elif not isinstance(value, np.ndarray):
+            value = np.asarray(value)
+            if value.dtype == np.float64:
+                value = value.astype(np.float32)
+        name = "bfloat16" if value.dtype.name == "bfloat16" else str(value.dtype)
+        if name not in DTYPE_NAMES:
+            raise TypeError(f"dtype {value.dtype} is not one of {', '.join(DTYPE_NAMES)}")
+        return cls(name, tuple(int(d) for d in value.shape), np.ascontiguousarray(value).tobytes())
+
+    def numpy(self) -> Any:
+        """A read-only numpy array (bfloat16 via ml_dtypes)."""
+        import numpy as np
+
+        if self.dtype == "bfloat16":
+            import ml_dtypes
+
+            dtype: Any = ml_dtypes.bfloat16
+        else:
+            dtype = np.dtype(self.dtype)
+        array = np.frombuffer(self.data, dtype=dtype).reshape(self.shape)
+        return array
+
+    def torch(self) -> torch.Tensor:
+        """A torch tensor (a copy; CPU)."""
+        if self.dtype == "bfloat16":
+            return torch.from_numpy(self.numpy().view("int16").copy()).view(torch.bfloat16)
+        return torch.from_numpy(self.numpy().copy())
 
 
 class _NoDefault:
@@ -117,13 +174,13 @@ def _check_ref(op: str, key: tuple[Any, ...], value: Any, what: str) -> Ref | No
 class Input:
     """A tensor input. ``name`` may end in ``?`` (optional: ``Tensor?``) or ``*`` (variadic:
     ``Tensor[]``, last input only). ``dtype``: allowed dtype names (default: all). ``format`` is
-    the seed's layout label (``ND``, ``NCHW``...), kept as documentation."""
+    the op-plugin layout label (``ND``, ``NCHW``...), one or one per dtype, kept as documentation."""
 
     name: str
     dtype: tuple[str, ...] | None = None
     optional: bool = False
     variadic: bool = False
-    format: str | None = None
+    format: str | tuple[str, ...] | None = None
     doc: str = ""
 
     def __post_init__(self) -> None:
@@ -133,6 +190,8 @@ class Input:
             object.__setattr__(self, "name", self.name[:-1])
         if isinstance(self.dtype, (list, str)):
             object.__setattr__(self, "dtype", tuple([self.dtype] if isinstance(self.dtype, str) else self.dtype))
+        if isinstance(self.format, list):  # frozen: the op-plugin YAML's list becomes a tuple
+            object.__setattr__(self, "format", tuple(self.format))
 
     @property
     def dtypes(self) -> tuple[str, ...]:
@@ -152,12 +211,14 @@ class Output:
     name: str
     dtype: tuple[str, ...] | str | None = None
     shape: str | None = None
-    format: str | None = None
+    format: str | tuple[str, ...] | None = None
     doc: str = ""
 
     def __post_init__(self) -> None:
         if isinstance(self.dtype, list):
             object.__setattr__(self, "dtype", tuple(self.dtype))
+        if isinstance(self.format, list):
+            object.__setattr__(self, "format", tuple(self.format))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,12 +249,17 @@ class Attribute:
 
     @property
     def onnx_type(self) -> str:
-        return ATTRIBUTE_TYPES[self.type]
+        return NODE_ONLY_TYPES.get(self.type) or ATTRIBUTE_TYPES[self.type]
 
 
 def _normalize_default(op: str, key: tuple[Any, ...], attr: Attribute, value: Any = NO_DEFAULT) -> Any:
     """The default as the Python value torch hands the op (lists become tuples: specs are frozen)."""
     value, typ = (attr.default if value is NO_DEFAULT else value), attr.type
+    if typ == "tensor":
+        try:
+            return TensorValue.of(value)
+        except (TypeError, ValueError) as exc:
+            raise _fail(op, key, f"attribute {attr.name!r} (tensor) has value {value!r:.80}, which is not a tensor ({exc}); expected a numpy array, a torch tensor or a nested list of numbers; fix: e.g. numpy.array([1.0, 2.0], dtype='float32').") from None
     scalar = typ.removesuffix("[]")
     items = value if typ.endswith("[]") else [value]
     if typ.endswith("[]") and not isinstance(value, (list, tuple)):

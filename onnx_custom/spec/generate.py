@@ -63,6 +63,15 @@ CUSTOM_VARIANT = "custom"
 
 _lock = threading.RLock()
 _registered: dict[str, SpecRegistration] = {}
+# Per thread: the open spec_scope blocks, innermost last, each with what was registered in it.
+_scopes = threading.local()
+
+
+def _open_scopes() -> list[list[SpecRegistration]]:
+    stack: list[list[SpecRegistration]] | None = getattr(_scopes, "stack", None)
+    if stack is None:
+        stack = _scopes.stack = []
+    return stack
 
 
 # -- the parts one spec generates -----------------------------------------------------------------
@@ -98,6 +107,7 @@ class _Parts:
             if fn is not None:
                 signatures.check_math_signature(spec, fn, role, (role,), getattr(spec, role))
         impl, meta = signatures.inputs_first(spec, impl), signatures.inputs_first(spec, meta)
+        impl = signatures.with_taken_constants(spec, impl)
         check = self._get("check", "check")
         if check is not None:
             signatures.check_check_signature(spec, check, spec.check)
@@ -343,6 +353,9 @@ def register_spec(spec: OpSpec) -> SpecRegistration:
             _run_undo(undo)
             raise
         _registered[spec.name] = registration
+        scopes = _open_scopes()
+        if scopes:
+            scopes[-1].append(registration)
         return registration
 
 
@@ -394,27 +407,30 @@ def registered_specs() -> dict[str, OpSpec]:
 
 @contextlib.contextmanager
 def spec_scope() -> Iterator[None]:
-    """Specs registered inside the block (``load_specs``, ``register_spec``) are unregistered on
-    exit, also when the block raises (its error then wins over any error while undoing, which
-    becomes a warning); specs registered before the block stay."""
-    with _lock:
-        before = set(_registered)
+    """Specs this thread registers inside the block (``load_specs``, ``register_spec``) are
+    unregistered on exit, also when the block raises (its error then wins over any error while
+    undoing, which becomes a warning); specs registered before the block, or by other threads
+    meanwhile, stay. Scopes are per thread: two threads each in their own scope (e.g. exporting
+    with different specs) never take back each other's registrations."""
+    mine: list[SpecRegistration] = []
+    stack = _open_scopes()
+    stack.append(mine)
     try:
         yield
     except BaseException:
-        for error in _unregister_since(before):
+        stack.remove(mine)
+        for error in _unregister_all(mine):
             warnings.warn(f"onnx-custom: undoing a spec registration failed: {error!r}", RuntimeWarning, stacklevel=3)
         raise
-    errors = _unregister_since(before)
+    stack.remove(mine)
+    errors = _unregister_all(mine)
     if errors:
         raise errors[0]
 
 
-def _unregister_since(before: set[str]) -> list[Exception]:
-    with _lock:
-        added = [r for name, r in _registered.items() if name not in before]
+def _unregister_all(registrations: list[SpecRegistration]) -> list[Exception]:
     errors: list[Exception] = []
-    for registration in reversed(added):
+    for registration in reversed(registrations):
         try:
             registration.unregister()
         except Exception as exc:  # undo the others regardless

@@ -22,6 +22,7 @@ from onnx_custom.runtime.abi import NAME_TO_ELEM, elem_to_numpy
 from onnx_custom.runtime.kernel_spec import KernelSpec, make_spec
 from onnx_custom.runtime.registry import KernelRegistry
 from onnx_custom.runtime.types import TensorInfo, broadcast_shapes
+from onnx_custom.spec.fields import TensorValue
 from onnx_custom.spec.shape_rules import (
     BroadcastRule,
     LikeRule,
@@ -39,17 +40,23 @@ __all__ = [
     "eager_kernel",
     "kernel_spec",
     "make_shape_fn",
+    "onnx_value",
     "register_onnx_schema",
     "with_node_constants",
 ]
 
 _LIST_ATTRS: dict[str, Callable[[Any], Any]] = {"int[]": attributes.ints, "float[]": attributes.floats, "str[]": attributes.strings}
-_SCALAR_ATTRS: dict[str, Callable[[Any], Any]] = {"int": int, "bool": int, "float": float, "str": str}
+_SCALAR_ATTRS: dict[str, Callable[[Any], Any]] = {"int": int, "bool": int, "float": float, "str": str, "tensor": lambda v: v.numpy()}
 
 
 def _typed_attribute(attr: Any, value: Any) -> Any:
     convert = _LIST_ATTRS.get(attr.type) or _SCALAR_ATTRS[attr.type]
     return convert(value)
+
+
+def onnx_value(value: Any) -> Any:
+    """A node constant as translations and kernels take it (a tensor constant as numpy)."""
+    return value.numpy() if isinstance(value, TensorValue) else value
 
 
 def custom_node_translation(spec: OpSpec) -> Callable[..., Any]:
@@ -86,7 +93,7 @@ def with_node_constants(spec: OpSpec, fn: Callable[..., Any]) -> Callable[..., A
     for ``onnx_custom::my_add``) as keywords: one function serves as translation and function body."""
     if not spec.node_attributes:
         return fn
-    constants = {a.name: a.default for a in spec.node_attributes}
+    constants = {a.name: onnx_value(a.default) for a in spec.node_attributes}
 
     def translate(g: Any, *inputs: Any, **attrs: Any) -> Any:
         return fn(g, *inputs, **attrs, **constants)
@@ -232,7 +239,7 @@ def _kernel_attrs(spec: OpSpec) -> dict[str, Any]:
         if default is NO_DEFAULT:
             out[attr.name] = attr.onnx_type
             continue
-        default = list(default) if isinstance(default, tuple) else default
+        default = list(default) if isinstance(default, tuple) else onnx_value(default)
         out[attr.name] = (attr.onnx_type, int(default) if attr.type == "bool" else default)
     return out
 

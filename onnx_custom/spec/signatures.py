@@ -14,9 +14,10 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from onnx_custom.spec.fields import TensorValue
 from onnx_custom.spec.spec import OpSpec, SpecError
 
-__all__ = ["check_backward", "check_check_signature", "check_math_signature", "expected_signature", "in_schema_order", "inputs_first", "resolve"]
+__all__ = ["check_backward", "check_check_signature", "check_math_signature", "expected_signature", "in_schema_order", "inputs_first", "resolve", "with_taken_constants"]
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
@@ -197,6 +198,8 @@ def check_math_signature(spec: OpSpec, fn: Any, role: str, key: tuple[Any, ...],
         raise fail(f"has no *{spread} parameter for the variadic input {spread!r}")
     attributes = _attributes(spec, node)
     declared = set(wanted[len(lead):]) | {a.name for a in attributes} | set(extra)
+    if role == "impl":  # eager math may take the node's constants too (`with_taken_constants`)
+        declared |= {a.name for a in spec.node_attributes}
     declared |= {p.name for p in positional[: len(lead)]}  # `g` may have any name
     for attr in attributes:
         param = signature.parameters.get(attr.name)
@@ -234,3 +237,24 @@ def check_backward(spec: OpSpec, backward: Any, setup_context: Any) -> None:
                 f"with {n} output(s); received `{signature}`; fix: take one gradient per output.",
                 op=spec.name, key=key,
             ) from None
+
+
+def with_taken_constants(spec: OpSpec, fn: Any) -> Any:
+    """Eager math that names some of the node's constant attributes (``node_attributes``, the
+    YAML ``node_attr_desc``) as parameters receives them as keywords, so a constant declared
+    once reaches the eager op, the kernel, the translations and the function body alike.
+    Functions that don't name them are called as before."""
+    signature = None if fn is None else _signature(fn)
+    if signature is None or not spec.node_attributes:
+        return fn
+    taken = {a.name: a.default.torch() if isinstance(a.default, TensorValue) else a.default
+             for a in spec.node_attributes if a.name in signature.parameters}
+    if not taken:
+        return fn
+
+    def call(*inputs: Any, **attrs: Any) -> Any:
+        return fn(*inputs, **attrs, **taken)
+
+    call.__qualname__ = getattr(fn, "__qualname__", "impl")
+    call.__doc__ = getattr(fn, "__doc__", None)
+    return call

@@ -26,6 +26,7 @@ from onnx_custom.spec.fields import (
     EAGER,
     NO_DEFAULT,
     NODE,
+    NODE_ONLY_TYPES,
     TORCH_DTYPES,
     Attribute,
     Input,
@@ -190,13 +191,21 @@ class OpSpec:
                 raise _fail(op, ("inputs", index, "name"), f"variadic input {item.name!r} must be the last input (ONNX allows only a trailing variadic input); fix: move it last.")
             if item.variadic and item.optional:
                 raise _fail(op, ("inputs", index, "name"), f"input {item.name!r} cannot be both optional and variadic; fix: pass an empty list instead.")
+        tensors: list[tuple[str, Sequence[Input | Output]]] = [("inputs", self.inputs), ("outputs", self.outputs)]
+        for field, items in tensors:
+            for index, item in enumerate(items):
+                fmt = item.format
+                if fmt is not None and not isinstance(fmt, str) and not (isinstance(fmt, tuple) and fmt and all(isinstance(f, str) for f in fmt)):
+                    raise _fail(op, (field, index, "format"), f"{field[:-1]} {item.name!r} has format {fmt!r}; expected a layout label such as 'ND' or a list of them (one per dtype); fix: write e.g. format=['ND', 'ND'] or drop it.")
         for index, output in enumerate(self.outputs):
             if output.name[-1:] in ("?", "*"):
                 raise _fail(op, ("outputs", index, "name"), "outputs cannot be optional or variadic.")
 
     def _checked_attribute(self, op: str, key: tuple[Any, ...], attr: Attribute) -> Attribute:
         typ = _TYPE_ALIASES.get(attr.type, attr.type) if isinstance(attr.type, str) else attr.type
-        if typ not in ATTRIBUTE_TYPES:
+        if typ in NODE_ONLY_TYPES and key[0] != "node_attributes":
+            raise _fail(op, (*key, "type"), f"attribute {attr.name!r} has type {typ!r}, which a torch op cannot take as an argument; expected one of {', '.join(ATTRIBUTE_TYPES)}; fix: make it an input, or a node attribute (node_attributes / node_attr_desc) if it is a constant every node carries.")
+        if typ not in ATTRIBUTE_TYPES and typ not in NODE_ONLY_TYPES:
             hint = _NOT_ATTRIBUTES.get(str(typ).removesuffix("?"), "")
             if isinstance(typ, str) and typ.endswith("?") and typ[:-1] in ATTRIBUTE_TYPES:
                 hint = "give it a default value instead of making it optional"

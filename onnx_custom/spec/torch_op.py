@@ -158,6 +158,11 @@ def output_shape(spec: OpSpec, index: int, bound: BoundArgs) -> list[Any]:
         raise ValueError(f"{spec.name}: output {spec.outputs[index].name!r}: {exc}") from None
 
 
+# Input signatures (shapes, dtypes, attributes) per op whose eager outputs are compared with the
+# meta function's: enough to catch a wrong rule, bounded so a long run pays nothing more.
+_META_CHECKS = 16
+
+
 def _first_tensor(spec: OpSpec, tensors: Sequence[Any]) -> torch.Tensor:
     return _present(spec, tensors)[0][1]
 
@@ -175,9 +180,9 @@ def make_fake(spec: OpSpec, meta: Callable[..., Any] | None, check: Callable[...
     def fake(*args: Any, **kwargs: Any) -> Any:
         bound = bind_args(spec, args, kwargs)
         _run_check(spec, check, bound)
-        if meta is not None:
-            return meta(*bound.tensors, **bound.attrs)
         like = _first_tensor(spec, bound.tensors)
+        if meta is not None:
+            return _on_device_of(spec, like, meta_outputs(spec, meta, bound))
         outs = [like.new_empty(output_shape(spec, i, bound), dtype=output_dtype(spec, i, bound.tensors)) for i in range(len(spec.outputs))]
         return outs[0] if len(outs) == 1 else tuple(outs)
 
@@ -185,10 +190,68 @@ def make_fake(spec: OpSpec, meta: Callable[..., Any] | None, check: Callable[...
     return fake
 
 
-def make_eager(spec: OpSpec, impl: Callable[..., Any], check: Callable[..., Any] | None = None) -> Callable[..., Any]:
+def meta_outputs(spec: OpSpec, meta: Callable[..., Any], bound: BoundArgs) -> list[torch.Tensor]:
+    """What the spec's meta function returns for ``bound``, as a list with one tensor per
+    declared output of the declared dtype; a `SpecError` with the fix otherwise (a meta function
+    returning None would otherwise give the dynamo exporter an op with no outputs)."""
+    result = meta(*bound.tensors, **bound.attrs)
+    outs = list(result) if isinstance(result, (tuple, list)) else [result]
+    where = f"op {spec.name}: the meta function (shape) {getattr(meta, '__qualname__', meta)!r}"
+    names = [o.name for o in spec.outputs]
+    if len(outs) != len(names) or not all(isinstance(o, torch.Tensor) for o in outs):
+        got = "None" if result is None else f"{type(result).__name__} with {len(outs)} item(s) ({', '.join(type(o).__name__ for o in outs)})"
+        raise SpecError(
+            f"{where} returned {got}; expected {len(names)} tensor(s) {names}, shaped like the "
+            "impl's outputs; fix: return e.g. torch.empty(..., device='meta') or x.new_empty(...) "
+            "per output (a missing `return`?).", op=spec.name, key=("shape",),
+        )
+    for index, out in enumerate(outs):
+        want = output_dtype(spec, index, bound.tensors)
+        if out.dtype != want:
+            raise SpecError(
+                f"{where} returned output {names[index]!r} as {out.dtype}; expected {want} (the "
+                f"spec's dtype for it: {spec.outputs[index].dtype or 'like the first input'}); fix: "
+                "pass dtype= to torch.empty, or correct the spec.", op=spec.name, key=("shape",),
+            )
+    return outs
+
+
+def _on_device_of(spec: OpSpec, like: torch.Tensor, outs: list[torch.Tensor]) -> Any:
+    """Meta functions written as the op-adaptation articles write them return
+    ``torch.empty(..., device="meta")`` (or tensors on some device): the fake kernel's outputs
+    must be on the inputs' (fake) device, or opcheck, torch.export and inductor reject them.
+    ``new_empty`` keeps symbolic dims symbolic."""
+    moved = [o if o.device == like.device and type(o) is type(like) else like.new_empty(o.shape, dtype=o.dtype) for o in outs]
+    return moved[0] if len(spec.outputs) == 1 else tuple(moved)
+
+
+def _check_against_meta(spec: OpSpec, meta: Callable[..., Any], bound: BoundArgs, outs: Sequence[torch.Tensor]) -> None:
+    """The eager outputs have the shapes the meta function claims (the dynamo exporter writes
+    the meta function's shapes into the file): a wrong rank or size is a `SpecError` here, at
+    the first eager call (TorchScript export, verify, check_op), not a silently wrong file."""
+    fakes = BoundArgs(
+        tuple(None if t is None else [v.to("meta") for v in t] if isinstance(t, (list, tuple)) else t.to("meta") for t in bound.tensors),
+        bound.attrs,
+    )
+    claimed = meta_outputs(spec, meta, fakes)
+    for declared, out, claim in zip(spec.outputs, outs, claimed, strict=True):
+        if list(out.shape) != list(claim.shape):
+            raise SpecError(
+                f"op {spec.name}: the meta function (shape) {getattr(meta, '__qualname__', meta)!r} "
+                f"says output {declared.name!r} has shape {list(claim.shape)} (rank {claim.dim()}), "
+                f"but the impl returned shape {list(out.shape)} (rank {out.dim()}) for inputs "
+                f"{[list(t.shape) for t in bound.tensors if isinstance(t, torch.Tensor)]}; expected "
+                "the same; fix: correct the meta function (it must compute the impl's output shapes).",
+                op=spec.name, key=("shape",),
+            )
+
+
+def make_eager(spec: OpSpec, impl: Callable[..., Any], check: Callable[..., Any] | None = None,
+               meta: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """The eager kernel: the declared math, with the declared dtypes, output count and shapes
     enforced; outputs are returned contiguous (as the fake kernel makes them)."""
     check_shapes = spec.shape is None and all(o.shape is not None for o in spec.outputs)
+    checked: set[Any] = set()  # input signatures whose shapes the meta function was held to
 
     def eager(*args: Any, **kwargs: Any) -> Any:
         bound = bind_args(spec, args, kwargs)
@@ -208,6 +271,11 @@ def make_eager(spec: OpSpec, impl: Callable[..., Any], check: Callable[..., Any]
                 shape = output_shape(spec, index, bound)
                 if list(out.shape) != shape:
                     raise ValueError(f"{spec.name}: impl returned output {declared.name!r} with shape {list(out.shape)}; its shape rule {declared.shape!r} gives {shape}; fix: the math or the rule")
+        if meta is not None and len(checked) < _META_CHECKS:
+            key = (*((tuple(t.shape), t.dtype) for _, t in _present(spec, bound.tensors)), repr(bound.attrs))
+            if key not in checked:
+                _check_against_meta(spec, meta, bound, outs)
+                checked.add(key)
         # Outputs are contiguous, like the fake kernel's: their layout never depends on the math.
         outs = [o.contiguous() for o in outs]
         return outs[0] if len(outs) == 1 else tuple(outs)
@@ -330,7 +398,7 @@ def make_op(spec: OpSpec, impl: Callable[..., Any] | None, meta: Callable[..., A
             raise
         return op
     assert impl is not None
-    opdef = torch.library.custom_op(spec.name, mutates_args=(), schema=spec.schema, device_types=tuple(spec.devices) or None)(make_eager(spec, impl, check))
+    opdef = torch.library.custom_op(spec.name, mutates_args=(), schema=spec.schema, device_types=tuple(spec.devices) or None)(make_eager(spec, impl, check, meta))
     op = TorchOp(opdef._opoverload, True, [custom_ops.OPDEF_TO_LIB[spec.name]], opdef)
     try:
         opdef.register_fake(make_fake(spec, meta, check))

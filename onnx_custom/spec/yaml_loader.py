@@ -30,11 +30,25 @@
         13: "acme_onnx:scale_add_13"
         18: {default: "acme_onnx:scale_add_18", custom: node}   # by variant; node: the custom node
 
+The op-plugin files of the op-adaptation articles load as written:
+
+* a bare ``op_name`` (``custom_linear``) is the torch op ``custom::custom_linear``: the default
+  namespace is ``custom`` (`DEFAULT_NAMESPACE`; ``load_specs(path, namespace="npu")`` picks
+  another), and the node's domain defaults to that namespace (``custom::CustomLinear``);
+* ``format`` is a layout label or a list of them (one per dtype, ``[ND, ND]``), kept on the
+  spec's `Input`/`Output` as documentation; ``param_type`` (``required``, ``optional``,
+  ``dynamic``) means what ``optional``/``variadic`` mean;
+* dtype lists may use the vendor spellings ``fp16``, ``fp32``, ``float``, ``half``, ``double``,
+  ``fp64``, ``bf16`` (read as float16, float32, float32, float16, float64, float64, bfloat16).
+
+A vendor key with a value of the wrong type is a `SpecError` like any other key.
+
 Keys of ``input_desc`` items: ``name`` (required; ``?`` suffix optional, ``*`` variadic),
-``dtype`` (list of dtype names, default all), ``format`` (layout label, documentation only),
-``optional``, ``variadic`` (booleans), ``doc``. ``output_desc`` items: ``name``, ``dtype`` (a
-list, or ``"like:<input>"``; default like the first input), ``shape`` (``"like:x"``,
-``"broadcast"``, or an expression such as ``"[x.0, w.0]"``), ``format``, ``doc``. ``attr_desc``
+``dtype`` (list of dtype names, default all), ``format`` (layout label or list of them,
+documentation only), ``param_type``, ``optional``, ``variadic`` (booleans), ``doc``.
+``output_desc`` items: ``name``, ``dtype`` (a list, or ``"like:<input>"``; default like the first
+input), ``shape`` (``"like:x"``, ``"broadcast"``, or an expression such as ``"[x.0, w.0]"``),
+``format``, ``param_type`` (``required`` only), ``doc``. ``attr_desc``
 items: ``name``, ``dtype`` (int, float, bool, str, int[], float[], str[]; also listInt,
 listFloat, listStr), ``default_value``, ``after`` (the input it follows in the torch schema;
 default: after every input), ``node_default`` (what a node without it means, when the torch
@@ -64,9 +78,21 @@ import yaml
 from onnx_custom.spec.native_source import native_field
 from onnx_custom.spec.spec import NO_DEFAULT, Attribute, Input, OpSpec, Output, SpecError
 
-__all__ = ["YAML_KEYS", "load_specs", "parse_specs"]
+__all__ = ["DEFAULT_NAMESPACE", "DTYPE_ALIASES", "YAML_KEYS", "load_specs", "parse_specs"]
+
+DEFAULT_NAMESPACE = "custom"
+"""The torch namespace (and so the default node domain) of a bare ``op_name``."""
+
+DTYPE_ALIASES: dict[str, str] = {
+    "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32",
+    "double": "float64", "fp64": "float64", "bf16": "bfloat16",
+}
+"""Vendor dtype spellings of op-plugin files, read as our dtype names."""
+_PARAM_TYPES = ("required", "optional", "dynamic")
 
 _STR, _BOOL, _LIST, _MAP = "a string", "a boolean", "a list", "a mapping"
+_FORMAT = "a layout label (ND, NCHW, ...) or a list of them"
+_PARAM_TYPE = "one of required, optional, dynamic"
 _OP_KEYS: dict[str, str] = {
     "op_name": _STR, "op_type": _STR, "domain": _STR, "doc": _STR, "input_desc": _LIST,
     "output_desc": _LIST, "attr_desc": _LIST, "impl": _STR, "kernel": _STR, "backward": _STR,
@@ -75,8 +101,8 @@ _OP_KEYS: dict[str, str] = {
     "devices": "a list of device types",
 }
 _ITEM_KEYS: dict[str, dict[str, str]] = {
-    "input_desc": {"name": _STR, "dtype": "a dtype list", "format": _STR, "optional": _BOOL, "variadic": _BOOL, "doc": _STR},
-    "output_desc": {"name": _STR, "dtype": "a dtype list or 'like:<input>'", "shape": _STR, "format": _STR, "doc": _STR},
+    "input_desc": {"name": _STR, "dtype": "a dtype list", "format": _FORMAT, "param_type": _PARAM_TYPE, "optional": _BOOL, "variadic": _BOOL, "doc": _STR},
+    "output_desc": {"name": _STR, "dtype": "a dtype list or 'like:<input>'", "shape": _STR, "format": _FORMAT, "param_type": _PARAM_TYPE, "doc": _STR},
     "attr_desc": {"name": _STR, "dtype": _STR, "default_value": "a value", "after": _STR, "node_default": "a value", "doc": _STR},
     "node_attr_desc": {"name": _STR, "dtype": _STR, "value": "a value", "doc": _STR},
 }
@@ -96,6 +122,8 @@ _TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
     "a dtype list": lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(d, str) for d in v)),
     "a dtype list or 'like:<input>'": lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(d, str) for d in v)),
     "a value": lambda v: True,
+    _FORMAT: lambda v: isinstance(v, str) or (isinstance(v, list) and bool(v) and all(isinstance(f, str) for f in v)),
+    _PARAM_TYPE: lambda v: v in _PARAM_TYPES,
     "a list of device types": lambda v: isinstance(v, list) and all(isinstance(d, str) for d in v),
 }
 
@@ -192,12 +220,34 @@ def _label(path: Sequence[Any]) -> str:
     return text
 
 
-def _parse_op(doc: _Document, node: yaml.Node, position: int) -> _ParsedOp:
+def _dtypes(value: Any) -> Any:
+    """A dtype list with the vendor spellings (`DTYPE_ALIASES`) read as ours."""
+    if isinstance(value, list):
+        return [DTYPE_ALIASES.get(d, d) for d in value]
+    return DTYPE_ALIASES.get(value, value) if isinstance(value, str) else value
+
+
+def _kind_flags(doc: _Document, item: dict[str, Any], key: str, node: yaml.Node, op: str) -> tuple[bool, bool]:
+    """(optional, variadic) of an input_desc/output_desc item, from param_type or the flags."""
+    optional, variadic = item.get("optional", False), item.get("variadic", False)
+    kind = item.get("param_type")
+    if kind is None:
+        return optional, variadic
+    if key == "output_desc" and kind != "required":
+        raise doc.error(node, f"param_type {kind!r} on an output; expected required (outputs cannot be optional or dynamic); fix: drop it or write required.", op, f"{key}.param_type")
+    if (optional and kind != "optional") or (variadic and kind != "dynamic"):
+        raise doc.error(node, f"param_type {kind!r} contradicts optional/variadic; expected one of the two spellings; fix: keep param_type only.", op, f"{key}.param_type")
+    return kind == "optional", kind == "dynamic"
+
+
+def _parse_op(doc: _Document, node: yaml.Node, position: int, namespace: str = DEFAULT_NAMESPACE) -> _ParsedOp:
     index: dict[tuple[Any, ...], yaml.Node] = {}
     entries = doc.mapping(node, f"op entry {position}", _OP_KEYS, "", "")
     if "op_name" not in entries:
         raise doc.error(node, f"op entry {position} has no op_name; expected e.g. op_name: 'acme::scale_add'.", key="op_name")
     op = str(doc.value(entries["op_name"][1]))
+    if ":" not in op:  # the op-plugin style names the op alone
+        op = f"{namespace}::{op}"
     values: dict[str, Any] = {}
     for key, (key_node, value_node) in entries.items():
         index[(key,)] = value_node if isinstance(value_node, yaml.ScalarNode) else key_node
@@ -227,14 +277,16 @@ def _parse_op(doc: _Document, node: yaml.Node, position: int) -> _ParsedOp:
             if isinstance(value_node, yaml.MappingNode):  # {variant: translation}
                 for variant_node, ref_node in value_node.value:
                     index[("translations", opset, doc.value(variant_node))] = ref_node
+    for n, item in enumerate(items["output_desc"]):
+        _kind_flags(doc, item, "output_desc", index[("output_desc", n)], op)
     try:
         spec = OpSpec(
             name=op,
             op_type=values.get("op_type"),
             domain=values.get("domain"),
             doc=values.get("doc", ""),
-            inputs=tuple(Input(i["name"], i.get("dtype"), i.get("optional", False), i.get("variadic", False), i.get("format"), i.get("doc", "")) for i in items["input_desc"]),
-            outputs=tuple(Output(o["name"], o.get("dtype"), o.get("shape"), o.get("format"), o.get("doc", "")) for o in items["output_desc"]),
+            inputs=tuple(Input(i["name"], _dtypes(i.get("dtype")), *_kind_flags(doc, i, "input_desc", index[("input_desc", n)], op), i.get("format"), i.get("doc", "")) for n, i in enumerate(items["input_desc"])),
+            outputs=tuple(Output(o["name"], _dtypes(o.get("dtype")), o.get("shape"), o.get("format"), o.get("doc", "")) for o in items["output_desc"]),
             attributes=tuple(Attribute(a["name"], a.get("dtype", ""), a.get("default_value", NO_DEFAULT), a.get("doc", ""), a.get("after"), a.get("node_default", NO_DEFAULT)) for a in items.get("attr_desc", [])),
             node_attributes=tuple(Attribute(a["name"], a.get("dtype", ""), a.get("value", NO_DEFAULT), a.get("doc", "")) for a in items.get("node_attr_desc", [])),
             check=values.get("check"), devices=tuple(values.get("devices", ())),
@@ -269,7 +321,13 @@ def _files(path: str | os.PathLike[str]) -> list[Path]:
     return [target]
 
 
-def _parse_file(path: Path) -> list[tuple[_Document, _ParsedOp]]:
+def _check_namespace(namespace: Any) -> str:
+    if not isinstance(namespace, str) or not namespace.isidentifier():
+        raise SpecError(f"namespace must be a torch namespace (a Python identifier such as 'custom' or 'npu'); received {namespace!r}; fix: pass e.g. namespace='npu'.")
+    return namespace
+
+
+def _parse_file(path: Path, namespace: str = DEFAULT_NAMESPACE) -> list[tuple[_Document, _ParsedOp]]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -279,7 +337,7 @@ def _parse_file(path: Path) -> list[tuple[_Document, _ParsedOp]]:
     if root is None:
         raise SpecError("the file is empty; expected a list of ops (- op_name: ...).", file=str(path), line=1)
     nodes = root.value if isinstance(root, yaml.SequenceNode) else [root]
-    parsed = [(doc, _parse_op(doc, node, i)) for i, node in enumerate(nodes)]
+    parsed = [(doc, _parse_op(doc, node, i, namespace)) for i, node in enumerate(nodes)]
     names: dict[str, int] = {}
     for _, op in parsed:
         if op.spec.name in names:
@@ -288,20 +346,24 @@ def _parse_file(path: Path) -> list[tuple[_Document, _ParsedOp]]:
     return parsed
 
 
-def parse_specs(path: str | os.PathLike[str]) -> list[OpSpec]:
-    """The specs a YAML file (or folder of them) declares, validated but not registered."""
-    return [op.spec for file in _files(path) for _, op in _parse_file(file)]
+def parse_specs(path: str | os.PathLike[str], *, namespace: str = DEFAULT_NAMESPACE) -> list[OpSpec]:
+    """The specs a YAML file (or folder of them) declares, validated but not registered.
+    ``namespace``: the torch namespace of bare op names (`DEFAULT_NAMESPACE`)."""
+    namespace = _check_namespace(namespace)
+    return [op.spec for file in _files(path) for _, op in _parse_file(file, namespace)]
 
 
-def load_specs(path: str | os.PathLike[str]) -> list[OpSpec]:
+def load_specs(path: str | os.PathLike[str], *, namespace: str = DEFAULT_NAMESPACE) -> list[OpSpec]:
     """Load the specs of a YAML file (or a folder of ``*.yaml``) and register them all.
 
     All or nothing: if one fails to register, those registered by this call are unregistered
     again. Errors are `SpecError`s naming the file, line and key. Returns the specs in file order.
+    ``namespace``: the torch namespace of bare op names (`DEFAULT_NAMESPACE`).
     """
     from onnx_custom.spec.generate import register_spec
 
-    parsed = [entry for file in _files(path) for entry in _parse_file(file)]
+    namespace = _check_namespace(namespace)
+    parsed = [entry for file in _files(path) for entry in _parse_file(file, namespace)]
     done: list[Any] = []
     try:
         for doc, op in parsed:

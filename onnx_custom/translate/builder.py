@@ -218,7 +218,7 @@ class GraphBuilder(abc.ABC):
             raise SymbolicError(
                 f"The translation for {self.target} returns output {index} with {problem} (its fake "
                 "kernel). Fix the translation (e.g. a Cast, or output_types= on a custom node), or "
-                "the op's register_fake if that is what is wrong."
+                "the op's fake kernel (register_fake, or an OpSpec's shape= meta function) if that is what is wrong."
             )
 
     def _input(self, domain: str, op_type: str, index: int, value: Any) -> Any:

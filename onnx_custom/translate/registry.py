@@ -48,7 +48,7 @@ class SymbolicEntry:
     opset: int
     fn: Translation
     variant: str = DEFAULT_VARIANT
-    # Custom node types ("custom::my_add") this translation emits; used by pre-flight checks.
+    # Custom node types ("onnx_custom::my_add") this translation emits; used by pre-flight checks.
     emits: tuple[str, ...] = ()
 
     @property
@@ -263,8 +263,9 @@ def same_definition(a: Translation, b: Translation) -> bool:
 class Registry:
     """Holds translations. Copy/extend it freely; the default registry is never touched by copies.
 
-    ``prefer`` lists variants (e.g. ``("custom",)``) that win over the default variant when a
-    target has several translations at the chosen opset.
+    ``prefer`` lists variants (e.g. ``("custom",)``). Lookup picks, per variant, its entry with
+    the highest opset <= the export opset; the first preferred variant that has such an entry
+    wins (at any opset, even below the default variant's newest), then the default variant.
     """
 
     def __init__(self, entries: Iterator[SymbolicEntry] | list[SymbolicEntry] = (), *, prefer: tuple[str, ...] = ()) -> None:  # type: ignore[assignment]
@@ -415,7 +416,8 @@ class Registry:
         return sorted({e.opset for e in self.entries_for(target)})
 
     def lookup(self, target: Any, opset: int, *, exporter: str = "") -> SymbolicEntry:
-        """The entry with the highest ``opset`` <= ``opset`` (preferred variants first)."""
+        """The entry that serves ``opset``: a preferred variant's newest entry <= ``opset`` if one
+        has any, else the default variant's (see the class docstring)."""
         tgt = target if isinstance(target, Target) else normalize_target(target)
         entries = [e for e in self.entries_for(tgt) if e.opset <= opset]
         if not entries:
@@ -430,11 +432,17 @@ class Registry:
             else:
                 msg = f"No translation registered for {tgt}{where}. Register one with @onnx_custom.symbolic({str(tgt)!r})."
             raise UnsupportedOpError(msg, missing=(tgt.key,))
-        best = max(e.opset for e in entries)
-        at_best = {e.variant: e for e in entries if e.opset == best}
-        chosen = next((at_best[v] for v in (*self.prefer, DEFAULT_VARIANT) if v in at_best), None)
+        # One rule for variants: each variant's own best entry (its highest opset <= the export
+        # opset); the first preferred variant that has one wins, then the default variant, then
+        # (no default at all) the variant with the highest opset. A preferred variant registered
+        # at opset 11 so still wins when the default has an entry at 19 and the export is at 20.
+        newest: dict[str, SymbolicEntry] = {}
+        for entry in entries:
+            if entry.variant not in newest or entry.opset > newest[entry.variant].opset:
+                newest[entry.variant] = entry
+        chosen = next((newest[v] for v in (*self.prefer, DEFAULT_VARIANT) if v in newest), None)
         if chosen is None:
-            chosen = at_best[sorted(at_best)[0]]
+            chosen = min(newest.values(), key=lambda e: (-e.opset, e.variant))
         with self._lock:
             checked = self._check_signature(chosen)  # registered before its op's library was loaded
             if checked is not chosen and self._entries.get(chosen.key) is chosen:

@@ -273,7 +273,7 @@ def test_users_own_dynamo_export_keeps_symbolic_dims() -> None:
     table = onnx_custom.translation_table(opset=18, registry=onnx_custom.default_registry().with_variants("custom"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(model, args, dynamo=True, custom_translation_table=table,
+        program = torch.onnx.export(model, args, dynamo=True, opset_version=18, custom_translation_table=table,
                                     dynamic_shapes={"x": {0: "batch"}}, verbose=False)  # fmt: skip
     proto = program.model_proto
     types = _value_types(proto)

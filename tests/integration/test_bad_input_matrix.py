@@ -104,6 +104,26 @@ def _two_translations() -> None:
     registry.symbolic("mylib::twice", opset=9)(lambda g, x: g.op("Elu", x))
 
 
+def _export_meta_spec(meta: Callable[..., Any], exporter: str = "dynamo") -> Any:
+    """A spec whose meta function (shape=) is wrong, exported: the error names it."""
+    spec = OpSpec("badmeta::neg", inputs=["x"], outputs=["y"], impl=lambda x: -x, shape=meta,
+                  translations={9: lambda g, x: g.op("Neg", x)})
+    with onnx_custom.spec.spec_scope():
+        op = register_spec(spec).op
+
+        class M(torch.nn.Module):
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return op(x)
+
+        return onnx_custom.export(M(), (torch.randn(2, 3),), exporter=exporter, opset=17 if exporter == "torchscript" else 18)
+
+
+def _yaml(folder: Path, input_line: str) -> Path:
+    path = folder / "vendor.yaml"
+    path.write_text(f"- op_name: vendor_op\n  op_type: VendorOp\n  input_desc:\n{input_line}\n  output_desc:\n    - {{name: y}}\n")
+    return path
+
+
 def _two_kernels() -> None:
     kernels = KernelRegistry()
     kernels.kernel("d::Op", inputs=["x"], outputs=["y"])(lambda x: x)
@@ -240,6 +260,12 @@ CASES = [
     Case("kernel/tensor-type", lambda t: _kernel(tensor_type="jax"), SymbolicError, "'numpy' or 'torch'", "received 'jax'", "tensor_type='numpy'"),
     Case("kernel/shape-fn-unknown-input", lambda t: _kernel(shape_fn="like:z"), SymbolicError, "one of the declared inputs ('like:x')", "shape_fn='like:z'", "name a declared input"),
     Case("kernel/registered-twice", lambda t: _two_kernels(), KernelError, "register under another 'domain::OpType'", "'d::Op' is already registered", "replace=True"),
+    Case("kernel/registered-twice-names-both", lambda t: _two_kernels(), KernelError, "expected one kernel per 'domain::OpType'", "received another one (test_bad_input_matrix._two_kernels.<locals>.<lambda> at test_bad_input_matrix.py:", "replace=True"),
+    Case("spec/meta-returns-none", lambda t: _export_meta_spec(lambda x: None), SpecError, "expected 1 tensor(s) ['y']", "returned None", "torch.empty(..., device='meta')"),
+    Case("spec/meta-wrong-rank", lambda t: _export_meta_spec(lambda x: torch.empty(x.shape[0], device="meta"), "torchscript"), SpecError, "expected the same", "rank 1", "fix: correct the meta function"),
+    Case("spec/tensor-torch-argument", lambda t: OpSpec("bad::t", inputs=["x"], outputs=["y"], attributes=[onnx_custom.spec.Attribute("w", "tensor", np.ones(2))], translations={1: lambda g, x: x}), SpecError, "expected one of int, float", "type 'tensor'", "fix: make it an input, or a node attribute"),
+    Case("yaml/vendor-format-type", lambda t: load_specs(_yaml(t, "    - {name: x, dtype: [fp16], format: 3}")), SpecError, "expected a layout label (ND, NCHW, ...) or a list of them", "received int 3", "fix: write a layout label"),
+    Case("yaml/vendor-param-type", lambda t: load_specs(_yaml(t, "    - {name: x, param_type: maybe}")), SpecError, "expected one of required, optional, dynamic", "received str 'maybe'", "fix: write one of"),
     Case("kernel/remove-missing", lambda t: KernelRegistry().remove("d::Op"), KernelError, "one of the registered names: (none)", "'d::Op'", "register it first"),
     Case("kernel/alias-of-missing", lambda t: KernelRegistry().alias("d::B", "d::A"), KernelError, "one of the registered names", "'d::A'", "register it first"),
     Case("kernel/add-not-a-spec", lambda t: KernelRegistry().add({}), KernelError, "expected a KernelSpec", "received dict", "@registry.kernel('domain::Op'"),

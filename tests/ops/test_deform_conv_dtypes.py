@@ -117,7 +117,7 @@ def test_fake_and_opcheck(dtype: torch.dtype) -> None:
 
 
 def test_kernel_dtypes_are_the_eager_dtypes() -> None:
-    spec = deform_conv_kernels.kernels[f"custom::{deform_conv_kernels.NODE_TYPE}"]
+    spec = deform_conv_kernels.kernels[f"onnx_custom::{deform_conv_kernels.NODE_TYPE}"]
     names = tuple(str(d).removeprefix("torch.") for d in DTYPES)
     assert {p.name: p.dtypes for p in spec.inputs} == dict.fromkeys(NAMES, names)
     assert all(p.dtypes == names for p in spec.outputs)

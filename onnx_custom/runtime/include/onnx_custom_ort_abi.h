@@ -58,7 +58,9 @@ enum { OC_ORT_OK = 0, OC_ORT_FAIL = 1, OC_ORT_INVALID_ARGUMENT = 2, OC_ORT_NOT_I
 enum { OC_LOG_VERBOSE = 0, OC_LOG_INFO = 1, OC_LOG_WARNING = 2, OC_LOG_ERROR = 3, OC_LOG_FATAL = 4 };
 /* OrtOpAttrType */
 enum { OC_ATTR_UNDEFINED = 0, OC_ATTR_INT = 1, OC_ATTR_INTS = 2, OC_ATTR_FLOAT = 3,
-       OC_ATTR_FLOATS = 4, OC_ATTR_STRING = 5, OC_ATTR_STRINGS = 6 };
+       OC_ATTR_FLOATS = 4, OC_ATTR_STRING = 5, OC_ATTR_STRINGS = 6,
+       /* ours, never passed to ReadOpAttr: read with KernelInfoGetAttribute_tensor */
+       OC_ATTR_TENSOR = 8 };
 /* OrtCustomOpInputOutputCharacteristic */
 enum { OC_IO_REQUIRED = 0, OC_IO_OPTIONAL = 1, OC_IO_VARIADIC = 2 };
 /* OrtAllocatorType and OrtMemType (for CreateCpuMemoryInfo) */
@@ -184,6 +186,7 @@ enum {
   OC_SLOT_KernelInfo_GetOutputCount = 231,
   OC_SLOT_KernelInfo_GetInputTypeInfo = 234,
   OC_SLOT_KernelInfo_GetOutputTypeInfo = 235,
+  OC_SLOT_KernelInfoGetAttribute_tensor = 236,
   OC_SLOT_HasSessionConfigEntry = 237,
   OC_SLOT_GetSessionConfigEntry = 238,
   OC_SLOT_KernelInfo_GetNodeName = 244,
@@ -305,6 +308,9 @@ typedef OrtStatus* (*OcFn_KernelInfo_GetInputTypeInfo)(const OrtKernelInfo* info
                                                        OrtTypeInfo** out);
 typedef OrtStatus* (*OcFn_KernelInfo_GetOutputTypeInfo)(const OrtKernelInfo* info, size_t index,
                                                         OrtTypeInfo** out);
+typedef OrtStatus* (*OcFn_KernelInfoGetAttribute_tensor)(const OrtKernelInfo* info,
+                                                          const char* name,
+                                                          OrtAllocator* allocator, OrtValue** out);
 typedef OrtStatus* (*OcFn_HasSessionConfigEntry)(const OrtSessionOptions* options,
                                                   const char* key, int* out);
 typedef OrtStatus* (*OcFn_GetSessionConfigEntry)(const OrtSessionOptions* options,
