@@ -174,7 +174,8 @@ def check_translation_signature(entry: SymbolicEntry, schema: Any) -> None:
             f"{getattr(entry.fn, '__name__', 'fn')}({expected})` (tensor arguments positional in "
             f"schema order, other arguments keyword-named as in the schema, or **kwargs); received "
             f"`{getattr(entry.fn, '__name__', 'fn')}{signature}`. Fix: rename or reorder the "
-            "translation's parameters."
+            "translation's parameters (or, for a function written for torch's API, take all "
+            f"{len(schema.arguments)} arguments positionally after g)."
         ) from None
 
 

@@ -518,3 +518,17 @@ def test_the_same_function_registered_with_torch_runs_in_torch_too(tmp_path: Pat
     (node,) = [n for n in onnx.load(path).graph.node if n.domain == "mmdeploy"]
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     assert attrs["layout"] == b"NCHW" and list(attrs["mean"]) == pytest.approx([0.5, -0.25, 1.0])
+
+
+def test_contract_register_custom_op_symbolic_into_the_default_registry(tmp_path: Path) -> None:
+    """The contract: torch's signature, the default registry, `onnx_custom.export` with both exporters."""
+    onnx_custom.register_custom_op_symbolic("tstyle::topk_last", topk_symbolic, 11)
+    try:
+        for exporter in ("torchscript", "dynamo"):
+            path = tmp_path / f"{exporter}.onnx"
+            x = torch.randn(3, 7)
+            onnx_custom.export(TopkLast(), (x,), path, exporter=exporter, dynamic_shapes={"x": {0: "batch"}})
+            assert onnx_custom.verify(TopkLast(), (x,), path).passed
+    finally:
+        onnx_custom.unregister_custom_op_symbolic("tstyle::topk_last", 11)
+    assert "tstyle::topk_last" not in onnx_custom.default_registry()
