@@ -234,8 +234,10 @@ def _(input, offset, mask, weight, bias, stride, padding, dilation, groups, defo
 
 
 def modulated_deform_conv_symbolic(g, input, offset, mask, weight, bias, stride, padding, dilation, groups, deform_groups):  # type: ignore[no-untyped-def]
-    return g.op("DeformConv", input, weight, offset, bias, mask, strides_i=stride, pads_i=padding + padding,
-                dilations_i=dilation, group_i=groups, offset_group_i=deform_groups)  # fmt: skip
+    kernel_shape = symbolic_helper._get_tensor_sizes(weight)[2:]  # x.type().varyingSizes() under dynamo too
+    assert weight.type().scalarType() == "Float", weight.type().scalarType()
+    return g.op("DeformConv", input, weight, offset, bias, mask, kernel_shape_i=kernel_shape, strides_i=stride,
+                pads_i=padding + padding, dilations_i=dilation, group_i=groups, offset_group_i=deform_groups)  # fmt: skip
 
 
 onnx_custom.register_custom_op_symbolic("tstyle::modulated_deform_conv", modulated_deform_conv_symbolic, 19, registry=registry)
