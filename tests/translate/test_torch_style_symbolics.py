@@ -534,3 +534,13 @@ def test_contract_register_custom_op_symbolic_into_the_default_registry(tmp_path
     finally:
         onnx_custom.unregister_custom_op_symbolic("tstyle::topk_last", 11)
     assert "tstyle::topk_last" not in onnx_custom.default_registry()
+
+
+def test_import_torch_symbolics_without_names_copies_the_users_not_ours() -> None:
+    ours = {str(t) for t in onnx_custom.default_registry().targets()}
+    target = onnx_custom.Registry()
+    with onnx_custom.registered():  # our own symbolics sit in torch's table meanwhile
+        entries = onnx_custom.import_torch_symbolics(registry=target)
+    names = {str(e.target) for e in entries}
+    assert "tstyle::normalize" in names
+    assert not names & ours, names & ours
