@@ -174,7 +174,8 @@ def check_translation_signature(entry: SymbolicEntry, schema: Any) -> None:
             f"{getattr(entry.fn, '__name__', 'fn')}({expected})` (tensor arguments positional in "
             f"schema order, other arguments keyword-named as in the schema, or **kwargs); received "
             f"`{getattr(entry.fn, '__name__', 'fn')}{signature}`. Fix: rename or reorder the "
-            "translation's parameters."
+            "translation's parameters (or, for a function written for torch's API, take all "
+            f"{len(schema.arguments)} arguments positionally after g)."
         ) from None
 
 
@@ -238,7 +239,13 @@ def same_definition(a: Translation, b: Translation) -> bool:
     """Re-importing a module re-runs its decorators with new function objects: the same module,
     qualname, code (bytecode and constants), defaults and closure values is the same definition.
     Two different lambdas share module and qualname but not their code, so they differ."""
-    a, b = getattr(a, TORCH_STYLE_MARK, a), getattr(b, TORCH_STYLE_MARK, b)  # torch-style wrappers
+    if getattr(a, TORCH_STYLE_MARK, None) is not None and getattr(b, TORCH_STYLE_MARK, None) is not None:
+        # Torch-style: the user's functions under our wrapper and torch's @parse_args wrapper
+        # (whose closure holds the function, a new object on every import), and their codes.
+        a, b = getattr(a, TORCH_STYLE_MARK), getattr(b, TORCH_STYLE_MARK)
+        if parse_args_codes(a) != parse_args_codes(b):
+            return False
+        a, b = inspect.unwrap(a), inspect.unwrap(b)
     if a is b:
         return True
     code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from onnx_custom.errors import SymbolicError
-from onnx_custom.translate.attributes import floats, ints, strings
+from onnx_custom.translate.attributes import AttrKind, TypedList, floats, ints, strings
 
 __all__ = [
     "TORCH_STYLE_MARK",
@@ -322,7 +322,10 @@ class TorchStyleGraph:
             name, converted = self._attribute(opname, key, value)
             attrs[name] = converted
         if node_type == "Constant" and not raw_args and len(attrs) == 1 and "value" in attrs:
-            return self.wrap(self._builder.constant(attrs["value"]))
+            value = attrs["value"]
+            if isinstance(value, TypedList) and value.kind in (AttrKind.INTS, AttrKind.FLOATS):  # value_i=[1, 2]
+                value = np.array(value.values, dtype=np.int64 if value.kind is AttrKind.INTS else np.float32)
+            return self.wrap(self._builder.constant(value))
         inputs = [self._input(value, raw_args) for value in raw_args]
         result = self._builder.op(node_type, *inputs, outputs=outputs, **attrs)
         return tuple(self.wrap(v) for v in result) if outputs > 1 else self.wrap(result)

@@ -82,6 +82,8 @@ def _standard_digest(op_type: str, opset: int) -> _Digest | None:
 
 def _custom_digest(domain: str, op_type: str) -> _Digest | None:
     # Not cached: a kernel or spec may register its schema between two exports.
+    if not onnx.defs.has(op_type, domain):
+        return None
     try:
         return _digest(onnx.defs.get_schema(op_type, domain=domain))
     except onnx.defs.SchemaError:
@@ -122,19 +124,18 @@ def check_node_types(target: str, node: str, domain: str, op_type: str, opset: i
         name = onnx_type_name(item.dtype)
         if name is None:
             continue
-        where = f"{target}: {node} {domain + '::' if domain else ''}{op_type} (opset {opset})"
         if formal.type_str.startswith("tensor("):
             wanted = formal.type_str[len("tensor(") : -1]
             if name != wanted:
                 raise SymbolicError(
-                    f"{where}: {_label(index, formal, item)} must be {wanted}; received {name}. "
+                    f"{_where(target, node, domain, op_type, opset)}: {_label(index, formal, item)} must be {wanted}; received {name}. "
                     f"Fix: {_fix(item, wanted)}."
                 )
             continue
         allowed = digest.allowed.get(formal.type_str)
         if allowed is not None and name not in allowed:
             raise SymbolicError(
-                f"{where}: {_label(index, formal, item)} has type {name}, which {op_type} does not "
+                f"{_where(target, node, domain, op_type, opset)}: {_label(index, formal, item)} has type {name}, which {op_type} does not "
                 f"accept for {formal.type_str}; expected one of {sorted(allowed)}. Fix: "
                 f"{_fix(item, _preferred(allowed))}."
             )
@@ -149,13 +150,17 @@ def check_node_types(target: str, node: str, domain: str, op_type: str, opset: i
             # Fix the input that is a constant (or else the later one) to match the other.
             fixed, other, other_index = (first_item, item, index) if first_item.constant and not item.constant else (item, first_item, first_index)
             raise SymbolicError(
-                f"{where}: {_label(first_index, first_formal, first_item)} and "
+                f"{_where(target, node, domain, op_type, opset)}: {_label(first_index, first_formal, first_item)} and "
                 f"{_label(index, formal, item)} share type {formal.type_str} and must have the same "
                 f"element type; received {_name(first_item.dtype)} and {_name(item.dtype)}. Under the "
                 "dynamo exporter this file would be invalid (ONNX Runtime refuses it), under "
                 f"TorchScript it depends on torch's implicit casts. Fix: "
                 f"{_fix(fixed, _name(other.dtype), like=f'<input {other_index}>')}."
             )
+
+
+def _where(target: str, node: str, domain: str, op_type: str, opset: int) -> str:
+    return f"{target}: {node} {domain + '::' if domain else ''}{op_type} (opset {opset})"
 
 
 def _preferred(allowed: frozenset[str]) -> str:

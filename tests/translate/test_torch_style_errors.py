@@ -182,3 +182,15 @@ def test_torchscript_ir_under_dynamo_says_what_to_use_instead(tmp_path: Path) ->
         onnx_custom.export(Unary(), (torch.randn(2, 3),), tmp_path / "m.onnx", exporter="dynamo", registry=registry)
     # ... while TorchScript hands over torch's own values, so the same function works there.
     onnx_custom.export(Unary(), (torch.randn(2, 3),), tmp_path / "ts.onnx", exporter="torchscript", opset=13, registry=registry)
+
+
+def test_registering_the_same_parse_args_function_again_is_idempotent_a_different_one_raises() -> None:
+    """A re-imported module re-runs its decorators with new function objects (torch's parse_args
+    wrapper included): the same definition is accepted, different codes are a different one."""
+    registry = Registry()
+    good = ("v", "v", "f", "is", "i", "s")
+    onnx_custom.symbolic("tstyle_err::mixed", opset=9, registry=registry)(_symbolic_with(good))
+    onnx_custom.symbolic("tstyle_err::mixed", opset=9, registry=registry)(_symbolic_with(good))
+    assert len(registry) == 1
+    with pytest.raises(SymbolicError, match=r"A different translation for tstyle_err::mixed at opset 9.*Fix: pass replace=True"):
+        onnx_custom.symbolic("tstyle_err::mixed", opset=9, registry=registry)(_symbolic_with(("v", "v", "f", "is", "b", "s")))

@@ -234,8 +234,10 @@ def _(input, offset, mask, weight, bias, stride, padding, dilation, groups, defo
 
 
 def modulated_deform_conv_symbolic(g, input, offset, mask, weight, bias, stride, padding, dilation, groups, deform_groups):  # type: ignore[no-untyped-def]
-    return g.op("DeformConv", input, weight, offset, bias, mask, strides_i=stride, pads_i=padding + padding,
-                dilations_i=dilation, group_i=groups, offset_group_i=deform_groups)  # fmt: skip
+    kernel_shape = symbolic_helper._get_tensor_sizes(weight)[2:]  # x.type().varyingSizes() under dynamo too
+    assert weight.type().scalarType() == "Float", weight.type().scalarType()
+    return g.op("DeformConv", input, weight, offset, bias, mask, kernel_shape_i=kernel_shape, strides_i=stride,
+                pads_i=padding + padding, dilations_i=dilation, group_i=groups, offset_group_i=deform_groups)  # fmt: skip
 
 
 onnx_custom.register_custom_op_symbolic("tstyle::modulated_deform_conv", modulated_deform_conv_symbolic, 19, registry=registry)
@@ -518,3 +520,27 @@ def test_the_same_function_registered_with_torch_runs_in_torch_too(tmp_path: Pat
     (node,) = [n for n in onnx.load(path).graph.node if n.domain == "mmdeploy"]
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     assert attrs["layout"] == b"NCHW" and list(attrs["mean"]) == pytest.approx([0.5, -0.25, 1.0])
+
+
+def test_contract_register_custom_op_symbolic_into_the_default_registry(tmp_path: Path) -> None:
+    """The contract: torch's signature, the default registry, `onnx_custom.export` with both exporters."""
+    onnx_custom.register_custom_op_symbolic("tstyle::topk_last", topk_symbolic, 11)
+    try:
+        for exporter in ("torchscript", "dynamo"):
+            path = tmp_path / f"{exporter}.onnx"
+            x = torch.randn(3, 7)
+            onnx_custom.export(TopkLast(), (x,), path, exporter=exporter, dynamic_shapes={"x": {0: "batch"}})
+            assert onnx_custom.verify(TopkLast(), (x,), path).passed
+    finally:
+        onnx_custom.unregister_custom_op_symbolic("tstyle::topk_last", 11)
+    assert "tstyle::topk_last" not in onnx_custom.default_registry()
+
+
+def test_import_torch_symbolics_without_names_copies_the_users_not_ours() -> None:
+    ours = {str(t) for t in onnx_custom.default_registry().targets()}
+    target = onnx_custom.Registry()
+    with onnx_custom.registered():  # our own symbolics sit in torch's table meanwhile
+        entries = onnx_custom.import_torch_symbolics(registry=target)
+    names = {str(e.target) for e in entries}
+    assert "tstyle::normalize" in names
+    assert not names & ours, names & ours
