@@ -18,6 +18,7 @@ import onnx_custom
 from onnx_custom.cli import main as cli_main
 from onnx_custom.errors import ExtensionBuildError, KernelError
 from onnx_custom.runtime import native
+from onnx_custom.runtime.shim_build import abi_include_dir
 
 EXPECTED_OPS = ("custom::my_add", "custom::multi_out", "custom::MultiOut3", "custom::DeformConv2d",
                 "bev::BEVPoolV2", "npu::CustomLinear")  # fmt: skip
@@ -171,6 +172,7 @@ def _check_built(path: Path) -> None:
 def test_one_line_compiler_command_builds_it(tmp_path: Path) -> None:
     src = tmp_path / "ort_kernels" / "native"
     shutil.copytree(native.sources_dir(), src)
+    shutil.copytree(abi_include_dir(), tmp_path / "onnx_custom" / "runtime" / "include")  # run from the repository root
     subprocess.run(native.ONE_LINE, shell=True, check=True, cwd=tmp_path, timeout=900)
     _check_built(tmp_path / "libonnx_custom_ops.so")
 
@@ -179,8 +181,9 @@ def test_one_line_compiler_command_builds_it(tmp_path: Path) -> None:
 def test_makefile_builds_it(tmp_path: Path) -> None:
     if shutil.which("make") is None:
         pytest.skip("make not installed")
-    src = tmp_path / "native"
+    src = tmp_path / "ort_kernels" / "native"  # the installed package's layout
     shutil.copytree(native.sources_dir(), src)
+    shutil.copytree(abi_include_dir(), tmp_path / "runtime" / "include")
     subprocess.run(["make", "-j2"], check=True, cwd=src, timeout=900, capture_output=True)
     _check_built(src / "libonnx_custom_ops.so")
 
