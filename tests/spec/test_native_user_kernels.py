@@ -233,3 +233,11 @@ def test_build_is_cached_and_copies_atomically(library: NativeLibrary, tmp_path:
     assert sorted(p.name for p in (tmp_path / "dist").iterdir()) == ["libacme_test_ops.so"]
     assert again.path.read_bytes() == library.path.read_bytes()  # the cached build, not a rebuild
     assert NativeLibrary.load(again.path).ops == library.ops  # what the library itself says it serves
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_parallel_for_runs_on_the_intra_op_pool(library: NativeLibrary, threads: int) -> None:
+    sess = session(node_model("ThreadIds", [("x", "float32", ["n"])], [("out", "int64", None)]), library, threads)
+    (ids,) = run(sess, {"x": np.zeros(64, np.float32)})
+    used = len(set(ids.tolist()))
+    assert used == 1 if threads == 1 else used >= 2, (threads, used)  # sleeping chunks: the pool hands them out
