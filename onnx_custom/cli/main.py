@@ -231,6 +231,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cmake", metavar="DIR", help="with --spec: also write a standalone CMake project of the library into DIR")
     p.set_defaults(func=cmd_build_library)
 
+    p = command("package", "write a model, the native library its custom nodes need and a README with load snippets")
+    p.add_argument("onnx", metavar="FILE.onnx", help="the ONNX file (e.g. written by onnx-custom export)")
+    p.add_argument("-o", "--output", metavar="DIR", required=True, help="folder to write into")
+    p.add_argument("--spec", action="append", metavar="YAML", help="op specs with C++ kernels (native: {source, function}) for the model's own ops; repeatable")
+    p.add_argument("--name", metavar="NAME", help="with --spec: library name, lib<NAME>_ops.so")
+    p.set_defaults(func=cmd_package)
+
     p = command("zoo", "export and verify every example model with both exporters")
     p.add_argument("models", nargs="*", metavar="NAME", help="only these zoo models (default: all)")
     p.add_argument("--list", action="store_true", help="list the zoo models and their rows, run nothing")
@@ -512,6 +519,18 @@ def _build_user_library(ns: argparse.Namespace) -> int:
         library = build_native_library(specs, ns.output, name=ns.name, include_shipped=ns.with_shipped)
     print(library.path, flush=True)
     _stderr(f"serves {', '.join(library.ops)}; load it with SessionOptions.register_custom_ops_library (Python) or RegisterCustomOpsLibrary_V2 (C API)")
+    return 0
+
+
+def cmd_package(ns: argparse.Namespace) -> int:
+    from onnx_custom.cli.package_model import package_model
+    from onnx_custom.spec import parse_specs
+
+    specs = [spec for path in ns.spec or () for spec in parse_specs(path)]
+    with _announce_if_slow("the native library", "10-45 s"):
+        written = package_model(ns.onnx, ns.output, specs, name=ns.name)
+    for path in written:
+        print(path, flush=True)
     return 0
 
 
