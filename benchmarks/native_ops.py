@@ -15,6 +15,10 @@ reported next to wall time: on a loaded machine it is the steadier of the two.
   16x44 features, C=80, 128x128 grid (goal <= 1.0).
 - gemm: onnx_custom::CustomLinear with our GEMM vs with ORT's Gemm through InvokeOp vs a plain ORT Gemm
   node (the measurement behind the GEMM choice).
+- user: a user kernel built from an op spec (onnx_custom/kernel.h, build_native_library):
+  scale_add at 64x1024 vs ORT Mul+Add (goal <= 1.1: the generated binding adds nothing
+  measurable); a compute-bound user kernel with parallel_for on 2 threads vs 1 (goal <= 0.6);
+  cold build of a one-op library into an empty cache (goal <= 30 s) and a warm build (<= 1 s).
 """
 
 from __future__ import annotations
@@ -207,7 +211,110 @@ def bench_gemm(rounds: int, repeat: int) -> dict[str, float]:
     return out
 
 
-BENCHES = {"dcn": bench_dcn, "my_add": bench_my_add, "bev": bench_bev, "gemm": bench_gemm}
+# ---- user kernels built from op specs ----------------------------------------------------------------------
+USER_KERNELS = """
+#include <onnx_custom/kernel.h>
+#include <cmath>
+using onnx_custom::Tensor;
+
+template <typename T>
+void scale_add(const Tensor<T>& x, const Tensor<T>& y, Tensor<T>& out, float alpha) {
+  onnx_custom::parallel_for(out.size(), 1 << 14, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) out[i] = T(alpha * float(x[i]) + float(y[i]));
+  });
+}
+
+// compute-bound: 64 steps of a logistic map per element
+void chaos(const Tensor<float>& x, Tensor<float>& out, int64_t steps) {
+  onnx_custom::parallel_for(x.size(), 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float v = 0.5f + 0.4f * std::tanh(x[i]);
+      for (int64_t s = 0; s < steps; ++s) v = 3.7f * v * (1.0f - v);
+      out[i] = v;
+    }
+  });
+}
+"""
+
+USER_SPECS = """
+- op_name: "bench::scale_add"
+  op_type: ScaleAdd
+  input_desc: [{name: x, dtype: [float32, float16]}, {name: y, dtype: [float32, float16]}]
+  output_desc: [{name: out, shape: "like:x"}]
+  attr_desc: [{name: alpha, dtype: float, default_value: 2.0}]
+  native: {source: kernels.cpp, function: scale_add}
+- op_name: "bench::chaos"
+  op_type: Chaos
+  input_desc: [{name: x, dtype: [float32]}]
+  output_desc: [{name: out, shape: "like:x"}]
+  attr_desc: [{name: steps, dtype: int, default_value: 64}]
+  native: {source: kernels.cpp, function: chaos}
+"""
+
+
+def _user_library(folder: str, specs: str, name: str) -> tuple[object, float]:
+    from onnx_custom.spec import build_native_library, parse_specs
+
+    with open(os.path.join(folder, "kernels.cpp"), "w") as f:
+        f.write(USER_KERNELS)
+    with open(os.path.join(folder, "ops.yaml"), "w") as f:
+        f.write(specs)
+    start = time.perf_counter()
+    lib = build_native_library(parse_specs(os.path.join(folder, "ops.yaml")), name=name)
+    return lib, time.perf_counter() - start
+
+
+def bench_user(rounds: int, repeat: int) -> dict[str, float]:
+    import tempfile
+
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        # cold: an empty build cache (our runtime objects compile too); warm: the same call again
+        old = os.environ.get("ONNX_CUSTOM_CACHE_DIR")
+        os.environ["ONNX_CUSTOM_CACHE_DIR"] = os.path.join(tmp, "cache")
+        try:
+            one_op = USER_SPECS.split("- op_name: \"bench::chaos\"")[0]
+            _, cold = _user_library(tmp, one_op, "bench_cold")
+            _, warm = _user_library(tmp, one_op, "bench_cold")
+        finally:
+            if old is None:
+                os.environ.pop("ONNX_CUSTOM_CACHE_DIR")
+            else:
+                os.environ["ONNX_CUSTOM_CACHE_DIR"] = old
+        print(f"\nuser library build, one op: cold {cold:.1f} s (goal <= 30 {'ok' if cold <= 30 else 'MISS'}), "
+              f"warm {warm * 1e3:.0f} ms (goal <= 1000 {'ok' if warm <= 1 else 'MISS'})")
+        out.update({"user build cold s": cold, "user build warm s": warm})
+        lib, _ = _user_library(tmp, USER_SPECS, "bench_user")
+
+        def session(model: onnx.ModelProto, threads: int) -> ort.InferenceSession:
+            so = _options(native=False)
+            so.intra_op_num_threads = threads
+            so.register_custom_ops_library(str(lib.path))  # type: ignore[attr-defined]
+            return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+        two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
+        xy = [("x", TensorProto.FLOAT), ("y", TensorProto.FLOAT)]
+        mul_add = _model([helper.make_node("Constant", [], ["c"], value=two), helper.make_node("Mul", ["x", "c"], ["t"]),
+                          helper.make_node("Add", ["t", "y"], ["out"])], xy, ["out"], 18)  # fmt: skip
+        ours = _model([helper.make_node("ScaleAdd", ["x", "y"], ["out"], domain="bench", alpha=2.0)], xy, ["out"], 18, ("bench",))
+        rng = np.random.default_rng(0)
+        feeds = {"x": rng.standard_normal((64, 1024), np.float32), "y": rng.standard_normal((64, 1024), np.float32)}
+        s_ref, s_ours = session(mul_add, 2), session(ours, 2)
+        np.testing.assert_allclose(s_ours.run(None, feeds)[0], s_ref.run(None, feeds)[0], rtol=1e-6)
+        out.update(compare("user bench::scale_add (spec + C++ function), float32 64x1024 (baseline: ORT Mul+Add)",
+                           {"ORT Mul + Add": lambda: s_ref.run(None, feeds), "user scale_add": lambda: s_ours.run(None, feeds)},
+                           "ORT Mul + Add", rounds, repeat * 20, {"user scale_add": 1.1}))  # fmt: skip
+        chaos = _model([helper.make_node("Chaos", ["x"], ["out"], domain="bench")], [("x", TensorProto.FLOAT)], ["out"], 18, ("bench",))
+        big = {"x": rng.standard_normal(1 << 20, np.float32)}
+        one, two_threads = session(chaos, 1), session(chaos, 2)
+        np.testing.assert_array_equal(one.run(None, big)[0], two_threads.run(None, big)[0])
+        out.update(compare("user bench::chaos with parallel_for, float32 1M elements x 64 steps (baseline: 1 thread)",
+                           {"1 intra-op thread": lambda: one.run(None, big), "2 intra-op threads": lambda: two_threads.run(None, big)},
+                           "1 intra-op thread", rounds, repeat, {"2 intra-op threads": 0.6}))  # fmt: skip
+    return out
+
+
+BENCHES = {"dcn": bench_dcn, "my_add": bench_my_add, "bev": bench_bev, "gemm": bench_gemm, "user": bench_user}
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

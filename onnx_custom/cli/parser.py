@@ -8,7 +8,16 @@ import os
 from typing import Any, NoReturn
 
 from onnx_custom import __version__
-from onnx_custom.cli.commands import build_library, check, export, inspect, ops, verify, zoo
+from onnx_custom.cli.commands import (
+    build_library,
+    check,
+    export,
+    inspect,
+    ops,
+    package,
+    verify,
+    zoo,
+)
 from onnx_custom.cli.shared import EXIT_ERROR
 from onnx_custom.common.seeding import DEFAULT_SEED
 
@@ -211,6 +220,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--with-shipped", action="store_true", help="with --spec: also hold every shipped native kernel")
     p.add_argument("--cmake", metavar="DIR", help="with --spec: also write a standalone CMake project of the library into DIR")
     p.set_defaults(func=build_library.cmd_build_library)
+
+    p = command("package", "write a model, the native library its custom nodes need and a README with load snippets")
+    p.add_argument("onnx", metavar="FILE.onnx", help="the ONNX file (e.g. written by onnx-custom export)")
+    p.add_argument("-o", "--output", metavar="DIR", required=True, help="folder to write into")
+    p.add_argument("--spec", action="append", metavar="YAML", help="op specs with C++ kernels (native: {source, function}) for the model's own ops; repeatable")
+    p.add_argument("--name", metavar="NAME", help="with --spec: library name, lib<NAME>_ops.so")
+    p.set_defaults(func=package.cmd_package)
 
     p = command("zoo", "export and verify every example model with both exporters")
     p.add_argument("models", nargs="*", metavar="NAME", help="only these zoo models (default: all)")

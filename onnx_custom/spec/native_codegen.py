@@ -447,7 +447,11 @@ def generate_source(source: Path, specs: Sequence[OpSpec], ordinal: int) -> Gene
         k = f"Op{ordinal * 100 + i}"
         kinds = ", ".join("OC_IO_VARIADIC" if item.variadic else "OC_IO_OPTIONAL" if item.optional else "OC_IO_REQUIRED" for item in spec.inputs)
         outs = ", ".join("OC_IO_REQUIRED" for _ in spec.outputs)
-        lines.append(f"  ops.push_back({{{json.dumps(spec.domain)}, {json.dumps(spec.op_type)}, {{{kinds}}}, {{{outs}}}, create_kernel<{k}>, {k}::infer}});")
+        # Single-dtype inputs and outputs declare their type to ORT: its graph-time type guess for
+        # the others (where our shape inference cannot run) then follows the right input.
+        in_types = ", ".join(CPP_TYPES[i.dtypes[0]][1] if len(i.dtypes) == 1 else "OC_ELEM_UNDEFINED" for i in spec.inputs)
+        out_types = ", ".join(CPP_TYPES[d[0]][1] if len(d := spec.output_dtypes(o)) == 1 else "OC_ELEM_UNDEFINED" for o in range(len(spec.outputs)))
+        lines.append(f"  ops.push_back({{{json.dumps(spec.domain)}, {json.dumps(spec.op_type)}, {{{kinds}}}, {{{outs}}}, create_kernel<{k}>, {k}::infer, {{{in_types}}}, {{{out_types}}}}});")
     lines += ["}", "}  // namespace oc", ""]
     return GeneratedSource(filename, "\n".join(lines), source, adder, tuple(ops))
 

@@ -183,6 +183,10 @@ struct OpDef {
   std::vector<int> outputs;  // per output
   std::unique_ptr<Kernel> (*create)(const Attributes& attrs);
   void (*infer)(const InferContext& ctx);
+  // Element type ORT may assume per input / output (OC_ELEM_UNDEFINED or absent: any; the
+  // kernel checks). A declared type is what ORT's graph-time type inference uses.
+  std::vector<int> input_types = {};
+  std::vector<int> output_types = {};
 };
 
 // Every op of the library (filled by the op family files through their add_* functions).

@@ -78,7 +78,14 @@ std::string node_name(const OrtKernelInfo* info) {
 
 const char* op_name(const OcCustomOp* op) { return self(op)->def->name; }
 const char* op_provider(const OcCustomOp*) { return "CPUExecutionProvider"; }
-int op_type_any(const OcCustomOp*, size_t) { return OC_ELEM_UNDEFINED; }
+int op_input_type(const OcCustomOp* op, size_t i) {
+  const auto& v = self(op)->def->input_types;
+  return i < v.size() ? v[i] : OC_ELEM_UNDEFINED;
+}
+int op_output_type(const OcCustomOp* op, size_t i) {
+  const auto& v = self(op)->def->output_types;
+  return i < v.size() ? v[i] : OC_ELEM_UNDEFINED;
+}
 size_t op_input_count(const OcCustomOp* op) { return self(op)->def->inputs.size(); }
 size_t op_output_count(const OcCustomOp* op) { return self(op)->def->outputs.size(); }
 int op_input_kind(const OcCustomOp* op, size_t i) {
@@ -140,9 +147,9 @@ NativeOp* make_native(const OpDef& def) {
   a.CreateKernel = op_create_v1;
   a.GetName = op_name;
   a.GetExecutionProviderType = op_provider;
-  a.GetInputType = op_type_any;
+  a.GetInputType = op_input_type;
   a.GetInputTypeCount = op_input_count;
-  a.GetOutputType = op_type_any;
+  a.GetOutputType = op_output_type;
   a.GetOutputTypeCount = op_output_count;
   a.KernelCompute = op_compute_v1;
   a.KernelDestroy = op_destroy;

@@ -239,3 +239,25 @@ def test_cmake_project_builds_with_cmake_alone(exported: Path, tmp_path: Path) -
         rtol, atol = TOL[dtype]
         np.testing.assert_allclose(np.load(user_folder / f"cmake_{model}.npy").astype(np.float64),
                                    np.load(user_folder / f"eager_{dtype}.npy").astype(np.float64), rtol=rtol, atol=atol)  # fmt: skip
+
+
+def test_package_writes_model_library_and_readme(exported: Path, tmp_path: Path) -> None:
+    proc = run(["onnx-custom", "package", "m_float16_dynamo.onnx", "-o", str(tmp_path / "pkg"), "--spec", "acme.yaml"], exported)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in (tmp_path / "pkg").iterdir()) == ["README.md", "libacme_ops.so", "m_float16_dynamo.onnx"]
+    readme = (tmp_path / "pkg" / "README.md").read_text()
+    assert "register_custom_ops_library" in readme and "run_model" in readme and "RegisterCustomOpsLibrary" in readme
+    for name in ("x_float16.npy", "y_float16.npy"):
+        shutil.copy(exported / name, tmp_path / "pkg" / name)
+    script = DEPLOY.replace('np.save(f"ort_{model}', 'np.save(f"pkg_{model}').replace('glob.glob("dist/*.so")', 'glob.glob("./*.so")')
+    proc = run([sys.executable, "-c", script, "m_float16_dynamo.onnx"], tmp_path / "pkg")
+    assert proc.returncode == 0 and "modules ok" in proc.stdout, proc.stderr[-3000:]
+    torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "pkg" / "pkg_m_float16_dynamo.onnx.npy")),
+                               torch.from_numpy(np.load(exported / "eager_float16.npy")), rtol=1e-3, atol=1e-5)  # fmt: skip
+
+
+def test_package_refuses_nodes_without_native_kernel(exported: Path, tmp_path: Path) -> None:
+    proc = run(["onnx-custom", "package", "m_float32_torchscript.onnx", "-o", str(tmp_path / "pkg")], exported)
+    assert proc.returncode != 0
+    assert "1 custom op type(s)" in proc.stderr and "acme::ScaleAdd" in proc.stderr and "--spec" in proc.stderr, proc.stderr
+    assert not (tmp_path / "pkg").exists()  # nothing half-written

@@ -2,8 +2,11 @@
 // the way a user would (templates over the element type, std exceptions, parallel_for).
 #include <onnx_custom/kernel.h>
 
+#include <chrono>
 #include <cmath>
+#include <functional>
 #include <stdexcept>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -98,4 +101,15 @@ void gather_rows(const Tensor<T>& table, const Tensor<int64_t>& index, Tensor<T>
       out[i * cols + c] = T(negate ? -v : v);
     }
   }
+}
+
+// out[i] = a hash of the thread that ran element i (each element sleeps 2 ms, so ORT's pool has
+// time to hand chunks to several threads): shows parallel_for runs on the intra-op pool.
+void thread_ids(const Tensor<float>& x, Tensor<int64_t>& out) {
+  onnx_custom::parallel_for(x.size(), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      out[i] = static_cast<int64_t>(std::hash<std::thread::id>()(std::this_thread::get_id()) & 0x7fffffff);
+    }
+  });
 }
