@@ -27,6 +27,7 @@ import torch
 from onnx_custom.common.quiet import quiet_torch
 from onnx_custom.compile import torch_adapter
 from onnx_custom.compile.aten_extra import aten_extra_registry
+from onnx_custom.compile.backward_ops import backward_registry
 from onnx_custom.compile.options import CompileOptions
 from onnx_custom.compile.partition import Fallback, OrtSupport, fill_placeholder_meta, fuse
 from onnx_custom.compile.session import OrtPartition, SessionCache
@@ -96,7 +97,8 @@ class OnnxCustomBackend:
                 with quiet_torch():
                     registry = torch_adapter.torchlib_registry(self.options.build_opset)
                 ours = translation_table(self.options.opset, self.options.resolved_registry())
-                ours.update((k, v) for k, v in translation_table(self.options.opset, aten_extra_registry()).items() if k not in ours)
+                for extra in (aten_extra_registry(), backward_registry()):  # used where ours has none
+                    ours.update((k, v) for k, v in translation_table(self.options.opset, extra).items() if k not in ours)
                 self._setup = (registry, ours, torch_adapter.decompositions(registry, ours))
             return self._setup
 

@@ -62,17 +62,26 @@ def test_without_verify_the_wrong_translation_runs() -> None:
     assert not torch.allclose(got, _model(X))
 
 
-def test_explain_names_backward_fallbacks_of_the_dcn_model() -> None:
+def test_explain_dcn_training_runs_in_one_partition_each_way() -> None:
     module = load_zoo("deform_conv")
     model = module.Model().train()
     explanation = onnx_custom.explain_compile(model, *module.example_inputs(), backward=True)
     forward, backward = explanation.graphs
     assert (forward.kind, backward.kind) == ("forward", "backward")
-    assert not forward.fallbacks and len(forward.partitions) == 1
-    assert {f.target for f in backward.fallbacks} == {"onnx_custom::_deform_conv2d_backward"}
+    for graph in (forward, backward):
+        assert not graph.fallbacks and len(graph.partitions) == 1, str(explanation)
+    assert "onnx_custom._deform_conv2d_backward.default" in backward.partitions[0].custom_ops
+    assert "graph0_forward: 20/20 nodes in ONNX Runtime" in str(explanation)
+
+
+def test_explain_names_a_backward_op_without_translation() -> None:
+    module = load_zoo("bev_pool")
+    leaves = [t.requires_grad_() for t in module.example_inputs()]
+    explanation = onnx_custom.explain_compile(module.Model(), *leaves, backward=True)
+    backward = explanation.graphs[1]
+    assert [f.target for f in backward.fallbacks] == ["bev::bev_pool_v2_backward"]
     text = str(explanation)
-    assert "graph0_forward: 20/20 nodes in ONNX Runtime" in text
-    assert "eager onnx_custom::_deform_conv2d_backward" in text and "no translation" in text
+    assert "eager bev::bev_pool_v2_backward" in text and "no translation" in text
 
 
 def test_explain_forward_only_uses_the_inference_graph() -> None:

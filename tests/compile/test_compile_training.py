@@ -134,3 +134,19 @@ def test_dynamic_training_sweep_no_recompile() -> None:
                 torch.testing.assert_close(p.grad, q.grad)
     assert [r.kind for r in backend.records] == ["forward", "backward"]
     assert backend.sessions.created == 2
+
+
+@pytest.mark.parametrize("kernels", ["python", "native"])
+def test_dcn_backward_one_partition_with_either_kernels(kernels: str) -> None:
+    """Our deform_conv2d backward op runs as one custom node (its Python kernel serves both)."""
+    module = load_zoo("deform_conv")
+    model = module.Model().train()
+    reference = copy.deepcopy(model)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    backend = onnx_custom.compile_backend(kernels=kernels)
+    _loss(torch.compile(model, backend=backend)(x)).backward()
+    _loss(reference(x)).backward()
+    for (pname, p), (_, q) in zip(model.named_parameters(), reference.named_parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, msg=lambda m, n=pname: f"grad of {n}: {m}")
+    assert [len(r.partitions) for r in backend.records] == [1, 1]
+    assert not [f for r in backend.records for f in r.fallbacks]
