@@ -63,6 +63,7 @@ from onnx_custom.translate.coverage import (
 )
 from onnx_custom.translate.registry import Registry, resolve_registry
 from onnx_custom.translate.torch_errors import chain, unwrap_dynamo_error, unwrap_torchscript_error
+from onnx_custom.translate.type_check import deferring_half_precision
 
 __all__ = [
     "DEFAULT_OPSET",
@@ -449,7 +450,9 @@ def run_export(request: ExportRequest) -> onnx.ModelProto:
     # One export at a time per process: torch's exporters keep process-global state (the
     # TorchScript symbolic table our `registered` swaps in, its GLOBALS, the dynamo exporter's
     # registries), so two threads exporting with different specs would see each other's.
-    with EXPORT_LOCK, quiet_torch():
+    # The half-precision pass below fixes (or refuses) float16/bfloat16 nodes a schema refuses, so
+    # the translations' type check leaves those to it unless the user turned it off.
+    with EXPORT_LOCK, quiet_torch(), deferring_half_precision(request.half_precision != "off"):
         proto, spec = run(model, args, request.opset, reg, spec, request.output_names, kwargs)
     write_metadata(proto, spec)
     return widen_model(finalize_model(proto), request.half_precision)

@@ -6,14 +6,22 @@ later, far from the translation. Here both exporters refuse it in ``g.op``, nami
 the node, the input types and the fix. Standard ops use ``onnx.defs``; a custom node is checked
 when a schema for it is registered (kernels and op specs register theirs).
 
+A float16/bfloat16 input that a standard op's schema refuses (``Sin`` before opset 22, ``Mul``
+before 13, ...) is deferred, inside our own exports, to the export's half-precision pass, which
+computes such nodes in float32 (or, with ``half_precision="strict"``, refuses them naming the op,
+dtype and provider): see `deferring_half_precision`. Everywhere else (``half_precision="off"``,
+a user's own ``torch.onnx.export`` with our translation table) the schema is enforced here.
+
 Cost: one cached schema digest per (domain, op type, opset) and one dtype read per input.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import onnx
@@ -22,7 +30,21 @@ import torch
 
 from onnx_custom.errors import SymbolicError
 
-__all__ = ["NodeInput", "check_node_types", "onnx_type_name"]
+__all__ = ["NodeInput", "check_node_types", "deferring_half_precision", "onnx_type_name"]
+
+_HALF = frozenset({"float16", "bfloat16"})
+_HALF_DEFERRED: contextvars.ContextVar[bool] = contextvars.ContextVar("onnx_custom_half_deferred", default=False)
+
+
+@contextlib.contextmanager
+def deferring_half_precision(enabled: bool = True) -> Iterator[None]:
+    """Within the block, a standard op's float16/bfloat16 input that its schema refuses but whose
+    type constraint takes float is left to the export's half-precision pass (see module doc)."""
+    token = _HALF_DEFERRED.set(enabled)
+    try:
+        yield
+    finally:
+        _HALF_DEFERRED.reset(token)
 
 _TORCH_TO_ONNX_NAME = {
     torch.float32: "float", torch.float64: "double", torch.float16: "float16", torch.bfloat16: "bfloat16",
@@ -133,7 +155,8 @@ def check_node_types(target: str, node: str, domain: str, op_type: str, opset: i
                 )
             continue
         allowed = digest.allowed.get(formal.type_str)
-        if allowed is not None and name not in allowed:
+        deferred = not domain and name in _HALF and allowed is not None and "float" in allowed and _HALF_DEFERRED.get()
+        if allowed is not None and name not in allowed and not deferred:
             raise SymbolicError(
                 f"{_where(target, node, domain, op_type, opset)}: {_label(index, formal, item)} has type {name}, which {op_type} does not "
                 f"accept for {formal.type_str}; expected one of {sorted(allowed)}. Fix: "
