@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
+from google.protobuf.message import EncodeError
 
 from onnx_custom.common.atomic import atomic_open, atomic_write
 from onnx_custom.errors import InvalidArgumentError, ModelLoadError
@@ -35,6 +36,7 @@ __all__ = [
     "external_tensors",
     "external_threshold",
     "save_with_external_data",
+    "serialized_size",
 ]
 
 PROTOBUF_LIMIT = 2**31 - 1
@@ -60,6 +62,15 @@ def external_threshold() -> int:
             f"Fix: unset it (default: protobuf's limit, {PROTOBUF_LIMIT} bytes) or set e.g. 1000000."
         )
     return min(value, PROTOBUF_LIMIT)
+
+
+def serialized_size(model: onnx.ModelProto) -> int:
+    """Bytes ``model`` serializes to; past protobuf's limit (where ``ByteSize`` itself fails) the
+    bytes of its tensor data, which is then at least that large."""
+    try:
+        return model.ByteSize()
+    except EncodeError:
+        return max(sum(len(t.raw_data) for t in _tensors(model.graph)), PROTOBUF_LIMIT + 1)
 
 
 def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:

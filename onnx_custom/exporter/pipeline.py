@@ -24,6 +24,7 @@ from onnx_custom.common.external_data import (
     PROTOBUF_LIMIT,
     external_threshold,
     save_with_external_data,
+    serialized_size,
 )
 from onnx_custom.common.onnx_utils import iter_nodes
 from onnx_custom.common.quiet import quiet_torch
@@ -144,7 +145,7 @@ def save_model(model: onnx.ModelProto, f: str | os.PathLike[str] | io.IOBase | A
     A file object receives the bytes only once the whole model serialized.
     """
     check_external_data_option(external_data, None if external_data in (None, False) else f)
-    size = model.ByteSize()
+    size = serialized_size(model)
     external = size > external_threshold() if external_data is None else bool(external_data)
     if is_file_object(f):
         if external:

@@ -28,6 +28,7 @@ from typing import Any
 import onnx
 from onnx import TensorProto, helper
 
+from onnx_custom.common.external_data import serialized_size
 from onnx_custom.errors import HalfPrecisionError, InvalidArgumentError
 from onnx_custom.runtime.cpu_support import PROVIDER, TypedInput, cpu_runs
 
@@ -151,7 +152,7 @@ def value_types(model: onnx.ModelProto) -> dict[str, TypedInput]:
 def _without_payloads(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` whose initializers keep their type and dims but no data."""
     light = onnx.ModelProto()
-    light.CopyFrom(model) if model.ByteSize() < (1 << 28) else _copy_structure(model, light)
+    light.CopyFrom(model) if serialized_size(model) < (1 << 28) else _copy_structure(model, light)
     return light
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "load_model",
     "make_reference",
     "make_session",
+    "plain_session",
     "run_onnx",
     "tensor_inputs",
     "torch_dtype",
@@ -268,7 +269,7 @@ def run_onnx(session: Any, proto: onnx.ModelProto, args: tuple[Any, ...], bindin
     return [np.asarray(v) for v in session.run(output_names, {n: to_numpy(t) for n, t in feeds.items()})]
 
 
-def _plain_session(proto: onnx.ModelProto) -> Any:
+def plain_session(proto: onnx.ModelProto) -> Any:
     import onnxruntime
 
     return onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -279,14 +280,14 @@ def make_session(proto: onnx.ModelProto, kernels: Any = None) -> Any:
     try:
         from onnx_custom.runtime import InferenceSession
     except ImportError:  # the kernel host is optional for models without custom nodes
-        return _plain_session(proto)
+        return plain_session(proto)
     try:
         return InferenceSession(proto, kernels=kernels)
     except ExtensionBuildError:
         # The native shim could not be built: only models with custom nodes need it.
         if custom_node_types(proto):
             raise
-        return _plain_session(proto)
+        return plain_session(proto)
 
 
 def custom_node_types(proto: onnx.ModelProto) -> list[str]:

@@ -35,9 +35,11 @@ from onnx_custom.verification.localize import localize as localize_trial
 from onnx_custom.verification.runner import (
     InputBinding,
     bind_inputs,
+    custom_node_types,
     load_model,
     make_reference,
     make_session,
+    plain_session,
     run_onnx,
     tensor_inputs,
 )
@@ -73,7 +75,9 @@ __all__ = [
     "verify",
 ]
 
-BACKENDS = ("onnxruntime", "reference")
+BACKENDS = ("onnxruntime", "reference", "onnxruntime-bodies")
+# Plain ONNX Runtime, nothing registered: the file's function bodies run instead of our kernels.
+BODIES_BACKEND = "onnxruntime-bodies"
 
 InputGenerator = Callable[[int, tuple[Any, ...]], tuple[Any, ...]]
 
@@ -224,11 +228,19 @@ def _random_like(example: tuple[Any, ...], generator: torch.Generator) -> tuple[
 
 def _make_backend(name: str, proto: onnx.ModelProto, kernels: Any = None) -> Any:
     try:
+        if name == BODIES_BACKEND:
+            return plain_session(proto)
         return make_session(proto, kernels) if name == "onnxruntime" else make_reference(proto, kernels)
     except OnnxCustomError:
         raise
     except Exception as exc:
         raise VerificationError(f"Could not load the ONNX model in backend {name!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def _runs_on_bodies(proto: onnx.ModelProto) -> bool:
+    """Every custom node has a function body in the file (so plain ONNX Runtime can run it)."""
+    bodies = {f"{f.domain}::{f.name}" for f in proto.functions}
+    return bool(bodies) and set(custom_node_types(proto)) <= bodies
 
 
 def _localize_safely(model: Any, args: tuple[Any, ...], proto: onnx.ModelProto, trial: int, **options: Any) -> Any:
@@ -364,6 +376,8 @@ def verify(
             "Fix: pass backends=('onnxruntime',) (and/or 'reference', onnx's reference evaluator)."
         )
     proto = load_model(onnx_model)
+    if "onnxruntime" in backends and BODIES_BACKEND not in backends and _runs_on_bodies(proto):
+        backends += (BODIES_BACKEND,)  # a file meant for plain ONNX Runtime must pass there too
     binding = bind_inputs(proto, args, model)  # fails on inputs that cannot fit before running anything
     plan = plan_dims(proto, binding, args, model=model, dynamic_shapes=dynamic_shapes)
     cases = default_cases(plan) if shapes is None else resolve_cases(shapes, plan)

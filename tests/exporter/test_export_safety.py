@@ -198,7 +198,7 @@ def test_external_data_save_leaves_the_model_in_memory_whole(tmp_path: Path) -> 
     assert model.SerializeToString() == before
     pointer = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
     assert pointer.graph.initializer[0].data_location == onnx.TensorProto.EXTERNAL
-    assert (tmp_path / "m.onnx.data").stat().st_size == 4096 * 4
+    assert (tmp_path / "m.onnx.data").stat().st_size == 4096 + 4096 * 4  # a 4 KiB header (the write's token), then the data
     loaded = onnx.load(str(tmp_path / "m.onnx"))
     np.testing.assert_array_equal(onnx.numpy_helper.to_array(loaded.graph.initializer[0]), np.arange(4096, dtype=np.float32))
 

@@ -234,3 +234,19 @@ def test_keep_diffs_false_and_constructor_compat() -> None:
     assert plain.abs_diffs is None and plain.passed
     given = OutputComparison(0, "y", (3,), "float32", 1.0, 1.0, 0, 3, 1e-5, 1e-5, "x", abs_diffs=np.zeros(3))
     assert given.abs_diffs is not None and given.abs_diffs.shape == (3,)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_half_precision_atol_is_one_ulp_of_the_largest_output(dtype: torch.dtype) -> None:
+    """2a + b - 1 rounded once (eager) vs after Mul, Add and Sub (ONNX Runtime): one ulp at the
+    largest value survives the cancellation near 0; two ulps do not."""
+    from onnx_custom.verification.compare import compare_arrays, to_numpy
+
+    expected = torch.tensor([4.0, 0.0078125], dtype=dtype)
+    ulp = float(torch.finfo(dtype).eps) * 4.0
+    one = to_numpy(expected + torch.tensor([0.0, ulp], dtype=dtype))
+    two = to_numpy(expected + torch.tensor([0.0, 2.5 * ulp], dtype=dtype))
+    assert compare_arrays(expected, one, name="y", trial=0).passed
+    result = compare_arrays(expected, two, name="y", trial=0)
+    assert not result.passed and "1 ulp of max|expected|" in result.tolerance_source
+    assert not compare_arrays(expected, one, name="y", trial=0, rtol=1e-3, atol=1e-5).passed  # explicit tolerances are kept

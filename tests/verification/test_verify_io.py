@@ -134,7 +134,8 @@ def test_bfloat16_and_float16_flow_in_and_out_of_onnx_runtime(exporter: str, dty
     assert report.passed, str(report)
     name = str(dtype).removeprefix("torch.")
     assert [c.dtype for c in report.comparisons[:3]] == [name, name, "float32"]
-    assert report.comparisons[0].tolerance_source == f"torch.testing default for {name}"
+    # torch.testing's default, with atol raised to one ulp at the output's magnitude when larger
+    assert report.comparisons[0].tolerance_source.startswith(f"torch.testing default for {name}")
 
 
 @pytest.mark.parametrize("exporter", EXPORTERS)
