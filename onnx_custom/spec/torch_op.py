@@ -233,7 +233,12 @@ def _check_against_meta(spec: OpSpec, meta: Callable[..., Any], bound: BoundArgs
         tuple(None if t is None else [v.to("meta") for v in t] if isinstance(t, (list, tuple)) else t.to("meta") for t in bound.tensors),
         bound.attrs,
     )
-    claimed = meta_outputs(spec, meta, fakes)
+    try:
+        claimed = meta_outputs(spec, meta, fakes)
+    except SpecError:
+        raise
+    except Exception:  # e.g. a data-dependent size (torch.library.get_ctx()) needs fake mode:
+        return  # nothing to compare here; the fake kernel reports its own problems
     for declared, out, claim in zip(spec.outputs, outs, claimed, strict=True):
         if list(out.shape) != list(claim.shape):
             raise SpecError(

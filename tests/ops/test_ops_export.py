@@ -31,7 +31,7 @@ def _import(name: str) -> ModuleType:
 def _zoo_rows() -> list[Any]:
     rows = []
     for name in MODELS:
-        try:  # the extension models build (once, cached) and load my_ops on import
+        try:  # the extension models build (once, cached) and load onnx_custom_ext on import
             cases = importlib.import_module(f"onnx_custom.models.{name}").ZOO
         except ExtensionBuildError as exc:
             rows.append(pytest.param(name, None, id=name, marks=pytest.mark.skip(reason=str(exc))))

@@ -1,4 +1,4 @@
-"""The C++ extension ``my_ops``: cached build, clear errors without tools, and the autograd.Function
+"""The C++ extension ``onnx_custom_ext``: cached build, clear errors without tools, and the autograd.Function
 route (TorchScript only) versus the direct op route (both exporters)."""
 
 from __future__ import annotations

@@ -153,3 +153,21 @@ def test_bad_meta_function_is_a_spec_error_at_export(meta: Any, phrases: list[st
     assert spec.name in message
     for phrase in phrases:
         assert phrase in message, (phrase, message)
+
+
+def _positives(x: torch.Tensor) -> torch.Tensor:
+    return x[x > 0]
+
+
+def _positives_meta(x: torch.Tensor) -> torch.Tensor:
+    n = torch.library.get_ctx().new_dynamic_size()  # data-dependent: only valid in fake mode
+    return x.new_empty(n)
+
+
+def test_data_dependent_meta_function_still_runs_eagerly() -> None:
+    """The eager shape check skips meta functions that only run in fake mode."""
+    spec = OpSpec("metatest::positives", inputs=[Input("x", ["float32"])], outputs=[Output("y")],
+                  impl=_positives, shape=_positives_meta, translations={9: lambda g, x: x})
+    handle = onnx_custom.register_spec(spec)
+    x = torch.tensor([1.0, -2.0, 3.0])
+    torch.testing.assert_close(handle.op(x), torch.tensor([1.0, 3.0]))

@@ -49,7 +49,7 @@ def test_op_overload_and_function_targets() -> None:
         normalize_target(42)
 
 
-@pytest.mark.parametrize(("text", "expected"), [("Asinh", ("", "Asinh")), ("custom::my_add", ("onnx_custom", "my_add")), ("com.acme::Foo", ("com.acme", "Foo")), ("ai.onnx::Add", ("", "Add"))])
+@pytest.mark.parametrize(("text", "expected"), [("Asinh", ("", "Asinh")), ("custom::my_add", ("custom", "my_add")), ("com.acme::Foo", ("com.acme", "Foo")), ("ai.onnx::Add", ("", "Add"))])
 def test_node_types(text: str, expected: tuple[str, str]) -> None:
     assert parse_node_type(text) == expected
 
