@@ -241,3 +241,31 @@ def test_parallel_for_runs_on_the_intra_op_pool(library: NativeLibrary, threads:
     (ids,) = run(sess, {"x": np.zeros(64, np.float32)})
     used = len(set(ids.tolist()))
     assert used == 1 if threads == 1 else used >= 2, (threads, used)  # sleeping chunks: the pool hands them out
+
+
+def test_cmake_project_holds_everything_it_needs(tmp_path: Path) -> None:
+    from onnx_custom.spec import write_cmake_project
+
+    root = write_cmake_project(parse_specs(DATA / "acme.yaml"), tmp_path / "project", name="acme")
+    files = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+    assert {"CMakeLists.txt", "kernels/acme_kernels.cpp", "generated/user_ops.cpp", "runtime/library.cpp", "runtime/binding.cpp",
+            "runtime/common.cpp", "include/onnx_custom/kernel.h", "include/onnx_custom/half.h", "include/onnx_custom_ort_abi.h"} <= files
+    assert not any(f.startswith("runtime/") and f.endswith(("deform_conv.cpp", "seed.cpp")) for f in files)  # shipped kernels left out
+    cmake = (root / "CMakeLists.txt").read_text()
+    assert '"OC_LIBRARY_NAME=\\"libacme_ops\\""' in cmake and "OC_WITHOUT_SHIPPED_OPS" in cmake
+    binding = next((root / "generated").glob("binding_*.cpp")).read_text()
+    assert '#include "acme_kernels.cpp"' in binding and "scale_add(a_x, a_y, a_out, m_alpha);" in binding
+
+
+@pytest.mark.slow
+def test_include_shipped_serves_both_from_one_library(tmp_path: Path) -> None:
+    lib = build_native_library(parse_specs(DATA / "acme.yaml"), tmp_path, name="acme_all", include_shipped=True)
+    assert {"acme::ScaleAdd", "custom::my_add", "custom::DeformConv2d"} <= set(lib.ops)
+    nodes = [helper.make_node("ScaleAdd", ["x", "y"], ["s"], domain="acme", alpha=3.0),
+             helper.make_node("my_add", ["s", "y"], ["out"], domain="custom", alpha=2.0)]  # fmt: skip
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["n"]) for n in "xy"],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("acme", 1), helper.make_opsetid("custom", 1)], ir_version=9)
+    x, y = draw((9,), "float32", 1), draw((9,), "float32", 2)
+    (out,) = run(session(model, lib), {"x": x, "y": y})  # plain onnxruntime, one library
+    close(out, 2 * (3 * x.astype(np.float64) + y) + y, "float32")
