@@ -40,6 +40,12 @@ _COPIED_SETTINGS = (
 )  # fmt: skip
 
 
+# A zero-size tensor has no memory (data_ptr 0), which ORT refuses to wrap: it gets this valid,
+# never-read address instead.
+_EMPTY = torch.empty(16, dtype=torch.uint8)
+_EMPTY_PTR = _EMPTY.data_ptr()
+
+
 def _fresh_options(base: ort.SessionOptions | None) -> ort.SessionOptions | None:
     """A new SessionOptions with the user's settings: each session registers its own kernels."""
     if base is None:
@@ -127,7 +133,7 @@ class OrtPartition:
         values = ortc.OrtValueVector()
         values.reserve(len(tensors))
         try:
-            values.push_back_batch(tensors, [t.data_ptr() for t in tensors], [_NUMPY[t.dtype] for t in tensors], [t.shape for t in tensors], self._in_devices)
+            values.push_back_batch(tensors, [t.data_ptr() or _EMPTY_PTR for t in tensors], [_NUMPY[t.dtype] for t in tensors], [t.shape for t in tensors], self._in_devices)
         except KeyError as exc:
             raise OnnxCustomError(f"{self.name}: input dtype {exc.args[0]} cannot be handed to ONNX Runtime without a copy; supported: {sorted(str(d) for d in _NUMPY)}.") from None
         outputs = ortc.OrtValueVector()

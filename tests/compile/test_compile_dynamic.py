@@ -160,3 +160,32 @@ def test_inputs_on_other_device_raise() -> None:
     meta = torch.empty(3, 4, device="meta")
     with pytest.raises(onnx_custom.CompileError, match="CPU only"):
         OnnxCustomBackend()._check_devices([meta])
+
+
+ODD_INPUTS = {
+    "zero-size": (torch.randn(0, 5), torch.randn(0, 5)),
+    "0-d": (torch.tensor(1.5), torch.tensor(-2.0)),
+    "float16": (torch.randn(3, 4, dtype=torch.float16), torch.randn(3, 4, dtype=torch.float16)),
+    "float64": (torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)),
+}
+
+
+@pytest.mark.parametrize(("x", "y"), ODD_INPUTS.values(), ids=ODD_INPUTS.keys())
+def test_zero_size_0d_and_other_dtypes_in_ort(x: torch.Tensor, y: torch.Tensor) -> None:
+    backend = onnx_custom.compile_backend()
+    got = torch.compile(_add_mul, backend=backend)(x, y)
+    want = _add_mul(x, y)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want)
+    assert not [f for r in backend.records for f in r.fallbacks]
+
+
+def test_bfloat16_runs_eager_with_the_reason() -> None:
+    """ORT's OrtValue wrapping has no bfloat16 (numpy has none): such nodes stay in PyTorch."""
+    x = torch.randn(3, 4, dtype=torch.bfloat16)
+    backend = onnx_custom.compile_backend()
+    with pytest.warns(UserWarning, match="nothing in"):
+        got = torch.compile(_add_mul, backend=backend)(x, x)
+    torch.testing.assert_close(got, _add_mul(x, x))
+    reasons = {f.reason for r in backend.records for f in r.fallbacks}
+    assert reasons == {"dtype torch.bfloat16 is not handed to ONNX Runtime"}
