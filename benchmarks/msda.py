@@ -20,6 +20,7 @@ fwd+bwd <= 1.0x the grid_sample formulation's.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import subprocess
@@ -157,7 +158,7 @@ def _sessions(inputs: Inputs) -> dict[str, Callable[[], object]]:
             sess = ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         feeds = {i.name: a for i, a in zip(sess.get_inputs(), feeds_list, strict=True)}
         np.testing.assert_allclose(sess.run(None, feeds)[0], expected, rtol=1e-4, atol=1e-4, err_msg=kind)
-        fns[kind] = lambda s=sess, f=feeds: s.run(None, f)
+        fns[kind] = functools.partial(sess.run, None, feeds)
     return fns
 
 
