@@ -8,8 +8,8 @@
   sampling_locations, attention_weights; INT attribute ``im2col_step``), so the file feeds
   mmdeploy's TensorRT plugin unchanged. onnx-custom's kernels serve that node too.
 - variant ``"standard"``: standard ops only. From opset 16 `msda_grid_sample`: one ``GridSample``
-  per level (mmcv's pure-PyTorch formulation; needs the number of levels at export time). Below 16,
-  and for float64 (ONNX Runtime's CPU GridSample computes in float32), `msda_gather`.
+  per level (mmcv's pure-PyTorch formulation). Below 16, for float64 (ONNX Runtime's CPU GridSample
+  computes in float32) and when the number of levels is dynamic (nothing to unroll): `msda_gather`.
 - variant ``"gather"``: `msda_gather` at every opset, for backends that mishandle GridSample
   (TensorRT #4813) and for the dynamo exporter (whose graphs start at opset 18).
 
@@ -151,25 +151,24 @@ def _float_types(g: Any, value: Any) -> tuple[type[np.floating[Any]], int]:
     return np.float32, onnx.TensorProto.FLOAT
 
 
-def _static_levels(g: Any, spatial_shapes: Any, sampling_locations: Any) -> int:
+def _static_levels(g: Any, spatial_shapes: Any, sampling_locations: Any) -> int | None:
+    """The number of levels when the export knows it (one GridSample per level), else None."""
     for x, axis in ((spatial_shapes, 0), (sampling_locations, 3)):
         shape = g.shape(x)
         if shape is not None and len(shape) > axis and isinstance(shape[axis], int):
             return int(shape[axis])
-    raise SymbolicError(
-        f"{g.target}: the GridSample form of multi_scale_deformable_attn emits one GridSample per "
-        f"level, so the number of levels must be static; it is dynamic here. Fix: keep "
-        f"spatial_shapes' first dim static, or use the gather form (opset < 16, or the custom node)."
-    )
+    return None
 
 
 def msda_grid_sample(g: Any, value: Any, spatial_shapes: Any, level_start_index: Any, sampling_locations: Any,
                      attention_weights: Any, *, im2col_step: Any) -> Any:  # fmt: skip
-    """Opset 16+: mmcv's pure-PyTorch formulation, one GridSample per level (float64: gathers)."""
+    """Opset 16+: mmcv's pure-PyTorch formulation, one GridSample per level. float64 (GridSample
+    would round to float32) and a dynamic number of levels (nothing to unroll) take the gather
+    form, also standard ops."""
     _check_opset(g, GRID_SAMPLE_OPSET, "GridSample form of multi_scale_deformable_attn")
-    if _float_types(g, value)[0] is np.float64:  # GridSample would round to float32
-        return msda_gather(g, value, spatial_shapes, level_start_index, sampling_locations, attention_weights, im2col_step=im2col_step)
     levels = _static_levels(g, spatial_shapes, sampling_locations)
+    if levels is None or _float_types(g, value)[0] is np.float64:
+        return msda_gather(g, value, spatial_shapes, level_start_index, sampling_locations, attention_weights, im2col_step=im2col_step)
     compute, back = _compute_type(g, value)
     value = _in_float(g, value, compute)
     loc = _in_float(g, sampling_locations, compute)

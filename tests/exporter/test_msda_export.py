@@ -38,6 +38,9 @@ class LevelsAsInputs(torch.nn.Module):
 class ConstantLevels(torch.nn.Module):
     """Level tensors fixed in the model (buffers): constants in the file."""
 
+    spatial_shapes: torch.Tensor
+    level_start_index: torch.Tensor
+
     def __init__(self, shapes: torch.Tensor, starts: torch.Tensor) -> None:
         super().__init__()
         self.register_buffer("spatial_shapes", shapes, persistent=False)

@@ -5,6 +5,8 @@ than the export's, against PyTorch eager."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -18,7 +20,7 @@ from onnx_custom.models import msda
 OPSETS = {"torchscript": 17, "dynamo": 18}
 
 
-def _export(exporter: str, **kwargs: object) -> onnx.ModelProto:
+def _export(exporter: str, **kwargs: Any) -> onnx.ModelProto:
     model = msda.Model().eval()
     return onnx_custom.export(model, msda.example_inputs(), exporter=exporter, opset=OPSETS[exporter],
                               dynamic_shapes=msda.dynamic_shapes, **kwargs)  # fmt: skip

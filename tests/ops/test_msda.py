@@ -181,7 +181,8 @@ def test_gradients_match_grid_sample(dtype: torch.dtype) -> None:
     rtol, atol = GRAD_TOL[dtype]
     for name, a, b in zip(("value", "sampling_locations", "attention_weights"), got, expected, strict=True):
         assert a.dtype == dtype
-        torch.testing.assert_close(a.double(), b, rtol=rtol, atol=atol * max(1.0, b.abs().max().item()), msg=lambda m, n=name: f"grad {n}: {m}")
+        scale = max(1.0, b.abs().max().item())
+        torch.testing.assert_close(a.double(), b, rtol=rtol, atol=atol * scale, msg=f"grad {name} ({dtype})")
 
 
 def test_border_gradients_match_grid_sample() -> None:

@@ -18,6 +18,7 @@ from onnx_custom.ops import extension
 from onnx_custom.ops.bev_pool import BEV_POOL_V2, prepare_bev_ranks, synthetic_frustum
 from onnx_custom.ops.custom_linear import CUSTOM_LINEAR
 from onnx_custom.ops.deform_conv import DEFORM_CONV2D
+from onnx_custom.ops.msda import MSDA
 from onnx_custom.ops.multi_out3 import MULTI_OUT3
 from onnx_custom.ops.numpy_sin import NUMPY_SIN
 from onnx_custom.ops.seed import MULTI_OUT, MY_ADD
@@ -93,6 +94,16 @@ def _deform(dtype: str, n: int) -> tuple[Arrays, dict[str, Any]]:
     return inputs, attrs
 
 
+def _msda(dtype: str, n: int) -> tuple[Arrays, dict[str, Any]]:
+    levels = np.array([[2, 3], [1, 2]], dtype=np.int64)  # 8 keys
+    unit = np.random.default_rng(15).random((n, 3, 2, 2, 2, 2)) * 1.2 - 0.1  # some outside [0, 1]
+    inputs = {"value": _rand(dtype, (n, 8, 2, 3), 16), "spatial_shapes": levels,
+              "level_start_index": np.array([0, 6], dtype=np.int64),
+              "sampling_locations": unit.astype(_np_dtype(dtype)) if dtype in ("float32", "float64", "float16", "bfloat16") else _rand(dtype, unit.shape, 17),
+              "attention_weights": np.abs(_rand(dtype, (n, 3, 2, 2, 2), 18))}  # fmt: skip
+    return inputs, {"im2col_step": 64}
+
+
 _FLOATS_BEV = ("depth", "feat")
 _INDEX_BEV = ("ranks_depth", "ranks_feat", "ranks_bev", "interval_starts", "interval_lengths")
 CASES = [
@@ -107,6 +118,7 @@ CASES = [
     Case("onnx_custom::bev_pool_v2", BEV_POOL_V2, lambda d, n: _bev(d, "int32", n), _FLOATS_BEV, trials=1),
     Case("onnx_custom::bev_pool_v2[indices]", BEV_POOL_V2, lambda d, n: _bev("float32", d, n), _INDEX_BEV),
     Case("onnx_custom::deform_conv2d", DEFORM_CONV2D, _deform, ("input", "weight", "offset", "mask", "bias")),
+    Case("onnx_custom::multi_scale_deformable_attn", MSDA, _msda, ("value", "sampling_locations", "attention_weights")),
 ]
 OPS = [c for c in CASES if not c.id.endswith("]")]  # one row per op
 

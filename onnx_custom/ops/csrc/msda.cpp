@@ -149,6 +149,9 @@ void backward_pair(const Geometry& g, int64_t b, int64_t h, int64_t q0, int64_t 
           T* __restrict gvr = gv + row * gv_stride;
           const T aw = a * w[corner];
           T sum = T(0);
+          // The dot product is a reduction: without this the compiler keeps it scalar (it may
+          // not reorder float additions on its own). D is fixed, so the order still is.
+#pragma omp simd reduction(+ : sum)
           for (int64_t d = 0; d < g.D; ++d) {
             sum += go[d] * v[d];
             gvr[d] += aw * go[d];

@@ -1,0 +1,235 @@
+"""Benchmark ``onnx_custom::multi_scale_deformable_attn`` (eager C++, the ONNX Runtime kernels)
+against the pure-PyTorch ``grid_sample`` formulation and ORT running its ``GridSample`` export.
+
+Size: Deformable DETR's encoder on a 512x512 image: bs 1, 4 levels at strides 8-64 (64x64, 32x32,
+16x16, 8x8: 5440 keys), 8 heads, head_dim 32, 4 points, queries = keys. Sampling locations are
+each query's reference point (its pixel centre) plus offsets of about one pixel of each level,
+as a trained encoder's are; attention weights are a softmax over levels x points.
+
+Run: ``python benchmarks/msda.py [--repeat 10] [--rounds 3]``. torch uses 2 threads; ORT 2
+intra-op threads, spinning off. Contenders are timed side by side in one process, alternating
+round by round (each round: the median of ``--repeat`` calls per contender); the table shows
+the median over rounds. Peak memory is the RSS high-water increase of one warm fwd+bwd call in a
+fresh subprocess (``MALLOC_MMAP_THRESHOLD_`` so freed buffers are not silently reused).
+
+Goals (issue 24): eager fwd / grid_sample fwd <= 0.5; eager (fwd+bwd)/fwd <= 2.5; native ORT
+kernel / ORT GridSample decomposition <= 0.3; Python kernel / eager <= 1.1; peak memory of eager
+fwd+bwd <= 1.0x the grid_sample formulation's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+import onnxruntime as ort
+import torch
+import torch.nn.functional as F
+
+from onnx_custom.ops.msda import load_extension, multi_scale_deformable_attn
+
+__all__ = ["LEVELS", "grid_sample_formulation", "main", "make_inputs", "peak_memory"]
+
+LEVELS = ((64, 64), (32, 32), (16, 16), (8, 8))
+BS, HEADS, HEAD_DIM, POINTS = 1, 8, 32, 4
+Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def make_inputs(seed: int = 0) -> Inputs:
+    """(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = torch.tensor(LEVELS, dtype=torch.int64)
+    sizes = shapes.prod(1)
+    starts = torch.cat((sizes.new_zeros(1), sizes.cumsum(0)[:-1]))
+    keys = int(sizes.sum())
+    centres = []
+    for h, w in LEVELS:
+        ys, xs = torch.meshgrid((torch.arange(h) + 0.5) / h, (torch.arange(w) + 0.5) / w, indexing="ij")
+        centres.append(torch.stack([xs.reshape(-1), ys.reshape(-1)], -1))
+    ref = torch.cat(centres)[None, :, None, None, None, :]  # (1, Q, 1, 1, 1, 2)
+    pixel = (1.0 / shapes.flip(-1).float())[None, None, None, :, None, :]  # one pixel per level
+    offsets = torch.randn(BS, keys, HEADS, len(LEVELS), POINTS, 2, generator=g) * pixel
+    loc = ref + offsets
+    attn = torch.randn(BS, keys, HEADS, len(LEVELS) * POINTS, generator=g).softmax(-1)
+    attn = attn.view(BS, keys, HEADS, len(LEVELS), POINTS)
+    value = torch.randn(BS, keys, HEADS, HEAD_DIM, generator=g)
+    return value, shapes, starts, loc, attn
+
+
+def grid_sample_formulation(value: torch.Tensor, shapes: torch.Tensor, loc: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    """The pure-PyTorch baseline: one F.grid_sample per level (mmcv's CPU path)."""
+    bs, _, heads, dim = value.shape
+    _, queries, _, levels, points, _ = loc.shape
+    parts = value.split([h * w for h, w in LEVELS], dim=1)
+    sampled = []
+    for level, (h, w) in enumerate(LEVELS):
+        image = parts[level].flatten(2).transpose(1, 2).reshape(bs * heads, dim, h, w)
+        grid = (2 * loc[:, :, :, level] - 1).transpose(1, 2).flatten(0, 1)
+        sampled.append(F.grid_sample(image, grid, mode="bilinear", padding_mode="zeros", align_corners=False))
+    weights = attn.transpose(1, 2).reshape(bs * heads, 1, queries, levels * points)
+    out = (torch.stack(sampled, dim=-2).flatten(-2) * weights).sum(-1)
+    return out.view(bs, heads * dim, queries).transpose(1, 2).contiguous()
+
+
+def _median_ms(fn: Callable[[], object], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def _training(inputs: Inputs, kind: str) -> Callable[[], object]:
+    value, shapes, starts, loc, attn = inputs
+    leaves = [t.clone().requires_grad_() for t in (value, loc, attn)]
+    grad = torch.randn(BS, loc.shape[1], HEADS * HEAD_DIM, generator=torch.Generator().manual_seed(2))
+
+    def ours() -> object:
+        out = multi_scale_deformable_attn(leaves[0], shapes, starts, leaves[1], leaves[2])
+        return torch.autograd.grad(out, leaves, grad)
+
+    def grid() -> object:
+        out = grid_sample_formulation(leaves[0], shapes, leaves[1], leaves[2])
+        return torch.autograd.grad(out, leaves, grad)
+
+    return ours if kind == "eager" else grid
+
+
+def _rss_child(kind: str) -> None:
+    """Subprocess body: the RSS high-water increase (KiB) of one warm fwd+bwd call of ``kind``."""
+    torch.set_num_threads(2)
+    load_extension()
+    fn = _training(make_inputs(), kind)
+    fn()
+    with open("/proc/self/status") as f:
+        before = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current RSS
+    fn()
+    with open("/proc/self/status") as f:
+        print(next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) - before)
+
+
+def peak_memory(kind: str) -> int:
+    """Peak RSS increase in bytes of one fwd+bwd call (``kind``: eager or grid), fresh subprocess."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    out = subprocess.run([sys.executable, __file__, "--rss-child", kind], env=env, check=True,
+                         capture_output=True, text=True).stdout  # fmt: skip
+    return int(out.split()[-1]) * 1024
+
+
+class _Op(torch.nn.Module):
+    def forward(self, value: torch.Tensor, shapes: torch.Tensor, starts: torch.Tensor, loc: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        return torch.ops.onnx_custom.multi_scale_deformable_attn(value, shapes, starts, loc, attn, 64)
+
+
+def _sessions(inputs: Inputs) -> dict[str, Callable[[], object]]:
+    """ORT contenders: native and Python kernels of the custom node, the GridSample and gather
+    decompositions (standard variants at opsets 16 and 11), all checked against eager first."""
+    import onnx_custom
+    from onnx_custom.runtime.native import library_path
+
+    feeds_list = [t.numpy() for t in inputs]
+    expected = grid_sample_formulation(inputs[0], inputs[1], inputs[3], inputs[4]).numpy()
+    standard = onnx_custom.default_registry().with_variants("standard")
+    node = onnx_custom.export(_Op(), inputs, exporter="torchscript", opset=17)
+    files = {"native": node, "python": node,
+             "gridsample": onnx_custom.export(_Op(), inputs, exporter="torchscript", opset=16, registry=standard),
+             "gather": onnx_custom.export(_Op(), inputs, exporter="torchscript", opset=11, registry=standard)}  # fmt: skip
+    fns: dict[str, Callable[[], object]] = {}
+    for kind, proto in files.items():
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads, opts.inter_op_num_threads = 2, 1
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if kind == "native":
+            opts.register_custom_ops_library(str(library_path()))
+            sess = ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        elif kind == "python":
+            sess = onnx_custom.InferenceSession(proto, opts)
+        else:
+            sess = ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        feeds = {i.name: a for i, a in zip(sess.get_inputs(), feeds_list, strict=True)}
+        np.testing.assert_allclose(sess.run(None, feeds)[0], expected, rtol=1e-4, atol=1e-4, err_msg=kind)
+        fns[kind] = functools.partial(sess.run, None, feeds)
+    return fns
+
+
+ROWS = [  # (contender, baseline, goal: ratio at most)
+    ("eager fwd (C++)", "grid_sample fwd", 0.5),
+    ("eager fwd+bwd", "eager fwd (C++)", 2.5),
+    ("grid_sample fwd+bwd", "grid_sample fwd", None),
+    ("ORT native kernel", "ORT GridSample decomposition", 0.3),
+    ("ORT gather decomposition", "ORT GridSample decomposition", None),
+    ("ORT Python kernel", "eager fwd (C++)", 1.1),
+]
+MEMORY_GOAL = 1.0
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rss-child", choices=["eager", "grid"], help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.rss_child:
+        _rss_child(args.rss_child)
+        return {}
+    torch.set_num_threads(2)
+    load_extension()
+    inputs = make_inputs()
+    value, shapes, starts, loc, attn = inputs
+    torch.testing.assert_close(multi_scale_deformable_attn(value, shapes, starts, loc, attn),
+                               grid_sample_formulation(value, shapes, loc, attn), rtol=1e-4, atol=1e-5)  # fmt: skip
+    sessions = _sessions(inputs)
+
+    def eager() -> object:
+        with torch.inference_mode():
+            return multi_scale_deformable_attn(value, shapes, starts, loc, attn)
+
+    def grid() -> object:
+        with torch.inference_mode():
+            return grid_sample_formulation(value, shapes, loc, attn)
+
+    fns: dict[str, Callable[[], object]] = {
+        "eager fwd (C++)": eager, "grid_sample fwd": grid,
+        "eager fwd+bwd": _training(inputs, "eager"), "grid_sample fwd+bwd": _training(inputs, "grid"),
+        "ORT native kernel": sessions["native"], "ORT Python kernel": sessions["python"],
+        "ORT GridSample decomposition": sessions["gridsample"], "ORT gather decomposition": sessions["gather"],
+    }  # fmt: skip
+    for fn in fns.values():  # warm-up: lazy inits, allocator pools
+        fn()
+    rounds: dict[str, list[float]] = {label: [] for label in fns}
+    for _ in range(args.rounds):  # alternate contenders so load drift hits all alike
+        for label, fn in fns.items():
+            rounds[label].append(_median_ms(fn, args.repeat))
+    times = {label: statistics.median(ms) for label, ms in rounds.items()}
+    keys = sum(h * w for h, w in LEVELS)
+    print(f"multi_scale_deformable_attn, float32, bs {BS}, levels {list(LEVELS)} ({keys} keys = queries), "
+          f"{HEADS} heads x {HEAD_DIM}, {POINTS} points; torch 2 threads, ORT 2 intra threads, spinning off; "
+          f"median of {args.rounds} alternating rounds x {args.repeat} calls")  # fmt: skip
+    print(f"{'contender':<28}{'ms':>9}  {'baseline':<30}{'ms':>9}{'ratio':>8}   goal")
+    results: dict[str, float] = {}
+    for label, base, goal in ROWS:
+        ratio = times[label] / times[base]
+        results[f"{label} / {base}"] = ratio
+        verdict = "" if goal is None else f"<= {goal:.1f} {'ok' if ratio <= goal else 'MISS'}"
+        print(f"{label:<28}{times[label]:>9.2f}  {base:<30}{times[base]:>9.2f}{ratio:>7.2f}x   {verdict}")
+    mib = 1024 * 1024
+    ours, theirs = peak_memory("eager"), peak_memory("grid")
+    results["eager_peak_bytes"], results["grid_peak_bytes"] = ours, theirs
+    ratio = results["peak memory eager / grid_sample"] = ours / theirs
+    print(f"peak RSS increase of one fwd+bwd (fresh subprocess): eager {ours / mib:.1f} MiB, grid_sample "
+          f"{theirs / mib:.1f} MiB: {ratio:.2f}x   <= {MEMORY_GOAL:.1f} {'ok' if ratio <= MEMORY_GOAL else 'MISS'}")  # fmt: skip
+    return results
+
+
+if __name__ == "__main__":
+    main()
