@@ -140,6 +140,21 @@ def _source_of(node: torch.fx.Node) -> str:
     return f"{where}: {code}" if code else where
 
 
+def _translation_describer(registry: Registry, opset: int, exporter: str) -> Callable[[torch.fx.Node], str]:
+    """node -> the translation it used, memoized per op for one localization (a registry lookup
+    scans its entries, ~1 ms, and a model repeats a few ops many times; the registry is mutable,
+    so nothing is kept across calls)."""
+    memo: dict[object, str] = {}
+
+    def describe(node: torch.fx.Node) -> str:
+        target = node.target
+        if target not in memo:
+            memo[target] = _translation_of(node, registry, opset, exporter)
+        return memo[target]
+
+    return describe
+
+
 def _translation_of(node: torch.fx.Node, registry: Registry, opset: int, exporter: str) -> str:
     from onnx_custom.translate.names import QualifiedName, Target
 
@@ -345,11 +360,12 @@ def _localize_by_names(program: _TorchProgram, proto: onnx.ModelProto, registry:
     ops = _op_nodes(program.module, result.is_tensor)
     annotated = {node.name: cones.mark(by_fx[node.name]) for node, _ in ops if node.name in by_fx}
     nodes = []
+    translation = _translation_describer(registry, opset, "dynamo")
     for index, (node, outs) in enumerate(ops):
         inputs = tuple(result.diffs[i.name] for i in _fx_inputs(node) if result.is_tensor(i))
         outputs = tuple(result.diffs[o.name] for o in outs)
         onnx_nodes = annotated.get(node.name) or cones.claim([o.name for o in outs if o.name in available], [i.name for i in _fx_inputs(node)])
-        nodes.append(NodeLocalization(index, node.name, _torch_op_name(node), onnx_nodes, inputs, outputs, _translation_of(node, registry, opset, "dynamo"), _source_of(node)))
+        nodes.append(NodeLocalization(index, node.name, _torch_op_name(node), onnx_nodes, inputs, outputs, translation(node), _source_of(node)))
     return Localization("names", "dynamo", opset, trial, tuple(nodes), note=_parameter_warning(result.differing_parameters))
 
 
@@ -416,13 +432,14 @@ def _localize_by_probe(program: _TorchProgram, exporter: str, registry: Registry
     graph_inputs = [i.name for i in proto.graph.input]
     cones = _Cones(proto.graph)
     nodes = []
+    translation = _translation_describer(registry, opset, exporter)
     for index, (node, node_outs) in enumerate(_op_nodes(program.module, result.is_tensor)):
         fx_inputs = [i for i in _fx_inputs(node) if result.is_tensor(i)]
         inputs = tuple(result.diffs[i.name] for i in fx_inputs)
         outputs = tuple(result.diffs[o.name] for o in node_outs)
         input_values = [by_name[i.name] for i in fx_inputs if i.name in by_name] + graph_inputs
         onnx_nodes = cones.claim([by_name[o.name] for o in node_outs if o.name in by_name], input_values)
-        nodes.append(NodeLocalization(index, node.name, _torch_op_name(node), onnx_nodes, inputs, outputs, _translation_of(node, registry, opset, exporter), _source_of(node)))
+        nodes.append(NodeLocalization(index, node.name, _torch_op_name(node), onnx_nodes, inputs, outputs, translation(node), _source_of(node)))
     notes = [
         f"the {exporter} exporter's value names do not map to torch ops, so the program was re-exported "
         "with every intermediate as an output (same exporter, opset and registry)"
