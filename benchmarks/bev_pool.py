@@ -10,8 +10,10 @@ alternate round by round in one process; medians):
 
 Also shown: the NumPy kernel the node falls back to without the C++ kernels / the eager op.
 
-Run: ``python benchmarks/bev_pool.py [--rounds 15] [--threads 2]``. torch and ONNX Runtime (intra-op,
-spinning off) use the same number of threads.
+Run: ``python benchmarks/bev_pool.py [--rounds 15] [--threads 2] [--cpu-time]``. torch and ONNX
+Runtime (intra-op, spinning off) use the same number of threads. ``--cpu-time`` times with the
+process's CPU time instead of the wall clock: steadier on a shared machine, meaningful with
+``--threads 1`` (with more threads it adds the threads' times up).
 """
 
 from __future__ import annotations
@@ -78,16 +80,18 @@ def _export(model: Pool, args: tuple[torch.Tensor, ...], variant: str | None) ->
         return onnx_custom.export(model, args, exporter="dynamo", opset=18, registry=registry)
 
 
-def paired(contender: Callable[[], object], baseline: Callable[[], object], rounds: int) -> tuple[float, float]:
+def paired(
+    contender: Callable[[], object], baseline: Callable[[], object], rounds: int, clock: Callable[[], float] = time.perf_counter
+) -> tuple[float, float]:
     """Median seconds of (contender, baseline), alternating which runs first each round."""
     mine: list[float] = []
     base: list[float] = []
     for r in range(rounds):
         order = ((mine, contender), (base, baseline)) if r % 2 == 0 else ((base, baseline), (mine, contender))
         for times, fn in order:
-            start = time.perf_counter()
+            start = clock()
             fn()
-            times.append(time.perf_counter() - start)
+            times.append(clock() - start)
     return statistics.median(mine), statistics.median(base)
 
 
@@ -136,7 +140,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2, help="torch threads and ORT intra-op threads")
+    parser.add_argument("--cpu-time", action="store_true", help="time with process CPU time (use with --threads 1)")
     args = parser.parse_args(argv)
+    clock = time.process_time if args.cpu_time else time.perf_counter
     torch.set_num_threads(args.threads)
     fns = contenders(args.threads)
     for fn in fns.values():  # warm: lazy builds, allocator, ORT's first run
@@ -144,11 +150,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         fn()
     r = Pool().ranks_bev.numel(), Pool().starts.numel()
     print(f"bev_pool_v2 forward, float32: {r[0]:,} points, {r[1]:,} intervals, C={CHANNELS}, grid 128x128; "
-          f"torch {torch.get_num_threads()} threads, ORT {args.threads} intra-op threads; medians of {args.rounds} paired rounds")  # fmt: skip
+          f"torch {torch.get_num_threads()} threads, ORT {args.threads} intra-op threads; medians of {args.rounds} paired rounds"
+          f"{' (CPU time)' if args.cpu_time else ''}")  # fmt: skip
     print(f"{'contender':<30}{'ms':>9}  {'baseline':<24}{'ms':>9}{'ratio':>8}")
     results: dict[str, float] = {}
     for label, base_label, goal in ROWS:
-        mine, base = paired(fns[label], fns[base_label], args.rounds)
+        mine, base = paired(fns[label], fns[base_label], args.rounds, clock)
         ratio = mine / base
         results[f"{label} / {base_label}"] = ratio
         verdict = "" if goal is None else f"goal <= {goal:g}: {'ok' if ratio <= goal else 'MISS'}"

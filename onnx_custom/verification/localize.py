@@ -16,6 +16,9 @@ have it; so memory stays near one forward pass and time is linear in the nodes. 
 buffers are compared with the file's initializers of the same name (a file exported from other
 weights is named as such); model inputs are fed to both sides.
 
+The result records (`Localization`, `NodeLocalization`, `ValueDiff`) live in
+`onnx_custom.verification.localization`; this module computes them.
+
 Nodes are reported in topological order; a node is an *origin* when its output diverges while
 all its observed inputs still agree (the translation of that node is the suspect).
 """
@@ -40,6 +43,13 @@ from onnx_custom.errors import OnnxCustomError
 from onnx_custom.exporter.pipeline import DEFAULT_OPSET, EXPORTERS, export_model
 from onnx_custom.translate.registry import Registry, default_registry
 from onnx_custom.verification.compare import compare_arrays
+from onnx_custom.verification.localization import (
+    INPUT_NOTE,
+    PARAMETER_NOTE,
+    Localization,
+    NodeLocalization,
+    ValueDiff,
+)
 from onnx_custom.verification.runner import (
     _to_ort_value,
     input_names,
@@ -50,172 +60,9 @@ from onnx_custom.verification.runner import (
 )
 from onnx_custom.verification.segmented import SegmentedRun
 
-__all__ = ["Localization", "NodeLocalization", "ValueDiff", "localize"]
+__all__ = ["Localization", "NodeLocalization", "ValueDiff", "localize"]  # the records re-exported from .localization
 
-_INPUT = "model input (the same values are fed to both sides)"
-_PARAMETER = "model parameter vs the ONNX initializer"
 _FX_NODE = re.compile(r"^%(?P<name>[\w.]+) :")
-
-
-@dataclasses.dataclass(frozen=True)
-class ValueDiff:
-    """One compared value: FX name, ONNX name, and how far apart they are."""
-
-    name: str
-    onnx_name: str
-    shape: tuple[int, ...]
-    dtype: str
-    max_abs_diff: float
-    max_rel_diff: float
-    mismatched: int
-    total: int
-    observed: bool = True  # False: the ONNX graph has no value for it (fused away, or a parameter)
-    note: str = ""
-
-    @property
-    def passed(self) -> bool:
-        return self.mismatched == 0
-
-    def describe(self) -> str:
-        if not self.observed:
-            return f"{self.name}: not observable in ONNX{f' ({self.note})' if self.note else ''}"
-        if self.note == _INPUT:
-            return f"{self.name}: {_INPUT}"
-        state = "ok" if self.passed else f"DIFF {self.mismatched}/{self.total}"
-        extra = f"; {self.note}" if self.note else ""
-        return (
-            f"{self.name} -> {self.onnx_name} {list(self.shape)} {self.dtype}: max_abs={self.max_abs_diff:.3g} "
-            f"max_rel={self.max_rel_diff:.3g} [{state}{extra}]"
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class NodeLocalization:
-    """One torch op call (an FX node) and the ONNX nodes its translation produced."""
-
-    index: int
-    fx_name: str
-    torch_op: str
-    onnx_nodes: tuple[str, ...]
-    inputs: tuple[ValueDiff, ...]
-    outputs: tuple[ValueDiff, ...]
-    translation: str
-    stack: str = ""
-
-    @property
-    def observed(self) -> bool:
-        return any(o.observed for o in self.outputs)
-
-    @property
-    def diverges(self) -> bool:
-        return any(o.observed and not o.passed for o in self.outputs)
-
-    @property
-    def origin(self) -> bool:
-        """Output diverges while every observed input agrees: this node's translation is suspect."""
-        return self.diverges and all(i.passed for i in self.inputs if i.observed)
-
-    def describe(self) -> str:
-        lines = [f"#{self.index} {self.fx_name} = {self.torch_op}" + (f"   ({self.stack})" if self.stack else "")]
-        lines.append(f"    ONNX node(s): {', '.join(self.onnx_nodes) or '(none found)'}")
-        lines.append(f"    translation: {self.translation}")
-        lines += [f"    input  {v.describe()}" for v in self.inputs]
-        lines += [f"    output {v.describe()}" for v in self.outputs]
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"diverges": self.diverges, "origin": self.origin}
-
-
-@dataclasses.dataclass(frozen=True)
-class Localization:
-    """Per-node comparison of one trial; ``first`` is the first diverging node (an origin if any)."""
-
-    method: str  # "names" or "probe"
-    exporter: str
-    opset: int
-    trial: int
-    nodes: tuple[NodeLocalization, ...]
-    note: str = ""
-
-    @property
-    def diverging(self) -> tuple[NodeLocalization, ...]:
-        return tuple(n for n in self.nodes if n.diverges)
-
-    @property
-    def origins(self) -> tuple[NodeLocalization, ...]:
-        return tuple(n for n in self.nodes if n.origin)
-
-    @property
-    def first(self) -> NodeLocalization | None:
-        origins = self.origins
-        if origins:
-            return origins[0]
-        diverging = self.diverging
-        return diverging[0] if diverging else None
-
-    def summary(self) -> str:
-        first = self.first
-        observed = sum(n.observed for n in self.nodes)
-        if first is None and self.method == "probe":
-            return (
-                f"Localization ({self.method}, {self.exporter}, opset {self.opset}, trial {self.trial}): "
-                f"all {observed} observed intermediate node(s) of the re-export agree. If the file "
-                "still mismatches, it was not made by this exporter/opset/registry (another variant "
-                "or registry?), was edited after export, or the fault is in an autograd.Function "
-                "translation (inlined by torch.export, so not re-exported)."
-            )
-        if first is None:
-            return (
-                f"Localization ({self.method}, {self.exporter}, opset {self.opset}, trial {self.trial}): "
-                f"all {observed} observed intermediate node(s) agree. If the outputs still mismatch, "
-                "the divergence is in a part this comparison cannot observe (nodes fused away, the "
-                "translation of an autograd.Function, or edits made to the file after export)."
-            )
-        worst = max((o for o in first.outputs if o.observed), key=lambda o: o.max_abs_diff)
-        text = (
-            f"First diverging node: #{first.index} {first.fx_name} = {first.torch_op} -> ONNX "
-            f"{', '.join(first.onnx_nodes) or '(none found)'}; output max_abs={worst.max_abs_diff:.3g} "
-            f"max_rel={worst.max_rel_diff:.3g}; translation: {first.translation}"
-        )
-        parameters = [i for i in first.inputs if i.observed and not i.passed and i.note.startswith(_PARAMETER)]
-        if parameters:
-            text += (
-                f". Its input {parameters[0].name} (a model parameter) already differs from the file's "
-                f"initializer {parameters[0].onnx_name!r}: the file was not exported from these weights"
-            )
-        return text
-
-    def __str__(self) -> str:
-        observed = sum(n.observed for n in self.nodes)
-        lines = [
-            f"Localization ({self.method}, {self.exporter}, opset {self.opset}, trial {self.trial}): "
-            f"{observed}/{len(self.nodes)} torch node(s) observed in ONNX, "
-            f"{len(self.diverging)} diverge, {len(self.origins)} origin(s)",
-            self.summary(),
-        ]
-        if self.note:
-            lines.append(f"note: {self.note}")
-        shown = [n for n in self.nodes if n.diverges][:5]
-        if shown:
-            lines.append("Diverging nodes in topological order (origins first are the suspects):")
-            lines += [("[ORIGIN] " if n.origin else "") + n.describe() for n in shown]
-            if len(self.diverging) > len(shown):
-                lines.append(f"... and {len(self.diverging) - len(shown)} more diverging node(s) downstream")
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict[str, Any]:
-        first = self.first
-        return {
-            "method": self.method,
-            "exporter": self.exporter,
-            "opset": self.opset,
-            "trial": self.trial,
-            "note": self.note,
-            "summary": self.summary(),
-            "first": first.fx_name if first else None,
-            "nodes": [n.to_dict() for n in self.nodes],
-        }
 
 
 # -- the PyTorch side ------------------------------------------------------------------------
@@ -293,6 +140,21 @@ def _source_of(node: torch.fx.Node) -> str:
     return f"{where}: {code}" if code else where
 
 
+def _translation_describer(registry: Registry, opset: int, exporter: str) -> Callable[[torch.fx.Node], str]:
+    """node -> the translation it used, memoized per op for one localization (a registry lookup
+    scans its entries, ~1 ms, and a model repeats a few ops many times; the registry is mutable,
+    so nothing is kept across calls)."""
+    memo: dict[object, str] = {}
+
+    def describe(node: torch.fx.Node) -> str:
+        target = node.target
+        if target not in memo:
+            memo[target] = _translation_of(node, registry, opset, exporter)
+        return memo[target]
+
+    return describe
+
+
 def _translation_of(node: torch.fx.Node, registry: Registry, opset: int, exporter: str) -> str:
     from onnx_custom.translate.names import QualifiedName, Target
 
@@ -335,10 +197,10 @@ def _compare_parameter(node: torch.fx.Node, value: torch.Tensor, initializers: d
     """A parameter/buffer against the ONNX initializer of the same name, for real."""
     target = str(node.target)
     if target not in initializers:
-        note = f"{_PARAMETER}; the ONNX file has no initializer {target!r} to compare it with (folded or renamed by the exporter)"
+        note = f"{PARAMETER_NOTE}; the ONNX file has no initializer {target!r} to compare it with (folded or renamed by the exporter)"
         return _compare(node.name, "", value, None, rtol, atol, note=note)
     array = onnx.numpy_helper.to_array(initializers[target])
-    return _compare(node.name, target, value, array, rtol, atol, note=_PARAMETER)
+    return _compare(node.name, target, value, array, rtol, atol, note=PARAMETER_NOTE)
 
 
 class _StreamingComparison(torch.fx.Interpreter):
@@ -388,7 +250,7 @@ class _StreamingComparison(torch.fx.Interpreter):
 
     def _diff(self, node: torch.fx.Node, value: torch.Tensor) -> ValueDiff:
         if node.op == "placeholder":
-            return ValueDiff(node.name, node.name, tuple(value.shape), str(value.dtype).removeprefix("torch."), 0.0, 0.0, 0, 0, note=_INPUT)
+            return ValueDiff(node.name, node.name, tuple(value.shape), str(value.dtype).removeprefix("torch."), 0.0, 0.0, 0, 0, note=INPUT_NOTE)
         if node.op == "get_attr":
             diff = _compare_parameter(node, value, self._initializers, self._rtol, self._atol)
             in_file = diff if self._file_initializers is self._initializers else _compare_parameter(node, value, self._file_initializers, self._rtol, self._atol)
@@ -498,11 +360,12 @@ def _localize_by_names(program: _TorchProgram, proto: onnx.ModelProto, registry:
     ops = _op_nodes(program.module, result.is_tensor)
     annotated = {node.name: cones.mark(by_fx[node.name]) for node, _ in ops if node.name in by_fx}
     nodes = []
+    translation = _translation_describer(registry, opset, "dynamo")
     for index, (node, outs) in enumerate(ops):
         inputs = tuple(result.diffs[i.name] for i in _fx_inputs(node) if result.is_tensor(i))
         outputs = tuple(result.diffs[o.name] for o in outs)
         onnx_nodes = annotated.get(node.name) or cones.claim([o.name for o in outs if o.name in available], [i.name for i in _fx_inputs(node)])
-        nodes.append(NodeLocalization(index, node.name, _torch_op_name(node), onnx_nodes, inputs, outputs, _translation_of(node, registry, opset, "dynamo"), _source_of(node)))
+        nodes.append(NodeLocalization(index, node.name, _torch_op_name(node), onnx_nodes, inputs, outputs, translation(node), _source_of(node)))
     return Localization("names", "dynamo", opset, trial, tuple(nodes), note=_parameter_warning(result.differing_parameters))
 
 
@@ -569,13 +432,14 @@ def _localize_by_probe(program: _TorchProgram, exporter: str, registry: Registry
     graph_inputs = [i.name for i in proto.graph.input]
     cones = _Cones(proto.graph)
     nodes = []
+    translation = _translation_describer(registry, opset, exporter)
     for index, (node, node_outs) in enumerate(_op_nodes(program.module, result.is_tensor)):
         fx_inputs = [i for i in _fx_inputs(node) if result.is_tensor(i)]
         inputs = tuple(result.diffs[i.name] for i in fx_inputs)
         outputs = tuple(result.diffs[o.name] for o in node_outs)
         input_values = [by_name[i.name] for i in fx_inputs if i.name in by_name] + graph_inputs
         onnx_nodes = cones.claim([by_name[o.name] for o in node_outs if o.name in by_name], input_values)
-        nodes.append(NodeLocalization(index, node.name, _torch_op_name(node), onnx_nodes, inputs, outputs, _translation_of(node, registry, opset, exporter), _source_of(node)))
+        nodes.append(NodeLocalization(index, node.name, _torch_op_name(node), onnx_nodes, inputs, outputs, translation(node), _source_of(node)))
     notes = [
         f"the {exporter} exporter's value names do not map to torch ops, so the program was re-exported "
         "with every intermediate as an output (same exporter, opset and registry)"

@@ -161,7 +161,8 @@ def test_gradcheck_float64(name: str, make: Callable[[torch.dtype], Case]) -> No
 
 
 def test_thread_count_does_not_change_a_bit() -> None:
-    """Intervals run in parallel, gradient rows in parallel groups: same sums in the same order."""
+    """Intervals run in parallel; a backward this small is one chunk: same sums in the same order.
+    (Large backwards split per thread; tests/ops/test_bev_pool_backward_chunks.py covers those.)"""
     args = _shared_cells_and_overlaps(torch.float32)
     grad = torch.randn(1, SHAPE[4], 1, 8, 8, generator=_gen(4))
     threads = torch.get_num_threads()

@@ -4,7 +4,7 @@
 // skipped and reported through the returned flag, and Python then raises the detailed error.
 //
 // Accumulation: in at::opmath_type (float for float, float16 and bfloat16; double for double),
-// point by point in index order, like index_add_ did.
+// point by point in index order (the backward per chunk of intervals, see backward_kernel).
 #include <torch/extension.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
@@ -24,12 +24,12 @@ struct Sizes {
   int64_t points, intervals, channels, depth_numel, feat_rows, cells;
 };
 
-// Channels-first (B, C, S) <-> one row of C channels per cell (B, S, C), S = Z*Y*X. The kernels
-// work on rows; the op's output (and its grad) is channels-first. ATen's permute + contiguous takes
-// ~4 ms for 128x128x80 floats here (it walks 64 KiB-strided columns). Tiles of 16 channels x 1024
-// cells touch each row-side cache line while it is cached and stream the channels-first side.
-template <bool kToRows, typename T>
-void transpose_cells(T* channels_first, T* rows, int64_t B, int64_t C, int64_t S) {
+// One row of C channels per cell (B, S, C) -> channels-first (B, C, S), S = Z*Y*X: the forward
+// accumulates rows, the op's output is channels-first. ATen's permute + contiguous takes ~4 ms for
+// 128x128x80 floats here (it walks 64 KiB-strided columns). Tiles of 16 channels x 1024 cells
+// write 4 KiB runs and read the tile's row lines (64 KiB, cached) 16 times.
+template <typename T>
+void rows_to_channels_first(T* channels_first, const T* rows, int64_t B, int64_t C, int64_t S) {
   constexpr int64_t kChannels = 16, kCells = 1024;
   const int64_t ctiles = (C + kChannels - 1) / kChannels, stiles = (S + kCells - 1) / kCells;
   at::parallel_for(0, B * stiles * ctiles, 1, [&](int64_t t0, int64_t t1) {
@@ -38,15 +38,9 @@ void transpose_cells(T* channels_first, T* rows, int64_t B, int64_t C, int64_t S
       const int64_t s0 = st * kCells, s1 = std::min(S, s0 + kCells);
       const int64_t c0 = ct * kChannels, c1 = std::min(C, c0 + kChannels);
       T* cf = channels_first + b * C * S;
-      T* rw = rows + b * S * C;
-      if constexpr (kToRows) {  // write whole row lines, read 16 sequential streams
-        for (int64_t j = s0; j < s1; ++j) {
-          for (int64_t c = c0; c < c1; ++c) rw[j * C + c] = cf[c * S + j];
-        }
-      } else {  // write 4 KiB runs, read the tile's row lines (64 KiB, cached) 16 times
-        for (int64_t c = c0; c < c1; ++c) {
-          for (int64_t j = s0; j < s1; ++j) cf[c * S + j] = rw[j * C + c];
-        }
+      const T* rw = rows + b * S * C;
+      for (int64_t c = c0; c < c1; ++c) {
+        for (int64_t j = s0; j < s1; ++j) cf[c * S + j] = rw[j * C + c];
       }
     }
   });
@@ -171,6 +165,19 @@ inline void store_vec(T* p, const typename Vec<acc_t>::type& v) {
   }
 }
 
+// The sum of a vector's lanes as a tree: halves first (one 16-byte add), then the last lanes.
+template <typename acc_t>
+inline acc_t sum_lanes(const typename Vec<acc_t>::type& v) {
+  typedef acc_t half __attribute__((vector_size(16)));
+  half lo, hi;
+  std::memcpy(&lo, &v, sizeof(lo));
+  std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(lo), sizeof(hi));
+  lo += hi;
+  acc_t sum = 0;
+  for (int64_t j = 0; j < int64_t(sizeof(half) / sizeof(acc_t)); ++j) sum += lo[j];
+  return sum;
+}
+
 template <typename scalar_t, typename index_t>
 void forward_kernel(const scalar_t* depth, const scalar_t* feat, const Ranks<index_t>& r,
                     const Sizes& s, scalar_t* out, std::atomic<bool>& bad) {
@@ -208,80 +215,128 @@ void forward_kernel(const scalar_t* depth, const scalar_t* feat, const Ranks<ind
   });
 }
 
-// Both gradients in one pass over the points, grouped by feature row (a counting sort, O(points)):
-//   grad_feat[f] = sum over the points of row f of depth[d] * grad[cell]
-//   grad_depth[d] += dot(grad[cell], feat[f])
-// A group's sum stays in one thread (no races, each row written once) and reads its feature row
-// once; groups keep interval order, so each row accumulates in the same order as a serial loop.
+// Both gradients in one pass over the intervals, walked as the forward walks them: for every valid
+// point (d, f) of an interval writing `cell`,
+//   grad_depth[d] += dot(grad[cell], feat[f]),   grad_feat[f] += depth[d] * grad[cell].
+// The interval's grad row comes from a tile of consecutive cells read from the channels-first grad
+// (intervals come sorted by cell, so each tile is read once; no transposed copy of grad is made)
+// and stays in L1 while the interval's points stream by. Points of different intervals may share a
+// feature row or a depth element, so the intervals go in `chunks` contiguous ranges, each
+// accumulating into its own zeroed gradient buffers (no atomics, no sort); `reduce_chunks` sums them.
+// (The previous version grouped points by feature row with a serial counting sort: 1.6x slower.)
+// Every buffer accumulates in interval order: results depend on the chunk count (so on the thread
+// count for large inputs), never on scheduling.
 template <typename scalar_t, typename index_t>
-void backward_kernel(const scalar_t* depth, const scalar_t* feat, const scalar_t* grad,
-                     const Ranks<index_t>& r, const Sizes& s, at::opmath_type<scalar_t>* grad_depth,
-                     at::opmath_type<scalar_t>* grad_feat, std::atomic<bool>& bad) {
+void backward_chunk(const scalar_t* depth, const scalar_t* feat, const scalar_t* grad,
+                    int64_t cells_per_batch, const Ranks<index_t>& r, const Sizes& s, int64_t k0,
+                    int64_t k1, at::opmath_type<scalar_t>* grad_depth,
+                    at::opmath_type<scalar_t>* grad_feat, std::atomic<bool>& bad) {
   using acc_t = at::opmath_type<scalar_t>;
   using vec = typename Vec<acc_t>::type;
   constexpr int64_t L = Vec<acc_t>::lanes;
-  const int64_t C = s.channels;
-  // (point, cell) entries of every valid point of every interval, bucketed by feature row.
-  std::vector<int64_t> first(static_cast<size_t>(s.feat_rows + 1), 0);
-  for (int64_t k = 0; k < s.intervals; ++k) {
+  const int64_t C = s.channels, S = cells_per_batch;
+  std::fill(grad_depth, grad_depth + s.depth_numel, acc_t(0));  // first touch by this thread
+  std::fill(grad_feat, grad_feat + s.feat_rows * C, acc_t(0));
+  // Grad rows of kTile consecutive cells, transposed from channels-first as a tile: each channel's
+  // kTile values are 4 whole cache lines. (Gathering one cell's C values at stride S instead hits
+  // one cache set C times when S is a power of two, 128x128 = 64 KiB apart: 3x slower.)
+  constexpr int64_t kTile = 64, kAhead = 2;
+  std::vector<acc_t> tile(static_cast<size_t>(kTile * C));
+  int64_t tile_begin = 0, tile_end = 0;  // the cells the tile holds
+  for (int64_t k = k0; k < k1; ++k) {
     int64_t begin, end, cell;
     if (!interval(r, s, k, &begin, &end, &cell, bad)) continue;
-    for (int64_t i = begin; i < end; ++i) {
-      int64_t d, f;
-      if (point(r, s, i, &d, &f, bad)) ++first[f + 1];
-    }
-  }
-  for (int64_t f = 0; f < s.feat_rows; ++f) first[f + 1] += first[f];
-  std::vector<int64_t> cursor(first.begin(), first.end() - 1);
-  std::vector<int64_t> entry_point(static_cast<size_t>(first[s.feat_rows]));
-  std::vector<int64_t> entry_cell(entry_point.size());
-  std::atomic<bool> ignored{false};  // reported by the pass above
-  for (int64_t k = 0; k < s.intervals; ++k) {
-    int64_t begin, end, cell;
-    if (!interval(r, s, k, &begin, &end, &cell, ignored)) continue;
-    for (int64_t i = begin; i < end; ++i) {
-      int64_t d, f;
-      if (!point(r, s, i, &d, &f, ignored)) continue;
-      const int64_t at = cursor[f]++;
-      entry_point[at] = i;
-      entry_cell[at] = cell;
-    }
-  }
-  std::vector<acc_t> dots(static_cast<size_t>(s.points), acc_t(0));
-  at::parallel_for(0, s.feat_rows, 64, [&](int64_t f0, int64_t f1) {
-    std::vector<acc_t> acc(static_cast<size_t>(C));
-    for (int64_t f = f0; f < f1; ++f) {
-      if (first[f] == first[f + 1]) continue;
-      std::fill(acc.begin(), acc.end(), acc_t(0));
-      const scalar_t* row = feat + f * C;
-      for (int64_t e = first[f]; e < first[f + 1]; ++e) {
-        const int64_t i = entry_point[e];
-        const acc_t w = static_cast<acc_t>(depth[r.depth[i]]);
-        const scalar_t* g = grad + entry_cell[e] * C;
-        vec lanes = {};
-        int64_t c = 0;
-        for (; c + L <= C; c += L) {
-          const vec gv = load_vec<acc_t>(g + c);
-          store_vec<acc_t>(acc.data() + c, load_vec<acc_t>(acc.data() + c) + w * gv);
-          lanes += gv * load_vec<acc_t>(row + c);
-        }
-        acc_t dot = 0;
-        for (int64_t j = 0; j < L; ++j) dot += lanes[j];
-        for (; c < C; ++c) {
-          const acc_t gc = static_cast<acc_t>(g[c]);
-          acc[c] += w * gc;
-          dot += gc * static_cast<acc_t>(row[c]);
-        }
-        dots[i] += dot;  // a point in several intervals has several entries, all in this group
+    if (cell < tile_begin || cell >= tile_end) {
+      const int64_t j0 = cell % S - cell % S % kTile, n = std::min(kTile, S - j0);
+      const scalar_t* src = grad + (cell / S) * C * S + j0;
+      const int64_t ahead = std::min(kTile, S - j0 - n);  // the next tile, likely needed next
+      for (int64_t c = 0; c < C; ++c) {
+        for (int64_t j = 0; j < ahead; j += 64 / sizeof(scalar_t)) __builtin_prefetch(src + c * S + n + j);
+        for (int64_t j = 0; j < n; ++j) tile[j * C + c] = static_cast<acc_t>(src[c * S + j]);
       }
-      std::copy(acc.begin(), acc.end(), grad_feat + f * C);
+      tile_begin = cell - cell % S % kTile;
+      tile_end = tile_begin + n;
+    }
+    const acc_t* g = tile.data() + (cell - tile_begin) * C;
+    for (int64_t i = begin; i < end; ++i) {
+      int64_t d, f;
+      if (!point(r, s, i, &d, &f, bad)) continue;
+      if (i + kAhead < end) {  // random rows in L2/L3: ask for a later point's early
+        const int64_t later = r.feat[i + kAhead];
+        if (later >= 0 && later < s.feat_rows) {
+          for (int64_t c = 0; c < C; c += 64 / sizeof(acc_t)) {
+            __builtin_prefetch(grad_feat + later * C + c, 1);
+            __builtin_prefetch(feat + later * C + c);
+          }
+        }
+      }
+      const acc_t w = static_cast<acc_t>(depth[d]);
+      const scalar_t* row = feat + f * C;
+      acc_t* out = grad_feat + f * C;
+      vec dot0 = {}, dot1 = {};  // two chains: FMA latency, not throughput, bounds one chain
+      int64_t c = 0;
+      for (; c + 2 * L <= C; c += 2 * L) {
+        const vec g0 = load_vec<acc_t>(g + c), g1 = load_vec<acc_t>(g + c + L);
+        dot0 += g0 * load_vec<acc_t>(row + c);
+        dot1 += g1 * load_vec<acc_t>(row + c + L);
+        store_vec<acc_t>(out + c, load_vec<acc_t>(out + c) + w * g0);
+        store_vec<acc_t>(out + c + L, load_vec<acc_t>(out + c + L) + w * g1);
+      }
+      for (; c + L <= C; c += L) {
+        const vec g0 = load_vec<acc_t>(g + c);
+        dot0 += g0 * load_vec<acc_t>(row + c);
+        store_vec<acc_t>(out + c, load_vec<acc_t>(out + c) + w * g0);
+      }
+      acc_t dot = sum_lanes<acc_t>(dot0 + dot1);
+      for (; c < C; ++c) {
+        dot += g[c] * static_cast<acc_t>(row[c]);
+        out[c] += w * g[c];
+      }
+      grad_depth[d] += dot;
+    }
+  }
+}
+
+// How many interval ranges the backward splits into: one per thread, fewer for few intervals, and
+// at most ~256 MiB of extra gradient buffers (a buffer holds grad_depth and grad_feat in acc_t).
+inline int64_t backward_chunks(const Sizes& s, int64_t acc_bytes) {
+  constexpr int64_t kMinIntervals = 256, kBudget = int64_t(256) << 20;
+  const int64_t buffer = std::max<int64_t>(1, (s.depth_numel + s.feat_rows * s.channels) * acc_bytes);
+  const int64_t by_work = std::max<int64_t>(1, s.intervals / kMinIntervals);
+  return std::max<int64_t>(1, std::min({int64_t(at::get_num_threads()), by_work, 1 + kBudget / buffer}));
+}
+
+// first[j] += sum over t of extra[t][j], for j in [0, n); extra[t] = extra + t * stride.
+template <typename acc_t>
+void reduce_chunks(acc_t* first, const acc_t* extra, int64_t n, int64_t stride, int64_t count) {
+  if (count == 0) return;
+  at::parallel_for(0, n, 16384, [&](int64_t j0, int64_t j1) {
+    for (int64_t t = 0; t < count; ++t) {
+      const acc_t* src = extra + t * stride;
+      for (int64_t j = j0; j < j1; ++j) first[j] += src[j];
     }
   });
-  // Uncovered points hold a zero dot; their depth index may be anything (ignored, like the op).
-  for (int64_t i = 0; i < s.points; ++i) {
-    const int64_t d = r.depth[i];
-    if (d >= 0 && d < s.depth_numel) grad_depth[d] += dots[i];
-  }
+}
+
+template <typename scalar_t, typename index_t>
+void backward_kernel(const scalar_t* depth, const scalar_t* feat, const scalar_t* grad,
+                     int64_t cells_per_batch, const Ranks<index_t>& r, const Sizes& s,
+                     at::opmath_type<scalar_t>* grad_depth, at::opmath_type<scalar_t>* grad_feat,
+                     std::atomic<bool>& bad) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int64_t chunks = backward_chunks(s, sizeof(acc_t));
+  const int64_t nd = s.depth_numel, nf = s.feat_rows * s.channels;
+  std::vector<acc_t> extra(static_cast<size_t>((chunks - 1) * (nd + nf)));  // chunks 1.. (depth | feat)
+  at::parallel_for(0, chunks, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t k0 = s.intervals * t / chunks, k1 = s.intervals * (t + 1) / chunks;
+      acc_t* gd = t == 0 ? grad_depth : extra.data() + (t - 1) * (nd + nf);
+      acc_t* gf = t == 0 ? grad_feat : gd + nd;
+      backward_chunk<scalar_t>(depth, feat, grad, cells_per_batch, r, s, k0, k1, gd, gf, bad);
+    }
+  });
+  reduce_chunks(grad_depth, extra.data(), nd, nd + nf, chunks - 1);
+  reduce_chunks(grad_feat, extra.data() + nd, nf, nd + nf, chunks - 1);
 }
 
 // All five index tensors as one dtype: int32 when they all are, else int64.
@@ -337,7 +392,7 @@ std::tuple<at::Tensor, bool> forward(const at::Tensor& depth_, const at::Tensor&
       forward_kernel<scalar_t>(depth.data_ptr<scalar_t>(), feat.data_ptr<scalar_t>(), r, s,
                                rows.data_ptr<scalar_t>(), bad);
     });
-    transpose_cells<false>(out.data_ptr<scalar_t>(), rows.data_ptr<scalar_t>(), B, C, Z * Y * X);
+    rows_to_channels_first(out.data_ptr<scalar_t>(), rows.data_ptr<scalar_t>(), B, C, Z * Y * X);
   });
   return {out, !bad};
 }
@@ -352,22 +407,22 @@ std::tuple<at::Tensor, at::Tensor, bool> backward(const at::Tensor& grad_, const
                                                   const at::Tensor& lengths) {
   const at::Tensor depth = depth_.contiguous(), feat = feat_.contiguous();
   const auto idx = index_tensors({ranks_depth, ranks_feat, ranks_bev, starts, lengths});
-  at::Tensor grad_cf = grad_.to(feat.scalar_type()).contiguous();  // (B, C, Z, Y, X)
-  const int64_t B = grad_cf.size(0), C = grad_cf.size(1), cells = grad_cf.numel() / std::max<int64_t>(B * C, 1);
-  at::Tensor grad = at::empty({B, cells, C}, grad_cf.options());  // one row per BEV cell
+  const at::Tensor grad = grad_.to(feat.scalar_type()).contiguous();  // (B, C, Z, Y, X)
+  const int64_t B = grad.size(0), C = grad.size(1), cells = grad.numel() / std::max<int64_t>(B * C, 1);
   const Sizes s = sizes_of(depth, feat, idx, B * cells);
   const auto acc_dtype = at::toOpMathType(feat.scalar_type());
-  at::Tensor grad_depth = at::zeros(depth.sizes(), depth.options().dtype(acc_dtype));
-  at::Tensor grad_feat = at::zeros(feat.sizes(), feat.options().dtype(acc_dtype));
+  at::Tensor grad_depth = at::empty(depth.sizes(), depth.options().dtype(acc_dtype));
+  at::Tensor grad_feat = at::empty(feat.sizes(), feat.options().dtype(acc_dtype));
   std::atomic<bool> bad{false};
-  if (s.channels > 0) {
+  if (s.channels == 0) {  // grad_feat is empty; nothing reaches depth
+    grad_depth.zero_();
+  } else {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, feat.scalar_type(), "bev_pool_v2_backward", [&] {
       using acc_t = at::opmath_type<scalar_t>;
-      transpose_cells<true>(grad_cf.data_ptr<scalar_t>(), grad.data_ptr<scalar_t>(), B, C, cells);
       with_index_type(idx, [&](auto r) {
         backward_kernel<scalar_t>(depth.data_ptr<scalar_t>(), feat.data_ptr<scalar_t>(),
-                                  grad.data_ptr<scalar_t>(), r, s, grad_depth.data_ptr<acc_t>(),
-                                  grad_feat.data_ptr<acc_t>(), bad);
+                                  grad.data_ptr<scalar_t>(), cells, r, s,
+                                  grad_depth.data_ptr<acc_t>(), grad_feat.data_ptr<acc_t>(), bad);
       });
     });
   }
