@@ -28,12 +28,12 @@ namespace {
 struct NativeOp {
   OcCustomOp abi;  // must stay first: ORT hands &abi back to the callbacks
   const OpDef* def;
-  std::string qualname;  // "custom::DeformConv2d"
+  std::string qualname;  // "onnx_custom::DeformConv2d"
 };
 
 struct KernelBox {
   std::unique_ptr<Kernel> kernel;
-  std::string where;  // "custom::DeformConv2d (node 'dcn0')" for error messages
+  std::string where;  // "onnx_custom::DeformConv2d (node 'dcn0')" for error messages
 };
 
 const NativeOp* self(const OcCustomOp* op) { return reinterpret_cast<const NativeOp*>(op); }
@@ -281,7 +281,7 @@ OC_EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OcOrtAp
   return nullptr;
 }
 
-// "custom::my_add,custom::multi_out,...": what this library serves (for tools and tests).
+// "onnx_custom::my_add,onnx_custom::multi_out,...": what this library serves (for tools and tests).
 OC_EXPORT const char* OnnxCustomNativeOps(void) {
   static const std::string names = [] {
     std::string s;

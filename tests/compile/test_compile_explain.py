@@ -79,9 +79,9 @@ def test_explain_names_a_backward_op_without_translation() -> None:
     leaves = [t.requires_grad_() for t in module.example_inputs()]
     explanation = onnx_custom.explain_compile(module.Model(), *leaves, backward=True)
     backward = explanation.graphs[1]
-    assert [f.target for f in backward.fallbacks] == ["bev::bev_pool_v2_backward"]
+    assert [f.target for f in backward.fallbacks] == ["onnx_custom::bev_pool_v2_backward"]
     text = str(explanation)
-    assert "eager bev::bev_pool_v2_backward" in text and "no translation" in text
+    assert "eager onnx_custom::bev_pool_v2_backward" in text and "no translation" in text
 
 
 def test_explain_forward_only_uses_the_inference_graph() -> None:

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import onnx_custom
-import onnx_custom.ops.seed  # (defines mylib::my_add)
+import onnx_custom.ops.seed  # (defines onnx_custom::my_add)
 from onnx_custom.common import external_data as external
 from onnx_custom.errors import InvalidArgumentError, ModelLoadError
 
@@ -35,7 +35,7 @@ class Net(torch.nn.Module):
         self.fc2 = torch.nn.Linear(64, 64)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.ops.mylib.my_add(self.fc1(x), x))
+        return self.fc2(torch.ops.onnx_custom.my_add(self.fc1(x), x))
 
 
 def _net() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import onnx_custom
-import onnx_custom.ops.seed  # (defines mylib::my_add)
+import onnx_custom.ops.seed  # (defines onnx_custom::my_add)
 
 N = 24000  # N * N * 4 bytes = 2.3 GB > 2 GiB
 
@@ -27,7 +27,7 @@ class Big(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.outer(rows * 1e-4, cols), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mylib.my_add(x @ self.weight, x)  # 2 * (x @ W) + x
+        return torch.ops.onnx_custom.my_add(x @ self.weight, x)  # 2 * (x @ W) + x
 
 
 @pytest.mark.slow
