@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,6 @@ from test_spec_yaml import GOOD as SPEC_YAML  # the op-spec file and kernels tes
 from test_spec_yaml import OPS as SPEC_KERNELS
 
 from onnx_custom.cli.main import DEFAULT_OPSET, build_parser, main
-from onnx_custom.cli.shared import announce_if_slow
 
 EXE = str(Path(sys.executable).with_name("onnx-custom"))
 
@@ -280,17 +278,6 @@ def test_zoo_run_is_quiet_and_streams() -> None:
 
 
 # ---------------------------------------------------------------------------- one-time builds
-
-
-def test_a_slow_step_is_announced_and_a_fast_one_is_not(capsys: Any) -> None:
-    with announce_if_slow("the thing", "~1 s", after=0.05):
-        time.sleep(0.5)
-    err = capsys.readouterr().err.splitlines()
-    assert err[0] == "onnx-custom: building the thing (one time, usually ~1 s; cached afterwards) ..."
-    assert len(err) == 2 and err[1].startswith("onnx-custom: built the thing in ")
-    with announce_if_slow("the thing", "~1 s", after=5.0):
-        pass
-    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.slow

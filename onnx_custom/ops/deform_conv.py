@@ -237,7 +237,7 @@ def validate_deform_conv2d(args: Any) -> tuple[Any, Any, Any, Any]:
     expected = (n, 2 * offset_groups * kh * kw, ho, wo)
     if _shape(offset) != expected:
         raise DeformConv2dError(
-            f"deform_conv2d: offset must have shape (N, 2*offset_groups*kh*kw, Ho, Wo) = "
+            f"deform_conv2d: the shape of the offset tensor is not valid: offset must have shape (N, 2*offset_groups*kh*kw, Ho, Wo) = "
             f"{expected}, got {_shape(offset)} (input {_shape(input)}, weight {_shape(weight)}); fix: "
             f"produce the offset with {expected[1]} channels at the output size {expected[2:]}."
             + _layout_hint(offset, expected)
@@ -245,8 +245,8 @@ def validate_deform_conv2d(args: Any) -> tuple[Any, Any, Any, Any]:
     if use_mask:
         expected = (n, offset_groups * kh * kw, ho, wo)
         if _shape(mask) != expected:
-            raise DeformConv2dError(
-                f"deform_conv2d: mask must have shape (N, offset_groups*kh*kw, Ho, Wo) = "
+            raise DeformConv2dError(  # torchvision's words: "mask.shape[1] is not valid"
+                f"deform_conv2d: mask.shape[1] is not valid: mask must have shape (N, offset_groups*kh*kw, Ho, Wo) = "
                 f"{expected}, got {_shape(mask)} (offset {_shape(offset)}); fix: produce the mask "
                 f"with {expected[1]} channels (half the offset's), or pass mask=None."
                 + _layout_hint(mask, expected)
@@ -340,6 +340,12 @@ def deform_conv2d(
     ``stride``, ``padding`` and ``dilation`` also take one int for both axes, as torchvision's
     eager function does.
     """
+    for name, value in (("input", input), ("offset", offset), ("weight", weight)):
+        if not isinstance(value, torch.Tensor):
+            raise DeformConv2dError(
+                f"deform_conv2d: {name} must be a torch.Tensor, got {type(value).__name__}; fix: pass "
+                f"the {name} tensor."
+            )
     if input.dim() != 4 or weight.dim() != 4 or offset.dim() != 4:
         raise DeformConv2dError(
             f"deform_conv2d: input, weight and offset must be 4-D, got input "
@@ -353,8 +359,8 @@ def deform_conv2d(
     taps = 2 * kh * kw
     if not torch.jit.is_tracing():  # static channel counts: no TracerWarnings while tracing
         if offset.shape[1] == 0 or offset.shape[1] % taps != 0:
-            raise DeformConv2dError(
-                f"deform_conv2d: offset channels {offset.shape[1]} (offset "
+            raise DeformConv2dError(  # torchvision's words: "the shape of the offset"
+                f"deform_conv2d: the shape of the offset tensor is not valid: offset channels {offset.shape[1]} (offset "
                 f"{list(offset.shape)}) must be a positive multiple of 2*kh*kw = {taps} (weight "
                 f"{list(weight.shape)}): one (dy, dx) pair per kernel tap and offset group."
             )

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from onnx_custom.common.native_build import cache_root, find_compiler, process_lock
+from onnx_custom.common.native_build import announce_build, cache_root, find_compiler, process_lock
 from onnx_custom.errors import ExtensionBuildError, InvalidArgumentError, KernelError
 from onnx_custom.runtime.shim_build import ABI_HEADER, abi_include_dir
 
@@ -179,7 +179,8 @@ def library_path(*, sanitize: bool = False) -> Path:
                 raise ExtensionBuildError(f"cannot create the build cache {folder} ({exc}); fix: set ONNX_CUSTOM_CACHE_DIR to a writable folder.") from exc
             with process_lock(folder):
                 if not target.exists():  # another process may have built it while we waited
-                    _compile(cxx, flags, target)
+                    with announce_build(f"{LIBRARY_NAME} (the native kernel library, {variant} build)", "15-45 s"):
+                        _compile(cxx, flags, target)
         _built[variant] = target.resolve()
         return _built[variant]
 

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from onnx_custom.cli.shared import announce_if_slow, stderr
+from onnx_custom.cli.shared import stderr
 
 __all__ = ["cmd_build_library"]
 
 
 def cmd_build_library(ns: argparse.Namespace) -> int:
-    from onnx_custom.runtime.native import LIBRARY_NAME, build_library, native_ops
+    from onnx_custom.runtime.native import build_library, native_ops
 
-    with announce_if_slow(LIBRARY_NAME, "15-45 s"):
-        path = build_library(ns.output)
+    path = build_library(ns.output)  # a first-time compile announces itself on stderr
     print(path, flush=True)
     stderr(f"serves {', '.join(native_ops())}; load it with SessionOptions.register_custom_ops_library (Python) or RegisterCustomOpsLibrary_V2 (C API)")
     return 0
