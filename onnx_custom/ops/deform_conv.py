@@ -61,6 +61,7 @@ __all__ = [
     "load_extension",
     "output_size",
     "torchvision_ops_available",
+    "torchvision_unavailable_reason",
     "validate_deform_conv2d",
 ]
 
@@ -106,15 +107,28 @@ TORCHVISION_DEFORM_CONV2D = dataclasses.replace(
 )  # fmt: skip
 
 
+def torchvision_unavailable_reason() -> str | None:
+    """None when ``torchvision::deform_conv2d`` is registered; else what exactly is missing
+    (torchvision not installed, or installed but its compiled ops do not load), for skip reasons
+    and messages."""
+    try:
+        import torchvision
+    except ImportError as exc:
+        return f"torchvision is not installed ({exc.name or exc})"
+    except Exception as exc:  # a broken install fails at import in other ways
+        return f"torchvision fails to import: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+    try:
+        torch.ops.torchvision.deform_conv2d.default  # noqa: B018  (raises if the op is missing)
+    except Exception as exc:
+        version = getattr(torchvision, "__version__", "?")
+        return (f"torchvision {version} is installed but its compiled ops do not load with torch "
+                f"{torch.__version__} ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})")
+    return None
+
+
 def torchvision_ops_available() -> bool:
     """True when ``torchvision::deform_conv2d`` is registered (torchvision's C++ ops loaded)."""
-    try:
-        import torchvision  # noqa: F401
-
-        torch.ops.torchvision.deform_conv2d.default  # noqa: B018  (raises if the op is missing)
-    except Exception:  # not installed, or compiled against another torch
-        return False
-    return True
+    return torchvision_unavailable_reason() is None
 
 
 SPECS = (DEFORM_CONV2D, *((TORCHVISION_DEFORM_CONV2D,) if torchvision_ops_available() else ()))

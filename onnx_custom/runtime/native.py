@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,6 +44,7 @@ __all__ = [
     "DOMAINS_KEY",
     "LIBRARY_NAME",
     "ONE_LINE",
+    "NativeFallbackWarning",
     "build_library",
     "library_path",
     "native_ops",
@@ -275,4 +277,20 @@ def plan_kernels(model: onnx.ModelProto, kernels: KernelRegistry | None = None) 
             f"register Python kernels for them (@onnx_custom.runtime.kernel) or embed function "
             f"bodies (export(..., functions=True))."
         )
+    fallback = sorted({f"{n.domain}::{n.op_type}" for n in nodes if n.domain not in native})
+    if fallback:
+        # said once, when the session is made: kernels="native" asked for no Python in the loop
+        unserved = sorted({f"{n.domain}::{n.op_type}" for n in nodes if (n.domain, n.op_type) not in served})
+        warnings.warn(
+            f"kernels='native': {len(fallback)} custom op type(s) run Python kernels, not the native "
+            f"library: {', '.join(fallback)} (the library does not serve {', '.join(unserved)}, and a "
+            "domain runs natively only when every op type of it in the model is served). Fix: add "
+            "native kernels for them (ort_kernels/native/), or expect Python in the loop.",
+            NativeFallbackWarning,
+            stacklevel=3,
+        )
     return native, list(specs.values())
+
+
+class NativeFallbackWarning(UserWarning):
+    """``InferenceSession(kernels="native")`` runs some custom nodes with Python kernels."""

@@ -359,14 +359,9 @@ def make_op(spec: OpSpec, impl: Callable[..., Any] | None, meta: Callable[..., A
             raise
         return op
     assert impl is not None
-    eager = make_eager(spec, impl, check)
-    opdef = torch.library.custom_op(spec.name, mutates_args=(), schema=spec.schema, device_types=tuple(spec.devices) or None)(eager)
+    opdef = torch.library.custom_op(spec.name, mutates_args=(), schema=spec.schema, device_types=tuple(spec.devices) or None)(make_eager(spec, impl, check))
     op = TorchOp(opdef._opoverload, True, [custom_ops.OPDEF_TO_LIB[spec.name]], opdef)
     try:
-        # A call without any tensor (``op(None)``) has an empty dispatch key set: torch raised
-        # NotImplementedError ("no fallback function is registered") before our checks ran.
-        # Serving that key with the eager kernel lets `check_inputs_present` name the argument.
-        op.libraries[0].impl(spec.op_name, eager, "Undefined")
         opdef.register_fake(make_fake(spec, meta, check))
         if backward is not None:
             opdef.register_autograd(backward, setup_context=named_inputs(spec, setup_context))

@@ -50,8 +50,14 @@ def _dcn_raw(**override: Any) -> Any:
     return torch.ops.onnx_custom.deform_conv2d(*args.values(), 1, 1, 0, 0, 1, 1, 1, 1, True)
 
 
+# numpy_sin(None) (its only argument, and an op without autograd) never reaches our code: torch's dispatcher has no key
+# to dispatch on and raises NotImplementedError ("no fallback function is registered"). Serving
+# the Undefined key with a Python kernel fixed the message but deadlocked the C++ deform_conv
+# kernel's OpenMP workers in a later export (they then needed the GIL), so these stay torch's.
+TORCH_REFUSES = pytest.mark.xfail(raises=NotImplementedError, strict=True, reason="torch's dispatcher refuses an all-None call before our check runs")
+
 # (id, call, argument the message must name)
-CASES: list[tuple[str, Callable[[], Any], str]] = [
+CASES: list[Any] = [
     ("my_add/a-None", lambda: torch.ops.mylib.my_add(None, X), "'a'"),
     ("my_add/b-None", lambda: torch.ops.mylib.my_add(X, None), "'b'"),
     ("my_add/b-rank1", lambda: torch.ops.mylib.my_add(X, X[0]), "a and b"),
@@ -59,7 +65,7 @@ CASES: list[tuple[str, Callable[[], Any], str]] = [
     ("multi_out3/x-None", lambda: torch.ops.mylib.multi_out3(None, [1, 1], 1.0), "'x'"),
     ("multi_out3/x-0d", lambda: torch.ops.mylib.multi_out3(torch.tensor(1.0), [], 1.0), "x with at least 1 dimension"),
     ("multi_out3/repeats-rank", lambda: torch.ops.mylib.multi_out3(X, [1], 1.0), "one repeat per dimension of x"),
-    ("numpy_sin/x-None", lambda: torch.ops.onnx_custom.numpy_sin(None), "'x'"),
+    pytest.param(*("numpy_sin/x-None", lambda: torch.ops.onnx_custom.numpy_sin(None), "'x'"), marks=TORCH_REFUSES),
     ("custom_linear/x-None", lambda: torch.ops.npu.custom_linear(None, W, None), "'x'"),
     ("custom_linear/weight-None", lambda: torch.ops.npu.custom_linear(X, None, None), "'weight'"),
     ("custom_linear/weight-1d", lambda: torch.ops.npu.custom_linear(X, W[0], None), "2-D weight"),
@@ -78,7 +84,13 @@ CASES: list[tuple[str, Callable[[], Any], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("call", "names"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def _row(case: Any) -> Any:
+    if hasattr(case, "marks"):  # a pytest.param row
+        return pytest.param(*case.values[1:], id=case.values[0], marks=case.marks)
+    return pytest.param(*case[1:], id=case[0])
+
+
+@pytest.mark.parametrize(("call", "names"), [_row(c) for c in CASES])
 def test_bad_op_input_is_typed_and_named(call: Callable[[], Any], names: str) -> None:
     with pytest.raises(InvalidArgumentError) as info:
         call()
@@ -116,3 +128,25 @@ def test_torchvision_wrong_sizes(dtype: torch.dtype) -> None:
     with pytest.raises(RuntimeError, match=r"mask.shape\[1\] is not valid"):
         wrong_mask = torch.rand_like(mask[:, :2])
         layer(x, offset, wrong_mask)
+
+
+def test_skip_reason_says_what_is_missing() -> None:
+    """Skips name the real cause: torchvision absent, or present with ops that do not load."""
+    import importlib.util
+
+    from onnx_custom.ops.deform_conv import torchvision_unavailable_reason
+
+    reason = torchvision_unavailable_reason()
+    if importlib.util.find_spec("torchvision") is None:
+        assert reason is not None and reason.startswith("torchvision is not installed"), reason
+    elif reason is not None:
+        assert "is installed but its compiled ops do not load" in reason or "fails to import" in reason, reason
+
+
+def test_skip_reason_when_torchvision_is_not_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from onnx_custom.ops.deform_conv import torchvision_unavailable_reason
+
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # what Python does for a missing package
+    assert (torchvision_unavailable_reason() or "").startswith("torchvision is not installed")
