@@ -51,6 +51,7 @@ from onnx_custom.exporter.dim_params import rename_dims, write_metadata
 from onnx_custom.exporter.dynamic_shapes import DynamicSpec, resolve_dynamic_shapes
 from onnx_custom.exporter.dynamo_shapes import symbol_names
 from onnx_custom.exporter.opset_compat import lower_default_opset
+from onnx_custom.exporter.output_names import default_output_names, rename_outputs
 from onnx_custom.exporter.torchscript import registered
 from onnx_custom.exporter.torchscript_shapes import ExportDims, export_dims, name_derived_dims
 from onnx_custom.translate.coverage import (
@@ -315,5 +316,8 @@ def export_model(
     run = _export_dynamo if exporter == "dynamo" else _export_torchscript
     with quiet_torch():
         proto, spec = run(model, args, opset, reg, spec, output_names, kwargs)
+    if output_names is None:  # predictable names, not the exporter's value numbering ('3', 'add_3')
+        source = model.module() if isinstance(model, torch.export.ExportedProgram) else model
+        rename_outputs(proto, default_output_names(source, len(proto.graph.output)))
     write_metadata(proto, spec)
     return finalize_model(proto)
