@@ -286,7 +286,8 @@ def test_build_library_announces_a_fresh_build(tmp_path: Path) -> None:
     env = dict(os.environ, ONNX_CUSTOM_CACHE_DIR=str(tmp_path))
     fresh = subprocess.run([EXE, "build-library"], capture_output=True, text=True, env=env, timeout=600)
     assert fresh.returncode == 0, fresh.stderr
-    assert fresh.stderr.startswith("onnx-custom: building libonnx_custom_ops.so (one time"), fresh.stderr
+    assert fresh.stderr.startswith("onnx-custom: building libonnx_custom_ops.so (the native kernel library, release build) (one time"), fresh.stderr
+    assert "onnx-custom: built libonnx_custom_ops.so" in fresh.stderr
     assert Path(fresh.stdout.strip()).is_relative_to(tmp_path)
     cached = subprocess.run([EXE, "build-library"], capture_output=True, text=True, env=env, timeout=600)
     assert cached.returncode == 0 and "building" not in cached.stderr and cached.stdout == fresh.stdout

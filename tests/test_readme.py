@@ -57,3 +57,5 @@ def test_readme_example_runs(name: str, tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 0, f"README example {name!r} failed:\n{result.stderr[-3000:]}"
     assert "PASS" in result.stdout or name != "quick-start", result.stdout
+    if name == "quick-start":  # the second block runs a file whose custom node runs the kernel shown
+        assert "['ScaleAdd']" in result.stdout, result.stdout

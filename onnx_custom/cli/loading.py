@@ -212,7 +212,8 @@ def _check_file_target(target: str, what: str, suffixes: tuple[str, ...]) -> Non
     if os.path.isdir(target):
         raise CliInputError(f"{what}: {target!r} is a directory; expected a {suffixes[0]} file; fix: name the file inside it.")
     if not target.endswith(suffixes):
-        raise CliInputError(f"{what}: {target!r} is not a {suffixes[0]} file; fix: pass the {suffixes[0]} file.")
+        kind = "Python source" if suffixes[0] == ".py" else "a YAML op-spec file"
+        raise CliInputError(f"{what}: {target!r} is not a {suffixes[0]} file; expected {kind}; fix: pass the {suffixes[0]} file.")
 
 
 def check_paths(model_spec: str | None, imports: Sequence[str] = ()) -> None:
