@@ -44,11 +44,13 @@ def default_output_names(model: Any, count: int) -> list[str]:
     return [f"output_{i}" for i in range(count)]
 
 
-def rename_outputs(proto: onnx.ModelProto, names: Sequence[str]) -> None:
+def rename_outputs(proto: onnx.ModelProto, names: Sequence[str], *, keep_values: bool = False) -> None:
     """Give the main graph's outputs ``names`` in place, renaming every use. An output that is
     also a graph input or an initializer, or repeats an earlier output, gets an ``Identity`` to
     its new name instead (dynamo names a returned input after the input itself, which ONNX
-    Runtime refuses as a duplicate definition). A new name already used elsewhere is skipped."""
+    Runtime refuses as a duplicate definition). A new name already used elsewhere is skipped.
+    ``keep_values``: every output gets an ``Identity`` and inner values keep their names (the
+    dynamo exporter names values after FX nodes, which localize matches by name)."""
     graph = proto.graph
     # dynamo writes a returned input as Identity(x) -> x: a second definition of x (invalid)
     selfish = [n for n in graph.node if n.op_type == "Identity" and list(n.input) == list(n.output)]
@@ -66,7 +68,7 @@ def rename_outputs(proto: onnx.ModelProto, names: Sequence[str]) -> None:
         if old == new or new in taken:
             continue
         taken.add(new)
-        if old in fixed or old in mapping:
+        if keep_values or old in fixed or old in mapping:
             copies.append(onnx.helper.make_node("Identity", [mapping.get(old, old)], [new], name=f"{new}_identity"))
             output.name = new
         else:

@@ -318,6 +318,6 @@ def export_model(
         proto, spec = run(model, args, opset, reg, spec, output_names, kwargs)
     if output_names is None:  # predictable names, not the exporter's value numbering ('3', 'add_3')
         source = model.module() if isinstance(model, torch.export.ExportedProgram) else model
-        rename_outputs(proto, default_output_names(source, len(proto.graph.output)))
+        rename_outputs(proto, default_output_names(source, len(proto.graph.output)), keep_values=exporter == "dynamo")
     write_metadata(proto, spec)
     return finalize_model(proto)
