@@ -153,12 +153,14 @@ class ShapeSpecError(VerificationError, ValueError):
     """``shapes=`` or ``dynamic_shapes=`` of `verify` do not fit the file or the arguments."""
 
 
-class DeformConv2dError(OnnxCustomError, ValueError):
-    """A deform_conv2d argument has the wrong shape, layout or value."""
+class DeformConv2dError(InvalidArgumentError, RuntimeError):
+    """A deform_conv2d argument has the wrong shape, layout or value. Also a RuntimeError, as
+    torchvision's errors are, so a drop-in keeps ``except RuntimeError`` working."""
 
 
-class DeformConv2dDtypeError(OnnxCustomError, TypeError):
-    """A deform_conv2d tensor has an unsupported dtype, or the tensors' dtypes differ."""
+class DeformConv2dDtypeError(InvalidArgumentError, RuntimeError):
+    """A deform_conv2d tensor has an unsupported dtype, or the tensors' dtypes differ (a
+    TypeError, and a RuntimeError like torchvision's)."""
 
 
 class MultiScaleDeformableAttnError(OnnxCustomError, ValueError, RuntimeError):

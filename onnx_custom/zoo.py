@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from types import ModuleType
 from typing import Any, Protocol
 
+from onnx_custom.common.native_build import builds_announced_by_caller
 from onnx_custom.common.seeding import DEFAULT_SEED, seeded
 from onnx_custom.errors import OnnxCustomError
 from onnx_custom.testing import ZooCase
@@ -150,7 +151,8 @@ def run_builds(builds: Sequence[NativeBuild], listener: ZooListener | None = Non
         start = time.perf_counter()
         error: BaseException | None = None
         try:
-            build.build()
+            with builds_announced_by_caller():  # the listener reports it (no second announcement)
+                build.build()
         except Exception as exc:
             error = exc
         if listener is not None:

@@ -17,7 +17,7 @@ from onnx_custom.common.onnx_utils import iter_nodes
 from onnx_custom.verification.preflight import has_kernel, has_schema, kernel_registry_or_none
 from onnx_custom.verification.runner import load_model
 
-__all__ = ["CustomNodeInfo", "ModelSummary", "inspect_model"]
+__all__ = ["COLUMNS", "CustomNodeInfo", "ModelSummary", "inspect_model"]
 
 _STANDARD = ("", "ai.onnx", "ai.onnx.ml")
 
@@ -79,6 +79,7 @@ class ModelSummary:
                 yn = lambda b: "yes" if b else "no"  # noqa: E731
                 mark = "" if c.runnable else "   <- nothing can run this node (its kernel's module not imported? add --import MODULE)"
                 lines.append(f"    {c.node_type:<36} {c.count:>5}  {yn(c.has_kernel):<6} {yn(c.has_schema):<6} {yn(c.has_function):<8}{mark}")
+            lines.extend(f"    {column}" for column in COLUMNS)
         else:
             lines.append("  custom nodes: none (runs in any ONNX runtime)")
         return "\n".join(lines)
@@ -94,6 +95,26 @@ def _type_text(info: onnx.ValueInfoProto) -> str:
     dtype = onnx.TensorProto.DataType.Name(t.elem_type).lower() if t.elem_type else "?"
     dims = [d.dim_param or (str(d.dim_value) if d.HasField("dim_value") else "?") for d in t.shape.dim] if t.HasField("shape") else None
     return f"{info.name}: {dtype}{'' if dims is None else '[' + ','.join(dims) + ']'}"
+
+
+def _kernel_declares_shapes(kernels: Any, node_type: str) -> bool:
+    """A kernel with ``shape_fn`` registers an ONNX schema (types and shapes) with every session
+    that uses it: the node has a schema although ``onnx.defs`` does not list it yet."""
+    if kernels is None:
+        return False
+    domain, _, op_type = node_type.rpartition("::")
+    try:
+        spec = kernels.lookup(domain, op_type)
+    except Exception:
+        return False
+    return spec is not None and getattr(spec, "shape_fn", None) is not None
+
+
+COLUMNS = (
+    "kernel: a Python kernel is registered for it (onnx_custom.runtime; --import your kernels' module)",
+    "schema: its output types and shapes are known to ONNX (an onnx.defs schema, or the kernel's shape_fn)",
+    "function: the file embeds a function body for it, which any ONNX runtime runs with nothing registered",
+)
 
 
 def inspect_model(model: onnx.ModelProto | str | os.PathLike[str] | bytes) -> ModelSummary:
@@ -116,7 +137,7 @@ def inspect_model(model: onnx.ModelProto | str | os.PathLike[str] | bytes) -> Mo
             node_type=key,
             count=count,
             has_kernel=kernels is not None and has_kernel(kernels, key),
-            has_schema=has_schema(key),
+            has_schema=has_schema(key) or _kernel_declares_shapes(kernels, key),
             has_function=key in functions,
         )
         for key, count in sorted(custom_counts.items())

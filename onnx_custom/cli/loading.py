@@ -29,6 +29,7 @@ __all__ = [
     "DEFAULT_SEED",
     "CliInputError",
     "LoadedModel",
+    "check_paths",
     "example_args",
     "import_user_module",
     "load_model_spec",
@@ -109,11 +110,38 @@ def _with_fix(message: str, fix: str) -> str:
     return message if "fix" in message.lower() else f"{message.rstrip('.')}; fix: {fix}."
 
 
+def _failing_file(exc: BaseException) -> str | None:
+    """Where the error happened: a SyntaxError's file, else the innermost traceback frame's
+    (a module the user's file imports fails in that module, not in the user's file)."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{exc.filename}, line {exc.lineno}"
+    tb = exc.__traceback__
+    frames = []
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    import sysconfig
+
+    libraries = tuple({os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "purelib", "platlib")})
+    for frame in reversed(frames):
+        filename = frame.tb_frame.f_code.co_filename
+        # not importlib's frozen frames, nor torch's or the stdlib's (the user's call into them is the culprit)
+        if not filename.startswith("<") and not os.path.realpath(filename).startswith(libraries):
+            return f"{filename}, line {frame.tb_lineno}"
+    return None
+
+
 def _import_failed(shown: str, exc: BaseException, rerun: str) -> CliInputError:
     if isinstance(exc, ModuleNotFoundError) and exc.name:
         return CliInputError(f"Importing {shown} failed: it imports {exc.name!r}, which is not installed; expected its dependencies to be importable; fix: install {exc.name.partition('.')[0]} (pip install ...) or remove the import.")
     if isinstance(exc, OnnxCustomError):  # our own errors carry their fix
         return CliInputError(_with_fix(f"Importing {shown} failed: {type(exc).__name__}: {' '.join(str(exc).split())}", f"correct {shown}, or run `{rerun}` for the traceback"))
+    where = _failing_file(exc)
+    culprit = None if where is None else where.rpartition(", line")[0]
+    if culprit is not None and os.path.abspath(culprit) != os.path.abspath(shown) and os.path.exists(culprit):
+        # the error is in a module the user's file imports: blame that module
+        line = f"SyntaxError: {exc.msg}" if isinstance(exc, SyntaxError) else _exception_line(exc)
+        return CliInputError(f"Importing {shown} failed in {where} (imported from it): {line}; expected a module that imports cleanly; fix: correct {culprit} (run `{rerun}` to see the traceback, or add --debug).")
     return CliInputError(f"Importing {shown} failed: {_exception_line(exc)}; expected a module that imports cleanly; fix: run `{rerun}` to see the traceback (or add --debug).")
 
 
@@ -176,6 +204,30 @@ def load_user_import(target: str) -> None:
     finally:
         if folder in sys.path:
             sys.path.remove(folder)
+
+
+def _check_file_target(target: str, what: str, suffixes: tuple[str, ...]) -> None:
+    if not os.path.exists(target):
+        raise CliInputError(f"{what}: file {target!r} does not exist (working directory {os.getcwd()}); expected an existing {suffixes[0]} file; fix: check the path.")
+    if os.path.isdir(target):
+        raise CliInputError(f"{what}: {target!r} is a directory; expected a {suffixes[0]} file; fix: name the file inside it.")
+    if not target.endswith(suffixes):
+        kind = "Python source" if suffixes[0] == ".py" else "a YAML op-spec file"
+        raise CliInputError(f"{what}: {target!r} is not a {suffixes[0]} file; expected {kind}; fix: pass the {suffixes[0]} file.")
+
+
+def check_paths(model_spec: str | None, imports: Sequence[str] = ()) -> None:
+    """The file paths in a model spec and ``--import`` targets exist: checked before torch loads,
+    so a typo is answered at once (importing torch alone takes seconds)."""
+    for target in imports:
+        if target.endswith((".yaml", ".yml")):
+            _check_file_target(target, "--import", (".yaml", ".yml"))
+        elif target.endswith(".py") or os.sep in target or (os.altsep and os.altsep in target):
+            _check_file_target(target, "--import", (".py",))
+    if model_spec:
+        target = model_spec.partition(":")[0]
+        if target.endswith(".py") or os.sep in target:
+            _check_file_target(target, f"Model spec {model_spec!r}", (".py",))
 
 
 def _resolve_module(target: str, spec: str, seed: int) -> ModuleType:

@@ -1,21 +1,19 @@
 """What the commands share: exit codes, stderr lines, loading the model and its inputs, the
-registry with --variant, path checks before long runs, verify with the CLI's warnings, and the
-one-time build announcement. Only the standard library at import (``--help`` stays fast)."""
+registry with --variant, path checks before long runs, verify with the CLI's warnings. Only the
+standard library at import (``--help`` stays fast); first-time native builds announce themselves
+(`onnx_custom.common.native_build.announce_build`)."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
-import threading
-import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["CLI_METADATA_KEY", "EXIT_ERROR", "EXIT_FAILED", "EXIT_INTERRUPTED", "announce_if_slow", "check_output", "cli_metadata", "import_all", "load_model_and_args", "registry_with_variants", "require_file", "shape_trials", "stderr", "verify_model"]
+__all__ = ["CLI_METADATA_KEY", "EXIT_ERROR", "EXIT_FAILED", "EXIT_INTERRUPTED", "check_output", "cli_metadata", "import_all", "load_model_and_args", "registry_with_variants", "require_file", "shape_trials", "stderr", "verify_model"]
 
 EXIT_FAILED = 1  # verification or check found a problem
 
@@ -53,7 +51,33 @@ def load_model_and_args(ns: argparse.Namespace) -> tuple[Any, tuple[Any, ...]]:
 
     import_all(ns.imports)
     loaded = load_model_spec(ns.model, ns.seed)
-    return loaded, example_args(loaded, ns.input, ns.seed)
+    args = example_args(loaded, ns.input, ns.seed)
+    _forward_once(loaded, args, ns)
+    return loaded, args
+
+
+def _forward_once(loaded: Any, args: tuple[Any, ...], ns: argparse.Namespace) -> None:
+    """Run the model once on the example inputs: inputs that do not fit its forward (a wrong rank,
+    a wrong channel count) fail here with one line naming the inputs, instead of deep inside an
+    exporter as an "unexpected RuntimeError"."""
+    import torch
+
+    from onnx_custom.cli.loading import CliInputError
+    from onnx_custom.errors import OnnxCustomError
+
+    try:
+        with torch.no_grad():
+            loaded.model(*args)
+    except OnnxCustomError:
+        raise  # already says what was wrong and the fix
+    except Exception as exc:
+        shapes = ", ".join(f"{list(a.shape)}:{str(a.dtype).removeprefix('torch.')}" if isinstance(a, torch.Tensor) else type(a).__name__ for a in args)
+        given = "the --input values" if ns.input else "its example inputs"
+        raise CliInputError(
+            f"{ns.model}: forward failed on {given} ({shapes}): {type(exc).__name__}: {' '.join(str(exc).split())}; "
+            "expected inputs its forward accepts; fix: pass --input DIMS[:DTYPE] once per forward argument, "
+            "in order, with the shapes the model expects."
+        ) from exc
 
 
 def require_file(path: str, what: str) -> None:
@@ -126,26 +150,3 @@ def cli_metadata(proto: Any) -> dict[str, Any]:
                 return {}
             return value if isinstance(value, dict) else {}
     return {}
-
-
-@contextlib.contextmanager
-def announce_if_slow(what: str, usual: str, *, after: float = 1.0) -> Iterator[None]:
-    """A cache hit answers at once; past ``after`` seconds it is a one-time build: say so on
-    stderr (and how long it took), instead of sitting silent for half a minute."""
-    start = time.perf_counter()
-    fired = threading.Event()
-
-    def announce() -> None:
-        fired.set()
-        stderr(f"onnx-custom: building {what} (one time, usually {usual}; cached afterwards) ...")
-
-    timer = threading.Timer(after, announce)
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        timer.cancel()
-        timer.join()
-    if fired.is_set():
-        stderr(f"onnx-custom: built {what} in {time.perf_counter() - start:.0f} s")

@@ -3,6 +3,12 @@
 Everything lives under ``$ONNX_CUSTOM_CACHE_DIR`` (default ``~/.cache/onnx_custom``) in a folder
 keyed by whatever changes the binary, so a fresh machine builds once and later processes (and
 test runs) reuse the result. Missing tools raise `ExtensionBuildError` naming the tool.
+
+Every first-time build says so on stderr wherever it happens (export, verify, check, a session,
+the zoo): one line before (what, how long it usually takes, where it is cached) and one after
+(how long it took), so a first ``export`` never sits silent for a minute. `announce_build` is
+the one place that prints them; a caller that reports builds itself (the zoo's console) wraps
+its work in `builds_announced_by_caller`.
 """
 
 from __future__ import annotations
@@ -13,16 +19,57 @@ import os
 import shutil
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 
 from onnx_custom.errors import ExtensionBuildError
 
-__all__ = ["KernelModule", "build_torch_extension", "cache_root", "extension_built", "find_compiler"]
+__all__ = [
+    "KernelModule",
+    "announce_build",
+    "build_torch_extension",
+    "builds_announced_by_caller",
+    "cache_root",
+    "extension_built",
+    "find_compiler",
+]
 
 
 _COMPLETE = ".complete"  # written into a build folder once its build succeeded
+
+
+_caller_announces = threading.local()
+
+
+@contextlib.contextmanager
+def builds_announced_by_caller() -> Iterator[None]:
+    """Inside the block (this thread), `announce_build` stays silent: the caller reports builds."""
+    before = getattr(_caller_announces, "on", False)
+    _caller_announces.on = True
+    try:
+        yield
+    finally:
+        _caller_announces.on = before
+
+
+@contextlib.contextmanager
+def announce_build(what: str, usual: str) -> Iterator[None]:
+    """Wrap an actual compile (never a cache hit): one stderr line before and one after."""
+    if getattr(_caller_announces, "on", False):
+        yield
+        return
+    start = time.perf_counter()
+    print(f"onnx-custom: building {what} (one time, usually {usual}; cached in {cache_root()}) ...", file=sys.stderr, flush=True)
+    ok = False
+    try:
+        yield
+        ok = True
+    finally:
+        seconds = time.perf_counter() - start
+        verb = "built" if ok else "failed to build"
+        print(f"onnx-custom: {verb} {what} in {seconds:.1f} s", file=sys.stderr, flush=True)
 
 
 def cache_root() -> Path:
@@ -139,7 +186,7 @@ def _import_extension(name: str, library: Path) -> ModuleType:
     return module
 
 
-def build_torch_extension(name: str, source: Path, *, extra_cflags: Sequence[str] = ("-O2",), is_python_module: bool, verbose: bool = False) -> ModuleType | Path:
+def build_torch_extension(name: str, source: Path, *, extra_cflags: Sequence[str] = ("-O2",), is_python_module: bool, verbose: bool = False, usual: str = "30-60 s") -> ModuleType | Path:
     """Build (first call) or load ``source`` with ``torch.utils.cpp_extension.load``.
 
     Returns the Python module, or with ``is_python_module=False`` (a ``TORCH_LIBRARY`` op library)
@@ -167,14 +214,15 @@ def build_torch_extension(name: str, source: Path, *, extra_cflags: Sequence[str
         if not local.exists() or local.read_bytes() != source.read_bytes():
             local.write_bytes(source.read_bytes())
         try:
-            result = cpp_extension.load(
+            with announce_build(f"the C++ extension {name}", usual):
+                result = cpp_extension.load(
                 name=name,
-                sources=[str(local)],
-                extra_cflags=list(extra_cflags),
-                build_directory=str(directory),
-                is_python_module=is_python_module,
-                verbose=verbose,
-            )
+                    sources=[str(local)],
+                    extra_cflags=list(extra_cflags),
+                    build_directory=str(directory),
+                    is_python_module=is_python_module,
+                    verbose=verbose,
+                )
         except (RuntimeError, OSError, ImportError, Exception) as exc:
             detail = str(exc).strip().splitlines()[-20:]
             raise ExtensionBuildError(f"building the C++ extension {name!r} in {directory} failed:\n" + "\n".join(detail)) from exc
@@ -188,8 +236,8 @@ class KernelModule:
     others wait), then served from memory without a lock. ``cflags`` is called when needed, not
     at import (it may ask torch about the CPU)."""
 
-    def __init__(self, name: str, source: Path, cflags: Callable[[], Sequence[str]]) -> None:
-        self.name, self.source, self._cflags = name, source, cflags
+    def __init__(self, name: str, source: Path, cflags: Callable[[], Sequence[str]], usual: str = "30-60 s") -> None:
+        self.name, self.source, self._cflags, self.usual = name, source, cflags, usual
         self._lock = threading.Lock()
         self._module: ModuleType | None = None
 
@@ -203,7 +251,7 @@ class KernelModule:
         if module is None:
             with self._lock:
                 if self._module is None:
-                    built = build_torch_extension(self.name, self.source, extra_cflags=self._cflags(), is_python_module=True)
+                    built = build_torch_extension(self.name, self.source, extra_cflags=self._cflags(), is_python_module=True, usual=self.usual)
                     assert isinstance(built, ModuleType)
                     self._module = built
                 module = self._module

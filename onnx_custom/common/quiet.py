@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["LIBRARY_MODULES", "OUR_CALLERS", "quiet_torch"]
+__all__ = ["LIBRARY_MODULES", "OUR_CALLERS", "drop_fake_tensor_logs_of_typed_errors", "quiet_torch"]
 
 # Modules whose own warnings are implementation chatter during an export.
 # copy/copyreg: torch's pytree warns from inside deepcopy, attributed to the stdlib module.
@@ -36,6 +36,29 @@ LIBRARY_MODULES = r"(torch|onnxscript|onnx_ir|onnx|onnxruntime|torchvision|copy|
 # they raise no warnings of their own.
 OUR_CALLERS = r"onnx_custom\.exporter\.\w+$"  # every module of the export stage
 _LOGGERS = ("torch.onnx", "onnxscript", "onnx_ir")
+
+
+class _TypedErrorFilter(logging.Filter):
+    """Drops a log record carrying one of our typed errors: it is raised to the caller anyway."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from onnx_custom.errors import OnnxCustomError
+
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, OnnxCustomError)
+
+
+_FILTER = _TypedErrorFilter()
+
+
+def drop_fake_tensor_logs_of_typed_errors() -> None:
+    """torch's FakeTensorMode logs every TypeError a fake kernel raises ("fake tensor raised
+    TypeError" and a traceback, at ERROR) and then re-raises it. Our `InvalidArgumentError` is a
+    TypeError, so a bad argument seen while exporting printed a screenful before the one-line
+    error; only records carrying our typed errors are dropped (idempotent)."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    if _FILTER not in logger.filters:
+        logger.addFilter(_FILTER)
 
 
 @contextlib.contextmanager

@@ -54,6 +54,7 @@ from onnx_custom.exporter.dim_params import rename_dims, write_metadata
 from onnx_custom.exporter.dynamic_shapes import DynamicSpec, resolve_dynamic_shapes
 from onnx_custom.exporter.dynamo_shapes import symbol_names
 from onnx_custom.exporter.opset_compat import lower_default_opset
+from onnx_custom.exporter.output_names import default_output_names, rename_outputs
 from onnx_custom.exporter.torchscript import registered
 from onnx_custom.exporter.torchscript_shapes import ExportDims, export_dims, name_derived_dims
 from onnx_custom.runtime.half_precision import DEFAULT_MODE, check_mode, widen_model
@@ -455,5 +456,8 @@ def run_export(request: ExportRequest) -> onnx.ModelProto:
     # the translations' type check leaves those to it unless the user turned it off.
     with EXPORT_LOCK, quiet_torch(), deferring_half_precision(request.half_precision != "off"):
         proto, spec = run(model, args, request.opset, reg, spec, request.output_names, kwargs)
+    if request.output_names is None:  # predictable names, not the exporter's value numbering ('3', 'add_3')
+        source = model.module() if isinstance(model, torch.export.ExportedProgram) else model
+        rename_outputs(proto, default_output_names(source, len(proto.graph.output)), keep_values=request.exporter == "dynamo")
     write_metadata(proto, spec)
     return widen_model(finalize_model(proto), request.half_precision)

@@ -61,6 +61,7 @@ __all__ = [
     "load_extension",
     "output_size",
     "torchvision_ops_available",
+    "torchvision_unavailable_reason",
     "validate_deform_conv2d",
 ]
 
@@ -108,15 +109,28 @@ TORCHVISION_DEFORM_CONV2D = dataclasses.replace(
 )  # fmt: skip
 
 
+def torchvision_unavailable_reason() -> str | None:
+    """None when ``torchvision::deform_conv2d`` is registered; else what exactly is missing
+    (torchvision not installed, or installed but its compiled ops do not load), for skip reasons
+    and messages."""
+    try:
+        import torchvision
+    except ImportError as exc:
+        return f"torchvision is not installed ({exc.name or exc})"
+    except Exception as exc:  # a broken install fails at import in other ways
+        return f"torchvision fails to import: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+    try:
+        torch.ops.torchvision.deform_conv2d.default  # noqa: B018  (raises if the op is missing)
+    except Exception as exc:
+        version = getattr(torchvision, "__version__", "?")
+        return (f"torchvision {version} is installed but its compiled ops do not load with torch "
+                f"{torch.__version__} ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})")
+    return None
+
+
 def torchvision_ops_available() -> bool:
     """True when ``torchvision::deform_conv2d`` is registered (torchvision's C++ ops loaded)."""
-    try:
-        import torchvision  # noqa: F401
-
-        torch.ops.torchvision.deform_conv2d.default  # noqa: B018  (raises if the op is missing)
-    except Exception:  # not installed, or compiled against another torch
-        return False
-    return True
+    return torchvision_unavailable_reason() is None
 
 
 SPECS = (DEFORM_CONV2D, *((TORCHVISION_DEFORM_CONV2D,) if torchvision_ops_available() else ()))
@@ -239,7 +253,7 @@ def validate_deform_conv2d(args: Any) -> tuple[Any, Any, Any, Any]:
     expected = (n, 2 * offset_groups * kh * kw, ho, wo)
     if _shape(offset) != expected:
         raise DeformConv2dError(
-            f"deform_conv2d: offset must have shape (N, 2*offset_groups*kh*kw, Ho, Wo) = "
+            f"deform_conv2d: the shape of the offset tensor is not valid: offset must have shape (N, 2*offset_groups*kh*kw, Ho, Wo) = "
             f"{expected}, got {_shape(offset)} (input {_shape(input)}, weight {_shape(weight)}); fix: "
             f"produce the offset with {expected[1]} channels at the output size {expected[2:]}."
             + _layout_hint(offset, expected)
@@ -247,8 +261,8 @@ def validate_deform_conv2d(args: Any) -> tuple[Any, Any, Any, Any]:
     if use_mask:
         expected = (n, offset_groups * kh * kw, ho, wo)
         if _shape(mask) != expected:
-            raise DeformConv2dError(
-                f"deform_conv2d: mask must have shape (N, offset_groups*kh*kw, Ho, Wo) = "
+            raise DeformConv2dError(  # torchvision's words: "mask.shape[1] is not valid"
+                f"deform_conv2d: mask.shape[1] is not valid: mask must have shape (N, offset_groups*kh*kw, Ho, Wo) = "
                 f"{expected}, got {_shape(mask)} (offset {_shape(offset)}); fix: produce the mask "
                 f"with {expected[1]} channels (half the offset's), or pass mask=None."
                 + _layout_hint(mask, expected)
@@ -342,6 +356,12 @@ def deform_conv2d(
     ``stride``, ``padding`` and ``dilation`` also take one int for both axes, as torchvision's
     eager function does.
     """
+    for name, value in (("input", input), ("offset", offset), ("weight", weight)):
+        if not isinstance(value, torch.Tensor):
+            raise DeformConv2dError(
+                f"deform_conv2d: {name} must be a torch.Tensor, got {type(value).__name__}; fix: pass "
+                f"the {name} tensor."
+            )
     if input.dim() != 4 or weight.dim() != 4 or offset.dim() != 4:
         raise DeformConv2dError(
             f"deform_conv2d: input, weight and offset must be 4-D, got input "
@@ -355,8 +375,8 @@ def deform_conv2d(
     taps = 2 * kh * kw
     if not torch.jit.is_tracing():  # static channel counts: no TracerWarnings while tracing
         if offset.shape[1] == 0 or offset.shape[1] % taps != 0:
-            raise DeformConv2dError(
-                f"deform_conv2d: offset channels {offset.shape[1]} (offset "
+            raise DeformConv2dError(  # torchvision's words: "the shape of the offset"
+                f"deform_conv2d: the shape of the offset tensor is not valid: offset channels {offset.shape[1]} (offset "
                 f"{list(offset.shape)}) must be a positive multiple of 2*kh*kw = {taps} (weight "
                 f"{list(weight.shape)}): one (dy, dx) pair per kernel tap and offset group."
             )

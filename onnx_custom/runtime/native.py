@@ -27,11 +27,12 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from onnx_custom.common.native_build import cache_root, find_compiler, process_lock
+from onnx_custom.common.native_build import announce_build, cache_root, find_compiler, process_lock
 from onnx_custom.errors import (
     ExtensionBuildError,
     InvalidArgumentError,
@@ -51,6 +52,7 @@ __all__ = [
     "DOMAINS_KEY",
     "LIBRARY_NAME",
     "ONE_LINE",
+    "NativeFallbackWarning",
     "NativeLibrary",
     "build_library",
     "compile_library",
@@ -227,7 +229,8 @@ def compile_library(name: str, sources: Sequence[Path], *, includes: Sequence[Pa
               if src.resolve().parent == own else None for src in sources]  # fmt: skip
     with process_lock(folder):
         if not target.exists():  # another process may have built it while we waited
-            _compile(cxx, flags, target, list(sources), includes, defines, cached)
+            with announce_build(f"{name} (native kernel library)", "15-45 s"):
+                _compile(cxx, flags, target, list(sources), includes, defines, cached)
     return target.resolve()
 
 
@@ -398,4 +401,19 @@ def plan_native(model: onnx.ModelProto, kernels: KernelRegistry | None = None,
             f"build a library for them (onnx-custom build-library --spec), register Python kernels "
             f"(@onnx_custom.runtime.kernel) or embed function bodies (export(..., functions=True))."
         )
+    fallback = sorted({f"{n.domain}::{n.op_type}" for n in nodes if n.domain not in chosen})
+    if fallback:
+        # said once, when the session is made: native kernels were asked for, not Python in the loop
+        warnings.warn(
+            f"native kernels: {len(fallback)} custom op type(s) run Python kernels, not a native "
+            f"library: {', '.join(fallback)} (a domain runs natively only when one library serves "
+            "every op type of it in the model). Fix: add native kernels for them (onnx-custom "
+            "build-library --spec), or expect Python in the loop.",
+            NativeFallbackWarning,
+            stacklevel=3,
+        )
     return chosen, list(specs.values())
+
+
+class NativeFallbackWarning(UserWarning):
+    """Native kernels were asked for, but some custom nodes run Python kernels."""

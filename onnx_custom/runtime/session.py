@@ -13,21 +13,29 @@ from google.protobuf.message import DecodeError
 
 from onnx_custom.common.external_data import check_external_data, external_tensors
 from onnx_custom.common.onnx_utils import iter_nodes
-from onnx_custom.errors import KernelError, ModelLoadError, ModelNotFoundError, OnnxCustomError
+from onnx_custom.errors import (
+    InvalidArgumentError,
+    KernelError,
+    ModelLoadError,
+    ModelNotFoundError,
+    OnnxCustomError,
+)
 from onnx_custom.runtime.failures import (
     KernelRunError,
     raise_for_type_error,
     raise_typed,
     typed_kernel_errors,
 )
-from onnx_custom.runtime.feeds import explain_feed_error
+from onnx_custom.runtime.feeds import HALF_TYPES, explain_feed_error, from_ort_value, half_feeds
 from onnx_custom.runtime.host import register_kernels
 from onnx_custom.runtime.kernel_spec import RESERVED_DOMAINS, KernelSpec
 from onnx_custom.runtime.native import NativeLibrary, plan_native, register_library, shipped_library
+from onnx_custom.runtime.quiet import ORT_LOG_ENV, ort_log_severity, quiet_session_options
 from onnx_custom.runtime.registry import KernelRegistry, default_kernel_registry
 from onnx_custom.runtime.validate import validate_model
 
 __all__ = [
+    "ORT_LOG_ENV",
     "InferenceSession",
     "KernelRunError",
     "ModelLoadError",
@@ -36,6 +44,8 @@ __all__ = [
     "custom_nodes",
     "load_model",
     "missing_kernels",
+    "ort_log_severity",
+    "quiet_session_options",
     "required_kernels",
     "session_options",
 ]
@@ -43,7 +53,6 @@ __all__ = [
 ModelSource = Union[onnx.ModelProto, bytes, bytearray, memoryview, str, "os.PathLike[str]"]
 _REGISTERED_KEY = "onnx_custom.kernels"  # session config entry recording what we registered
 _SPIN_KEYS = ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning")
-_QUIET = 3  # ORT log severity ERROR: drops VerifyOutputSizes/MergeShapeInfo-style warnings
 
 
 def load_model(model: ModelSource, *, with_data: bool = False) -> tuple[onnx.ModelProto, bytes | str]:
@@ -196,10 +205,20 @@ def session_options(
     return _options_for(specs, base)
 
 
-def _options_for(specs: Sequence[KernelSpec], base: ort.SessionOptions | None) -> ort.SessionOptions:
+def _check_options(options: object, argument: str) -> None:
+    """Named after the caller's own parameter (``sess_options=`` of InferenceSession, ``base=`` here)."""
+    if options is not None and not isinstance(options, ort.SessionOptions):
+        raise InvalidArgumentError(
+            f"{argument}= expects onnxruntime.SessionOptions or None; received {type(options).__name__} "
+            f"({options!r:.60}). Fix: pass onnxruntime.SessionOptions() with your settings, or leave it out."
+        )
+
+
+def _options_for(
+    specs: Sequence[KernelSpec], base: ort.SessionOptions | None, argument: str = "base"
+) -> ort.SessionOptions:
+    _check_options(base, argument)
     so = base if base is not None else ort.SessionOptions()
-    if not isinstance(so, ort.SessionOptions):
-        raise KernelError(f"base= expects onnxruntime.SessionOptions, received {type(so).__name__}.")
     for key in _SPIN_KEYS:
         if _config(so, key) is None:
             so.add_session_config_entry(key, "0")
@@ -247,8 +266,9 @@ class InferenceSession(ort.InferenceSession):
     those libraries first, then the shipped one.
     A kernel that raises makes ``run`` (and ``run_with_ort_values``, ``run_with_iobinding``)
     raise :class:`KernelRunError` carrying the kernel's exception type and traceback; Ctrl-C
-    inside a kernel raises KeyboardInterrupt. ORT logs only errors unless
-    ``sess_options.log_severity_level`` was set.
+    inside a kernel raises KeyboardInterrupt. ORT logs nothing to stderr (each failure is raised
+    once, typed) unless ``sess_options.log_severity_level`` was set or
+    ``$ONNX_CUSTOM_ORT_LOG_SEVERITY`` (0-4) asks for ORT's logs.
     """
 
     def __init__(
@@ -260,6 +280,7 @@ class InferenceSession(ort.InferenceSession):
         kernels: KernelRegistry | str | NativeLibrary | Sequence[NativeLibrary] | None = None,
         **kwargs: Any,
     ) -> None:
+        _check_options(sess_options, "sess_options")
         model, source = load_model(model_or_path)
         native: dict[str, NativeLibrary] = {}
         libraries = _native_libraries(kernels)
@@ -272,8 +293,7 @@ class InferenceSession(ort.InferenceSession):
         so = _options_for(self.kernel_specs, sess_options)
         for lib in dict.fromkeys(native.values()):  # each library once, with the domains it serves here
             register_library(so, [d for d, chosen in native.items() if chosen is lib], None if lib == shipped_library() else lib)
-        if so.log_severity_level < 0:  # not chosen by the user: ORT's warnings here are noise
-            so.log_severity_level = _QUIET
+        quiet_session_options(so)  # ORT's log lines would repeat what our typed errors say
         try:
             super().__init__(
                 source, sess_options=so,
@@ -285,13 +305,22 @@ class InferenceSession(ort.InferenceSession):
         except Exception as exc:
             raise_for_type_error(exc, self.kernel_specs, custom_nodes(model))
             raise_typed(exc, "created the kernel of")
+        self._half_io = any(a.type in HALF_TYPES for a in (*self.get_inputs(), *self.get_outputs()))
 
     _typed_run = typed_kernel_errors(ort.InferenceSession.run)
 
     def run(self, output_names: Any, input_feed: Any, run_options: Any = None) -> Any:
         """``onnxruntime.InferenceSession.run``; inputs or output names that do not fit the model
-        raise `InvalidArgumentError` (a ValueError) listing the declared inputs and outputs."""
+        raise `InvalidArgumentError` (a ValueError) listing the declared inputs and outputs.
+
+        float16/bfloat16 inputs take any NumPy flavour (``np.float16``, ``ml_dtypes.bfloat16``,
+        or a ``uint16`` view of the bits), wrapped without a copy; bfloat16 outputs come back as
+        ``ml_dtypes.bfloat16`` arrays."""
         try:
+            feeds = half_feeds(self, input_feed) if self._half_io else None
+            if feeds is not None:
+                names = list(output_names) if output_names else [o.name for o in self.get_outputs()]
+                return [from_ort_value(v) for v in self.run_with_ort_values(names, feeds, run_options)]
             return self._typed_run(output_names, input_feed, run_options)
         except OnnxCustomError:
             raise

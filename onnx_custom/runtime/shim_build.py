@@ -23,7 +23,7 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
-from onnx_custom.common.native_build import cache_root, find_compiler
+from onnx_custom.common.native_build import announce_build, cache_root, find_compiler
 from onnx_custom.errors import ExtensionBuildError
 
 __all__ = ["MODULE_NAME", "cache_root", "load_shim", "shim_built", "shim_path"]
@@ -112,7 +112,8 @@ def shim_path() -> Path:
     target, include_dir = _cached_shim()
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
-        _compile(SOURCE, include_dir, target)
+        with announce_build("the ONNX Runtime kernel shim (C)", "~5 s"):
+            _compile(SOURCE, include_dir, target)
     return target
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from onnx_custom.common.quiet import drop_fake_tensor_logs_of_typed_errors
+from onnx_custom.errors import InvalidArgumentError, OnnxCustomError
 from onnx_custom.spec.shape_rules import (
     Arithmetic,
     BroadcastRule,
@@ -167,11 +169,38 @@ def _first_tensor(spec: OpSpec, tensors: Sequence[Any]) -> torch.Tensor:
     return _present(spec, tensors)[0][1]
 
 
+def check_inputs_present(spec: OpSpec, tensors: Sequence[Any]) -> None:
+    """Every required input is given and every given one is a tensor (torch passes ``None`` for a
+    ``Tensor`` argument straight to the Python kernel, where it became an AttributeError)."""
+    for item, value in zip(spec.inputs, tensors, strict=True):
+        if value is None and item.optional:
+            continue
+        for element in value if item.variadic and isinstance(value, (list, tuple)) else [value]:
+            if not isinstance(element, torch.Tensor):
+                what = "None" if element is None else f"a {type(element).__name__}"
+                raise InvalidArgumentError(
+                    f"{spec.name}: input {item.name!r} must be a torch.Tensor; received {what}. "
+                    f"Fix: pass a tensor for {item.name!r}"
+                    + (" (or leave it out: it is optional)." if item.optional else ".")
+                )
+
+
 def _run_check(spec: OpSpec, check: Callable[..., Any] | None, bound: BoundArgs) -> None:
-    """The spec's validator, then the declared dtypes (the validator's messages come first)."""
+    """Inputs present, the spec's validator, then the declared dtypes (the validator's messages
+    come first). The validator's plain ValueError/TypeError becomes an `InvalidArgumentError`
+    (still both) with the same message, so every spec op's bad input is typed alike."""
+    check_inputs_present(spec, bound.tensors)
     if check is not None:
-        check(*arguments_tuple(spec, bound))
+        try:
+            check(*arguments_tuple(spec, bound))
+        except OnnxCustomError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgumentError(str(exc)) from exc
     check_input_dtypes(spec, bound.tensors)
+
+
+drop_fake_tensor_logs_of_typed_errors()  # our fake kernels raise typed errors; torch logs TypeErrors
 
 
 def make_fake(spec: OpSpec, meta: Callable[..., Any] | None, check: Callable[..., Any] | None = None) -> Callable[..., Any]:

@@ -23,6 +23,7 @@ import onnx
 import torch
 
 from onnx_custom.common.onnx_utils import iter_nodes
+from onnx_custom.common.quiet import quiet_torch
 from onnx_custom.errors import (
     InvalidArgumentError,
     OnnxCustomError,
@@ -308,7 +309,8 @@ def check(
             problems.append(f"The TorchScript exporter supports opsets {TS_MIN_OPSET}..{TS_MAX_OPSET}, got {opset}.")
     try:
         collect = _dynamo_ops if exporter == "dynamo" else _torchscript_ops
-        ops, entries, missing, source = collect(model, args, opset, reg)
+        with quiet_torch():  # torch's exporter chatter ("torchvision is not installed ...") is not ours to print
+            ops, entries, missing, source = collect(model, args, opset, reg)
     except OnnxCustomError as exc:
         problems.append(str(exc))
     except Exception as exc:  # tracing a user model can fail in many ways; report, don't crash
@@ -316,7 +318,8 @@ def check(
     emitted: dict[str, list[str]] = {}
     ran = False
     if not problems:
-        dry = _dry_export(source, args, exporter, opset, reg)
+        with quiet_torch():
+            dry = _dry_export(source, args, exporter, opset, reg)
         ran, emitted = dry.succeeded, dry.emitted
         if dry.succeeded:
             missing = []  # the exporter took every op: a trace-level guess of a gap was wrong

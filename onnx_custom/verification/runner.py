@@ -272,7 +272,10 @@ def run_onnx(session: Any, proto: onnx.ModelProto, args: tuple[Any, ...], bindin
 def plain_session(proto: onnx.ModelProto) -> Any:
     import onnxruntime
 
-    return onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    from onnx_custom.runtime.quiet import quiet_session_options
+
+    # quiet: a failing trial is reported by the verifier, not also by ORT's log on stderr
+    return onnxruntime.InferenceSession(proto.SerializeToString(), quiet_session_options(), providers=["CPUExecutionProvider"])
 
 
 def make_session(proto: onnx.ModelProto, kernels: Any = None) -> Any:

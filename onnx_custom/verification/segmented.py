@@ -67,7 +67,9 @@ def _session(model: onnx.ModelProto, kernels: Any) -> ort.InferenceSession:
     """A session for one segment, without ORT's memory arena: a segment runs once, and the arena
     (growing by powers of two, kept until the session goes) would hold up to twice its values.
     Plain ORT unless the segment has custom nodes (then our kernel host)."""
-    options = ort.SessionOptions()
+    from onnx_custom.runtime.quiet import quiet_session_options
+
+    options = quiet_session_options()  # failures are reported by localize, not ORT's log
     options.enable_cpu_mem_arena = False
     if not custom_node_types(model):
         return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])

@@ -58,3 +58,5 @@ def test_readme_example_runs(name: str, tmp_path: Path) -> None:
     assert result.returncode == 0, f"README example {name!r} failed:\n{result.stderr[-3000:]}"
     verifies = ("quick-start", "torch-style")  # these print verify() reports
     assert name not in verifies or result.stdout.count("Verification PASSED") == 2, result.stdout
+    if name == "quick-start":  # the second block runs a file whose custom node runs the kernel shown
+        assert "['ScaleAdd']" in result.stdout, result.stdout

@@ -14,11 +14,15 @@ from test_deform_conv_reference import Geometry, reference_deform_conv2d
 
 import onnx_custom
 from onnx_custom.ops import DeformConv2d, deform_conv2d
-from onnx_custom.ops.deform_conv import DeformConv2dError, load_extension
+from onnx_custom.ops.deform_conv import (
+    DeformConv2dError,
+    load_extension,
+    torchvision_unavailable_reason,
+)
 from onnx_custom.symbolics.deform_conv import torchvision_ops_available
 
 needs_torchvision = pytest.mark.skipif(
-    not torchvision_ops_available(), reason="torchvision's compiled ops do not load with this torch"
+    not torchvision_ops_available(), reason=torchvision_unavailable_reason() or "torchvision's ops load"
 )
 
 

@@ -15,7 +15,7 @@ from test_deform_conv import onnx_backend_cases, op_args_from_onnx
 
 import onnx_custom
 from onnx_custom.models import deform_conv as dcn
-from onnx_custom.ops.deform_conv import load_extension
+from onnx_custom.ops.deform_conv import load_extension, torchvision_unavailable_reason
 from onnx_custom.ort_kernels import deform_conv as deform_conv_kernels
 from onnx_custom.runtime.types import TensorInfo
 from onnx_custom.symbolics import deform_conv as deform_conv_symbolics
@@ -195,7 +195,7 @@ def test_translation_docstrings_are_the_schema() -> None:
 
 
 @pytest.mark.skipif(not deform_conv_symbolics.torchvision_ops_available(),
-                    reason="torchvision's compiled ops do not load with this torch")  # fmt: skip
+                    reason=torchvision_unavailable_reason() or "torchvision's ops load")  # fmt: skip
 def test_torchvision_op_translates_too() -> None:
     targets = {str(t) for t in deform_conv_symbolics.registry.targets()}
     assert any("torchvision" in t for t in targets)

@@ -1,11 +1,12 @@
 """``onnx-custom build-library``: the shipped native kernel library, or (``--spec``) a library of
-the user's own C++ kernels named by their op specs."""
+the user's own C++ kernels named by their op specs. A first-time compile announces itself on
+stderr (``common.native_build.announce_build``)."""
 
 from __future__ import annotations
 
 import argparse
 
-from onnx_custom.cli.shared import announce_if_slow, stderr
+from onnx_custom.cli.shared import stderr
 
 __all__ = ["cmd_build_library"]
 
@@ -18,10 +19,9 @@ def cmd_build_library(ns: argparse.Namespace) -> int:
     for flag in ("name", "cmake"):
         if getattr(ns, flag):
             raise CliInputError(f"--{flag} needs --spec (it applies to a library built from your op specs); fix: add --spec acme.yaml or drop --{flag}.")
-    from onnx_custom.runtime.native import LIBRARY_NAME, build_library, native_ops
+    from onnx_custom.runtime.native import build_library, native_ops
 
-    with announce_if_slow(LIBRARY_NAME, "15-45 s"):
-        path = build_library(ns.output)
+    path = build_library(ns.output)
     print(path, flush=True)
     stderr(f"serves {', '.join(native_ops())}; load it with SessionOptions.register_custom_ops_library (Python) or RegisterCustomOpsLibrary_V2 (C API)")
     return 0
@@ -34,8 +34,7 @@ def _build_user_library(ns: argparse.Namespace) -> int:
     if ns.cmake:
         write_cmake_project(specs, ns.cmake, name=ns.name, include_shipped=ns.with_shipped)
         stderr(f"wrote the CMake project into {ns.cmake} (cmake -S {ns.cmake} -B build && cmake --build build)")
-    with announce_if_slow("the native library", "10-45 s"):
-        library = build_native_library(specs, ns.output, name=ns.name, include_shipped=ns.with_shipped)
+    library = build_native_library(specs, ns.output, name=ns.name, include_shipped=ns.with_shipped)
     print(library.path, flush=True)
     stderr(f"serves {', '.join(library.ops)}; load it with SessionOptions.register_custom_ops_library (Python) or RegisterCustomOpsLibrary_V2 (C API)")
     return 0

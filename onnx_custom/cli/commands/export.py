@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from onnx_custom.cli.loading import check_paths
 from onnx_custom.cli.shared import (
     CLI_METADATA_KEY,
     EXIT_FAILED,
@@ -20,13 +21,14 @@ __all__ = ["cmd_export"]
 
 
 def cmd_export(ns: argparse.Namespace) -> int:
+    check_output(ns.output)  # paths and flags before torch loads (a typo is answered at once)
+    shape_trials(ns)  # contradicting flags fail before the export, not after
+    check_paths(ns.model, ns.imports)
     import onnx_custom
     from onnx_custom.cli.loading import CliInputError
     from onnx_custom.exporter.pipeline import save_model
     from onnx_custom.verification.report import summary_text
 
-    check_output(ns.output)
-    shape_trials(ns)  # contradicting flags fail before the export, not after
     loaded, args = load_model_and_args(ns)
     dynamic = getattr(loaded.module, "dynamic_shapes", None) if ns.dynamic else None
     if ns.dynamic and dynamic is None:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from onnx_custom.cli.shared import announce_if_slow
-
 __all__ = ["cmd_package"]
 
 
@@ -14,8 +12,7 @@ def cmd_package(ns: argparse.Namespace) -> int:
     from onnx_custom.spec import parse_specs
 
     specs = [spec for path in ns.spec or () for spec in parse_specs(path)]
-    with announce_if_slow("the native library", "10-45 s"):
-        written = package_model(ns.onnx, ns.output, specs, name=ns.name)
+    written = package_model(ns.onnx, ns.output, specs, name=ns.name)  # a first build announces itself
     for path in written:
         print(path, flush=True)
     return 0

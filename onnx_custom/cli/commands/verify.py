@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from onnx_custom.cli.loading import check_paths
 from onnx_custom.cli.shared import (
     EXIT_FAILED,
     cli_metadata,
@@ -19,11 +20,13 @@ __all__ = ["cmd_verify"]
 
 
 def cmd_verify(ns: argparse.Namespace) -> int:
+    # every path and flag is checked before torch loads (a typo is answered in well under a second)
+    require_file(ns.onnx, "ONNX file")
+    shape_trials(ns)
+    check_paths(ns.model, ns.imports)
     from onnx_custom.verification.report import summary_text
     from onnx_custom.verification.runner import load_model
 
-    require_file(ns.onnx, "ONNX file")
-    shape_trials(ns)
     proto = load_model(ns.onnx)
     loaded, args = load_model_and_args(ns)
     made = cli_metadata(proto)

@@ -1,0 +1,86 @@
+"""Predictable output names when ``output_names`` is absent (both exporters).
+
+Left alone, TorchScript names outputs after its value numbering (``'3'``) and dynamo after the
+op that made them (``'add_3'``): names that change when the model changes, so code that reads
+``session.run(["3"], ...)`` breaks silently. `default_output_names` takes the fields of a
+``NamedTuple`` return annotation of ``forward`` when they match the outputs' count, else
+``output_0 .. output_{n-1}``; `rename_outputs` applies them to the graph.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+import onnx
+
+from onnx_custom.common.onnx_utils import iter_nodes
+
+__all__ = ["default_output_names", "rename_outputs"]
+
+
+def _annotated_fields(model: Any) -> tuple[str, ...] | None:
+    forward = getattr(model, "forward", None)
+    if forward is None:
+        return None
+    try:
+        hints = typing.get_type_hints(forward)
+    except Exception:  # unresolvable annotations: fall back to output_<i>
+        return None
+    returned = hints.get("return")
+    fields = getattr(returned, "_fields", None)  # a NamedTuple class
+    if inspect.isclass(returned) and isinstance(fields, tuple) and all(isinstance(f, str) for f in fields):
+        return fields
+    return None
+
+
+def default_output_names(model: Any, count: int) -> list[str]:
+    """``forward``'s NamedTuple return fields when there are ``count`` of them, else ``output_<i>``."""
+    fields = _annotated_fields(model)
+    if fields is not None and len(fields) == count:
+        return list(fields)
+    return [f"output_{i}" for i in range(count)]
+
+
+def rename_outputs(proto: onnx.ModelProto, names: Sequence[str], *, keep_values: bool = False) -> None:
+    """Give the main graph's outputs ``names`` in place, renaming every use. An output that is
+    also a graph input or an initializer, or repeats an earlier output, gets an ``Identity`` to
+    its new name instead (dynamo names a returned input after the input itself, which ONNX
+    Runtime refuses as a duplicate definition). A new name already used elsewhere is skipped.
+    ``keep_values``: every output gets an ``Identity`` and inner values keep their names (the
+    dynamo exporter names values after FX nodes, which localize matches by name)."""
+    graph = proto.graph
+    # dynamo writes a returned input as Identity(x) -> x: a second definition of x (invalid)
+    selfish = [n for n in graph.node if n.op_type == "Identity" and list(n.input) == list(n.output)]
+    for node in selfish:
+        graph.node.remove(node)
+    fixed = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    taken = set(fixed)
+    for node in iter_nodes(proto, functions=False):
+        taken.update(node.input)
+        taken.update(node.output)
+    mapping: dict[str, str] = {}
+    copies: list[onnx.NodeProto] = []
+    for output, new in zip(graph.output, names, strict=False):
+        old = output.name
+        if old == new or new in taken:
+            continue
+        taken.add(new)
+        if keep_values or old in fixed or old in mapping:
+            copies.append(onnx.helper.make_node("Identity", [mapping.get(old, old)], [new], name=f"{new}_identity"))
+            output.name = new
+        else:
+            mapping[old] = new
+    for node in iter_nodes(proto, functions=False):  # subgraphs may read outer-scope values
+        for i, name in enumerate(node.input):
+            if name in mapping:
+                node.input[i] = mapping[name]
+        for i, name in enumerate(node.output):
+            if name in mapping:
+                node.output[i] = mapping[name]
+    for info in (*graph.output, *graph.value_info):
+        if info.name in mapping:
+            info.name = mapping[info.name]
+    graph.node.extend(copies)
