@@ -20,7 +20,8 @@ from onnx_custom.errors import ExtensionBuildError, KernelError
 from onnx_custom.runtime import native
 
 EXPECTED_OPS = ("custom::my_add", "custom::multi_out", "custom::MultiOut3", "custom::DeformConv2d",
-                "bev::BEVPoolV2", "npu::CustomLinear")  # fmt: skip
+                "bev::BEVPoolV2", "npu::CustomLinear", "custom::MultiScaleDeformableAttn",
+                "mmdeploy::MMCVMultiScaleDeformableAttention")  # fmt: skip
 
 
 def my_add_model() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
