@@ -21,7 +21,8 @@ from onnx_custom.runtime import native
 from onnx_custom.runtime.shim_build import abi_include_dir
 
 EXPECTED_OPS = ("onnx_custom::my_add", "onnx_custom::multi_out", "onnx_custom::MultiOut3", "onnx_custom::DeformConv2d",
-                "onnx_custom::BEVPoolV2", "onnx_custom::CustomLinear")  # fmt: skip
+                "onnx_custom::BEVPoolV2", "onnx_custom::CustomLinear", "onnx_custom::MultiScaleDeformableAttn",
+                "mmdeploy::MMCVMultiScaleDeformableAttention")  # fmt: skip
 
 
 def my_add_model() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
