@@ -1,4 +1,4 @@
-"""Kernels of ``custom::MultiScaleDeformableAttn`` and ``mmdeploy::MMCVMultiScaleDeformableAttention``,
+"""Kernels of ``onnx_custom::MultiScaleDeformableAttn`` and ``mmdeploy::MMCVMultiScaleDeformableAttention``,
 generated from the op's spec (``onnx_custom/ops/msda.py``, ``kernel=EAGER``).
 
 Both nodes carry mmcv's signature: inputs (value, spatial_shapes, level_start_index,

@@ -1,6 +1,6 @@
 """Translations of ``onnx_custom::multi_scale_deformable_attn`` (spec: ``onnx_custom/ops/msda.py``).
 
-- default (every opset): one custom node ``custom::MultiScaleDeformableAttn`` with the op's five
+- default (every opset): one custom node ``onnx_custom::MultiScaleDeformableAttn`` with the op's five
   inputs in mmcv's order and the INT attribute ``im2col_step``. Kernels: Python
   (``ort_kernels/msda.py``), native (``ort_kernels/native/msda.cpp``); function body: `msda_gather`.
 - variant ``"mmdeploy"``: ``mmdeploy::MMCVMultiScaleDeformableAttention``, exactly the node

@@ -25,7 +25,7 @@ the half types compute in float32 and round once). Any strides are accepted. The
 
 The op is declared once below (`MSDA`): schema, validator (shared by the eager op and its fake
 kernel, so export fails early with eager's message), shape rule, autograd, the custom node
-``custom::MultiScaleDeformableAttn`` (Python kernel: this eager op on ORT's buffers; native
+``onnx_custom::MultiScaleDeformableAttn`` (Python kernel: this eager op on ORT's buffers; native
 kernel in ``ort_kernels/native/msda.cpp``; function body: the gather decomposition) and the
 translations in ``symbolics/msda.py`` (variants ``standard``: ``GridSample`` per level from
 opset 16, gathers below; ``gather``: gathers at every opset; ``mmdeploy``:
@@ -89,7 +89,7 @@ MSDA = OpSpec(
     backward=f"{_OPS}:msda_backward",
     setup_context=f"{_OPS}:msda_save",
     op_type="MultiScaleDeformableAttn",
-    domain="custom",
+    domain="onnx_custom",
     kernel=EAGER,  # the node runs this op on torch views of ORT's buffers: one implementation
     native=True,  # ort_kernels/native/msda.cpp
     function=TranslationBody(f"{_SYMBOLICS}:msda_gather", min_opset=11),

@@ -1,4 +1,4 @@
-// custom::MultiScaleDeformableAttn and mmdeploy::MMCVMultiScaleDeformableAttention: multi-scale
+// onnx_custom::MultiScaleDeformableAttn and mmdeploy::MMCVMultiScaleDeformableAttention: multi-scale
 // deformable attention with mmcv's signature, inputs (value, spatial_shapes, level_start_index,
 // sampling_locations, attention_weights), INT attribute im2col_step (a CUDA batching hint: any
 // positive value, no effect on the result). Semantics of onnx_custom/ops/msda.py: bilinear
@@ -199,7 +199,7 @@ class MultiScaleDeformableAttn final : public Kernel {
 
 void add_msda_ops(std::vector<OpDef>& ops) {
   const std::vector<int> inputs(5, OC_IO_REQUIRED);
-  ops.push_back({"custom", "MultiScaleDeformableAttn", inputs, {OC_IO_REQUIRED},
+  ops.push_back({"onnx_custom", "MultiScaleDeformableAttn", inputs, {OC_IO_REQUIRED},
                  create_kernel<MultiScaleDeformableAttn>, MultiScaleDeformableAttn::infer});
   ops.push_back({"mmdeploy", "MMCVMultiScaleDeformableAttention", inputs, {OC_IO_REQUIRED},
                  create_kernel<MultiScaleDeformableAttn>, MultiScaleDeformableAttn::infer});

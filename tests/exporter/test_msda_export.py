@@ -79,7 +79,7 @@ def _node_types(proto: onnx.ModelProto) -> set[tuple[str, str]]:
 
 
 VARIANTS = [  # (variant, opset for torchscript, opset for dynamo, the node that must appear)
-    (None, 17, 18, ("custom", "MultiScaleDeformableAttn")),
+    (None, 17, 18, ("onnx_custom", "MultiScaleDeformableAttn")),
     ("mmdeploy", 17, 18, ("mmdeploy", "MMCVMultiScaleDeformableAttention")),
     ("standard", 11, 11, ("", "Gather")),
     ("standard", 16, 18, ("", "GridSample")),
@@ -117,7 +117,7 @@ def test_function_body_runs_in_plain_onnxruntime(exporter: str) -> None:
     model, args, _ = _model_and_args(True)
     proto = onnx_custom.export(model, args, exporter=exporter, opset=17 if exporter == "torchscript" else 18,
                                dynamic_shapes=_dynamic(True), functions=True)  # fmt: skip
-    assert ("custom", "MultiScaleDeformableAttn") in _node_types(proto)
+    assert ("onnx_custom", "MultiScaleDeformableAttn") in _node_types(proto)
     assert any(f.name == "MultiScaleDeformableAttn" for f in proto.functions)
     _, other_args, (value, shapes, _, loc, attn) = _model_and_args(True, bs=1, queries=11, seed=6)
     got = _run(proto, other_args, kernels="none")

@@ -44,7 +44,7 @@ def _run(sess: ort.InferenceSession, args: tuple[torch.Tensor, ...]) -> np.ndarr
 def test_native_library_alone_runs_the_file(exporter: str, variant: str | None) -> None:
     registry = onnx_custom.default_registry().with_variants(variant) if variant else None
     proto = _export(exporter, registry=registry)
-    domain = variant or "custom"
+    domain = variant or "onnx_custom"
     assert any(n.domain == domain for n in proto.graph.node)
     args, expected = _other_batch()
     np.testing.assert_allclose(_run(native_session(proto), args), expected, rtol=1.3e-6, atol=1e-5)

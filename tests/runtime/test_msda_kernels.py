@@ -1,4 +1,4 @@
-"""The kernels of ``custom::MultiScaleDeformableAttn`` and ``mmdeploy::MMCVMultiScaleDeformableAttention``
+"""The kernels of ``onnx_custom::MultiScaleDeformableAttn`` and ``mmdeploy::MMCVMultiScaleDeformableAttention``
 in ONNX Runtime: the native C++ kernel (libonnx_custom_ops.so, plain ORT) and the Python kernel,
 against the independent grid_sample reference, every dtype, zero sizes, non-finite locations,
 threads; bad input is an ORT error status naming the problem, never a crash."""
@@ -17,7 +17,7 @@ from _native_util import assert_close, node_model, run_native, run_python
 
 from onnx_custom.runtime.native import native_ops
 
-NODES = [("custom", "MultiScaleDeformableAttn"), ("mmdeploy", "MMCVMultiScaleDeformableAttention")]
+NODES = [("onnx_custom", "MultiScaleDeformableAttn"), ("mmdeploy", "MMCVMultiScaleDeformableAttention")]
 RUNNERS: dict[str, Callable[..., list[np.ndarray]]] = {"native": run_native, "python": run_python}
 NAMES = ("value", "spatial_shapes", "level_start_index", "sampling_locations", "attention_weights")
 
