@@ -256,13 +256,22 @@ def library_path(*, sanitize: bool = False) -> Path:
 
 
 def build_library(output_dir: str | os.PathLike[str] | None = None) -> Path:
-    """Build (or reuse) the library; with ``output_dir``, copy it there. Returns the final path."""
+    """Build (or reuse) the library; with ``output_dir``, copy it there. Returns the final path.
+
+    The folder is checked before building: a first build takes a minute, a typo in ``-o`` must
+    not wait for it."""
+    folder = None if output_dir is None else Path(output_dir)
+    if folder is not None:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            if not os.access(folder, os.W_OK):
+                raise PermissionError(f"{folder} is not writable")
+        except OSError as exc:
+            raise ExtensionBuildError(f"cannot write {LIBRARY_NAME} into {folder}: expected a writable folder ({exc}); fix: pass a writable folder.") from exc
     built = library_path()
-    if output_dir is None:
+    if folder is None:
         return built
-    folder = Path(output_dir)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".libonnx_custom_ops-", dir=folder)
         os.close(fd)
         shutil.copyfile(built, tmp)
