@@ -111,7 +111,7 @@ def test_syntax_error_in_the_model_file_itself_names_it(tmp_path: Path) -> None:
     ("argv", "message"),
     [
         (["export", "deform_conv", "--input", "2x3"], "forward failed on the --input values ([2, 3]:float32): RuntimeError: Expected 3D"),
-        (["export", "my_add", "--input", "2x3x4", "--input", "3"], "mylib::my_add: expected a and b of the same shape"),
+        (["export", "my_add", "--input", "2x3x4", "--input", "3"], "onnx_custom::my_add: expected a and b of the same shape"),
     ],
     ids=["deform_conv-rank2", "my_add-ranks-differ"],
 )

@@ -162,11 +162,12 @@ def test_inputs_on_other_device_raise() -> None:
         OnnxCustomBackend()._check_devices([meta])
 
 
+_ODD = torch.Generator().manual_seed(3)  # inputs fixed, whatever the collection order drew before
 ODD_INPUTS = {
-    "zero-size": (torch.randn(0, 5), torch.randn(0, 5)),
+    "zero-size": (torch.randn(0, 5, generator=_ODD), torch.randn(0, 5, generator=_ODD)),
     "0-d": (torch.tensor(1.5), torch.tensor(-2.0)),
-    "float16": (torch.randn(3, 4, dtype=torch.float16), torch.randn(3, 4, dtype=torch.float16)),
-    "float64": (torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)),
+    "float16": (torch.randn(3, 4, generator=_ODD).half(), torch.randn(3, 4, generator=_ODD).half()),
+    "float64": (torch.randn(3, 4, generator=_ODD, dtype=torch.float64), torch.randn(3, 4, generator=_ODD, dtype=torch.float64)),
 }
 
 
@@ -176,7 +177,10 @@ def test_zero_size_0d_and_other_dtypes_in_ort(x: torch.Tensor, y: torch.Tensor) 
     got = torch.compile(_add_mul, backend=backend)(x, y)
     want = _add_mul(x, y)
     assert got.dtype == want.dtype and got.shape == want.shape
-    torch.testing.assert_close(got, want)
+    # float16: ORT and eager both round after Sin, Mul and Add, but their Sin may differ by an
+    # ulp of the intermediate; allow one ulp of the largest output (the verifier's fp16 rule).
+    ulp = float(want.abs().max()) * 2.0**-10 if want.dtype == torch.float16 and want.numel() else 0.0
+    torch.testing.assert_close(got, want, **({"rtol": 1e-3, "atol": max(1e-5, ulp)} if ulp else {}))
     assert not [f for r in backend.records for f in r.fallbacks]
 
 

@@ -89,4 +89,4 @@ def test_explain_forward_only_uses_the_inference_graph() -> None:
     explanation = onnx_custom.explain_compile(module.Model(), *module.example_inputs(), variants=("custom",))
     (graph,) = explanation.graphs
     assert graph.kind == "inference" and graph.ort_nodes == graph.nodes
-    assert "npu.custom_linear.default" in graph.partitions[0].custom_ops
+    assert "onnx_custom.custom_linear.default" in graph.partitions[0].custom_ops

@@ -23,20 +23,20 @@ class Parts(NamedTuple):
 
 class One(torch.nn.Module):
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mylib.my_add(x, y)
+        return torch.ops.onnx_custom.my_add(x, y)
 
 
 class Annotated(torch.nn.Module):
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> Parts:
-        scaled, shifted = torch.ops.mylib.multi_out(x)
-        return Parts(torch.ops.mylib.my_add(scaled, y), shifted)
+        scaled, shifted = torch.ops.onnx_custom.multi_out(x)
+        return Parts(torch.ops.onnx_custom.my_add(scaled, y), shifted)
 
 
 class Several(torch.nn.Module):
     """A tuple (no annotation), with an input returned as is, twice."""
 
     def forward(self, x: torch.Tensor, y: torch.Tensor):  # type: ignore[no-untyped-def]
-        return torch.ops.mylib.my_add(x, y), x * 2, x, x
+        return torch.ops.onnx_custom.my_add(x, y), x * 2, x, x
 
 
 CASES = [

@@ -32,7 +32,7 @@ API_SCRIPT = textwrap.dedent(
 
     class MyAdd(torch.nn.Module):
         def forward(self, a, b):
-            return torch.ops.mylib.my_add(a, b)
+            return torch.ops.onnx_custom.my_add(a, b)
 
     args = (torch.randn(2, 3), torch.randn(2, 3))
     for exporter in ("torchscript", "dynamo"):

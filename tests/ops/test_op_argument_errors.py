@@ -37,7 +37,7 @@ def _bev(**override: Any) -> Any:
         "interval_starts": torch.zeros(1, dtype=torch.int32), "interval_lengths": torch.full((1,), 4, dtype=torch.int32),
     }
     args.update(override)
-    return torch.ops.bev.bev_pool_v2(*args.values())
+    return torch.ops.onnx_custom.bev_pool_v2(*args.values())
 
 
 def _dcn_raw(**override: Any) -> Any:
@@ -58,18 +58,18 @@ TORCH_REFUSES = pytest.mark.xfail(raises=NotImplementedError, strict=True, reaso
 
 # (id, call, argument the message must name)
 CASES: list[Any] = [
-    ("my_add/a-None", lambda: torch.ops.mylib.my_add(None, X), "'a'"),
-    ("my_add/b-None", lambda: torch.ops.mylib.my_add(X, None), "'b'"),
-    ("my_add/b-rank1", lambda: torch.ops.mylib.my_add(X, X[0]), "a and b"),
-    ("multi_out/x-None", lambda: torch.ops.mylib.multi_out(None), "'x'"),
-    ("multi_out3/x-None", lambda: torch.ops.mylib.multi_out3(None, [1, 1], 1.0), "'x'"),
-    ("multi_out3/x-0d", lambda: torch.ops.mylib.multi_out3(torch.tensor(1.0), [], 1.0), "x with at least 1 dimension"),
-    ("multi_out3/repeats-rank", lambda: torch.ops.mylib.multi_out3(X, [1], 1.0), "one repeat per dimension of x"),
+    ("my_add/a-None", lambda: torch.ops.onnx_custom.my_add(None, X), "'a'"),
+    ("my_add/b-None", lambda: torch.ops.onnx_custom.my_add(X, None), "'b'"),
+    ("my_add/b-rank1", lambda: torch.ops.onnx_custom.my_add(X, X[0]), "a and b"),
+    ("multi_out/x-None", lambda: torch.ops.onnx_custom.multi_out(None), "'x'"),
+    ("multi_out3/x-None", lambda: torch.ops.onnx_custom.multi_out3(None, [1, 1], 1.0), "'x'"),
+    ("multi_out3/x-0d", lambda: torch.ops.onnx_custom.multi_out3(torch.tensor(1.0), [], 1.0), "x with at least 1 dimension"),
+    ("multi_out3/repeats-rank", lambda: torch.ops.onnx_custom.multi_out3(X, [1], 1.0), "one repeat per dimension of x"),
     pytest.param(*("numpy_sin/x-None", lambda: torch.ops.onnx_custom.numpy_sin(None), "'x'"), marks=TORCH_REFUSES),
-    ("custom_linear/x-None", lambda: torch.ops.npu.custom_linear(None, W, None), "'x'"),
-    ("custom_linear/weight-None", lambda: torch.ops.npu.custom_linear(X, None, None), "'weight'"),
-    ("custom_linear/weight-1d", lambda: torch.ops.npu.custom_linear(X, W[0], None), "2-D weight"),
-    ("custom_linear/x-0d", lambda: torch.ops.npu.custom_linear(torch.tensor(1.0), W, None), "x with at least 1 dimension"),
+    ("custom_linear/x-None", lambda: torch.ops.onnx_custom.custom_linear(None, W, None), "'x'"),
+    ("custom_linear/weight-None", lambda: torch.ops.onnx_custom.custom_linear(X, None, None), "'weight'"),
+    ("custom_linear/weight-1d", lambda: torch.ops.onnx_custom.custom_linear(X, W[0], None), "2-D weight"),
+    ("custom_linear/x-0d", lambda: torch.ops.onnx_custom.custom_linear(torch.tensor(1.0), W, None), "x with at least 1 dimension"),
     ("bev_pool_v2/depth-None", lambda: _bev(depth=None), "'depth'"),
     ("bev_pool_v2/ranks_bev-None", lambda: _bev(ranks_bev=None), "'ranks_bev'"),
     ("bev_pool_v2/interval_lengths-None", lambda: _bev(interval_lengths=None), "'interval_lengths'"),

@@ -214,10 +214,10 @@ def test_gather_rows_raise_mode_and_index_dtype(library: NativeLibrary) -> None:
 # ---- onnx_custom.InferenceSession(kernels=library), beside the shipped library ------------------------
 def test_inference_session_uses_user_library_beside_shipped_one(library: NativeLibrary) -> None:
     nodes = [helper.make_node("ScaleAdd", ["x", "y"], ["s"], domain="acme", alpha=3.0),
-             helper.make_node("my_add", ["s", "y"], ["out"], domain="custom", alpha=2.0)]  # fmt: skip
+             helper.make_node("my_add", ["s", "y"], ["out"], domain="onnx_custom", alpha=2.0)]  # fmt: skip
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["n"]) for n in "xy"],
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("acme", 1), helper.make_opsetid("custom", 1)], ir_version=9)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("acme", 1), helper.make_opsetid("onnx_custom", 1)], ir_version=9)
     sess = onnx_custom.InferenceSession(model, kernels=library)
     assert sess.kernel_specs == ()  # both domains native: acme from the user library, custom shipped
     x, y = draw((7,), "float32", 1), draw((7,), "float32", 2)
@@ -260,12 +260,12 @@ def test_cmake_project_holds_everything_it_needs(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_include_shipped_serves_both_from_one_library(tmp_path: Path) -> None:
     lib = build_native_library(parse_specs(DATA / "acme.yaml"), tmp_path, name="acme_all", include_shipped=True)
-    assert {"acme::ScaleAdd", "custom::my_add", "custom::DeformConv2d"} <= set(lib.ops)
+    assert {"acme::ScaleAdd", "onnx_custom::my_add", "onnx_custom::DeformConv2d"} <= set(lib.ops)
     nodes = [helper.make_node("ScaleAdd", ["x", "y"], ["s"], domain="acme", alpha=3.0),
-             helper.make_node("my_add", ["s", "y"], ["out"], domain="custom", alpha=2.0)]  # fmt: skip
+             helper.make_node("my_add", ["s", "y"], ["out"], domain="onnx_custom", alpha=2.0)]  # fmt: skip
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["n"]) for n in "xy"],
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("acme", 1), helper.make_opsetid("custom", 1)], ir_version=9)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("acme", 1), helper.make_opsetid("onnx_custom", 1)], ir_version=9)
     x, y = draw((9,), "float32", 1), draw((9,), "float32", 2)
     (out,) = run(session(model, lib), {"x": x, "y": y})  # plain onnxruntime, one library
     close(out, 2 * (3 * x.astype(np.float64) + y) + y, "float32")
