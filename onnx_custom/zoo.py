@@ -1,6 +1,10 @@
 """The model zoo: every example model in `onnx_custom.models`, exported with both exporters at
 the opsets that matter, verified in ONNX Runtime. ``onnx-custom zoo`` streams the rows.
 
+Every model also gets `compile_rows`: ``torch.compile(model, backend=onnx_custom)`` vs eager
+(``compile-opset18-custom``) and, when the module declares ``dynamic_shapes``, the same under
+``dynamic=True`` at other batch sizes with no recompile (``compile-opset18-custom-dynamic``).
+
 A model module declares ``Model``, ``example_inputs()``, optionally ``dynamic_shapes`` and
 ``input_generator``, and ``ZOO``: its rows (`ZooCase`). A ``dynamic=True`` row exports with
 ``dynamic_shapes`` and must verify at `MIN_OTHER_SIZES` or more other sizes of its dynamic dims.
@@ -24,12 +28,15 @@ from onnx_custom.errors import OnnxCustomError
 from onnx_custom.testing import ZooCase
 
 __all__ = [
+    "COMPILE",
+    "COMPILE_OPSET",
     "MIN_OTHER_SIZES",
     "NATIVE_BUILDS",
     "NativeBuild",
     "ZooCase",
     "ZooListener",
     "ZooResult",
+    "compile_rows",
     "counts_line",
     "discover",
     "format_table",
@@ -37,6 +44,7 @@ __all__ = [
     "pending_builds",
     "run_builds",
     "run_case",
+    "run_compile_case",
     "run_zoo",
 ]
 
@@ -212,6 +220,46 @@ def _dynamic_shortfall(report: Any) -> str:
     return f"dynamic row verified at {len(passed)} other size(s), expected at least {MIN_OTHER_SIZES} ({why})"
 
 
+COMPILE = "compile"
+"""The `ZooCase.exporter` of a compile row (run by `run_compile_case`, not exported)."""
+COMPILE_OPSET = 18
+_NO_BATCH = "no dynamic_shapes: the model declares no dynamic batch, so dynamic=True has nothing to sweep"
+
+
+def compile_rows(module: Any) -> tuple[ZooCase, ...]:
+    """The compile rows every zoo model gets (the dynamic one skips without ``dynamic_shapes``)."""
+    has_batch = getattr(module, "dynamic_shapes", None) is not None
+    return (
+        ZooCase(COMPILE, COMPILE_OPSET, "custom", note="torch.compile vs eager"),
+        ZooCase(COMPILE, COMPILE_OPSET, "custom", dynamic=True, note="dynamic=True, other batch sizes, no recompile", skip=None if has_batch else _NO_BATCH),
+    )
+
+
+def _rows(module: Any) -> tuple[ZooCase, ...]:
+    return tuple(getattr(module, "ZOO", ())) + compile_rows(module)
+
+
+def run_compile_case(name: str, module: Any, case: ZooCase, registry: Any, seed: int, start: float) -> ZooResult:
+    """A compile row: `onnx_custom.compile.zoo_rows.check_compiled` as a `ZooResult`."""
+    from onnx_custom.compile.zoo_rows import check_compiled
+
+    with seeded(seed):
+        model = module.Model().eval()
+        args = module.example_inputs()
+    dynamic = getattr(module, "dynamic_shapes", None) if case.dynamic else None
+    if case.dynamic and dynamic is None:
+        raise OnnxCustomError(f"zoo row {case.label} is dynamic but {module.__name__} has no dynamic_shapes")
+    check = check_compiled(model, args, dynamic_shapes=dynamic, seed=seed, registry=registry, opset=case.opset)
+    where = f"ORT {check.ort_nodes}/{check.nodes} nodes, {check.partitions} partition(s), {check.graphs} graph(s)"
+    if check.fallbacks:
+        where += f"; eager: {', '.join(check.fallbacks)}"
+    seconds = time.perf_counter() - start
+    if not check.passed:
+        return ZooResult(name, case, "fail", check.describe() or "the compiled model produced no output to compare", seconds, where)
+    sizes = f"; batch {','.join(map(str, check.batches))}, no recompile" if case.dynamic else ""
+    return ZooResult(name, case, "pass", f"max abs {check.worst:.2g}{sizes}", seconds, where)
+
+
 def run_case(name: str, module: Any, case: ZooCase, *, seed: int = DEFAULT_SEED) -> ZooResult:
     """Export and verify one row; never raises (failures become ``status="fail"`` rows)."""
     from onnx_custom.api import export
@@ -228,6 +276,8 @@ def run_case(name: str, module: Any, case: ZooCase, *, seed: int = DEFAULT_SEED)
         registry = default_registry()
         if case.variant:
             registry = registry.with_variants(case.variant)
+        if case.exporter == COMPILE:
+            return run_compile_case(name, module, case, registry, seed, start)
         dynamic = getattr(module, "dynamic_shapes", None) if case.dynamic else None
         if case.dynamic and dynamic is None:
             raise OnnxCustomError(f"zoo row {case.label} is dynamic but {module.__name__} has no dynamic_shapes")
@@ -274,7 +324,7 @@ def run_zoo(names: Iterable[str] | None = None, *, seed: int = DEFAULT_SEED, lis
         if isinstance(imported, ZooResult):
             rows.append((short, None, MODULE_ROW, imported))
             continue
-        rows += [(short, imported, case, None) for case in getattr(imported, "ZOO", ())]
+        rows += [(short, imported, case, None) for case in _rows(imported)]
     if listener is not None:
         listener.planned([(short, case) for short, _, case, _ in rows])
     results = []
@@ -298,7 +348,7 @@ def list_zoo(names: Iterable[str] | None = None) -> str:
             continue
         doc = (imported.__doc__ or "").strip().splitlines()
         lines.append(f"{short}: {doc[0] if doc else ''}")
-        for case in getattr(imported, "ZOO", ()):
+        for case in _rows(imported):
             extra = f"  (skip: {case.skip})" if case.skip else (f"  ({case.note})" if case.note else "")
             lines.append(f"  {case.label}{extra}")
     return "\n".join(lines)

@@ -260,7 +260,7 @@ def test_zoo_list(capsys: Any) -> None:
 def test_zoo_subset(capsys: Any) -> None:
     assert main(["zoo", "asinh"]) == 0
     out = capsys.readouterr().out
-    assert "[1/4] asinh" in out and "torchscript-opset9" in out and "4 passed, 0 failed, 0 skipped in " in out
+    assert "[1/6] asinh" in out and "torchscript-opset9" in out and "6 passed, 0 failed, 0 skipped in " in out  # 4 export + 2 compile rows
 
 
 def test_zoo_run_is_quiet_and_streams() -> None:
@@ -272,9 +272,9 @@ def test_zoo_run_is_quiet_and_streams() -> None:
     noise = [line for line in result.stderr.splitlines() if any(w in line.lower() for w in ("warn", "torchvision", "onnxruntime", "[w:", "[e:"))]
     assert noise == [], noise
     rows = [line for line in result.stdout.splitlines() if line.startswith("[")]
-    assert [r[:5] for r in rows] == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"], result.stdout
+    assert [r[:5] for r in rows] == [f"[{i}/6]" for i in range(1, 7)], result.stdout  # incl. the 2 compile rows
     progress = [line for line in result.stderr.splitlines() if line.startswith("[")]
-    assert len(progress) == 4 and all("elapsed" in line and "ETA" in line for line in progress), result.stderr
+    assert len(progress) == 6 and all("elapsed" in line and "ETA" in line for line in progress), result.stderr
 
 
 # ---------------------------------------------------------------------------- one-time builds

@@ -113,7 +113,7 @@ def test_first_run_builds_the_shim_up_front_and_says_so(tmp_path: Path) -> None:
     assert lines[0] == f"onnx-custom: first run here: one-time native build(s) ahead, cached afterwards in {tmp_path}: ONNX Runtime kernel shim (C) (~5 s)"
     assert lines[1] == "onnx-custom: building the ONNX Runtime kernel shim (C) (one time, usually ~5 s) ..."
     assert lines[2].startswith("onnx-custom: built the ONNX Runtime kernel shim (C) in 0:")
-    assert lines[3].startswith("[1/4] asinh ") and not any("build" in line for line in lines[3:])
+    assert lines[3].startswith("[1/6] asinh ")  # 4 export rows + 2 compile rows and not any("build" in line for line in lines[3:])
     assert list((tmp_path / "ort_shim").glob("*/*.so"))
 
 
@@ -143,7 +143,10 @@ class Recorder:
 def test_run_zoo_streams_each_row_as_it_finishes() -> None:
     recorder = Recorder()
     results = run_zoo(["numpy_sin"], listener=recorder)
-    labels = [c.label for c in importlib.import_module("onnx_custom.models.numpy_sin").ZOO]
+    from onnx_custom.zoo import compile_rows
+
+    module = importlib.import_module("onnx_custom.models.numpy_sin")
+    labels = [c.label for c in (*module.ZOO, *compile_rows(module))]
     assert recorder.events[0][0] == "pending"  # then any builds (none once cached), then the plan
     planned = recorder.events.index(("planned", len(labels)))
     rows = recorder.events[planned + 1 :]
@@ -207,3 +210,87 @@ def test_unknown_zoo_model_lists_the_known_ones() -> None:
 
     with pytest.raises(OnnxCustomError, match=r"Unknown zoo model\(s\) \['nope'\]; expected names from: asinh, "):
         discover(["nope"])
+
+
+# ---------------------------------------------------------------------------- compile rows
+
+
+@pytest.mark.parametrize(("name", "batches"), [("my_add", "2,3,5"), ("multi_out", "4,3,5")])
+def test_compile_rows_pass_and_the_dynamic_one_sweeps_other_batches(name: str, batches: str) -> None:
+    from onnx_custom.zoo import compile_rows
+
+    module = importlib.import_module(f"onnx_custom.models.{name}")
+    static, dynamic = compile_rows(module)
+    assert (static.label, dynamic.label) == ("compile-opset18-custom", "compile-opset18-custom-dynamic")
+    result = run_case(name, module, static)
+    assert result.status == "pass", result.detail
+    assert result.nodes.startswith("ORT ") and "eager:" not in result.nodes  # every node ran in ORT
+    result = run_case(name, module, dynamic)
+    assert result.status == "pass", result.detail
+    assert result.summary.endswith(f"batch {batches}, no recompile"), result.summary  # the example batch, then 2 others
+
+
+@torch.library.custom_op("zoo_compile_test::scaled_sin", mutates_args=())
+def _scaled_sin(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return torch.sin(x) * scale
+
+
+@_scaled_sin.register_fake
+def _(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+class ScaledSin(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _scaled_sin(x + 1.0, 3.0)
+
+
+def _planted_registry(correct: bool) -> Any:
+    from onnx_custom import Registry
+
+    registry = Registry()
+
+    @registry.symbolic("zoo_compile_test::scaled_sin", opset=13)
+    def translation(g: Any, x: Any, scale: float) -> Any:
+        sin = g.op("Sin", x)
+        return g.op("Mul", sin, g.constant(scale, dtype=torch.float32)) if correct else sin  # planted: scale forgotten
+
+    return registry
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("correct", [True, False], ids=["right", "planted-wrong"])
+def test_a_wrong_translation_fails_the_compile_row(monkeypatch: pytest.MonkeyPatch, correct: bool, dynamic: bool) -> None:
+    """The compile row compares with eager itself: a wrong translation must FAIL, never PASS."""
+    import onnx_custom.translate.registry as registry_module
+
+    monkeypatch.setattr(registry_module, "default_registry", lambda: _planted_registry(correct))
+    module = _fake_module(ScaledSin, ({0: torch.export.Dim("batch")},))
+    result = run_case("fake", module, ZooCase("compile", 18, dynamic=dynamic))
+    if correct:
+        assert result.status == "pass", result.detail
+        assert result.nodes.startswith("ORT ") and "eager:" not in result.nodes
+    else:
+        assert result.status == "fail", result.detail
+        assert "differs from eager" in result.detail and "outside rtol=1.3e-06 atol=1e-05" in result.detail, result.detail
+
+
+def test_a_recompile_fails_the_dynamic_compile_row() -> None:
+    """A model that branches on the batch size recompiles at another size: the row must say so."""
+
+    class BranchesOnBatch(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2 if x.shape[0] < 3 else x * 3
+
+    module = _fake_module(BranchesOnBatch, ({0: torch.export.Dim("batch")},))
+    result = run_case("fake", module, ZooCase("compile", 18, dynamic=True))
+    assert result.status == "fail" and "recompiled at another batch size" in result.detail, result.detail
+
+
+def test_list_shows_the_compile_rows_and_why_a_dynamic_one_skips() -> None:
+    from onnx_custom.zoo import list_zoo
+
+    text = list_zoo(["my_add", "bev_pool"])
+    assert "  compile-opset18-custom  (torch.compile vs eager)" in text
+    assert "  compile-opset18-custom-dynamic  (dynamic=True, other batch sizes, no recompile)" in text
+    assert "  compile-opset18-custom-dynamic  (skip: no dynamic_shapes: the model declares no dynamic batch" in text

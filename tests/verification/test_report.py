@@ -152,15 +152,16 @@ def test_cli_zoo_report_is_short_when_all_pass(tmp_path: Path, capsys: Any) -> N
     md, js = tmp_path / "zoo.md", tmp_path / "zoo.json"
     assert main(["zoo", "multi_out", "--report", str(md)]) == 0
     captured = capsys.readouterr()
-    assert "[1/6] multi_out" in captured.err and f"report written to {md}" in captured.err
+    assert "[1/8] multi_out" in captured.err and f"report written to {md}" in captured.err
     text = md.read_text()
     rows = [line for line in text.splitlines() if line.startswith("| multi_out |")]
-    assert len(rows) == 6 and len(text.splitlines()) < 40, text
+    assert len(rows) == 8 and len(text.splitlines()) < 40, text
     assert "histogram" not in text.lower() and "| abs diff |" not in text
+    assert sum("compile-opset18-custom" in r for r in rows) == 2  # the torch.compile rows every model gets
     dynamic = next(r for r in rows if "custom-dynamic" in r)
     assert "batch: 1, 5, 8 (export 4)" in dynamic and "onnx_custom::multi_out" in dynamic
     assert main(["zoo", "multi_out", "--report", str(js)]) == 0
     data = json.loads(js.read_text())
-    assert data["kind"] == "zoo" and data["passed"] and data["counts"] == {"pass": 6, "fail": 0, "skip": 0}
+    assert data["kind"] == "zoo" and data["passed"] and data["counts"] == {"pass": 8, "fail": 0, "skip": 0}
     verified = [r for r in data["results"] if r["verification"]]
     assert verified and all("failing_trials" not in o for r in verified for o in r["verification"]["outputs"])
