@@ -94,6 +94,10 @@ def quiet_torch() -> Iterator[None]:
     with warnings.catch_warnings(), _patched_onnx_logging():
         warnings.filterwarnings("ignore", module=LIBRARY_MODULES)
         warnings.filterwarnings("ignore", module=OUR_CALLERS)
+        # Our shipped ops' modules branch on static sizes while torch traces them (msda's 2- or
+        # 4-value reference points, as mmcv's module does); the trace keeps them as constants,
+        # which is right, and torch's TracerWarning about it says nothing the user can act on.
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning, module=r"onnx_custom\.ops\.")
         for logger in loggers:
             logger.setLevel(max(logger.getEffectiveLevel(), logging.ERROR))
         try:

@@ -80,7 +80,11 @@ def compare_initializers(model: Any, proto: onnx.ModelProto, *, warn: bool = Tru
     """Parameters/buffers of ``model`` whose values differ from the file's (module doc)."""
     if not isinstance(model, torch.nn.Module):
         return []
-    params = {n: _to_numpy(t) for n, t in (*model.named_parameters(), *model.named_buffers()) if t is not None}
+    # Only the model's state (parameters and persistent buffers): a non-persistent buffer is a
+    # derived constant (an index table, a grid) that exporters fold or rename freely, and pairing
+    # it by shape and order with an unrelated constant reported weights that were never wrong.
+    state = set(model.state_dict(keep_vars=True))
+    params = {n: _to_numpy(t) for n, t in (*model.named_parameters(), *model.named_buffers()) if t is not None and n in state}
     inits: dict[str, np.ndarray] = {}
     for init in proto.graph.initializer:
         try:
