@@ -63,12 +63,16 @@ def rename_outputs(proto: onnx.ModelProto, names: Sequence[str], *, keep_values:
         taken.update(node.output)
     mapping: dict[str, str] = {}
     copies: list[onnx.NodeProto] = []
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
     for output, new in zip(graph.output, names, strict=False):
         old = output.name
         if old == new or new in taken:
             continue
         taken.add(new)
-        if keep_values or old in fixed or old in mapping:
+        # Identity takes bfloat16 only from opset 13: below, rename the value itself (a bf16
+        # file below 13 holds only custom nodes on that path, which localize does not split)
+        no_identity = output.type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16 and opset < 13
+        if (keep_values and not no_identity) or old in fixed or old in mapping:
             copies.append(onnx.helper.make_node("Identity", [mapping.get(old, old)], [new], name=f"{new}_identity"))
             output.name = new
         else:
