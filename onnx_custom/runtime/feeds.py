@@ -42,9 +42,14 @@ def to_ort_value(value: Any, declared: str) -> Any:
     array = np.asarray(value)
     element = HALF_TYPES.get(declared)
     if element is not None and array.dtype.name in _HALF_FLAVOURS[element]:
-        bits = np.ascontiguousarray(array).view(np.uint16)
+        bits = _c_contiguous(array).view(np.uint16)
         return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, element)
-    return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
+    return ort.OrtValue.ortvalue_from_numpy(_c_contiguous(array))
+
+
+def _c_contiguous(array: np.ndarray) -> np.ndarray:
+    # not np.ascontiguousarray: it turns a 0-d array into shape (1,)
+    return array if array.flags.c_contiguous else array.copy(order="C")
 
 
 def from_ort_value(value: Any) -> Any:
