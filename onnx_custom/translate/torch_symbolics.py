@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from onnx_custom.errors import SymbolicError
 from onnx_custom.translate.names import Target, normalize_target
 from onnx_custom.translate.registry import Registry, SymbolicEntry, resolve_registry
@@ -87,6 +89,10 @@ def _torch_custom_symbolics() -> dict[str, dict[int, Callable[..., Any]]]:
 
     found: dict[str, dict[int, Callable[..., Any]]] = {}
     for name, group in list(registration.registry._registry.items()):
+        if name.startswith("::") and not hasattr(torch.ops.aten, name[2:]):
+            # torch files an autograd.Function's `symbolic` under "::ClassName" while it exports
+            # one: not an op a user registered, and not a name an export can target
+            continue
         overrides = dict(getattr(group._functions, "_overrides", {}))
         user = {v: fn for v, fn in overrides.items() if not getattr(fn, "__qualname__", "").startswith(_OURS)}
         if user:
