@@ -175,6 +175,8 @@ def check_registry(registry: Any) -> None:
 
 def check_exporter_kwargs(kwargs: Mapping[str, Any]) -> None:
     """Extra keywords go to ``torch.onnx.export``: they must be its parameters and not ours."""
+    if not kwargs:
+        return  # the common case: no need to read torch.onnx.export's (long) signature
     known = set(inspect.signature(torch.onnx.export).parameters)
     for name in kwargs:
         if name in _OURS:

@@ -281,6 +281,11 @@ class Registry:
         # the op exists, else at the first lookup after its library loaded).
         self._checked: set[tuple[tuple[str, int, str], int]] = set()
         self._lock = threading.RLock()
+        # Entries sorted by key and grouped by target key, rebuilt after a change: every
+        # TorchScript symbolic call looks its op up, and sorting all entries per lookup cost
+        # more than the translation itself (issue 25).
+        self._sorted: tuple[SymbolicEntry, ...] | None = None
+        self._by_target: dict[str, list[SymbolicEntry]] = {}
         self.prefer: tuple[str, ...] = tuple(prefer)
         for entry in entries:
             self.add(entry)
@@ -311,6 +316,7 @@ class Registry:
                 )
             entry = self._check_signature(entry)
             self._entries[entry.key] = entry
+            self._sorted = None
         return entry
 
     def _check_signature(self, entry: SymbolicEntry) -> SymbolicEntry:
@@ -367,6 +373,7 @@ class Registry:
                     f"expected one of the registered opsets {have}. Fix: pass the opset it was registered with."
                 )
             entry = self._entries.pop(key)
+            self._sorted = None
             self._checked.discard((key, id(entry.fn)))
 
     def update(self, other: Registry, *, replace: bool = False) -> Registry:
@@ -391,9 +398,18 @@ class Registry:
         return out
 
     # -- lookup ---------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[SymbolicEntry]:
+    def _snapshot(self) -> tuple[tuple[SymbolicEntry, ...], dict[str, list[SymbolicEntry]]]:
         with self._lock:
-            return iter(sorted(self._entries.values(), key=lambda e: e.key))
+            if self._sorted is None:
+                ordered = tuple(sorted(self._entries.values(), key=lambda e: e.key))
+                groups: dict[str, list[SymbolicEntry]] = {}
+                for entry in ordered:
+                    groups.setdefault(entry.target.key, []).append(entry)
+                self._sorted, self._by_target = ordered, groups
+            return self._sorted, self._by_target
+
+    def __iter__(self) -> Iterator[SymbolicEntry]:
+        return iter(self._snapshot()[0])
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -414,10 +430,11 @@ class Registry:
     def entries_for(self, target: Any) -> list[SymbolicEntry]:
         """Entries for ``target``; an overload (``ns::op.ovl``) falls back to ``ns::op`` entries."""
         tgt = target if isinstance(target, Target) else normalize_target(target)
-        exact = [e for e in self if e.target.key == tgt.key]
+        groups = self._snapshot()[1]
+        exact = list(groups.get(tgt.key, ()))
         if exact or tgt.name is None or not tgt.name.overload:
             return exact
-        return [e for e in self if e.target.key == tgt.name.op]
+        return list(groups.get(tgt.name.op, ()))
 
     def opsets_for(self, target: Any) -> list[int]:
         return sorted({e.opset for e in self.entries_for(target)})
@@ -454,6 +471,7 @@ class Registry:
             checked = self._check_signature(chosen)  # registered before its op's library was loaded
             if checked is not chosen and self._entries.get(chosen.key) is chosen:
                 self._entries[chosen.key] = checked
+                self._sorted = None
         return checked
 
     def __repr__(self) -> str:
