@@ -15,6 +15,7 @@ mistake). Parameters with no candidate are not reported (folded into something e
 from __future__ import annotations
 
 import dataclasses
+import sys
 import warnings
 from typing import Any
 
@@ -59,14 +60,47 @@ def _difference(param: np.ndarray, init: np.ndarray) -> float | None:
     for candidate in (param, param.T) if param.ndim == 2 else (param,):
         if candidate.shape != init.shape:
             continue
-        if np.array_equal(candidate, init, equal_nan=True):  # the common case, without float64 copies
+        if _equal(candidate, init):  # the common case, without float64 copies
             return 0.0
         diff = float(np.max(np.abs(_as_float(candidate) - _as_float(init)), initial=0.0))
         best = diff if best is None else min(best, diff)
     return best
 
 
+def _equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """``np.array_equal(a, b, equal_nan=True)``, in one pass when no NaN is involved (its NaN
+    handling copies both arrays through boolean masks: a tenth of a whole verify on 32 blocks)."""
+    if a.dtype.kind in "fc" and b.dtype.kind in "fc":
+        with np.errstate(invalid="ignore"):
+            if bool(np.equal(a, b).all()):
+                return True
+    return bool(np.array_equal(a, b, equal_nan=True))
+
+
+# ONNX element types whose raw_data numpy can view as is (little-endian machines).
+_VIEWABLE: dict[int, type[np.generic]] = {
+    onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.float64,
+    onnx.TensorProto.FLOAT16: np.float16, onnx.TensorProto.INT64: np.int64,
+    onnx.TensorProto.INT32: np.int32, onnx.TensorProto.INT8: np.int8, onnx.TensorProto.UINT8: np.uint8,
+}
+
+
+def _initializer_array(init: onnx.TensorProto) -> np.ndarray:
+    """The initializer's values: a read-only array over ``raw_data`` when possible (no further
+    copy or byte-order pass), else `numpy_helper.to_array`."""
+    dtype = _VIEWABLE.get(init.data_type)
+    if dtype is not None and sys.byteorder == "little" and init.HasField("raw_data") and init.data_location != onnx.TensorProto.EXTERNAL:
+        shape = tuple(init.dims)
+        raw = init.raw_data  # protobuf hands out a copy per access: read it once
+        if int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize == len(raw):
+            return np.frombuffer(raw, dtype=dtype).reshape(shape)
+    array = numpy_helper.to_array(init)
+    return array.astype(np.float32) if array.dtype.name == "bfloat16" else array
+
+
 def _same(param: np.ndarray, diff: float) -> bool:
+    if diff == 0.0:  # the common case: no float64 copy of the parameter for its scale
+        return True
     scale = float(np.max(np.abs(_as_float(param)), initial=0.0))
     return diff <= 1e-6 + 1e-5 * scale
 
@@ -88,8 +122,7 @@ def compare_initializers(model: Any, proto: onnx.ModelProto, *, warn: bool = Tru
     inits: dict[str, np.ndarray] = {}
     for init in proto.graph.initializer:
         try:
-            array = numpy_helper.to_array(init)
-            inits[init.name] = array.astype(np.float32) if array.dtype.name == "bfloat16" else array
+            inits[init.name] = _initializer_array(init)
         except Exception:  # external data not loaded, exotic types: nothing to compare
             continue
     found: list[InitializerMismatch] = []
