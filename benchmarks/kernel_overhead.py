@@ -9,11 +9,12 @@
    (custom - native) / 32.
 3. Branches: 8 independent chains of custom nodes with ORT_PARALLEL (2 inter-op threads) against
    ORT_SEQUENTIAL, for small (overhead-bound) kernels and for kernels whose numpy math releases
-   the GIL; native Mul+Add branches for reference.
+   the GIL; native Mul+Add branches and the native library's ``onnx_custom::my_add`` (a custom
+   op with no Python: ORT's own floor for custom ops in the parallel executor) for reference.
 
 Sessions are measured side by side in one process, interleaved round by round; medians.
 
-Run: ``python benchmarks/kernel_overhead.py [--repeats 7] [--quick]``
+Run: ``python benchmarks/kernel_overhead.py [--repeats 7] [--quick | --branches-only] [--cpu-time]``
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import onnx_custom.runtime as rt
 from onnx_custom.runtime import KernelRegistry
 
 SHAPES = [(2, 3), (64, 1024), (4, 64, 56, 56)]
+CLOCK_NS = time.perf_counter_ns  # --cpu-time: time.process_time_ns (all threads' CPU; steadier when shared)
 CHAIN = 32
 BRANCHES = 8
 kernels = KernelRegistry()
@@ -58,17 +60,17 @@ def _model(nodes: list, shape: list | None = None, inits: list | None = None) ->
          for o in dict.fromkeys(n.output[0] for n in nodes if n.output[0].startswith("y"))],
         initializer=inits or [],
     )
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
-                                                helper.make_opsetid("bench", 1)], ir_version=10)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("bench", 1),
+                                                helper.make_opsetid("onnx_custom", 1)], ir_version=10)
     return m.SerializeToString()
 
 
-def _chain(n: int, custom: bool, first: str = "a", tag: str = "", out: str = "y") -> list:
+def _chain(n: int, custom: bool, first: str = "a", tag: str = "", out: str = "y", domain: str = "bench") -> list:
     nodes, prev = [], first
     for i in range(n):
         res = out if i == n - 1 else f"t{tag}_{i}"
         if custom:
-            nodes.append(helper.make_node("my_add", [prev, "b"], [res], domain="bench", alpha=2.0))
+            nodes.append(helper.make_node("my_add", [prev, "b"], [res], domain=domain, alpha=2.0))
         else:
             nodes += [helper.make_node("Mul", [prev, "two"], [f"m{tag}_{i}"]),
                       helper.make_node("Add", [f"m{tag}_{i}", "b"], [res])]
@@ -90,7 +92,9 @@ def _options(mode: str = "sequential", inter: int = 1) -> ort.SessionOptions:
     return so
 
 
-def _session(model: bytes, custom: bool, so: ort.SessionOptions) -> ort.InferenceSession:
+def _session(model: bytes, custom: bool | str, so: ort.SessionOptions) -> ort.InferenceSession:
+    if custom == "native":  # the shipped native library's onnx_custom::my_add: a custom op, no Python
+        return rt.InferenceSession(model, so, kernels="native")
     if custom:
         return rt.InferenceSession(model, so, kernels=kernels)
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
@@ -100,10 +104,10 @@ def _timer(sess: ort.InferenceSession, feeds: dict, asynchronous: bool = False) 
     if not asynchronous:
         def sync(n: int) -> float:
             run = sess.run
-            t0 = time.perf_counter_ns()
+            t0 = CLOCK_NS()
             for _ in range(n):
                 run(None, feeds)
-            return (time.perf_counter_ns() - t0) / n / 1e3
+            return (CLOCK_NS() - t0) / n / 1e3
         return sync
 
     def via_async(n: int) -> float:  # run_async runs the graph on an intra-op pool thread
@@ -191,10 +195,11 @@ def heavy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def branches(repeats: int, n: int) -> None:
     print(f"\n3. {BRANCHES} independent branches: ORT_PARALLEL (2 inter-op threads) / ORT_SEQUENTIAL")
-    header = f"{'branch nodes':<44} {'sequential us':>14} {'parallel us':>12} {'ratio':>7}"
+    header = f"{'branch nodes':<54} {'sequential us':>14} {'parallel us':>12} {'ratio':>7}"
     print(header)
     print("-" * len(header))
     cases = [("native Mul+Add x4, 2x3", "native", (2, 3), 4, n),
+             ("native-library my_add x4, 2x3 (custom op, no Python)", "library", (2, 3), 4, n),
              ("custom my_add x4, 2x3 (overhead-bound)", "custom", (2, 3), 4, n),
              ("custom tanh*b x1, 1x1M (GIL released)", "heavy", (1, 1 << 20), 1, max(5, n // 100))]
     for label, kind, shape, depth, runs in cases:
@@ -203,9 +208,9 @@ def branches(repeats: int, n: int) -> None:
             if kind == "heavy":
                 nodes.append(helper.make_node("heavy", ["a", "b"], [f"y{br}"], domain="bench"))
             else:
-                nodes += _chain(depth, kind == "custom", tag=str(br), out=f"y{br}")
-        model = _model(nodes, list(shape), None if kind == "custom" or kind == "heavy" else _two())
-        custom = kind != "native"
+                nodes += _chain(depth, kind != "native", tag=str(br), out=f"y{br}", domain="onnx_custom" if kind == "library" else "bench")
+        model = _model(nodes, list(shape), None if kind != "native" else _two())
+        custom: bool | str = "native" if kind == "library" else kind != "native"
         seq = _session(model, custom, _options("sequential", 1))
         par = _session(model, custom, _options("parallel", 2))
         rng = np.random.default_rng(0)
@@ -214,7 +219,7 @@ def branches(repeats: int, n: int) -> None:
         for got, want in zip(par.run(None, feeds), seq.run(None, feeds), strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-6)
         t_seq, t_par = _paired([_timer(seq, feeds), _timer(par, feeds)], runs, repeats)
-        print(f"{label:<44} {t_seq:>14.1f} {t_par:>12.1f} {t_par / t_seq:>7.2f}")
+        print(f"{label:<54} {t_seq:>14.1f} {t_par:>12.1f} {t_par / t_seq:>7.2f}")
 
 
 def main() -> None:
@@ -222,12 +227,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7, help="interleaved rounds per case (median)")
     ap.add_argument("--runs", type=int, default=400, help="session runs per round (sections 2, 3)")
     ap.add_argument("--quick", action="store_true", help="sections 2 and 3 only")
+    ap.add_argument("--branches-only", action="store_true", help="section 3 only")
+    ap.add_argument("--cpu-time", action="store_true", help="process CPU time (all threads) instead of wall time")
     args = ap.parse_args()
+    global CLOCK_NS
+    CLOCK_NS = time.process_time_ns if args.cpu_time else time.perf_counter_ns
     print(f"onnxruntime {ort.__version__}, numpy {np.__version__}; median of {args.repeats} "
-          f"interleaved rounds; spinning off")
-    if not args.quick:
+          f"interleaved rounds; spinning off; {'CPU' if args.cpu_time else 'wall'} time")
+    if not args.quick and not args.branches_only:
         single_node(args.repeats)
-    thread_kinds(args.repeats, args.runs)
+    if not args.branches_only:
+        thread_kinds(args.repeats, args.runs)
     branches(args.repeats, args.runs)
 
 
