@@ -154,3 +154,29 @@ def test_torchscript_probe_uses_verifys_outputs_of_the_file(broken_add: onnx_cus
     # Told other outputs, the probe says the file is not the re-export.
     other = localize(model, args, proto, registry=broken_add, file_outputs=[torch.zeros(3).numpy()])
     assert "WARNING: the given file's output for sum_1 differs" in other.note
+
+
+class LastAndTyped(torch.nn.Module):
+    """int64 (argmax) and bool (comparison) intermediates feed the output; the planted my_add is
+    the last op of the graph, so nothing downstream can point at it."""
+
+    def forward(self, x: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        index = x.argmax(dim=-1)
+        positive = x > 0
+        kept = torch.where(positive, x, torch.zeros_like(x))
+        return index, torch.ops.onnx_custom.my_add(kept, b)
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_divergence_in_the_last_node_next_to_int_and_bool_values(exporter: str, broken_add: onnx_custom.Registry) -> None:
+    model, args = LastAndTyped().eval(), _args(batch=5)
+    proto = onnx_custom.export(model, args, exporter=exporter, registry=broken_add)
+    report = onnx_custom.verify(model, args, proto, registry=broken_add, localize=True, raise_on_mismatch=False)
+    loc = report.localization
+    assert loc.first is not None and loc.first.fx_name == "my_add" and loc.first.origin
+    assert loc.nodes[-1].fx_name == "my_add"  # the last node, named exactly
+    assert [n.fx_name for n in loc.diverging] == ["my_add"]
+    typed = {v.dtype: v for n in loc.nodes for v in n.outputs if v.observed}
+    assert {"int64", "bool"} <= set(typed)  # compared exactly, and equal
+    assert typed["int64"].passed and typed["int64"].total == 5
+    assert typed["bool"].passed and typed["bool"].total == 20
