@@ -34,6 +34,7 @@ from onnx_custom.errors import (
     SymbolicError,
     UnsupportedOpError,
 )
+from onnx_custom.exporter import program_cache
 from onnx_custom.exporter.arguments import (
     EXPORTERS,
     check_args,
@@ -313,7 +314,10 @@ def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry,
     if isinstance(model, torch.export.ExportedProgram):
         program, names = model, {}  # its dims are torch's (s77): no user names to give them
     else:
-        program = trace_program(model, args, reg, kwargs=kwargs.pop("kwargs", None), spec=spec)
+        model_kwargs = kwargs.pop("kwargs", None)
+        program = trace_program(model, args, reg, kwargs=model_kwargs, spec=spec)
+        if not model_kwargs:
+            program_cache.remember(model, args, program)  # localize reuses it instead of tracing again
         names = symbol_names_of(program, spec)
     missing = missing_ops_dynamo(program, opset, reg)
     if missing:

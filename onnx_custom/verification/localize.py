@@ -32,7 +32,8 @@ import operator
 import os
 import re
 import warnings
-from collections.abc import Callable, Collection
+import weakref
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,7 @@ import onnx
 import torch
 
 from onnx_custom.errors import OnnxCustomError
+from onnx_custom.exporter import program_cache
 from onnx_custom.exporter.pipeline import DEFAULT_OPSET, EXPORTERS, export_model
 from onnx_custom.translate.registry import Registry, default_registry
 from onnx_custom.verification.compare import compare_arrays
@@ -73,9 +75,16 @@ class _TorchProgram:
     module: torch.fx.GraphModule
     flat_args: tuple[Any, ...]
     exported: torch.export.ExportedProgram
+    reused: bool = False  # the exporter's own program (`program_cache`), not traced here
 
 
-def _trace_torch(model: torch.nn.Module, args: tuple[Any, ...]) -> _TorchProgram:
+def _trace_torch(model: torch.nn.Module, args: tuple[Any, ...], *, reuse: bool = True) -> _TorchProgram:
+    """The model's torch.export program: the one the dynamo exporter traced for the file when it
+    is still valid (`onnx_custom.exporter.program_cache`), else a fresh trace."""
+    flat_args = tuple(torch.utils._pytree.tree_leaves(args))
+    remembered = program_cache.recall(model, args) if reuse else None
+    if remembered is not None:
+        return _TorchProgram(_module_of(remembered), flat_args, remembered, reused=True)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -86,7 +95,31 @@ def _trace_torch(model: torch.nn.Module, args: tuple[Any, ...]) -> _TorchProgram
             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}. Fix: make the "
             "model exportable (register_fake for custom ops) or verify without localize."
         ) from exc
-    return _TorchProgram(exported.module(), tuple(torch.utils._pytree.tree_leaves(args)), exported)
+    return _TorchProgram(exported.module(), flat_args, exported)
+
+
+_modules: weakref.WeakKeyDictionary[torch.export.ExportedProgram, torch.fx.GraphModule] = weakref.WeakKeyDictionary()
+
+
+def _module_of(exported: torch.export.ExportedProgram) -> torch.fx.GraphModule:
+    """``exported.module()`` once per remembered program (it regenerates code each call; running
+    the module through an Interpreter leaves it unchanged)."""
+    module = _modules.get(exported)
+    if module is None:
+        module = _modules[exported] = exported.module()
+    return module
+
+
+def _outputs_agree(program_outputs: Any, expected: Sequence[torch.Tensor]) -> bool:
+    """Does the program compute what eager computed? (A reused program whose model's code
+    changed after export would not.)"""
+    mine = [t for t in torch.utils._pytree.tree_leaves(program_outputs) if isinstance(t, torch.Tensor)]
+    if len(mine) != len(expected):
+        return False
+    return all(
+        a.shape == b.shape and a.dtype == b.dtype and torch.allclose(a.double(), b.detach().double(), rtol=1e-4, atol=1e-5, equal_nan=True)
+        for a, b in zip(mine, expected, strict=True)
+    )
 
 
 def _fx_inputs(node: torch.fx.Node) -> list[torch.fx.Node]:
@@ -233,10 +266,11 @@ class _StreamingComparison(torch.fx.Interpreter):
         self.diffs: dict[str, ValueDiff] = {}
         self.kept: dict[str, np.ndarray] = {}
         self.differing_parameters: list[ValueDiff] = []  # against the user's file
+        self.outputs: Any = None  # what the program returned
 
     def compare_all(self) -> _StreamingComparison:
         with torch.no_grad():
-            self.run(*self._program.flat_args)
+            self.outputs = self.run(*self._program.flat_args)
         return self
 
     def is_tensor(self, node: torch.fx.Node) -> bool:
@@ -346,7 +380,7 @@ def _parameter_warning(differing: list[ValueDiff]) -> str:
     )
 
 
-def _localize_by_names(program: _TorchProgram, proto: onnx.ModelProto, registry: Registry, opset: int, rtol: float | None, atol: float | None, trial: int, kernels: Any = None) -> Localization:
+def _localize_by_names(program: _TorchProgram, proto: onnx.ModelProto, registry: Registry, opset: int, rtol: float | None, atol: float | None, trial: int, kernels: Any = None) -> tuple[Localization, Any]:
     graph = proto.graph
     available = _graph_value_names(graph)
     initializers = _initializers(proto)
@@ -366,7 +400,7 @@ def _localize_by_names(program: _TorchProgram, proto: onnx.ModelProto, registry:
         outputs = tuple(result.diffs[o.name] for o in outs)
         onnx_nodes = annotated.get(node.name) or cones.claim([o.name for o in outs if o.name in available], [i.name for i in _fx_inputs(node)])
         nodes.append(NodeLocalization(index, node.name, _torch_op_name(node), onnx_nodes, inputs, outputs, translation(node), _source_of(node)))
-    return Localization("names", "dynamo", opset, trial, tuple(nodes), note=_parameter_warning(result.differing_parameters))
+    return Localization("names", "dynamo", opset, trial, tuple(nodes), note=_parameter_warning(result.differing_parameters)), result.outputs
 
 
 def _probe_module(program: _TorchProgram, outs: list[torch.fx.Node]) -> torch.fx.GraphModule:
@@ -388,15 +422,19 @@ def _final_nodes(program: _TorchProgram) -> list[torch.fx.Node]:
     return [n for n in torch.utils._pytree.tree_leaves(output_node.args) if isinstance(n, torch.fx.Node)]
 
 
-def _file_vs_probe(program: _TorchProgram, file: onnx.ModelProto, probe_finals: dict[str, np.ndarray], kernels: Any = None) -> str:
-    """Does the given file compute what the re-export computes? (If not, the probe proves little.)"""
+def _file_vs_probe(program: _TorchProgram, file: onnx.ModelProto, probe_finals: dict[str, np.ndarray], kernels: Any = None, file_outputs: Sequence[np.ndarray] | None = None) -> str:
+    """Does the given file compute what the re-export computes? (If not, the probe proves little.)
+    ``file_outputs``: the file's outputs on these inputs when the caller (verify) has them."""
     finals = _final_nodes(program)
     if len(finals) != len(file.graph.output) or any(n.name not in probe_finals for n in finals):
         return ""
-    try:
-        from_file = list(_run(file, program.flat_args, kernels).values())
-    except Exception as exc:
-        return f"the given file could not be run for comparison ({type(exc).__name__})"
+    if file_outputs is not None and len(file_outputs) == len(finals):
+        from_file = [np.asarray(v) for v in file_outputs]
+    else:
+        try:
+            from_file = list(_run(file, program.flat_args, kernels).values())
+        except Exception as exc:
+            return f"the given file could not be run for comparison ({type(exc).__name__})"
     for node, value in zip(finals, from_file, strict=True):
         probe = probe_finals[node.name]
         if probe.shape != value.shape or not np.allclose(probe, value, rtol=1e-4, atol=1e-5, equal_nan=True):
@@ -408,10 +446,10 @@ def _file_vs_probe(program: _TorchProgram, file: onnx.ModelProto, probe_finals: 
     return "the given file's outputs equal the re-export's"
 
 
-def _localize_by_probe(program: _TorchProgram, exporter: str, registry: Registry, opset: int, rtol: float | None, atol: float | None, trial: int, file: onnx.ModelProto | None = None, kernels: Any = None) -> Localization:
+def _localize_by_probe(program: _TorchProgram, exporter: str, registry: Registry, opset: int, rtol: float | None, atol: float | None, trial: int, file: onnx.ModelProto | None = None, kernels: Any = None, file_outputs: Sequence[np.ndarray] | None = None) -> tuple[Localization, Any]:
     outs = [o for _, node_outs in _op_nodes(program.module, _traced_tensor) for o in node_outs]
     if not outs:
-        return Localization("probe", exporter, opset, trial, (), note="the program has no intermediate tensors")
+        return Localization("probe", exporter, opset, trial, (), note="the program has no intermediate tensors"), None
     probe = _probe_module(program, outs)
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -445,8 +483,8 @@ def _localize_by_probe(program: _TorchProgram, exporter: str, registry: Registry
         "with every intermediate as an output (same exporter, opset and registry)"
     ]
     if file is not None:
-        notes += [_file_vs_probe(program, file, result.kept, kernels), _parameter_warning(result.differing_parameters)]
-    return Localization("probe", exporter, opset, trial, tuple(nodes), note="; ".join(n for n in notes if n))
+        notes += [_file_vs_probe(program, file, result.kept, kernels, file_outputs), _parameter_warning(result.differing_parameters)]
+    return Localization("probe", exporter, opset, trial, tuple(nodes), note="; ".join(n for n in notes if n)), result.outputs
 
 
 def _default_opset(proto: onnx.ModelProto | None) -> int:
@@ -469,6 +507,8 @@ def localize(
     atol: float | None = None,
     trial: int = 0,
     kernels: Any = None,
+    eager_outputs: Sequence[torch.Tensor] | None = None,
+    file_outputs: Sequence[np.ndarray] | None = None,
 ) -> Localization:
     """Compare every intermediate value of ``model(*args)`` with the ONNX side, node by node.
 
@@ -476,6 +516,13 @@ def localize(
     intermediates are compared. Otherwise (TorchScript files, or no file) the program is
     re-exported with ``exporter`` (default: ``"torchscript"`` when a file was given, else
     ``"dynamo"``) at ``opset`` (default: the file's) with ``registry`` and compared by position.
+
+    The torch side is the program the dynamo exporter traced when the file was exported in this
+    process from this very model and inputs (`onnx_custom.exporter.program_cache`), else a fresh
+    ``torch.export``. ``eager_outputs`` / ``file_outputs``: ``model(*args)``'s flattened outputs and
+    the file's ONNX Runtime outputs on ``args`` when the caller already has them (verify does): the
+    first checks that a reused program still computes what eager does (else it is traced again),
+    the second spares the probe method a run of the file.
     """
     if isinstance(args, torch.Tensor):
         args = (args,)
@@ -486,11 +533,21 @@ def localize(
     proto = load_model(onnx_model) if onnx_model is not None else None
     reg = registry if registry is not None else default_registry()
     opset = opset if opset is not None else _default_opset(proto)
+    def run(program: _TorchProgram) -> tuple[Localization, Any]:
+        if proto is not None and exporter in (None, "dynamo"):
+            fx_names = {o.name for _, outs in _op_nodes(program.module, _traced_tensor) for o in outs}
+            if fx_names and len(fx_names & _graph_value_names(proto.graph)) >= max(1, len(fx_names) // 4):
+                return _localize_by_names(program, proto, reg, opset, rtol, atol, trial, kernels)
+        chosen = exporter or ("torchscript" if proto is not None else "dynamo")
+        return _localize_by_probe(program, chosen, reg, opset, rtol, atol, trial, proto, kernels, file_outputs)
+
     program = _trace_torch(model, args)
-    if proto is not None and exporter in (None, "dynamo"):
-        fx_names = {o.name for _, outs in _op_nodes(program.module, _traced_tensor) for o in outs}
-        if fx_names and len(fx_names & _graph_value_names(proto.graph)) >= max(1, len(fx_names) // 4):
-            return _localize_by_names(program, proto, reg, opset, rtol, atol, trial, kernels)
-    chosen = exporter or ("torchscript" if proto is not None else "dynamo")
-    return _localize_by_probe(program, chosen, reg, opset, rtol, atol, trial, proto, kernels)
+    result, outputs = run(program)
+    if program.reused:
+        if eager_outputs is None:
+            with torch.no_grad():
+                eager_outputs = [t for t in torch.utils._pytree.tree_leaves(model(*args)) if isinstance(t, torch.Tensor)]
+        if not _outputs_agree(outputs, eager_outputs):  # the model changed since export: trace it now
+            result, _ = run(_trace_torch(model, args, reuse=False))
+    return result
 

@@ -23,7 +23,10 @@ from onnx_custom.verification.runner import _from_ort_value, custom_node_types
 
 __all__ = ["SegmentedRun"]
 
-DEFAULT_BUDGET_BYTES = 8 << 20  # peak memory vs sessions: 8 MiB measured as fast as 48 MiB
+# Peak memory vs sessions (issue 25, N=32 DCN net, 227 nodes): 1/2/4/8 MiB cost the same CPU time
+# within noise (371/429/371/353 ms for 68/46/23/12 segments), while the peak RSS localize adds
+# over a plain verify grows with it (+16 MiB at 1 MiB, +37 at 8, +98 at 32).
+DEFAULT_BUDGET_BYTES = 2 << 20
 _UNKNOWN_VALUE_BYTES = 1 << 20  # a value whose shape the file does not state
 
 
@@ -71,6 +74,10 @@ def _session(model: onnx.ModelProto, kernels: Any) -> ort.InferenceSession:
 
     options = quiet_session_options()  # failures are reported by localize, not ORT's log
     options.enable_cpu_mem_arena = False
+    # No spin-waiting between a segment's ops: a spinning pool burns the CPU time of a whole
+    # core per thread (measured: 118 vs 56 ms CPU for one run of a 59-node DCN net, same wall time).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     if not custom_node_types(model):
         return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     from onnx_custom.runtime import InferenceSession

@@ -421,10 +421,13 @@ def verify(
             )
         problems: list[str] = []
         compared_bad = False
+        ort_outputs: list[Any] | None = None  # handed to localize, which then need not run the file again
         for backend, session in sessions.items():
             try:
                 actual = run_onnx(session, proto, tuple(trial_args), binding)
                 mismatches = declared.run(trial.index, tuple(trial_args), binding, dict(zip(onnx_names, actual, strict=True)), input_shapes) if backend == "onnxruntime" else []
+                if backend == "onnxruntime":
+                    ort_outputs = list(actual)
             except OnnxCustomError:
                 raise
             except Exception as exc:
@@ -446,7 +449,10 @@ def verify(
         if localize and compared_bad and report.localization is None:
             if progress is not None:
                 progress(f"verify: localizing the mismatch of trial {trial.index}")
-            report.localization = _localize_safely(model, tuple(trial_args), proto, trial.index, exporter=exporter, opset=opset, registry=registry, rtol=rtol, atol=atol, kernels=kernels)
+            report.localization = _localize_safely(
+                model, tuple(trial_args), proto, trial.index, exporter=exporter, opset=opset, registry=registry, rtol=rtol, atol=atol,
+                kernels=kernels, eager_outputs=[leaf for _, leaf in flat], file_outputs=ort_outputs,
+            )  # fmt: skip
     report.trials = len(report.shapes_tried)
     if raise_on_mismatch and not report.passed:
         raise VerificationError(str(report), report)
