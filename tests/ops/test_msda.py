@@ -209,11 +209,12 @@ def test_backward_is_deterministic() -> None:
 
 
 THREAD_SIZES = [  # (bs, queries, heads, dim, points, levels)
-    # dims in chunks of 32 plus a remainder (40, 70) or exactly two chunks (64); one (b, h) pair
-    # with 2 threads splits the 7 queries unevenly across private value-gradient buffers
+    # dims in chunks of 32 plus a remainder (40, 70) or exactly two chunks (64). At 2 threads:
+    # one (b, h) pair splits its 7 queries unevenly across private value-gradient buffers; two
+    # images take one work item each; one image's 3 heads split into blocks of 1 and 2 heads.
     (1, 7, 1, 40, 3, ((5, 4), (2, 3))),
     (2, 5, 3, 64, 2, ((4, 4), (1, 2))),
-    (1, 9, 2, 70, 2, ((3, 5),)),
+    (1, 9, 3, 70, 2, ((3, 5),)),
 ]
 
 

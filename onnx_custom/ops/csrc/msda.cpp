@@ -211,61 +211,81 @@ inline void backward_chunk(Sample<T>* samples, int64_t count, const T* attn, con
   }
 }
 
-// Gradients of the queries [q0, q1) of head h in batch b. The value gradient of key k goes to
-// gv[k * gv_stride : + D]; every sampling-location and attention-weight gradient of these
-// queries is written (zeros for samples that contribute nothing), so neither needs a zero-fill.
+// Gradients of the queries [q0, q1) of heads [h0, h1) in batch b, query by query (all of a
+// query's heads together: the rows they touch are neighbours in value's (key, head, dim) layout,
+// ~1.4x faster than head by head). The value gradient of key k, head h goes to
+// gv[k * gv_stride + (h - h0) * gv_head : + D]; every sampling-location and attention-weight
+// gradient of these queries is written (zeros for samples that contribute nothing), so neither
+// needs a zero-fill.
 template <typename T>
-void backward_pair(const Geometry& g, int64_t b, int64_t h, int64_t q0, int64_t q1,
-                   const T* value, const T* loc, const T* attn, const T* grad, T* gv,
-                   int64_t gv_stride, T* gloc, T* gattn, std::vector<Sample<T>>& samples) {
-  const int64_t key_stride = g.M * g.D;
-  const T* vh = value + b * g.K * key_stride + h * g.D;
+void backward_query(const Geometry& g, int64_t b, int64_t h, int64_t q, const T* value,
+                    const T* loc, const T* attn, const T* grad, T* gv, int64_t gv_stride, T* gloc,
+                    T* gattn, std::vector<Sample<T>>& samples);
+
+template <typename T>
+void backward_block(const Geometry& g, int64_t b, int64_t h0, int64_t h1, int64_t q0, int64_t q1,
+                    const T* value, const T* loc, const T* attn, const T* grad, T* gv,
+                    int64_t gv_stride, int64_t gv_head, T* gloc, T* gattn,
+                    std::vector<Sample<T>>& samples) {
   samples.resize(g.L * g.P);
   for (int64_t q = q0; q < q1; ++q) {
-    const int64_t bq = b * g.Q + q;
-    const T* go = grad + bq * key_stride + h * g.D;
-    const int64_t sample0 = (bq * g.M + h) * g.L * g.P;
-    int64_t count = 0;
-    for (int64_t l = 0; l < g.L; ++l) {
-      for (int64_t p = 0; p < g.P; ++p) {
-        const int64_t s = sample0 + l * g.P + p;
-        Sample<T>& sm = samples[count];
-        if (!sample_cell(loc[2 * s], loc[2 * s + 1], g.H[l], g.W[l], g.start[l], &sm.c)) {
-          gattn[s] = T(0);
-          gloc[2 * s] = gloc[2 * s + 1] = T(0);
-          continue;
-        }
-        sm.s = s;
-        sm.l = l;
-        corner_weights(sm.c, sm.w);
-        for (int corner = 0; corner < 4; ++corner) {
-          const int64_t row = corner_row(sm.c, corner, g.W[l]);
-          sm.v[corner] = sm.c.in[corner] ? vh + row * key_stride : nullptr;
-          sm.gv[corner] = sm.c.in[corner] ? gv + row * gv_stride : nullptr;
-          sm.dot[corner] = T(0);
-        }
-        ++count;
-      }
-    }
-    int64_t d0 = 0;
-    for (; d0 + kChunk <= g.D; d0 += kChunk) backward_chunk<T, kChunk>(samples.data(), count, attn, go, d0, 0);
-    if (d0 < g.D) backward_chunk<T, 0>(samples.data(), count, attn, go, d0, g.D - d0);
-    for (int64_t i = 0; i < count; ++i) {
-      const Sample<T>& sm = samples[i];
-      const T* dot = sm.dot;
-      const T* w = sm.w;
-      const T a = attn[sm.s];
-      gattn[sm.s] = w[0] * dot[0] + w[1] * dot[1] + w[2] * dot[2] + w[3] * dot[3];
-      const T hx = T(1) - sm.c.lx, hy = T(1) - sm.c.ly;
-      const T dx = hy * (dot[1] - dot[0]) + sm.c.ly * (dot[3] - dot[2]);
-      const T dy = hx * (dot[2] - dot[0]) + sm.c.lx * (dot[3] - dot[1]);
-      gloc[2 * sm.s] = a * static_cast<T>(g.W[sm.l]) * dx;
-      gloc[2 * sm.s + 1] = a * static_cast<T>(g.H[sm.l]) * dy;
+    for (int64_t h = h0; h < h1; ++h) {
+      backward_query(g, b, h, q, value, loc, attn, grad, gv + (h - h0) * gv_head, gv_stride, gloc,
+                     gattn, samples);
     }
   }
 }
 
-// Zero the value-gradient rows of one (b, h) pair: K rows of D numbers, gv_stride apart. Done by
+// Gradients of query q of head h in batch b (see backward_block).
+template <typename T>
+void backward_query(const Geometry& g, int64_t b, int64_t h, int64_t q, const T* value,
+                    const T* loc, const T* attn, const T* grad, T* gv, int64_t gv_stride, T* gloc,
+                    T* gattn, std::vector<Sample<T>>& samples) {
+  const int64_t key_stride = g.M * g.D;
+  const T* vh = value + b * g.K * key_stride + h * g.D;
+  const int64_t bq = b * g.Q + q;
+  const T* go = grad + bq * key_stride + h * g.D;
+  const int64_t sample0 = (bq * g.M + h) * g.L * g.P;
+  int64_t count = 0;
+  for (int64_t l = 0; l < g.L; ++l) {
+    for (int64_t p = 0; p < g.P; ++p) {
+      const int64_t s = sample0 + l * g.P + p;
+      Sample<T>& sm = samples[count];
+      if (!sample_cell(loc[2 * s], loc[2 * s + 1], g.H[l], g.W[l], g.start[l], &sm.c)) {
+        gattn[s] = T(0);
+        gloc[2 * s] = gloc[2 * s + 1] = T(0);
+        continue;
+      }
+      sm.s = s;
+      sm.l = l;
+      corner_weights(sm.c, sm.w);
+      for (int corner = 0; corner < 4; ++corner) {
+        const int64_t row = corner_row(sm.c, corner, g.W[l]);
+        sm.v[corner] = sm.c.in[corner] ? vh + row * key_stride : nullptr;
+        sm.gv[corner] = sm.c.in[corner] ? gv + row * gv_stride : nullptr;
+        sm.dot[corner] = T(0);
+      }
+      ++count;
+    }
+  }
+  int64_t d0 = 0;
+  for (; d0 + kChunk <= g.D; d0 += kChunk) backward_chunk<T, kChunk>(samples.data(), count, attn, go, d0, 0);
+  if (d0 < g.D) backward_chunk<T, 0>(samples.data(), count, attn, go, d0, g.D - d0);
+  for (int64_t i = 0; i < count; ++i) {
+    const Sample<T>& sm = samples[i];
+    const T* dot = sm.dot;
+    const T* w = sm.w;
+    const T a = attn[sm.s];
+    gattn[sm.s] = w[0] * dot[0] + w[1] * dot[1] + w[2] * dot[2] + w[3] * dot[3];
+    const T hx = T(1) - sm.c.lx, hy = T(1) - sm.c.ly;
+    const T dx = hy * (dot[1] - dot[0]) + sm.c.ly * (dot[3] - dot[2]);
+    const T dy = hx * (dot[2] - dot[0]) + sm.c.lx * (dot[3] - dot[1]);
+    gloc[2 * sm.s] = a * static_cast<T>(g.W[sm.l]) * dx;
+    gloc[2 * sm.s + 1] = a * static_cast<T>(g.H[sm.l]) * dy;
+  }
+}
+
+// Zero the value-gradient rows of one work item: `rows` rows of D numbers, gv_stride apart. Done by
 // the thread that then accumulates into them (first touch, parallel, cache-warm).
 template <typename T>
 void zero_rows(T* gv, int64_t rows, int64_t D, int64_t gv_stride) {
@@ -321,10 +341,14 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_, const at::Tensor& valu
     return result();
   }
   const int64_t pairs = g.bs * g.M, threads = at::get_num_threads();
-  // Fewer (b, h) pairs than threads: split each pair's queries, each split with its own value
-  // gradient buffer (K x D), summed afterwards in split order.
+  // Work items own disjoint value gradients, so no two threads ever add into the same number:
+  // (batch, block of heads) items, as many blocks per batch as it takes to feed the threads.
+  // Fewer (b, h) pairs than threads: split each pair's queries instead, each split with its own
+  // value gradient buffer (K x D), summed afterwards in split order. Results never depend on
+  // thread timing.
   const int64_t splits = pairs >= threads ? 1 : std::min<int64_t>(g.Q, (threads + pairs - 1) / pairs);
-  const int64_t items = pairs * splits;
+  const int64_t blocks = splits > 1 ? g.M : std::min<int64_t>(g.M, (threads + g.bs - 1) / g.bs);
+  const int64_t items = g.bs * blocks * splits;
   std::vector<at::Tensor> privates(splits > 1 ? items : 0);
   if (splits > 1) grad_value.zero_();
   AT_DISPATCH_FLOATING_TYPES(ct, "multi_scale_deformable_attn_backward", [&] {
@@ -339,24 +363,25 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_, const at::Tensor& valu
     at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
       std::vector<Sample<T>> samples;
       for (int64_t item = begin; item < end; ++item) {
-        const int64_t pair = item / splits, split = item % splits;
-        const int64_t b = pair / g.M, h = pair % g.M;
+        const int64_t block = item / splits, split = item % splits;
+        const int64_t b = block / blocks, blk = block % blocks;
+        const int64_t h0 = blk * g.M / blocks, h1 = (blk + 1) * g.M / blocks;
         const int64_t q0 = split * g.Q / splits, q1 = (split + 1) * g.Q / splits;
         if (splits == 1) {
-          T* gv = gvp + b * g.K * g.M * g.D + h * g.D;
-          zero_rows(gv, g.K, g.D, g.M * g.D);
-          backward_pair(g, b, h, q0, q1, v, lp, ap, gp, gv, g.M * g.D, glp, gap, samples);
-        } else {
+          T* gv = gvp + b * g.K * g.M * g.D + h0 * g.D;
+          zero_rows(gv, g.K, (h1 - h0) * g.D, g.M * g.D);
+          backward_block(g, b, h0, h1, q0, q1, v, lp, ap, gp, gv, g.M * g.D, g.D, glp, gap, samples);
+        } else {  // one head per block
           privates[item] = at::zeros({g.K, g.D}, value.options());
-          backward_pair(g, b, h, q0, q1, v, lp, ap, gp, privates[item].data_ptr<T>(), g.D, glp,
-                        gap, samples);
+          backward_block(g, b, h0, h1, q0, q1, v, lp, ap, gp, privates[item].data_ptr<T>(), g.D,
+                         int64_t(0), glp, gap, samples);
         }
       }
     });
   });
   if (splits > 1) {
     for (int64_t item = 0; item < items; ++item) {
-      const int64_t pair = item / splits;
+      const int64_t pair = item / splits;  // blocks == M: block = pair = b * M + h
       grad_value.select(0, pair / g.M).select(1, pair % g.M).add_(privates[item]);
     }
   }
