@@ -16,9 +16,12 @@
 //
 // value (bs, K, M, D) stores each (key, head) as D contiguous numbers, so every bilinear corner is
 // one contiguous D-vector: the inner loops are plain axpy / dot over D, which the compiler
-// vectorizes. The forward is parallel over (b, q); the backward over (b, h) pairs, whose value
-// gradients never overlap (split further by queries with private buffers, summed in a fixed order,
-// when there are fewer pairs than threads), so results never depend on thread timing.
+// vectorizes. The forward is parallel over (b, q); the backward over (batch, block of heads)
+// items, query by query within an item, whose value gradients never overlap (split further by
+// queries with private buffers, summed in a fixed order, when there are fewer (b, h) pairs than
+// threads), so results never depend on thread timing. No output is zero-filled up front: the
+// forward writes each output row once, the backward writes every location / weight gradient and
+// each item zeroes its own value-gradient rows.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
