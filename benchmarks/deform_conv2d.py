@@ -205,6 +205,7 @@ def _comparisons(
     return [
         ("eager op (C++)", "ORT DeformConv op19", eager, ort_native, 1.2),
         ("F.conv2d (no deformation)", "ORT DeformConv op19", conv, ort_native, None),
+        ("eager op (C++)", "F.conv2d (no deformation)", eager, conv, 1.6),  # issue 25
         ("ORT custom-node kernel", "eager op (C++)", kernel, eager, 1.1),
         ("DCN net, ORT opset 19", "DCN net, eager", net19, net_eager, 1.0),
         ("DCN net, ORT opset 11 (kernel)", "DCN net, eager", net11, net_eager, None),

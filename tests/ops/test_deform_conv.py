@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
-from test_deform_conv_reference import Geometry
+from test_deform_conv_reference import Geometry, reference_deform_conv2d
 
 from onnx_custom.ops.deform_conv import deform_conv2d, deform_conv2d_op, load_extension
 
@@ -198,6 +198,38 @@ def test_matches_ort_and_reference(case: Case, dtype: torch.dtype) -> None:
     # onnx.reference samples through GridSample, which un-normalizes coordinates in float32
     # (op_grid_sample.py), so it is only float32-accurate even for float64 inputs.
     torch.testing.assert_close(got, expected_ref, **fp32_tol)
+
+
+# >= 8 channels per offset group take the channels-last forward (the rows above, the gather
+# one); these cover it. 13x12 = 156 positions: a full 128-position tile and a partial one.
+CHANNELS_LAST_CASES = [
+    Case(2, 16, 13, 12, 8, 3, 3, Geometry(pad=(1, 1))),
+    Case(1, 32, 15, 17, 6, 3, 2, Geometry((2, 1), (1, 1), (1, 2), groups=2, offset_groups=2), offset_scale=3.0),
+    # one offset group spanning four convolution groups of 6 channels: each sample's channel
+    # vector is split across the groups' column blocks
+    Case(2, 24, 9, 10, 4, 2, 3, Geometry(pad=(1, 0), groups=4, use_mask=False)),
+    Case(1, 16, 12, 12, 4, 3, 3, Geometry(pad=(2, 2), dil=(2, 2)), offset_scale=10.0),  # mostly off
+    Case(1, 8, 11, 12, 4, 3, 3, Geometry(pad=(1, 1))),  # exactly the threshold (8 per group)
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", CHANNELS_LAST_CASES, ids=lambda c: c.id)
+def test_channels_last_forward_matches_ort_and_reference(case: Case, dtype: torch.dtype) -> None:
+    t = case.tensors(dtype)
+    got = OP(*case.op_args(t))
+    feeds = {k: v.numpy() for k, v in t.items() if k != "grad" and (k != "mask" or case.geo.use_mask)}
+    sess = ort.InferenceSession(case.onnx_model(dtype).SerializeToString(), providers=["CPUExecutionProvider"])
+    tol = {"rtol": 1e-5, "atol": 5e-5} if dtype == torch.float32 else {}
+    torch.testing.assert_close(got, torch.from_numpy(sess.run(None, feeds)[0]), **tol)
+    mask = t["mask"] if case.geo.use_mask else None
+    expected = reference_deform_conv2d(t["input"], t["weight"], t["offset"], mask, t["bias"], case.geo)
+    torch.testing.assert_close(got, expected, **tol)
+    t["offset"].zero_()
+    t["mask"].fill_(1.0)
+    g = case.geo
+    conv = F.conv2d(t["input"], t["weight"], t["bias"], g.stride, g.pad, g.dil, g.groups)
+    torch.testing.assert_close(OP(*case.op_args(t)), conv, **tol)
 
 
 @pytest.mark.parametrize("case", CASES[:4], ids=lambda c: c.id)

@@ -18,6 +18,7 @@ def test_benchmark_runs_and_reports_every_ratio(capsys: pytest.CaptureFixture[st
     spec.loader.exec_module(module)
     results = module.main(["--repeat", "1", "--rounds", "1"])
     assert "eager op (C++) / ORT DeformConv op19" in results
+    assert "eager op (C++) / F.conv2d (no deformation)" in results
     assert "ORT custom-node kernel / eager op (C++)" in results
     assert "DCN net, ORT opset 19 / DCN net, eager" in results
     assert "eager fwd+bwd (C++) / eager op (C++)" in results

@@ -208,6 +208,42 @@ def test_backward_is_deterministic() -> None:
         assert all(torch.equal(a, b) for a, b in zip(first, torch.autograd.grad(out.sum(), leaves, retain_graph=True), strict=True))
 
 
+THREAD_SIZES = [  # (bs, queries, heads, dim, points, levels)
+    # dims in chunks of 32 plus a remainder (40, 70) or exactly two chunks (64). At 2 threads:
+    # one (b, h) pair splits its 7 queries unevenly across private value-gradient buffers; two
+    # images take one work item each; one image's 3 heads split into blocks of 1 and 2 heads.
+    (1, 7, 1, 40, 3, ((5, 4), (2, 3))),
+    (2, 5, 3, 64, 2, ((4, 4), (1, 2))),
+    (1, 9, 3, 70, 2, ((3, 5),)),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2], ids=lambda t: f"threads{t}")
+@pytest.mark.parametrize("size", THREAD_SIZES, ids=lambda s: f"bs{s[0]}-q{s[1]}-m{s[2]}-d{s[3]}-p{s[4]}-L{len(s[5])}")
+def test_chunked_dims_and_thread_splits(size: tuple[Any, ...], threads: int) -> None:
+    """Forward and gradients against grid_sample, and run-to-run identical gradients, for head
+    dims that are / are not multiples of the kernels' 32-wide chunks, at 1 and 2 threads."""
+    bs, q, m, d, p, levels = size
+    value, shapes, starts, loc, attn = make_inputs(bs, q, m, d, p, levels, dtype=torch.float64, seed=12)
+    ours = [t.clone().requires_grad_() for t in (value, loc, attn)]
+    ref = [t.clone().requires_grad_() for t in (value, loc, attn)]
+    grad = torch.randn(bs, q, m * d, dtype=torch.float64, generator=torch.Generator().manual_seed(13))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = _call(ours[0], shapes, starts, ours[1], ours[2])
+        got = torch.autograd.grad(out, ours, grad, retain_graph=True)
+        again = torch.autograd.grad(out, ours, grad)
+    finally:
+        torch.set_num_threads(before)
+    expected_out = grid_sample_msda(ref[0], shapes, ref[1], ref[2])
+    torch.testing.assert_close(out, expected_out)
+    expected = torch.autograd.grad(expected_out, ref, grad)
+    for name, a, b, c in zip(("value", "sampling_locations", "attention_weights"), got, expected, again, strict=True):
+        torch.testing.assert_close(a, b, msg=f"grad {name}")
+        assert torch.equal(a, c), f"grad {name} differs between runs"
+
+
 # --------------------------------------------------------------------- the mmcv-style wrapper
 def test_wrapper_casts_locations_and_weights_like_mmcv() -> None:
     value, shapes, starts, loc, attn = make_inputs(dtype=torch.float64, seed=11)

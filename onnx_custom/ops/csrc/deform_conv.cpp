@@ -193,6 +193,123 @@ void im2col_tile(const Geometry& g, const T* padded, const T* off, const T* mask
   }
 }
 
+// Channels of one offset group split at convolution-group boundaries: [lo, hi) within group grp.
+struct Segment {
+  int64_t grp, lo, hi;
+};
+
+std::vector<Segment> segments(const Geometry& g, int64_t og) {
+  const int64_t cin_g = g.C / g.groups;
+  std::vector<Segment> out;
+  for (int64_t c = og * g.cpog; c < (og + 1) * g.cpog;) {
+    const int64_t grp = c / cin_g, end = std::min((og + 1) * g.cpog, (grp + 1) * cin_g);
+    out.push_back({grp, c - grp * cin_g, end - grp * cin_g});
+    c = end;
+  }
+  return out;
+}
+
+// ---- forward, channels-last ------------------------------------------------------------------
+//
+// The forward samples a bordered channels-last image [H+2, W+2, C]: a sample's four corners are
+// four contiguous channel vectors, so one tap (its cell and four weights, mask folded in,
+// computed once per (position, kernel tap) and offset group) serves all the channels of its
+// offset group with plain vector loads and FMAs, no gathers. Columns are written per position t
+// as [group][tap][c] (the backward's layout), so each convolution group's GEMM is
+// weight [cout_g, K * cin_g] x columns^T, handed to torch's BLAS straight into the output.
+
+// The forward samples channels-last from this many channels per offset group on (below, the
+// channel vectors are too short to beat per-plane gathers). Tests run both paths.
+constexpr int64_t kChannelsLastMinChannels = 8;
+
+// Forward taps of one tile and offset group: the cell's top-left bordered pixel and its four
+// bilinear weights times the mask; base -1 outside torchvision's forward support (NaN included).
+template <typename T>
+struct ForwardTaps {
+  std::vector<int64_t> base;
+  std::vector<T> w;  // 4 per tap: w00, w01, w10, w11
+  explicit ForwardTaps(int64_t n) : base(n), w(4 * n) {}
+};
+
+// Taps of flat (k, p) indices [begin, end) stored at entries [at, at + end - begin).
+template <typename T>
+void build_forward_taps(const Geometry& g, const T* off, const T* mask, int64_t og, int64_t begin,
+                        int64_t end, ForwardTaps<T>& tp, int64_t at) {
+  for (int64_t kp = begin; kp < end; ++kp) {
+    const int64_t i = at + kp - begin;
+    int64_t base;
+    T ly, lx, m;
+    if (!sample_cell(g, off, mask, og, kp, Support::kForward, &base, &ly, &lx, &m)) {
+      tp.base[i] = -1;
+      continue;
+    }
+    tp.base[i] = base;
+    T* w = tp.w.data() + 4 * i;
+    w[0] = (1 - ly) * (1 - lx) * m;
+    w[1] = (1 - ly) * lx * m;
+    w[2] = ly * (1 - lx) * m;
+    w[3] = ly * lx * m;
+  }
+}
+
+// col[c] = bilinear sample of `count` channels; p00 is the cell's top-left pixel (first channel),
+// the other corners are one pixel (C) and one bordered row (row) further.
+template <typename T>
+inline void sample_channels_forward(const T* __restrict p00, int64_t C, int64_t row, int64_t count,
+                                    const T* w, T* __restrict col) {
+  const T* __restrict p01 = p00 + C;
+  const T* __restrict p10 = p00 + row;
+  const T* __restrict p11 = p10 + C;
+  const T w00 = w[0], w01 = w[1], w10 = w[2], w11 = w[3];
+#pragma omp simd
+  for (int64_t c = 0; c < count; ++c) {
+    col[c] = (w00 * p00[c] + w01 * p01[c]) + (w10 * p10[c] + w11 * p11[c]);
+  }
+}
+
+// Columns of the tile [p0, p0 + len) of one image into cols [len, C*K] ([group][tap][c] per
+// position). image is the bordered channels-last image; taps needs K * len entries.
+template <typename T>
+void im2col_cl_tile(const Geometry& g, const T* image, const T* off, const T* mask, int64_t p0,
+                    int64_t len, ForwardTaps<T>& taps, T* cols) {
+  const int64_t cin_g = g.C / g.groups, rows = cin_g * g.K, CK = g.C * g.K;
+  const int64_t row = (g.W + 2) * g.C;
+  for (int64_t og = 0; og < g.offset_groups; ++og) {
+    for (int64_t k = 0; k < g.K; ++k) {
+      build_forward_taps(g, off, mask, og, k * g.P + p0, k * g.P + p0 + len, taps, k * len);
+    }
+    const std::vector<Segment> segs = segments(g, og);
+    for (int64_t t = 0; t < len; ++t) {
+      for (int64_t k = 0; k < g.K; ++k) {
+        const int64_t i = k * len + t, base = taps.base[i];
+        for (const Segment& seg : segs) {
+          T* col = cols + t * CK + seg.grp * rows + k * cin_g + seg.lo;
+          const int64_t count = seg.hi - seg.lo;
+          if (base < 0) {
+            std::fill_n(col, count, T(0));
+            continue;
+          }
+          sample_channels_forward(image + base * g.C + seg.grp * cin_g + seg.lo, g.C, row, count,
+                                  taps.w.data() + 4 * i, col);
+        }
+      }
+    }
+  }
+}
+
+// Zero-bordered channels-last copy [N, H+2, W+2, C] in the compute dtype: only the border is
+// zeroed, the interior is one converting copy (cheap when the input is channels-last already).
+inline at::Tensor padded_channels_last(const at::Tensor& input, at::ScalarType ct) {
+  const int64_t N = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
+  at::Tensor padded = at::empty({N, H + 2, W + 2, C}, input.options().dtype(ct));
+  padded.select(1, 0).zero_();
+  padded.select(1, H + 1).zero_();
+  padded.select(2, 0).zero_();
+  padded.select(2, W + 1).zero_();
+  padded.slice(1, 1, H + 1).slice(2, 1, W + 1).copy_(input.permute({0, 2, 3, 1}));
+  return padded;
+}
+
 // ---- backward ---------------------------------------------------------------------------------
 //
 // The backward works channels-last: the bordered image is [H+2, W+2, C], so the four corners of a
@@ -271,22 +388,6 @@ inline void sample_channels(const T* __restrict p00, T* __restrict g00, int64_t 
   }
 }
 
-// Channels of one offset group split at convolution-group boundaries: [lo, hi) within group grp.
-struct Segment {
-  int64_t grp, lo, hi;
-};
-
-std::vector<Segment> segments(const Geometry& g, int64_t og) {
-  const int64_t cin_g = g.C / g.groups;
-  std::vector<Segment> out;
-  for (int64_t c = og * g.cpog; c < (og + 1) * g.cpog;) {
-    const int64_t grp = c / cin_g, end = std::min((og + 1) * g.cpog, (grp + 1) * cin_g);
-    out.push_back({grp, c - grp * cin_g, end - grp * cin_g});
-    c = end;
-  }
-  return out;
-}
-
 // Per-thread buffers of the backward.
 template <typename T>
 struct BackwardScratch {
@@ -361,18 +462,51 @@ at::Tensor forward(const at::Tensor& input_, const at::Tensor& weight_, const at
                                    use_mask);
   at::Tensor output = at::empty({g.N, g.Cout, g.Ho, g.Wo}, input_.options().dtype(ct));
   if (output.numel() == 0) return output.to(input_.scalar_type());
-  // Tiles of output positions keep the columns of one work item in L2 and let threads split
-  // (image, tile) pairs, sampling and GEMM together.
+  const int64_t cin_g = g.C / groups, cout_g = g.Cout / groups;
+  const at::Tensor out = output.view({g.N, g.Cout, g.P});
+  const int64_t off_stride = 2 * g.offset_groups * g.K * g.P, mask_stride = off_stride / 2;
+  // Worker threads do not inherit the caller's dispatch state (below-autograd, InferenceMode);
+  // without it the ATen GEMMs below would see autograd keys and inference outputs would fail.
+  const at::ThreadLocalState tls;
+  if (g.cpog >= kChannelsLastMinChannels) {
+    // Channels-last sampling (see im2col_cl_tile). Tiles of output positions keep a work item's
+    // columns (tile x C*K) in L2 and let threads split (image, tile) pairs, sampling and GEMM
+    // together.
+    constexpr int64_t kTile = 128;
+    const int64_t tiles = (g.P + kTile - 1) / kTile, CK = g.C * g.K, rows = cin_g * g.K;
+    const at::Tensor padded = padded_channels_last(input_, ct);
+    const at::Tensor wt = weight.permute({0, 2, 3, 1}).reshape({g.Cout, -1}).contiguous();
+    AT_DISPATCH_FLOATING_TYPES(ct, "deform_conv2d_forward", [&] {
+      using T = scalar_t;
+      const int64_t image_stride = (g.H + 2) * (g.W + 2) * g.C;
+      at::parallel_for(0, g.N * tiles, 1, [&](int64_t b0, int64_t b1) {
+        at::ThreadLocalStateGuard tls_guard(tls);
+        at::Tensor cols = at::empty({kTile * CK}, output.options());
+        ForwardTaps<T> taps(g.K * kTile);
+        for (int64_t b = b0; b < b1; ++b) {
+          const int64_t n = b / tiles, p0 = (b % tiles) * kTile, len = std::min(kTile, g.P - p0);
+          im2col_cl_tile(g, padded.data_ptr<T>() + n * image_stride,
+                         offset.data_ptr<T>() + n * off_stride,
+                         use_mask ? mask.data_ptr<T>() + n * mask_stride : nullptr, p0, len, taps,
+                         cols.data_ptr<T>());
+          const at::Tensor c2 = cols.narrow(0, 0, len * CK).view({len, CK});
+          for (int64_t grp = 0; grp < groups; ++grp) {
+            at::Tensor o = out[n].narrow(0, grp * cout_g, cout_g).narrow(1, p0, len);
+            at::addmm_out(o, bias.narrow(0, grp * cout_g, cout_g).unsqueeze(1),
+                          wt.narrow(0, grp * cout_g, cout_g), c2.narrow(1, grp * rows, rows).t());
+          }
+        }
+      });
+    });
+    return output.to(input_.scalar_type());
+  }
+  // Few channels per offset group: channel vectors are too short to pay for a channels-last
+  // copy; sample each NCHW plane with gathers instead.
   constexpr int64_t kTile = 256;
-  const int64_t tiles = (g.P + kTile - 1) / kTile, cin_g = g.C / groups, cout_g = g.Cout / groups;
+  const int64_t tiles = (g.P + kTile - 1) / kTile;
   const at::Tensor padded = padded_copy(input_, ct);
   const at::Tensor w = weight.view({g.Cout, -1});
-  const at::Tensor out = output.view({g.N, g.Cout, g.P});
   AT_DISPATCH_FLOATING_TYPES(ct, "deform_conv2d_forward", [&] {
-    const int64_t off_stride = 2 * g.offset_groups * g.K * g.P, mask_stride = off_stride / 2;
-    // Worker threads do not inherit the caller's dispatch state (below-autograd, InferenceMode);
-    // without it the ATen GEMMs below would see autograd keys and inference outputs would fail.
-    const at::ThreadLocalState tls;
     at::parallel_for(0, g.N * tiles, 1, [&](int64_t b0, int64_t b1) {
       at::ThreadLocalStateGuard tls_guard(tls);
       at::Tensor cols = at::empty({g.C * g.K * kTile}, output.options());
