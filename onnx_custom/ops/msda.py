@@ -106,11 +106,25 @@ MSDA = OpSpec(
 SPECS = (MSDA,)
 
 
+def _compiler_is_gcc() -> bool:
+    import subprocess
+
+    from torch.utils.cpp_extension import get_cxx_compiler
+
+    try:
+        banner = subprocess.run([get_cxx_compiler(), "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "clang" not in banner.lower() and ("gcc" in banner.lower() or "g++" in banner.lower() or "free software foundation" in banner.lower())
+
+
 def _cflags() -> list[str]:
     flags = ["-O3", "-fopenmp"]  # -fopenmp turns at::parallel_for on; torch already loads libgomp
     # GCC's -O3 unroll-and-jam fuses pairs of samples in the kernels' chunk loops and then leaves
-    # the fused loop scalar (2x slower forward); without it the chunk loops vectorize.
-    flags.append("-fno-loop-unroll-and-jam")
+    # the fused loop scalar (2x slower forward); without it the chunk loops vectorize. Clang has
+    # no such pass (and rejects the flag), so only GCC gets it.
+    if _compiler_is_gcc():
+        flags.append("-fno-loop-unroll-and-jam")
     if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
         flags += ["-mavx2", "-mfma"]  # the D-wide axpy/dot loops vectorize 8 wide
     return flags
