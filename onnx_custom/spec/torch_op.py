@@ -318,6 +318,18 @@ def make_eager(spec: OpSpec, impl: Callable[..., Any], check: Callable[..., Any]
     return eager
 
 
+def make_no_tensor_kernel(spec: OpSpec) -> Callable[..., Any]:
+    """The kernel of a call that holds no tensor at all (``op(None)``): it only names what is
+    missing. It never computes, so it never runs inside a C++ kernel's worker threads."""
+
+    def no_tensor(*args: Any, **kwargs: Any) -> Any:
+        check_inputs_present(spec, bind_args(spec, args, kwargs).tensors)
+        raise InvalidArgumentError(f"{spec.name}: the call holds no tensor to run on; fix: pass torch.Tensor inputs (on {', '.join(spec.devices)}).")
+
+    no_tensor.__qualname__ = no_tensor.__name__ = f"no_tensor[{spec.name}]"
+    return no_tensor
+
+
 def named_inputs(spec: OpSpec, setup_context: Callable[..., Any] | None) -> Callable[..., Any] | None:
     """``setup_context(ctx, inputs, output)`` where ``inputs`` is a named tuple (``inputs.x``,
     ``inputs.alpha``): still the tuple torch passes, without repeating the signature to unpack it."""
@@ -435,6 +447,13 @@ def make_op(spec: OpSpec, impl: Callable[..., Any] | None, meta: Callable[..., A
     opdef = torch.library.custom_op(spec.name, mutates_args=(), schema=spec.schema, device_types=tuple(spec.devices) or None)(make_eager(spec, impl, check, meta))
     op = TorchOp(opdef._opoverload, True, [custom_ops.OPDEF_TO_LIB[spec.name]], opdef)
     try:
+        if spec.devices:
+            # With device kernels only, a call holding no tensor (``op(None)``) has an empty
+            # dispatch key set and torch raised NotImplementedError before any check ran (ops
+            # without ``devices`` get a CompositeExplicitAutograd kernel, which serves that key).
+            # Only these ops get the key, with a kernel that never computes: serving it for every
+            # op with the eager math deadlocked deform_conv's OpenMP workers in a later export.
+            op.libraries[0].impl(spec.op_name, make_no_tensor_kernel(spec), "Undefined")
         opdef.register_fake(make_fake(spec, meta, check))
         if backward is not None:
             opdef.register_autograd(backward, setup_context=named_inputs(spec, setup_context))
