@@ -21,7 +21,6 @@ from onnx_custom.errors import VerificationError
 from onnx_custom.spec import Input, OpSpec, Output
 from onnx_custom.testing import CheckCase, CheckReport, check_op
 
-
 # -- ops ---------------------------------------------------------------------------------------
 
 
@@ -39,7 +38,7 @@ def row_mean_planted_np(x: np.ndarray) -> np.ndarray:
 
 
 def row_mean_spec(name: str, kernel: Callable[..., Any]) -> OpSpec:
-    return OpSpec(f"sizes::{name}", op_type=name.title().replace("_", ""), inputs=[Input("x", ["float32", "float64"])],
+    return OpSpec(f"sizes::{name}", op_type=name.title().replace("_", ""), inputs=[Input("x", ("float32", "float64"))],
                   outputs=[Output("y", shape="x[:-1] + [1]")], impl=row_mean, kernel=kernel)  # fmt: skip
 
 
@@ -53,7 +52,7 @@ def to_gray_np(x: np.ndarray) -> np.ndarray:
     return (0.299 * x[:, 0:1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:3]).astype(x.dtype)
 
 
-TO_GRAY = OpSpec("sizes::to_gray", op_type="ToGray", inputs=[Input("x", ["float32"])],
+TO_GRAY = OpSpec("sizes::to_gray", op_type="ToGray", inputs=[Input("x", ("float32",))],
                  outputs=[Output("y", shape="[x[0], 1, x[2], x[3]]")], impl=to_gray, kernel=to_gray_np)  # fmt: skip
 
 
@@ -133,6 +132,7 @@ def test_kernel_right_only_at_the_sample_shape_fails(exporters: tuple[str, ...])
     with pytest.raises(VerificationError) as info:
         check_op(spec, (torch.randn(3, 4),), exporters=exporters, dtypes=False)
     report = info.value.report
+    assert isinstance(report, CheckReport)
     (failed,) = [c for c in report.cases if c.passed is False]
     assert "custom node sizes::" in failed.name and exporters[0] in failed.name
     assert "x[1, 1]" in failed.detail or "x_dim1" in failed.detail  # names the size it failed at
