@@ -11,7 +11,13 @@ import onnx
 import torch
 
 from onnx_custom.common.atomic import check_output_path
-from onnx_custom.errors import InvalidArgumentError, KernelError, OnnxCustomError, VerificationError
+from onnx_custom.errors import (
+    InvalidArgumentError,
+    KernelError,
+    NodeDeclarationError,
+    OnnxCustomError,
+    VerificationError,
+)
 from onnx_custom.exporter.arguments import check_names, check_output
 from onnx_custom.exporter.pipeline import (
     DEFAULT_OPSET,
@@ -103,6 +109,7 @@ def export(
             )
         check_output_path(keep_failed, what="keep_failed")
     proto = run_export(request)
+    _check_nodes_against_kernels(proto, kernels, f)
     if functions:
         from onnx_custom.function_bodies import embed_functions
         from onnx_custom.runtime import KernelRegistry
@@ -138,6 +145,22 @@ def _verify_before_writing(model: Any, args: Any, proto: onnx.ModelProto, kernel
                 exc.args = (f"{exc.args[0]}\n{' '.join(notes)}", *exc.args[1:])
             else:
                 exc.add_note(" ".join(notes))
+        raise
+
+
+def _check_nodes_against_kernels(proto: onnx.ModelProto, kernels: Any, f: Any) -> None:
+    """Custom nodes against their registered kernels' declarations (attribute names and types,
+    required attributes, arity, dtypes) before ``f`` is written: the same check (and error) as
+    creating a session, which otherwise came only after a file ORT cannot load was on disk."""
+    from onnx_custom.runtime import KernelRegistry
+    from onnx_custom.runtime.registry import default_kernel_registry
+    from onnx_custom.runtime.validate import validate_registered
+
+    try:
+        validate_registered(proto, kernels if isinstance(kernels, KernelRegistry) else default_kernel_registry())
+    except NodeDeclarationError as exc:
+        if f is not None:
+            exc.args = (f"{exc.args[0]}\nNothing was written to {_describe(f)}.", *exc.args[1:])
         raise
 
 

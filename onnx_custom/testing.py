@@ -8,10 +8,15 @@
 * an export with each exporter per translation: the custom node, and every standard translation
   at the first opset it covers; each file is verified in ONNX Runtime (`onnx_custom.verify`)
   against eager PyTorch. Samples with the same attributes, dtypes and ranks share one file,
-  exported with dynamic dims and verified at each of their sizes;
+  exported with every dim ``Dim.AUTO`` (the exporter keeps dynamic what the op's shape rule or
+  fake kernel leaves free) and verified at each sample's size and, with ``trials > 1``, at other
+  sizes of the file's dynamic dims (1, larger, twice; each dim alone when the op refuses them
+  all at once). Each case lists the shapes it ran at (``CheckCase.shapes``) and says which dims
+  did not vary and why (static in the file, refused by eager, ``trials=1``, ``dynamic=False``);
 * the custom node at every other declared floating dtype (the eager math and the kernel must
   both take every dtype the spec declares);
-* the function body (ONNX Runtime without our kernels) and the native kernel, when declared.
+* the function body (ONNX Runtime without our kernels) and the native kernel, when declared,
+  at the same sizes.
 
 It returns a `CheckReport` and raises `VerificationError` (carrying it) when any case fails.
 """
@@ -53,15 +58,26 @@ _FLOATS = ("float32", "float64", "float16", "bfloat16")
 
 @dataclasses.dataclass(frozen=True)
 class CheckCase:
-    """One check: ``passed`` is None when it was skipped (``detail`` says why)."""
+    """One check: ``passed`` is None when it was skipped (``detail`` says why). ``shapes``: the
+    input shapes ONNX Runtime ran at (one entry per distinct set, e.g. ``"x[3, 4]"``), for the
+    cases that ran the file; ``detail`` also says which dims could not vary and why."""
 
     name: str
     passed: bool | None
     detail: str = ""
+    shapes: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         status = {True: "PASS", False: "FAIL", None: "SKIP"}[self.passed]
         return f"{status:<5} {self.name}" + (f"\n      {self.detail}" if self.detail else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Verified:
+    """What `_Checker.export_and_verify` ran: the detail line and the shapes tried."""
+
+    detail: str
+    shapes: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass
@@ -88,14 +104,16 @@ class _Skip(Exception):
     """A case that does not apply; its message says why."""
 
 
-def _run(name: str, fn: Callable[[], str]) -> CheckCase:
+def _run(name: str, fn: Callable[[], str | _Verified]) -> CheckCase:
     try:
-        detail = fn()
+        result = fn()
     except _Skip as skip:
         return CheckCase(name, None, str(skip))
     except Exception as exc:  # a failing case is a result, not a crash of check_op
         return CheckCase(name, False, f"{type(exc).__name__}: {str(exc).strip()[:2000]}")
-    return CheckCase(name, True, detail)
+    if isinstance(result, _Verified):
+        return CheckCase(name, True, result.detail, result.shapes)
+    return CheckCase(name, True, result)
 
 
 # -- samples and the module that calls the op -----------------------------------------------------
@@ -209,6 +227,14 @@ def _call(spec: OpSpec, op: Any, tensors: Sequence[Any], attrs: dict[str, Any]) 
     return op(**dict(zip((i.name for i in spec.inputs), tensors, strict=True)), **attrs)
 
 
+def _dim_plan(model: Any, sample: _Sample, proto: Any) -> Any:
+    """verify's plan of the file's dynamic dims for ``sample`` (their export sizes and ranges)."""
+    from onnx_custom.verification.runner import bind_inputs
+    from onnx_custom.verification.trial_shapes import plan_dims
+
+    return plan_dims(proto, bind_inputs(proto, sample.tensors, model), sample.tensors, model=model)
+
+
 def _smallest_dim(sample: _Sample) -> int:
     return min((d for t in sample.tensors for d in t.shape), default=0)
 
@@ -291,11 +317,15 @@ class _Checker:
         return registry
 
     def export_and_verify(self, entry: SymbolicEntry, exporter: str, opset: int, first: _Sample, *,
-                          dynamic: bool, run: bool = True, kernels: Any = None, body: KernelSpec | None = None) -> str:
-        """Export ``first`` through ``entry``; verify at every sample of its kind (``body``: embed
-        that declaration's function body; ``kernels``: what ONNX Runtime may use)."""
+                          dynamic: bool, run: bool = True, kernels: Any = None, body: KernelSpec | None = None) -> _Verified | str:
+        """Export ``first`` through ``entry`` (``dynamic``: every dim marked ``Dim.AUTO``, so the
+        exporter keeps free exactly the dims the op's shape rule / fake kernel leaves free);
+        verify at every sample of its kind and, with ``trials > 1``, at other sizes of the file's
+        dynamic dims (size 1, larger, twice; see `onnx_custom.verify`). ``body``: embed that
+        declaration's function body; ``kernels``: what ONNX Runtime may use."""
         from onnx_custom.api import export
         from onnx_custom.function_bodies.embed import embed_functions
+        from onnx_custom.verification.trial_shapes import one_dim_cases
         from onnx_custom.verification.verifier import verify
 
         model = _op_module(self.spec, self.op, first)
@@ -308,12 +338,52 @@ class _Checker:
             if not proto.functions:
                 raise AssertionError(f"no function body was embedded for {self.spec.node_type}")
         runs = [first, *(s for s in self.samples if s.same_kind(first) and s is not first)] if dynamic else [first]
+        records: list[Any] = []
         for sample in runs:
             # trials=1: the samples only, no random inputs at other sizes (index tensors and other
             # data-dependent inputs cannot be drawn at random)
-            verify(model, sample.tensors, proto, trials=self.trials, kernels=kernels, shapes=() if self.trials == 1 else None)
-        sizes = ", ".join("x".join(map(str, s.tensors[0].shape)) or "0-d" for s in runs)
-        return f"verified in ONNX Runtime at {sizes} ({self.trials} trial(s) each)"
+            report = verify(model, sample.tensors, proto, trials=self.trials, kernels=kernels, shapes=() if self.trials == 1 else None)
+            records += report.shapes_tried
+        plan = None
+        if dynamic and self.trials > 1:
+            plan = _dim_plan(model, first, proto)
+            if any(r.status == "skipped" for r in records):
+                # the op refused every dim moved at once: move each dim alone
+                records += verify(model, first.tensors, proto, trials=1, kernels=kernels, shapes=one_dim_cases(plan)).shapes_tried
+        tried: dict[str, None] = {}
+        for record in records:
+            shape = ", ".join(f"{name}{list(dims)}" for name, dims in record.input_shapes) or "no tensor input"
+            tried.setdefault(shape if record.status == "passed" else f"{shape} ({record.status}: {record.reason})", None)
+        detail = f"verified in ONNX Runtime at {len(tried)} shape(s): {'; '.join(tried)} ({self.trials} trial(s) per sample)"
+        return _Verified(f"{detail}{self.fixed_dims_note(proto, dynamic, plan, records)}", tuple(tried))
+
+    def fixed_dims_note(self, proto: Any, dynamic: bool, plan: Any, records: Sequence[Any]) -> str:
+        """Why some sizes were not tried: the dims the file keeps static, the dynamic dims no
+        other size passed for (with eager's reason), what limits the sizes drawn."""
+        if not dynamic:
+            return "; other sizes not tried: dynamic=False exports the sample's shape only"
+        fixed = [f"{i.name} dim {d} = {dim.dim_value}" for i in proto.graph.input for d, dim in enumerate(i.type.tensor_type.shape.dim) if dim.HasField("dim_value")]
+        notes = []
+        if fixed:
+            notes.append(
+                f"static in the exported file, so not varied: {', '.join(fixed)} (the exporter kept the "
+                f"sample's size: the op's shape rule or fake kernel ties the dim to another input's "
+                f"or to a constant, or the sample's size was 0 or 1)"
+            )
+        if plan is not None:
+            for key, dim in plan.dims.items():
+                if any(r.status == "passed" and dict(r.sizes).get(key, dim.export_size) != dim.export_size for r in records):
+                    continue
+                refused = [r.reason for r in records if r.status != "passed" and dict(r.sizes).get(key, dim.export_size) != dim.export_size]
+                why = f": {refused[0]}" if refused else f" (range {dim.describe_range()})"
+                notes.append(f"dynamic dim {key} ({', '.join(dim.where)}) ran at its export size {dim.export_size} only{why}")
+        if self.trials == 1:
+            notes.append(
+                "other sizes along the free dims were not drawn: trials=1 (inputs such as index "
+                "tensors cannot be drawn at random); only the samples' sizes ran. Fix: pass samples "
+                "of other sizes, or trials>=2 if random inputs are valid"
+            )
+        return "".join(f"; {n}" for n in notes)
 
     def node_entry(self) -> SymbolicEntry | None:
         """The custom node's translation at its first opset (None: the spec has no node)."""
@@ -367,17 +437,17 @@ class _Checker:
             current = str(next(iter(floats.values())).dtype).removeprefix("torch.")
             for name in (d for d in _FLOATS if d in common and d != current):
                 cast = first.cast(getattr(torch, name))
-                yield _run(f"custom node {node} at {name}, torchscript opset {ts}", functools.partial(verify_at, cast, dynamic=False))
+                yield _run(f"custom node {node} at {name}, torchscript opset {ts}", functools.partial(verify_at, cast, dynamic=self.dynamic))
         if self.spec.function is not None and self.registration.declaration is not None:
             # no Python kernels: ONNX Runtime must inline the body
-            yield _run(f"function body of {node} (ONNX Runtime without our kernels)", functools.partial(verify_at, first, dynamic=False, kernels=KernelRegistry(), body=self.registration.declaration))
+            yield _run(f"function body of {node} (ONNX Runtime without our kernels)", functools.partial(verify_at, first, dynamic=self.dynamic, kernels=KernelRegistry(), body=self.registration.declaration))
         if isinstance(self.spec.native, NativeKernel):
             yield from _user_native_cases(self, custom, first, ts, floats)
         elif self.spec.native:
             if importlib.util.find_spec("onnx_custom.runtime.native") is None:
                 yield CheckCase(f"native kernel of {node}", None, "the native library (onnx_custom.runtime.native) is not part of this build")
             else:
-                yield _run(f"native kernel of {node}", functools.partial(verify_at, first, dynamic=False, kernels="native"))
+                yield _run(f"native kernel of {node}", functools.partial(verify_at, first, dynamic=self.dynamic, kernels="native"))
 
 
 def _user_native_cases(checker: _Checker, custom: SymbolicEntry, first: _Sample, opset: int, floats: dict[int, torch.Tensor]) -> Iterator[CheckCase]:
@@ -398,9 +468,10 @@ def _user_native_cases(checker: _Checker, custom: SymbolicEntry, first: _Sample,
     current = str(next(iter(floats.values())).dtype).removeprefix("torch.") if floats else None
     samples = [(current or "sample dtypes", first)] + [(d, first.cast(getattr(torch, d))) for d in _FLOATS if d in common and d != current]
     for label, sample in samples:
-        def case(sample: _Sample = sample) -> str:
+        def case(sample: _Sample = sample) -> _Verified:
             result = checker.export_and_verify(custom, "torchscript", opset, sample, dynamic=checker.dynamic, kernels=built())
-            return f"{result} with {built().path.name}"
+            assert isinstance(result, _Verified)  # run=True: the file ran
+            return dataclasses.replace(result, detail=f"{result.detail} with {built().path.name}")
 
         yield _run(f"native kernel of {node} ({Path(str(getattr(spec.native, 'source', ''))).name}) at {label}, torchscript opset {opset}", case)
 

@@ -28,6 +28,7 @@ from onnx_custom.runtime.failures import (
 )
 from onnx_custom.runtime.feeds import HALF_TYPES, explain_feed_error, from_ort_value, half_feeds
 from onnx_custom.runtime.host import register_kernels
+from onnx_custom.runtime.implementations import Implementation, node_implementations
 from onnx_custom.runtime.kernel_spec import RESERVED_DOMAINS, KernelSpec
 from onnx_custom.runtime.native import NativeLibrary, plan_native, register_library, shipped_library
 from onnx_custom.runtime.quiet import ORT_LOG_ENV, ort_log_severity, quiet_session_options
@@ -268,7 +269,8 @@ class InferenceSession(ort.InferenceSession):
     raise :class:`KernelRunError` carrying the kernel's exception type and traceback; Ctrl-C
     inside a kernel raises KeyboardInterrupt. ORT logs nothing to stderr (each failure is raised
     once, typed) unless ``sess_options.log_severity_level`` was set or
-    ``$ONNX_CUSTOM_ORT_LOG_SEVERITY`` (0-4) asks for ORT's logs.
+    ``$ONNX_CUSTOM_ORT_LOG_SEVERITY`` (0-4) asks for ORT's logs. ``.implementations`` says what
+    serves each non-standard node type (`onnx_custom.runtime.implementations`).
     """
 
     def __init__(
@@ -290,6 +292,8 @@ class InferenceSession(ort.InferenceSession):
         else:
             self.kernel_specs = tuple(required_kernels(model, kernels))  # type: ignore[arg-type]  # _registry checks it
         validate_model(model, self.kernel_specs)
+        # what serves each non-standard node type (verify's report names it)
+        self.implementations: tuple[Implementation, ...] = tuple(node_implementations(model, self.kernel_specs, native))
         so = _options_for(self.kernel_specs, sess_options)
         for lib in dict.fromkeys(native.values()):  # each library once, with the domains it serves here
             register_library(so, [d for d, chosen in native.items() if chosen is lib], None if lib == shipped_library() else lib)

@@ -7,6 +7,7 @@ ORT's own messages for these mistakes name neither the declaration nor the fix (
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import onnx
 from onnx import AttributeProto
@@ -16,7 +17,10 @@ from onnx_custom.runtime import abi
 from onnx_custom.runtime.host import note_exact_strings
 from onnx_custom.runtime.kernel_spec import RESERVED_DOMAINS, AttrSpec, KernelSpec, ParamSpec
 
-__all__ = ["NodeDeclarationError", "graph_value_types", "node_problems", "validate_model", "validate_nodes"]
+if TYPE_CHECKING:
+    from onnx_custom.runtime.registry import KernelRegistry
+
+__all__ = ["NodeDeclarationError", "graph_value_types", "node_problems", "validate_model", "validate_nodes", "validate_registered"]
 
 _MAX_LISTED = 10
 _EXAMPLE = {"int": "1", "float": "1.0", "string": "'text'", "ints": "[1, 2]", "floats": "[1.0, 2.0]",
@@ -192,3 +196,13 @@ def validate_model(model: onnx.ModelProto, specs: Sequence[KernelSpec]) -> None:
     nested = [n for n in _nested_nodes(model) if n.domain not in RESERVED_DOMAINS]
     _raise_for(_problem_lines(top, specs, graph_value_types(model.graph))
                + _problem_lines(nested, specs, None))
+
+
+def validate_registered(model: onnx.ModelProto, registry: KernelRegistry) -> None:
+    """:func:`validate_model` against the kernels ``registry`` holds for ``model``'s custom nodes;
+    nodes without a registered kernel are left alone (a file may be meant for another runtime).
+    The export calls it before writing, so a mismatch never reaches a file."""
+    keys = {(n.domain, n.op_type) for n in [*model.graph.node, *_nested_nodes(model)] if n.domain not in RESERVED_DOMAINS}
+    specs = [spec for key in sorted(keys) if (spec := registry.lookup(*key)) is not None]
+    if specs:
+        validate_model(model, specs)

@@ -318,6 +318,25 @@ def make_eager(spec: OpSpec, impl: Callable[..., Any], check: Callable[..., Any]
     return eager
 
 
+def make_no_device_kernel(spec: OpSpec) -> Callable[..., Any]:
+    """The CompositeExplicitAutograd kernel of an op whose eager math serves only ``spec.devices``:
+    it never computes, it names what is wrong. torch sends it the calls no device kernel takes: a
+    call holding no tensor at all (``op(None)``, whose dispatch key set is empty) and tensors on
+    another device."""
+
+    def no_device(*args: Any, **kwargs: Any) -> Any:
+        bound = bind_args(spec, args, kwargs)
+        check_inputs_present(spec, bound.tensors)
+        devices = sorted({t.device.type for _, t in _present(spec, bound.tensors)})
+        raise InvalidArgumentError(
+            f"{spec.name}: its kernels serve devices {list(spec.devices)}; received tensors on {devices or 'no device'}. "
+            f"Fix: move the inputs to one of {list(spec.devices)}."
+        )
+
+    no_device.__qualname__ = no_device.__name__ = f"no_device[{spec.name}]"
+    return no_device
+
+
 def named_inputs(spec: OpSpec, setup_context: Callable[..., Any] | None) -> Callable[..., Any] | None:
     """``setup_context(ctx, inputs, output)`` where ``inputs`` is a named tuple (``inputs.x``,
     ``inputs.alpha``): still the tuple torch passes, without repeating the signature to unpack it."""
@@ -435,6 +454,13 @@ def make_op(spec: OpSpec, impl: Callable[..., Any] | None, meta: Callable[..., A
     opdef = torch.library.custom_op(spec.name, mutates_args=(), schema=spec.schema, device_types=tuple(spec.devices) or None)(make_eager(spec, impl, check, meta))
     op = TorchOp(opdef._opoverload, True, [custom_ops.OPDEF_TO_LIB[spec.name]], opdef)
     try:
+        if spec.devices:
+            # With device kernels only, a call holding no tensor (``op(None)``) has an empty
+            # dispatch key set, and torch raised NotImplementedError before any check ran. A
+            # CompositeExplicitAutograd kernel serves that key (device kernels still win on their
+            # devices). Not the Undefined key: torch then takes the op for CompositeImplicit and
+            # fake tensors / torch.export run that kernel instead of the fake one.
+            op.libraries[0].impl(spec.op_name, make_no_device_kernel(spec), "CompositeExplicitAutograd")
         opdef.register_fake(make_fake(spec, meta, check))
         if backward is not None:
             opdef.register_autograd(backward, setup_context=named_inputs(spec, setup_context))

@@ -48,6 +48,7 @@ __all__ = [
     "ShapeSpecError",
     "default_cases",
     "describe_sizes",
+    "one_dim_cases",
     "plan_dims",
     "resize_inputs",
     "resolve_cases",
@@ -282,6 +283,13 @@ def default_cases(plan: DimPlan, count: int = DEFAULT_SHAPE_TRIALS) -> list[dict
         if case and case not in cases:
             cases.append(case)
     return cases
+
+
+def one_dim_cases(plan: DimPlan, count: int = DEFAULT_SHAPE_TRIALS) -> list[dict[str, int]]:
+    """Each dynamic dim alone at up to ``count`` other sizes (the rest at the export size): for
+    ops that refuse `default_cases`' all-dims-at-once sizes (a dim tied to a constant or to
+    another input's dim under another name), so every dim that can vary still does."""
+    return [{key: size} for key, dim in plan.dims.items() for size in _candidates(dim, count)]
 
 
 def _candidates(dim: DynamicDim, count: int) -> list[int]:

@@ -123,6 +123,8 @@ class VerificationReport:
     input_matching: str = ""
     initializer_mismatches: list[InitializerMismatch] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
+    # backend -> what ran each non-standard node type (`onnx_custom.runtime.implementations`)
+    implementations: dict[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -163,6 +165,16 @@ class VerificationReport:
             lines.append("WARNING: the file's weights differ from the model's:")
             lines += [f"  {m.describe()}" for m in self.initializer_mismatches]
         lines += [f"Note: {n}" for n in self.notes]
+        lines += self.implementation_lines()
+        return lines
+
+    def implementation_lines(self) -> list[str]:
+        """What ran each custom node, per backend (one block per backend that has any)."""
+        lines = []
+        for backend, found in self.implementations.items():
+            if found:
+                lines.append(f"Custom nodes in {backend}:")
+                lines += [f"  {i.describe()}" for i in found]
         return lines
 
     def passed_by_backend(self) -> dict[str, bool]:
@@ -208,6 +220,7 @@ class VerificationReport:
             "input_matching": self.input_matching,
             "initializer_mismatches": [dataclasses.asdict(m) for m in self.initializer_mismatches],
             "notes": list(self.notes),
+            "implementations": {b: [dataclasses.asdict(i) | {"describe": i.describe()} for i in found] for b, found in self.implementations.items()},
             "diagnosis": self.diagnosis(),
             "localization": self.localization.to_dict() if hasattr(self.localization, "to_dict") else (None if self.localization is None else str(self.localization)),
         }
@@ -235,6 +248,20 @@ def _make_backend(name: str, proto: onnx.ModelProto, kernels: Any = None) -> Any
         raise
     except Exception as exc:
         raise VerificationError(f"Could not load the ONNX model in backend {name!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def _implementations(name: str, session: Any, proto: onnx.ModelProto, kernels: Any) -> tuple[Any, ...]:
+    """What ``session`` (of backend ``name``) runs each non-standard node type with."""
+    from onnx_custom.runtime.implementations import node_implementations
+
+    recorded = getattr(session, "implementations", None)
+    if recorded is not None:  # our InferenceSession decided it (native, Python, body)
+        return tuple(recorded)
+    if name == "reference" and custom_node_types(proto):
+        from onnx_custom.runtime.session import required_kernels
+
+        return tuple(node_implementations(proto, required_kernels(proto, kernels)))
+    return tuple(node_implementations(proto))  # plain ONNX Runtime: bodies and built-in ops
 
 
 def _runs_on_bodies(proto: onnx.ModelProto) -> bool:
@@ -390,6 +417,7 @@ def verify(
     report = VerificationReport(
         [], 0, backends, pruned_inputs=binding.pruned, input_matching=binding.describe(),
         initializer_mismatches=mismatched_weights, notes=list(plan.notes),
+        implementations={name: _implementations(name, session, proto, kernels) for name, session in sessions.items()},
     )
     schedule = _trial_plan(trials, cases)
     for trial in schedule:

@@ -322,6 +322,14 @@ def test_check_op_on_every_shipped_spec(case: Case) -> None:
         samples.append({**tensors, **attrs})
     report = check_op(case.spec, samples, trials=case.trials)
     assert report.cases, "check_op ran nothing"
+    ran = [c for c in report.cases if c.passed and c.detail.startswith("verified in ONNX Runtime")]
+    assert ran, "nothing ran in ONNX Runtime"
+    for c in ran:  # every case lists its shapes; other sizes ran, or the detail says why not
+        assert c.shapes and f"at {len(c.shapes)} shape(s)" in c.detail, c
+        if case.trials == 1:  # index inputs (bev_pool's precomputed ranks fix the sizes): the samples only
+            assert "trials=1" in c.detail and len(c.shapes) <= len(samples), c
+        else:
+            assert len(c.shapes) > len(samples), c  # sizes beyond the samples'
 
 
 class SeedOps(torch.nn.Module):

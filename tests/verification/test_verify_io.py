@@ -15,7 +15,6 @@ from onnx import TensorProto, helper
 import onnx_custom
 import onnx_custom.symbolics.bev_pool
 from onnx_custom.ops.bev_pool import bev_pool_v2, prepare_bev_ranks, synthetic_frustum
-from onnx_custom.verification.compare import compare_arrays, to_numpy
 from onnx_custom.verification.declared import DeclaredTypes, evaluate_dim
 from onnx_custom.verification.runner import bind_inputs, make_session, run_onnx
 from onnx_custom.verification.verifier import InitializerMismatchWarning, verify
@@ -153,12 +152,6 @@ class ScalarOut(torch.nn.Module):
         return y.sum().to(x.dtype), y.to(x.dtype)
 
 
-def _compare_keeps_0d(dtype: torch.dtype) -> bool:
-    expected = torch.tensor(1.0, dtype=dtype)
-    comparison = compare_arrays(expected, np.asarray(to_numpy(expected)), name="s", trial=0)
-    return comparison.passed
-
-
 @pytest.mark.parametrize("exporter", EXPORTERS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_0d_inputs_and_outputs_stay_0d(exporter: str, dtype: torch.dtype) -> None:
@@ -168,8 +161,6 @@ def test_0d_inputs_and_outputs_stay_0d(exporter: str, dtype: torch.dtype) -> Non
     total, _ = run_onnx(session, proto, args, bind_inputs(proto, args, ScalarOut()))
     assert total.shape == () and total.dtype.name == str(dtype).removeprefix("torch.")  # never [1]
     np.testing.assert_allclose(total.astype(np.float32), ScalarOut()(*args)[0].float().numpy(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-6)
-    if not _compare_keeps_0d(dtype):
-        pytest.xfail("compare.compare_arrays still reshapes 0-d arrays to [1] (np.ascontiguousarray); fixed on the compare branch")
     report = verify(ScalarOut(), args, proto, trials=2)
     assert report.passed and report.comparisons[0].shape == ()
 
