@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,7 +12,7 @@ import onnx
 import onnxruntime as ort
 from google.protobuf.message import DecodeError
 
-from onnx_custom.common.external_data import check_external_data, external_tensors
+from onnx_custom.common.external_data import check_external_data, external_tensors, session_source
 from onnx_custom.common.onnx_utils import iter_nodes
 from onnx_custom.errors import (
     InvalidArgumentError,
@@ -281,7 +282,13 @@ class InferenceSession(ort.InferenceSession):
         **kwargs: Any,
     ) -> None:
         _check_options(sess_options, "sess_options")
-        model, source = load_model(model_or_path)
+        source: contextlib.AbstractContextManager[bytes | str]
+        if isinstance(model_or_path, onnx.ModelProto):  # bytes, or a temporary file pair past 2 GiB
+            _refuse_detached(model_or_path, "the given ModelProto")
+            model, source = model_or_path, session_source(model_or_path)
+        else:
+            model, path_or_bytes = load_model(model_or_path)
+            source = contextlib.nullcontext(path_or_bytes)
         native: dict[str, NativeLibrary] = {}
         libraries = _native_libraries(kernels)
         if libraries is not None:  # see onnx_custom.runtime.native.plan_native
@@ -295,11 +302,12 @@ class InferenceSession(ort.InferenceSession):
             register_library(so, [d for d, chosen in native.items() if chosen is lib], None if lib == shipped_library() else lib)
         quiet_session_options(so)  # ORT's log lines would repeat what our typed errors say
         try:
-            super().__init__(
-                source, sess_options=so,
-                providers=list(providers) if providers is not None else ["CPUExecutionProvider"],
-                **kwargs,
-            )
+            with source as model_source:
+                super().__init__(
+                    model_source, sess_options=so,
+                    providers=list(providers) if providers is not None else ["CPUExecutionProvider"],
+                    **kwargs,
+                )
         except OnnxCustomError:
             raise
         except Exception as exc:

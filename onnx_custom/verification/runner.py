@@ -28,6 +28,7 @@ import numpy as np
 import onnx
 import torch
 
+from onnx_custom.common.external_data import session_source
 from onnx_custom.common.onnx_utils import iter_nodes
 from onnx_custom.errors import ExtensionBuildError, VerificationError
 from onnx_custom.verification.compare import flatten_outputs, to_numpy
@@ -274,8 +275,10 @@ def plain_session(proto: onnx.ModelProto) -> Any:
 
     from onnx_custom.runtime.quiet import quiet_session_options
 
-    # quiet: a failing trial is reported by the verifier, not also by ORT's log on stderr
-    return onnxruntime.InferenceSession(proto.SerializeToString(), quiet_session_options(), providers=["CPUExecutionProvider"])
+    # quiet: a failing trial is reported by the verifier, not also by ORT's log on stderr;
+    # past 2 GiB the proto cannot be serialized: ORT reads a temporary model + data pair
+    with session_source(proto) as source:
+        return onnxruntime.InferenceSession(source, quiet_session_options(), providers=["CPUExecutionProvider"])
 
 
 def make_session(proto: onnx.ModelProto, kernels: Any = None) -> Any:
