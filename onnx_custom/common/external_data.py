@@ -31,6 +31,7 @@ import json
 import os
 import re
 import secrets
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -162,8 +163,9 @@ def referenced_data_files(path: Path) -> set[str]:
     """Names of the external data files the model file ``path`` points at (empty when it has
     none, is missing or does not parse). Only small files are read: a model with external data is."""
     try:
-        if path.stat().st_size > _MAX_POINTER_MODEL:
-            return set()
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode) or info.st_size > _MAX_POINTER_MODEL:
+            return set()  # a pipe or device has no previous pair (and opening it could block)
         model = onnx.load(str(path), load_external_data=False)
     except Exception:  # any unreadable previous file simply references nothing
         return set()

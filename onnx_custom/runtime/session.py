@@ -46,6 +46,7 @@ __all__ = [
     "load_model",
     "missing_kernels",
     "ort_log_severity",
+    "parse_model",
     "quiet_session_options",
     "required_kernels",
     "session_options",
@@ -56,11 +57,22 @@ _REGISTERED_KEY = "onnx_custom.kernels"  # session config entry recording what w
 _SPIN_KEYS = ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning")
 
 
+def parse_model(model: ModelSource, *, with_data: bool = False) -> onnx.ModelProto:
+    """The ``ModelProto`` of ``model`` (a proto is returned as it is, never serialized: past 2 GiB
+    it cannot be); a file's external data is checked (present, long enough, from the same
+    export: else `ModelLoadError` with the fix) and, with ``with_data``, loaded into the proto."""
+    if isinstance(model, onnx.ModelProto):
+        _refuse_detached(model, "the given ModelProto")
+        return model
+    return load_model(model, with_data=with_data)[0]
+
+
 def load_model(model: ModelSource, *, with_data: bool = False) -> tuple[onnx.ModelProto, bytes | str]:
     """``(ModelProto, what to hand ORT)``; paths stay paths so external data keeps resolving.
 
     A file's external data is checked (present, long enough, from the same export: else
     `ModelLoadError` with the fix) and, with ``with_data``, loaded into the returned proto.
+    A proto too big to serialize (past 2 GiB): use `parse_model`, and `InferenceSession(proto)`.
     """
     if isinstance(model, onnx.ModelProto):
         _refuse_detached(model, "the given ModelProto")
@@ -134,7 +146,7 @@ def _registry(kernels: KernelRegistry | None) -> KernelRegistry:
 
 
 def _as_model(model: ModelSource) -> onnx.ModelProto:
-    return model if isinstance(model, onnx.ModelProto) else load_model(model)[0]
+    return model if isinstance(model, onnx.ModelProto) else parse_model(model)
 
 
 def missing_kernels(model: ModelSource, kernels: KernelRegistry | None = None) -> list[tuple[str, str]]:

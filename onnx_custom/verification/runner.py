@@ -56,10 +56,11 @@ STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")  # ONNX Runtime's own: every ot
 
 
 def load_model(onnx_model: onnx.ModelProto | str | os.PathLike[str] | bytes) -> onnx.ModelProto:
-    """A ModelProto from a proto, bytes or path; clear errors for missing or corrupt files."""
-    from onnx_custom.runtime.session import load_model as load
+    """A ModelProto from a proto (as it is: never serialized, which fails past 2 GiB), bytes or a
+    path (external data read in); clear errors for missing or corrupt files."""
+    from onnx_custom.runtime.session import parse_model
 
-    return load(onnx_model, with_data=True)[0]
+    return parse_model(onnx_model, with_data=True)
 
 
 def tensor_inputs(args: tuple[Any, ...]) -> list[torch.Tensor]:
