@@ -1,4 +1,4 @@
-"""Fixtures every test shares, and the test tree's import path.
+"""Fixtures every test shares, the test tree's import path, and the ORT log guard.
 
 Tests mirror the package (``tests/<stage>/``, ``tests/integration/`` for end to end). Test modules
 share cases by plain name (``from test_deform_conv_reference import Geometry``) and helpers such
@@ -19,6 +19,11 @@ _TESTS = Path(__file__).resolve().parent
 for _folder in sorted(p for p in _TESTS.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
+if str(_TESTS) not in sys.path:
+    sys.path.insert(0, str(_TESTS))
+
+# The whole-suite guard: a test that lets an ONNX Runtime log line reach stderr fails (issue 21).
+from ort_log_guard import pytest_configure, pytest_runtest_makereport, pytest_unconfigure  # noqa: E402, F401
 
 
 @pytest.fixture(autouse=True)

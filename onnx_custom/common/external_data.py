@@ -1,16 +1,27 @@
 """ONNX files with external data: when to use it, writing the pair crash-safe, checking it on load.
 
 Protobuf cannot serialize a message over 2 GiB, so a bigger model keeps its tensors in a data
-file next to it (``model.onnx`` + ``model.onnx.data``). `external_threshold` says when: past
-protobuf's limit, or past ``$ONNX_CUSTOM_EXTERNAL_DATA_THRESHOLD`` bytes when set (tests lower it).
+file next to it. `external_threshold` says when: past protobuf's limit, or past
+``$ONNX_CUSTOM_EXTERNAL_DATA_THRESHOLD`` bytes when set (tests lower it).
 
-Crash safety: `save_with_external_data` writes the data file first, then the model, each whole
-(temporary file + rename). The data file starts with a header holding a random token of this
-write, and the model records the same token (``metadata_props["onnx_custom.external_data"]``),
-so if the process dies between the two renames, the old model and the new data disagree and
-`check_external_data` (run by every onnx-custom loader) raises `ModelLoadError` instead of
-running the old graph on the new weights. Tensor offsets start after the header, so ONNX Runtime
-and ``onnx.load`` read the file as usual.
+Crash safety, for any reader (ONNX Runtime and ``onnx.load`` included, not only ours): every write
+puts its tensors in a data file of its own, named after a random token of this write
+(`data_file_name`: ``model.onnx.<token>.data``, or ``weights.<token>.bin`` for
+``external_data="weights.bin"``), which the model's ``location`` entries point at. Steps:
+
+1. the new data file is written whole (temporary file + rename); the previous pair is untouched;
+2. the new model is written whole (temporary file + rename): the one atomic switch to the new pair;
+3. only then are the previous write's data files removed (`remove_stale_data`).
+
+A crash before 2 leaves the old pair (plus an unreferenced new data file, removed by the next
+write); a crash after 2 leaves the new pair (plus the old data file, likewise). No reader can see
+the old model with the new data or the reverse. The data file also starts with a 4 KiB header
+naming its token and model file, and the model records the token (``metadata_props
+["onnx_custom.external_data"]``): `check_external_data` (every onnx-custom loader) refuses a data
+file swapped in by hand. Tensor offsets start after the header, so readers need nothing special.
+
+`session_source` hands ONNX Runtime a model too big to serialize (past the same threshold) as a
+temporary model + data pair instead of bytes.
 """
 
 from __future__ import annotations
@@ -18,7 +29,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
+import stat
+import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,10 +48,14 @@ __all__ = [
     "PROTOBUF_LIMIT",
     "THRESHOLD_ENV",
     "check_external_data",
+    "data_file_name",
     "external_tensors",
     "external_threshold",
+    "referenced_data_files",
+    "remove_stale_data",
     "save_with_external_data",
     "serialized_size",
+    "session_source",
 ]
 
 PROTOBUF_LIMIT = 2**31 - 1
@@ -45,6 +64,8 @@ METADATA_KEY = "onnx_custom.external_data"
 _MAGIC = b"onnx-custom external data "
 _ALIGN = 4096  # every tensor starts on a page boundary (ONNX Runtime can map it directly)
 _MIN_TENSOR = 1024  # smaller tensors stay inside the model, as onnx.save_model does
+_TOKEN_CHARS = 16  # hex characters of a write's token (64 random bits)
+_MAX_POINTER_MODEL = 64 << 20  # a previous model file bigger than this holds its tensors itself
 
 
 def external_threshold() -> int:
@@ -94,9 +115,88 @@ def _movable(tensor: onnx.TensorProto) -> bool:
     return tensor.data_location != onnx.TensorProto.EXTERNAL and tensor.HasField("raw_data") and len(tensor.raw_data) >= _MIN_TENSOR
 
 
-def _header(token: str) -> bytes:
-    text = _MAGIC + token.encode() + b"\n"
+def data_file_name(model_name: str, chosen: str | None, token: str) -> str:
+    """The data file of one write: ``<model_name>.<token>.data`` by default; for a chosen name
+    the token goes before its last suffix (``weights.bin`` -> ``weights.<token>.bin``), or after a
+    name without one (``weights`` -> ``weights.<token>``)."""
+    if chosen is None:
+        return f"{model_name}.{token}.data"
+    stem, dot, suffix = chosen.rpartition(".")
+    return f"{stem}.{token}.{suffix}" if dot and stem else f"{chosen}.{token}"
+
+
+def _stale_pattern(model_name: str, chosen: str | None) -> re.Pattern[str]:
+    """Names `data_file_name` gives (any token) for this model and choice."""
+    token = f"[0-9a-f]{{{_TOKEN_CHARS}}}"
+    if chosen is None:
+        return re.compile(rf"{re.escape(model_name)}\.{token}\.data")
+    stem, dot, suffix = chosen.rpartition(".")
+    if dot and stem:
+        return re.compile(rf"{re.escape(stem)}\.{token}\.{re.escape(suffix)}")
+    return re.compile(rf"{re.escape(chosen)}\.{token}")
+
+
+def _header(token: str, model_name: str) -> bytes:
+    text = _MAGIC + token.encode() + b" " + json.dumps(model_name).encode() + b"\n"
+    if len(text) > _ALIGN:
+        text = _MAGIC + token.encode() + b"\n"  # a model name of thousands of bytes: token only
     return text + b"\0" * (_ALIGN - len(text))
+
+
+def _header_of(path: Path) -> tuple[str, str | None] | None:
+    """``(token, model file name)`` from a data file onnx-custom wrote (name None in files of
+    older versions), or None for any other file."""
+    try:
+        with open(path, "rb") as handle:
+            line = handle.read(_ALIGN).split(b"\n", 1)[0]
+    except OSError:
+        return None
+    if not line.startswith(_MAGIC):
+        return None
+    token, _, name = line[len(_MAGIC):].decode("utf-8", "replace").partition(" ")
+    with contextlib.suppress(ValueError):
+        return token, json.loads(name) if name else None
+    return token, None
+
+
+def referenced_data_files(path: Path) -> set[str]:
+    """Names of the external data files the model file ``path`` points at (empty when it has
+    none, is missing or does not parse). Only small files are read: a model with external data is."""
+    try:
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode) or info.st_size > _MAX_POINTER_MODEL:
+            return set()  # a pipe or device has no previous pair (and opening it could block)
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # any unreadable previous file simply references nothing
+        return set()
+    found = set()
+    for tensor in external_tensors(model):
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        if location and os.path.basename(location) == location:
+            found.add(location)
+    return found
+
+
+def remove_stale_data(final: Path, chosen: str | None, keep: set[str], previous: set[str], started: float) -> None:
+    """After ``final`` was replaced: remove the data files of earlier writes of this model that
+    onnx-custom wrote (their header says so): the ones the replaced model pointed at
+    (``previous``), and ones an interrupted write left (named like ours for this model, naming
+    this model in their header, older than this write). Files in ``keep``, files of other models
+    and files a write started later are left alone."""
+    folder = final.parent
+    pattern = _stale_pattern(final.name, chosen)
+    candidates = set(previous)
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            if pattern.fullmatch(entry.name) and entry.is_file() and entry.stat().st_mtime <= started:
+                header = _header_of(Path(entry.path))
+                if header is not None and header[1] == final.name:
+                    candidates.add(entry.name)
+    for name in sorted(candidates - keep):
+        path = folder / name
+        if _header_of(path) is not None:  # ours: never a file the user put there
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 @contextlib.contextmanager
@@ -124,13 +224,17 @@ def _pointing_at(model: onnx.ModelProto, data_name: str, token: str, offsets: li
             tensor.raw_data = data
 
 
-def save_with_external_data(model: onnx.ModelProto, final: Path, data_name: str) -> None:
-    """Write ``model`` to ``final`` with its tensors of 1 KiB or more in ``data_name`` (a file name
-    in the same folder): data first, then the model, each whole (see the module doc)."""
-    token = secrets.token_hex(8)
+def save_with_external_data(model: onnx.ModelProto, final: Path, chosen: str | None = None) -> str:
+    """Write ``model`` to ``final`` with its tensors of 1 KiB or more in a data file of this write
+    (`data_file_name`; ``chosen`` is the user's ``external_data=`` name, a plain file name), then
+    remove the previous write's data (see the module doc). Returns the data file's name."""
+    token = secrets.token_hex(_TOKEN_CHARS // 2)
+    data_name = data_file_name(final.name, chosen, token)
+    started = time.time()
+    previous = referenced_data_files(final)
     offsets: list[tuple[onnx.TensorProto, int]] = []
     with atomic_open(final.with_name(data_name), "wb") as handle:
-        handle.write(_header(token))
+        handle.write(_header(token, final.name))
         position = _ALIGN
         for tensor in _tensors(model.graph):
             if not _movable(tensor):
@@ -141,8 +245,31 @@ def save_with_external_data(model: onnx.ModelProto, final: Path, data_name: str)
             offsets.append((tensor, position))
             handle.write(tensor.raw_data)
             position += len(tensor.raw_data)
-    with _pointing_at(model, data_name, token, offsets):
-        atomic_write(final, model.SerializeToString())
+    try:
+        with _pointing_at(model, data_name, token, offsets):
+            atomic_write(final, model.SerializeToString())
+    except BaseException:
+        if data_name not in referenced_data_files(final):  # the model was not replaced: no reader
+            with contextlib.suppress(OSError):
+                os.unlink(final.with_name(data_name))
+        raise
+    remove_stale_data(final, chosen, {data_name}, previous, started)
+    return data_name
+
+
+@contextlib.contextmanager
+def session_source(model: onnx.ModelProto) -> Iterator[bytes | str]:
+    """What to hand ``onnxruntime.InferenceSession`` for an in-memory model: its bytes, or, when
+    it serializes to more than `external_threshold` bytes (protobuf cannot serialize past 2 GiB),
+    the path of a temporary copy with its tensors in external data, removed when the block exits
+    (the session has read its tensors by then)."""
+    if serialized_size(model) <= external_threshold():
+        yield model.SerializeToString()
+        return
+    with tempfile.TemporaryDirectory(prefix="onnx_custom_session_", ignore_cleanup_errors=True) as folder:
+        path = Path(folder) / "model.onnx"
+        save_with_external_data(model, path)
+        yield str(path)
 
 
 def _recorded(model: onnx.ModelProto) -> dict[str, str]:
@@ -184,9 +311,8 @@ def check_external_data(model: onnx.ModelProto, folder: Path, what: str) -> None
 
 
 def _check_token(path: Path, token: str, what: str) -> None:
-    with open(path, "rb") as handle:
-        head = handle.read(len(_MAGIC) + len(token) + 1)
-    if head != _MAGIC + token.encode() + b"\n":
+    header = _header_of(path)
+    if header is None or header[0] != token:
         raise ModelLoadError(
             f"{what} and its external data file {str(path)!r} come from different exports (an "
             "export was interrupted between writing the data and the model, or the data file was "

@@ -13,6 +13,7 @@ import os
 import re
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +23,10 @@ import torch
 from onnx_custom.common.atomic import atomic_write, check_output_path, is_file_object
 from onnx_custom.common.external_data import (
     PROTOBUF_LIMIT,
+    data_file_name,
     external_threshold,
+    referenced_data_files,
+    remove_stale_data,
     save_with_external_data,
     serialized_size,
 )
@@ -116,7 +120,7 @@ def check_external_data_option(external_data: Any, f: Any) -> None:
         raise InvalidArgumentError(
             f"external_data= expects None (automatic: above {external_threshold()} bytes), True, False "
             f"or a file name; received {type(external_data).__name__} ({external_data!r:.60}). "
-            "Fix: pass external_data=True (tensors in '<f>.data') or external_data='weights.bin'."
+            "Fix: pass external_data=True (tensors in '<f>.<token>.data') or external_data='weights.bin'."
         )
     if not isinstance(external_data, bool):
         name = os.fspath(external_data)
@@ -130,7 +134,7 @@ def check_external_data_option(external_data: Any, f: Any) -> None:
         raise InvalidArgumentError(
             f"external_data={external_data!r} writes the tensors to a second file next to the model, "
             f"which needs f to be a path; received {target}. Fix: pass a path (f='model.onnx'; the "
-            "tensors go to 'model.onnx.data'), or leave external_data out."
+            "tensors go to 'model.onnx.<token>.data'), or leave external_data out."
         )
 
 
@@ -139,11 +143,13 @@ def save_model(model: onnx.ModelProto, f: str | os.PathLike[str] | io.IOBase | A
 
     A path is written through a temporary file in its folder and ``os.replace``d, so a failure
     (serialization, a full disk, Ctrl-C) leaves the previous file intact and no temporary file.
-    ``external_data``: None (default) puts the tensors of 1 KiB or more in ``<f>.data`` next to
-    the model when it serializes to more than `external_threshold` bytes (protobuf's 2 GiB limit,
-    or ``$ONNX_CUSTOM_EXTERNAL_DATA_THRESHOLD``); True always; False never (an error past 2 GiB);
-    a file name: always, in that file. The data file is written first, then the model, crash-safe
-    (`onnx_custom.common.external_data`); ``model`` itself is never modified.
+    ``external_data``: None (default) puts the tensors of 1 KiB or more in a data file next to
+    the model (``<f>.<token>.data``, one per write) when it serializes to more than
+    `external_threshold` bytes (protobuf's 2 GiB limit, or ``$ONNX_CUSTOM_EXTERNAL_DATA_THRESHOLD``);
+    True always; False never (an error past 2 GiB); a file name (``weights.bin``): always, in
+    ``weights.<token>.bin``. The data file is written first, then the model, then the previous
+    write's data file is removed: crash-safe for any reader (`onnx_custom.common.external_data`);
+    ``model`` itself is never modified.
     A file object receives the bytes only once the whole model serialized.
     """
     check_external_data_option(external_data, None if external_data in (None, False) else f)
@@ -154,7 +160,7 @@ def save_model(model: onnx.ModelProto, f: str | os.PathLike[str] | io.IOBase | A
             raise InvalidArgumentError(
                 f"This model is {size / 2**30:.1f} GiB: over {external_threshold()} bytes it needs an "
                 "external data file, which a file object cannot hold; received a file object. Fix: "
-                "pass a path (f='model.onnx'); the tensors go to 'model.onnx.data'."
+                "pass a path (f='model.onnx'); the tensors go to 'model.onnx.<token>.data'."
             )
         f.write(model.SerializeToString())  # type: ignore[union-attr]
         return
@@ -165,11 +171,13 @@ def save_model(model: onnx.ModelProto, f: str | os.PathLike[str] | io.IOBase | A
                 f"external_data=False, but this model is {size / 2**30:.2f} GiB and protobuf cannot "
                 "write one file over 2 GiB. Fix: leave external_data out (automatic) or pass True."
             )
+        started, previous = time.time(), referenced_data_files(final)
         atomic_write(final, model.SerializeToString())
+        remove_stale_data(final, None, set(), previous, started)  # a previous pair's data has no reader now
         return
-    data_name = os.fspath(external_data) if isinstance(external_data, (str, os.PathLike)) else final.name + ".data"
-    check_output_path(final.with_name(data_name), what="the external data file")
-    save_with_external_data(model, final, data_name)
+    chosen = os.fspath(external_data) if isinstance(external_data, (str, os.PathLike)) else None
+    check_output_path(final.with_name(data_file_name(final.name, chosen, "0" * 16)), what="the external data file")
+    save_with_external_data(model, final, chosen)
 
 
 def _ours(exc: BaseException, unwrap: Any = None) -> BaseException | None:

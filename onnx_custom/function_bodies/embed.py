@@ -23,7 +23,7 @@ from onnx_custom.function_bodies.builder import TranslationBody, _torch_dtype
 from onnx_custom.runtime.half_precision import DEFAULT_MODE, HALF_TYPES, check_mode, widen_function
 from onnx_custom.runtime.kernel_spec import KernelSpec
 from onnx_custom.runtime.registry import KernelRegistry, default_kernel_registry
-from onnx_custom.runtime.session import ModelSource, custom_nodes, load_model
+from onnx_custom.runtime.session import ModelSource, custom_nodes, parse_model
 
 __all__ = ["embed_functions", "function_proto"]
 
@@ -175,7 +175,7 @@ def embed_functions(model: ModelSource, kernels: KernelRegistry | None = None, *
     ``"float32-compute"``): nodes ONNX Runtime's CPU provider lacks at that dtype compute in float32.
     """
     check_mode(half_precision)
-    proto, _ = load_model(model)
+    proto = parse_model(model)
     out = onnx.ModelProto()
     out.CopyFrom(proto)
     reg = default_kernel_registry() if kernels is None else kernels

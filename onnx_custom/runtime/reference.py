@@ -11,7 +11,7 @@ from onnx.reference.op_run import OpRun
 from onnx_custom.runtime.host import _torch_wrapper
 from onnx_custom.runtime.kernel_spec import KernelSpec
 from onnx_custom.runtime.registry import KernelRegistry
-from onnx_custom.runtime.session import ModelSource, load_model, required_kernels
+from onnx_custom.runtime.session import ModelSource, parse_model, required_kernels
 from onnx_custom.runtime.types import TensorInfo, concrete_shape
 
 __all__ = ["make_op_run", "reference_evaluator", "run_kernel"]
@@ -54,7 +54,7 @@ def reference_evaluator(
     model: ModelSource, kernels: KernelRegistry | None = None, **kwargs: Any
 ) -> ReferenceEvaluator:
     """A ReferenceEvaluator for ``model`` whose custom nodes call our kernels (extra kwargs pass through)."""
-    proto, _ = load_model(model)
+    proto = parse_model(model)
     specs = required_kernels(proto, kernels)
     new_ops = [make_op_run(s) for s in specs] + list(kwargs.pop("new_ops", None) or [])
     return ReferenceEvaluator(proto, new_ops=new_ops, **kwargs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,7 +12,7 @@ import onnx
 import onnxruntime as ort
 from google.protobuf.message import DecodeError
 
-from onnx_custom.common.external_data import check_external_data, external_tensors
+from onnx_custom.common.external_data import check_external_data, external_tensors, session_source
 from onnx_custom.common.onnx_utils import iter_nodes
 from onnx_custom.errors import (
     InvalidArgumentError,
@@ -46,6 +47,7 @@ __all__ = [
     "load_model",
     "missing_kernels",
     "ort_log_severity",
+    "parse_model",
     "quiet_session_options",
     "required_kernels",
     "session_options",
@@ -56,11 +58,22 @@ _REGISTERED_KEY = "onnx_custom.kernels"  # session config entry recording what w
 _SPIN_KEYS = ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning")
 
 
+def parse_model(model: ModelSource, *, with_data: bool = False) -> onnx.ModelProto:
+    """The ``ModelProto`` of ``model`` (a proto is returned as it is, never serialized: past 2 GiB
+    it cannot be); a file's external data is checked (present, long enough, from the same
+    export: else `ModelLoadError` with the fix) and, with ``with_data``, loaded into the proto."""
+    if isinstance(model, onnx.ModelProto):
+        _refuse_detached(model, "the given ModelProto")
+        return model
+    return load_model(model, with_data=with_data)[0]
+
+
 def load_model(model: ModelSource, *, with_data: bool = False) -> tuple[onnx.ModelProto, bytes | str]:
     """``(ModelProto, what to hand ORT)``; paths stay paths so external data keeps resolving.
 
     A file's external data is checked (present, long enough, from the same export: else
     `ModelLoadError` with the fix) and, with ``with_data``, loaded into the returned proto.
+    A proto too big to serialize (past 2 GiB): use `parse_model`, and `InferenceSession(proto)`.
     """
     if isinstance(model, onnx.ModelProto):
         _refuse_detached(model, "the given ModelProto")
@@ -134,7 +147,7 @@ def _registry(kernels: KernelRegistry | None) -> KernelRegistry:
 
 
 def _as_model(model: ModelSource) -> onnx.ModelProto:
-    return model if isinstance(model, onnx.ModelProto) else load_model(model)[0]
+    return model if isinstance(model, onnx.ModelProto) else parse_model(model)
 
 
 def missing_kernels(model: ModelSource, kernels: KernelRegistry | None = None) -> list[tuple[str, str]]:
@@ -283,7 +296,13 @@ class InferenceSession(ort.InferenceSession):
         **kwargs: Any,
     ) -> None:
         _check_options(sess_options, "sess_options")
-        model, source = load_model(model_or_path)
+        source: contextlib.AbstractContextManager[bytes | str]
+        if isinstance(model_or_path, onnx.ModelProto):  # bytes, or a temporary file pair past 2 GiB
+            _refuse_detached(model_or_path, "the given ModelProto")
+            model, source = model_or_path, session_source(model_or_path)
+        else:
+            model, path_or_bytes = load_model(model_or_path)
+            source = contextlib.nullcontext(path_or_bytes)
         native: dict[str, NativeLibrary] = {}
         libraries = _native_libraries(kernels)
         if libraries is not None:  # see onnx_custom.runtime.native.plan_native
@@ -299,11 +318,12 @@ class InferenceSession(ort.InferenceSession):
             register_library(so, [d for d, chosen in native.items() if chosen is lib], None if lib == shipped_library() else lib)
         quiet_session_options(so)  # ORT's log lines would repeat what our typed errors say
         try:
-            super().__init__(
-                source, sess_options=so,
-                providers=list(providers) if providers is not None else ["CPUExecutionProvider"],
-                **kwargs,
-            )
+            with source as model_source:
+                super().__init__(
+                    model_source, sess_options=so,
+                    providers=list(providers) if providers is not None else ["CPUExecutionProvider"],
+                    **kwargs,
+                )
         except OnnxCustomError:
             raise
         except Exception as exc:

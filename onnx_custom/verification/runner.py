@@ -28,6 +28,7 @@ import numpy as np
 import onnx
 import torch
 
+from onnx_custom.common.external_data import session_source
 from onnx_custom.common.onnx_utils import iter_nodes
 from onnx_custom.errors import ExtensionBuildError, VerificationError
 from onnx_custom.verification.compare import flatten_outputs, to_numpy
@@ -55,10 +56,11 @@ STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")  # ONNX Runtime's own: every ot
 
 
 def load_model(onnx_model: onnx.ModelProto | str | os.PathLike[str] | bytes) -> onnx.ModelProto:
-    """A ModelProto from a proto, bytes or path; clear errors for missing or corrupt files."""
-    from onnx_custom.runtime.session import load_model as load
+    """A ModelProto from a proto (as it is: never serialized, which fails past 2 GiB), bytes or a
+    path (external data read in); clear errors for missing or corrupt files."""
+    from onnx_custom.runtime.session import parse_model
 
-    return load(onnx_model, with_data=True)[0]
+    return parse_model(onnx_model, with_data=True)
 
 
 def tensor_inputs(args: tuple[Any, ...]) -> list[torch.Tensor]:
@@ -274,8 +276,10 @@ def plain_session(proto: onnx.ModelProto) -> Any:
 
     from onnx_custom.runtime.quiet import quiet_session_options
 
-    # quiet: a failing trial is reported by the verifier, not also by ORT's log on stderr
-    return onnxruntime.InferenceSession(proto.SerializeToString(), quiet_session_options(), providers=["CPUExecutionProvider"])
+    # quiet: a failing trial is reported by the verifier, not also by ORT's log on stderr;
+    # past 2 GiB the proto cannot be serialized: ORT reads a temporary model + data pair
+    with session_source(proto) as source:
+        return onnxruntime.InferenceSession(source, quiet_session_options(), providers=["CPUExecutionProvider"])
 
 
 def make_session(proto: onnx.ModelProto, kernels: Any = None) -> Any:

@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from onnx_custom.common.external_data import session_source
 from onnx_custom.verification.runner import _from_ort_value, custom_node_types
 
 __all__ = ["SegmentedRun"]
@@ -79,7 +80,8 @@ def _session(model: onnx.ModelProto, kernels: Any) -> ort.InferenceSession:
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     if not custom_node_types(model):
-        return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        with session_source(model) as source:  # a temporary model + data pair past 2 GiB
+            return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
     from onnx_custom.runtime import InferenceSession
 
     return InferenceSession(model, options, kernels=kernels)

@@ -28,6 +28,7 @@ import onnx_custom
 import onnx_custom.ops.seed  # registers onnx_custom::my_add
 from onnx_custom import OnnxCustomError, Registry, SymbolicError, VerificationError
 from onnx_custom.common.atomic import atomic_open, atomic_path, atomic_write
+from onnx_custom.common.external_data import referenced_data_files
 from onnx_custom.errors import OpsetError, OutputPathError
 from onnx_custom.exporter.arguments import dynamo_max_opset
 from onnx_custom.exporter.pipeline import save_model
@@ -179,7 +180,7 @@ def test_a_write_failing_midway_keeps_the_previous_file(tmp_path: Path) -> None:
     good = np.arange(1000, dtype=np.float32)
     save_model(_model(good), tmp_path / "single.onnx")
     save_model(_model(good), tmp_path / "external.onnx", external_data=True)
-    assert (tmp_path / "external.onnx.data").exists()
+    assert referenced_data_files(tmp_path / "external.onnx")
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     result = subprocess.run([sys.executable, "-c", _FAILING_WRITE, str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -198,7 +199,8 @@ def test_external_data_save_leaves_the_model_in_memory_whole(tmp_path: Path) -> 
     assert model.SerializeToString() == before
     pointer = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
     assert pointer.graph.initializer[0].data_location == onnx.TensorProto.EXTERNAL
-    assert (tmp_path / "m.onnx.data").stat().st_size == 4096 + 4096 * 4  # a 4 KiB header (the write's token), then the data
+    (data,) = referenced_data_files(tmp_path / "m.onnx")
+    assert (tmp_path / data).stat().st_size == 4096 + 4096 * 4  # a 4 KiB header (the write's token), then the data
     loaded = onnx.load(str(tmp_path / "m.onnx"))
     np.testing.assert_array_equal(onnx.numpy_helper.to_array(loaded.graph.initializer[0]), np.arange(4096, dtype=np.float32))
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import io
 import os
+import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ import onnx_custom
 import onnx_custom.ops.seed  # (defines onnx_custom::my_add)
 from onnx_custom.common import external_data as external
 from onnx_custom.errors import InvalidArgumentError, ModelLoadError
+from onnx_custom.verification.initializers import InitializerMismatchWarning
 
 EXPORTERS = ["torchscript", "dynamo"]
 SMALL = "4096"  # bytes: the test model (two 64x64 float32 weights, 32 KiB) is far above it
@@ -64,10 +67,12 @@ def test_past_the_threshold_the_tensors_go_to_model_onnx_data(tmp_path: Path, sm
     model, args = _net()
     path = tmp_path / "model.onnx"
     onnx_custom.export(model, args, path, exporter=exporter)
-    data = tmp_path / "model.onnx.data"
+    (name,) = external.referenced_data_files(path)
+    assert re.fullmatch(r"model\.onnx\.[0-9a-f]{16}\.data", name)  # one data file per write
+    data = tmp_path / name
     assert data.is_file() and data.stat().st_size > 2 * 64 * 64 * 4
     assert path.stat().st_size < 16384  # the weights are not in the model file
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "model.onnx.data"]  # no temporaries left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", name]  # no temporaries left
     want = _expected(model, args)
     np.testing.assert_allclose(_run_plain(path, args), want, rtol=1.3e-6, atol=1e-5)
     session = onnx_custom.InferenceSession(path)
@@ -87,19 +92,21 @@ def test_below_the_threshold_one_file(tmp_path: Path, exporter: str) -> None:
 @pytest.mark.parametrize(
     ("option", "files", "env"),
     [
-        (True, ["model.onnx", "model.onnx.data"], None),
-        ("weights.bin", ["model.onnx", "weights.bin"], None),
+        (True, ["model.onnx", r"model\.onnx\.[0-9a-f]{16}\.data"], None),
+        ("weights.bin", ["model.onnx", r"weights\.[0-9a-f]{16}\.bin"], None),
+        ("weights", ["model.onnx", r"weights\.[0-9a-f]{16}"], None),
         (False, ["model.onnx"], SMALL),  # False wins over the (lowered) threshold
-        (None, ["model.onnx", "model.onnx.data"], SMALL),
+        (None, ["model.onnx", r"model\.onnx\.[0-9a-f]{16}\.data"], SMALL),
     ],
-    ids=["True", "a-file-name", "False-over-threshold", "None-over-threshold"],
+    ids=["True", "a-file-name", "a-name-without-suffix", "False-over-threshold", "None-over-threshold"],
 )
 def test_external_data_option_is_honoured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, option: Any, files: list[str], env: str | None) -> None:
     if env:
         monkeypatch.setenv(external.THRESHOLD_ENV, env)
     model, args = _net()
     onnx_custom.export(model, args, tmp_path / "model.onnx", exporter="torchscript", external_data=option)
-    assert sorted(p.name for p in tmp_path.iterdir()) == files
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert len(names) == len(files) and all(re.fullmatch(f, n) for f, n in zip(files, names, strict=True)), names
     np.testing.assert_allclose(_run_plain(tmp_path / "model.onnx", args), _expected(model, args), rtol=1.3e-6, atol=1e-5)
 
 
@@ -141,7 +148,8 @@ def _exported(folder: Path) -> tuple[Path, Path]:
     model, args = _net()
     folder.mkdir(exist_ok=True)
     onnx_custom.export(model, args, folder / "model.onnx", exporter="torchscript", external_data=True)
-    return folder / "model.onnx", folder / "model.onnx.data"
+    (name,) = external.referenced_data_files(folder / "model.onnx")
+    return folder / "model.onnx", folder / name
 
 
 def _loaders(path: Path) -> list[Any]:
@@ -157,7 +165,7 @@ def _loaders(path: Path) -> list[Any]:
 def test_missing_data_file_is_a_model_load_error(tmp_path: Path, loader: int) -> None:
     path, data = _exported(tmp_path)
     data.unlink()
-    with pytest.raises(ModelLoadError, match=r"model.onnx.data.*missing.*Fix: keep the data file next to the model"):
+    with pytest.raises(ModelLoadError, match=r"model.onnx.[0-9a-f]{16}.data.*missing.*Fix: keep the data file next to the model"):
         _loaders(path)[loader]()
 
 
@@ -171,29 +179,12 @@ def test_truncated_data_file_is_a_model_load_error(tmp_path: Path, loader: int) 
 
 
 def test_data_of_another_export_is_refused(tmp_path: Path) -> None:
-    """Same name, same size, other write: exactly what an interrupted export would leave."""
+    """Same name, same size, other write: a data file replaced by hand (copied from another export)."""
     path, data = _exported(tmp_path / "a")
     _, other = _exported(tmp_path / "b")
     os.replace(other, data)
     with pytest.raises(ModelLoadError, match="different exports"):
         onnx_custom.InferenceSession(path)
-
-
-def test_an_export_interrupted_between_data_and_model_never_pairs_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path, _ = _exported(tmp_path)
-    before = path.read_bytes()
-
-    def die(*_: Any, **__: Any) -> None:
-        raise KeyboardInterrupt  # Ctrl-C after the data file was renamed into place
-
-    monkeypatch.setattr(external, "atomic_write", die)
-    with pytest.raises(KeyboardInterrupt):
-        _exported(tmp_path)
-    monkeypatch.undo()
-    assert path.read_bytes() == before  # the old model, whole
-    with pytest.raises(ModelLoadError, match="different exports"):
-        onnx_custom.InferenceSession(path)  # and it is not run on the new weights
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "model.onnx.data"]
 
 
 def test_a_proto_pointing_into_files_is_refused_as_bytes(tmp_path: Path) -> None:
@@ -209,3 +200,74 @@ def test_the_callers_proto_is_not_modified(tmp_path: Path) -> None:
     before = proto.SerializeToString()
     onnx_custom.exporter.pipeline.save_model(proto, tmp_path / "m.onnx", external_data=True)
     assert proto.SerializeToString() == before
+
+
+# -- verify / localize past the threshold: sessions read a model + data pair, never bytes -----
+
+
+@pytest.fixture
+def session_sources(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Any]:
+    """What every ONNX Runtime session of the test was created from (ours and plain ones), with
+    temporary folders made under ``tmp_path / "tmp"`` so the test can see they are removed."""
+    seen: list[Any] = []
+    original = ort.InferenceSession.__init__
+
+    def recording(self: Any, path_or_bytes: Any, *args: Any, **kwargs: Any) -> None:
+        seen.append(path_or_bytes if isinstance(path_or_bytes, str) else type(path_or_bytes))
+        original(self, path_or_bytes, *args, **kwargs)
+
+    monkeypatch.setattr(ort.InferenceSession, "__init__", recording)
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    return seen
+
+
+def _from_files(seen: list[Any], tmp_path: Path) -> None:
+    assert seen and all(isinstance(s, str) and s.endswith(".onnx") for s in seen), seen
+    assert not list((tmp_path / "tmp").glob("onnx_custom_session_*"))  # the temporary pairs are gone
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_export_verify_past_the_threshold_runs_sessions_from_files(tmp_path: Path, small_threshold: None, session_sources: list[Any], exporter: str) -> None:
+    """Past 2 GiB a proto cannot be serialized, so verify=True (which runs before ``f`` is
+    written) and verify of an in-memory proto hand ORT a temporary model + data pair."""
+    model, args = _net()
+    proto = onnx_custom.export(model, args, tmp_path / "model.onnx", exporter=exporter, verify=True)
+    _from_files(session_sources, tmp_path)
+    session_sources.clear()
+    assert onnx_custom.verify(model, args, proto, trials=2).passed
+    _from_files(session_sources, tmp_path)
+
+
+@pytest.mark.parametrize("source", ["path", "proto"])
+def test_verify_past_the_threshold_still_fails_a_wrong_model(tmp_path: Path, small_threshold: None, session_sources: list[Any], source: str) -> None:
+    """The file route must not make verify pass what it should fail: other weights are caught."""
+    model, args = _net()
+    path = tmp_path / "model.onnx"
+    proto = onnx_custom.export(model, args, path, exporter="torchscript")
+    with torch.no_grad():
+        model.fc2.weight[0, 0] += 0.5
+    with pytest.warns(InitializerMismatchWarning, match="fc2.weight"):
+        report = onnx_custom.verify(model, args, path if source == "path" else proto, raise_on_mismatch=False)
+    assert not report.passed and report.failures
+    _from_files(session_sources, tmp_path)
+
+
+def test_localize_past_the_threshold_runs_sessions_from_files(tmp_path: Path, small_threshold: None, session_sources: list[Any]) -> None:
+    from onnx_custom.verification.localize import localize
+
+    model, args = _net()
+    path = tmp_path / "model.onnx"
+    onnx_custom.export(model, args, path, exporter="dynamo")
+    result = localize(model, args, path)
+    assert result.nodes and result.first is None, result.summary()
+    _from_files(session_sources, tmp_path)
+
+
+def test_an_inference_session_of_a_proto_past_the_threshold(tmp_path: Path, small_threshold: None, session_sources: list[Any]) -> None:
+    model, args = _net()
+    proto = onnx_custom.export(model, args, exporter="torchscript")
+    session = onnx_custom.InferenceSession(proto)
+    got = session.run(None, {session.get_inputs()[0].name: args[0].numpy()})[0]
+    np.testing.assert_allclose(got, _expected(model, args), rtol=1.3e-6, atol=1e-5)
+    _from_files(session_sources, tmp_path)

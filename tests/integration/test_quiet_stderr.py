@@ -106,6 +106,7 @@ def test_api_run_prints_no_ort_log_lines(tmp_path: Path) -> None:
     _no_noise(proc.stderr)
 
 
+@pytest.mark.ort_logs
 def test_ort_logs_come_back_when_asked(tmp_path: Path) -> None:
     """The escape hatch: $ONNX_CUSTOM_ORT_LOG_SEVERITY brings ORT's own log lines back."""
     script = API_SCRIPT.split("# a verify trial ORT refuses")[0].split("# a failing kernel: reported once, by KernelRunError\n")[1]

@@ -16,6 +16,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from onnx_custom.runtime.native import library_path
+from onnx_custom.runtime.quiet import quiet_session_options
 
 __all__ = [
     "DOMAINS",
@@ -103,7 +104,7 @@ def _results(model: onnx.ModelProto, outs: list[Any]) -> list[np.ndarray]:
 def native_session(model: onnx.ModelProto, threads: int = 2) -> ort.InferenceSession:
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
-    so.log_severity_level = 3
+    quiet_session_options(so)  # a failing kernel is raised; ORT's error line would repeat it
     so.register_custom_ops_library(str(library_path()))
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
@@ -115,9 +116,7 @@ def run_native(model: onnx.ModelProto, feeds: dict[str, np.ndarray], threads: in
 def run_python(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     import onnx_custom
 
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    return _results(model, onnx_custom.InferenceSession(model, so).run(None, _feeds(feeds)))
+    return _results(model, onnx_custom.InferenceSession(model).run(None, _feeds(feeds)))  # quiet by default
 
 
 def _as_float64(a: np.ndarray) -> np.ndarray:

@@ -107,6 +107,7 @@ def test_session_options_error_names_base() -> None:
         session_options(_model(FP16), base="fast")  # type: ignore[arg-type]
 
 
+@pytest.mark.ort_logs  # severity 1 asks ORT for its info lines on purpose
 def test_a_users_log_severity_is_kept() -> None:
     options = ort.SessionOptions()
     options.log_severity_level = 1
