@@ -13,7 +13,8 @@ from pathlib import Path
 
 import onnx
 
-from onnx_custom.errors import CliInputError, ExtensionBuildError, KernelError
+from onnx_custom.common.external_data import external_tensors
+from onnx_custom.errors import CliInputError, ExtensionBuildError, KernelError, ModelLoadError
 from onnx_custom.runtime.native import build_library, shipped_library
 from onnx_custom.runtime.session import custom_nodes, load_model
 from onnx_custom.spec import OpSpec, build_native_library
@@ -88,6 +89,10 @@ def package_model(model_path: str | os.PathLike[str], output_dir: str | os.PathL
         else:
             library = build_library(staged)
         model_name = Path(model_path).name if isinstance(model_path, (str, os.PathLike)) else "model.onnx"
+        data_files = _data_files(model, model_path)
+        for location in data_files:  # the model keeps pointing at them by the same relative names
+            (staged / location).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(Path(model_path).parent / location, staged / location)
         onnx.save(model, staged / model_name)
         hint = " --spec <your specs>" if user else ""
         (staged / "README.md").write_text(_README.format(model=model_name, library=library.name, machine=platform.machine() or 'this machine',
@@ -95,11 +100,30 @@ def package_model(model_path: str | os.PathLike[str], output_dir: str | os.PathL
         try:
             folder.mkdir(parents=True, exist_ok=True)
             written = []
-            for item in (model_name, library.name, "README.md"):
+            for item in (*data_files, model_name, library.name, "README.md"):  # data before the model that needs it
                 target = folder / item
-                shutil.copyfile(staged / item, folder / f".{item}.tmp")
-                os.replace(folder / f".{item}.tmp", target)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                temporary = target.with_name(f".{target.name}.tmp")
+                shutil.copyfile(staged / item, temporary)
+                os.replace(temporary, target)
                 written.append(target)
         except OSError as exc:
             raise ExtensionBuildError(f"cannot write the package into {folder}: expected a writable folder ({exc}); fix: pass a writable folder.") from exc
     return written
+
+
+def _data_files(model: onnx.ModelProto, model_path: str | os.PathLike[str]) -> list[str]:
+    """The external data files ``model`` (loaded without its data) points at, as the relative
+    names it uses; ones outside the model's folder are refused (the package could not hold them)."""
+    locations: list[str] = []
+    for tensor in external_tensors(model):
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        relative = Path(location)
+        if relative.is_absolute() or ".." in relative.parts:
+            raise ModelLoadError(
+                f"{model_path} keeps tensor {tensor.name!r} in {location!r}, outside the model's folder, so a package "
+                f"cannot carry it; fix: re-export with the data next to the model (export(..., external_data=True))."
+            )
+        if location not in locations:
+            locations.append(location)
+    return locations
