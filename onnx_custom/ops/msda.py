@@ -49,11 +49,23 @@ from torch import Tensor, nn
 from onnx_custom.common.native_build import KernelModule
 from onnx_custom.errors import MultiScaleDeformableAttnDtypeError, MultiScaleDeformableAttnError
 from onnx_custom.function_bodies.builder import TranslationBody
-from onnx_custom.spec import EAGER, NODE, Attribute, Input, OpSpec, Output, define_op, op_arguments
+from onnx_custom.runtime.native import sources_dir
+from onnx_custom.spec import (
+    EAGER,
+    NODE,
+    Attribute,
+    Input,
+    NativeKernel,
+    OpSpec,
+    Output,
+    define_op,
+    op_arguments,
+)
 
 __all__ = [
     "DTYPES",
     "MSDA",
+    "NATIVE_FUNCTION",
     "SPECS",
     "MultiScaleDeformableAttention",
     "MultiScaleDeformableAttnDtypeError",
@@ -70,6 +82,8 @@ DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 """The float dtypes the op accepts (eager, fake, Python and native kernels)."""
 _FLOATS = tuple(str(d).removeprefix("torch.") for d in DTYPES)
 _SYMBOLICS = "onnx_custom.symbolics.msda"
+NATIVE_FUNCTION = "onnx_custom_msda::multi_scale_deformable_attn"
+"""The C++ kernel (``ort_kernels/native/msda.cpp``) the spec's ``native`` names."""
 _OPS = "onnx_custom.ops.msda"
 
 MSDA = OpSpec(
@@ -91,7 +105,11 @@ MSDA = OpSpec(
     op_type="MultiScaleDeformableAttn",
     domain="onnx_custom",
     kernel=EAGER,  # the node runs this op on torch views of ORT's buffers: one implementation
-    native=True,  # ort_kernels/native/msda.cpp
+    # The native kernel, written against the user kernel API (onnx_custom/kernel.h) and declared
+    # the way users declare theirs; the shipped library's registration of it
+    # (ort_kernels/native/msda_generated.cpp) is generated from this spec by the same code
+    # generator (`python -m onnx_custom.ort_kernels.msda` rewrites it; a test holds it current).
+    native=NativeKernel(str(sources_dir() / "msda.cpp"), NATIVE_FUNCTION),
     function=TranslationBody(f"{_SYMBOLICS}:msda_gather", min_opset=11),
     # The highest opset <= the export's wins before variants are preferred: the mmdeploy variant
     # is declared again at 16, where the GridSample form starts (the node is re-placed there).
