@@ -222,21 +222,25 @@ def validate_msda(args: Any) -> None:
             raise _fail(f"{name} is on {t.device} but value on {value.device}. Fix: .to({str(value.device)!r}).")
 
 
-def check_level_layout(spatial_shapes: torch.Tensor, level_start_index: torch.Tensor, num_keys: int) -> None:
+def check_level_layout(spatial_shapes: Any, level_start_index: Any, num_keys: int | None) -> None:
     """The contract between the level tensors' values and value's keys: every H, W >= 0,
     ``sum(H*W) == num_keys`` and ``level_start_index`` = the exclusive cumulative sum of H*W.
-    (Reads values, so it runs on real tensors only: eager and the ONNX Runtime kernels.)"""
+    Reads values, so it runs where they are known: eager, the ONNX Runtime kernels, and export
+    when the level tensors are constants (``level_start_index=None`` or ``num_keys=None``: that
+    part is unknown at export and not checked). Takes tensors or arrays."""
     hw = [(int(h), int(w)) for h, w in spatial_shapes.tolist()]
-    starts = [int(s) for s in level_start_index.tolist()]
     if any(h < 0 or w < 0 for h, w in hw):
         raise _fail(f"spatial_shapes holds a negative size: {hw}; expected (H, W) >= 0 per level.")
     sizes = [h * w for h, w in hw]
-    if sum(sizes) != num_keys:
+    if num_keys is not None and sum(sizes) != num_keys:
         raise _fail(
             f"spatial_shapes {hw} cover sum(H*W) = {sum(sizes)} keys but value has num_keys = "
             f"{num_keys}. Fix: value must be the levels' (H*W) features concatenated, in the order "
             f"of spatial_shapes."
         )
+    if level_start_index is None:
+        return
+    starts = [int(s) for s in level_start_index.tolist()]
     expected = [sum(sizes[:i]) for i in range(len(sizes))]
     if starts != expected:
         raise _fail(

@@ -259,6 +259,12 @@ class GraphBuilder(abc.ABC):
         """Whether a graph value is a Constant node's output (error messages suggest typing it)."""
         return False
 
+    def constant_value(self, value: Any) -> np.ndarray | None:
+        """The contents of a graph value the export already knows (a Constant node's output, or an
+        initializer the exporter has made from a lifted constant or buffer), else None (a graph
+        input or a computed value). For translations that check values at export time."""
+        return None
+
     @abc.abstractmethod
     def dtype(self, value: Any) -> torch.dtype | None:
         """The torch dtype of a graph value, or None when the exporter does not know it."""
