@@ -265,7 +265,7 @@ def msda(rng: np.random.Generator) -> tuple[Case, Case]:
     sizes = shapes.prod(1)
     starts = np.r_[0, np.cumsum(sizes)[:-1]].astype(np.int64)
     keys, nl = int(sizes.sum()), len(levels)
-    scale = np.asarray(rng.choice([1.0, 3.0, 1e6]), dtype)  # locations far outside [0, 1] too
+    scale = np.asarray(rng.choice([1.0, 3.0, 1e4]), dtype)  # locations far outside [0, 1] too
     loc = (floats(rng, (bs, q, m, nl, p, 2), dtype) * scale + np.asarray(0.5, dtype)).astype(dtype)
     if loc.size and rng.random() < 0.3:
         loc.reshape(-1)[int(rng.integers(0, loc.size))] = np.nan  # defined: contributes 0
