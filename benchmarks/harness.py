@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import onnxruntime as ort
 
-__all__ = ["alternating_rounds", "median_ms", "ort_options", "peak_memory", "print_ratios", "rss_child", "status_kib"]
+__all__ = ["alternating_rounds", "median_ms", "ort_options", "paired_rounds", "peak_memory", "print_ratios", "rss_child", "status_kib"]
 
 
 def median_ms(fn: Callable[[], object], repeat: int, warmup: int = 0) -> float:
@@ -49,12 +49,32 @@ def alternating_rounds(fns: dict[str, Callable[[], object]], rounds: int, repeat
     return {label: combine(ms) for label, ms in per_round.items()}
 
 
-def print_ratios(rows: Sequence[tuple[str, str, float | None]], times: dict[str, float], width: int = 30) -> dict[str, float]:
-    """Print ``contender ms | baseline ms | ratio | goal`` per row; returns ``{"a / b": ratio}``."""
+def paired_rounds(contender: Callable[[], object], baseline: Callable[[], object], rounds: int, repeat: int) -> tuple[float, float, float]:
+    """(contender ms, baseline ms, ratio) measured as pairs: each round times the two back to back
+    (the median of ``repeat`` calls each; which goes first alternates), so load that drifts over
+    seconds on a shared machine hits both halves of a pair alike. The ratio is the median of the
+    rounds' ratios; the times are the medians over rounds."""
+    mine: list[float] = []
+    base: list[float] = []
+    for r in range(rounds):
+        if r % 2 == 0:
+            mine.append(median_ms(contender, repeat))
+            base.append(median_ms(baseline, repeat))
+        else:
+            base.append(median_ms(baseline, repeat))
+            mine.append(median_ms(contender, repeat))
+    ratio = statistics.median(m / b for m, b in zip(mine, base, strict=True))
+    return statistics.median(mine), statistics.median(base), ratio
+
+
+def print_ratios(rows: Sequence[tuple[str, str, float | None]], times: dict[str, float], width: int = 30,
+                 ratios: dict[tuple[str, str], float] | None = None) -> dict[str, float]:  # fmt: skip
+    """Print ``contender ms | baseline ms | ratio | goal`` per row; returns ``{"a / b": ratio}``.
+    ``ratios`` (from `paired_rounds`) replaces the quotient of ``times`` where given."""
     print(f"{'contender':<{width}}{'ms':>9}  {'baseline':<{width}}{'ms':>9}{'ratio':>8}   goal")
     results: dict[str, float] = {}
     for label, base, goal in rows:
-        ratio = times[label] / times[base]
+        ratio = (ratios or {}).get((label, base), times[label] / times[base])
         results[f"{label} / {base}"] = ratio
         verdict = "" if goal is None else f"<= {goal:.1f} {'ok' if ratio <= goal else 'MISS'}"
         print(f"{label:<{width}}{times[label]:>9.2f}  {base:<{width}}{times[base]:>9.2f}{ratio:>7.2f}x   {verdict}")
