@@ -68,16 +68,19 @@ def paired_rounds(contender: Callable[[], object], baseline: Callable[[], object
 
 
 def print_ratios(rows: Sequence[tuple[str, str, float | None]], times: dict[str, float], width: int = 30,
-                 ratios: dict[tuple[str, str], float] | None = None) -> dict[str, float]:  # fmt: skip
+                 pairs: dict[tuple[str, str], tuple[float, float, float]] | None = None) -> dict[str, float]:  # fmt: skip
     """Print ``contender ms | baseline ms | ratio | goal`` per row; returns ``{"a / b": ratio}``.
-    ``ratios`` (from `paired_rounds`) replaces the quotient of ``times`` where given."""
+    ``pairs`` (`paired_rounds` results by row) replace the row's times and ratio where given."""
     print(f"{'contender':<{width}}{'ms':>9}  {'baseline':<{width}}{'ms':>9}{'ratio':>8}   goal")
     results: dict[str, float] = {}
     for label, base, goal in rows:
-        ratio = (ratios or {}).get((label, base), times[label] / times[base])
+        mine, theirs = times[label], times[base]
+        ratio = mine / theirs
+        if pairs and (label, base) in pairs:
+            mine, theirs, ratio = pairs[(label, base)]
         results[f"{label} / {base}"] = ratio
         verdict = "" if goal is None else f"<= {goal:.1f} {'ok' if ratio <= goal else 'MISS'}"
-        print(f"{label:<{width}}{times[label]:>9.2f}  {base:<{width}}{times[base]:>9.2f}{ratio:>7.2f}x   {verdict}")
+        print(f"{label:<{width}}{mine:>9.2f}  {base:<{width}}{theirs:>9.2f}{ratio:>7.2f}x   {verdict}")
     return results
 
 

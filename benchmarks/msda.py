@@ -189,16 +189,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     times = alternating_rounds(fns, args.rounds, args.repeat)
     # The goal rows again as pairs (contender and baseline back to back each round): on a shared
     # machine load drifts between contenders timed far apart in a round.
-    ratios = {}
-    for label, base, goal in ROWS:
-        if goal is not None and "bwd" not in label:
-            times[label], times[base], ratios[(label, base)] = paired_rounds(fns[label], fns[base], args.rounds, args.repeat)
+    pairs = {(label, base): paired_rounds(fns[label], fns[base], args.rounds, args.repeat)
+             for label, base, goal in ROWS if goal is not None and "bwd" not in label}  # fmt: skip
     keys = sum(h * w for h, w in LEVELS)
     print(f"multi_scale_deformable_attn, float32, bs {BS}, levels {list(LEVELS)} ({keys} keys = queries), "
           f"{HEADS} heads x {HEAD_DIM}, {POINTS} points; torch 2 threads, ORT 2 intra threads, spinning off; "
           f"median of {args.rounds} alternating rounds x {args.repeat} calls; forward goal rows: median of "
           f"{args.rounds} paired rounds' ratios")  # fmt: skip
-    results = print_ratios(ROWS, times, width=30, ratios=ratios)
+    results = print_ratios(ROWS, times, width=30, pairs=pairs)
     mib = 1024 * 1024
     ours, theirs = peak_memory("eager"), peak_memory("grid")
     results["eager_peak_bytes"], results["grid_peak_bytes"] = ours, theirs
