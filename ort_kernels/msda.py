@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from onnx_custom.common.atomic import atomic_write
 from onnx_custom.ops.msda import MSDA
 from onnx_custom.runtime import KernelRegistry
 from onnx_custom.runtime.native import sources_dir
@@ -54,7 +55,7 @@ def native_binding() -> GeneratedSource:
 def write_native_binding() -> Path:
     """Rewrite ``ort_kernels/native/msda_generated.cpp`` from the spec; returns its path."""
     target = sources_dir() / NATIVE_BINDING
-    target.write_text(native_binding().text, encoding="utf-8")
+    atomic_write(target, native_binding().text.encode("utf-8"))
     return target
 
 
