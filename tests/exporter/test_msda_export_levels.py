@@ -69,6 +69,7 @@ MODELS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.nn.Module]] = {"b
 VARIANTS = {"default": (None, 17), "mmdeploy": ("mmdeploy", 17), "standard": ("standard", 16), "gather": ("gather", 17)}
 
 
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")  # MadeInForward's constants: the point
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("model", list(MODELS))
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
