@@ -25,8 +25,6 @@ float16/bfloat16 compute in float32 (ORT's CPU Floor/MatMul/GridSample lack them
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from typing import Any
 
 import numpy as np
@@ -35,6 +33,7 @@ import onnx
 from onnx_custom.errors import SymbolicError
 from onnx_custom.ops.msda import MSDA, check_level_layout
 from onnx_custom.spec import spec_translations
+from onnx_custom.translate.builder import register_value_check
 from onnx_custom.translate.registry import Registry
 
 __all__ = ["GATHER_MIN_OPSET", "GRID_SAMPLE_OPSET", "MMDEPLOY_NODE", "check_constant_levels", "msda_gather", "msda_grid_sample", "msda_mmdeploy", "registry"]
@@ -219,24 +218,6 @@ def check_constant_levels(g: Any, value: Any, spatial_shapes: Any, level_start_i
     check_level_layout(shapes, starts, keys)
 
 
-def _checking_levels(fn: Any) -> Any:
-    """``fn`` (any of the op's translations) after `check_constant_levels`."""
-
-    @functools.wraps(fn)
-    def translate(g: Any, value: Any, spatial_shapes: Any, level_start_index: Any, *rest: Any, **attrs: Any) -> Any:
-        check_constant_levels(g, value, spatial_shapes, level_start_index)
-        return fn(g, value, spatial_shapes, level_start_index, *rest, **attrs)
-
-    return translate
-
-
-def _with_level_checks(base: Registry) -> Registry:
-    out = base.copy()
-    for target in base.targets():
-        for entry in base.entries_for(target):
-            out.add(dataclasses.replace(entry, fn=_checking_levels(entry.fn)), replace=True)
-    return out
-
-
 msda_gather.__doc__ = f"{msda_gather.__doc__}\n\n{MSDA.op_name}{MSDA.schema}"
-registry: Registry = _with_level_checks(spec_translations(MSDA))
+registry: Registry = spec_translations(MSDA)
+register_value_check(MSDA.name, lambda g, value, spatial_shapes, level_start_index, *_, **__: check_constant_levels(g, value, spatial_shapes, level_start_index))
