@@ -14,12 +14,9 @@ F.conv2d's ratio. Both backwards get the same output gradient through ``torch.au
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
-import subprocess
 import sys
-import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -29,6 +26,11 @@ import torch.nn.functional as F
 from onnx import TensorProto, helper
 
 from onnx_custom.ops.deform_conv import deform_conv2d, load_extension
+
+if str(Path(__file__).resolve().parent) not in sys.path:  # loaded from its path (the smoke test)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import alternating_rounds, median_ms, ort_options, print_ratios, rss_child
+from harness import peak_memory as _peak_memory
 
 __all__ = ["build_ort_deformconv", "main", "make_inputs", "peak_memory", "time_fn"]
 
@@ -58,58 +60,24 @@ def build_ort_deformconv(k: int, pad: int, threads: int = 2) -> ort.InferenceSes
     )  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
     onnx.checker.check_model(model)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model.SerializeToString(), ort_options(threads), providers=["CPUExecutionProvider"])
 
 
 def time_fn(fn: Callable[[], object], repeat: int, warmup: int = 3) -> float:
     """Median wall time in milliseconds."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status (Linux only)")
+    return median_ms(fn, repeat, warmup)
 
 
 def _rss_child(kind: str) -> None:
     """Subprocess body: print the RSS high-water increase (KiB) of one warm call of ``kind``."""
     torch.set_num_threads(2)
     load_extension()
-    t = make_inputs()
-    fn = _contenders(t)[kind]
-    fn()  # warm: lazy inits (MKL buffers, dispatcher caches) are not the op's working set
-    before = _status_kib("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset VmHWM to the current RSS
-    fn()
-    print(_status_kib("VmHWM") - before)
+    rss_child(_contenders(make_inputs())[kind])
 
 
 def peak_memory(kind: str) -> int:
-    """Peak RSS increase in bytes of one call, measured in a fresh subprocess.
-
-    RSS, not torch.profiler: the profiler misses allocations made in the kernel's worker
-    threads. ``MALLOC_MMAP_THRESHOLD_`` makes glibc map and unmap large buffers right away, so
-    memory freed by the warm-up call is not silently reused.
-    """
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    out = subprocess.run([sys.executable, __file__, "--rss-child", kind], env=env, check=True,
-                         capture_output=True, text=True).stdout  # fmt: skip
-    return int(out.split()[-1]) * 1024
+    """Peak RSS increase in bytes of one call, measured in a fresh subprocess (see harness.peak_memory)."""
+    return _peak_memory(__file__, kind)
 
 
 def _contenders(t: dict[str, torch.Tensor]) -> dict[str, Callable[[], torch.Tensor]]:
@@ -147,14 +115,6 @@ def _training(t: dict[str, torch.Tensor]) -> tuple[Callable[[], object], Callabl
     return eager_train, conv_train
 
 
-def _ort_options(threads: int = 2) -> ort.SessionOptions:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return opts
-
-
 class _OneOp(torch.nn.Module):
     def forward(self, x, w, offset, mask, bias):
         pad = SHAPE["K"] // 2
@@ -165,7 +125,7 @@ class _OneOp(torch.nn.Module):
 def _session_fn(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> Callable[[], object]:
     import onnx_custom
 
-    sess = onnx_custom.InferenceSession(proto, _ort_options())
+    sess = onnx_custom.InferenceSession(proto, ort_options())
     names = [i.name for i in sess.get_inputs()]
     bound = dict(zip(names, feeds.values(), strict=True))
     return lambda: sess.run(None, bound)
@@ -236,22 +196,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         fns.setdefault(label, fn)
         fns.setdefault(base_label, base)
     # Interleave contenders round by round so load drift hits all alike; keep each one's best round.
-    times: dict[str, float] = {}
-    for _ in range(args.rounds):
-        for label, fn in fns.items():
-            ms = time_fn(fn, args.repeat)
-            times[label] = min(times.get(label, ms), ms)
+    times = alternating_rounds(fns, args.rounds, args.repeat, combine=min, warmup=3)
     shape = ", ".join(f"{key}={v}" for key, v in SHAPE.items())
     print(f"deform_conv2d forward, float32, {shape}, pad={SHAPE['K'] // 2}, mask on; torch 2 threads, "
           f"ORT 2 intra threads, spinning off; DCN net input {SHAPE['N']}x3x{4 * SHAPE['H']}x{4 * SHAPE['W']}")  # fmt: skip
-    print(f"{'contender':<32}{'ms':>9}  {'baseline':<24}{'ms':>9}{'ratio':>8}{'goal':>8}")
-    results: dict[str, float] = {}
-    for label, base_label, _, _, goal in rows:
-        ratio = times[label] / times[base_label]
-        results[f"{label} / {base_label}"] = ratio
-        verdict = "" if goal is None else f"<={goal:.1f} {'ok' if ratio <= goal else 'MISS'}"
-        print(f"{label:<32}{times[label]:>9.2f}  {base_label:<24}{times[base_label]:>9.2f}"
-              f"{ratio:>7.2f}x  {verdict}")  # fmt: skip
+    results = print_ratios([(label, base, goal) for label, base, _, _, goal in rows], times, width=32)
     ours = results[f"{TRAIN} / eager op (C++)"]
     conv = results[f"{CONV_TRAIN} / F.conv2d (no deformation)"]
     cost = results["training cost / F.conv2d training cost"] = ours / conv

@@ -9,7 +9,9 @@ as a trained encoder's are; attention weights are a softmax over levels x points
 Run: ``python benchmarks/msda.py [--repeat 10] [--rounds 3]``. torch uses 2 threads; ORT 2
 intra-op threads, spinning off. Contenders are timed side by side in one process, alternating
 round by round (each round: the median of ``--repeat`` calls per contender); the table shows
-the median over rounds. Peak memory is the RSS high-water increase of one warm fwd+bwd call in a
+the median over rounds. The forward rows with a goal are then timed again as pairs (contender and
+baseline back to back each round, `harness.paired_rounds`): their ratio is the median of the
+rounds' ratios, robust to load drifting on a shared machine. Peak memory is the RSS high-water increase of one warm fwd+bwd call in a
 fresh subprocess (``MALLOC_MMAP_THRESHOLD_`` so freed buffers are not silently reused).
 
 Goals (issue 24): eager fwd / grid_sample fwd <= 0.5; eager (fwd+bwd)/fwd <= 2.5; native ORT
@@ -21,12 +23,9 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
-import statistics
-import subprocess
 import sys
-import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -34,6 +33,11 @@ import torch
 import torch.nn.functional as F
 
 from onnx_custom.ops.msda import load_extension, multi_scale_deformable_attn
+
+if str(Path(__file__).resolve().parent) not in sys.path:  # loaded from its path (the smoke test)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import alternating_rounds, ort_options, paired_rounds, print_ratios, rss_child
+from harness import peak_memory as _peak_memory
 
 __all__ = ["LEVELS", "grid_sample_formulation", "main", "make_inputs", "peak_memory"]
 
@@ -78,15 +82,6 @@ def grid_sample_formulation(value: torch.Tensor, shapes: torch.Tensor, loc: torc
     return out.view(bs, heads * dim, queries).transpose(1, 2).contiguous()
 
 
-def _median_ms(fn: Callable[[], object], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
 def _training(inputs: Inputs, kind: str) -> Callable[[], object]:
     value, shapes, starts, loc, attn = inputs
     leaves = [t.clone().requires_grad_() for t in (value, loc, attn)]
@@ -107,23 +102,12 @@ def _rss_child(kind: str) -> None:
     """Subprocess body: the RSS high-water increase (KiB) of one warm fwd+bwd call of ``kind``."""
     torch.set_num_threads(2)
     load_extension()
-    fn = _training(make_inputs(), kind)
-    fn()
-    with open("/proc/self/status") as f:
-        before = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset VmHWM to the current RSS
-    fn()
-    with open("/proc/self/status") as f:
-        print(next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) - before)
+    rss_child(_training(make_inputs(), kind))
 
 
 def peak_memory(kind: str) -> int:
     """Peak RSS increase in bytes of one fwd+bwd call (``kind``: eager or grid), fresh subprocess."""
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    out = subprocess.run([sys.executable, __file__, "--rss-child", kind], env=env, check=True,
-                         capture_output=True, text=True).stdout  # fmt: skip
-    return int(out.split()[-1]) * 1024
+    return _peak_memory(__file__, kind)
 
 
 class _Op(torch.nn.Module):
@@ -146,9 +130,7 @@ def _sessions(inputs: Inputs) -> dict[str, Callable[[], object]]:
              "gather": onnx_custom.export(_Op(), inputs, exporter="torchscript", opset=11, registry=standard)}  # fmt: skip
     fns: dict[str, Callable[[], object]] = {}
     for kind, proto in files.items():
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads, opts.inter_op_num_threads = 2, 1
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        opts = ort_options(2)
         if kind == "native":
             opts.register_custom_ops_library(str(library_path()))
             sess = ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
@@ -204,24 +186,17 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "ORT native kernel": sessions["native"], "ORT Python kernel": sessions["python"],
         "ORT GridSample decomposition": sessions["gridsample"], "ORT gather decomposition": sessions["gather"],
     }  # fmt: skip
-    for fn in fns.values():  # warm-up: lazy inits, allocator pools
-        fn()
-    rounds: dict[str, list[float]] = {label: [] for label in fns}
-    for _ in range(args.rounds):  # alternate contenders so load drift hits all alike
-        for label, fn in fns.items():
-            rounds[label].append(_median_ms(fn, args.repeat))
-    times = {label: statistics.median(ms) for label, ms in rounds.items()}
+    times = alternating_rounds(fns, args.rounds, args.repeat)
+    # The goal rows again as pairs (contender and baseline back to back each round): on a shared
+    # machine load drifts between contenders timed far apart in a round.
+    pairs = {(label, base): paired_rounds(fns[label], fns[base], args.rounds, args.repeat)
+             for label, base, goal in ROWS if goal is not None and "bwd" not in label}  # fmt: skip
     keys = sum(h * w for h, w in LEVELS)
     print(f"multi_scale_deformable_attn, float32, bs {BS}, levels {list(LEVELS)} ({keys} keys = queries), "
           f"{HEADS} heads x {HEAD_DIM}, {POINTS} points; torch 2 threads, ORT 2 intra threads, spinning off; "
-          f"median of {args.rounds} alternating rounds x {args.repeat} calls")  # fmt: skip
-    print(f"{'contender':<28}{'ms':>9}  {'baseline':<30}{'ms':>9}{'ratio':>8}   goal")
-    results: dict[str, float] = {}
-    for label, base, goal in ROWS:
-        ratio = times[label] / times[base]
-        results[f"{label} / {base}"] = ratio
-        verdict = "" if goal is None else f"<= {goal:.1f} {'ok' if ratio <= goal else 'MISS'}"
-        print(f"{label:<28}{times[label]:>9.2f}  {base:<30}{times[base]:>9.2f}{ratio:>7.2f}x   {verdict}")
+          f"median of {args.rounds} alternating rounds x {args.repeat} calls; forward goal rows: median of "
+          f"{args.rounds} paired rounds' ratios")  # fmt: skip
+    results = print_ratios(ROWS, times, width=30, pairs=pairs)
     mib = 1024 * 1024
     ours, theirs = peak_memory("eager"), peak_memory("grid")
     results["eager_peak_bytes"], results["grid_peak_bytes"] = ours, theirs

@@ -31,11 +31,12 @@ import numpy as np
 import onnx
 
 from onnx_custom.errors import SymbolicError
-from onnx_custom.ops.msda import MSDA
+from onnx_custom.ops.msda import MSDA, check_level_layout
 from onnx_custom.spec import spec_translations
+from onnx_custom.translate.builder import register_value_check
 from onnx_custom.translate.registry import Registry
 
-__all__ = ["GATHER_MIN_OPSET", "GRID_SAMPLE_OPSET", "MMDEPLOY_NODE", "msda_gather", "msda_grid_sample", "msda_mmdeploy", "registry"]
+__all__ = ["GATHER_MIN_OPSET", "GRID_SAMPLE_OPSET", "MMDEPLOY_NODE", "check_constant_levels", "msda_gather", "msda_grid_sample", "msda_mmdeploy", "registry"]
 
 MMDEPLOY_NODE = "mmdeploy::MMCVMultiScaleDeformableAttention"
 GATHER_MIN_OPSET = 11  # Range, Where on int64
@@ -201,5 +202,22 @@ def msda_grid_sample(g: Any, value: Any, spatial_shapes: Any, level_start_index:
     return out if back is None else g.op("Cast", out, to=back)
 
 
+def check_constant_levels(g: Any, value: Any, spatial_shapes: Any, level_start_index: Any) -> None:
+    """At export, before anything is written: when ``spatial_shapes`` (and ``level_start_index``)
+    are constants of the file, their values against each other and against value's static
+    ``num_keys`` (`check_level_layout`: `MultiScaleDeformableAttnError` naming the fix). Level
+    tensors that are graph inputs are checked by the kernels at run time (an ORT error status)."""
+    shapes = g.constant_value(spatial_shapes)
+    if shapes is None or shapes.ndim != 2 or shapes.shape[1] != 2:
+        return  # a graph input, or a shape the fake kernel already refused
+    starts = g.constant_value(level_start_index)
+    if starts is not None and starts.shape != (shapes.shape[0],):
+        starts = None
+    value_shape = g.shape(value)
+    keys = value_shape[1] if value_shape is not None and len(value_shape) == 4 and isinstance(value_shape[1], int) else None
+    check_level_layout(shapes, starts, keys)
+
+
 msda_gather.__doc__ = f"{msda_gather.__doc__}\n\n{MSDA.op_name}{MSDA.schema}"
 registry: Registry = spec_translations(MSDA)
+register_value_check(MSDA.name, lambda g, value, spatial_shapes, level_start_index, *_, **__: check_constant_levels(g, value, spatial_shapes, level_start_index))

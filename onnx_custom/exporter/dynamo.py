@@ -8,8 +8,10 @@ attribute kinds stay exactly those of `onnx_custom.translate.attributes`.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,6 +31,7 @@ from onnx_custom.translate.registry import Registry, SymbolicEntry, resolve_regi
 __all__ = [
     "DynamoBuilder",
     "check_recording_opset",
+    "program_constants",
     "resolve_overloads",
     "translation_table",
 ]
@@ -41,6 +44,31 @@ _IR_KIND = {
     AttrKind.FLOATS: ir.AttributeType.FLOATS,
     AttrKind.STRINGS: ir.AttributeType.STRINGS,
 }
+
+
+# Placeholder name -> value of the program's buffers, parameters and lifted constants, for the
+# translations torch's exporter runs: they see those as graph inputs, their values attached later.
+_constants: contextvars.ContextVar[Mapping[str, torch.Tensor] | None] = contextvars.ContextVar("onnx_custom_program_constants", default=None)
+
+
+@contextlib.contextmanager
+def program_constants(program: torch.export.ExportedProgram) -> Iterator[None]:
+    """Make the values of ``program``'s buffers, parameters and lifted constants known to
+    `DynamoBuilder.constant_value` while it is exported."""
+    signature = program.graph_signature
+    named = {**signature.inputs_to_parameters, **signature.inputs_to_buffers, **signature.inputs_to_lifted_tensor_constants}
+    values: dict[str, torch.Tensor] = {}
+    for placeholder, fqn in named.items():
+        tensor = program.state_dict.get(fqn)
+        if tensor is None:
+            tensor = program.constants.get(fqn)
+        if isinstance(tensor, torch.Tensor):
+            values[placeholder] = tensor
+    token = _constants.set(values)
+    try:
+        yield
+    finally:
+        _constants.reset(token)
 
 
 class DynamoBuilder(GraphBuilder):
@@ -71,6 +99,25 @@ class DynamoBuilder(GraphBuilder):
     def _is_constant(self, value: Any) -> bool:
         producer = value.producer()
         return producer is not None and producer.op_type == "Constant" and producer.domain in ("", "ai.onnx")
+
+    def constant_value(self, value: Any) -> np.ndarray | None:
+        if not isinstance(value, ir.Value):
+            return None
+        while (producer := value.producer()) is not None and producer.op_type == "Identity" and producer.domain in ("", "ai.onnx"):
+            value = producer.inputs[0]  # lift_fresh_copy / clone of a constant made in forward
+            if value is None:
+                return None
+        program_value = (_constants.get() or {}).get(value.name or "")  # buffers, lifted constants
+        if program_value is not None and value.producer() is None:
+            return program_value.detach().cpu().numpy()
+        tensor = value.const_value
+        if tensor is None and self._is_constant(value):
+            attr = value.producer().attributes.get("value")
+            tensor = None if attr is None else attr.value
+        try:
+            return None if tensor is None else np.asarray(tensor.numpy())
+        except Exception:  # external data that cannot be read here
+            return None
 
     def dtype(self, value: Any) -> torch.dtype | None:
         return self.dtype_of(value)

@@ -317,7 +317,7 @@ def trace_program(
 
 
 def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, spec: DynamicSpec, output_names: Any, kwargs: dict[str, Any]) -> tuple[onnx.ModelProto, DynamicSpec]:
-    from onnx_custom.exporter.dynamo import translation_table
+    from onnx_custom.exporter.dynamo import program_constants, translation_table
 
     if isinstance(model, torch.export.ExportedProgram):
         program, names = model, {}  # its dims are torch's (s77): no user names to give them
@@ -333,7 +333,7 @@ def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry,
     table = translation_table(opset, reg, build_opset=max(opset, _DYNAMO_NATIVE_OPSET))
     failure: BaseException | None = None
     try:
-        with symbol_names(names):
+        with symbol_names(names), program_constants(program):
             # Build at >= 18 (the exporter's native opset) and lower ourselves: torch's own
             # down-conversion silently keeps opset 18 whenever onnx lacks an adapter.
             onnx_program = torch.onnx.export(

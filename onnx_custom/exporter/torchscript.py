@@ -66,6 +66,16 @@ class TorchScriptBuilder(GraphBuilder):
     def _is_constant(self, value: Any) -> bool:
         return bool(value.node().kind() == "onnx::Constant")
 
+    def constant_value(self, value: Any) -> np.ndarray | None:
+        # Module parameters and buffers are graph inputs here (their values are not visible to
+        # translations); the trace itself ran the eager op on them.
+        if not isinstance(value, torch._C.Value) or value.node().kind() != "onnx::Constant":
+            return None
+        try:
+            return np.asarray(value.node().t("value").numpy())
+        except Exception:  # a non-tensor constant
+            return None
+
     def shape(self, value: Any) -> tuple[int | None, ...] | None:
         return self.shape_of(value)
 

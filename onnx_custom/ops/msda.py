@@ -49,11 +49,23 @@ from torch import Tensor, nn
 from onnx_custom.common.native_build import KernelModule
 from onnx_custom.errors import MultiScaleDeformableAttnDtypeError, MultiScaleDeformableAttnError
 from onnx_custom.function_bodies.builder import TranslationBody
-from onnx_custom.spec import EAGER, NODE, Attribute, Input, OpSpec, Output, define_op, op_arguments
+from onnx_custom.runtime.native import sources_dir
+from onnx_custom.spec import (
+    EAGER,
+    NODE,
+    Attribute,
+    Input,
+    NativeKernel,
+    OpSpec,
+    Output,
+    define_op,
+    op_arguments,
+)
 
 __all__ = [
     "DTYPES",
     "MSDA",
+    "NATIVE_FUNCTION",
     "SPECS",
     "MultiScaleDeformableAttention",
     "MultiScaleDeformableAttnDtypeError",
@@ -70,6 +82,8 @@ DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 """The float dtypes the op accepts (eager, fake, Python and native kernels)."""
 _FLOATS = tuple(str(d).removeprefix("torch.") for d in DTYPES)
 _SYMBOLICS = "onnx_custom.symbolics.msda"
+NATIVE_FUNCTION = "onnx_custom_msda::multi_scale_deformable_attn"
+"""The C++ kernel (``ort_kernels/native/msda.cpp``) the spec's ``native`` names."""
 _OPS = "onnx_custom.ops.msda"
 
 MSDA = OpSpec(
@@ -91,7 +105,11 @@ MSDA = OpSpec(
     op_type="MultiScaleDeformableAttn",
     domain="onnx_custom",
     kernel=EAGER,  # the node runs this op on torch views of ORT's buffers: one implementation
-    native=True,  # ort_kernels/native/msda.cpp
+    # The native kernel, written against the user kernel API (onnx_custom/kernel.h) and declared
+    # the way users declare theirs; the shipped library's registration of it
+    # (ort_kernels/native/msda_generated.cpp) is generated from this spec by the same code
+    # generator (`python -m onnx_custom.ort_kernels.msda` rewrites it; a test holds it current).
+    native=NativeKernel(str(sources_dir() / "msda.cpp"), NATIVE_FUNCTION),
     function=TranslationBody(f"{_SYMBOLICS}:msda_gather", min_opset=11),
     # The highest opset <= the export's wins before variants are preferred: the mmdeploy variant
     # is declared again at 16, where the GridSample form starts (the node is re-placed there).
@@ -221,21 +239,25 @@ def validate_msda(args: Any) -> None:
             raise _fail(f"{name} is on {t.device} but value on {value.device}. Fix: .to({str(value.device)!r}).")
 
 
-def check_level_layout(spatial_shapes: torch.Tensor, level_start_index: torch.Tensor, num_keys: int) -> None:
+def check_level_layout(spatial_shapes: Any, level_start_index: Any, num_keys: int | None) -> None:
     """The contract between the level tensors' values and value's keys: every H, W >= 0,
     ``sum(H*W) == num_keys`` and ``level_start_index`` = the exclusive cumulative sum of H*W.
-    (Reads values, so it runs on real tensors only: eager and the ONNX Runtime kernels.)"""
+    Reads values, so it runs where they are known: eager, the ONNX Runtime kernels, and export
+    when the level tensors are constants (``level_start_index=None`` or ``num_keys=None``: that
+    part is unknown at export and not checked). Takes tensors or arrays."""
     hw = [(int(h), int(w)) for h, w in spatial_shapes.tolist()]
-    starts = [int(s) for s in level_start_index.tolist()]
     if any(h < 0 or w < 0 for h, w in hw):
         raise _fail(f"spatial_shapes holds a negative size: {hw}; expected (H, W) >= 0 per level.")
     sizes = [h * w for h, w in hw]
-    if sum(sizes) != num_keys:
+    if num_keys is not None and sum(sizes) != num_keys:
         raise _fail(
             f"spatial_shapes {hw} cover sum(H*W) = {sum(sizes)} keys but value has num_keys = "
             f"{num_keys}. Fix: value must be the levels' (H*W) features concatenated, in the order "
             f"of spatial_shapes."
         )
+    if level_start_index is None:
+        return
+    starts = [int(s) for s in level_start_index.tolist()]
     expected = [sum(sizes[:i]) for i in range(len(sizes))]
     if starts != expected:
         raise _fail(

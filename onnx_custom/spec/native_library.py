@@ -58,6 +58,9 @@ def _selected(specs: Sequence[OpSpec], include_shipped: bool) -> list[OpSpec]:
     if not isinstance(specs, (list, tuple)) or not all(isinstance(s, OpSpec) for s in specs):
         raise SpecError(f"build_native_library expects a list of OpSpec (e.g. parse_specs('acme.yaml')); received {type(specs).__name__}.")
     user = [s for s in specs if isinstance(s.native, NativeKernel)]
+    if include_shipped:  # shipped ops declared with native: {source, function} are in the shipped set already
+        own = sources_dir().resolve()
+        user = [s for s in user if not _is_shipped(s.native, own)]
     others = [s.name for s in specs if not isinstance(s.native, NativeKernel) and not (s.native and include_shipped)]
     if others:
         raise SpecError(f"op(s) {', '.join(others)} have no C++ kernel: expected native: {{source: file.cpp, function: name}} in each spec (native: true ops need include_shipped=True); fix: add native: to them or leave them out.", op=others[0])
@@ -70,6 +73,10 @@ def _selected(specs: Sequence[OpSpec], include_shipped: bool) -> list[OpSpec]:
             raise SpecError(f"ops {nodes[node]} and {spec.name} both emit node {node}; one library serves a node once; fix: give them different op_type.", op=spec.name)
         nodes[node] = spec.name
     return user
+
+
+def _is_shipped(kernel: bool | str | NativeKernel, own: Path) -> bool:
+    return isinstance(kernel, NativeKernel) and kernel.path().resolve().parent == own
 
 
 def _library_name(name: str | None, specs: Sequence[OpSpec]) -> str:

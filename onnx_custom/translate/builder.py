@@ -12,7 +12,7 @@ import contextlib
 import contextvars
 import dataclasses
 import numbers
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,7 @@ from onnx_custom.translate.standard_ops import check_standard_node
 from onnx_custom.translate.torch_errors import translation_error
 from onnx_custom.translate.type_check import NodeInput, check_node_types
 
-__all__ = ["GraphBuilder", "NodeRecord", "OutputMeta", "call_translation", "numpy_dtype", "record_nodes"]
+__all__ = ["GraphBuilder", "NodeRecord", "OutputMeta", "call_translation", "numpy_dtype", "record_nodes", "register_value_check"]
 
 DimValue = int | str | None
 
@@ -259,6 +259,12 @@ class GraphBuilder(abc.ABC):
         """Whether a graph value is a Constant node's output (error messages suggest typing it)."""
         return False
 
+    def constant_value(self, value: Any) -> np.ndarray | None:
+        """The contents of a graph value the export already knows (a Constant node's output, or an
+        initializer the exporter has made from a lifted constant or buffer), else None (a graph
+        input or a computed value). For translations that check values at export time."""
+        return None
+
     @abc.abstractmethod
     def dtype(self, value: Any) -> torch.dtype | None:
         """The torch dtype of a graph value, or None when the exporter does not know it."""
@@ -294,13 +300,29 @@ def numpy_dtype(dtype: Any) -> np.dtype:
     return np.dtype(dtype)
 
 
+# Target key ("onnx_custom::multi_scale_deformable_attn") -> checks run before any of its
+# translations, whichever variant: fn(g, *inputs, **attrs) reads what the export knows (constant
+# values through g.constant_value) and raises the op's typed error before anything is written.
+_VALUE_CHECKS: dict[str, Callable[..., None]] = {}
+
+
+def register_value_check(target: str, fn: Callable[..., None]) -> None:
+    """Run ``fn(g, *inputs, **attrs)`` before every translation of ``target`` (one per target; a
+    family module registers its own, so re-registering replaces it)."""
+    _VALUE_CHECKS[target] = fn
+
+
 def call_translation(
     entry: Any, g: GraphBuilder, inputs: Sequence[Any], attrs: dict[str, Any], *, outputs: int | None = None, schema_args: Sequence[str] | None = None
 ) -> tuple[Any, ...]:
     """Run a `SymbolicEntry` for an exporter adapter: its result checked (`SymbolicEntry.call`:
     None, a number, an eager tensor or a wrong count -> `SymbolicError` naming the op) and any
     other exception it raises turned into a `SymbolicError` naming the translation and the line
-    (``schema_args``: the op's argument names, listed when the call itself does not fit)."""
+    (``schema_args``: the op's argument names, listed when the call itself does not fit). A value
+    check registered for the target (`register_value_check`) runs first."""
+    check = _VALUE_CHECKS.get(str(getattr(getattr(entry, "target", None), "key", "")))
+    if check is not None:
+        check(g, *inputs, **attrs)
     try:
         return tuple(entry.call(g, inputs, attrs, outputs=outputs))
     except OnnxCustomError:

@@ -280,18 +280,16 @@ Infer::Infer(const InferContext& ctx, std::vector<const char*> names, bool varia
   }
 }
 
+// A dtype outside `allowed` (or members disagreeing) is not refused here: ONNX Runtime does not
+// report a shape-inference error, it replaces our output type with its own guess and then refuses
+// the session with a type mismatch that names neither the input nor the fix. The output takes the
+// first member's dtype instead, and the kernel's run-time check (Inputs::group_elem) reports it.
 int Infer::group_elem(std::initializer_list<size_t> group, std::initializer_list<int> allowed) const {
-  int elem = OC_ELEM_UNDEFINED;
+  (void)allowed;
   for (size_t g : group) {
-    if (g >= inputs_.size() || !inputs_[g].present) continue;
-    const int e = inputs_[g].elem;
-    if (std::find(allowed.begin(), allowed.end(), e) == allowed.end()) {
-      fail("input '%s' has dtype %s; the op spec declares %s; fix: cast it (e.g. with a Cast node)", names_[g],
-           elem_name(e), allowed_list(allowed).c_str());
-    }
-    if (elem == OC_ELEM_UNDEFINED) elem = e;
+    if (g < inputs_.size() && inputs_[g].present) return inputs_[g].elem;
   }
-  return elem;
+  return OC_ELEM_UNDEFINED;
 }
 
 void Infer::require_elem(size_t i, int elem) const {

@@ -115,8 +115,9 @@ Shape broadcast(const std::vector<const Shape*>& shapes);
 class Infer {
  public:
   Infer(const InferContext& ctx, std::vector<const char*> names, bool variadic);
-  // The group's dtype (OC_ELEM_UNDEFINED when ORT does not know it yet); a dtype outside
-  // `allowed` is an error at session creation, naming the input.
+  // The group's dtype: its first present member's (OC_ELEM_UNDEFINED when ORT does not know it yet).
+  // A dtype outside `allowed` is reported by the kernel at run time (see binding.cpp: ORT would
+  // replace a graph-time error with a type mismatch naming neither the input nor the fix).
   int group_elem(std::initializer_list<size_t> group, std::initializer_list<int> allowed) const;
   void require_elem(size_t i, int elem) const;
   bool ranks_known(std::initializer_list<size_t> inputs) const;

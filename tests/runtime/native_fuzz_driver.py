@@ -257,7 +257,58 @@ def deform_conv(rng: np.random.Generator) -> tuple[Case, Case]:
     return valid, ("DeformConv2d", "onnx_custom", a2, [tuple(x) for x in broken], 1, None, key)
 
 
-GENERATORS = [my_add, multi_out, multi_out3, custom_linear, bev_pool, deform_conv]
+def msda(rng: np.random.Generator) -> tuple[Case, Case]:
+    dtype = str(rng.choice(["float32", "float64", "float16"]))
+    bs, q, m, d, p = int(rng.integers(0, 3)), int(rng.integers(0, 6)), int(rng.integers(1, 4)), int(rng.integers(1, 9)), int(rng.integers(1, 4))
+    levels = [(int(rng.integers(0, 6)), int(rng.integers(0, 6))) for _ in range(int(rng.integers(1, 4)))]
+    shapes = np.asarray(levels, np.int64).reshape(-1, 2)
+    sizes = shapes.prod(1)
+    starts = np.r_[0, np.cumsum(sizes)[:-1]].astype(np.int64)
+    keys, nl = int(sizes.sum()), len(levels)
+    scale = np.asarray(rng.choice([1.0, 3.0, 1e4]), dtype)  # locations far outside [0, 1] too
+    loc = (floats(rng, (bs, q, m, nl, p, 2), dtype) * scale + np.asarray(0.5, dtype)).astype(dtype)
+    if loc.size and rng.random() < 0.3:
+        loc.reshape(-1)[int(rng.integers(0, loc.size))] = np.nan  # defined: contributes 0
+    inputs = [("value", floats(rng, (bs, keys, m, d), dtype)), ("spatial_shapes", shapes), ("level_start_index", starts),
+              ("sampling_locations", loc), ("attention_weights", floats(rng, (bs, q, m, nl, p), dtype))]  # fmt: skip
+
+    def check(outs: list[np.ndarray]) -> None:
+        assert outs[0].shape == (bs, q, m * d) and np.isfinite(outs[0].astype(np.float64)).all()
+
+    attrs = {"im2col_step": 64}
+    valid: Case = ("MultiScaleDeformableAttn", "onnx_custom", attrs, inputs, 1, check, "")
+    bad = int(rng.integers(0, 9))
+    broken = [list(x) for x in inputs]
+    if bad == 0:
+        broken[0][1] = floats(rng, (bs, keys + 1, m, d), dtype)
+        key = "value has num_keys"
+    elif bad == 1:
+        broken[2][1] = starts + np.int64(1)
+        key = "does not match spatial_shapes"
+    elif bad == 2:
+        broken[1][1] = np.r_[shapes.reshape(-1)[:-1], -1].reshape(-1, 2).astype(np.int64)
+        key = "invalid size"
+    elif bad == 3:
+        broken[1][1] = np.r_[shapes.reshape(-1)[:-1], 1 << 40].reshape(-1, 2).astype(np.int64)
+        key = "invalid size"
+    elif bad == 4:
+        broken[3][1] = floats(rng, (bs, q, m + 1, nl, p, 2), dtype)
+        key = "sampling_locations must be"
+    elif bad == 5:
+        broken[4][1] = floats(rng, (bs, q, m, nl, p + 1), dtype)
+        key = "attention_weights must have shape"
+    elif bad == 6:
+        return valid, ("MultiScaleDeformableAttn", "onnx_custom", {"im2col_step": 0}, inputs, 1, None, "im2col_step must be positive")
+    elif bad == 7:
+        broken[3][1] = floats(rng, (3,), dtype)  # too small a rank for the shape rule
+        key = "out of range"
+    else:
+        broken[3][1] = loc.astype("float64" if dtype != "float64" else "float32")
+        key = "but input 'value' has"
+    return valid, ("MultiScaleDeformableAttn", "onnx_custom", attrs, [tuple(x) for x in broken], 1, None, key)
+
+
+GENERATORS = [my_add, multi_out, multi_out3, custom_linear, bev_pool, deform_conv, msda]
 
 
 def run_case(library: str, case: Case) -> str | None:

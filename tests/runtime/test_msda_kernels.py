@@ -104,8 +104,11 @@ BAD = [  # (id, arrays, what the native message says, what the Python kernel's s
     ("locations-rank", _bad(sampling_locations=lambda s: s[..., 0]), "sampling_locations must be 6-D", "sampling_locations must be 6-D"),
     ("heads-mismatch", _bad(sampling_locations=lambda s: s[:, :, :1]), "sampling_locations must be", "num_heads=2"),
     ("weights-shape", _bad(attention_weights=lambda s: s[..., :1]), "attention_weights must have shape", "attention_weights must have shape"),
-    ("int-value", _bad(value=lambda v: v.astype(np.int32)), "value has dtype", "int32"),
-    ("int32-shapes", _bad(spatial_shapes=lambda s: s.astype(np.int32)), "spatial_shapes has dtype", "int32"),
+    ("locations-rank1", _bad(sampling_locations=lambda s: s.reshape(-1)), "index 1 is out of range for a shape of rank 1", "sampling_locations must be 6-D"),
+    ("value-rank0", _bad(value=lambda v: v.reshape(-1)[:1].reshape(())), "out of range for a shape of rank 0", "value must be 4-D"),
+    ("int-value", _bad(value=lambda v: v.astype(np.int32)), "input 'value' has dtype int32; the op spec declares float32, float64, float16, bfloat16; fix: cast it", "int32"),
+    # a declared int64 input: ONNX Runtime itself refuses the session, naming the input
+    ("int32-shapes", _bad(spatial_shapes=lambda s: s.astype(np.int32)), "Type 'tensor(int32)' of input parameter (spatial_shapes)", "int32"),
 ]
 
 
