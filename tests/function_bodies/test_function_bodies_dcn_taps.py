@@ -72,7 +72,8 @@ def test_body_loop_in_onnx_reference() -> None:
     cfg = STRESS[0]
     tensors = cfg.tensors(cfg.n, *cfg.hw)
     feeds = {k: t.numpy() for k, t in zip(NAMES, tensors, strict=True)}
-    _assert_close(ReferenceEvaluator(body_model(cfg.params(), cfg.dtype, 18)).run(None, feeds)[0], cfg.eager(tensors))
+    got: Any = ReferenceEvaluator(body_model(cfg.params(), cfg.dtype, 18)).run(None, feeds)
+    _assert_close(got[0], cfg.eager(tensors))
 
 
 def _export(cfg: Config, tensors: tuple[torch.Tensor, ...], exporter: str, opset: int, kernel_dims: bool) -> onnx.ModelProto:
@@ -135,9 +136,10 @@ def test_function_builder_loop_runs_in_ort_and_onnx_reference() -> None:
                               [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "z")])  # fmt: skip
     model = helper.make_model(graph, ir_version=9, functions=[function],
                               opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("test", 1)])  # fmt: skip
-    feeds = {"x": np.array([1.0, 2.0, -3.0], np.float32), "steps": np.array([4], np.int64)}
+    feeds: dict[str, np.ndarray] = {"x": np.array([1.0, 2.0, -3.0], np.float32), "steps": np.array([4], np.int64)}
     expected = feeds["x"] * (1 + 1 + 2 + 3 + 4)
-    for runner in (ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]), ReferenceEvaluator(model)):
+    runners: list[Any] = [ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]), ReferenceEvaluator(model)]
+    for runner in runners:
         y, z = runner.run(None, feeds)
         np.testing.assert_allclose(y, expected)
         np.testing.assert_array_equal(z, feeds["x"])
