@@ -1,4 +1,5 @@
-"""``deform_conv2d`` in standard ONNX ops (opset 11+): bilinear sampling by Gather + one MatMul.
+"""``deform_conv2d`` in standard ONNX ops (opset 11+): Gather-based bilinear sampling and a GEMM
+per kernel tap, summed over the taps.
 
 Two uses of one decomposition:
 
@@ -13,15 +14,24 @@ Like the eager op (and torchvision), a sample at (y, x) = tap origin + offset is
 zero padding and is 0 unless -1 < y < H and -1 < x < W (non-finite offsets included). The image is
 zero-padded by one pixel so all four corners of an inside sample are in bounds; corner (y0, x0)
 of offset group g in batch n is row ``((n*OG + g)*(H+2) + y0+1)*(W+2) + x0+1`` of the padded
-image laid out as (N*OG*(H+2)*(W+2), C/OG), fetched with one Gather per corner. The sampled
-columns, laid out (N, Ho*Wo, kh*kw, C), meet the weight in one MatMul (a GEMM per group).
+image laid out as (N*OG*(H+2)*(W+2), C/OG). Coordinates, corner rows and bilinear weights (the
+mask folded in) are computed for all taps first; they have no C in them (layout T: (kh, kw, N,
+Ho, Wo, OG, 1)). Then, per tap k: one Gather fetches the four corners (N*Ho*Wo*OG, 4, C/OG), a
+batched (1, 4) @ (4, C/OG) MatMul weights and sums them, and (N*Ho*Wo, C) @ W_k (a GEMM per
+group) adds the tap's share to the output. So no tensor holds more than one tap's columns: Conv
+= sum over taps of (sampled tap) @ (tap's weight). The taps are a ``Loop`` in the function body
+(kh*kw is known at run time only), unrolled in a translation whose weight shape is static, and
+all at once (one (N*Ho*Wo, K*C) column tensor) in a translation whose kernel size is dynamic.
+float16/bfloat16 compute in float32 (ORT's CPU provider lacks bfloat16 Mul/MatMul, and the half
+precision pass does not widen inside a Loop) and round once.
 
 Every size comes from ``Shape`` at run time (dynamic batch and image size) and every attribute
 goes through ``g.constant``, so the same code runs with Python attribute values (translation) and
-with attribute references (function body). Non-sampling layout (A): (N, Ho, Wo, kh, kw, OG, 1).
-Cost (benchmarks/function_bodies.py, N=4, C=64, 56x56, 3x3, Cout=64, mask on): ~3x the time and
-instructions of ORT's ``DeformConv``; a call's working memory is about four gathered tensors of
-N*Ho*Wo*kh*kw*C values (~160 MiB there, against 6 MiB).
+with attribute references (function body).
+Cost (benchmarks/function_bodies.py, N=4, C=64, 56x56, 3x3, Cout=64, mask on): see the README's
+benchmark table; per tap about 64 MiB of memory traffic (the gathered corners are 4*N*P*C
+values), where the previous all-taps layout held four (N, P, K, C) tensors at once (161 MiB per
+warm call).
 """
 
 from __future__ import annotations
