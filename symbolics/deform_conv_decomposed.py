@@ -173,14 +173,14 @@ def deform_conv2d_decomposed(
     y, x = g.op("Where", inside, y, zero_t), g.op("Where", inside, x, zero_t)  # finite from here on
     floor_y, floor_x = g.op("Floor", y), g.op("Floor", x)
     ly, lx = g.op("Sub", y, floor_y), g.op("Sub", x, floor_x)
-    hy = g.op("Where", inside, g.op("Sub", one_t, ly), zero_t)  # zeroes all four weights outside
+    hy = g.op("Mul", g.op("Sub", one_t, ly), cast_like(g, inside, input))  # zeroes all four weights outside
     hx = g.op("Sub", one_t, lx)
     modulation = _modulation(g, mask, use_mask, dims, input)
     if modulation is not None:  # the mask folds into the (small) bilinear weights, never into C
         hy, ly = g.op("Mul", hy, modulation), g.op("Mul", ly, modulation)
 
-    # Rows of the zero-bordered image (N*OG*(H+2)*(W+2), C/OG) for corner (y0, x0): (K, N, P, OG,
-    # 4), the four corners (top-left, top-right, bottom-left, bottom-right) of every tap.
+    # Rows of the zero-bordered image (N*OG*(H+2)*(W+2), C/OG) for corner (y0, x0): (K, 4, N*P*OG),
+    # the four corners (top-left, top-right, bottom-left, bottom-right) of every tap.
     hp, wp = g.op("Add", h, two), g.op("Add", w, two)
     t6 = (kh, kw, n, ho, wo, og)
     y0 = g.op("Cast", _reshape(g, floor_y, *t6), to=onnx.TensorProto.INT64)
@@ -189,14 +189,16 @@ def deform_conv2d_decomposed(
     planes = g.op("Mul", plane_ids, g.op("Mul", hp, wp))
     planes = _reshape(g, planes, n, one, one, og)
     row = g.op("Mul", g.op("Add", y0, one), wp)
-    top_left = _reshape(g, g.op("Add", g.op("Add", planes, row), g.op("Add", x0, one)), k, n, p, og, one)
-    steps = g.op("Concat", _i64(g, [0]), one, wp, g.op("Add", wp, one), axis=0)
-    rows = g.op("Add", top_left, steps)  # (K, N, P, OG, 4)
-    # Their bilinear weights (mask folded in), (K, N*P*OG, 1, 4): the y weight times the x weight.
     npog = g.op("Mul", g.op("Mul", n, p), og)
-    wy = g.op("Concat", *(_reshape(g, v, k, npog, one, one) for v in (hy, ly)), axis=2)
-    wx = g.op("Concat", *(_reshape(g, v, k, npog, one, one) for v in (hx, lx)), axis=3)
-    weights = _reshape(g, g.op("Mul", wy, wx), k, npog, one, _i64(g, [4]))
+    four = _i64(g, [4])
+    top_left = _reshape(g, g.op("Add", g.op("Add", planes, row), g.op("Add", x0, one)), k, one, npog)
+    steps = _reshape(g, g.op("Concat", _i64(g, [0]), one, wp, g.op("Add", wp, one), axis=0), one, four, one)
+    rows = g.op("Add", top_left, steps)  # (K, 4, N*P*OG)
+    # Their bilinear weights (mask folded in), (K, 4, N*P*OG, 1). Corner-major layouts keep
+    # ONNX Runtime's broadcasting and Concat on long contiguous runs (its per-element paths for
+    # short trailing dims cost more than the sampling itself).
+    products = (g.op("Mul", wy, wx) for wy, wx in ((hy, hx), (hy, lx), (ly, hx), (ly, lx)))
+    weights = g.op("Concat", *(_reshape(g, v, k, one, npog, one) for v in products), axis=1)
 
     # Half precision computes in float32 (ONNX Runtime's CPU provider has no bfloat16 Mul or
     # MatMul, and a loop body is not widened node by node); the result rounds once at the end.
@@ -214,9 +216,9 @@ def deform_conv2d_decomposed(
     if half:
         kernel = g.op("Cast", kernel, to=onnx.TensorProto.FLOAT)
     count = g.op("Mul", n, p)
-    four = _i64(g, [4])
-    stacked = (g.op("Concat", k, npog, four, cg, axis=0), g.op("Concat", npog, four, cg, axis=0))
-    sources = _Sources(image, rows, weights, kernel, *stacked)
+    m = g.op("Mul", npog, cg)
+    ones = g.op("Expand", g.constant(1.0, like=compute), g.op("Concat", one, four, axis=0))
+    sources = _Sources(image, rows, weights, kernel, ones, g.op("Concat", k, four, m, axis=0), g.op("Concat", four, m, axis=0))
 
     # Conv = sum over taps of (sampled tap) @ (tap's weight), one tap's (N*P, C) columns at a time
     # instead of all K at once: a Loop in a function body (K is known at run time only),
@@ -250,15 +252,17 @@ def deform_conv2d_decomposed(
 
 @dataclasses.dataclass(frozen=True)
 class _Sources:
-    """What every tap reads: ``image`` (rows, C/OG), ``rows`` (K, N, P, OG, 4) int64,
-    ``weights`` (K, N*P*OG, 1, 4), ``kernel`` (K, G, Cpg, Cog); the gathered corners' shapes."""
+    """What every tap reads: ``image`` (rows, C/OG), ``rows`` (K, 4, N*P*OG) int64,
+    ``weights`` (K, 4, N*P*OG, 1), ``kernel`` (K, G, Cpg, Cog); the corner sum's ``ones`` and the
+    weighted corners' shapes."""
 
     image: Any
     rows: Any
     weights: Any
     kernel: Any
-    stacked: Any  # (K, N*P*OG, 4, C/OG)
-    stacked_tap: Any  # (N*P*OG, 4, C/OG)
+    ones: Any  # (1, 4)
+    stacked: Any  # (K, 4, M), M = N*P*C
+    stacked_tap: Any  # (4, M)
 
 
 def _static_taps(g: Any, weight: Any) -> int | None:
@@ -274,16 +278,17 @@ def _static_groups(groups: Any) -> bool:
 
 
 def _sample(g: Any, src: _Sources, tap: Any) -> Any:
-    """The taps ``tap`` picks (one: a 0-d index; all: None) sampled: (.., N*P*OG, 1, C/OG). The
-    four corners of a sample are one Gather of (4, C/OG) rows, and their weighted sum one batched
-    (1, 4) @ (4, C/OG) MatMul (no separate product tensor to write and read back): the only
-    tensors with C in them are one tap's corners and its samples."""
+    """The taps ``tap`` picks (one: a 0-d index; all: None) sampled: (1, M) or (K, 1, M), M =
+    N*P*C in (N, P, OG, C/OG) order. One Gather fetches the four corners (4, N*P*OG, C/OG), a Mul
+    weights them, and a (1, 4) @ (4, M) MatMul sums them (measured in ONNX Runtime: faster than
+    ReduceSum, a Sum of four Muls, or a batched (1, 4) @ (4, C/OG) MatMul; and the same op at
+    every opset). Only these tensors hold C, and only for one tap."""
 
     def pick(x: Any) -> Any:
         return x if tap is None else g.op("Gather", x, tap, axis=0)
 
-    corners = g.op("Gather", src.image, pick(src.rows), axis=0)
-    return g.op("MatMul", pick(src.weights), _reshape_to(g, corners, src.stacked if tap is None else src.stacked_tap))
+    corners = g.op("Mul", g.op("Gather", src.image, pick(src.rows), axis=0), pick(src.weights))
+    return g.op("MatMul", src.ones, _reshape_to(g, corners, src.stacked if tap is None else src.stacked_tap))
 
 
 def _tap_product(g: Any, src: _Sources, tap: Any, shape: tuple[Any, Any], single: bool) -> Any:

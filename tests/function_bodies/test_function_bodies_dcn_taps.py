@@ -92,7 +92,7 @@ def test_standard_variant_unrolls_static_taps(cfg: Config, exporter: str) -> Non
     tensors = cfg.tensors(cfg.n + 1, *cfg.hw)
     proto = _export(cfg, tensors, exporter, 18, kernel_dims=False)
     taps = cfg.k[0] * cfg.k[1]
-    # per tap: the batched corner sum and the tap's GEMM; never a Loop in a translation
+    # per tap: the corner sum and the tap's GEMM; never a Loop in a translation
     assert sum(n.op_type == "MatMul" for n in proto.graph.node) == 2 * taps
     assert not [n for n in proto.graph.node if n.op_type == "Loop"]
     for seed, (n, h, w) in enumerate([(cfg.n + 1, *cfg.hw), (1, cfg.hw[0] + 3, cfg.hw[1] + 1)]):
