@@ -51,7 +51,7 @@ def _ort_deformconv(cfg: Config, tensors: tuple[torch.Tensor, ...]) -> np.ndarra
     return session.run(None, feeds)[0]  # type: ignore[no-any-return]
 
 
-@pytest.mark.parametrize("opset", [11, 16, 18])
+@pytest.mark.parametrize("opset", [11, 16, 18, 21])
 @pytest.mark.parametrize("cfg", STRESS, ids=lambda c: c.id)
 def test_body_loop_matches_eager_and_ort_deformconv(cfg: Config, opset: int) -> None:
     model = body_model(cfg.params(), cfg.dtype, opset)
