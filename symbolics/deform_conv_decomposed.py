@@ -29,9 +29,9 @@ Every size comes from ``Shape`` at run time (dynamic batch and image size) and e
 goes through ``g.constant``, so the same code runs with Python attribute values (translation) and
 with attribute references (function body).
 Cost (benchmarks/function_bodies.py, N=4, C=64, 56x56, 3x3, Cout=64, mask on): see the README's
-benchmark table; per tap about 64 MiB of memory traffic (the gathered corners are 4*N*P*C
-values), where the previous all-taps layout held four (N, P, K, C) tensors at once (161 MiB per
-warm call).
+benchmark table: per tap about 90 MiB of memory traffic there (the gathered and the weighted
+corners are 4*N*P*C values each), and a warm call's working memory ~27 MiB, where the previous
+all-taps layout held four (N, P, K, C) tensors at once (161 MiB).
 """
 
 from __future__ import annotations
