@@ -45,7 +45,7 @@ def _sibling(name: str) -> object:
 
 def body_model(opset: int) -> onnx.ModelProto:
     """One ``onnx_custom::DeformConv2d`` node (pad 1, mask on) with its embedded function body."""
-    from onnx_custom.runtime import embed_functions
+    from onnx_custom.function_bodies import embed_functions
 
     pad = 1
     node = helper.make_node("DeformConv2d", _NAMES, ["Y"], domain="onnx_custom", stride_h=1, stride_w=1,

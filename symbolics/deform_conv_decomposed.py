@@ -1,4 +1,5 @@
-"""``deform_conv2d`` in standard ONNX ops (opset 11+): bilinear sampling by Gather + one MatMul.
+"""``deform_conv2d`` in standard ONNX ops (opset 11+): Gather-based bilinear sampling and a GEMM
+per kernel tap, summed over the taps.
 
 Two uses of one decomposition:
 
@@ -13,23 +14,34 @@ Like the eager op (and torchvision), a sample at (y, x) = tap origin + offset is
 zero padding and is 0 unless -1 < y < H and -1 < x < W (non-finite offsets included). The image is
 zero-padded by one pixel so all four corners of an inside sample are in bounds; corner (y0, x0)
 of offset group g in batch n is row ``((n*OG + g)*(H+2) + y0+1)*(W+2) + x0+1`` of the padded
-image laid out as (N*OG*(H+2)*(W+2), C/OG), fetched with one Gather per corner. The sampled
-columns, laid out (N, Ho*Wo, kh*kw, C), meet the weight in one MatMul (a GEMM per group).
+image laid out as (N*OG*(H+2)*(W+2), C/OG). Coordinates, corner rows and bilinear weights (the
+mask folded in) are computed for all taps first; they have no C in them (layout T: (kh, kw, N,
+Ho, Wo, OG, 1)). Then, per tap k: one Gather fetches the four corners (N*Ho*Wo*OG, 4, C/OG), a
+batched (1, 4) @ (4, C/OG) MatMul weights and sums them, and (N*Ho*Wo, C) @ W_k (a GEMM per
+group) adds the tap's share to the output. So no tensor holds more than one tap's columns: Conv
+= sum over taps of (sampled tap) @ (tap's weight). The taps are a ``Loop`` in the function body
+(kh*kw is known at run time only), unrolled in a translation whose weight shape is static, and
+all at once (one (N*Ho*Wo, K*C) column tensor) in a translation whose kernel size is dynamic.
+float16/bfloat16 compute in float32 (ORT's CPU provider lacks bfloat16 Mul/MatMul, and the half
+precision pass does not widen inside a Loop) and round once.
 
 Every size comes from ``Shape`` at run time (dynamic batch and image size) and every attribute
 goes through ``g.constant``, so the same code runs with Python attribute values (translation) and
-with attribute references (function body). Non-sampling layout (A): (N, Ho, Wo, kh, kw, OG, 1).
-Cost (benchmarks/function_bodies.py, N=4, C=64, 56x56, 3x3, Cout=64, mask on): ~3x the time and
-instructions of ORT's ``DeformConv``; a call's working memory is about four gathered tensors of
-N*Ho*Wo*kh*kw*C values (~160 MiB there, against 6 MiB).
+with attribute references (function body).
+Cost (benchmarks/function_bodies.py, N=4, C=64, 56x56, 3x3, Cout=64, mask on): see the README's
+benchmark table: per tap about 90 MiB of memory traffic there (the gathered and the weighted
+corners are 4*N*P*C values each), and a warm call's working memory ~27 MiB, where the previous
+all-taps layout held four (N, P, K, C) tensors at once (161 MiB).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 import onnx
+import torch
 
 from onnx_custom.errors import SymbolicError
 from onnx_custom.function_bodies.builder import AttrRef, cast_like
@@ -38,7 +50,7 @@ from onnx_custom.ops.deform_conv import DEFORM_CONV2D
 __all__ = ["MIN_OPSET", "deform_conv2d_decomposed"]
 
 MIN_OPSET = 11  # Range; negative axes in Slice and Flatten
-_OFFSET_TO_A = [0, 5, 6, 2, 3, 1, 4]  # (N, OG, kh, kw, 2|1, Ho, Wo) -> (N, Ho, Wo, kh, kw, OG, 2|1)
+_OFFSET_TO_T = [2, 3, 0, 5, 6, 1, 4]  # (N, OG, kh, kw, 2|1, Ho, Wo) -> (kh, kw, N, Ho, Wo, OG, 2|1)
 
 
 def _i64(g: Any, values: Any) -> Any:
@@ -60,13 +72,18 @@ def _reshape(g: Any, x: Any, *dims: Any) -> Any:
     return g.op("Reshape", x, g.op("Concat", *dims, axis=0), **allowzero)
 
 
+def _reshape_to(g: Any, x: Any, shape: Any) -> Any:
+    """Reshape to the 1-D int64 value ``shape`` (which may hold a 0: a zero batch)."""
+    return g.op("Reshape", x, shape, **({"allowzero": 1} if g.opset >= 14 else {}))
+
+
 def _tap_origins(g: Any, out_len: Any, taps: Any, stride: Any, pad: Any, dilation: Any) -> Any:
-    """(out_len, taps) int64: ``o * stride - pad + k * dilation``, a tap's unshifted coordinate."""
+    """(taps, out_len) int64: ``o * stride - pad + k * dilation``, a tap's unshifted coordinate."""
     zero, one = _scalar(g, _i64(g, [0])), _scalar(g, _i64(g, [1]))
     starts = g.op("Mul", g.op("Range", zero, _scalar(g, out_len), one), _i64(g, stride))
     starts = g.op("Sub", starts, _i64(g, pad))
     steps = g.op("Mul", g.op("Range", zero, _scalar(g, taps), one), _i64(g, dilation))
-    return g.op("Add", _reshape(g, starts, out_len, _i64(g, [1])), steps)
+    return g.op("Add", _reshape(g, steps, taps, _i64(g, [1])), starts)
 
 
 def _sample_axis(g: Any, origins: Any, shift: Any, size: Any, like: Any) -> tuple[Any, Any]:
@@ -104,7 +121,7 @@ def _modulation(g: Any, mask: Any, use_mask: Any, dims: dict[str, Any], like: An
         start = g.op("Where", used, _i64(g, [0]), size)
         source = g.op("Slice", flat, start, g.op("Add", start, count))
     grouped = _reshape(g, source, dims["n"], dims["og"], dims["kh"], dims["kw"], _i64(g, [1]), dims["ho"], dims["wo"])
-    return g.op("Transpose", grouped, perm=_OFFSET_TO_A)
+    return g.op("Transpose", grouped, perm=_OFFSET_TO_T)
 
 
 def deform_conv2d_decomposed(
@@ -140,64 +157,162 @@ def deform_conv2d_decomposed(
     # both, and reading them from shapes keeps them out of the attributes a body must decode.
     grp = g.op("Div", c, cpg)
     og = g.op("Div", _dim(g, o_shape, 1), g.op("Mul", two, k))
-    dims = {"n": n, "og": og, "kh": kh, "kw": kw, "ho": ho, "wo": wo, "k": k, "p": g.op("Mul", ho, wo)}
+    p = g.op("Mul", ho, wo)
+    dims = {"n": n, "og": og, "kh": kh, "kw": kw, "ho": ho, "wo": wo, "k": k, "p": p}
 
-    # Shifts in layout A; origins broadcast as (Ho, 1, kh, 1, 1, 1) and (Wo, 1, kw, 1, 1).
-    shifts = g.op("Transpose", _reshape(g, offset, n, og, kh, kw, two, ho, wo), perm=_OFFSET_TO_A)
+    # Shifts in layout T; origins broadcast as (kh, 1, 1, Ho, 1, 1, 1) and (kw, 1, 1, Wo, 1, 1).
+    shifts = g.op("Transpose", _reshape(g, offset, n, og, kh, kw, two, ho, wo), perm=_OFFSET_TO_T)
     dy = g.op("Slice", shifts, _i64(g, [0]), one, _i64(g, [-1]))
     dx = g.op("Slice", shifts, one, two, _i64(g, [-1]))
     oy = _tap_origins(g, ho, kh, stride_h, pad_h, dilation_h)
     ox = _tap_origins(g, wo, kw, stride_w, pad_w, dilation_w)
-    in_y, y = _sample_axis(g, _reshape(g, oy, ho, one, kh, one, one, one), dy, h, input)
-    in_x, x = _sample_axis(g, _reshape(g, ox, wo, one, kw, one, one), dx, w, input)
+    in_y, y = _sample_axis(g, _reshape(g, oy, kh, one, one, ho, one, one, one), dy, h, input)
+    in_x, x = _sample_axis(g, _reshape(g, ox, kw, one, one, wo, one, one), dx, w, input)
     inside = g.op("And", in_y, in_x)
     zero_t, one_t = g.constant(0.0, like=input), g.constant(1.0, like=input)
     y, x = g.op("Where", inside, y, zero_t), g.op("Where", inside, x, zero_t)  # finite from here on
     floor_y, floor_x = g.op("Floor", y), g.op("Floor", x)
     ly, lx = g.op("Sub", y, floor_y), g.op("Sub", x, floor_x)
-    hy = g.op("Where", inside, g.op("Sub", one_t, ly), zero_t)  # zeroes all four weights outside
+    hy = g.op("Mul", g.op("Sub", one_t, ly), cast_like(g, inside, input))  # zeroes all four weights outside
     hx = g.op("Sub", one_t, lx)
     modulation = _modulation(g, mask, use_mask, dims, input)
-    if modulation is not None:
+    if modulation is not None:  # the mask folds into the (small) bilinear weights, never into C
         hy, ly = g.op("Mul", hy, modulation), g.op("Mul", ly, modulation)
 
-    # Rows of the zero-bordered image (N*OG*(H+2)*(W+2), C/OG) for corner (y0, x0): layout A
-    # without its trailing 1, so that Gather's (C/OG) lands where the weights have their 1.
+    # Rows of the zero-bordered image (N*OG*(H+2)*(W+2), C/OG) for corner (y0, x0): (K, 4, N*P*OG),
+    # the four corners (top-left, top-right, bottom-left, bottom-right) of every tap.
     hp, wp = g.op("Add", h, two), g.op("Add", w, two)
-    a6 = (n, ho, wo, kh, kw, og)
-    y0 = g.op("Cast", _reshape(g, floor_y, *a6), to=onnx.TensorProto.INT64)
-    x0 = g.op("Cast", _reshape(g, floor_x, *a6), to=onnx.TensorProto.INT64)
+    t6 = (kh, kw, n, ho, wo, og)
+    y0 = g.op("Cast", _reshape(g, floor_y, *t6), to=onnx.TensorProto.INT64)
+    x0 = g.op("Cast", _reshape(g, floor_x, *t6), to=onnx.TensorProto.INT64)
     plane_ids = g.op("Range", _scalar(g, _i64(g, [0])), _scalar(g, g.op("Mul", n, og)), _scalar(g, one))
     planes = g.op("Mul", plane_ids, g.op("Mul", hp, wp))
-    planes = _reshape(g, planes, n, one, one, one, one, og)
+    planes = _reshape(g, planes, n, one, one, og)
     row = g.op("Mul", g.op("Add", y0, one), wp)
-    top_left = g.op("Add", g.op("Add", planes, row), g.op("Add", x0, one))
-    bottom_left = g.op("Add", top_left, wp)
+    npog = g.op("Mul", g.op("Mul", n, p), og)
+    four = _i64(g, [4])
+    top_left = _reshape(g, g.op("Add", g.op("Add", planes, row), g.op("Add", x0, one)), k, one, npog)
+    steps = _reshape(g, g.op("Concat", _i64(g, [0]), one, wp, g.op("Add", wp, one), axis=0), one, four, one)
+    rows = g.op("Add", top_left, steps)  # (K, 4, N*P*OG)
+    # Their bilinear weights (mask folded in), (K, 4, N*P*OG, 1). Corner-major layouts keep
+    # ONNX Runtime's broadcasting and Concat on long contiguous runs (its per-element paths for
+    # short trailing dims cost more than the sampling itself).
+    products = (g.op("Mul", wy, wx) for wy, wx in ((hy, hx), (hy, lx), (ly, hx), (ly, lx)))
+    weights = g.op("Concat", *(_reshape(g, v, k, one, npog, one) for v in products), axis=1)
 
+    # Half precision computes in float32 (ONNX Runtime's CPU provider has no bfloat16 Mul or
+    # MatMul, and a loop body is not widened node by node); the result rounds once at the end.
+    half = g.dtype(input) in (torch.float16, torch.bfloat16)
+    compute = g.op("Cast", input, to=onnx.TensorProto.FLOAT) if half else input
+    if half:
+        weights = g.op("Cast", weights, to=onnx.TensorProto.FLOAT)
     cg = g.op("Div", c, og)
-    padded = _zero_border(g, input, n, c, h, w, zero_t)
+    padded = _zero_border(g, compute, n, c, h, w, g.constant(0.0, like=compute))
     image = g.op("Transpose", _reshape(g, padded, n, og, cg, hp, wp), perm=[0, 1, 3, 4, 2])
     image = _reshape(g, image, g.op("Mul", g.op("Mul", n, og), g.op("Mul", hp, wp)), cg)
-    corners = (
-        (top_left, g.op("Mul", hy, hx)),
-        (g.op("Add", top_left, one), g.op("Mul", hy, lx)),
-        (bottom_left, g.op("Mul", ly, hx)),
-        (g.op("Add", bottom_left, one), g.op("Mul", ly, lx)),
-    )
-    # One Sum of the four weighted corners: a single pass instead of three Adds.
-    sampled = g.op("Sum", *(g.op("Mul", g.op("Gather", image, rows, axis=0), w_c) for rows, w_c in corners))
+    # (K, G, Cpg, Cog): the weight of one tap is one (G, Cpg, Cog) slab
+    cog = g.op("Div", cout, grp)
+    kernel = g.op("Transpose", _reshape(g, weight, grp, cog, cpg, k), perm=[3, 0, 2, 1])
+    if half:
+        kernel = g.op("Cast", kernel, to=onnx.TensorProto.FLOAT)
+    count = g.op("Mul", n, p)
+    m = g.op("Mul", npog, cg)
+    ones = g.op("Expand", g.constant(1.0, like=compute), g.op("Concat", one, four, axis=0))
+    sources = _Sources(image, rows, weights, kernel, ones, g.op("Concat", k, four, m, axis=0), g.op("Concat", four, m, axis=0))
 
-    # (N, Ho, Wo, kh, kw, OG, C/OG) = (N, P, K, C) -> (G, N*P, K*Cpg) @ (G, K*Cpg, Cout/G): one
-    # GEMM per group over the whole batch (and no batch broadcasting, which ORT's MatMul gets
-    # wrong for a zero batch).
-    p, cog = dims["p"], g.op("Div", cout, grp)
-    columns = g.op("Transpose", _reshape(g, sampled, n, p, k, grp, cpg), perm=[3, 0, 1, 2, 4])
-    columns = _reshape(g, columns, grp, g.op("Mul", n, p), g.op("Mul", k, cpg))
-    kernel = g.op("Transpose", _reshape(g, weight, grp, cog, cpg, k), perm=[0, 3, 2, 1])
-    kernel = _reshape(g, kernel, grp, g.op("Mul", k, cpg), cog)
-    out = _reshape(g, g.op("MatMul", columns, kernel), grp, n, p, cog)
+    # Conv = sum over taps of (sampled tap) @ (tap's weight), one tap's (N*P, C) columns at a time
+    # instead of all K at once: a Loop in a function body (K is known at run time only),
+    # unrolled in a translation whose weight shape is static, all taps at once otherwise.
+    taps = _static_taps(g, weight)
+    single = _static_groups(groups)
+    if getattr(g, "exporter", None) == "function" or taps is not None:
+        shape = (
+            (g.op("Concat", one, count, c, axis=0), None) if single
+            else (g.op("Concat", count, grp, cpg, axis=0), g.op("Concat", grp, count, cpg, axis=0))
+        )  # fmt: skip
+        zeros = g.op("Expand", g.constant(0.0, like=compute), g.op("Concat", grp, count, cog, axis=0))
+        if taps is None:
+
+            def body(sub: Any, i: Any, state: list[Any]) -> list[Any]:
+                return [sub.op("Add", state[0], _tap_product(sub, sources, i, shape, single))]
+
+            (out,) = g.loop(_scalar(g, k), [zeros], body)
+        else:
+            out = zeros
+            for tap in range(taps):
+                out = g.op("Add", out, _tap_product(g, sources, _i64(g, np.int64(tap)), shape, single))
+    else:
+        out = _all_taps_product(g, sources, k, g.op("Concat", k, count, grp, cpg, axis=0), cog)
+    out = _reshape(g, out, grp, n, p, cog)
     out = _reshape(g, g.op("Transpose", out, perm=[1, 0, 3, 2]), n, cout, ho, wo)  # (N, G, Cog, P)
+    if half:
+        out = cast_like(g, out, input)
     return g.op("Add", out, _reshape(g, bias, cout, one, one))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sources:
+    """What every tap reads: ``image`` (rows, C/OG), ``rows`` (K, 4, N*P*OG) int64,
+    ``weights`` (K, 4, N*P*OG, 1), ``kernel`` (K, G, Cpg, Cog); the corner sum's ``ones`` and the
+    weighted corners' shapes."""
+
+    image: Any
+    rows: Any
+    weights: Any
+    kernel: Any
+    ones: Any  # (1, 4)
+    stacked: Any  # (K, 4, M), M = N*P*C
+    stacked_tap: Any  # (4, M)
+
+
+def _static_taps(g: Any, weight: Any) -> int | None:
+    shape = g.shape(weight)
+    if shape is None or len(shape) != 4 or not all(isinstance(d, int) for d in shape[2:]):
+        return None
+    return int(shape[2] * shape[3])
+
+
+def _static_groups(groups: Any) -> bool:
+    """Whether ``groups`` is known (a translation, not a function body) to be 1."""
+    return isinstance(groups, int) and groups == 1
+
+
+def _sample(g: Any, src: _Sources, tap: Any) -> Any:
+    """The taps ``tap`` picks (one: a 0-d index; all: None) sampled: (1, M) or (K, 1, M), M =
+    N*P*C in (N, P, OG, C/OG) order. One Gather fetches the four corners (4, N*P*OG, C/OG), a Mul
+    weights them, and a (1, 4) @ (4, M) MatMul sums them (measured in ONNX Runtime: faster than
+    ReduceSum, a Sum of four Muls, or a batched (1, 4) @ (4, C/OG) MatMul; and the same op at
+    every opset). Only these tensors hold C, and only for one tap."""
+
+    def pick(x: Any) -> Any:
+        return x if tap is None else g.op("Gather", x, tap, axis=0)
+
+    corners = g.op("Mul", g.op("Gather", src.image, pick(src.rows), axis=0), pick(src.weights))
+    return g.op("MatMul", src.ones, _reshape_to(g, corners, src.stacked if tap is None else src.stacked_tap))
+
+
+def _tap_product(g: Any, src: _Sources, tap: Any, shape: tuple[Any, Any], single: bool) -> Any:
+    """(G, N*P, Cog): tap ``tap`` (a 0-d index) sampled, times its (G, Cpg, Cog) weight. ``shape``:
+    (N*P, G, Cpg) and (G, N*P, Cpg); or ((1, N*P, C), None) when groups is known to be 1 (no
+    transpose then)."""
+    columns = _reshape_to(g, _sample(g, src, tap), shape[0])
+    if not single:
+        # The Reshape after the Transpose keeps ONNX Runtime from fusing the two into a
+        # FusedMatMul, which divides by zero (SIGFPE) when N*P is 0 (ORT 1.31).
+        columns = _reshape_to(g, g.op("Transpose", columns, perm=[1, 0, 2]), shape[1])
+    return g.op("MatMul", columns, g.op("Gather", src.kernel, tap, axis=0))
+
+
+def _all_taps_product(g: Any, src: _Sources, k: Any, shape: Any, cog: Any) -> Any:
+    """(G, N*P, Cog) from all K taps at once (a translation whose weight shape is unknown):
+    (K, N*P, G, Cpg) -> (G, N*P, K*Cpg) @ (G, K*Cpg, Cog), one GEMM per group (and no batch
+    broadcasting, which ORT's MatMul gets wrong for a zero batch)."""
+    sampled = _reshape_to(g, _sample(g, src, None), shape)
+    grp, count, cpg = (_dim(g, shape, i) for i in (2, 1, 3))
+    depth = g.op("Mul", k, cpg)
+    columns = _reshape(g, g.op("Transpose", sampled, perm=[2, 1, 0, 3]), grp, count, depth)
+    kernel = _reshape(g, g.op("Transpose", src.kernel, perm=[1, 0, 2, 3]), grp, depth, cog)
+    return g.op("MatMul", columns, kernel)
 
 
 deform_conv2d_decomposed.__doc__ = f"{DEFORM_CONV2D.op_name}{DEFORM_CONV2D.schema}"

@@ -152,9 +152,12 @@ class FunctionBuilder(GraphBuilder):
 
     exporter = "function"
 
-    def __init__(self, opset: int, target: str, dtypes: Mapping[str, torch.dtype] | None = None) -> None:
+    def __init__(
+        self, opset: int, target: str, dtypes: Mapping[str, torch.dtype] | None = None, *, prefix: str = ""
+    ) -> None:
         super().__init__(opset, target)
         self.nodes: list[onnx.NodeProto] = []
+        self._prefix = prefix  # keeps a loop body's names apart from its enclosing scope's
         self._known = dict(dtypes or {})
         self._dtypes: dict[str, torch.dtype | None] = {}
         self._pending_refs: list[AttributeProto] = []
@@ -197,10 +200,10 @@ class FunctionBuilder(GraphBuilder):
 
     def _add_node(self, domain: str, op_type: str, inputs: Sequence[Any], attrs: list[AttrValue], outputs: int) -> list[Any]:
         self._count += 1
-        names = [f"_{op_type}{self._count}" + (f"_{i}" if outputs > 1 else "") for i in range(outputs)]
+        names = [f"{self._prefix}_{op_type}{self._count}" + (f"_{i}" if outputs > 1 else "") for i in range(outputs)]
         node = helper.make_node(
             op_type, ["" if v is None else v.name for v in inputs], names,
-            name=f"{op_type}{self._count}", domain=domain or None,
+            name=f"{self._prefix}{op_type}{self._count}", domain=domain or None,
         )
         node.attribute.extend(_attribute_proto(a) for a in attrs)
         node.attribute.extend(self._pending_refs)
@@ -227,6 +230,42 @@ class FunctionBuilder(GraphBuilder):
         (value,) = self._add_node("", "Constant", [], [AttrValue("value", AttrKind.TENSOR, array)], 1)
         self._dtypes[value.name] = _torch_dtype(helper.np_dtype_to_tensor_dtype(array.dtype))
         return value
+
+    # -- control flow -----------------------------------------------------------------------
+    def loop(
+        self, trip_count: Any, carried: Sequence[Any], body: Callable[[FunctionBuilder, Any, list[Any]], Sequence[Any]]
+    ) -> list[Any]:
+        """``Loop`` over ``trip_count`` (int64 scalar) iterations: ``body(sub, i, values)`` builds
+        the next ``carried`` values with ``sub``, a builder whose nodes form the loop's body
+        graph (outer values may be used in it directly; attribute references may not: read
+        them outside the loop). Returns the final carried values."""
+        self._count += 1
+        sub = FunctionBuilder(self.opset, self.target, prefix=f"{self._prefix}_loop{self._count}")
+        sub._dtypes = dict(self._dtypes)  # outer values keep their known dtypes inside
+        iteration, condition = sub.input(f"{sub._prefix}_i"), sub.input(f"{sub._prefix}_cond")
+        sub._dtypes[iteration.name], sub._dtypes[condition.name] = torch.int64, torch.bool
+        state = [sub.input(f"{sub._prefix}_v{j}") for j in range(len(carried))]
+        for value, outer in zip(state, carried, strict=True):
+            sub._dtypes[value.name] = self.dtype(outer)
+        results = list(body(sub, iteration, state))
+        if len(results) != len(carried):
+            raise SymbolicError(f"{self.target}: a loop body returned {len(results)} values for {len(carried)} carried.")
+        keep = sub.op("Identity", condition)
+        results = [sub.op("Identity", r) if r.name in {v.name for v in state} else r for r in results]
+        graph = helper.make_graph(
+            sub.nodes, f"{sub._prefix}_body",
+            [helper.make_tensor_value_info(iteration.name, onnx.TensorProto.INT64, []),
+             helper.make_tensor_value_info(condition.name, onnx.TensorProto.BOOL, []),
+             *(onnx.ValueInfoProto(name=v.name) for v in state)],
+            [onnx.ValueInfoProto(name=v.name) for v in (keep, *results)],
+        )  # fmt: skip
+        # an explicit (true) condition: onnx.reference's Loop runs no iteration without one
+        true = super().constant(np.asarray(True))
+        outs = self._add_node("", "Loop", [trip_count, true, *carried], [], len(carried))
+        self.nodes[-1].attribute.append(helper.make_attribute("body", graph))
+        for out, outer in zip(outs, carried, strict=True):
+            self._dtypes[out.name] = self.dtype(outer)
+        return outs
 
     # -- constants that may hold attribute references ----------------------------------------
     def constant(self, value: Any, *, dtype: Any = None, like: Any = None) -> Any:

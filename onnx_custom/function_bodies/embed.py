@@ -191,9 +191,15 @@ def embed_functions(model: ModelSource, kernels: KernelRegistry | None = None, *
         if key in present or spec is None or spec.function is None:
             continue
         dtypes = None
-        if model_opset < _GENERIC_FROM_OPSET and isinstance(spec.function, (str, TranslationBody)):
+        generic = model_opset >= _GENERIC_FROM_OPSET
+        if isinstance(spec.function, (str, TranslationBody)) and not (generic and half_precision == "off"):
             types = _value_types(out) if types is None else types
-            dtypes = _input_dtypes(spec, nodes, types)
+            # Specialised below opset 15 (no CastLike), and for float16/bfloat16 calls, so that
+            # a translation can pick its compute dtype (e.g. float32 inside a Loop, which
+            # widen_function leaves as it is).
+            half = half_precision != "off" and any(t in HALF_TYPES for t in _call_types(spec, nodes, types))
+            if not generic or half:
+                dtypes = _input_dtypes(spec, nodes, types)
         body = function_proto(spec, opset=model_opset, dtypes=dtypes, nodes=nodes)
         if body is None:
             continue
