@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import onnx_custom
-import onnx_custom.ops.seed  # noqa: F401  (onnx_custom::my_add)
+import onnx_custom.ops.seed  # defines onnx_custom::my_add
 from onnx_custom.cli.package_model import package_model
 from onnx_custom.errors import ModelLoadError
 
