@@ -7,7 +7,7 @@
 namespace oc {
 namespace {
 
-constexpr int64_t kGrain = 1 << 15;  // elements per parallel task for the elementwise loops
+constexpr int64_t kGrain = 1 << 16;  // elements per parallel task for the elementwise loops
 
 Shape broadcast_shape(const Shape& a, const Shape& b) {
   const size_t rank = std::max(a.size(), b.size());

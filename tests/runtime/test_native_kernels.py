@@ -42,7 +42,9 @@ def ids(value: Any) -> str:
 
 # ---- onnx_custom::my_add --------------------------------------------------------------------------------
 MY_ADD_SHAPES = [((4, 3), (4, 3)), ((4, 3), (3,)), ((3,), (2, 4, 3)), ((5, 1, 3), (1, 6, 1)),
-                 ((), ()), ((0, 3), (3,)), ((2, 0), (1,)), ((64, 1024), (64, 1024))]  # fmt: skip
+                 ((), ()), ((0, 3), (3,)), ((2, 0), (1,)), ((64, 1024), (64, 1024)),
+                 # several parallel chunks (2**16 elements each), boundaries inside broadcast rows
+                 ((3, 70001), (70001,)), ((5, 1, 40000), (1, 3, 1))]  # fmt: skip
 MY_ADD_DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64", "int8", "int16", "uint8"]  # ops/seed.yaml
 
 
@@ -77,7 +79,7 @@ def test_my_add_output_shape_keeps_symbolic_dims() -> None:
 
 # ---- onnx_custom::multi_out --------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16", "int64", "int16", "uint8"])
-@pytest.mark.parametrize("shape", [(2, 5), (0, 4), (), (3, 1, 7)], ids=ids)
+@pytest.mark.parametrize("shape", [(2, 5), (0, 4), (), (3, 1, 7), (2, 70001)], ids=ids)  # the last: several parallel chunks
 @pytest.mark.parametrize("attrs", [{}, {"scale": -1.5, "shift": 0.25}], ids=["defaults", "custom-attrs"])
 def test_multi_out_matches_python(dtype: str, shape: tuple[int, ...], attrs: dict[str, float]) -> None:
     if dtype == "uint8" and attrs:
