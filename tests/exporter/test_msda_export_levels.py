@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from _msda_reference import level_start
+from test_msda_export import ConstantLevels as Buffers  # level tensors as buffers
 
 import onnx_custom
 from onnx_custom.errors import MultiScaleDeformableAttnError
@@ -25,21 +26,6 @@ STARTS = level_start(SHAPES)  # [0, 16]
 @pytest.fixture(scope="module", autouse=True)
 def _extension() -> None:
     load_extension()
-
-
-class Buffers(torch.nn.Module):
-    """Level tensors as (non-persistent) buffers, as Deformable-DETR-style encoders hold them."""
-
-    shapes: torch.Tensor
-    starts: torch.Tensor
-
-    def __init__(self, shapes: torch.Tensor, starts: torch.Tensor) -> None:
-        super().__init__()
-        self.register_buffer("shapes", shapes, persistent=False)
-        self.register_buffer("starts", starts, persistent=False)
-
-    def forward(self, value: torch.Tensor, loc: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        return multi_scale_deformable_attn(value, self.shapes, self.starts, loc, attn)
 
 
 class MadeInForward(torch.nn.Module):
