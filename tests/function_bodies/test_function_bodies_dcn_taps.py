@@ -143,3 +143,14 @@ def test_function_builder_loop_runs_in_ort_and_onnx_reference() -> None:
         y, z = runner.run(None, feeds)
         np.testing.assert_allclose(y, expected)
         np.testing.assert_array_equal(z, feeds["x"])
+
+
+def test_function_builder_loop_refuses_a_body_returning_the_wrong_count() -> None:
+    from onnx_custom.errors import SymbolicError
+    from onnx_custom.function_bodies.builder import FunctionBuilder
+
+    g = FunctionBuilder(18, "test::bad_loop")
+    x = g.input("x")
+    count = g.constant(np.int64(2))
+    with pytest.raises(SymbolicError, match=r"test::bad_loop: a loop body returned 1 values for 2 carried"):
+        g.loop(count, [x, x], lambda sub, i, state: [state[0]])
