@@ -381,18 +381,20 @@ void im2col_cl_tile(const Geometry& g, const T* image, const T* off, const T* ma
   }
 }
 
-// Zero-bordered channels-last copy [N, H+2, W+2, C] in the compute dtype: only the border is
-// zeroed, the interior is one converting copy (cheap when the input is channels-last already).
-inline at::Tensor padded_channels_last(const at::Tensor& input, at::ScalarType ct) {
-  const int64_t N = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
-  at::Tensor padded = at::empty({N, H + 2, W + 2, C}, input.options().dtype(ct));
-  padded.select(1, 0).zero_();
-  padded.select(1, H + 1).zero_();
-  padded.select(2, 0).zero_();
-  padded.select(2, W + 1).zero_();
-  padded.slice(1, 1, H + 1).slice(2, 1, W + 1).copy_(input.permute({0, 2, 3, 1}));
-  return padded;
-}
+// A zero-bordered channels-last image [H+2, W+2, C] in the compute dtype, for one image at a
+// time: only the border is zeroed (once); load() converts image n into the interior.
+struct BorderedImage {
+  at::Tensor buffer, interior;
+  BorderedImage(const Geometry& g, const at::TensorOptions& opts)
+      : buffer(at::empty({g.H + 2, g.W + 2, g.C}, opts)),
+        interior(buffer.slice(0, 1, g.H + 1).slice(1, 1, g.W + 1)) {
+    buffer.select(0, 0).zero_();
+    buffer.select(0, g.H + 1).zero_();
+    buffer.select(1, 0).zero_();
+    buffer.select(1, g.W + 1).zero_();
+  }
+  void load(const at::Tensor& input, int64_t n) { interior.copy_(input[n].permute({1, 2, 0})); }
+};
 
 // ---- backward ---------------------------------------------------------------------------------
 //
@@ -646,10 +648,12 @@ at::Tensor forward(const at::Tensor& input_, const at::Tensor& weight_, const at
   if (g.cpog >= kChannelsLastMinChannels) {
     // Channels-last sampling (see im2col_cl_tile). Tiles of output positions keep a work item's
     // columns (tile x C*K) in L2 and let threads split (image, tile) pairs, sampling and GEMM
-    // together.
+    // together, each thread on one contiguous run of pairs (no fork/join per tile). A thread
+    // converts each image it meets into its own bordered channels-last buffer right before
+    // sampling it, so the image is still in cache when sampled and no N-image copy is made (an
+    // image split between threads is converted by each of them).
     constexpr int64_t kTile = 128;
     const int64_t tiles = (g.P + kTile - 1) / kTile, CK = g.C * g.K, rows = cin_g * g.K;
-    const at::Tensor padded = padded_channels_last(input_, ct);
     const at::Tensor wt = weight.permute({0, 2, 3, 1}).reshape({g.Cout, -1}).contiguous();
     const bool avx512 = ct == at::kFloat && use_avx512();
 #ifdef ONNX_CUSTOM_DCN_AVX512
@@ -657,14 +661,19 @@ at::Tensor forward(const at::Tensor& input_, const at::Tensor& weight_, const at
 #endif
     AT_DISPATCH_FLOATING_TYPES(ct, "deform_conv2d_forward", [&] {
       using T = scalar_t;
-      const int64_t image_stride = (g.H + 2) * (g.W + 2) * g.C;
       at::parallel_for(0, g.N * tiles, 1, [&](int64_t b0, int64_t b1) {
         at::ThreadLocalStateGuard tls_guard(tls);
         at::Tensor cols = at::empty({kTile * CK}, output.options());
         ForwardTaps<T> taps(g.K * kTile);
+        BorderedImage image(g, output.options());
+        int64_t current = -1;
         for (int64_t b = b0; b < b1; ++b) {
           const int64_t n = b / tiles, p0 = (b % tiles) * kTile, len = std::min(kTile, g.P - p0);
-          im2col_cl_tile(g, padded.data_ptr<T>() + n * image_stride,
+          if (n != current) {
+            image.load(input_, n);
+            current = n;
+          }
+          im2col_cl_tile(g, image.buffer.data_ptr<T>(),
                          offset.data_ptr<T>() + n * off_stride,
                          use_mask ? mask.data_ptr<T>() + n * mask_stride : nullptr, p0, len, taps,
                          cols.data_ptr<T>());
