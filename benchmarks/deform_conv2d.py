@@ -2,7 +2,11 @@
 training cost against ``F.conv2d``'s.
 
 Run: ``python benchmarks/deform_conv2d.py [--repeat 20]``. Ratios are measured side by side in one
-process (torch with 2 threads; ORT with 2 intra-op threads and spinning off). Peak memory is the
+process (torch with 2 threads; ORT with 2 intra-op threads and spinning off).
+``--forward-only [--threads 1] [--cpu-time]`` times just the eager forward against ``F.conv2d`` in
+paired rounds (which goes first alternates; the ratio is the median of the rounds' ratios), with
+process CPU time on a shared machine (use it with ``--threads 1``: with more threads it adds the
+threads' times up). Peak memory is the
 RSS high-water increase of one warm call in a fresh subprocess (see ``peak_memory``).
 
 Training cost: (forward + backward) / forward of our op (all five inputs requiring grad) against
@@ -14,7 +18,9 @@ F.conv2d's ratio. Both backwards get the same output gradient through ``torch.au
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,7 +38,7 @@ if str(Path(__file__).resolve().parent) not in sys.path:  # loaded from its path
 from harness import alternating_rounds, median_ms, ort_options, print_ratios, rss_child
 from harness import peak_memory as _peak_memory
 
-__all__ = ["build_ort_deformconv", "main", "make_inputs", "peak_memory", "time_fn"]
+__all__ = ["build_ort_deformconv", "forward_row", "main", "make_inputs", "peak_memory", "time_fn"]
 
 SHAPE = {"N": 4, "C": 64, "H": 56, "W": 56, "K": 3, "Cout": 64}
 
@@ -176,6 +182,42 @@ def _comparisons(
 
 
 TRAIN, CONV_TRAIN = "eager fwd+bwd (C++)", "F.conv2d fwd+bwd"
+FORWARD_GOAL = 1.6  # eager forward / F.conv2d forward (issue 25)
+
+
+def forward_row(rounds: int, repeat: int, threads: int, cpu_time: bool) -> dict[str, float]:
+    """Eager forward vs ``F.conv2d`` alone, paired rounds; returns both medians (ms) and the ratio."""
+    clock = time.process_time if cpu_time else time.perf_counter
+    torch.set_num_threads(threads)
+    load_extension()
+    eager, conv = _contenders(make_inputs()).values()
+
+    def ms(fn: Callable[[], object]) -> float:
+        times = []
+        for _ in range(repeat):
+            start = clock()
+            fn()
+            times.append((clock() - start) * 1e3)
+        return statistics.median(times)
+
+    for fn in (eager, conv, eager, conv):  # warm: extension, allocator, oneDNN primitives
+        fn()
+    ours: list[float] = []
+    base: list[float] = []
+    for r in range(rounds):
+        if r % 2 == 0:
+            ours.append(ms(eager))
+            base.append(ms(conv))
+        else:
+            base.append(ms(conv))
+            ours.append(ms(eager))
+    ratio = statistics.median(a / b for a, b in zip(ours, base, strict=True))
+    kind = "CPU time" if cpu_time else "wall time"
+    print(f"deform_conv2d forward vs F.conv2d, float32, {SHAPE}, mask on; torch {threads} thread(s), "
+          f"{kind}, medians of {rounds} paired rounds of {repeat} calls")  # fmt: skip
+    print(f"  eager op (C++) {statistics.median(ours):7.2f} ms   F.conv2d {statistics.median(base):7.2f} ms   "
+          f"ratio {ratio:.2f}  <={FORWARD_GOAL} {'ok' if ratio <= FORWARD_GOAL else 'MISS'}")  # fmt: skip
+    return {"eager_ms": statistics.median(ours), "conv2d_ms": statistics.median(base), "ratio": ratio}
 TRAINING_GOAL = 1.5  # our (fwd+bwd)/fwd at most 1.5x F.conv2d's
 
 
@@ -184,7 +226,18 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rss-child", choices=["eager", "conv2d"], help=argparse.SUPPRESS)
+    parser.add_argument("--forward-only", action="store_true",
+                        help="time only the eager forward against F.conv2d (paired rounds)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (--forward-only)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time with process CPU time (--forward-only; use with --threads 1)")
     args = parser.parse_args(argv)
+    if args.forward_only:
+        previous = torch.get_num_threads()
+        try:
+            return forward_row(args.rounds, args.repeat, args.threads, args.cpu_time)
+        finally:
+            torch.set_num_threads(previous)
     if args.rss_child:
         _rss_child(args.rss_child)
         return {}

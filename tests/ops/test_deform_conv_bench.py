@@ -27,3 +27,14 @@ def test_benchmark_runs_and_reports_every_ratio(capsys: pytest.CaptureFixture[st
     assert results["eager_peak_bytes"] > 0
     out = capsys.readouterr().out
     assert "peak RSS increase" in out and "training cost, (fwd+bwd)/fwd: ours" in out
+
+
+@pytest.mark.slow
+def test_forward_only_row_reports_the_ratio(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = importlib.util.spec_from_file_location("bench_deform_conv2d_fwd", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    results = module.main(["--forward-only", "--threads", "1", "--cpu-time", "--repeat", "1", "--rounds", "2"])
+    assert results["eager_ms"] > 0 and results["conv2d_ms"] > 0 and results["ratio"] > 0
+    assert "CPU time" in capsys.readouterr().out
