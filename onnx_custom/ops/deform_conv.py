@@ -25,8 +25,7 @@ translation (``symbolics/deform_conv.py``). ``TORCHVISION_DEFORM_CONV2D`` is the
 
 The kernels are C++ (bilinear sampling into im2col columns per tile, one GEMM per group and tile:
 hand-written AVX-512 kernels for float32 where the CPU has AVX-512F, else ``at::addmm``) built on
-first use with
-``torch.utils.cpp_extension.load`` into ``$ONNX_CUSTOM_CACHE_DIR`` (default
+first use with ``torch.utils.cpp_extension.load`` into ``$ONNX_CUSTOM_CACHE_DIR`` (default
 ``~/.cache/onnx_custom``). ``validate_deform_conv2d`` is shared by the eager and the fake kernel,
 so export fails early with the same message as eager.
 
