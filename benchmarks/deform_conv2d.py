@@ -115,7 +115,8 @@ def _training(t: dict[str, torch.Tensor]) -> tuple[Callable[[], object], Callabl
         return torch.autograd.grad(y, ours, grad_out)
 
     def conv_train() -> object:
-        y = F.conv2d(*theirs, padding=pad)
+        x, w, b = theirs
+        y = F.conv2d(x, w, b, padding=pad)
         return torch.autograd.grad(y, theirs, grad_out)
 
     return eager_train, conv_train
