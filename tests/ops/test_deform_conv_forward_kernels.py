@@ -36,6 +36,7 @@ def kernels(request: pytest.FixtureRequest) -> Iterator[str]:
     if request.param == "avx512" and not _has_avx512():
         pytest.skip("this CPU has no AVX-512F: the float32 forward runs the portable path only")
     ext.disable_avx512(request.param == "portable")
+    assert ext.avx512() == (request.param == "avx512")  # the path under test is the one taken
     try:
         yield request.param
     finally:
