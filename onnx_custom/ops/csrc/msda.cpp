@@ -206,11 +206,16 @@ inline void prefetch_row(const T* p, int64_t D, int write) {
 #if defined(__GNUC__) || defined(__clang__)
   const char* c = reinterpret_cast<const char*>(p);
   const int64_t bytes = D * static_cast<int64_t>(sizeof(T));
-  for (int64_t o = 0; o < bytes; o += 64) {
-    if (write) __builtin_prefetch(c + o, 1, 3); else __builtin_prefetch(c + o, 0, 3);
-  }
-  if (bytes > 64) {  // an unaligned row's last line
-    if (write) __builtin_prefetch(c + bytes - 1, 1, 3); else __builtin_prefetch(c + bytes - 1, 0, 3);
+  // First and last byte: a line-aligned row of up to 128 bytes (D = 32 floats, value's usual
+  // layout); longer rows get the lines in between too. (Only a hint: a missed line costs time.)
+  if (write) {
+    __builtin_prefetch(c, 1, 3);
+    for (int64_t o = 64; o < bytes - 64; o += 64) __builtin_prefetch(c + o, 1, 3);
+    __builtin_prefetch(c + bytes - 1, 1, 3);
+  } else {
+    __builtin_prefetch(c, 0, 3);
+    for (int64_t o = 64; o < bytes - 64; o += 64) __builtin_prefetch(c + o, 0, 3);
+    __builtin_prefetch(c + bytes - 1, 0, 3);
   }
 #else
   (void)p; (void)D; (void)write;
