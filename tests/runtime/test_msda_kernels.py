@@ -90,6 +90,25 @@ def test_zero_size(runner: str, bs: int, queries: int) -> None:
     assert got.shape == (bs, queries, 6)
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+def test_python_kernel_writes_into_the_given_output(dtype: str, layout: str) -> None:
+    """The Python kernel computes into ORT's output buffer: directly when it is contiguous in the
+    compute dtype (float32/float64), through one rounding copy otherwise (half types, strides);
+    numbers outside the view stay untouched."""
+    from onnx_custom.ops.msda import msda_ort_kernel
+
+    inputs = make_inputs(2, 5, 2, 3, 2, dtype=torch.float64, seed=5)
+    arrays = [_np(t, dtype) for t in inputs]
+    storage = np.full((2, 5, 12), 7.0).astype(arrays[0].dtype)
+    out = storage[..., ::2] if layout == "strided" else storage[..., :6].copy()
+    assert out.flags.c_contiguous == (layout == "contiguous")
+    assert msda_ort_kernel(*arrays, im2col_step=64, out=(out,)) is None
+    assert_close(out, _expected(inputs, dtype), dtype, scale=2.0 if dtype in ("float16", "bfloat16") else 1.0)
+    if layout == "strided":
+        assert (storage[..., 1::2].astype(np.float64) == 7.0).all()
+
+
 def _bad(**changes: Any) -> dict[str, np.ndarray]:
     arrays = {n: _np(t, "float32") for n, t in zip(NAMES, make_inputs(dtype=torch.float32), strict=True)}
     for name, fn in changes.items():

@@ -422,16 +422,13 @@ void zero_rows(T* gv, int64_t rows, int64_t D, int64_t gv_stride) {
   for (int64_t k = 0; k < rows; ++k) std::fill(gv + k * gv_stride, gv + k * gv_stride + D, T(0));
 }
 
-at::Tensor forward(const at::Tensor& value_, const at::Tensor& spatial_shapes,
-                   const at::Tensor& level_start_index, const at::Tensor& loc_,
-                   const at::Tensor& attn_, int64_t /*im2col_step: a CUDA batching hint*/) {
-  const at::ScalarType ct = compute_type(value_.scalar_type());
-  const at::Tensor value = value_.to(ct).contiguous(), loc = loc_.to(ct).contiguous(),
-                   attn = attn_.to(ct).contiguous();
+// The forward into `out`: (bs, Q, M*D), contiguous, in the compute dtype.
+void forward_into(const at::Tensor& value, const at::Tensor& spatial_shapes,
+                  const at::Tensor& level_start_index, const at::Tensor& loc, const at::Tensor& attn,
+                  at::Tensor& out) {
   const Geometry g = make_geometry(value, spatial_shapes, level_start_index, loc);
-  at::Tensor out = at::empty({g.bs, g.Q, g.M * g.D}, value.options());  // every number is written
-  if (out.numel() == 0) return out.to(value_.scalar_type());
-  AT_DISPATCH_FLOATING_TYPES(ct, "multi_scale_deformable_attn", [&] {
+  if (out.numel() == 0) return;
+  AT_DISPATCH_FLOATING_TYPES(value.scalar_type(), "multi_scale_deformable_attn", [&] {
     const scalar_t* v = value.data_ptr<scalar_t>();
     const scalar_t* lp = loc.data_ptr<scalar_t>();
     const scalar_t* ap = attn.data_ptr<scalar_t>();
@@ -440,7 +437,37 @@ at::Tensor forward(const at::Tensor& value_, const at::Tensor& spatial_shapes,
       forward_rows(g, v, lp, ap, op, begin, end);
     });
   });
+}
+
+at::Tensor forward(const at::Tensor& value_, const at::Tensor& spatial_shapes,
+                   const at::Tensor& level_start_index, const at::Tensor& loc_,
+                   const at::Tensor& attn_, int64_t /*im2col_step: a CUDA batching hint*/) {
+  const at::ScalarType ct = compute_type(value_.scalar_type());
+  const at::Tensor value = value_.to(ct).contiguous(), loc = loc_.to(ct).contiguous(),
+                   attn = attn_.to(ct).contiguous();
+  // every number is written: no zero-fill
+  at::Tensor out = at::empty({value.size(0), loc.size(1), value.size(2) * value.size(3)}, value.options());
+  forward_into(value, spatial_shapes, level_start_index, loc, attn, out);
   return out.to(value_.scalar_type());
+}
+
+// The forward written into a given output (ONNX Runtime's buffer, for the Python kernel): straight
+// into it when it is contiguous in the compute dtype (float32 / float64), else through a temporary
+// rounded once into it. Saves the result's allocation and the copy into ORT's output.
+void forward_out(const at::Tensor& value_, const at::Tensor& spatial_shapes,
+                 const at::Tensor& level_start_index, const at::Tensor& loc_, const at::Tensor& attn_,
+                 int64_t im2col_step, at::Tensor out) {
+  const at::ScalarType ct = compute_type(value_.scalar_type());
+  const std::vector<int64_t> shape = {value_.size(0), loc_.size(1), value_.size(2) * value_.size(3)};
+  TORCH_CHECK(out.sizes() == at::IntArrayRef(shape), "multi_scale_deformable_attn: out has shape ",
+              out.sizes(), ", expected ", at::IntArrayRef(shape));
+  if (out.scalar_type() != ct || !out.is_contiguous()) {
+    out.copy_(forward(value_, spatial_shapes, level_start_index, loc_, attn_, im2col_step));
+    return;
+  }
+  const at::Tensor value = value_.to(ct).contiguous(), loc = loc_.to(ct).contiguous(),
+                   attn = attn_.to(ct).contiguous();
+  forward_into(value, spatial_shapes, level_start_index, loc, attn, out);
 }
 
 std::vector<at::Tensor> backward(const at::Tensor& grad_, const at::Tensor& value_,
@@ -517,6 +544,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_, const at::Tensor& valu
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "multi_scale_deformable_attn forward (CPU)");
+  m.def("forward_out", &forward_out, "multi_scale_deformable_attn forward into a given output (CPU)");
   m.def("backward", &backward,
         "multi_scale_deformable_attn backward (CPU): value, sampling_locations, attention_weights");
 }
