@@ -1,11 +1,11 @@
 """Kernels of ``onnx_custom::MultiScaleDeformableAttn`` and ``mmdeploy::MMCVMultiScaleDeformableAttention``,
-generated from the op's spec (``onnx_custom/ops/msda.py``, ``kernel=EAGER``).
+generated from the op's spec (``onnx_custom/ops/msda.py``, ``kernel=msda_ort_kernel``).
 
 Both nodes carry mmcv's signature: inputs (value, spatial_shapes, level_start_index,
 sampling_locations, attention_weights), INT attribute ``im2col_step``. The kernel runs the eager
-op ``onnx_custom::multi_scale_deformable_attn`` on torch views of ORT's buffers (no copy), with
-the eager op's validation (including the spatial_shapes / level_start_index / num_keys contract,
-read from the actual tensors), so eager and ONNX Runtime share one implementation. The mmdeploy
+op's validation (including the spatial_shapes / level_start_index / num_keys contract, read from
+the actual tensors) and its C++ forward on torch views of ORT's buffers (no copy), writing into
+ORT's output buffer, so eager and ONNX Runtime share one implementation. The mmdeploy
 node gets the same kernel: files made for mmdeploy's TensorRT plugin also run in ONNX Runtime.
 
 The native kernel (``native/msda.cpp``) is written against the user kernel API

@@ -165,7 +165,7 @@ class _Parts:
         if kernel is not None and kernel != EAGER:
             signatures.check_math_signature(spec, kernel, "kernel", ("kernel",), spec.kernel)
         meta = self.torch_refs[1] if spec.shape is not None else None
-        declaration = onnx_side.kernel_spec(spec, kernel, meta, self.function)
+        declaration = onnx_side.kernel_spec(spec, kernel, meta, self.function, check=self._get("check", "check"))
         if self.function is not None:
             onnx_side.check_function_body(spec, declaration)
         return (declaration if kernel is not None else None), declaration

@@ -466,8 +466,14 @@ def generate_source(source: Path, specs: Sequence[OpSpec], ordinal: int, *, file
         kinds = ", ".join("OC_IO_VARIADIC" if item.variadic else "OC_IO_OPTIONAL" if item.optional else "OC_IO_REQUIRED" for item in spec.inputs)
         outs = ", ".join("OC_IO_REQUIRED" for _ in spec.outputs)
         # Single-dtype inputs and outputs declare their type to ORT: its graph-time type guess for
-        # the others (where our shape inference cannot run) then follows the right input.
-        in_types = ", ".join(CPP_TYPES[i.dtypes[0]][1] if len(i.dtypes) == 1 else "OC_ELEM_UNDEFINED" for i in spec.inputs)
+        # the others (where our shape inference cannot run) then follows the right input (ORT
+        # takes the last multi-dtype input's type). A single-dtype input FOLLOWED by a multi-dtype
+        # one is left undeclared instead (the guess is unchanged): a wrong dtype there then reaches
+        # our shape inference, whose error names the input and the fix (a Cast), where ORT's own
+        # type check only says "invalid".
+        last_multi = max((n for n, item in enumerate(spec.inputs) if len(item.dtypes) != 1), default=-1)
+        in_types = ", ".join(CPP_TYPES[item.dtypes[0]][1] if len(item.dtypes) == 1 and n > last_multi else "OC_ELEM_UNDEFINED"
+                             for n, item in enumerate(spec.inputs))
         out_types = ", ".join(CPP_TYPES[d[0]][1] if len(d := spec.output_dtypes(o)) == 1 else "OC_ELEM_UNDEFINED" for o in range(len(spec.outputs)))
         for node in [f"{spec.domain}::{spec.op_type}", *(aliases or {}).get(spec.name, ())]:
             domain, _, op_type = node.rpartition("::")

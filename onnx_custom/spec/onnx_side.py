@@ -127,9 +127,11 @@ def _input_info(spec: OpSpec, name: str, infos: Sequence[TensorInfo | None]) -> 
     return infos[index] if index < len(infos) else None
 
 
-def make_shape_fn(spec: OpSpec, meta: Callable[..., Any] | None) -> Callable[..., list[TensorInfo]]:
+def make_shape_fn(spec: OpSpec, meta: Callable[..., Any] | None, check: Callable[..., Any] | None = None) -> Callable[..., list[TensorInfo]]:
     """``shape_fn(inputs, attrs)`` for the kernel: dtypes from the dtype rules, shapes from the
-    shape rules over ONNX dims (symbolic names kept where provable, unknown dims None)."""
+    shape rules over ONNX dims (symbolic names kept where provable, unknown dims None). When the
+    inputs break a shape rule, the op's validator ``check`` (run on meta tensors) gets to say why
+    first: its message names the fix, the rule's only the failing index."""
     int_attrs = {a.name for a in spec.attributes if a.type in ("int", "bool", "int[]")}
 
     def dtype_of(index: int, infos: Sequence[TensorInfo | None]) -> np.dtype[Any]:
@@ -156,6 +158,8 @@ def make_shape_fn(spec: OpSpec, meta: Callable[..., Any] | None) -> Callable[...
         except UnknownShape:
             return None
         except RuleError as exc:
+            if check is not None:
+                _check_on_meta(spec, check, infos, attrs)
             raise KernelError(f"kernel {spec.node_type}: output {spec.outputs[index].name!r}: {exc}") from None
 
     def shape_fn(infos: list[TensorInfo | None], attrs: dict[str, Any]) -> list[TensorInfo]:
@@ -179,6 +183,20 @@ def _builtin_rule(spec: OpSpec) -> str | None:
         return None
     rule = rules.pop()
     return "like0" if rule == f"like:{first.name}" else "broadcast" if rule == "broadcast" else None
+
+
+def _check_on_meta(spec: OpSpec, check: Callable[..., Any], infos: Sequence[TensorInfo | None], attrs: dict[str, Any]) -> None:
+    """Run the op's validator on meta tensors of these (concrete) shapes; its error propagates."""
+    import torch
+
+    from onnx_custom.spec.torch_op import bind_args
+
+    if not all(i is None or (i.shape is not None and all(isinstance(d, int) for d in i.shape)) for i in infos):
+        return
+    tensors = [None if i is None else torch.empty(tuple(int(d) for d in i.shape or ()), dtype=_torch_dtype(i.dtype), device="meta")  # type: ignore[arg-type]
+               for i in infos]  # fmt: skip
+    bound = bind_args(spec, tensors, {k: _from_onnx_attr(spec, k, v) for k, v in attrs.items()})
+    check(*bound.tensors, **bound.attrs)
 
 
 def _meta_shapes(spec: OpSpec, meta: Callable[..., Any], infos: Sequence[TensorInfo | None], attrs: dict[str, Any], dtype_of: Callable[..., Any]) -> list[TensorInfo]:
@@ -264,7 +282,8 @@ def eager_kernel(spec: OpSpec) -> Callable[..., Any]:
     return kernel
 
 
-def kernel_spec(spec: OpSpec, fn: Callable[..., Any] | None, meta: Callable[..., Any] | None, function: Any) -> KernelSpec:
+def kernel_spec(spec: OpSpec, fn: Callable[..., Any] | None, meta: Callable[..., Any] | None, function: Any,
+                check: Callable[..., Any] | None = None) -> KernelSpec:  # fmt: skip
     """The kernel declaration of the spec's node (``fn`` None: a declaration for the schema only)."""
     node = spec.node_type
     assert node is not None
@@ -281,7 +300,7 @@ def kernel_spec(spec: OpSpec, fn: Callable[..., Any] | None, meta: Callable[...,
     dtypes.update({o.name: list(spec.output_dtypes(n)) for n, o in enumerate(spec.outputs)})
     made = make_spec(
         node, _kernel_wrapper(spec, fn), inputs=inputs, outputs=[o.name for o in spec.outputs],
-        attrs=_kernel_attrs(spec), dtypes=dtypes, shape_fn=_builtin_rule(spec) or make_shape_fn(spec, meta),
+        attrs=_kernel_attrs(spec), dtypes=dtypes, shape_fn=_builtin_rule(spec) or make_shape_fn(spec, meta, check),
         function=function, tensor_type=tensor_type, out=out_mode,
     )
     if spec.doc:

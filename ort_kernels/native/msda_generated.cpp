@@ -63,7 +63,7 @@ class Op0 final : public oc::Kernel {
 
 namespace oc {
 void add_msda_ops(std::vector<OpDef>& ops) {
-  ops.push_back({"onnx_custom", "MultiScaleDeformableAttn", {OC_IO_REQUIRED, OC_IO_REQUIRED, OC_IO_REQUIRED, OC_IO_REQUIRED, OC_IO_REQUIRED}, {OC_IO_REQUIRED}, create_kernel<Op0>, Op0::infer, {OC_ELEM_UNDEFINED, OC_ELEM_INT64, OC_ELEM_INT64, OC_ELEM_UNDEFINED, OC_ELEM_UNDEFINED}, {OC_ELEM_UNDEFINED}});
-  ops.push_back({"mmdeploy", "MMCVMultiScaleDeformableAttention", {OC_IO_REQUIRED, OC_IO_REQUIRED, OC_IO_REQUIRED, OC_IO_REQUIRED, OC_IO_REQUIRED}, {OC_IO_REQUIRED}, create_kernel<Op0>, Op0::infer, {OC_ELEM_UNDEFINED, OC_ELEM_INT64, OC_ELEM_INT64, OC_ELEM_UNDEFINED, OC_ELEM_UNDEFINED}, {OC_ELEM_UNDEFINED}});
+  ops.push_back({"onnx_custom", "MultiScaleDeformableAttn", {OC_IO_REQUIRED, OC_IO_REQUIRED, OC_IO_REQUIRED, OC_IO_REQUIRED, OC_IO_REQUIRED}, {OC_IO_REQUIRED}, create_kernel<Op0>, Op0::infer, {OC_ELEM_UNDEFINED, OC_ELEM_UNDEFINED, OC_ELEM_UNDEFINED, OC_ELEM_UNDEFINED, OC_ELEM_UNDEFINED}, {OC_ELEM_UNDEFINED}});
+  ops.push_back({"mmdeploy", "MMCVMultiScaleDeformableAttention", {OC_IO_REQUIRED, OC_IO_REQUIRED, OC_IO_REQUIRED, OC_IO_REQUIRED, OC_IO_REQUIRED}, {OC_IO_REQUIRED}, create_kernel<Op0>, Op0::infer, {OC_ELEM_UNDEFINED, OC_ELEM_UNDEFINED, OC_ELEM_UNDEFINED, OC_ELEM_UNDEFINED, OC_ELEM_UNDEFINED}, {OC_ELEM_UNDEFINED}});
 }
 }  // namespace oc

@@ -17,7 +17,7 @@ from _msda_reference import grid_sample_msda, make_inputs
 from onnx import helper
 
 import onnx_custom
-from onnx_custom.errors import MultiScaleDeformableAttnError
+from onnx_custom.errors import MultiScaleDeformableAttnDtypeError, MultiScaleDeformableAttnError
 from onnx_custom.ops import multi_scale_deformable_attn
 from onnx_custom.ops.msda import load_extension
 
@@ -156,6 +156,18 @@ def test_bad_shapes_fail_at_export_with_eagers_message(exporter: str) -> None:
 
     with pytest.raises(MultiScaleDeformableAttnError, match="num_heads=2"):
         onnx_custom.export(WrongHeads(), (value, loc, attn), exporter=exporter, opset=17 if exporter == "torchscript" else 18)
+
+
+@pytest.mark.parametrize("name", ["spatial_shapes", "level_start_index"])
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_int32_level_tensors_fail_at_export_with_the_fix(exporter: str, name: str) -> None:
+    """int32 level tensors (as TensorRT-minded code makes them) are refused at export with the
+    op's typed error naming the fix, before a file ONNX Runtime would reject exists."""
+    inputs = list(make_inputs())
+    index = 1 if name == "spatial_shapes" else 2
+    inputs[index] = inputs[index].int()
+    with pytest.raises(MultiScaleDeformableAttnDtypeError, match=rf"{name} has dtype torch.int32; expected int64. Fix: {name}.long\(\)"):
+        onnx_custom.export(LevelsAsInputs(), tuple(inputs), exporter=exporter, opset=17 if exporter == "torchscript" else 18)
 
 
 def test_half_types_through_the_standard_variant() -> None:

@@ -244,6 +244,51 @@ def test_chunked_dims_and_thread_splits(size: tuple[Any, ...], threads: int) -> 
         assert torch.equal(a, c), f"grad {name} differs between runs"
 
 
+FLOAT_DIMS = [8, 16, 24, 32, 40, 64, 72, 12]  # float32 backward: 8-wide vector path when D % 8 == 0
+
+
+@pytest.mark.parametrize("dim", FLOAT_DIMS, ids=lambda d: f"d{d}")
+def test_float32_gradients_every_head_dim(dim: int) -> None:
+    """float32 gradients against the fp64 grid_sample reference for head dims the backward
+    processes as 8-wide vectors (whole 32-wide chunks, a 8/16/24 tail) or not (D % 8 != 0), with
+    many samples on the same keys (a 3x3 level) and samples outside [0, 1] (spread 0.3); 1 and 2
+    threads give bit-identical gradients (each value-gradient row is summed in query order)."""
+    value, shapes, starts, loc, attn = make_inputs(2, 23, 3, dim, 4, ((3, 3), (5, 7), (1, 2)), dtype=torch.float64, seed=dim, spread=0.3)
+    grad = torch.randn(2, 23, 3 * dim, dtype=torch.float64, generator=torch.Generator().manual_seed(dim + 1))
+    ref = [t.clone().requires_grad_() for t in (value, loc, attn)]
+    expected = torch.autograd.grad(grid_sample_msda(ref[0], shapes, ref[1], ref[2]), ref, grad)
+    results = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            ours = [t.float().requires_grad_() for t in (value, loc, attn)]
+            results.append(torch.autograd.grad(_call(ours[0], shapes, starts, ours[1], ours[2]), ours, grad.float()))
+    finally:
+        torch.set_num_threads(before)
+    for name, a, b, c in zip(("value", "sampling_locations", "attention_weights"), results[0], expected, results[1], strict=True):
+        scale = max(1.0, b.abs().max().item())
+        torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5 * scale, msg=f"grad {name}")
+        assert torch.equal(a, c), f"grad {name}: 1 and 2 threads differ"
+
+
+def test_all_samples_on_one_key() -> None:
+    """Every sample of every query at the same pixel centre: all their value gradients land on
+    one key per level (the longest accumulation chain), float32 vector path and fp64."""
+    for dtype in (torch.float32, torch.float64):
+        value, shapes, starts, _, attn = make_inputs(1, 40, 2, 32, 4, ((4, 4), (2, 2)), dtype=torch.float64, seed=21)
+        loc = torch.full((1, 40, 2, 2, 4, 2), 0.375, dtype=torch.float64)  # pixel (1, 1) of the 4x4 level
+        grad = torch.randn(1, 40, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(22))
+        ref = [t.clone().requires_grad_() for t in (value, loc, attn)]
+        expected = torch.autograd.grad(grid_sample_msda(ref[0], shapes, ref[1], ref[2]), ref, grad)
+        ours = [t.to(dtype).requires_grad_() for t in (value, loc, attn)]
+        got = torch.autograd.grad(_call(ours[0], shapes, starts, ours[1], ours[2]), ours, grad.to(dtype))
+        for name, a, b in zip(("value", "sampling_locations", "attention_weights"), got, expected, strict=True):
+            scale = max(1.0, b.abs().max().item())
+            tol = 1e-5 if dtype == torch.float32 else 1e-7
+            torch.testing.assert_close(a.double(), b, rtol=tol, atol=tol * scale, msg=f"grad {name} ({dtype})")
+
+
 # --------------------------------------------------------------------- the mmcv-style wrapper
 def test_wrapper_casts_locations_and_weights_like_mmcv() -> None:
     value, shapes, starts, loc, attn = make_inputs(dtype=torch.float64, seed=11)

@@ -206,9 +206,29 @@ def test_gather_rows_raise_mode_and_index_dtype(library: NativeLibrary) -> None:
     with pytest.raises(Exception, match=r"index 9 at position 1 is out of range for 6 rows"):
         sess.run(None, {"table": np.zeros((6, 3), np.float32), "index": np.array([0, 9], np.int64)})
     model32 = node_model("GatherRows", [("table", "float32", ["r", 3]), ("index", "int32", ["k"])], [("out", "float32", None)])
-    # single-dtype inputs declare their type to ORT, which then refuses the model itself
+    # a trailing single-dtype input declares its type to ORT, which then refuses the model itself
     with pytest.raises(Exception, match=r"Type 'tensor\(int32\)' of input parameter \(index\) of operator \(GatherRows\) in node \(gatherrows_node\) is invalid"):
         session(model32, library).run(None, {"table": np.zeros((6, 3), np.float32), "index": np.array([0], np.int32)})
+
+
+def _declared_input_types(spec: Any, source: Path) -> list[str]:
+    from onnx_custom.spec.native_codegen import generate_source
+
+    text = generate_source(source, [spec], 0).text
+    line = next(ln for ln in text.splitlines() if "ops.push_back" in ln)
+    return line.rsplit("{", 2)[1].split("}")[0].split(", ")
+
+
+def test_single_dtype_inputs_before_a_multi_dtype_one_stay_undeclared_to_ort() -> None:
+    """ORT guesses an output's type from the last multi-dtype input, so a single-dtype input is
+    declared (ORT refuses a wrong dtype itself, test above) only after every multi-dtype input;
+    before one (MSDA's int64 level tensors) it is left open so our check names the input and the
+    fix (tests/runtime/test_msda_kernels.py::test_bad_input_is_an_error_status[...int32-shapes])."""
+    from onnx_custom.ops.msda import MSDA
+
+    gather = next(s for s in parse_specs(DATA / "acme.yaml") if s.op_type == "GatherRows")
+    assert _declared_input_types(gather, DATA / "acme_kernels.cpp") == ["OC_ELEM_UNDEFINED", "OC_ELEM_INT64"]  # (table, index)
+    assert _declared_input_types(MSDA, Path(MSDA.native.path())) == ["OC_ELEM_UNDEFINED"] * 5  # type: ignore[union-attr]
 
 
 # ---- onnx_custom.InferenceSession(kernels=library), beside the shipped library ------------------------

@@ -26,8 +26,13 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <cmath>
 #include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -162,129 +167,247 @@ void forward_rows(const Geometry& g, const T* value, const T* loc, const T* attn
   }
 }
 
-// The samples of one (query, head) that contribute, with what the backward needs of each.
+// ----------------------------------------------------------------------------------- backward
+// The backward of one (query, head) "unit": for every in-range bilinear corner ("tap") of its
+// samples, dot = grad_output . value row (for the location / weight gradients) and
+// value_grad row += attention x bilinear weight x grad_output, both in ONE pass over the head dim
+// with the output-gradient chunk held in registers. Units run in a pipeline: the next unit's taps
+// are worked out (and their value and value-gradient rows prefetched) before the current unit's
+// taps are processed, so the rows arrive from L2/L3 while the current unit computes: on the
+// Deformable-DETR encoder size the corner rows miss L1 most of the time, which cost the previous
+// kernel ~40% of its time.
+
+// One contributing sample of a unit: what its location / weight gradients need.
 template <typename T>
-struct Sample {
-  int64_t s;      // index into sampling_locations / attention_weights (without the x/y dim)
-  int64_t l;      // level
-  Cell<T> c;
-  T w[4];         // bilinear corner weights
-  const T* v[4];  // corner value rows (nullptr: outside the level)
-  T* gv[4];       // their value-gradient rows
-  T dot[4];       // grad_output . corner value, accumulated over the D chunks
+struct UnitSample {
+  int64_t s;     // index into attention_weights (sampling_locations: 2 * s)
+  T lx, ly;      // position inside the bilinear cell
+  T a, sx, sy;   // attention weight, level width and height (d pixel / d location)
+  int32_t tap[4];  // the corner's tap index, -1: the corner lies outside the level
 };
 
-// One chunk of the dims [d0, d0 + n) for every sample: dot products with the corner values and
-// the value-gradient scatter (attention x bilinear weight x grad_output).
-template <typename T, int64_t N>
-inline void backward_chunk(Sample<T>* samples, int64_t count, const T* attn, const T* go_row,
-                           int64_t d0, int64_t n_dyn) {
-  const int64_t n = N > 0 ? N : n_dyn;
-  T go[N > 0 ? N : 1];
-  const T* __restrict gsrc = go_row + d0;
-  if constexpr (N > 0) {
-    for (int64_t d = 0; d < N; ++d) go[d] = gsrc[d];
+template <typename T>
+struct Tap2 {
+  const T* v;  // value row (D numbers)
+  T* gv;       // value-gradient row
+  T aw;        // attention x bilinear weight
+};
+
+// A unit's samples and taps; two of them make the pipeline.
+template <typename T>
+struct Unit {
+  int64_t bq = 0, h = 0, count = 0, taps = 0;
+  std::vector<UnitSample<T>> samples;
+  std::vector<Tap2<T>> tap;
+};
+
+template <typename T>
+inline void prefetch_row(const T* p, int64_t D, int write) {
+#if defined(__GNUC__) || defined(__clang__)
+  const char* c = reinterpret_cast<const char*>(p);
+  const int64_t bytes = D * static_cast<int64_t>(sizeof(T));
+  // First and last byte: a line-aligned row of up to 128 bytes (D = 32 floats, value's usual
+  // layout); longer rows get the lines in between too. (Only a hint: a missed line costs time.)
+  if (write) {
+    __builtin_prefetch(c, 1, 3);
+    for (int64_t o = 64; o < bytes - 64; o += 64) __builtin_prefetch(c + o, 1, 3);
+    __builtin_prefetch(c + bytes - 1, 1, 3);
+  } else {
+    __builtin_prefetch(c, 0, 3);
+    for (int64_t o = 64; o < bytes - 64; o += 64) __builtin_prefetch(c + o, 0, 3);
+    __builtin_prefetch(c + bytes - 1, 0, 3);
   }
-  for (int64_t i = 0; i < count; ++i) {
-    Sample<T>& sm = samples[i];
-    const T a = attn[sm.s];
-    for (int corner = 0; corner < 4; ++corner) {
-      if (sm.v[corner] == nullptr) continue;
-      const T* __restrict v = sm.v[corner] + d0;
-      T* __restrict gvr = sm.gv[corner] + d0;
-      const T aw = a * sm.w[corner];
-      T sum = T(0);
-      if constexpr (N > 0) {
-        // A reduction: without the pragma the compiler keeps it scalar (it may not reorder float
-        // additions on its own). N is fixed, so the order is too: results are reproducible.
-#pragma omp simd reduction(+ : sum)
-        for (int64_t d = 0; d < N; ++d) {
-          sum += go[d] * v[d];
-          gvr[d] += aw * go[d];
-        }
-      } else {
-#pragma omp simd reduction(+ : sum)
-        for (int64_t d = 0; d < n; ++d) {
-          sum += gsrc[d] * v[d];
-          gvr[d] += aw * gsrc[d];
-        }
-      }
-      sm.dot[corner] += sum;
-    }
-  }
+#else
+  (void)p; (void)D; (void)write;
+#endif
 }
 
-// Gradients of the queries [q0, q1) of heads [h0, h1) in batch b, query by query (all of a
-// query's heads together: the rows they touch are neighbours in value's (key, head, dim) layout,
-// ~1.4x faster than head by head). The value gradient of key k, head h goes to
-// gv[k * gv_stride + (h - h0) * gv_head : + D]; every sampling-location and attention-weight
-// gradient of these queries is written (zeros for samples that contribute nothing), so neither
-// needs a zero-fill.
+// Work out unit (b, q, h): samples, taps, prefetches. Samples that contribute nothing get their
+// (zero) location / weight gradients written here.
 template <typename T>
-void backward_query(const Geometry& g, int64_t b, int64_t h, int64_t q, const T* value,
-                    const T* loc, const T* attn, const T* grad, T* gv, int64_t gv_stride, T* gloc,
-                    T* gattn, std::vector<Sample<T>>& samples);
-
-template <typename T>
-void backward_block(const Geometry& g, int64_t b, int64_t h0, int64_t h1, int64_t q0, int64_t q1,
-                    const T* value, const T* loc, const T* attn, const T* grad, T* gv,
-                    int64_t gv_stride, int64_t gv_head, T* gloc, T* gattn,
-                    std::vector<Sample<T>>& samples) {
-  samples.resize(g.L * g.P);
-  for (int64_t q = q0; q < q1; ++q) {
-    for (int64_t h = h0; h < h1; ++h) {
-      backward_query(g, b, h, q, value, loc, attn, grad, gv + (h - h0) * gv_head, gv_stride, gloc,
-                     gattn, samples);
-    }
-  }
-}
-
-// Gradients of query q of head h in batch b (see backward_block).
-template <typename T>
-void backward_query(const Geometry& g, int64_t b, int64_t h, int64_t q, const T* value,
-                    const T* loc, const T* attn, const T* grad, T* gv, int64_t gv_stride, T* gloc,
-                    T* gattn, std::vector<Sample<T>>& samples) {
+void prepare_unit(const Geometry& g, int64_t b, int64_t q, int64_t h, const T* value, const T* loc,
+                  const T* attn, T* gv, int64_t gv_stride, T* gloc, T* gattn, Unit<T>& u) {
   const int64_t key_stride = g.M * g.D;
   const T* vh = value + b * g.K * key_stride + h * g.D;
-  const int64_t bq = b * g.Q + q;
-  const T* go = grad + bq * key_stride + h * g.D;
-  const int64_t sample0 = (bq * g.M + h) * g.L * g.P;
-  int64_t count = 0;
+  u.bq = b * g.Q + q;
+  u.h = h;
+  u.count = u.taps = 0;
+  const int64_t sample0 = (u.bq * g.M + h) * g.L * g.P;
   for (int64_t l = 0; l < g.L; ++l) {
+    const int64_t W = g.W[l];
     for (int64_t p = 0; p < g.P; ++p) {
       const int64_t s = sample0 + l * g.P + p;
-      Sample<T>& sm = samples[count];
-      if (!sample_cell(loc[2 * s], loc[2 * s + 1], g.H[l], g.W[l], g.start[l], &sm.c)) {
+      Cell<T> c;
+      if (!sample_cell(loc[2 * s], loc[2 * s + 1], g.H[l], W, g.start[l], &c)) {
         gattn[s] = T(0);
         gloc[2 * s] = gloc[2 * s + 1] = T(0);
         continue;
       }
+      UnitSample<T>& sm = u.samples[u.count++];
       sm.s = s;
-      sm.l = l;
-      corner_weights(sm.c, sm.w);
+      sm.lx = c.lx;
+      sm.ly = c.ly;
+      sm.a = attn[s];
+      sm.sx = static_cast<T>(W);
+      sm.sy = static_cast<T>(g.H[l]);
+      T w[4];
+      corner_weights(c, w);
       for (int corner = 0; corner < 4; ++corner) {
-        const int64_t row = corner_row(sm.c, corner, g.W[l]);
-        sm.v[corner] = sm.c.in[corner] ? vh + row * key_stride : nullptr;
-        sm.gv[corner] = sm.c.in[corner] ? gv + row * gv_stride : nullptr;
-        sm.dot[corner] = T(0);
+        if (!c.in[corner]) {
+          sm.tap[corner] = -1;
+          continue;
+        }
+        const int64_t row = corner_row(c, corner, W);
+        Tap2<T>& t = u.tap[u.taps];
+        t.v = vh + row * key_stride;
+        t.gv = gv + row * gv_stride;
+        t.aw = sm.a * w[corner];
+        prefetch_row(t.v, g.D, 0);
+        prefetch_row(t.gv, g.D, 1);
+        sm.tap[corner] = static_cast<int32_t>(u.taps++);
       }
-      ++count;
     }
   }
+}
+
+// Portable tap pass: any dtype, any D. dots[t] = go . v_t; gv_t += aw_t * go.
+template <typename T>
+void taps_generic(const Tap2<T>* taps, int64_t n, const T* __restrict go, int64_t D, T* dots) {
+  for (int64_t t = 0; t < n; ++t) {
+    const T* __restrict v = taps[t].v;
+    T* __restrict gvr = taps[t].gv;
+    const T aw = taps[t].aw;
+    T sum = T(0);
+    // A reduction: without the pragma the compiler keeps it scalar (it may not reorder float
+    // additions on its own). The order depends on D only: results are reproducible.
+#pragma omp simd reduction(+ : sum)
+    for (int64_t d = 0; d < D; ++d) {
+      sum += go[d] * v[d];
+      gvr[d] += aw * go[d];
+    }
+    dots[t] = sum;
+  }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+// float32 with D % 8 == 0: the output-gradient chunk (NV vectors of 8) stays in registers; each
+// tap's dot is left as 8 partial sums and reduced 8 taps at a time (one transposing hadd tree
+// instead of one horizontal sum per tap).
+template <int NV>
+inline void taps_avx_chunk(const Tap2<float>* taps, int64_t n, const float* go, int64_t d0, __m256* parts,
+                           bool first) {
+  __m256 gr[NV];
+  for (int k = 0; k < NV; ++k) gr[k] = _mm256_loadu_ps(go + d0 + 8 * k);
+  for (int64_t t = 0; t < n; ++t) {
+    const float* v = taps[t].v + d0;
+    float* gvr = taps[t].gv + d0;
+    const __m256 aw = _mm256_set1_ps(taps[t].aw);
+    __m256 acc0 = _mm256_mul_ps(gr[0], _mm256_loadu_ps(v));
+    __m256 acc1 = NV > 1 ? _mm256_mul_ps(gr[NV > 1 ? 1 : 0], _mm256_loadu_ps(v + 8)) : _mm256_setzero_ps();
+    for (int k = 2; k < NV; ++k) {
+      const __m256 vk = _mm256_loadu_ps(v + 8 * k);
+      if (k % 2 == 0) acc0 = _mm256_fmadd_ps(gr[k], vk, acc0); else acc1 = _mm256_fmadd_ps(gr[k], vk, acc1);
+    }
+    for (int k = 0; k < NV; ++k) {
+      _mm256_storeu_ps(gvr + 8 * k, _mm256_fmadd_ps(aw, gr[k], _mm256_loadu_ps(gvr + 8 * k)));
+    }
+    const __m256 p = _mm256_add_ps(acc0, acc1);
+    parts[t] = first ? p : _mm256_add_ps(parts[t], p);
+  }
+}
+
+// The 8 horizontal sums of p[0..7], in lanes 0..7.
+inline __m256 hsum8(const __m256* p) {
+  const __m256 a = _mm256_hadd_ps(p[0], p[1]), b = _mm256_hadd_ps(p[2], p[3]);
+  const __m256 c = _mm256_hadd_ps(p[4], p[5]), d = _mm256_hadd_ps(p[6], p[7]);
+  const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
+  return _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
+}
+
+void taps_avx(const Tap2<float>* taps, int64_t n, const float* go, int64_t D, float* dots,
+              std::vector<__m256>& parts) {
+  const int64_t padded = (n + 7) / 8 * 8;
+  if (static_cast<int64_t>(parts.size()) < padded) parts.resize(padded);
   int64_t d0 = 0;
-  for (; d0 + kChunk <= g.D; d0 += kChunk) backward_chunk<T, kChunk>(samples.data(), count, attn, go, d0, 0);
-  if (d0 < g.D) backward_chunk<T, 0>(samples.data(), count, attn, go, d0, g.D - d0);
-  for (int64_t i = 0; i < count; ++i) {
-    const Sample<T>& sm = samples[i];
-    const T* dot = sm.dot;
-    const T* w = sm.w;
-    const T a = attn[sm.s];
-    gattn[sm.s] = w[0] * dot[0] + w[1] * dot[1] + w[2] * dot[2] + w[3] * dot[3];
-    const T hx = T(1) - sm.c.lx, hy = T(1) - sm.c.ly;
-    const T dx = hy * (dot[1] - dot[0]) + sm.c.ly * (dot[3] - dot[2]);
-    const T dy = hx * (dot[2] - dot[0]) + sm.c.lx * (dot[3] - dot[1]);
-    gloc[2 * sm.s] = a * static_cast<T>(g.W[sm.l]) * dx;
-    gloc[2 * sm.s + 1] = a * static_cast<T>(g.H[sm.l]) * dy;
+  for (; d0 + 32 <= D; d0 += 32) taps_avx_chunk<4>(taps, n, go, d0, parts.data(), d0 == 0);
+  switch ((D - d0) / 8) {
+    case 1: taps_avx_chunk<1>(taps, n, go, d0, parts.data(), d0 == 0); break;
+    case 2: taps_avx_chunk<2>(taps, n, go, d0, parts.data(), d0 == 0); break;
+    case 3: taps_avx_chunk<3>(taps, n, go, d0, parts.data(), d0 == 0); break;
+    default: break;
+  }
+  for (int64_t t = n; t < padded; ++t) parts[t] = _mm256_setzero_ps();
+  for (int64_t t = 0; t < padded; t += 8) _mm256_storeu_ps(dots + t, hsum8(parts.data() + t));
+}
+#endif
+
+template <typename T>
+struct TapScratch {
+  std::vector<T> dots;
+#if defined(__AVX2__) && defined(__FMA__)
+  std::vector<__m256> parts;
+#endif
+};
+
+// Process a prepared unit: the tap pass, then each contributing sample's location and weight
+// gradients from its corners' dots.
+template <typename T>
+void process_unit(const Geometry& g, const T* grad, T* gloc, T* gattn, const Unit<T>& u, TapScratch<T>& ts) {
+  const T* go = grad + u.bq * g.M * g.D + u.h * g.D;
+  const int64_t n = u.taps;
+  if (static_cast<int64_t>(ts.dots.size()) < (n + 7) / 8 * 8) ts.dots.resize((n + 7) / 8 * 8);
+  T* dots = ts.dots.data();
+#if defined(__AVX2__) && defined(__FMA__)
+  if constexpr (std::is_same_v<T, float>) {
+    if (g.D % 8 == 0) {
+      taps_avx(u.tap.data(), n, go, g.D, dots, ts.parts);
+    } else {
+      taps_generic(u.tap.data(), n, go, g.D, dots);
+    }
+  } else {
+    taps_generic(u.tap.data(), n, go, g.D, dots);
+  }
+#else
+  taps_generic(u.tap.data(), n, go, g.D, dots);
+#endif
+  for (int64_t i = 0; i < u.count; ++i) {
+    const UnitSample<T>& sm = u.samples[i];
+    T dot[4];
+    for (int corner = 0; corner < 4; ++corner) dot[corner] = sm.tap[corner] >= 0 ? dots[sm.tap[corner]] : T(0);
+    const T hx = T(1) - sm.lx, hy = T(1) - sm.ly;
+    gattn[sm.s] = hy * hx * dot[0] + hy * sm.lx * dot[1] + sm.ly * hx * dot[2] + sm.ly * sm.lx * dot[3];
+    const T dx = hy * (dot[1] - dot[0]) + sm.ly * (dot[3] - dot[2]);
+    const T dy = hx * (dot[2] - dot[0]) + sm.lx * (dot[3] - dot[1]);
+    gloc[2 * sm.s] = sm.a * sm.sx * dx;
+    gloc[2 * sm.s + 1] = sm.a * sm.sy * dy;
+  }
+}
+
+// Gradients of the queries [q0, q1) of heads [h0, h1) in batch b, query by query (all of a
+// query's heads together: the rows they touch are neighbours in value's (key, head, dim) layout).
+// The value gradient of key k, head h goes to gv[k * gv_stride + (h - h0) * gv_head : + D]; every
+// sampling-location and attention-weight gradient of these queries is written (zeros for samples
+// that contribute nothing), so neither needs a zero-fill.
+template <typename T>
+void backward_block(const Geometry& g, int64_t b, int64_t h0, int64_t h1, int64_t q0, int64_t q1,
+                    const T* value, const T* loc, const T* attn, const T* grad, T* gv,
+                    int64_t gv_stride, int64_t gv_head, T* gloc, T* gattn) {
+  Unit<T> units[2];
+  for (Unit<T>& u : units) {
+    u.samples.resize(g.L * g.P);
+    u.tap.resize(4 * g.L * g.P);
+  }
+  TapScratch<T> ts;
+  const int64_t heads = h1 - h0, total = (q1 - q0) * heads;
+  if (total == 0) return;
+  const auto prepare = [&](int64_t i, Unit<T>& u) {
+    const int64_t q = q0 + i / heads, h = h0 + i % heads;
+    prepare_unit(g, b, q, h, value, loc, attn, gv + (h - h0) * gv_head, gv_stride, gloc, gattn, u);
+  };
+  prepare(0, units[0]);
+  for (int64_t i = 0; i < total; ++i) {
+    if (i + 1 < total) prepare(i + 1, units[(i + 1) & 1]);
+    process_unit(g, grad, gloc, gattn, units[i & 1], ts);
   }
 }
 
@@ -299,16 +422,13 @@ void zero_rows(T* gv, int64_t rows, int64_t D, int64_t gv_stride) {
   for (int64_t k = 0; k < rows; ++k) std::fill(gv + k * gv_stride, gv + k * gv_stride + D, T(0));
 }
 
-at::Tensor forward(const at::Tensor& value_, const at::Tensor& spatial_shapes,
-                   const at::Tensor& level_start_index, const at::Tensor& loc_,
-                   const at::Tensor& attn_, int64_t /*im2col_step: a CUDA batching hint*/) {
-  const at::ScalarType ct = compute_type(value_.scalar_type());
-  const at::Tensor value = value_.to(ct).contiguous(), loc = loc_.to(ct).contiguous(),
-                   attn = attn_.to(ct).contiguous();
+// The forward into `out`: (bs, Q, M*D), contiguous, in the compute dtype.
+void forward_into(const at::Tensor& value, const at::Tensor& spatial_shapes,
+                  const at::Tensor& level_start_index, const at::Tensor& loc, const at::Tensor& attn,
+                  at::Tensor& out) {
   const Geometry g = make_geometry(value, spatial_shapes, level_start_index, loc);
-  at::Tensor out = at::empty({g.bs, g.Q, g.M * g.D}, value.options());  // every number is written
-  if (out.numel() == 0) return out.to(value_.scalar_type());
-  AT_DISPATCH_FLOATING_TYPES(ct, "multi_scale_deformable_attn", [&] {
+  if (out.numel() == 0) return;
+  AT_DISPATCH_FLOATING_TYPES(value.scalar_type(), "multi_scale_deformable_attn", [&] {
     const scalar_t* v = value.data_ptr<scalar_t>();
     const scalar_t* lp = loc.data_ptr<scalar_t>();
     const scalar_t* ap = attn.data_ptr<scalar_t>();
@@ -317,7 +437,37 @@ at::Tensor forward(const at::Tensor& value_, const at::Tensor& spatial_shapes,
       forward_rows(g, v, lp, ap, op, begin, end);
     });
   });
+}
+
+at::Tensor forward(const at::Tensor& value_, const at::Tensor& spatial_shapes,
+                   const at::Tensor& level_start_index, const at::Tensor& loc_,
+                   const at::Tensor& attn_, int64_t /*im2col_step: a CUDA batching hint*/) {
+  const at::ScalarType ct = compute_type(value_.scalar_type());
+  const at::Tensor value = value_.to(ct).contiguous(), loc = loc_.to(ct).contiguous(),
+                   attn = attn_.to(ct).contiguous();
+  // every number is written: no zero-fill
+  at::Tensor out = at::empty({value.size(0), loc.size(1), value.size(2) * value.size(3)}, value.options());
+  forward_into(value, spatial_shapes, level_start_index, loc, attn, out);
   return out.to(value_.scalar_type());
+}
+
+// The forward written into a given output (ONNX Runtime's buffer, for the Python kernel): straight
+// into it when it is contiguous in the compute dtype (float32 / float64), else through a temporary
+// rounded once into it. Saves the result's allocation and the copy into ORT's output.
+void forward_out(const at::Tensor& value_, const at::Tensor& spatial_shapes,
+                 const at::Tensor& level_start_index, const at::Tensor& loc_, const at::Tensor& attn_,
+                 int64_t im2col_step, at::Tensor out) {
+  const at::ScalarType ct = compute_type(value_.scalar_type());
+  const std::vector<int64_t> shape = {value_.size(0), loc_.size(1), value_.size(2) * value_.size(3)};
+  TORCH_CHECK(out.sizes() == at::IntArrayRef(shape), "multi_scale_deformable_attn: out has shape ",
+              out.sizes(), ", expected ", at::IntArrayRef(shape));
+  if (out.scalar_type() != ct || !out.is_contiguous()) {
+    out.copy_(forward(value_, spatial_shapes, level_start_index, loc_, attn_, im2col_step));
+    return;
+  }
+  const at::Tensor value = value_.to(ct).contiguous(), loc = loc_.to(ct).contiguous(),
+                   attn = attn_.to(ct).contiguous();
+  forward_into(value, spatial_shapes, level_start_index, loc, attn, out);
 }
 
 std::vector<at::Tensor> backward(const at::Tensor& grad_, const at::Tensor& value_,
@@ -364,7 +514,6 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_, const at::Tensor& valu
     T* glp = grad_loc.data_ptr<T>();
     T* gap = grad_attn.data_ptr<T>();
     at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
-      std::vector<Sample<T>> samples;
       for (int64_t item = begin; item < end; ++item) {
         const int64_t block = item / splits, split = item % splits;
         const int64_t b = block / blocks, blk = block % blocks;
@@ -373,11 +522,11 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_, const at::Tensor& valu
         if (splits == 1) {
           T* gv = gvp + b * g.K * g.M * g.D + h0 * g.D;
           zero_rows(gv, g.K, (h1 - h0) * g.D, g.M * g.D);
-          backward_block(g, b, h0, h1, q0, q1, v, lp, ap, gp, gv, g.M * g.D, g.D, glp, gap, samples);
+          backward_block(g, b, h0, h1, q0, q1, v, lp, ap, gp, gv, g.M * g.D, g.D, glp, gap);
         } else {  // one head per block
           privates[item] = at::zeros({g.K, g.D}, value.options());
           backward_block(g, b, h0, h1, q0, q1, v, lp, ap, gp, privates[item].data_ptr<T>(), g.D,
-                         int64_t(0), glp, gap, samples);
+                         int64_t(0), glp, gap);
         }
       }
     });
@@ -395,6 +544,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_, const at::Tensor& valu
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "multi_scale_deformable_attn forward (CPU)");
+  m.def("forward_out", &forward_out, "multi_scale_deformable_attn forward into a given output (CPU)");
   m.def("backward", &backward,
         "multi_scale_deformable_attn backward (CPU): value, sampling_locations, attention_weights");
 }
