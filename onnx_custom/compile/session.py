@@ -135,7 +135,7 @@ class OrtPartition:
         tensors, pointers, dtypes, shapes = [], [], [], []
         try:
             for arg in args:
-                tensor = arg if type(arg) is torch.Tensor and arg.is_contiguous() else _as_tensor(arg)
+                tensor = (arg if arg.is_contiguous() else arg.contiguous()) if isinstance(arg, torch.Tensor) else _as_tensor(arg)
                 tensors.append(tensor)
                 pointers.append(tensor.data_ptr() or _EMPTY_PTR)
                 dtypes.append(_NUMPY[tensor.dtype])
