@@ -411,6 +411,11 @@ class Registry:
     def __iter__(self) -> Iterator[SymbolicEntry]:
         return iter(self._snapshot()[0])
 
+    def entries(self) -> tuple[SymbolicEntry, ...]:
+        """Every entry, sorted: an immutable snapshot, a new tuple object after any change (so
+        data derived from a registry can be cached against it with ``is``)."""
+        return self._snapshot()[0]
+
     def __len__(self) -> int:
         return len(self._entries)
 
