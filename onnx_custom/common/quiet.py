@@ -98,10 +98,41 @@ def quiet_torch() -> Iterator[None]:
         # 4-value reference points, as mmcv's module does); the trace keeps them as constants,
         # which is right, and torch's TracerWarning about it says nothing the user can act on.
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning, module=r"onnx_custom\.ops\.")
-        for logger in loggers:
-            logger.setLevel(max(logger.getEffectiveLevel(), logging.ERROR))
+        _set_levels(loggers, [max(logger.getEffectiveLevel(), logging.ERROR) for logger in loggers])
         try:
             yield
         finally:
-            for logger, level in zip(loggers, levels, strict=True):
-                logger.setLevel(level)
+            _set_levels(loggers, levels)
+
+
+# (how many loggers existed, the Loggers in the trees of _LOGGERS): loggers are only ever added,
+# so the count says when to look again
+_family: tuple[int, list[logging.Logger]] = (-1, [])
+
+
+def _family_of_quieted() -> list[logging.Logger]:
+    global _family
+    registered = logging.Logger.manager.loggerDict
+    if _family[0] != len(registered):
+        prefixes = tuple(f"{name}." for name in _LOGGERS)
+        found = [
+            logger for name, logger in list(registered.items())  # a copy: other threads may add loggers
+            if isinstance(logger, logging.Logger) and (name in _LOGGERS or name.startswith(prefixes))
+        ]  # fmt: skip
+        _family = (len(registered), found)
+    return _family[1]
+
+
+def _set_levels(loggers: list[logging.Logger], levels: list[int]) -> None:
+    """``logger.setLevel(level)`` for each pair, but clearing only the level caches that can
+    change: those of the `_LOGGERS` trees. ``setLevel`` clears the cache of every logger in the
+    process (300 once torch's exporters ran, refilled as torch logs), which was a quarter of a
+    small export's own overhead."""
+    for logger, level in zip(loggers, levels, strict=True):
+        logger.level = level
+    for logger in _family_of_quieted():
+        cache = getattr(logger, "_cache", None)  # CPython's per-logger isEnabledFor cache
+        if not isinstance(cache, dict):  # another logging implementation: its own (full) clear
+            loggers[-1].setLevel(levels[-1])
+            return
+        cache.clear()

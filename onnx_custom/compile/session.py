@@ -21,6 +21,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 from onnxruntime.capi import _pybind_state as ortc
+from torch.utils.dlpack import from_dlpack
 
 from onnx_custom.compile.options import CompileOptions
 from onnx_custom.compile.translate import TranslatedGraph
@@ -88,6 +89,9 @@ class SessionCache:
         return session
 
 
+_from_dlpack = from_dlpack  # bound once: an attribute chain per call is part of the hand-off
+
+
 def _as_tensor(value: Any) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value if value.is_contiguous() else value.contiguous()
@@ -127,15 +131,20 @@ class OrtPartition:
 
     def run(self, args: Sequence[Any]) -> list[torch.Tensor]:
         """ORT's distinct outputs for ``args`` (the graph's inputs, in order)."""
-        from onnx_custom.runtime.failures import raise_typed
-
-        tensors = [_as_tensor(a) for a in args]
-        values = ortc.OrtValueVector()
-        values.reserve(len(tensors))
+        # one pass over the inputs (this loop is most of the hand-off's Python time)
+        tensors, pointers, dtypes, shapes = [], [], [], []
         try:
-            values.push_back_batch(tensors, [t.data_ptr() or _EMPTY_PTR for t in tensors], [_NUMPY[t.dtype] for t in tensors], [t.shape for t in tensors], self._in_devices)
+            for arg in args:
+                tensor = (arg if arg.is_contiguous() else arg.contiguous()) if isinstance(arg, torch.Tensor) else _as_tensor(arg)
+                tensors.append(tensor)
+                pointers.append(tensor.data_ptr() or _EMPTY_PTR)
+                dtypes.append(_NUMPY[tensor.dtype])
+                shapes.append(tensor.shape)
         except KeyError as exc:
             raise OnnxCustomError(f"{self.name}: input dtype {exc.args[0]} cannot be handed to ONNX Runtime without a copy; supported: {sorted(str(d) for d in _NUMPY)}.") from None
+        values = ortc.OrtValueVector()
+        values.reserve(len(tensors))
+        values.push_back_batch(tensors, pointers, dtypes, shapes, self._in_devices)
         outputs = ortc.OrtValueVector()
         assert self._sess is not None  # only graphs with outputs run
         try:
@@ -148,8 +157,10 @@ class OrtPartition:
         except OnnxCustomError:
             raise
         except Exception as exc:
+            from onnx_custom.runtime.failures import raise_typed
+
             raise_typed(exc, "ran")
-        return list(outputs.to_dlpacks(torch.utils.dlpack.from_dlpack))
+        return list(outputs.to_dlpacks(_from_dlpack))
 
     def __call__(self, *args: Any) -> Any:
         start = time.perf_counter() if self.profile else 0.0

@@ -106,29 +106,34 @@ class DynamicSpec:
 # -- inputs -------------------------------------------------------------------------------
 
 
-def _signature_params(model: Any) -> list[inspect.Parameter]:
+def _signature(model: Any) -> inspect.Signature | None:
     forward = getattr(model, "forward", model)
     try:
-        return list(inspect.signature(forward).parameters.values())
+        return inspect.signature(forward)
     except (TypeError, ValueError):
-        return []
+        return None
+
+
+def _signature_params(model: Any) -> list[inspect.Parameter]:
+    signature = _signature(model)
+    return [] if signature is None else list(signature.parameters.values())
 
 
 def _bound_inputs(model: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[tuple[str, Any]]:
     """(parameter name, value) for every input given, in ``forward``'s order."""
-    params = _signature_params(model)
-    if not params:  # no introspectable signature: positional names as torch would make them
+    signature = _signature(model)  # once: inspect.signature is a good part of a small export's own time
+    if signature is None or not signature.parameters:  # positional names as torch would make them
         return [(f"input_{i}", v) for i, v in enumerate(args)] + list(kwargs.items())
     try:
-        bound = inspect.signature(model.forward).bind(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
     except TypeError as exc:
         raise DynamicShapesError(
-            f"The example inputs do not fit forward{inspect.signature(model.forward)}: {exc}. "
+            f"The example inputs do not fit forward{signature}: {exc}. "
             "Pass one example per parameter (args tuple, kwargs= for keyword-only ones)."
         ) from exc
     result: list[tuple[str, Any]] = []
     for name, value in bound.arguments.items():
-        kind = next(p.kind for p in params if p.name == name)
+        kind = signature.parameters[name].kind
         if kind is inspect.Parameter.VAR_POSITIONAL:
             result.extend((f"{name}_{i}", v) for i, v in enumerate(value))
         elif kind is inspect.Parameter.VAR_KEYWORD:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -322,6 +323,40 @@ def _function_symbolic(registry: Registry, target: Target) -> Any:
     return staticmethod(symbolic)
 
 
+_Plan = tuple[tuple[tuple[type, Any], ...], tuple[tuple[str, Any, tuple[int, ...]], ...]]
+# registry -> (its entries when planned, opset, plan): what `registered` installs depends only on
+# those, and building the symbolics for every translation again was a third of its time
+_PLANS: weakref.WeakKeyDictionary[Registry, tuple[tuple[Any, ...], int | None, _Plan]] = weakref.WeakKeyDictionary()
+
+
+def _plan(reg: Registry, opset: int | None) -> _Plan:
+    """``(autograd.Function class, its symbolic)`` and ``(torch op name, symbolic, opsets)`` to
+    install for ``reg``'s translations; remembered until ``reg`` changes."""
+    entries = reg.entries()
+    cached = _PLANS.get(reg)
+    if cached is not None and cached[0] is entries and cached[1] == opset:
+        return cached[2]
+    functions: list[tuple[type, Any]] = []
+    ops: list[tuple[str, Any, tuple[int, ...]]] = []
+    # the symbolics see the registry through a weak proxy: the cache must not keep it alive (a
+    # registry is alive whenever its symbolics run: `registered` holds it)
+    weak = weakref.proxy(reg)
+    for target in reg.targets():
+        if target.function is not None:
+            functions.append((target.function, _function_symbolic(weak, target)))
+            continue
+        assert target.name is not None
+        # Custom namespaces start at 1: after export torch looks a custom node named like a
+        # torch op (onnx_custom::bev_pool_v2) up at its domain version (1). Our lookup still refuses
+        # opsets below the translation's own.
+        low = max(TS_MIN_OPSET, min(reg.opsets_for(target))) if target.name.namespace == "aten" else 1
+        wanted = range(low, TS_MAX_OPSET + 1) if opset is None else sorted({v for v in (opset, low) if v >= low and (v == opset or low == 1)})
+        ops.append((target.name.op, _op_symbolic(weak, target), tuple(wanted)))
+    plan = (tuple(functions), tuple(ops))
+    _PLANS[reg] = (entries, opset, plan)
+    return plan
+
+
 @contextlib.contextmanager
 def registered(registry: Registry | None = None, *, opset: int | None = None) -> Iterator[Registry]:
     """Make ``registry``'s translations visible to ``torch.onnx.export(..., dynamo=False)``.
@@ -343,23 +378,15 @@ def registered(registry: Registry | None = None, *, opset: int | None = None) ->
     touched: dict[str, tuple[bool, dict[int, Any]]] = {}
     saved_functions: list[tuple[type, Any]] = []
     try:
-        for target in reg.targets():
-            if target.function is not None:
-                saved_functions.append((target.function, target.function.__dict__.get("symbolic", _MISSING)))
-                target.function.symbolic = _function_symbolic(reg, target)  # type: ignore[attr-defined]
-                continue
-            assert target.name is not None
-            name = target.name.op
+        functions, ops = _plan(reg, opset)
+        for cls, symbolic in functions:
+            saved_functions.append((cls, cls.__dict__.get("symbolic", _MISSING)))
+            cls.symbolic = symbolic  # type: ignore[attr-defined]
+        for name, fn, wanted in ops:
             group = table.get(name)
             # An empty group is the leftover of torch's unregister_custom_op_symbolic; it breaks
             # the next export ("min() arg is an empty sequence"), so we treat it as absent.
             existed, previous = touched.setdefault(name, (group is not None and bool(group._functions), {}))
-            # Custom namespaces start at 1: after export torch looks a custom node named like a
-            # torch op (onnx_custom::bev_pool_v2) up at its domain version (1). Our lookup still refuses
-            # opsets below the translation's own.
-            low = max(TS_MIN_OPSET, min(reg.opsets_for(target))) if target.name.namespace == "aten" else 1
-            fn = _op_symbolic(reg, target)
-            wanted = range(low, TS_MAX_OPSET + 1) if opset is None else sorted({v for v in (opset, low) if v >= low and (v == opset or low == 1)})
             for version in wanted:
                 if version not in previous:
                     overrides = group._functions._overrides if group is not None else {}

@@ -212,14 +212,19 @@ def name_derived_dims(model: Any, spec: ExportDims) -> None:
     """Drop our node tags; where torch named a dim we derived (``Relu4_dim_0``), use the
     expression's name (``2*batch``), as the dynamo exporter writes it; then name the dims
     torch lost downstream of our nodes (`_adopt_inferred_names`)."""
-    infos = {info.name: info for info in value_infos(model.graph)}
     declared = {name for axes in spec.dynamic_axes.values() for name in axes.values()}
+    named = any(isinstance(d, str) for names in spec.tagged.values() for d in names)
+    infos: dict[str, Any] | None = None  # built only when a tagged output has named dims
     mapping: dict[str, str] = {}
     for node in _all_nodes(model.graph):
         tag = next((a for a in node.attribute if a.name == TAG), None)
         if tag is None:
             continue
         node.attribute.remove(tag)
+        if not named:
+            continue
+        if infos is None:
+            infos = {info.name: info for info in value_infos(model.graph)}
         for position, output in enumerate(node.output):
             names = spec.tagged.get((tag.i, position))
             info = infos.get(output)

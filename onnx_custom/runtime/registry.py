@@ -148,7 +148,12 @@ class KernelRegistry:
         return sorted(self._specs)
 
     def copy(self) -> KernelRegistry:
-        return KernelRegistry(self._specs.values())
+        # this registry's specs are valid and distinct already: no per-spec checks again (every
+        # export and session copies the default registry)
+        out = KernelRegistry()
+        with self._lock:
+            out._specs = dict(self._specs)
+        return out
 
     def update(self, other: KernelRegistry | Iterable[KernelSpec], *, replace: bool = False) -> KernelRegistry:
         """Add every kernel of ``other`` (raises on a clash unless ``replace``); returns self."""

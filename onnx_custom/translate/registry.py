@@ -411,6 +411,11 @@ class Registry:
     def __iter__(self) -> Iterator[SymbolicEntry]:
         return iter(self._snapshot()[0])
 
+    def entries(self) -> tuple[SymbolicEntry, ...]:
+        """Every entry, sorted: an immutable snapshot, a new tuple object after any change (so
+        data derived from a registry can be cached against it with ``is``)."""
+        return self._snapshot()[0]
+
     def __len__(self) -> int:
         return len(self._entries)
 
@@ -422,10 +427,8 @@ class Registry:
         return any(e.target.key == key for e in self)
 
     def targets(self) -> list[Target]:
-        seen: dict[str, Target] = {}
-        for entry in self:
-            seen.setdefault(entry.target.key, entry.target)
-        return list(seen.values())
+        # the snapshot's groups: one per target, in entry order (no key built per entry)
+        return [entries[0].target for entries in self._snapshot()[1].values()]
 
     def entries_for(self, target: Any) -> list[SymbolicEntry]:
         """Entries for ``target``; an overload (``ns::op.ovl``) falls back to ``ns::op`` entries."""

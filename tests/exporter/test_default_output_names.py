@@ -65,3 +65,25 @@ def test_default_output_names(model_type: type[torch.nn.Module], names: list[str
 def test_given_output_names_are_kept(exporter: str) -> None:
     proto = onnx_custom.export(Annotated(), ARGS, exporter=exporter, opset=18, output_names=["a", "b"])
     assert [o.name for o in proto.graph.output] == ["a", "b"]
+
+
+class Renamed(NamedTuple):
+    first: torch.Tensor
+    second: torch.Tensor
+
+
+class Late(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> LateParts:  # type: ignore[name-defined]  # noqa: F821  # defined by the test
+        scaled, shifted = torch.ops.onnx_custom.multi_out(x)
+        return (torch.ops.onnx_custom.my_add(scaled, y), shifted)  # type: ignore[return-value]
+
+
+def test_names_follow_a_changed_annotation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resolved annotation is remembered per forward (issue 25): replacing it, or defining
+    the class a string annotation names after a first export, must show in the next export."""
+    assert [o.name for o in onnx_custom.export(Annotated(), ARGS, exporter="torchscript").graph.output] == ["total", "shifted"]
+    monkeypatch.setitem(Annotated.forward.__annotations__, "return", Renamed)
+    assert [o.name for o in onnx_custom.export(Annotated(), ARGS, exporter="torchscript").graph.output] == ["first", "second"]
+    assert [o.name for o in onnx_custom.export(Late(), ARGS, exporter="torchscript").graph.output] == ["output_0", "output_1"]
+    monkeypatch.setitem(globals(), "LateParts", Renamed)
+    assert [o.name for o in onnx_custom.export(Late(), ARGS, exporter="torchscript").graph.output] == ["first", "second"]

@@ -1,0 +1,49 @@
+"""`quiet_torch` silences torch's exporter loggers below ERROR inside the block and restores
+them exactly after; it changes levels without clearing every logger's cache (issue 25), so
+these check what ``logging`` answers (``isEnabledFor``, whose results loggers cache) before,
+inside and after, for existing loggers, loggers created inside the block and user loggers."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from onnx_custom.common.quiet import quiet_torch
+
+QUIETED = ["torch.onnx", "torch.onnx._internal.exporter._core", "onnxscript.optimizer", "onnx_ir.passes"]
+UNTOUCHED = ["torch._dynamo", "my_project.export", "onnx_custom"]
+
+
+@pytest.mark.parametrize("parent_level", [logging.NOTSET, logging.DEBUG, logging.CRITICAL], ids=["notset", "debug", "critical"])
+def test_levels_inside_and_after(parent_level: int) -> None:
+    parent = logging.getLogger("torch.onnx")
+    before = parent.level
+    parent.setLevel(parent_level)
+    try:
+        expected_after = {n: logging.getLogger(n).isEnabledFor(logging.WARNING) for n in QUIETED + UNTOUCHED}  # fills the caches
+        with quiet_torch():
+            for name in QUIETED:
+                assert not logging.getLogger(name).isEnabledFor(logging.WARNING), name
+                assert logging.getLogger(name).isEnabledFor(logging.CRITICAL), name
+            fresh = logging.getLogger("torch.onnx._internal.created_inside_the_block")
+            assert not fresh.isEnabledFor(logging.WARNING)
+            for name in UNTOUCHED:
+                assert logging.getLogger(name).isEnabledFor(logging.WARNING) == expected_after[name], name
+        assert parent.level == parent_level
+        for name, enabled in expected_after.items():
+            assert logging.getLogger(name).isEnabledFor(logging.WARNING) == enabled, name
+        assert fresh.isEnabledFor(logging.WARNING) == (parent_level <= logging.WARNING)
+    finally:
+        parent.setLevel(before)
+
+
+def test_levels_restored_when_the_block_raises() -> None:
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "onnxscript", "onnx_ir")]
+    levels = [logger.level for logger in loggers]
+    with pytest.raises(RuntimeError, match="inside"), quiet_torch():
+        raise RuntimeError("inside")
+    assert [logger.level for logger in loggers] == levels
+    assert logging.getLogger("torch.onnx._internal.exporter").isEnabledFor(logging.WARNING) == (
+        logging.getLogger("torch.onnx._internal.exporter").getEffectiveLevel() <= logging.WARNING
+    )
