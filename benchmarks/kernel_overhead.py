@@ -71,15 +71,19 @@ def _chain(n: int, custom: bool, first: str = "a", tag: str = "", out: str = "y"
         res = out if i == n - 1 else f"t{tag}_{i}"
         if custom:
             nodes.append(helper.make_node("my_add", [prev, "b"], [res], domain=domain, alpha=2.0))
-        else:
-            nodes += [helper.make_node("Mul", [prev, "two"], [f"m{tag}_{i}"]),
+        else:  # each branch scales by its own initializer: identical branches would be merged
+            nodes += [helper.make_node("Mul", [prev, f"two{tag}"], [f"m{tag}_{i}"]),
                       helper.make_node("Add", [f"m{tag}_{i}", "b"], [res])]
         prev = res
     return nodes
 
 
-def _two() -> list:
-    return [numpy_helper.from_array(np.array(2.0, np.float32), "two")]
+def _two(tags: tuple[str, ...] = ("",)) -> list:
+    """The scale initializers of chains tagged ``tags``: distinct values, so that ONNX Runtime's
+    common-subexpression elimination cannot merge branches (8 identical Mul+Add branches became
+    one chain of 15 nodes, which measured ORT's parallel executor on a graph with nothing to run
+    in parallel)."""
+    return [numpy_helper.from_array(np.array(2.0 + i / 64, np.float32), f"two{tag}") for i, tag in enumerate(tags)]
 
 
 def _options(mode: str = "sequential", inter: int = 1) -> ort.SessionOptions:
@@ -209,7 +213,7 @@ def branches(repeats: int, n: int) -> None:
                 nodes.append(helper.make_node("heavy", ["a", "b"], [f"y{br}"], domain="bench"))
             else:
                 nodes += _chain(depth, kind != "native", tag=str(br), out=f"y{br}", domain="onnx_custom" if kind == "library" else "bench")
-        model = _model(nodes, list(shape), None if kind != "native" else _two())
+        model = _model(nodes, list(shape), None if kind != "native" else _two(tuple(str(br) for br in range(BRANCHES))))
         custom: bool | str = "native" if kind == "library" else kind != "native"
         seq = _session(model, custom, _options("sequential", 1))
         par = _session(model, custom, _options("parallel", 2))
