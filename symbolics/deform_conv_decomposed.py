@@ -117,8 +117,11 @@ def _modulation(g: Any, mask: Any, use_mask: Any, dims: dict[str, Any], like: An
         # another shape): take the mask's values, or as many ones, by a run-time slice start.
         count = g.op("Mul", g.op("Mul", dims["n"], dims["og"]), g.op("Mul", dims["k"], dims["p"]))
         ones = g.op("Expand", g.constant(1.0, like=like), count)
-        flat = g.op("Concat", g.op("Reshape", mask, _i64(g, [-1])), ones, axis=0)
-        size = g.op("Reshape", g.op("Size", mask), _i64(g, [1]))
+        values = g.op("Reshape", mask, _i64(g, [-1]))
+        flat = g.op("Concat", values, ones, axis=0)
+        # Shape of the flattened mask, not Size: ORT's CPU provider has no float16 Size kernel,
+        # and its constant folding warns about that on stderr for every session
+        size = g.op("Shape", values)
         used = g.op("Cast", _i64(g, [use_mask]), to=onnx.TensorProto.BOOL)
         start = g.op("Where", used, _i64(g, [0]), size)
         source = g.op("Slice", flat, start, g.op("Add", start, count))
