@@ -11,10 +11,13 @@
    ORT_SEQUENTIAL, for small (overhead-bound) kernels and for kernels whose numpy math releases
    the GIL; native Mul+Add branches and the native library's ``onnx_custom::my_add`` (a custom
    op with no Python: ORT's own floor for custom ops in the parallel executor) for reference.
+4. ``--per-node``: what the parallel executor costs per node, for ORT's own ops and ours: the 8
+   branches at chain depths 2 and 8, sequential and parallel; the marginal cost per node is
+   (depth 8 - depth 2) / the extra nodes, the rest a fixed cost per run. Meant with ``--cpu-time``.
 
 Sessions are measured side by side in one process, interleaved round by round; medians.
 
-Run: ``python benchmarks/kernel_overhead.py [--repeats 7] [--quick | --branches-only] [--cpu-time]``
+Run: ``python benchmarks/kernel_overhead.py [--repeats 7] [--quick | --branches-only | --per-node] [--cpu-time]``
 """
 
 from __future__ import annotations
@@ -71,15 +74,19 @@ def _chain(n: int, custom: bool, first: str = "a", tag: str = "", out: str = "y"
         res = out if i == n - 1 else f"t{tag}_{i}"
         if custom:
             nodes.append(helper.make_node("my_add", [prev, "b"], [res], domain=domain, alpha=2.0))
-        else:
-            nodes += [helper.make_node("Mul", [prev, "two"], [f"m{tag}_{i}"]),
+        else:  # each branch scales by its own initializer: identical branches would be merged
+            nodes += [helper.make_node("Mul", [prev, f"two{tag}"], [f"m{tag}_{i}"]),
                       helper.make_node("Add", [f"m{tag}_{i}", "b"], [res])]
         prev = res
     return nodes
 
 
-def _two() -> list:
-    return [numpy_helper.from_array(np.array(2.0, np.float32), "two")]
+def _two(tags: tuple[str, ...] = ("",)) -> list:
+    """The scale initializers of chains tagged ``tags``: distinct values, so that ONNX Runtime's
+    common-subexpression elimination cannot merge branches (8 identical Mul+Add branches became
+    one chain of 15 nodes, which measured ORT's parallel executor on a graph with nothing to run
+    in parallel)."""
+    return [numpy_helper.from_array(np.array(2.0 + i / 64, np.float32), f"two{tag}") for i, tag in enumerate(tags)]
 
 
 def _options(mode: str = "sequential", inter: int = 1) -> ort.SessionOptions:
@@ -209,7 +216,7 @@ def branches(repeats: int, n: int) -> None:
                 nodes.append(helper.make_node("heavy", ["a", "b"], [f"y{br}"], domain="bench"))
             else:
                 nodes += _chain(depth, kind != "native", tag=str(br), out=f"y{br}", domain="onnx_custom" if kind == "library" else "bench")
-        model = _model(nodes, list(shape), None if kind != "native" else _two())
+        model = _model(nodes, list(shape), None if kind != "native" else _two(tuple(str(br) for br in range(BRANCHES))))
         custom: bool | str = "native" if kind == "library" else kind != "native"
         seq = _session(model, custom, _options("sequential", 1))
         par = _session(model, custom, _options("parallel", 2))
@@ -222,6 +229,27 @@ def branches(repeats: int, n: int) -> None:
         print(f"{label:<54} {t_seq:>14.1f} {t_par:>12.1f} {t_par / t_seq:>7.2f}")
 
 
+def per_node(repeats: int, n: int) -> None:
+    print(f"\n4. marginal cost per node, {BRANCHES} branches of depth 2 and 8: ORT_SEQUENTIAL -> ORT_PARALLEL (2 inter-op threads)")
+    header = f"{'branch nodes':<34} {'seq us/node':>12} {'par us/node':>12} {'added':>7} {'seq us/run':>11} {'par us/run':>11}"
+    print(header)
+    print("-" * len(header))
+    feeds = {"a": np.ones((2, 3), np.float32), "b": np.ones((2, 3), np.float32)}
+    tags = tuple(str(br) for br in range(BRANCHES))
+    for label, kind in (("ORT Mul+Add", "native"), ("native-library my_add", "library"), ("Python kernel my_add", "custom")):
+        timers, counts = [], []
+        for depth in (2, 8):
+            nodes = [node for br in tags for node in _chain(depth, kind != "native", tag=br, out=f"y{br}", domain="onnx_custom" if kind == "library" else "bench")]
+            model = _model(nodes, [2, 3], _two(tags) if kind == "native" else None)
+            custom: bool | str = "native" if kind == "library" else kind != "native"
+            timers += [_timer(_session(model, custom, _options("sequential", 1)), feeds), _timer(_session(model, custom, _options("parallel", 2)), feeds)]
+            counts.append(len(nodes))
+        s2, p2, s8, p8 = _paired(timers, n, repeats)
+        extra = counts[1] - counts[0]
+        seq, par = (s8 - s2) / extra, (p8 - p2) / extra
+        print(f"{label:<34} {seq:>12.2f} {par:>12.2f} {par - seq:>+7.2f} {s2 - counts[0] * seq:>11.1f} {p2 - counts[0] * par:>11.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=7, help="interleaved rounds per case (median)")
@@ -229,11 +257,15 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="sections 2 and 3 only")
     ap.add_argument("--branches-only", action="store_true", help="section 3 only")
     ap.add_argument("--cpu-time", action="store_true", help="process CPU time (all threads) instead of wall time")
+    ap.add_argument("--per-node", action="store_true", help="section 4 only: the parallel executor's cost per node")
     args = ap.parse_args()
     global CLOCK_NS
     CLOCK_NS = time.process_time_ns if args.cpu_time else time.perf_counter_ns
     print(f"onnxruntime {ort.__version__}, numpy {np.__version__}; median of {args.repeats} "
           f"interleaved rounds; spinning off; {'CPU' if args.cpu_time else 'wall'} time")
+    if args.per_node:
+        per_node(args.repeats, args.runs)
+        return
     if not args.quick and not args.branches_only:
         single_node(args.repeats)
     if not args.branches_only:

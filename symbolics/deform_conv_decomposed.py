@@ -16,7 +16,7 @@ zero-padded by one pixel so all four corners of an inside sample are in bounds; 
 of offset group g in batch n is row ``((n*OG + g)*(H+2) + y0+1)*(W+2) + x0+1`` of the padded
 image laid out as (N*OG*(H+2)*(W+2), C/OG). Coordinates, corner rows and bilinear weights (the
 mask folded in) are computed for all taps first; they have no C in them (layout T: (kh, kw, N,
-Ho, Wo, OG, 1)). Then, per tap k: one Gather fetches the four corners (N*Ho*Wo*OG, 4, C/OG), a
+Ho, Wo, OG), flattened to 1-D). Then, per tap k: one Gather fetches the four corners (N*Ho*Wo*OG, 4, C/OG), a
 batched (1, 4) @ (4, C/OG) MatMul weights and sums them, and (N*Ho*Wo, C) @ W_k (a GEMM per
 group) adds the tap's share to the output. So no tensor holds more than one tap's columns: Conv
 = sum over taps of (sampled tap) @ (tap's weight). The taps are a ``Loop`` in the function body
@@ -50,7 +50,6 @@ from onnx_custom.ops.deform_conv import DEFORM_CONV2D
 __all__ = ["MIN_OPSET", "deform_conv2d_decomposed"]
 
 MIN_OPSET = 11  # Range; negative axes in Slice and Flatten
-_OFFSET_TO_T = [2, 3, 0, 5, 6, 1, 4]  # (N, OG, kh, kw, 2|1, Ho, Wo) -> (kh, kw, N, Ho, Wo, OG, 2|1)
 
 
 def _i64(g: Any, values: Any) -> Any:
@@ -87,8 +86,11 @@ def _tap_origins(g: Any, out_len: Any, taps: Any, stride: Any, pad: Any, dilatio
 
 
 def _sample_axis(g: Any, origins: Any, shift: Any, size: Any, like: Any) -> tuple[Any, Any]:
-    """(-1 < coordinate < size, coordinate) for coordinates ``origins + shift`` along one axis."""
-    coord = g.op("Add", cast_like(g, origins, like), shift)
+    """(-1 < coordinate < size, coordinate) for coordinates ``origins + shift`` along one axis,
+    flattened to 1-D (layout T order): ONNX Runtime's elementwise ops take their fast paths on
+    1-D tensors and scalars; on the 7-D layout with trailing ones they went element by element
+    (~1 ms each for 113k values, a quarter of the body's time outside the tap loop)."""
+    coord = g.op("Reshape", g.op("Add", cast_like(g, origins, like), shift), _i64(g, [-1]))
     upper = cast_like(g, _scalar(g, size), like)
     inside = g.op("And", g.op("Greater", coord, g.constant(-1.0, like=like)), g.op("Less", coord, upper))
     return inside, coord
@@ -115,13 +117,16 @@ def _modulation(g: Any, mask: Any, use_mask: Any, dims: dict[str, Any], like: An
         # another shape): take the mask's values, or as many ones, by a run-time slice start.
         count = g.op("Mul", g.op("Mul", dims["n"], dims["og"]), g.op("Mul", dims["k"], dims["p"]))
         ones = g.op("Expand", g.constant(1.0, like=like), count)
-        flat = g.op("Concat", g.op("Reshape", mask, _i64(g, [-1])), ones, axis=0)
-        size = g.op("Reshape", g.op("Size", mask), _i64(g, [1]))
+        values = g.op("Reshape", mask, _i64(g, [-1]))
+        flat = g.op("Concat", values, ones, axis=0)
+        # Shape of the flattened mask, not Size: ORT's CPU provider has no float16 Size kernel,
+        # and its constant folding warns about that on stderr for every session
+        size = g.op("Shape", values)
         used = g.op("Cast", _i64(g, [use_mask]), to=onnx.TensorProto.BOOL)
         start = g.op("Where", used, _i64(g, [0]), size)
         source = g.op("Slice", flat, start, g.op("Add", start, count))
-    grouped = _reshape(g, source, dims["n"], dims["og"], dims["kh"], dims["kw"], _i64(g, [1]), dims["ho"], dims["wo"])
-    return g.op("Transpose", grouped, perm=_OFFSET_TO_T)
+    grouped = _reshape(g, source, dims["n"], dims["og"], dims["k"], dims["p"])
+    return g.op("Reshape", g.op("Transpose", grouped, perm=[2, 0, 3, 1]), _i64(g, [-1]))
 
 
 def deform_conv2d_decomposed(
@@ -160,14 +165,19 @@ def deform_conv2d_decomposed(
     p = g.op("Mul", ho, wo)
     dims = {"n": n, "og": og, "kh": kh, "kw": kw, "ho": ho, "wo": wo, "k": k, "p": p}
 
-    # Shifts in layout T; origins broadcast as (kh, 1, 1, Ho, 1, 1, 1) and (kw, 1, 1, Wo, 1, 1).
-    shifts = g.op("Transpose", _reshape(g, offset, n, og, kh, kw, two, ho, wo), perm=_OFFSET_TO_T)
-    dy = g.op("Slice", shifts, _i64(g, [0]), one, _i64(g, [-1]))
-    dx = g.op("Slice", shifts, one, two, _i64(g, [-1]))
+    # Shifts (K, 2, N, P, OG): y and x halves in layout T. (A 5-D Transpose: the 7-D one to
+    # (kh, kw, N, Ho, Wo, OG, 2) cost ORT 3x more.) The origins broadcast over runs of Wo*OG:
+    # y's (kh, 1, Ho, 1) over shifts (kh, kw*N, Ho, Wo*OG); x's (1, kw, 1, Wo*OG) over (kh, kw,
+    # N*Ho, Wo*OG), x's origins repeated OG times first (a small tensor).
+    shifts = g.op("Transpose", _reshape(g, offset, n, og, k, two, p), perm=[2, 3, 0, 4, 1])
+    wog = g.op("Mul", wo, og)
+    dy = _reshape(g, g.op("Slice", shifts, _i64(g, [0]), one, one), kh, g.op("Mul", kw, n), ho, wog)
+    dx = _reshape(g, g.op("Slice", shifts, one, two, one), kh, kw, g.op("Mul", n, ho), wog)
     oy = _tap_origins(g, ho, kh, stride_h, pad_h, dilation_h)
     ox = _tap_origins(g, wo, kw, stride_w, pad_w, dilation_w)
-    in_y, y = _sample_axis(g, _reshape(g, oy, kh, one, one, ho, one, one, one), dy, h, input)
-    in_x, x = _sample_axis(g, _reshape(g, ox, kw, one, one, wo, one, one), dx, w, input)
+    ox = g.op("Expand", _reshape(g, ox, kw, wo, one), g.op("Concat", kw, wo, og, axis=0))
+    in_y, y = _sample_axis(g, _reshape(g, oy, kh, one, ho, one), dy, h, input)
+    in_x, x = _sample_axis(g, _reshape(g, ox, one, kw, one, wog), dx, w, input)
     inside = g.op("And", in_y, in_x)
     zero_t, one_t = g.constant(0.0, like=input), g.constant(1.0, like=input)
     y, x = g.op("Where", inside, y, zero_t), g.op("Where", inside, x, zero_t)  # finite from here on
@@ -182,16 +192,18 @@ def deform_conv2d_decomposed(
     # Rows of the zero-bordered image (N*OG*(H+2)*(W+2), C/OG) for corner (y0, x0): (K, 4, N*P*OG),
     # the four corners (top-left, top-right, bottom-left, bottom-right) of every tap.
     hp, wp = g.op("Add", h, two), g.op("Add", w, two)
-    t6 = (kh, kw, n, ho, wo, og)
-    y0 = g.op("Cast", _reshape(g, floor_y, *t6), to=onnx.TensorProto.INT64)
-    x0 = g.op("Cast", _reshape(g, floor_x, *t6), to=onnx.TensorProto.INT64)
+    y0 = g.op("Cast", floor_y, to=onnx.TensorProto.INT64)  # 1-D, layout T
+    x0 = g.op("Cast", floor_x, to=onnx.TensorProto.INT64)
     plane_ids = g.op("Range", _scalar(g, _i64(g, [0])), _scalar(g, g.op("Mul", n, og)), _scalar(g, one))
     planes = g.op("Mul", plane_ids, g.op("Mul", hp, wp))
-    planes = _reshape(g, planes, n, one, one, og)
-    row = g.op("Mul", g.op("Add", y0, one), wp)
     npog = g.op("Mul", g.op("Mul", n, p), og)
+    # each sample's plane offset as one (N*P*OG,) run, added to all K taps' rows along long runs
+    # (plain Reshapes with -1: no allowzero, whose opset-14 change would stop the lowering to 11)
+    planes = g.op("Reshape", planes, g.op("Concat", _i64(g, [-1]), one, og, axis=0))
+    planes = g.op("Reshape", g.op("Expand", planes, g.op("Concat", n, p, og, axis=0)), _i64(g, [-1]))
+    in_plane = g.op("Add", g.op("Mul", g.op("Add", y0, one), wp), g.op("Add", x0, one))
     four = _i64(g, [4])
-    top_left = _reshape(g, g.op("Add", g.op("Add", planes, row), g.op("Add", x0, one)), k, one, npog)
+    top_left = _reshape(g, g.op("Add", _reshape(g, in_plane, k, npog), planes), k, one, npog)
     steps = _reshape(g, g.op("Concat", _i64(g, [0]), one, wp, g.op("Add", wp, one), axis=0), one, four, one)
     rows = g.op("Add", top_left, steps)  # (K, 4, N*P*OG)
     # Their bilinear weights (mask folded in), (K, 4, N*P*OG, 1). Corner-major layouts keep
@@ -243,8 +255,11 @@ def deform_conv2d_decomposed(
                 out = g.op("Add", out, _tap_product(g, sources, _i64(g, np.int64(tap)), shape, single))
     else:
         out = _all_taps_product(g, sources, k, g.op("Concat", k, count, grp, cpg, axis=0), cog)
-    out = _reshape(g, out, grp, n, p, cog)
-    out = _reshape(g, g.op("Transpose", out, perm=[1, 0, 3, 2]), n, cout, ho, wo)  # (N, G, Cog, P)
+    # (G, N, P, Cog) -> (N, G, Cog, P) in two Transposes: ORT moves G as whole (P, Cog) blocks and
+    # transposes each (P, Cog) matrix on its fast 3-D path; the one 4-D perm took 17x longer.
+    out = g.op("Transpose", _reshape(g, out, grp, n, p, cog), perm=[1, 0, 2, 3])
+    out = g.op("Transpose", _reshape(g, out, g.op("Mul", n, grp), p, cog), perm=[0, 2, 1])
+    out = _reshape(g, out, n, cout, ho, wo)
     if half:
         out = cast_like(g, out, input)
     return g.op("Add", out, _reshape(g, bias, cout, one, one))
