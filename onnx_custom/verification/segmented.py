@@ -25,9 +25,10 @@ from onnx_custom.verification.runner import _from_ort_value, custom_node_types
 __all__ = ["SegmentedRun"]
 
 # Peak memory vs sessions (issue 25, N=32 DCN net, 227 nodes): 1/2/4/8 MiB cost the same CPU time
-# within noise (371/429/371/353 ms for 68/46/23/12 segments), while the peak RSS localize adds
-# over a plain verify grows with it (+16 MiB at 1 MiB, +37 at 8, +98 at 32).
-DEFAULT_BUDGET_BYTES = 2 << 20
+# within noise (371/429/371/353 ms for 68/46/23/12 segments; paired again at 1 vs 2 MiB: 350 vs
+# 369 ms at N=32, 93 vs 106 at N=8), while the peak RSS the segments add grows with it (+24 MiB
+# over the exported process at 1 MiB, +32 at 2, +37 at 8, +98 at 32).
+DEFAULT_BUDGET_BYTES = 1 << 20
 _UNKNOWN_VALUE_BYTES = 1 << 20  # a value whose shape the file does not state
 
 

@@ -444,6 +444,7 @@ def verify(
     report = VerificationReport(
         [], 0, backends, pruned_inputs=binding.pruned, input_matching=binding.describe(),
         initializer_mismatches=mismatched_weights, notes=list(plan.notes),
+        implementations={name: _implementations(name, session, proto, kernels) for name, session in sessions.items() if session is not None},
     )
     schedule = _trial_plan(trials, cases)
     for trial in schedule:
@@ -492,6 +493,7 @@ def verify(
                 else:
                     if session is None:
                         session = sessions[backend] = _make_backend(backend, proto, kernels)
+                        report.implementations[backend] = _implementations(backend, session, proto, kernels)
                     actual = run_onnx(session, proto, tuple(trial_args), binding)
                 mismatches = declared.run(trial.index, tuple(trial_args), binding, dict(zip(onnx_names, actual, strict=True)), input_shapes) if backend == "onnxruntime" else []
                 if backend == "onnxruntime":
@@ -519,15 +521,18 @@ def verify(
         if localize and compared_bad and report.localization is None:
             if progress is not None:
                 progress(f"verify: localizing the mismatch of trial {trial.index}")
+            if deferred in sessions:
+                sessions[deferred] = None  # its weights and arena go before localize's pass (made again if a trial needs it)
             report.localization = _localize_safely(
                 model, tuple(trial_args), proto, trial.index, exporter=exporter, opset=opset, registry=registry, rtol=rtol, atol=atol,
                 kernels=kernels, eager_outputs=[leaf for _, leaf in flat], file_outputs=ort_outputs,
             )  # fmt: skip
     report.trials = len(report.shapes_tried)
-    for name, session in sessions.items():
-        if session is None:  # never run: made now only to say what serves its custom nodes
-            session = sessions[name] = _make_backend(name, proto, kernels) if _has_nonstandard_nodes(proto) else None
-        report.implementations[name] = _implementations(name, session, proto, kernels)
+    for name in backends:
+        if name not in report.implementations:  # never run: made now only to say what serves its custom nodes
+            session = _make_backend(name, proto, kernels) if _has_nonstandard_nodes(proto) else None
+            report.implementations[name] = _implementations(name, session, proto, kernels)
+    report.implementations = {name: report.implementations[name] for name in backends}  # in backend order
     if raise_on_mismatch and not report.passed:
         raise VerificationError(str(report), report)
     return report
