@@ -313,8 +313,8 @@ def _float_stats_unchecked(exp: torch.Tensor, act: torch.Tensor, rtol: float, at
             np.multiply(tol, np.float32((1 + _MARGIN) / (1 - _MARGIN)), out=tol)
             surely_bad = d > tol
             mismatched = int(np.count_nonzero(surely_bad))
-            np.logical_and(maybe_bad, np.logical_not(surely_bad, out=surely_bad), out=maybe_bad)
-            if maybe_bad.any():
+            if mismatched != int(np.count_nonzero(maybe_bad)):  # else the band is empty (surely_bad <= maybe_bad)
+                np.logical_and(maybe_bad, np.logical_not(surely_bad, out=surely_bad), out=maybe_bad)
                 e64, x64 = e[maybe_bad].astype(np.float64), x[maybe_bad].astype(np.float64)
                 mismatched += int(np.count_nonzero(np.abs(e64 - x64) > atol + rtol * np.abs(e64)))
     if dmax == 0.0:
