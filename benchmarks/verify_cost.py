@@ -9,7 +9,8 @@ Rows (paired: contender and baseline alternate round by round in one process; me
 - ``verify(localize=True)`` / plain ``verify`` on a file whose DeformConv translation drops the
   modulation mask (every block diverges; the first is the origin), N = 8, 32, 128: localize
   must grow linearly with the nodes. Two contenders, interleaved with the baseline: the file
-  exported in this process (localize reuses the dynamo exporter's ``torch.export`` program) and
+  exported in this process (localize reuses the dynamo exporter's ``torch.export`` program, and
+  one segmented pass over the file serves both the verdict and the localization) and
   "cold" (`program_cache` cleared first: a file exported elsewhere, as ``onnx-custom verify``
   sees it; the TorchScript exporter has no program to reuse, so there both are cold).
 - Peak RSS of a fresh process that exports and localizes / one that only exports (the raw

@@ -25,9 +25,10 @@ from onnx_custom.verification.runner import _from_ort_value, custom_node_types
 __all__ = ["SegmentedRun"]
 
 # Peak memory vs sessions (issue 25, N=32 DCN net, 227 nodes): 1/2/4/8 MiB cost the same CPU time
-# within noise (371/429/371/353 ms for 68/46/23/12 segments), while the peak RSS localize adds
-# over a plain verify grows with it (+16 MiB at 1 MiB, +37 at 8, +98 at 32).
-DEFAULT_BUDGET_BYTES = 2 << 20
+# within noise (371/429/371/353 ms for 68/46/23/12 segments; paired again at 1 vs 2 MiB: 350 vs
+# 369 ms at N=32, 93 vs 106 at N=8), while the peak RSS the segments add grows with it (+24 MiB
+# over the exported process at 1 MiB, +32 at 2, +37 at 8, +98 at 32).
+DEFAULT_BUDGET_BYTES = 1 << 20
 _UNKNOWN_VALUE_BYTES = 1 << 20  # a value whose shape the file does not state
 
 
@@ -85,6 +86,23 @@ def _session(model: onnx.ModelProto, kernels: Any) -> ort.InferenceSession:
     from onnx_custom.runtime import InferenceSession
 
     return InferenceSession(model, options, kernels=kernels)
+
+
+class _OrtValueArray:
+    """Exposes an ``OrtValue``'s CPU buffer to NumPy and owns the value: ``np.asarray`` of it is a
+    zero-copy array whose base keeps the OrtValue (and so its buffer) alive, by NumPy's own rules."""
+
+    def __init__(self, value: ort.OrtValue) -> None:
+        self.value = value
+        self.__array_interface__ = value.numpy().__array_interface__
+
+
+def _array_of(value: ort.OrtValue, name: str) -> np.ndarray:
+    """``value`` as a NumPy array without copying when it is a plain CPU tensor (a wanted value is
+    read once, so a copy would only double the segment's memory); else `_from_ort_value`'s copy."""
+    if value.is_tensor() and value.element_type() != onnx.TensorProto.BFLOAT16 and value.tensor_size_in_bytes() > 0 and value.device_name().lower() == "cpu":
+        return np.asarray(_OrtValueArray(value))
+    return _from_ort_value(value, name)
 
 
 def _input_info(name: str, value: ort.OrtValue) -> onnx.ValueInfoProto:
@@ -188,10 +206,10 @@ class SegmentedRun:
             values = session.run_with_ort_values(outputs, {n: self._carried[n] for n in inputs})
             del session  # its arena goes before the next segment's
             for name in outputs:
-                value = values.pop(0)  # each ORT buffer goes once copied
+                value = values.pop(0)  # each ORT buffer goes once its array is dropped
                 if self._last_read.get(name, -1) > s:
                     self._carried[name] = value
                 if name in self._wanted:
-                    self._ready[name] = _from_ort_value(value, name)  # a copy; bfloat16-safe
+                    self._ready[name] = _array_of(value, name)  # the OrtValue's own buffer; bfloat16-safe
         for name in [n for n in self._carried if self._last_read.get(n, -1) <= s]:
             del self._carried[name]  # no later segment reads it

@@ -108,6 +108,8 @@ for _dt in FLOATS:
         (f"{_n}-1x64x56x56-close", lambda dt=_dt: _near(dt, (1, 64, 56, 56), 1e-7), None),
         (f"{_n}-3x5-far", lambda dt=_dt: _near(dt, (3, 5), 1e-1), None),
         (f"{_n}-4000-at-tolerance", lambda dt=_dt: _at_tolerance(dt), None),
+        # far failures (counted in float32) next to boundary elements (rechecked in float64)
+        (f"{_n}-4015-far-and-at-tolerance", lambda dt=_dt: tuple(torch.cat([p.reshape(-1), q.reshape(-1)]) for p, q in zip(_at_tolerance(dt), _near(dt, (3, 5), 1e-1), strict=True)), None),
         (f"{_n}-12-special", lambda dt=_dt: _special(dt), None),
         (f"{_n}-12-special-atol0", lambda dt=_dt: _special(dt), (1e-3, 0.0)),
         (f"{_n}-8-nonfinite", lambda dt=_dt: _nonfinite(dt), None),
