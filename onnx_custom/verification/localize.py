@@ -33,7 +33,7 @@ import os
 import re
 import warnings
 import weakref
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -62,7 +62,7 @@ from onnx_custom.verification.runner import (
 )
 from onnx_custom.verification.segmented import SegmentedRun
 
-__all__ = ["Localization", "NodeLocalization", "SharedPass", "ValueDiff", "localize", "localize_in_one_pass"]  # the records re-exported from .localization
+__all__ = ["Localization", "NodeLocalization", "ValueDiff", "localize"]  # the records re-exported from .localization
 
 _FX_NODE = re.compile(r"^%(?P<name>[\w.]+) :")
 
@@ -380,27 +380,15 @@ def _parameter_warning(differing: list[ValueDiff]) -> str:
     )
 
 
-def _localize_by_names(
-    program: _TorchProgram, proto: onnx.ModelProto, registry: Registry, opset: int, rtol: float | None, atol: float | None, trial: int,
-    kernels: Any = None, feeds: Mapping[str, Any] | None = None, file_outputs: list[np.ndarray] | None = None,
-) -> tuple[Localization, Any]:
-    """``feeds``: the graph inputs as OrtValues (default: ``program.flat_args`` by position);
-    ``file_outputs``: a list that receives the file's graph outputs from the same ONNX pass."""
+def _localize_by_names(program: _TorchProgram, proto: onnx.ModelProto, registry: Registry, opset: int, rtol: float | None, atol: float | None, trial: int, kernels: Any = None) -> tuple[Localization, Any]:
     graph = proto.graph
     available = _graph_value_names(graph)
     initializers = _initializers(proto)
     produced = {out for node in graph.node for out in node.output if out} - set(initializers)
     wanted = [n.name for n in program.module.graph.nodes if n.op == "call_function" and n.name in produced]
-    finals = [o.name for o in graph.output] if file_outputs is not None else []
-    onnx_feeds = _onnx_feeds(proto, program.flat_args) if feeds is None else feeds
-    onnx_values = SegmentedRun(proto, onnx_feeds, [*wanted, *finals], kernels=kernels)
+    onnx_values = SegmentedRun(proto, _onnx_feeds(proto, program.flat_args), wanted, kernels=kernels)
     observed = set(wanted)
     result = _StreamingComparison(program, onnx_values, lambda n: n.name if n.name in observed else None, initializers, rtol, atol).compare_all()
-    for name in finals:
-        value = onnx_values.take(name)
-        if value is None:
-            raise OnnxCustomError(f"the file's output {name!r} is neither computed by a node nor an input or initializer")
-        file_outputs.append(value)  # type: ignore[union-attr]
     by_fx = _nodes_by_fx_name(graph)
     cones = _Cones(graph)
     ops = _op_nodes(program.module, result.is_tensor)
@@ -503,61 +491,6 @@ def _named_after(program: _TorchProgram, proto: onnx.ModelProto) -> bool:
     """Does the file name its values after the program's FX nodes (a dynamo export of it)?"""
     fx_names = {o.name for _, outs in _op_nodes(program.module, _traced_tensor) for o in outs}
     return bool(fx_names) and len(fx_names & _graph_value_names(proto.graph)) >= max(1, len(fx_names) // 4)
-
-
-@dataclasses.dataclass(frozen=True)
-class SharedPass:
-    """One pass of a trial serving both verify and localize (`localize_in_one_pass`).
-
-    ``file_outputs``: the file's graph outputs, in order, from the segmented ONNX run that also
-    gave the intermediates. ``localization``: None when the remembered program no longer computes
-    what eager computed (the model changed since export; localize it afresh).
-    """
-
-    file_outputs: tuple[np.ndarray, ...]
-    localization: Localization | None
-
-
-def localize_in_one_pass(
-    model: torch.nn.Module,
-    args: tuple[Any, ...],
-    proto: onnx.ModelProto,
-    feeds: Mapping[str, torch.Tensor],
-    eager_outputs: Sequence[torch.Tensor],
-    *,
-    exporter: str | None = None,
-    opset: int | None = None,
-    registry: Registry | None = None,
-    rtol: float | None = None,
-    atol: float | None = None,
-    trial: int = 0,
-    kernels: Any = None,
-) -> SharedPass | None:
-    """Localize ``args`` and get the file's outputs from the same ONNX pass, when that is cheap.
-
-    ``verify(localize=True)`` calls it for its first trial: the ONNX side runs once (segment by
-    segment, every intermediate compared with the torch program's as it comes, then freed) and its
-    final values stand in for verify's own run of the file, so a failing trial is run once, not
-    twice. Only when the dynamo exporter's ``torch.export`` program of ``model(*args)`` is still
-    remembered (`program_cache`: no trace needed) and the file names its values after it;
-    otherwise None (verify runs the file and localizes a failure afterwards). ``feeds``: the ONNX
-    input name -> tensor, as verify feeds the file. Exceptions propagate (the caller falls back).
-    """
-    if not isinstance(model, torch.nn.Module) or exporter not in (None, "dynamo"):
-        return None
-    remembered = program_cache.recall(model, args)
-    if remembered is None:
-        return None
-    program = _TorchProgram(_module_of(remembered), tuple(torch.utils._pytree.tree_leaves(args)), remembered, reused=True)
-    if not _named_after(program, proto):
-        return None
-    reg = registry if registry is not None else default_registry()
-    outputs: list[np.ndarray] = []
-    ort_feeds = {name: _to_ort_value(tensor) for name, tensor in feeds.items()}
-    found, program_outputs = _localize_by_names(
-        program, proto, reg, opset if opset is not None else _default_opset(proto), rtol, atol, trial, kernels, feeds=ort_feeds, file_outputs=outputs,
-    )  # fmt: skip
-    return SharedPass(tuple(outputs), found if _outputs_agree(program_outputs, eager_outputs) else None)
 
 
 def _default_opset(proto: onnx.ModelProto | None) -> int:

@@ -94,7 +94,10 @@ class _OrtValueArray:
 
     def __init__(self, value: ort.OrtValue) -> None:
         self.value = value
-        self.__array_interface__ = value.numpy().__array_interface__
+        # The array is held too: ORT's numpy() is a view of the OrtValue's buffer today, and
+        # holding it keeps the interface valid even if a later ORT returns a copy.
+        self.array = value.numpy()
+        self.__array_interface__ = self.array.__array_interface__
 
 
 def _array_of(value: ort.OrtValue, name: str) -> np.ndarray:

@@ -17,7 +17,6 @@ import numpy as np
 import onnx
 import torch
 
-from onnx_custom.common.onnx_utils import iter_nodes
 from onnx_custom.errors import InvalidArgumentError, OnnxCustomError, VerificationError
 from onnx_custom.exporter.arguments import check_args, check_model
 from onnx_custom.verification.compare import (
@@ -32,10 +31,8 @@ from onnx_custom.verification.initializers import (
     InitializerMismatchWarning,
     compare_initializers,
 )
-from onnx_custom.verification.localize import SharedPass, localize_in_one_pass
 from onnx_custom.verification.localize import localize as localize_trial
 from onnx_custom.verification.runner import (
-    STANDARD_DOMAINS,
     InputBinding,
     bind_inputs,
     custom_node_types,
@@ -267,11 +264,6 @@ def _implementations(name: str, session: Any, proto: onnx.ModelProto, kernels: A
     return tuple(node_implementations(proto))  # plain ONNX Runtime: bodies and built-in ops
 
 
-def _has_nonstandard_nodes(proto: onnx.ModelProto) -> bool:
-    """Any node outside ONNX's own domains (graph, subgraphs or function bodies)?"""
-    return any(node.domain not in STANDARD_DOMAINS for node in iter_nodes(proto))
-
-
 def _runs_on_bodies(proto: onnx.ModelProto) -> bool:
     """Every custom node has a function body in the file (so plain ONNX Runtime can run it)."""
     bodies = {f"{f.domain}::{f.name}" for f in proto.functions}
@@ -286,22 +278,6 @@ def _localize_safely(model: Any, args: tuple[Any, ...], proto: onnx.ModelProto, 
         return localize_trial(model, args, proto, trial=trial, **options)
     except Exception as exc:
         return f"Localization unavailable: {type(exc).__name__}: {exc}"
-
-
-def _shared_pass(model: Any, args: tuple[Any, ...], proto: onnx.ModelProto, feeds: dict[str, torch.Tensor], eager: list[torch.Tensor], trial: int, **options: Any) -> SharedPass | None:
-    """The trial's localization and the file's outputs from one ONNX pass, or None (never raises:
-    verify then runs the file itself and localizes a failure afterwards)."""
-    try:
-        return localize_in_one_pass(model, args, proto, feeds, eager, trial=trial, **options)
-    except Exception:
-        return None
-
-
-def _first_failure(flat: list[tuple[str, Any]], actual: Sequence[np.ndarray], rtol: float | None, atol: float | None) -> bool:
-    """Does any output of ``actual`` mismatch eager (shape, dtype or values)?"""
-    if len(actual) != len(flat):
-        return True
-    return any(not compare_arrays(exp, act, name=path, trial=0, rtol=rtol, atol=atol, keep_diffs=False).passed for (path, exp), act in zip(flat, actual, strict=True))
 
 
 def _first_line(exc: BaseException) -> str:
@@ -433,10 +409,7 @@ def verify(
     plan = plan_dims(proto, binding, args, model=model, dynamic_shapes=dynamic_shapes)
     cases = default_cases(plan) if shapes is None else resolve_cases(shapes, plan)
     mismatched_weights = compare_initializers(model, proto)
-    # With localize, ORT's session for the file is made when first run: a first trial that fails
-    # is served by localize's own pass (`_shared_pass`) and may never need it.
-    deferred = "onnxruntime" if localize else None
-    sessions: dict[str, Any] = {name: None if name == deferred else _make_backend(name, proto, kernels) for name in backends}
+    sessions: dict[str, Any] = {name: _make_backend(name, proto, kernels) for name in backends}
     declared = _DeclaredCheck(proto, kernels)
     generator = torch.Generator().manual_seed(seed)
     onnx_names = [o.name for o in proto.graph.output]
@@ -444,7 +417,7 @@ def verify(
     report = VerificationReport(
         [], 0, backends, pruned_inputs=binding.pruned, input_matching=binding.describe(),
         initializer_mismatches=mismatched_weights, notes=list(plan.notes),
-        implementations={name: _implementations(name, session, proto, kernels) for name, session in sessions.items() if session is not None},
+        implementations={name: _implementations(name, session, proto, kernels) for name, session in sessions.items()},
     )
     schedule = _trial_plan(trials, cases)
     for trial in schedule:
@@ -477,24 +450,11 @@ def verify(
         problems: list[str] = []
         compared_bad = False
         ort_outputs: list[Any] | None = None  # handed to localize, which then need not run the file again
-        shared: SharedPass | None = None
-        if deferred in sessions and trial is schedule[0]:
-            # One ONNX pass for verify and localize (when the exporter's program is at hand): its
-            # final values serve verify when they FAIL; a pass is confirmed by a whole-file run, so
-            # the segmented run alone never makes a PASS.
-            shared = _shared_pass(
-                model, tuple(trial_args), proto, binding.feeds(tensor_inputs(trial_args)), [leaf for _, leaf in flat], trial.index,
-                exporter=exporter, opset=opset, registry=registry, rtol=rtol, atol=atol, kernels=kernels,
-            )  # fmt: skip
         for backend, session in sessions.items():
             try:
-                if backend == "onnxruntime" and shared is not None and _first_failure(flat, shared.file_outputs, rtol, atol):
-                    actual = list(shared.file_outputs)
-                else:
-                    if session is None:
-                        session = sessions[backend] = _make_backend(backend, proto, kernels)
-                        report.implementations[backend] = _implementations(backend, session, proto, kernels)
-                    actual = run_onnx(session, proto, tuple(trial_args), binding)
+                if session is None:  # dropped before an earlier trial's localization
+                    session = sessions[backend] = _make_backend(backend, proto, kernels)
+                actual = run_onnx(session, proto, tuple(trial_args), binding)
                 mismatches = declared.run(trial.index, tuple(trial_args), binding, dict(zip(onnx_names, actual, strict=True)), input_shapes) if backend == "onnxruntime" else []
                 if backend == "onnxruntime":
                     ort_outputs = list(actual)
@@ -516,23 +476,17 @@ def verify(
             problems.append(f"outputs mismatch PyTorch: {', '.join(bad)}")
         status = "failed" if problems else "passed"
         report.shapes_tried.append(TrialRecord(**record, status=status, reason="; ".join(problems)))  # type: ignore[arg-type]
-        if localize and compared_bad and report.localization is None and shared is not None and shared.localization is not None:
-            report.localization = shared.localization
         if localize and compared_bad and report.localization is None:
             if progress is not None:
                 progress(f"verify: localizing the mismatch of trial {trial.index}")
-            if deferred in sessions:
-                sessions[deferred] = None  # its weights and arena go before localize's pass (made again if a trial needs it)
+            # ORT's session for the whole file goes (weights, arena) before localize's segments
+            # run: it is made again if a later trial needs it.
+            sessions = dict.fromkeys(sessions)
             report.localization = _localize_safely(
                 model, tuple(trial_args), proto, trial.index, exporter=exporter, opset=opset, registry=registry, rtol=rtol, atol=atol,
                 kernels=kernels, eager_outputs=[leaf for _, leaf in flat], file_outputs=ort_outputs,
             )  # fmt: skip
     report.trials = len(report.shapes_tried)
-    for name in backends:
-        if name not in report.implementations:  # never run: made now only to say what serves its custom nodes
-            session = _make_backend(name, proto, kernels) if _has_nonstandard_nodes(proto) else None
-            report.implementations[name] = _implementations(name, session, proto, kernels)
-    report.implementations = {name: report.implementations[name] for name in backends}  # in backend order
     if raise_on_mismatch and not report.passed:
         raise VerificationError(str(report), report)
     return report
