@@ -118,6 +118,9 @@ def test_ctrl_c_during_a_kernel_is_keyboard_interrupt(tmp_path: Path) -> None:
     script = tmp_path / "ctrl_c.py"
     script.write_text(textwrap.dedent("""
         import os, signal, time, numpy as np
+        # Python's own Ctrl-C handler, whatever the parent left: a background job of a
+        # non-interactive shell starts with SIGINT ignored, and Python then installs none.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from onnx import helper, TensorProto
         import onnx_custom.runtime as rt
         from onnx_custom.runtime import KernelRegistry
