@@ -411,6 +411,218 @@ void backward_block(const Geometry& g, int64_t b, int64_t h0, int64_t h1, int64_
   }
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// ------------------------------------------------------------- float32 AVX2 per-sample setup
+// The per-sample work of a (query, head) (its cell, bilinear weights, which corners lie inside,
+// the location / weight gradients) done 8 samples at a time instead of one by one: the L*P
+// samples of a unit are contiguous in sampling_locations, attention_weights and their gradients,
+// and each lane's level is fixed (sample i is level i / P), so the level sizes are per-lane
+// constants. Same arithmetic as sample_cell / process_unit per sample, without the branches.
+
+// Per-lane level geometry of a unit's samples, padded to whole vectors of 8. Padding lanes get
+// W = H = -2, which no location satisfies (-1 <= x <= W): they are never valid.
+struct LaneGeometry {
+  int64_t n = 0, padded = 0, zero_slot = 0;
+  std::vector<float> Wf, Hf;
+  std::vector<int32_t> Wi, start;
+};
+
+LaneGeometry make_lanes(const Geometry& g) {
+  LaneGeometry lg;
+  lg.n = g.L * g.P;
+  lg.padded = (lg.n + 7) / 8 * 8;
+  lg.zero_slot = (4 * lg.n + 7) / 8 * 8;  // beyond every tap's dot: stays 0
+  lg.Wf.assign(lg.padded, -2.f);
+  lg.Hf.assign(lg.padded, -2.f);
+  lg.Wi.assign(lg.padded, 0);
+  lg.start.assign(lg.padded, 0);
+  for (int64_t i = 0; i < lg.n; ++i) {
+    const int64_t l = i / g.P;
+    lg.Wf[i] = static_cast<float>(g.W[l]);
+    lg.Hf[i] = static_cast<float>(g.H[l]);
+    lg.Wi[i] = static_cast<int32_t>(g.W[l]);
+    lg.start[i] = static_cast<int32_t>(g.start[l]);
+  }
+  return lg;
+}
+
+struct FastUnit {
+  int64_t bq = 0, h = 0, taps = 0, s0 = 0;
+  std::vector<Tap2<float>> tap;  // up to 4 per sample
+  std::vector<int32_t> idx;      // corner c of sample i: its tap's dot at dots[idx[c * padded + i]]
+  std::vector<float> lx, ly, a, any;  // any: all-ones bits when some corner of the sample is inside
+};
+
+// Lanes [0, count) of an 8-lane mask.
+inline __m256i lane_mask(int64_t count) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+void prepare_fast(const Geometry& g, const LaneGeometry& lg, int64_t b, int64_t q, int64_t h,
+                  const float* value, const float* loc, const float* attn, float* gv, int64_t gv_stride,
+                  FastUnit& u) {
+  const int64_t key_stride = g.M * g.D;
+  const float* vh = value + b * g.K * key_stride + h * g.D;
+  u.bq = b * g.Q + q;
+  u.h = h;
+  u.taps = 0;
+  u.s0 = (u.bq * g.M + h) * lg.n;
+  const float* lp = loc + 2 * u.s0;
+  const float* ap = attn + u.s0;
+  const __m256 one = _mm256_set1_ps(1.f), minus1 = _mm256_set1_ps(-1.f), half = _mm256_set1_ps(0.5f),
+               zero = _mm256_setzero_ps();
+  for (int64_t i0 = 0; i0 < lg.n; i0 += 8) {
+    const int64_t count = std::min<int64_t>(8, lg.n - i0);
+    __m256 xy0, xy1, a;
+    if (count == 8) {
+      xy0 = _mm256_loadu_ps(lp + 2 * i0);
+      xy1 = _mm256_loadu_ps(lp + 2 * i0 + 8);
+      a = _mm256_loadu_ps(ap + i0);
+    } else {  // never read past the unit's samples
+      xy0 = _mm256_maskload_ps(lp + 2 * i0, lane_mask(2 * count));
+      xy1 = _mm256_maskload_ps(lp + 2 * i0 + 8, lane_mask(2 * count - 8));
+      a = _mm256_maskload_ps(ap + i0, lane_mask(count));
+    }
+    // (x0 y0 x1 y1 | x2 y2 x3 y3), (x4 ...): shuffles give x0 x1 x4 x5 | x2 x3 x6 x7, then reorder.
+    const __m256 xs = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(xy0, xy1, 0x88)), 0xD8));
+    const __m256 ys = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(xy0, xy1, 0xDD)), 0xD8));
+    const __m256 W = _mm256_loadu_ps(lg.Wf.data() + i0), H = _mm256_loadu_ps(lg.Hf.data() + i0);
+    __m256 x = _mm256_fmsub_ps(xs, W, half), y = _mm256_fmsub_ps(ys, H, half);
+    // Ordered compares: false for NaN.
+    const __m256 valid = _mm256_and_ps(
+        _mm256_and_ps(_mm256_cmp_ps(x, minus1, _CMP_GE_OQ), _mm256_cmp_ps(x, W, _CMP_LE_OQ)),
+        _mm256_and_ps(_mm256_cmp_ps(y, minus1, _CMP_GE_OQ), _mm256_cmp_ps(y, H, _CMP_LE_OQ)));
+    x = _mm256_and_ps(x, valid);  // invalid lanes -> 0: floor and the int conversion stay in range
+    y = _mm256_and_ps(y, valid);
+    const __m256 fx = _mm256_floor_ps(x), fy = _mm256_floor_ps(y);
+    const __m256 lx = _mm256_sub_ps(x, fx), ly = _mm256_sub_ps(y, fy);
+    const __m256 x0in = _mm256_and_ps(_mm256_cmp_ps(fx, zero, _CMP_GE_OQ), _mm256_cmp_ps(fx, W, _CMP_LT_OQ));
+    const __m256 x1in = _mm256_cmp_ps(_mm256_add_ps(fx, one), W, _CMP_LT_OQ);  // fx >= -1 when valid
+    const __m256 y0in = _mm256_and_ps(_mm256_cmp_ps(fy, zero, _CMP_GE_OQ), _mm256_cmp_ps(fy, H, _CMP_LT_OQ));
+    const __m256 y1in = _mm256_cmp_ps(_mm256_add_ps(fy, one), H, _CMP_LT_OQ);
+    const __m256 yv0 = _mm256_and_ps(valid, y0in), yv1 = _mm256_and_ps(valid, y1in);
+    const __m256 in0 = _mm256_and_ps(yv0, x0in), in1 = _mm256_and_ps(yv0, x1in);
+    const __m256 in2 = _mm256_and_ps(yv1, x0in), in3 = _mm256_and_ps(yv1, x1in);
+    const int m[4] = {_mm256_movemask_ps(in0), _mm256_movemask_ps(in1), _mm256_movemask_ps(in2),
+                      _mm256_movemask_ps(in3)};
+    const __m256i Wi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lg.Wi.data() + i0));
+    const __m256i row = _mm256_add_epi32(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lg.start.data() + i0)),
+        _mm256_add_epi32(_mm256_mullo_epi32(_mm256_cvtps_epi32(fy), Wi), _mm256_cvtps_epi32(fx)));
+    alignas(32) int32_t rows[4][8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(rows[0]), row);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(rows[1]), _mm256_add_epi32(row, _mm256_set1_epi32(1)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(rows[2]), _mm256_add_epi32(row, Wi));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(rows[3]), _mm256_add_epi32(_mm256_add_epi32(row, Wi), _mm256_set1_epi32(1)));
+    const __m256 hx = _mm256_sub_ps(one, lx), hy = _mm256_sub_ps(one, ly);
+    alignas(32) float aw[4][8];
+    _mm256_store_ps(aw[0], _mm256_mul_ps(a, _mm256_mul_ps(hy, hx)));
+    _mm256_store_ps(aw[1], _mm256_mul_ps(a, _mm256_mul_ps(hy, lx)));
+    _mm256_store_ps(aw[2], _mm256_mul_ps(a, _mm256_mul_ps(ly, hx)));
+    _mm256_store_ps(aw[3], _mm256_mul_ps(a, _mm256_mul_ps(ly, lx)));
+    _mm256_storeu_ps(u.lx.data() + i0, lx);
+    _mm256_storeu_ps(u.ly.data() + i0, ly);
+    _mm256_storeu_ps(u.a.data() + i0, a);
+    _mm256_storeu_ps(u.any.data() + i0, _mm256_or_ps(_mm256_or_ps(in0, in1), _mm256_or_ps(in2, in3)));
+    int32_t* idx = u.idx.data() + i0;
+    const int32_t zero_slot = static_cast<int32_t>(lg.zero_slot);
+    for (int64_t i = 0; i < 8; ++i) {  // sample order, corners inside: the taps' order as before
+      for (int corner = 0; corner < 4; ++corner) {
+        if (!((m[corner] >> i) & 1)) {
+          idx[corner * lg.padded + i] = zero_slot;
+          continue;
+        }
+        const int64_t r = rows[corner][i];
+        Tap2<float>& t = u.tap[u.taps];
+        t.v = vh + r * key_stride;
+        t.gv = gv + r * gv_stride;
+        t.aw = aw[corner][i];
+        prefetch_row(t.v, g.D, 0);
+        prefetch_row(t.gv, g.D, 1);
+        idx[corner * lg.padded + i] = static_cast<int32_t>(u.taps++);
+      }
+    }
+  }
+}
+
+void process_fast(const Geometry& g, const LaneGeometry& lg, const float* grad, float* gloc, float* gattn,
+                  const FastUnit& u, TapScratch<float>& ts) {
+  const float* go = grad + u.bq * g.M * g.D + u.h * g.D;
+  const int64_t n = u.taps;
+  float* dots = ts.dots.data();
+  if (g.D % 8 == 0) {
+    taps_avx(u.tap.data(), n, go, g.D, dots, ts.parts);
+  } else {
+    taps_generic(u.tap.data(), n, go, g.D, dots);
+  }
+  float* ga = gattn + u.s0;
+  float* gl = gloc + 2 * u.s0;
+  const __m256 one = _mm256_set1_ps(1.f);
+  for (int64_t i0 = 0; i0 < lg.n; i0 += 8) {
+    const int32_t* idx = u.idx.data() + i0;
+    const auto dot = [&](int corner) {
+      return _mm256_i32gather_ps(dots, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx + corner * lg.padded)), 4);
+    };
+    const __m256 d0 = dot(0), d1 = dot(1), d2 = dot(2), d3 = dot(3);
+    const __m256 lx = _mm256_loadu_ps(u.lx.data() + i0), ly = _mm256_loadu_ps(u.ly.data() + i0);
+    const __m256 a = _mm256_loadu_ps(u.a.data() + i0), any = _mm256_loadu_ps(u.any.data() + i0);
+    const __m256 hx = _mm256_sub_ps(one, lx), hy = _mm256_sub_ps(one, ly);
+    __m256 gw = _mm256_mul_ps(_mm256_mul_ps(hy, hx), d0);
+    gw = _mm256_fmadd_ps(_mm256_mul_ps(hy, lx), d1, gw);
+    gw = _mm256_fmadd_ps(_mm256_mul_ps(ly, hx), d2, gw);
+    gw = _mm256_fmadd_ps(_mm256_mul_ps(ly, lx), d3, gw);
+    const __m256 dx = _mm256_fmadd_ps(hy, _mm256_sub_ps(d1, d0), _mm256_mul_ps(ly, _mm256_sub_ps(d3, d2)));
+    const __m256 dy = _mm256_fmadd_ps(hx, _mm256_sub_ps(d2, d0), _mm256_mul_ps(lx, _mm256_sub_ps(d3, d1)));
+    // Samples with no corner inside get exact zeros (whatever their attention weight).
+    gw = _mm256_and_ps(gw, any);
+    const __m256 gx = _mm256_and_ps(_mm256_mul_ps(_mm256_mul_ps(a, _mm256_loadu_ps(lg.Wf.data() + i0)), dx), any);
+    const __m256 gy = _mm256_and_ps(_mm256_mul_ps(_mm256_mul_ps(a, _mm256_loadu_ps(lg.Hf.data() + i0)), dy), any);
+    const __m256 lo = _mm256_unpacklo_ps(gx, gy), hi = _mm256_unpackhi_ps(gx, gy);
+    const __m256 xy0 = _mm256_permute2f128_ps(lo, hi, 0x20), xy1 = _mm256_permute2f128_ps(lo, hi, 0x31);
+    const int64_t count = std::min<int64_t>(8, lg.n - i0);
+    if (count == 8) {
+      _mm256_storeu_ps(ga + i0, gw);
+      _mm256_storeu_ps(gl + 2 * i0, xy0);
+      _mm256_storeu_ps(gl + 2 * i0 + 8, xy1);
+    } else {
+      _mm256_maskstore_ps(ga + i0, lane_mask(count), gw);
+      _mm256_maskstore_ps(gl + 2 * i0, lane_mask(2 * count), xy0);
+      _mm256_maskstore_ps(gl + 2 * i0 + 8, lane_mask(2 * count - 8), xy1);
+    }
+  }
+}
+
+// backward_block for float32: the same pipeline with the vectorized per-sample work.
+void backward_block_fast(const Geometry& g, int64_t b, int64_t h0, int64_t h1, int64_t q0, int64_t q1,
+                         const float* value, const float* loc, const float* attn, const float* grad, float* gv,
+                         int64_t gv_stride, int64_t gv_head, float* gloc, float* gattn) {
+  const int64_t heads = h1 - h0, total = (q1 - q0) * heads;
+  if (total == 0) return;
+  const LaneGeometry lg = make_lanes(g);
+  FastUnit units[2];
+  for (FastUnit& u : units) {
+    u.tap.resize(4 * lg.n);
+    u.idx.resize(4 * lg.padded);
+    u.lx.resize(lg.padded);
+    u.ly.resize(lg.padded);
+    u.a.resize(lg.padded);
+    u.any.resize(lg.padded);
+  }
+  TapScratch<float> ts;
+  ts.dots.assign(lg.zero_slot + 8, 0.f);
+  ts.parts.resize(lg.zero_slot);
+  const auto prepare = [&](int64_t i, FastUnit& u) {
+    const int64_t q = q0 + i / heads, h = h0 + i % heads;
+    prepare_fast(g, lg, b, q, h, value, loc, attn, gv + (h - h0) * gv_head, gv_stride, u);
+  };
+  prepare(0, units[0]);
+  for (int64_t i = 0; i < total; ++i) {
+    if (i + 1 < total) prepare(i + 1, units[(i + 1) & 1]);
+    process_fast(g, lg, grad, gloc, gattn, units[i & 1], ts);
+  }
+}
+#endif
+
 // Zero the value-gradient rows of one work item: `rows` rows of D numbers, gv_stride apart. Done by
 // the thread that then accumulates into them (first touch, parallel, cache-warm).
 template <typename T>
@@ -513,6 +725,23 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_, const at::Tensor& valu
     T* gvp = grad_value.data_ptr<T>();
     T* glp = grad_loc.data_ptr<T>();
     T* gap = grad_attn.data_ptr<T>();
+    const auto run_block = [&](int64_t b, int64_t h0, int64_t h1, int64_t q0, int64_t q1, T* gv, int64_t gv_stride,
+                           int64_t gv_head) {
+#if defined(__AVX2__) && defined(__FMA__)
+      // The vectorized setup computes value rows in int32.
+      if constexpr (std::is_same_v<T, float>) {
+        if (g.K < (int64_t(1) << 30)) {
+          // (the casts only make the discarded double branch compile: T is float here)
+          backward_block_fast(g, b, h0, h1, q0, q1, reinterpret_cast<const float*>(v),
+                              reinterpret_cast<const float*>(lp), reinterpret_cast<const float*>(ap),
+                              reinterpret_cast<const float*>(gp), reinterpret_cast<float*>(gv), gv_stride,
+                              gv_head, reinterpret_cast<float*>(glp), reinterpret_cast<float*>(gap));
+          return;
+        }
+      }
+#endif
+      backward_block(g, b, h0, h1, q0, q1, v, lp, ap, gp, gv, gv_stride, gv_head, glp, gap);
+    };
     at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
       for (int64_t item = begin; item < end; ++item) {
         const int64_t block = item / splits, split = item % splits;
@@ -522,11 +751,10 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_, const at::Tensor& valu
         if (splits == 1) {
           T* gv = gvp + b * g.K * g.M * g.D + h0 * g.D;
           zero_rows(gv, g.K, (h1 - h0) * g.D, g.M * g.D);
-          backward_block(g, b, h0, h1, q0, q1, v, lp, ap, gp, gv, g.M * g.D, g.D, glp, gap);
+          run_block(b, h0, h1, q0, q1, gv, g.M * g.D, g.D);
         } else {  // one head per block
           privates[item] = at::zeros({g.K, g.D}, value.options());
-          backward_block(g, b, h0, h1, q0, q1, v, lp, ap, gp, privates[item].data_ptr<T>(), g.D,
-                         int64_t(0), glp, gap);
+          run_block(b, h0, h1, q0, q1, privates[item].data_ptr<T>(), g.D, int64_t(0));
         }
       }
     });
