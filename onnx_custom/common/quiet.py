@@ -105,22 +105,24 @@ def quiet_torch() -> Iterator[None]:
             _set_levels(loggers, levels)
 
 
-# (how many loggers existed, the Loggers in the trees of _LOGGERS): loggers are only ever added,
-# so the count says when to look again
-_family: tuple[int, list[logging.Logger]] = (-1, [])
+# (how many loggers existed, every entry in the trees of _LOGGERS: Loggers and PlaceHolders):
+# loggers are only ever added, but a PlaceHolder is replaced by its Logger in place (same count),
+# so the entries are checked by identity too
+_family: tuple[int, list[tuple[str, object]]] = (-1, [])
 
 
 def _family_of_quieted() -> list[logging.Logger]:
     global _family
     registered = logging.Logger.manager.loggerDict
-    if _family[0] != len(registered):
+    count, entries = _family
+    if count != len(registered) or any(registered.get(name) is not entry for name, entry in entries):
         prefixes = tuple(f"{name}." for name in _LOGGERS)
-        found = [
-            logger for name, logger in list(registered.items())  # a copy: other threads may add loggers
-            if isinstance(logger, logging.Logger) and (name in _LOGGERS or name.startswith(prefixes))
+        entries = [
+            (name, entry) for name, entry in list(registered.items())  # a copy: other threads may add loggers
+            if name in _LOGGERS or name.startswith(prefixes)
         ]  # fmt: skip
-        _family = (len(registered), found)
-    return _family[1]
+        _family = (len(registered), entries)
+    return [entry for _, entry in entries if isinstance(entry, logging.Logger)]
 
 
 def _set_levels(loggers: list[logging.Logger], levels: list[int]) -> None:

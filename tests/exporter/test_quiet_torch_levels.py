@@ -47,3 +47,17 @@ def test_levels_restored_when_the_block_raises() -> None:
     assert logging.getLogger("torch.onnx._internal.exporter").isEnabledFor(logging.WARNING) == (
         logging.getLogger("torch.onnx._internal.exporter").getEffectiveLevel() <= logging.WARNING
     )
+
+
+def test_a_logger_that_replaced_its_placeholder_is_quieted() -> None:
+    """``logging`` first registers a parent of a new logger as a PlaceHolder and later replaces it
+    in place by the Logger (the count of loggers stays the same): that Logger's cached answer
+    must still be cleared inside the block."""
+    logging.getLogger("torch.onnx._quiet_test_parent.child")  # the parent is a PlaceHolder now
+    with quiet_torch():  # remembers the quieted family as it is
+        pass
+    parent = logging.getLogger("torch.onnx._quiet_test_parent")  # replaces the PlaceHolder
+    expected = parent.isEnabledFor(logging.WARNING)  # fills its cache outside the block
+    with quiet_torch():
+        assert not parent.isEnabledFor(logging.WARNING)
+    assert parent.isEnabledFor(logging.WARNING) == expected
