@@ -229,7 +229,7 @@ def compile_library(name: str, sources: Sequence[Path], *, includes: Sequence[Pa
               if src.resolve().parent == own else None for src in sources]  # fmt: skip
     with process_lock(folder):
         if not target.exists():  # another process may have built it while we waited
-            with announce_build(f"{name} (native kernel library)", "15-45 s"):
+            with announce_build(f"{name} (the native kernel library, {variant} build)", "15-45 s"):
                 _compile(cxx, flags, target, list(sources), includes, defines, cached)
     return target.resolve()
 
