@@ -587,11 +587,10 @@ void prepare_fast(const Geometry& g, const LaneGeometry& lg, int64_t b, int64_t 
 
 // The tap pass of the fast path: as taps_avx / taps_generic, with the rows given as indices.
 template <int NV>
-inline void fast_taps_chunk(const FastUnit& u, int64_t key_stride, int64_t gv_stride, const float* go, int64_t d0,
+inline void fast_taps_chunk(const FastUnit& u, const float* go, int64_t d0,
                             __m256* parts, bool first) {
   __m256 gr[NV];
   for (int k = 0; k < NV; ++k) gr[k] = _mm256_loadu_ps(go + d0 + 8 * k);
-  (void)key_stride; (void)gv_stride;
   const float* const* tv = u.tv.data();
   float* const* tgv = u.tgv.data();
   const float* taw = u.taw.data();
@@ -614,19 +613,19 @@ inline void fast_taps_chunk(const FastUnit& u, int64_t key_stride, int64_t gv_st
 }
 
 void process_fast(const Geometry& g, const LaneGeometry& lg, const float* grad, float* gloc, float* gattn,
-                  int64_t gv_stride, const FastUnit& u, TapScratch<float>& ts) {
+                  const FastUnit& u, TapScratch<float>& ts) {
   const float* go = grad + u.bq * g.M * g.D + u.h * g.D;
-  const int64_t n = u.taps, key_stride = g.M * g.D;
+  const int64_t n = u.taps;
   float* dots = ts.dots.data();
   if (g.D % 8 == 0) {
     const int64_t padded = (n + 7) / 8 * 8;
     __m256* parts = ts.parts.data();
     int64_t d0 = 0;
-    for (; d0 + 32 <= g.D; d0 += 32) fast_taps_chunk<4>(u, key_stride, gv_stride, go, d0, parts, d0 == 0);
+    for (; d0 + 32 <= g.D; d0 += 32) fast_taps_chunk<4>(u, go, d0, parts, d0 == 0);
     switch ((g.D - d0) / 8) {
-      case 1: fast_taps_chunk<1>(u, key_stride, gv_stride, go, d0, parts, d0 == 0); break;
-      case 2: fast_taps_chunk<2>(u, key_stride, gv_stride, go, d0, parts, d0 == 0); break;
-      case 3: fast_taps_chunk<3>(u, key_stride, gv_stride, go, d0, parts, d0 == 0); break;
+      case 1: fast_taps_chunk<1>(u, go, d0, parts, d0 == 0); break;
+      case 2: fast_taps_chunk<2>(u, go, d0, parts, d0 == 0); break;
+      case 3: fast_taps_chunk<3>(u, go, d0, parts, d0 == 0); break;
       default: break;
     }
     for (int64_t t = n; t < padded; ++t) parts[t] = _mm256_setzero_ps();
@@ -710,7 +709,7 @@ void backward_block_fast(const Geometry& g, int64_t b, int64_t h0, int64_t h1, i
   prepare(0, units[0]);
   for (int64_t i = 0; i < total; ++i) {
     if (i + 1 < total) prepare(i + 1, units[(i + 1) & 1]);
-    process_fast(g, lg, grad, gloc, gattn, gv_stride, units[i & 1], ts);
+    process_fast(g, lg, grad, gloc, gattn, units[i & 1], ts);
   }
 }
 #endif
