@@ -11,6 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+from test_localize_reuse import planted_my_add
 
 import onnx_custom
 import onnx_custom.ops.seed  # defines onnx_custom::my_add
@@ -43,13 +44,6 @@ def _args(batch: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(batch, 4, generator=g), torch.randn(batch, 4, generator=g)
 
 
-def _broken_translation() -> onnx_custom.Registry:
-    registry = onnx_custom.default_registry().copy()
-    # Wrong on purpose: 3a + b instead of 2a + b.
-    registry.symbolic("onnx_custom::my_add", opset=1, replace=True)(lambda g, a, b: g.op("Add", g.op("Mul", a, g.constant(3.0, like=a)), b))
-    return registry
-
-
 def _custom_node(kernel_scale: float) -> tuple[onnx_custom.Registry, KernelRegistry]:
     """my_add as a custom node ``octest_pass::my_add`` whose Python kernel computes ``scale * a + b``."""
     kernels = KernelRegistry()
@@ -80,7 +74,8 @@ def _count_whole_file_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def test_a_failing_trial_is_judged_on_the_whole_file_and_localized(monkeypatch: pytest.MonkeyPatch) -> None:
     model, args = ReluAddScale().eval(), _args()
-    registry = _broken_translation()
+    registry = onnx_custom.default_registry().copy()
+    registry.symbolic("onnx_custom::my_add", opset=1, replace=True)(planted_my_add)  # 3a + b
     proto = onnx_custom.export(model, args, exporter="dynamo", registry=registry)
     runs = _count_whole_file_runs(monkeypatch)
     report = onnx_custom.verify(model, args, proto, registry=registry, localize=True, raise_on_mismatch=False)
