@@ -41,7 +41,7 @@ _NEW_ATTRIBUTE = {
     ("Reshape", 14): "allowzero", ("Cast", 19): "saturate", ("Shape", 15): "start",
     ("AveragePool", 19): "dilations", ("ScatterND", 16): "reduction", ("ScatterND", 18): "reduction",
     ("ScatterElements", 16): "reduction", ("ScatterElements", 18): "reduction",
-    ("BatchNormalization", 14): "training_mode",
+    ("BatchNormalization", 14): "training_mode", ("Split", 18): "num_outputs",
 }
 
 

@@ -21,6 +21,11 @@ import torch
 from onnx_custom.errors import OnnxCustomError, SymbolicError
 from onnx_custom.translate.attributes import AttrValue, c_contiguous, convert_attribute
 from onnx_custom.translate.names import parse_node_type
+from onnx_custom.translate.opset_upgrade import (
+    attributes_moved_to_inputs,
+    numpy_dtype_of_onnx,
+    split_outputs_attribute,
+)
 from onnx_custom.translate.standard_ops import check_standard_node
 from onnx_custom.translate.torch_errors import translation_error
 from onnx_custom.translate.type_check import NodeInput, check_node_types
@@ -131,6 +136,8 @@ class GraphBuilder(abc.ABC):
         where = f"{self.target}: g.op({node_type!r}): "
         attrs = [convert_attribute(name, value, where=where) for name, value in attributes.items() if value is not None]
         converted = [self._input(domain, op_type, i, value) for i, value in enumerate(inputs)]
+        if not domain:
+            attrs = self._upgrade_attributes(where, op_type, converted, attrs, outputs)
         while converted and converted[-1] is None:  # trailing absent optional inputs are dropped
             converted.pop()
         if not domain:
@@ -154,6 +161,32 @@ class GraphBuilder(abc.ABC):
             for index, (value, meta) in enumerate(zip(result, types, strict=True)):
                 self._set_type(value, meta, index if torch_types else None)
         return result[0] if outputs == 1 else tuple(result)
+
+    def _upgrade_attributes(self, where: str, op_type: str, inputs: list[Any], attrs: list[AttrValue], outputs: int) -> list[AttrValue]:
+        """Attributes this opset takes as inputs (a symbolic written for an older opset) become
+        constant inputs, in ``inputs`` in place; returns the attributes left (`opset_upgrade`)."""
+        kept, moved = attributes_moved_to_inputs(op_type, self.opset, attrs)
+        for move in moved:
+            if move.index < len(inputs) and inputs[move.index] is not None:
+                raise SymbolicError(
+                    f"{where}{op_type} (opset {self.opset}) takes {move.attribute.name!r} as input "
+                    f"{move.index}; received it both as that input and as an attribute. Fix: pass it "
+                    "once (as the input from opset 13/18 on)."
+                )
+            if move.dtype is not None:
+                value = self.constant(move.value, dtype=numpy_dtype_of_onnx(move.dtype))
+            elif inputs and inputs[0] is not None and self.dtype(inputs[0]) is not None:
+                value = self.constant(move.value, like=inputs[0])
+            else:
+                raise SymbolicError(
+                    f"{where}{op_type} (opset {self.opset}) takes {move.attribute.name!r} as an input "
+                    f"typed like input 0, whose dtype this export does not know. Fix: pass it as "
+                    f"input {move.index}: g.constant(value, dtype=...)."
+                )
+            inputs.extend([None] * (move.index + 1 - len(inputs)))
+            inputs[move.index] = value
+        extra = split_outputs_attribute(op_type, self.opset, sum(v is not None for v in inputs), kept, outputs)
+        return kept if extra is None else [*kept, extra]
 
     def _output_types(
         self, node_type: str, outputs: int, given: Sequence[OutputMeta | torch.dtype] | None, *, custom: bool
