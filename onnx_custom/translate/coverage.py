@@ -12,7 +12,7 @@ import torch
 from onnx_custom.translate.names import QualifiedName, Target
 from onnx_custom.translate.registry import Registry, resolve_registry
 
-__all__ = ["MissingOp", "format_missing", "missing_ops_dynamo", "missing_ops_torchscript"]
+__all__ = ["MissingOp", "format_missing", "missing_fix", "missing_ops_dynamo", "missing_ops_torchscript"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,13 +28,26 @@ class MissingOp:
         return f"{self.name} (x{self.count}): {where}"
 
 
+def missing_fix(missing: list[MissingOp], opset: int) -> str:
+    """The fix for ops without a translation, naming the first one as the user would write it."""
+    name = missing[0].name.removesuffix(".default") if missing else "<ns>::<op>"
+    custom = next((m.name for m in missing if not m.name.startswith("aten::")), None)
+    node = ""
+    if custom is not None:  # a user op can also stay opaque: a custom node their own code runs
+        ns, _, op = custom.removesuffix(".default").partition("::")
+        node = (
+            f" For code ONNX cannot express (numpy, C++), the translation can emit a custom node, "
+            f"g.op('{ns}::{op.split('.')[0]}', ...), run by your kernel: @onnx_custom.kernel "
+            "(Python) or a spec's native: (C++), README 'Running custom nodes' / 'Op specs'."
+        )
+    other = ", or pick an opset listed above" if any(m.available for m in missing) else ""
+    return f"Fix: register a translation, e.g. @onnx_custom.symbolic('{name}', opset={opset}){other}.{node}"
+
+
 def format_missing(missing: list[MissingOp], exporter: str, opset: int) -> str:
     lines = [f"{len(missing)} op(s) cannot be exported with the {exporter} exporter at opset {opset}:"]
     lines += [f"  - {m.describe()}" for m in missing]
-    lines.append(
-        "Fix: register a translation with @onnx_custom.symbolic('<ns>::<op>', opset=N), or pick an "
-        "opset listed above."
-    )
+    lines.append(missing_fix(missing, opset))
     return "\n".join(lines)
 
 

@@ -30,7 +30,12 @@ from onnx_custom.errors import (
     SymbolicError,
     UnsupportedOpError,
 )
-from onnx_custom.translate.coverage import MissingOp, missing_ops_dynamo, missing_ops_torchscript
+from onnx_custom.translate.coverage import (
+    MissingOp,
+    missing_fix,
+    missing_ops_dynamo,
+    missing_ops_torchscript,
+)
 from onnx_custom.translate.names import QualifiedName, Target
 from onnx_custom.translate.registry import Registry, SymbolicEntry, default_registry
 from onnx_custom.verification.runner import STANDARD_DOMAINS
@@ -80,10 +85,7 @@ class CoverageReport:
         if self.missing:
             lines.append(f"{len(self.missing)} op(s) without a translation:")
             lines += [f"  - {m.describe()}" for m in self.missing]
-            lines.append(
-                "  Fix: register a translation with @onnx_custom.symbolic('<ns>::<op>', opset=N), "
-                "or pick an opset listed above."
-            )
+            lines.append(f"  {missing_fix(list(self.missing), self.opset)}")
         if self.translations:
             lines.append("Our translations used:")
             lines += [f"  - {t}" for t in self.translations]

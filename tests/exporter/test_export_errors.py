@@ -69,6 +69,9 @@ def test_every_missing_op_listed_at_once(exporter: str, opset: int) -> None:
         onnx_custom.export(TwoMissing(), (torch.randn(3),), exporter=exporter, opset=opset)
     assert set(info.value.missing) >= {"octest::no_translation_a", "octest::no_translation_b"} or set(info.value.missing) >= {"octest::no_translation_a.default", "octest::no_translation_b.default"}
     assert exporter in str(info.value) and f"opset {opset}" in str(info.value)
+    # the fix is written out for the first op, and a user op also learns the custom-node route
+    assert f"@onnx_custom.symbolic('octest::no_translation_a', opset={opset})" in str(info.value)
+    assert "g.op('octest::no_translation_a', ...)" in str(info.value) and "pick an opset" not in str(info.value)
 
 
 def test_missing_fake_under_dynamo() -> None:
@@ -81,8 +84,10 @@ def test_export_opset_below_every_translation() -> None:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return torch.asinh(x)
 
-    with pytest.raises(UnsupportedOpError, match=r"aten::asinh.*from opset \[9\]"):
+    with pytest.raises(UnsupportedOpError, match=r"aten::asinh.*from opset \[9\]") as info:
         onnx_custom.export(Asinh(), (torch.randn(3),), exporter="torchscript", opset=8)
+    assert "symbolic('aten::asinh', opset=8), or pick an opset listed above." in str(info.value)
+    assert "custom node" not in str(info.value)  # an ATen op is translated, not shipped as a custom node
 
 
 def _broken_registry(fn) -> Registry:  # type: ignore[no-untyped-def]
