@@ -18,6 +18,7 @@ import torch
 
 from onnx_custom.errors import DynamicShapesError
 from onnx_custom.exporter.dynamic_shapes import DynamicSpec
+from onnx_custom.exporter.export_flag import onnx_exporting
 
 __all__ = ["check_with_torch_export", "constraint_violation", "static_axes", "symbol_names_of", "unchecked_zero_one"]
 
@@ -124,8 +125,8 @@ def check_with_torch_export(model: Any, args: tuple[Any, ...], kwargs: dict[str,
     error, a Dim.AUTO it made static stays static here too (as under the dynamo exporter). Any
     other torch.export failure (a TorchScript-only model) skips the check."""
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), onnx_exporting():
+            warnings.simplefilter("ignore")  # the branch the TorchScript export takes, flag set as there
             program = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=spec.export_shapes, strict=False)
     except Exception as exc:
         violation = constraint_violation(exc, spec, allow_zero_one=True)

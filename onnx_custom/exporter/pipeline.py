@@ -58,6 +58,7 @@ from onnx_custom.exporter.constraints import (
 from onnx_custom.exporter.dim_params import rename_dims, write_metadata
 from onnx_custom.exporter.dynamic_shapes import DynamicSpec, resolve_dynamic_shapes
 from onnx_custom.exporter.dynamo_shapes import symbol_names
+from onnx_custom.exporter.export_flag import onnx_exporting
 from onnx_custom.exporter.opset_compat import lower_default_opset
 from onnx_custom.exporter.output_names import default_output_names, rename_outputs
 from onnx_custom.exporter.torchscript import registered
@@ -294,7 +295,7 @@ def trace_program(
         spec = resolve_dynamic_shapes(model, args, kwargs, dynamic_shapes=dynamic_shapes)
     failure: BaseException | None = None
     try:
-        with _reject_autograd_functions(registry), quiet_torch():
+        with _reject_autograd_functions(registry), quiet_torch(), onnx_exporting():
             return torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=spec.export_shapes, strict=False)
     except Exception as exc:
         failure = _ours(exc)

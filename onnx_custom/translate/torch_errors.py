@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from onnx_custom.errors import OnnxCustomError, SymbolicError
+from onnx_custom.errors import OnnxCustomError, SymbolicError, UnsupportedOpError
 
 __all__ = ["chain", "translation_error", "unwrap_dynamo_error", "unwrap_torchscript_error", "useful_line"]
 
@@ -112,10 +112,21 @@ def unwrap_dynamo_error(exc: BaseException) -> OnnxCustomError | None:
     )
 
 
+# The tracer's message for a Tensor?[] argument (torch.onnx.ops.symbolic's inputs).
+_OPTIONAL_TENSOR_LIST = "unsupported input list type: Tensor?"
+
+
 def unwrap_torchscript_error(exc: BaseException) -> OnnxCustomError | None:
     """Ours for a TorchScript exporter error that names the op it was translating (its message
     then carries a graph dump), else None."""
     text = str(exc)
+    if _OPTIONAL_TENSOR_LIST in text:
+        return UnsupportedOpError(
+            "The TorchScript exporter's tracer cannot record an op taking a list of optional tensors "
+            "(Tensor?[]): torch.onnx.ops.symbolic / symbolic_multi_out, or a custom op with such an "
+            "argument. Fix: export with exporter='dynamo' (the default), or declare the op with "
+            "@onnx_custom.symbolic, which serves both exporters."
+        )
     match = _OCCURRED.search(text) or _CONTAINING.search(text)
     if match is None:
         return None

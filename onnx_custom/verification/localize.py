@@ -42,6 +42,7 @@ import torch
 
 from onnx_custom.errors import OnnxCustomError
 from onnx_custom.exporter import program_cache
+from onnx_custom.exporter.export_flag import onnx_exporting
 from onnx_custom.exporter.pipeline import DEFAULT_OPSET, EXPORTERS, export_model
 from onnx_custom.translate.registry import Registry, default_registry
 from onnx_custom.verification.compare import compare_arrays
@@ -86,7 +87,7 @@ def _trace_torch(model: torch.nn.Module, args: tuple[Any, ...], *, reuse: bool =
     if remembered is not None:
         return _TorchProgram(_module_of(remembered), flat_args, remembered, reused=True)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), onnx_exporting():  # the branch the file was exported from
             warnings.simplefilter("ignore")
             exported = torch.export.export(model, args, strict=False)
     except Exception as exc:
