@@ -70,7 +70,12 @@ from onnx_custom.translate.coverage import (
     missing_ops_torchscript,
 )
 from onnx_custom.translate.registry import Registry, resolve_registry
-from onnx_custom.translate.torch_errors import chain, unwrap_dynamo_error, unwrap_torchscript_error
+from onnx_custom.translate.torch_errors import (
+    chain,
+    check_functional,
+    unwrap_dynamo_error,
+    unwrap_torchscript_error,
+)
 from onnx_custom.translate.type_check import deferring_half_precision
 
 __all__ = [
@@ -328,6 +333,7 @@ def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry,
         if not model_kwargs:
             program_cache.remember(model, args, program)  # localize reuses it instead of tracing again
         names = symbol_names_of(program, spec)
+    _check_no_mutating_ops(program)
     missing = missing_ops_dynamo(program, opset, reg)
     if missing:
         raise UnsupportedOpError(format_missing(missing, "dynamo", opset), tuple(m.name for m in missing))
@@ -353,6 +359,16 @@ def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry,
     if not isinstance(model, torch.export.ExportedProgram):
         spec = spec.without(static_axes(program, spec))
     return proto, spec
+
+
+def _check_no_mutating_ops(program: torch.export.ExportedProgram) -> None:
+    """A custom op that writes into its arguments becomes ``auto_functionalized`` in the
+    exporter's decomposition, which it cannot translate (a bare KeyError on the op). ATen's
+    in-place ops are functionalized by torch and stay allowed."""
+    for node in program.graph.nodes:
+        target = node.target
+        if node.op == "call_function" and isinstance(target, torch._ops.OpOverload) and target.namespace not in ("aten", "prims"):
+            check_functional(target.name(), target._schema)
 
 
 def _keep_output_dtypes(proto: onnx.ModelProto, program: torch.export.ExportedProgram) -> None:

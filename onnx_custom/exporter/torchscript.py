@@ -26,6 +26,7 @@ from onnx_custom.translate.attributes import AttrKind, AttrValue, c_contiguous
 from onnx_custom.translate.builder import GraphBuilder, OutputMeta, call_translation
 from onnx_custom.translate.names import Target
 from onnx_custom.translate.registry import Registry, resolve_registry
+from onnx_custom.translate.torch_errors import check_functional
 
 __all__ = ["TS_MAX_OPSET", "TS_MIN_OPSET", "TorchScriptBuilder", "registered"]
 
@@ -283,6 +284,7 @@ def _op_symbolic(registry: Registry, target: Target) -> Any:
     def symbolic(ctx: Any, *args: Any, **_node_attrs: Any) -> Any:
         entry = registry.lookup(target, ctx.opset, exporter="torchscript")
         schema = _schema_for(ctx, op_name)
+        check_functional(str(target), schema)
         inputs, attrs = _split_args(op_name, schema, args)
         dims = ts_dims(ctx)
         overload = _overload(schema)

@@ -18,13 +18,33 @@ from typing import Any
 
 from onnx_custom.errors import OnnxCustomError, SymbolicError, UnsupportedOpError
 
-__all__ = ["chain", "translation_error", "unwrap_dynamo_error", "unwrap_torchscript_error", "useful_line"]
+__all__ = ["chain", "check_functional", "mutated_arguments", "translation_error", "unwrap_dynamo_error", "unwrap_torchscript_error", "useful_line"]
 
 _OCCURRED = re.compile(r"\(Occurred when translating (?P<op>[\w:.]+)\)")
 _CONTAINING = re.compile(r"The containing node has kind '(?P<op>[\w:]+)'")
 _NODE = re.compile(r"Error when translating node %(?P<node>[\w.]+) : .*?target=(?P<target>[\w.:]+)")
 _ATTRIBUTE = re.compile(r"serialize_attribute_into with: Attr\('(?P<name>[^']+)'")
 _SERDE_NODE = re.compile(r"serialize_node_into with: Node\(name='(?P<name>[^']*)', domain='(?P<domain>[^']*)', op_type='(?P<op>[^']+)'")
+
+
+def mutated_arguments(schema: Any) -> list[str]:
+    """Names of the arguments a torch op schema writes into (``Tensor(a!) out``)."""
+    return [a.name for a in getattr(schema, "arguments", ()) if getattr(a.alias_info, "is_write", False)]
+
+
+def check_functional(op: str, schema: Any) -> None:
+    """A custom op that writes into its arguments cannot become ONNX nodes: nodes make new values,
+    and the graph would go on reading the buffer as it was before the op (TorchScript exports
+    that silently, dynamo fails inside ``auto_functionalized``). Raise with the fix instead."""
+    written = mutated_arguments(schema)
+    if written:
+        raise SymbolicError(
+            f"{op} writes into its argument(s) {written} (schema: {schema}); ONNX nodes are "
+            "functional, so an exported graph would read those buffers as they were before the op. "
+            "Fix: export a functional version of the op, one that returns the result "
+            "(torch.library.custom_op(..., mutates_args=()) returning a tensor), and call it from "
+            "the model; the mutating op can stay for eager code."
+        )
 
 
 def useful_line(text: str, limit: int = 300) -> str:

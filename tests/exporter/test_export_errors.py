@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 import torch
@@ -197,3 +198,43 @@ def test_verify_structure_mismatch_and_bad_files(tmp_path) -> None:
     buffer = io.BytesIO()
     onnx_custom.export(MyAdd(), ARGS2, buffer)
     assert buffer.getvalue()
+
+
+@torch.library.custom_op("octest::add_into", mutates_args=("out",))
+def add_into(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(x + y)
+
+
+@add_into.register_fake
+def _(x, y, out):  # type: ignore[no-untyped-def]
+    return None
+
+
+@onnx_custom.symbolic("octest::add_into", opset=13)
+def _add_into_onnx(g, x, y, out):  # type: ignore[no-untyped-def]
+    return g.op("Add", x, y)
+
+
+class WritesIntoABuffer(torch.nn.Module):
+    """The out-argument style of mmcv's C++ ops, as a torch.library op writing into ``out``."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        torch.ops.octest.add_into(x, y, out)
+        return out * 2
+
+
+def test_a_custom_op_writing_into_its_argument_is_refused_under_dynamo(tmp_path: Path) -> None:
+    with pytest.raises(SymbolicError, match=r"octest::add_into writes into its argument\(s\) \['out'\].*Fix: export a functional version"):
+        onnx_custom.export(WritesIntoABuffer(), (torch.randn(2, 3), torch.randn(2, 3)), tmp_path / "m.onnx", exporter="dynamo")
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_a_custom_op_writing_into_its_argument_fails_verification_under_torchscript(tmp_path: Path) -> None:
+    # TorchScript's dead-code pass drops the op (it returns nothing) before any symbolic runs, so
+    # the file reads the empty buffer: the export cannot see it, verification must say FAILED.
+    args = (torch.randn(2, 3), torch.randn(2, 3))
+    path = tmp_path / "m.onnx"
+    onnx_custom.export(WritesIntoABuffer(), args, path, exporter="torchscript")
+    report = onnx_custom.verify(WritesIntoABuffer(), args, path, raise_on_mismatch=False)
+    assert not report.passed
