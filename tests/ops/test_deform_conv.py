@@ -362,7 +362,7 @@ def test_build_failure_is_an_extension_build_error(tmp_path, monkeypatch) -> Non
     blocker = tmp_path / "not_a_dir"
     blocker.write_text("")
     monkeypatch.setenv("ONNX_CUSTOM_CACHE_DIR", str(blocker))
-    kernels = KernelModule(module._EXTENSION, module._SOURCE, module._cflags)  # not loaded yet
+    kernels = KernelModule(module._EXTENSION, module._SOURCE, module._cflags, headers=module._headers)  # not loaded yet
     with pytest.raises(ExtensionBuildError, match="ONNX_CUSTOM_CACHE_DIR"):
         kernels.load()
     monkeypatch.undo()
