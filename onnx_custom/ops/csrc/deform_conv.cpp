@@ -42,7 +42,7 @@ Geometry make_geometry(const at::Tensor& input, const at::Tensor& weight, int64_
   g.sh = sh; g.sw = sw; g.ph = ph; g.pw = pw; g.dh = dh; g.dw = dw;
   g.groups = groups; g.offset_groups = offset_groups; g.cpog = g.C / offset_groups;
   g.use_mask = use_mask;
-  TORCH_CHECK((g.H + 2) * (g.W + 2) < (int64_t(1) << 31),
+  TORCH_CHECK((g.H + 3) * (g.W + 2) < (int64_t(1) << 31),
               "deform_conv2d: (H+2)*(W+2) must be below 2^31 (32-bit plane indices)");
   return g;
 }
@@ -56,18 +56,20 @@ inline at::Tensor dense(const at::Tensor& t, at::ScalarType ct) {
   return t.to(ct).contiguous();
 }
 
-// Zero-bordered [N, C, H+2, W+2] copy of the input in the compute dtype (one pass: the copy
-// converts and gathers any strides).
+// Zero-bordered [N, C, H+3, W+2] copy of the input in the compute dtype (one pass: the copy
+// converts and gathers any strides). Below the bottom border one more zero row: off-image taps
+// point at the bottom border's first pixel, so all four of their corners read zeros (pointing
+// them at pixel 0 read the image's first pixel as a corner: an Inf or NaN there made every
+// off-image sample NaN, 0 * Inf, where torchvision gives 0).
 inline at::Tensor padded_copy(const at::Tensor& input, at::ScalarType ct) {
   const int64_t H = input.size(2), W = input.size(3);
-  at::Tensor padded = at::zeros({input.size(0), input.size(1), H + 2, W + 2},
+  at::Tensor padded = at::zeros({input.size(0), input.size(1), H + 3, W + 2},
                                 input.options().dtype(ct));
   padded.slice(2, 1, H + 1).slice(3, 1, W + 1).copy_(input);
   return padded;
 }
 
-
-// Forward taps on a zero-bordered image (H+2 x W+2), structure-of-arrays so the sampling loop
+// Forward taps on a zero-bordered image (H+3 x W+2), structure-of-arrays so the sampling loop
 // vectorizes: per sample one base index (corners base, base+1, base+Wp, base+Wp+1 are always in
 // bounds) and four bilinear weights with the mask folded in; off-image samples weigh 0.
 // Weights are interleaved per row pair: top = (w00, w01), bottom = (w10, w11), matching the two
@@ -93,7 +95,7 @@ void build_pad_taps(const Geometry& g, const T* off, const T* mask, int64_t og, 
         tb.bottom[2 * i + 1] = ly * lx * m;
       },
       [&](int64_t i) {
-        tb.base[i] = 0;
+        tb.base[i] = static_cast<int32_t>((g.H + 1) * (g.W + 2));  // zeros: see padded_copy
         tb.top[2 * i] = tb.top[2 * i + 1] = tb.bottom[2 * i] = tb.bottom[2 * i + 1] = T(0);
       });
 }
@@ -144,7 +146,7 @@ inline void sample_row(const T* __restrict plane, int64_t Wp, const TapBlock<T>&
 template <typename T>
 void im2col_tile(const Geometry& g, const T* padded, const T* off, const T* mask, int64_t p0,
                  int64_t len, TapBlock<T>& tb, T* cols) {
-  const int64_t HWp = (g.H + 2) * (g.W + 2), Wp = g.W + 2;
+  const int64_t HWp = (g.H + 3) * (g.W + 2), Wp = g.W + 2;
   for (int64_t og = 0; og < g.offset_groups; ++og) {
     for (int64_t k = 0; k < g.K; ++k) {
       build_pad_taps(g, off, mask, og, k, p0, len, tb, k * len);
@@ -416,7 +418,7 @@ at::Tensor forward(const at::Tensor& input_, const at::Tensor& weight_, const at
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t n = b / tiles, p0 = (b % tiles) * kTile, len = std::min(kTile, g.P - p0);
         const scalar_t* m = use_mask ? mask.data_ptr<scalar_t>() + n * mask_stride : nullptr;
-        im2col_tile(g, padded.data_ptr<scalar_t>() + n * g.C * (g.H + 2) * (g.W + 2),
+        im2col_tile(g, padded.data_ptr<scalar_t>() + n * g.C * (g.H + 3) * (g.W + 2),
                     offset.data_ptr<scalar_t>() + n * off_stride, m, p0, len, taps,
                     cols.data_ptr<scalar_t>());
         const at::Tensor c2 = cols.narrow(0, 0, g.C * g.K * len).view({g.C * g.K, len});
