@@ -356,20 +356,20 @@ void deform_conv_channels_last(Context& ctx, const Geometry& g, const T* input, 
                                       g.use_mask ? mask + n * mask_stride : nullptr, p0, len, taps,
                                       cols.data(), avx512);
       T* out = output + n * g.Cout * g.P + p0;
-  #ifdef ONNX_CUSTOM_DCN_AVX512
+#ifdef ONNX_CUSTOM_DCN_AVX512
       if constexpr (std::is_same_v<T, float>) {
         if (avx512) {
           onnx_custom_dcn::gemm_tile(g, cols.data(), len, packed.data(), bias, out);
           return;
         }
       }
-  #endif
+#endif
       for (int64_t grp = 0; grp < g.groups; ++grp) {
         T* out_g = out + grp * g.cout_g * g.P;
         for (int64_t co = 0; co < g.cout_g; ++co) {
           std::fill(out_g + co * g.P, out_g + co * g.P + len, bias[grp * g.cout_g + co]);
         }
-        // B[k, t] = cols[t * CK + grp * rows + k]: the columns as written, no repacking here.
+        // B[k, t] = cols[t * CK + grp * rows + k]: the columns as written (gemm() packs them).
         gemm(g.cout_g, len, rows, wt.data() + grp * g.cout_g * rows, rows, 1,
              cols.data() + grp * rows, 1, CK, out_g, g.P, /*accumulate=*/true);
       }
