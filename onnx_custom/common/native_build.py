@@ -141,11 +141,14 @@ def process_lock(directory: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def extension_directory(name: str, source: Path, flags: Sequence[str]) -> Path:
-    """Cache folder keyed by source, flags, torch, python and compiler."""
+def extension_directory(name: str, source: Path, flags: Sequence[str], headers: Sequence[Path] = ()) -> Path:
+    """Cache folder keyed by source, headers, flags, torch, python and compiler."""
     import torch
 
     key = hashlib.sha256(source.read_bytes())
+    for header in headers:
+        key.update(header.name.encode())
+        key.update(header.read_bytes())
     # torch's location too: build.ninja names its include paths, so two venvs sharing one cache
     # would otherwise keep rebuilding each other's copy.
     for part in (torch.__version__, os.path.dirname(torch.__file__), sys.version, sys.platform, _cxx(), " ".join(flags)):
@@ -186,15 +189,18 @@ def _import_extension(name: str, library: Path) -> ModuleType:
     return module
 
 
-def build_torch_extension(name: str, source: Path, *, extra_cflags: Sequence[str] = ("-O2",), is_python_module: bool, verbose: bool = False, usual: str = "30-60 s") -> ModuleType | Path:
+def build_torch_extension(name: str, source: Path, *, extra_cflags: Sequence[str] = ("-O2",), is_python_module: bool, verbose: bool = False, usual: str = "30-60 s",
+                          headers: Sequence[Path] = ()) -> ModuleType | Path:  # fmt: skip
     """Build (first call) or load ``source`` with ``torch.utils.cpp_extension.load``.
 
-    Returns the Python module, or with ``is_python_module=False`` (a ``TORCH_LIBRARY`` op library)
-    the loaded shared library's path.
+    ``headers``: files the source includes by bare name (``#include "x.h"``), copied beside it into
+    the build folder and part of its key (e.g. the kernels the eager op shares with the native
+    library). Returns the Python module, or with ``is_python_module=False`` (a ``TORCH_LIBRARY`` op
+    library) the loaded shared library's path.
     """
     from torch.utils import cpp_extension
 
-    directory = extension_directory(name, source, extra_cflags)
+    directory = extension_directory(name, source, extra_cflags, headers)
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -210,9 +216,11 @@ def build_torch_extension(name: str, source: Path, *, extra_cflags: Sequence[str
             return _import_extension(name, library) if is_python_module else _load_library(library)
         # Build from a copy inside the keyed folder: build.ninja then names the same path for
         # every checkout/venv sharing the cache, so identical sources never rebuild each other.
+        for file in (source, *headers):
+            local = directory / file.name
+            if not local.exists() or local.read_bytes() != file.read_bytes():
+                local.write_bytes(file.read_bytes())
         local = directory / source.name
-        if not local.exists() or local.read_bytes() != source.read_bytes():
-            local.write_bytes(source.read_bytes())
         try:
             with announce_build(f"the C++ extension {name}", usual):
                 result = cpp_extension.load(
@@ -236,14 +244,16 @@ class KernelModule:
     others wait), then served from memory without a lock. ``cflags`` is called when needed, not
     at import (it may ask torch about the CPU)."""
 
-    def __init__(self, name: str, source: Path, cflags: Callable[[], Sequence[str]], usual: str = "30-60 s") -> None:
+    def __init__(self, name: str, source: Path, cflags: Callable[[], Sequence[str]], usual: str = "30-60 s",
+                 headers: Callable[[], Sequence[Path]] = tuple) -> None:  # fmt: skip
         self.name, self.source, self._cflags, self.usual = name, source, cflags, usual
+        self._headers = headers  # called when needed: finding them may import a sibling package
         self._lock = threading.Lock()
         self._module: ModuleType | None = None
 
     def directory(self) -> Path:
         """The build-cache folder (`extension_built` tells whether the first load still compiles)."""
-        return extension_directory(self.name, self.source, self._cflags())
+        return extension_directory(self.name, self.source, self._cflags(), self._headers())
 
     def load(self) -> ModuleType:
         """Build (first call) or load the cached kernels."""
@@ -251,7 +261,8 @@ class KernelModule:
         if module is None:
             with self._lock:
                 if self._module is None:
-                    built = build_torch_extension(self.name, self.source, extra_cflags=self._cflags(), is_python_module=True, usual=self.usual)
+                    built = build_torch_extension(self.name, self.source, extra_cflags=self._cflags(), is_python_module=True,
+                                                  usual=self.usual, headers=self._headers())  # fmt: skip
                     assert isinstance(built, ModuleType)
                     self._module = built
                 module = self._module

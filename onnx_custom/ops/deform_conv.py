@@ -145,7 +145,16 @@ def _cflags() -> list[str]:
     return flags
 
 
-_KERNELS = KernelModule(_EXTENSION, _SOURCE, _cflags)
+def _headers() -> list[Path]:
+    # The kernels the native library runs too (one copy of the forward's math): the torch-free
+    # header in ort_kernels/native, found like the native build finds its sources (imported here:
+    # importing the op should not load the native build machinery).
+    from onnx_custom.runtime.native import sources_dir
+
+    return [sources_dir() / "deform_conv_kernels.h"]
+
+
+_KERNELS = KernelModule(_EXTENSION, _SOURCE, _cflags, headers=_headers)
 build_directory = _KERNELS.directory  # the C++ kernels' build-cache folder (the zoo announces a build)
 load_extension = _KERNELS.load  # build (first call, ~30 s) or load the cached C++ kernels
 

@@ -2,16 +2,20 @@
 // emitted for deform_conv2d below opset 19. Inputs (input, weight, offset, mask, bias), INT
 // attributes stride_h .. use_mask; semantics of ort_kernels/deform_conv.py and ops/deform_conv.py.
 //
-// Algorithm (the eager op's, without torch): the image is copied into a zero-bordered plane so
-// the 4 bilinear corners of any in-image sample are always in bounds; output positions are cut
-// into tiles; one thread-pool task per (image, tile) samples its im2col columns (taps built once
-// per tile, swept over every channel, AVX2 gathers where available) and multiplies them by the
-// weights with the GEMM, straight into the output rows. float16/bfloat16 run in float32.
+// Algorithm (the eager op's, without torch; deform_conv_kernels.h holds the math both share).
+// Output positions are cut into tiles; one thread-pool task per (image, tile) samples its im2col
+// columns and multiplies them by the weights straight into the output rows. With at least 8
+// channels per offset group the image is first converted to a zero-bordered channels-last copy
+// and sampled 16 channels per vector (AVX-512) or by the compiler's loop, and the float GEMM is
+// the eager op's AVX-512 kernel (our gemm() elsewhere). With fewer channels each zero-bordered
+// NCHW plane is sampled with gathers (AVX2) into packed GEMM strips. float16/bfloat16 run in
+// float32.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 
+#include "deform_conv_kernels.h"
 #include "gemm.h"
 #include "numeric.h"
 #include "ort_gemm.h"
@@ -33,10 +37,10 @@ struct Params {
   bool use_mask;
 };
 
-struct Geometry {
-  int64_t N, C, H, W, Cout, kh, kw, K, Ho, Wo, P, cin_g, cout_g, cpog;
+// The shared geometry (sizes and attributes) plus what the gather path indexes with.
+struct Geometry : onnx_custom_dcn::Geometry {
+  int64_t cin_g, cout_g;
   int64_t Wp, plane;  // padded row length and plane size: (H + 3) x (W + 2)
-  Params p;
 };
 
 int64_t out_size(int64_t size, int64_t kernel, int64_t stride, int64_t pad, int64_t dilation) {
@@ -64,36 +68,21 @@ struct Taps {
 template <typename T>
 void build_taps(const Geometry& g, const T* off, const T* mask, int64_t og, int64_t k, int64_t p0,
                 int64_t len, Taps<T>& t, int64_t at) {
-  const int64_t i = k / g.kw, j = k % g.kw;
-  const T* dy_row = off + (2 * (og * g.K + k)) * g.P;
-  const T* dx_row = dy_row + g.P;
-  const T* m_row = g.p.use_mask ? mask + (og * g.K + k) * g.P : nullptr;
   const int32_t zeros = static_cast<int32_t>((g.H + 1) * g.Wp);
-  int64_t oh = p0 / g.Wo, ow = p0 % g.Wo;  // advanced incrementally: no division per sample
-  for (int64_t q = 0; q < len; ++q, ++ow) {
-    if (ow == g.Wo) {
-      ow = 0;
-      ++oh;
-    }
-    const int64_t p = p0 + q, e = at + q;
-    const T y = static_cast<T>(oh * g.p.sh - g.p.ph + i * g.p.dh) + dy_row[p];
-    const T x = static_cast<T>(ow * g.p.sw - g.p.pw + j * g.p.dw) + dx_row[p];
-    // torchvision's support: zero unless -1 < y < H and -1 < x < W (NaN lands outside too)
-    if (!(y > T(-1) && y < static_cast<T>(g.H) && x > T(-1) && x < static_cast<T>(g.W))) {
-      t.base[e] = zeros;
-      t.top[2 * e] = t.top[2 * e + 1] = t.bottom[2 * e] = t.bottom[2 * e + 1] = T(0);
-      continue;
-    }
-    const T fy = std::floor(y), fx = std::floor(x);
-    const T ly = y - fy, lx = x - fx, hy = T(1) - ly, hx = T(1) - lx;
-    const T m = m_row ? m_row[p] : T(1);
-    const int64_t y0 = static_cast<int64_t>(fy), x0 = static_cast<int64_t>(fx);
-    t.base[e] = static_cast<int32_t>((y0 + 1) * g.Wp + (x0 + 1));
-    t.top[2 * e] = hy * hx * m;
-    t.top[2 * e + 1] = hy * lx * m;
-    t.bottom[2 * e] = ly * hx * m;
-    t.bottom[2 * e + 1] = ly * lx * m;
-  }
+  onnx_custom_dcn::build_taps<onnx_custom_dcn::Support::kForward>(
+      g, off, mask, og, k, p0, len, at,
+      [&](int64_t e, int64_t base, T ly, T lx, T m) {
+        const T hy = T(1) - ly, hx = T(1) - lx;
+        t.base[e] = static_cast<int32_t>(base);
+        t.top[2 * e] = hy * hx * m;
+        t.top[2 * e + 1] = hy * lx * m;
+        t.bottom[2 * e] = ly * hx * m;
+        t.bottom[2 * e + 1] = ly * lx * m;
+      },
+      [&](int64_t e) {
+        t.base[e] = zeros;
+        t.top[2 * e] = t.top[2 * e + 1] = t.bottom[2 * e] = t.bottom[2 * e + 1] = T(0);
+      });
 }
 
 template <typename T>
@@ -216,7 +205,7 @@ void im2col_tile(const Geometry& g, Sampler<T> sample, const T* padded, const T*
                  const T* mask, int64_t p0, int64_t len, int64_t S, Taps<T>& taps, T* cols) {
   const int64_t rows = g.cin_g * g.K, strips = (len + S - 1) / S;
   const int64_t strip_stride = rows * S, group_stride = strips * strip_stride;
-  for (int64_t og = 0; og < g.p.offset_groups; ++og) {
+  for (int64_t og = 0; og < g.offset_groups; ++og) {
     for (int64_t k = 0; k < g.K; ++k) build_taps(g, off, mask, og, k, p0, len, taps, k * len);
     for (int64_t c = og * g.cpog; c < (og + 1) * g.cpog; ++c) {
       const int64_t gi = c / g.cin_g, first_row = (c - gi * g.cin_g) * g.K;
@@ -228,10 +217,12 @@ void im2col_tile(const Geometry& g, Sampler<T> sample, const T* padded, const T*
   }
 }
 
-// output[N, Cout, Ho, Wo] for T in {float, double} (16-bit types are widened by the caller).
+// The gather path of deform_conv (fewer than 8 channels per offset group): zero-bordered NCHW
+// planes, sampled per plane into packed GEMM strips; ORT's Gemm when the kernel chose it.
 template <typename T>
-void deform_conv(Context& ctx, const Geometry& g, const T* input, const T* weight, const T* offset,
-                 const T* mask, const T* bias, T* output, const OrtGemm* ort_gemm) {
+void deform_conv_planes(Context& ctx, const Geometry& g, const T* input, const T* weight,
+                        const T* offset, const T* mask, const T* bias, T* output,
+                        const OrtGemm* ort_gemm) {
   // Uninitialized, then every element written once: the border zeros and the image rows (a
   // zero-filled allocation would write the whole buffer twice).
   std::unique_ptr<T[]> padded(new T[static_cast<size_t>(g.N * g.C * g.plane)]);
@@ -249,13 +240,13 @@ void deform_conv(Context& ctx, const Geometry& g, const T* input, const T* weigh
     }
   });
   const int64_t tiles = (g.P + kTile - 1) / kTile, rows = g.cin_g * g.K;
-  const int64_t off_stride = 2 * g.p.offset_groups * g.K * g.P, mask_stride = off_stride / 2;
+  const int64_t off_stride = 2 * g.offset_groups * g.K * g.P, mask_stride = off_stride / 2;
   const bool ours = ort_gemm == nullptr || !std::is_same_v<T, float> || rows == 0;
   // Our GEMM reads the columns as packed strips and the weights packed once per call.
   const int64_t S = ours ? gemm_nr<T>() : 0;
   const size_t packed_size = ours ? packed_a_size<T>(g.cout_g, rows) : 0;
-  std::vector<T> packed_w(packed_size * static_cast<size_t>(g.p.groups));
-  for (int64_t grp = 0; ours && grp < g.p.groups; ++grp) {
+  std::vector<T> packed_w(packed_size * static_cast<size_t>(g.groups));
+  for (int64_t grp = 0; ours && grp < g.groups; ++grp) {
     pack_a<T>(weight + grp * g.cout_g * rows, rows, g.cout_g, rows, packed_w.data() + grp * packed_size);
   }
   const Sampler<T> sample = sampler<T>();
@@ -266,10 +257,10 @@ void deform_conv(Context& ctx, const Geometry& g, const T* input, const T* weigh
     const int64_t len = std::min(kTile, g.P - p0), width = ours ? S : len;
     const int64_t group_stride = (len + width - 1) / width * width * rows;
     taps.resize(static_cast<size_t>(g.K * kTile));
-    if (cols.size() < static_cast<size_t>(group_stride * g.p.groups)) cols.resize(group_stride * g.p.groups);
+    if (cols.size() < static_cast<size_t>(group_stride * g.groups)) cols.resize(group_stride * g.groups);
     im2col_tile(g, sample, padded.get() + n * g.C * g.plane, offset + n * off_stride,
-                g.p.use_mask ? mask + n * mask_stride : nullptr, p0, len, width, taps, cols.data());
-    for (int64_t grp = 0; grp < g.p.groups; ++grp) {
+                g.use_mask ? mask + n * mask_stride : nullptr, p0, len, width, taps, cols.data());
+    for (int64_t grp = 0; grp < g.groups; ++grp) {
       const T* b = cols.data() + grp * group_stride;
       T* out = output + (n * g.Cout + grp * g.cout_g) * g.P + p0;
       const T* bias_g = bias + grp * g.cout_g;
@@ -290,12 +281,132 @@ void deform_conv(Context& ctx, const Geometry& g, const T* input, const T* weigh
   });
 }
 
+// Zero-bordered channels-last copies [H+2, W+2, C] of images [n0, n1) of the NCHW input into dst,
+// one task per bordered row; every element written once (border zeros and interior).
+template <typename T>
+void bordered_channels_last(Context& ctx, const Geometry& g, const T* input, int64_t n0, int64_t n1,
+                            T* dst) {
+  const int64_t row = (g.W + 2) * g.C, rows = g.H + 2;
+  // Pixels per transposed block: 16 output pixels x C channels stay in L1 while the C input rows
+  // are read contiguously.
+  constexpr int64_t kBlock = 16;
+  ctx.parallel_for(static_cast<size_t>((n1 - n0) * rows), [&](size_t item) {
+    const int64_t i = static_cast<int64_t>(item) / rows, y = static_cast<int64_t>(item) % rows;
+    T* out = dst + (i * rows + y) * row;
+    if (y == 0 || y == g.H + 1) {
+      std::fill(out, out + row, T(0));
+      return;
+    }
+    std::fill(out, out + g.C, T(0));
+    std::fill(out + (g.W + 1) * g.C, out + row, T(0));
+    const T* src = input + (n0 + i) * g.C * g.H * g.W + (y - 1) * g.W;
+    for (int64_t x0 = 0; x0 < g.W; x0 += kBlock) {
+      const int64_t x1 = std::min(g.W, x0 + kBlock);
+      for (int64_t c = 0; c < g.C; ++c) {
+        const T* s = src + c * g.H * g.W;
+        for (int64_t x = x0; x < x1; ++x) out[(x + 1) * g.C + c] = s[x];
+      }
+    }
+  });
+}
+
+// The channels-last path of deform_conv (at least 8 channels per offset group): the eager op's
+// forward (deform_conv_kernels.h), tile by tile. avx512: the float sampler and GEMM run the
+// AVX-512 kernels (the caller checked the CPU); else the compiler's sampling loop and gemm().
+template <typename T>
+void deform_conv_channels_last(Context& ctx, const Geometry& g, const T* input, const T* weight,
+                               const T* offset, const T* mask, const T* bias, T* output,
+                               bool avx512) {
+  constexpr int64_t kTile = onnx_custom_dcn::kChannelsLastTile;
+  const int64_t image = (g.H + 2) * (g.W + 2) * g.C, rows = g.cin_g * g.K, CK = g.C * g.K;
+  const int64_t tiles = (g.P + kTile - 1) / kTile;
+  // Images pass by pass, each pass converting as many images as fit in ~512 KiB and then sampling
+  // them while they are still in cache (converting all N first measured ~2x the sampler's time at
+  // 64 channels, 56x56, N=4: each 0.8 MiB image had left L2 by the time it was sampled).
+  const int64_t per_pass = std::max<int64_t>(1, (int64_t(512) << 10) / (image * int64_t(sizeof(T))));
+  std::unique_ptr<T[]> images(new T[static_cast<size_t>(std::min(per_pass, g.N) * image)]);
+  const int64_t off_stride = 2 * g.offset_groups * g.K * g.P, mask_stride = off_stride / 2;
+  // The weight as [Cout, K * cin_g] ([tap][c] per output channel): the columns' row order.
+  std::vector<T> wt(static_cast<size_t>(g.Cout * rows));
+  for (int64_t co = 0; co < g.Cout; ++co) {
+    for (int64_t c = 0; c < g.cin_g; ++c) {
+      for (int64_t k = 0; k < g.K; ++k) wt[co * rows + k * g.cin_g + c] = weight[(co * g.cin_g + c) * g.K + k];
+    }
+  }
+  std::vector<float> packed;
+#ifdef ONNX_CUSTOM_DCN_AVX512
+  if constexpr (std::is_same_v<T, float>) {
+    if (avx512) {
+      packed.resize(static_cast<size_t>(onnx_custom_dcn::packed_weight_size(g)));
+      onnx_custom_dcn::pack_weight(g, wt.data(), packed.data());
+    }
+  }
+#endif
+  for (int64_t n0 = 0; n0 < g.N; n0 += per_pass) {
+    const int64_t n1 = std::min(g.N, n0 + per_pass);
+    bordered_channels_last(ctx, g, input, n0, n1, images.get());
+    ctx.parallel_for(static_cast<size_t>((n1 - n0) * tiles), [&](size_t item) {
+      thread_local onnx_custom_dcn::ForwardTaps<T> taps;
+      thread_local std::vector<T> cols;
+      const int64_t i = static_cast<int64_t>(item) / tiles, n = n0 + i;
+      const int64_t p0 = (static_cast<int64_t>(item) % tiles) * kTile, len = std::min(kTile, g.P - p0);
+      taps.reserve(g.K * kTile);
+      if (cols.size() < static_cast<size_t>(kTile * CK)) cols.resize(static_cast<size_t>(kTile * CK));
+      onnx_custom_dcn::im2col_cl_tile(g, images.get() + i * image, offset + n * off_stride,
+                                      g.use_mask ? mask + n * mask_stride : nullptr, p0, len, taps,
+                                      cols.data(), avx512);
+      T* out = output + n * g.Cout * g.P + p0;
+#ifdef ONNX_CUSTOM_DCN_AVX512
+      if constexpr (std::is_same_v<T, float>) {
+        if (avx512) {
+          onnx_custom_dcn::gemm_tile(g, cols.data(), len, packed.data(), bias, out);
+          return;
+        }
+      }
+#endif
+      for (int64_t grp = 0; grp < g.groups; ++grp) {
+        T* out_g = out + grp * g.cout_g * g.P;
+        for (int64_t co = 0; co < g.cout_g; ++co) {
+          std::fill(out_g + co * g.P, out_g + co * g.P + len, bias[grp * g.cout_g + co]);
+        }
+        // B[k, t] = cols[t * CK + grp * rows + k]: the columns as written (gemm() packs them).
+        gemm(g.cout_g, len, rows, wt.data() + grp * g.cout_g * rows, rows, 1,
+             cols.data() + grp * rows, 1, CK, out_g, g.P, /*accumulate=*/true);
+      }
+    });
+  }
+}
+
+// output[N, Cout, Ho, Wo] for T in {float, double} (16-bit types are widened by the caller).
+template <typename T>
+void deform_conv(Context& ctx, const Geometry& g, const T* input, const T* weight, const T* offset,
+                 const T* mask, const T* bias, T* output, const OrtGemm* ort_gemm, bool avx512) {
+  if (g.cpog >= onnx_custom_dcn::kChannelsLastMinChannels) {
+    deform_conv_channels_last(ctx, g, input, weight, offset, mask, bias, output, avx512);
+  } else {
+    deform_conv_planes(ctx, g, input, weight, offset, mask, bias, output, ort_gemm);
+  }
+}
+
 template <typename T>
 std::vector<float> widen(const Tensor& t) {
   std::vector<float> out(static_cast<size_t>(t.size));
   const T* p = t.as<T>();
   for (int64_t i = 0; i < t.size; ++i) out[i] = load(p[i]);
   return out;
+}
+
+// Whether the float channels-last forward runs the AVX-512 kernels: where the CPU has AVX-512F,
+// unless ONNX_CUSTOM_NATIVE_ISA caps the library below it or ONNX_CUSTOM_NATIVE_DCN=portable (read
+// at kernel creation, like ONNX_CUSTOM_NATIVE_GEMM: tests run both paths in one process).
+bool use_avx512() {
+#ifdef ONNX_CUSTOM_DCN_AVX512
+  const char* choice = std::getenv("ONNX_CUSTOM_NATIVE_DCN");
+  if (choice != nullptr && std::strcmp(choice, "portable") == 0) return false;
+  return onnx_custom_dcn::cpu_has_avx512f() && std::strcmp(gemm_isa(), "avx512") == 0;
+#else
+  return false;
+#endif
 }
 
 Params read_params(int64_t (*get)(const void*, const char*, int64_t), const void* src) {
@@ -331,7 +442,10 @@ class DeformConv2d final : public Kernel {
     // Our GEMM by default: on par with ORT's Gemm through InvokeOp here (benchmarks/native_ops.py
     // --only dcn), and it reads the im2col columns in place (packed as it samples them, no staging
     // copy), for every dtype, without invoking ORT ops from inside thread-pool tasks.
+    // (ORT's Gemm serves the gather path only: the channels-last path's columns are [t][tap][c],
+    // which its row-major Gemm cannot read in place.)
     ort_gemm_ = make_ort_gemm(choose_gemm(GemmBackend::own), attrs.raw(), /*trans_b=*/false);
+    avx512_ = use_avx512();
   }
 
   void compute(Context& ctx) override {
@@ -346,15 +460,15 @@ class DeformConv2d final : public Kernel {
       if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
         const std::vector<T> zeros(static_cast<size_t>(g.Cout), T(0));
         deform_conv<T>(ctx, g, input.as<T>(), weight.as<T>(), offset.as<T>(),
-                       g.p.use_mask ? mask.as<T>() : nullptr, bias.present ? bias.as<T>() : zeros.data(),
-                       out.mut<T>(), ort_gemm_.get());
+                       g.use_mask ? mask.as<T>() : nullptr, bias.present ? bias.as<T>() : zeros.data(),
+                       out.mut<T>(), ort_gemm_.get(), avx512_);
       } else {  // float16 / bfloat16: widen, compute in float32, round once
         const std::vector<float> in = widen<T>(input), w = widen<T>(weight), off = widen<T>(offset);
-        const std::vector<float> m = g.p.use_mask ? widen<T>(mask) : std::vector<float>();
+        const std::vector<float> m = g.use_mask ? widen<T>(mask) : std::vector<float>();
         const std::vector<float> b = bias.present ? widen<T>(bias) : no_bias;
         std::vector<float> result(static_cast<size_t>(out.size));
         deform_conv<float>(ctx, g, in.data(), w.data(), off.data(), m.empty() ? nullptr : m.data(),
-                           b.data(), result.data(), ort_gemm_.get());
+                           b.data(), result.data(), ort_gemm_.get(), avx512_);
         T* dst = out.mut<T>();
         for (int64_t i = 0; i < out.size; ++i) dst[i] = store<T>(result[i]);
       }
@@ -402,7 +516,8 @@ class DeformConv2d final : public Kernel {
     if (p_.use_mask) require_rank("mask", mask, 4, "(N, offset_groups * kh * kw, Ho, Wo)");
     if (bias.present) require_rank("bias", bias, 1, "(Cout,)");
     Geometry g;
-    g.p = p_;
+    g.sh = p_.sh; g.sw = p_.sw; g.ph = p_.ph; g.pw = p_.pw; g.dh = p_.dh; g.dw = p_.dw;
+    g.groups = p_.groups; g.offset_groups = p_.offset_groups; g.use_mask = p_.use_mask;
     g.N = input.dim(0); g.C = input.dim(1); g.H = input.dim(2); g.W = input.dim(3);
     g.Cout = weight.dim(0); g.kh = weight.dim(2); g.kw = weight.dim(3); g.K = g.kh * g.kw;
     const std::string in_s = shape_str(input.shape), w_s = shape_str(weight.shape);
@@ -462,6 +577,7 @@ class DeformConv2d final : public Kernel {
 
   Params p_;
   std::unique_ptr<OrtGemm> ort_gemm_;
+  bool avx512_ = false;
 };
 
 }  // namespace

@@ -362,8 +362,25 @@ def test_build_failure_is_an_extension_build_error(tmp_path, monkeypatch) -> Non
     blocker = tmp_path / "not_a_dir"
     blocker.write_text("")
     monkeypatch.setenv("ONNX_CUSTOM_CACHE_DIR", str(blocker))
-    kernels = KernelModule(module._EXTENSION, module._SOURCE, module._cflags)  # not loaded yet
+    kernels = KernelModule(module._EXTENSION, module._SOURCE, module._cflags, headers=module._headers)  # not loaded yet
     with pytest.raises(ExtensionBuildError, match="ONNX_CUSTOM_CACHE_DIR"):
         kernels.load()
     monkeypatch.undo()
     assert kernels.load() is module.load_extension()  # a failed build is not remembered
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan")], ids=["inf", "nan"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("channels", [1, 4, 16], ids=lambda c: f"c{c}")  # gather path below 8
+def test_off_image_samples_are_exactly_zero_next_to_non_finite_pixels(channels: int, dtype: torch.dtype, value: float) -> None:
+    """torchvision gives 0 for a sample outside the image without reading a pixel; the first
+    pixel of every plane being Inf/NaN must not leak into samples far off the image."""
+    x = torch.zeros(2, channels, 5, 6, dtype=dtype)
+    x[:, :, 0, 0] = value
+    weight = torch.ones(3, channels, 3, 3, dtype=dtype)
+    offset = torch.full((2, 18, 5, 6), 100.0, dtype=dtype)  # every sample far outside
+    mask = torch.ones(2, 9, 5, 6, dtype=dtype)
+    bias = torch.tensor([1.0, -2.0, 0.5], dtype=dtype)
+    with torch.inference_mode():
+        got = OP(x, weight, offset, mask, bias, 1, 1, 1, 1, 1, 1, 1, 1, True)
+    torch.testing.assert_close(got, bias.view(1, 3, 1, 1).expand(2, 3, 5, 6), rtol=0, atol=0)

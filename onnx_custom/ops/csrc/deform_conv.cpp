@@ -14,23 +14,21 @@
 #include <utility>
 #include <vector>
 
-// GCC and clang on x86-64 compile the AVX-512 kernels (target attributes) whatever -m flags the
-// build uses; they run only where the CPU has AVX-512F (checked at run time).
-#if defined(__GNUC__) && defined(__x86_64__)
-#define ONNX_CUSTOM_DCN_AVX512 1
-#endif
+#include "deform_conv_kernels.h"  // ort_kernels/native: the kernels the native library runs too
 
-#if defined(ONNX_CUSTOM_DCN_AVX512) || (defined(__AVX2__) && defined(__FMA__))
+#if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
 
 namespace {
 
-struct Geometry {
-  int64_t N, C, H, W, Cout, kh, kw, K, Ho, Wo, P;
-  int64_t sh, sw, ph, pw, dh, dw, groups, offset_groups, cpog;
-  bool use_mask;
-};
+using onnx_custom_dcn::build_taps;
+using onnx_custom_dcn::ForwardTaps;
+using onnx_custom_dcn::Geometry;
+using onnx_custom_dcn::kChannelsLastMinChannels;
+using onnx_custom_dcn::Segment;
+using onnx_custom_dcn::segments;
+using onnx_custom_dcn::Support;
 
 Geometry make_geometry(const at::Tensor& input, const at::Tensor& weight, int64_t sh, int64_t sw,
                        int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t groups,
@@ -44,7 +42,7 @@ Geometry make_geometry(const at::Tensor& input, const at::Tensor& weight, int64_
   g.sh = sh; g.sw = sw; g.ph = ph; g.pw = pw; g.dh = dh; g.dw = dw;
   g.groups = groups; g.offset_groups = offset_groups; g.cpog = g.C / offset_groups;
   g.use_mask = use_mask;
-  TORCH_CHECK((g.H + 2) * (g.W + 2) < (int64_t(1) << 31),
+  TORCH_CHECK((g.H + 3) * (g.W + 2) < (int64_t(1) << 31),
               "deform_conv2d: (H+2)*(W+2) must be below 2^31 (32-bit plane indices)");
   return g;
 }
@@ -58,60 +56,20 @@ inline at::Tensor dense(const at::Tensor& t, at::ScalarType ct) {
   return t.to(ct).contiguous();
 }
 
-// Zero-bordered [N, C, H+2, W+2] copy of the input in the compute dtype (one pass: the copy
-// converts and gathers any strides).
+// Zero-bordered [N, C, H+3, W+2] copy of the input in the compute dtype (one pass: the copy
+// converts and gathers any strides). Below the bottom border one more zero row: off-image taps
+// point at the bottom border's first pixel, so all four of their corners read zeros (pointing
+// them at pixel 0 read the image's first pixel as a corner: an Inf or NaN there made every
+// off-image sample NaN, 0 * Inf, where torchvision gives 0).
 inline at::Tensor padded_copy(const at::Tensor& input, at::ScalarType ct) {
   const int64_t H = input.size(2), W = input.size(3);
-  at::Tensor padded = at::zeros({input.size(0), input.size(1), H + 2, W + 2},
+  at::Tensor padded = at::zeros({input.size(0), input.size(1), H + 3, W + 2},
                                 input.options().dtype(ct));
   padded.slice(2, 1, H + 1).slice(3, 1, W + 1).copy_(input);
   return padded;
 }
 
-// Which samples a tap table keeps. kForward: torchvision's bilinear_interpolate support, -1 < y < H
-// and -1 < x < W. kGradient: torchvision's offset-gradient support, -1 <= y < H and -1 <= x < W,
-// one more line on each low side (on those lines the cell puts all weight on the zero border, so
-// the forward value, the column and the input gradient stay zero there, but the derivative from
-// above does not). Both are conjunctions of comparisons, so NaN coordinates land outside.
-enum class Support { kForward, kGradient };
-
-// The one tap builder of every table (gather forward, channels-last forward, backward): the cells
-// of kernel tap k at output positions [p0, p0 + len) of offset group og. For entry i = at + t,
-// inside(i, base, ly, lx, m) gets the bordered-image pixel (W+2 per row) of the cell's top-left
-// corner, the fractional parts and the mask value; outside(i) a sample outside `support`. The
-// tables differ only in what they store. The output row and column advance incrementally: no
-// integer division per sample.
-template <Support support, typename T, typename Inside, typename Outside>
-inline void build_taps(const Geometry& g, const T* off, const T* mask, int64_t og, int64_t k,
-                       int64_t p0, int64_t len, int64_t at, Inside&& inside, Outside&& outside) {
-  const int64_t ki = k / g.kw, kj = k % g.kw;
-  const T* dy = off + (2 * (og * g.K + k)) * g.P;
-  const T* dx = dy + g.P;
-  const T* mk = g.use_mask ? mask + (og * g.K + k) * g.P : nullptr;
-  const T H = static_cast<T>(g.H), W = static_cast<T>(g.W);
-  int64_t oh = p0 / g.Wo, ow = p0 % g.Wo;
-  for (int64_t t = 0; t < len; ++t) {
-    const int64_t p = p0 + t, i = at + t;
-    const T y = static_cast<T>(oh * g.sh - g.ph + ki * g.dh) + dy[p];
-    const T x = static_cast<T>(ow * g.sw - g.pw + kj * g.dw) + dx[p];
-    if (++ow == g.Wo) {
-      ow = 0;
-      ++oh;
-    }
-    const bool in = support == Support::kForward
-                        ? (y > T(-1) && y < H && x > T(-1) && x < W)
-                        : (y >= T(-1) && y < H && x >= T(-1) && x < W);
-    if (!in) {
-      outside(i);
-      continue;
-    }
-    const int64_t y0 = static_cast<int64_t>(std::floor(y)), x0 = static_cast<int64_t>(std::floor(x));
-    inside(i, (y0 + 1) * (g.W + 2) + (x0 + 1), y - static_cast<T>(y0), x - static_cast<T>(x0),
-           mk != nullptr ? mk[p] : T(1));
-  }
-}
-
-// Forward taps on a zero-bordered image (H+2 x W+2), structure-of-arrays so the sampling loop
+// Forward taps on a zero-bordered image (H+3 x W+2), structure-of-arrays so the sampling loop
 // vectorizes: per sample one base index (corners base, base+1, base+Wp, base+Wp+1 are always in
 // bounds) and four bilinear weights with the mask folded in; off-image samples weigh 0.
 // Weights are interleaved per row pair: top = (w00, w01), bottom = (w10, w11), matching the two
@@ -137,7 +95,7 @@ void build_pad_taps(const Geometry& g, const T* off, const T* mask, int64_t og, 
         tb.bottom[2 * i + 1] = ly * lx * m;
       },
       [&](int64_t i) {
-        tb.base[i] = 0;
+        tb.base[i] = static_cast<int32_t>((g.H + 1) * (g.W + 2));  // zeros: see padded_copy
         tb.top[2 * i] = tb.top[2 * i + 1] = tb.bottom[2 * i] = tb.bottom[2 * i + 1] = T(0);
       });
 }
@@ -188,7 +146,7 @@ inline void sample_row(const T* __restrict plane, int64_t Wp, const TapBlock<T>&
 template <typename T>
 void im2col_tile(const Geometry& g, const T* padded, const T* off, const T* mask, int64_t p0,
                  int64_t len, TapBlock<T>& tb, T* cols) {
-  const int64_t HWp = (g.H + 2) * (g.W + 2), Wp = g.W + 2;
+  const int64_t HWp = (g.H + 3) * (g.W + 2), Wp = g.W + 2;
   for (int64_t og = 0; og < g.offset_groups; ++og) {
     for (int64_t k = 0; k < g.K; ++k) {
       build_pad_taps(g, off, mask, og, k, p0, len, tb, k * len);
@@ -201,184 +159,16 @@ void im2col_tile(const Geometry& g, const T* padded, const T* off, const T* mask
   }
 }
 
-// Channels of one offset group split at convolution-group boundaries: [lo, hi) within group grp.
-struct Segment {
-  int64_t grp, lo, hi;
-};
-
-std::vector<Segment> segments(const Geometry& g, int64_t og) {
-  const int64_t cin_g = g.C / g.groups;
-  std::vector<Segment> out;
-  for (int64_t c = og * g.cpog; c < (og + 1) * g.cpog;) {
-    const int64_t grp = c / cin_g, end = std::min((og + 1) * g.cpog, (grp + 1) * cin_g);
-    out.push_back({grp, c - grp * cin_g, end - grp * cin_g});
-    c = end;
-  }
-  return out;
-}
-
-// ---- forward, channels-last ------------------------------------------------------------------
-//
-// The forward samples a bordered channels-last image [H+2, W+2, C]: a sample's four corners are
-// four contiguous channel vectors, so one tap (its cell and four weights, mask folded in,
-// computed once per (position, kernel tap) and offset group) serves all the channels of its
-// offset group with plain vector loads and FMAs, no gathers. Columns are written per position t
-// as [group][tap][c] (the backward's layout), so each convolution group's GEMM is
-// weight [cout_g, K * cin_g] x columns^T, handed to torch's BLAS straight into the output.
-
-// The forward samples channels-last from this many channels per offset group on (below, the
-// channel vectors are too short to beat per-plane gathers). Tests run both paths.
-constexpr int64_t kChannelsLastMinChannels = 8;
-
-// Forward taps of one tile and offset group: the cell's top-left bordered pixel and its four
-// bilinear weights times the mask; base -1 outside torchvision's forward support (NaN included).
-template <typename T>
-struct ForwardTaps {
-  std::vector<int64_t> base;
-  std::vector<T> w;  // 4 per tap: w00, w01, w10, w11
-  explicit ForwardTaps(int64_t n) : base(n), w(4 * n) {}
-};
-
-// Forward taps of kernel tap k at positions [p0, p0 + len), stored at entries [at, at + len).
-template <typename T>
-void build_forward_taps(const Geometry& g, const T* off, const T* mask, int64_t og, int64_t k,
-                        int64_t p0, int64_t len, ForwardTaps<T>& tp, int64_t at) {
-  build_taps<Support::kForward>(
-      g, off, mask, og, k, p0, len, at,
-      [&](int64_t i, int64_t base, T ly, T lx, T m) {
-        tp.base[i] = base;
-        T* w = tp.w.data() + 4 * i;
-        w[0] = (1 - ly) * (1 - lx) * m;
-        w[1] = (1 - ly) * lx * m;
-        w[2] = ly * (1 - lx) * m;
-        w[3] = ly * lx * m;
-      },
-      [&](int64_t i) { tp.base[i] = -1; });
-}
-
-// col[c] = bilinear sample of `count` channels; p00 is the cell's top-left pixel (first channel),
-// the other corners are one pixel (C) and one bordered row (row) further.
-template <typename T>
-inline void sample_channels_forward(const T* __restrict p00, int64_t C, int64_t row, int64_t count,
-                                    const T* w, T* __restrict col) {
-  const T* __restrict p01 = p00 + C;
-  const T* __restrict p10 = p00 + row;
-  const T* __restrict p11 = p10 + C;
-  const T w00 = w[0], w01 = w[1], w10 = w[2], w11 = w[3];
-#pragma omp simd
-  for (int64_t c = 0; c < count; ++c) {
-    col[c] = (w00 * p00[c] + w01 * p01[c]) + (w10 * p10[c] + w11 * p11[c]);
-  }
-}
 
 // Tests turn the AVX-512 kernels off to run the portable paths on AVX-512 machines too.
 bool avx512_disabled = false;
 
 bool use_avx512() {
-#ifdef ONNX_CUSTOM_DCN_AVX512
-  static const bool supported = __builtin_cpu_supports("avx512f");
-  return supported && !avx512_disabled;
+#ifdef ONNX_CUSTOM_DCN_AVX512  // defined by deform_conv_kernels.h
+  return onnx_custom_dcn::cpu_has_avx512f() && !avx512_disabled;
 #else
   return false;
 #endif
-}
-
-
-// The sampling loop of im2col_cl_tile for one offset group: every (position, tap) of the tile
-// through sample_channels_forward.
-template <typename T>
-void sample_cl_tile(const Geometry& g, const T* image, int64_t len, const ForwardTaps<T>& taps,
-                    const std::vector<Segment>& segs, T* cols) {
-  const int64_t cin_g = g.C / g.groups, rows = cin_g * g.K, CK = g.C * g.K;
-  const int64_t row = (g.W + 2) * g.C;
-  for (int64_t t = 0; t < len; ++t) {
-    for (int64_t k = 0; k < g.K; ++k) {
-      const int64_t i = k * len + t, base = taps.base[i];
-      for (const Segment& seg : segs) {
-        T* col = cols + t * CK + seg.grp * rows + k * cin_g + seg.lo;
-        const int64_t count = seg.hi - seg.lo;
-        if (base < 0) {
-          std::fill_n(col, count, T(0));
-          continue;
-        }
-        sample_channels_forward(image + base * g.C + seg.grp * cin_g + seg.lo, g.C, row, count,
-                                taps.w.data() + 4 * i, col);
-      }
-    }
-  }
-}
-
-#ifdef ONNX_CUSTOM_DCN_AVX512
-// sample_cl_tile for float with 16-channel AVX-512 vectors (a masked remainder): the compiler's
-// loop was 8 wide (AVX2) and left ~1.7 of 12.7 ms of a forward (64 channels, 56x56, 1 thread)
-// in this loop. (A lambda would not inherit the target attribute: the loop is spelled out.)
-__attribute__((target("avx512f"))) void sample_cl_tile_avx512(const Geometry& g,
-                                                               const float* image, int64_t len,
-                                                               const ForwardTaps<float>& taps,
-                                                               const std::vector<Segment>& segs,
-                                                               float* cols) {
-  const int64_t cin_g = g.C / g.groups, rows = cin_g * g.K, CK = g.C * g.K;
-  const int64_t row = (g.W + 2) * g.C;
-  for (int64_t t = 0; t < len; ++t) {
-    for (int64_t k = 0; k < g.K; ++k) {
-      const int64_t i = k * len + t, base = taps.base[i];
-      const float* w = taps.w.data() + 4 * i;
-      const __m512 w00 = _mm512_set1_ps(w[0]), w01 = _mm512_set1_ps(w[1]);
-      const __m512 w10 = _mm512_set1_ps(w[2]), w11 = _mm512_set1_ps(w[3]);
-      for (const Segment& seg : segs) {
-        float* col = cols + t * CK + seg.grp * rows + k * cin_g + seg.lo;
-        const int64_t count = seg.hi - seg.lo;
-        if (base < 0) {
-          std::fill_n(col, count, 0.0f);
-          continue;
-        }
-        const float* p00 = image + base * g.C + seg.grp * cin_g + seg.lo;
-        const float* p01 = p00 + g.C;
-        const float* p10 = p00 + row;
-        const float* p11 = p10 + g.C;
-        int64_t c = 0;
-        for (; c + 16 <= count; c += 16) {
-          const __m512 top = _mm512_fmadd_ps(w01, _mm512_loadu_ps(p01 + c),
-                                             _mm512_mul_ps(w00, _mm512_loadu_ps(p00 + c)));
-          const __m512 bottom = _mm512_fmadd_ps(w11, _mm512_loadu_ps(p11 + c),
-                                                _mm512_mul_ps(w10, _mm512_loadu_ps(p10 + c)));
-          _mm512_storeu_ps(col + c, _mm512_add_ps(top, bottom));
-        }
-        if (c < count) {
-          const __mmask16 m = static_cast<__mmask16>((1u << (count - c)) - 1);
-          const __m512 top = _mm512_fmadd_ps(w01, _mm512_maskz_loadu_ps(m, p01 + c),
-                                             _mm512_mul_ps(w00, _mm512_maskz_loadu_ps(m, p00 + c)));
-          const __m512 bottom =
-              _mm512_fmadd_ps(w11, _mm512_maskz_loadu_ps(m, p11 + c),
-                              _mm512_mul_ps(w10, _mm512_maskz_loadu_ps(m, p10 + c)));
-          _mm512_mask_storeu_ps(col + c, m, _mm512_add_ps(top, bottom));
-        }
-      }
-    }
-  }
-}
-#endif
-
-// Columns of the tile [p0, p0 + len) of one image into cols [len, C*K] ([group][tap][c] per
-// position). image is the bordered channels-last image; taps needs K * len entries.
-template <typename T>
-void im2col_cl_tile(const Geometry& g, const T* image, const T* off, const T* mask, int64_t p0,
-                    int64_t len, ForwardTaps<T>& taps, T* cols) {
-  for (int64_t og = 0; og < g.offset_groups; ++og) {
-    for (int64_t k = 0; k < g.K; ++k) {
-      build_forward_taps(g, off, mask, og, k, p0, len, taps, k * len);
-    }
-    const std::vector<Segment> segs = segments(g, og);
-#ifdef ONNX_CUSTOM_DCN_AVX512
-    if constexpr (std::is_same_v<T, float>) {
-      if (use_avx512()) {
-        sample_cl_tile_avx512(g, image, len, taps, segs, cols);
-        continue;
-      }
-    }
-#endif
-    sample_cl_tile(g, image, len, taps, segs, cols);
-  }
 }
 
 // A zero-bordered channels-last image [H+2, W+2, C] in the compute dtype, for one image at a
@@ -540,93 +330,6 @@ void backward_tile(const Geometry& g, int64_t n, int64_t p0, int64_t len, const 
   }
 }
 
-// ---- forward GEMM, AVX-512 -------------------------------------------------------------------
-//
-// The channels-last forward's GEMM per tile is small (cout_g x K*cin_g by K*cin_g x tile) and runs
-// once per tile. Through at::addmm (MKL, which takes its AVX2 path on AMD CPUs and repacks the
-// weight on every call) it reached 80-85 GFLOP/s on one core of the 2-core EPYC; oneDNN's
-// F.conv2d reaches ~107. This register-blocked kernel does the same ~107: 6 positions x 64 output
-// channels in 24 zmm accumulators, the columns read as the sampler wrote them ([t][tap][c], one
-// broadcast per position and column) and the weight packed once per call as [group][block of 64
-// output channels][tap][c][64] (zero-padded), so the 64 channels of one column are 4 contiguous
-// loads. It writes the NCHW output tile with the bias. The sum order is fixed (columns in order),
-// so results do not depend on the thread count. Other CPUs, compilers and float64 use at::addmm.
-#ifdef ONNX_CUSTOM_DCN_AVX512
-constexpr int64_t kGemmBlock = 64, kGemmRows = 6;
-
-// out[c * ldo + i] = bias[c] + sum_k a[i * lda + k] * b[k * 64 + c] for MR positions i and the
-// first `width` (<= 16 * NB) output channels c.
-template <int MR, int NB>
-__attribute__((target("avx512f"))) void gemm_block(const float* __restrict a, int64_t lda,
-                                                   const float* __restrict b, int64_t depth,
-                                                   const float* __restrict bias, int64_t width,
-                                                   float* __restrict out, int64_t ldo) {
-  __m512 acc[MR][NB];
-  for (int i = 0; i < MR; ++i) {
-    for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
-  }
-  for (int64_t k = 0; k < depth; ++k) {
-    __m512 bv[NB];
-    for (int j = 0; j < NB; ++j) bv[j] = _mm512_loadu_ps(b + k * kGemmBlock + 16 * j);
-    for (int i = 0; i < MR; ++i) {
-      const __m512 av = _mm512_set1_ps(a[i * lda + k]);
-      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_fmadd_ps(av, bv[j], acc[i][j]);
-    }
-  }
-  alignas(64) float tile[MR][16 * NB];
-  for (int i = 0; i < MR; ++i) {
-    for (int j = 0; j < NB; ++j) _mm512_store_ps(&tile[i][16 * j], acc[i][j]);
-  }
-  for (int64_t c = 0; c < width; ++c) {
-    for (int i = 0; i < MR; ++i) out[c * ldo + i] = tile[i][c] + bias[c];
-  }
-}
-
-template <int MR>
-void gemm_rows(const float* a, int64_t lda, const float* b, int64_t depth, const float* bias,
-               int64_t width, float* out, int64_t ldo) {
-  switch ((width + 15) / 16) {
-    case 1: gemm_block<MR, 1>(a, lda, b, depth, bias, width, out, ldo); break;
-    case 2: gemm_block<MR, 2>(a, lda, b, depth, bias, width, out, ldo); break;
-    case 3: gemm_block<MR, 3>(a, lda, b, depth, bias, width, out, ldo); break;
-    default: gemm_block<MR, 4>(a, lda, b, depth, bias, width, out, ldo); break;
-  }
-}
-
-// The weight [Cout, rows] ([tap][c] per output channel) as [groups][blocks][rows][64].
-at::Tensor pack_weight(const at::Tensor& wt, int64_t groups) {
-  const int64_t cout_g = wt.size(0) / groups, rows = wt.size(1);
-  const int64_t blocks = (cout_g + kGemmBlock - 1) / kGemmBlock;
-  at::Tensor padded = at::zeros({groups, blocks * kGemmBlock, rows}, wt.options());
-  padded.narrow(1, 0, cout_g).copy_(wt.view({groups, cout_g, rows}));
-  return padded.view({groups, blocks, kGemmBlock, rows}).permute({0, 1, 3, 2}).contiguous();
-}
-
-// out[co * P + t] = bias + weight x columns for positions [0, len) of one tile: cols is
-// [len][groups * rows], out points at the tile's first position of output channel 0.
-void gemm_tile(const Geometry& g, const float* cols, int64_t len, const float* packed,
-               const float* bias, float* out) {
-  const int64_t cout_g = g.Cout / g.groups, rows = g.C / g.groups * g.K, CK = g.C * g.K;
-  const int64_t blocks = (cout_g + kGemmBlock - 1) / kGemmBlock;
-  for (int64_t grp = 0; grp < g.groups; ++grp) {
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-      const float* b = packed + (grp * blocks + blk) * rows * kGemmBlock;
-      const int64_t co = grp * cout_g + blk * kGemmBlock;
-      const int64_t width = std::min(kGemmBlock, cout_g - blk * kGemmBlock);
-      int64_t t = 0;
-      for (; t + kGemmRows <= len; t += kGemmRows) {
-        gemm_rows<kGemmRows>(cols + t * CK + grp * rows, CK, b, rows, bias + co, width,
-                             out + co * g.P + t, g.P);
-      }
-      for (; t < len; ++t) {
-        gemm_rows<1>(cols + t * CK + grp * rows, CK, b, rows, bias + co, width, out + co * g.P + t,
-                     g.P);
-      }
-    }
-  }
-}
-#endif
-
 at::Tensor forward(const at::Tensor& input_, const at::Tensor& weight_, const at::Tensor& offset_,
                    const at::Tensor& mask_, const at::Tensor& bias_, int64_t sh, int64_t sw,
                    int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t groups,
@@ -652,12 +355,16 @@ at::Tensor forward(const at::Tensor& input_, const at::Tensor& weight_, const at
     // converts each image it meets into its own bordered channels-last buffer right before
     // sampling it, so the image is still in cache when sampled and no N-image copy is made (an
     // image split between threads is converted by each of them).
-    constexpr int64_t kTile = 128;
+    constexpr int64_t kTile = onnx_custom_dcn::kChannelsLastTile;
     const int64_t tiles = (g.P + kTile - 1) / kTile, CK = g.C * g.K, rows = cin_g * g.K;
     const at::Tensor wt = weight.permute({0, 2, 3, 1}).reshape({g.Cout, -1}).contiguous();
     const bool avx512 = ct == at::kFloat && use_avx512();
 #ifdef ONNX_CUSTOM_DCN_AVX512
-    const at::Tensor packed = avx512 ? pack_weight(wt, groups) : at::Tensor();
+    at::Tensor packed;
+    if (avx512) {
+      packed = at::empty({onnx_custom_dcn::packed_weight_size(g)}, wt.options());
+      onnx_custom_dcn::pack_weight(g, wt.data_ptr<float>(), packed.data_ptr<float>());
+    }
 #endif
     AT_DISPATCH_FLOATING_TYPES(ct, "deform_conv2d_forward", [&] {
       using T = scalar_t;
@@ -673,14 +380,14 @@ at::Tensor forward(const at::Tensor& input_, const at::Tensor& weight_, const at
             image.load(input_, n);
             current = n;
           }
-          im2col_cl_tile(g, image.buffer.data_ptr<T>(),
-                         offset.data_ptr<T>() + n * off_stride,
-                         use_mask ? mask.data_ptr<T>() + n * mask_stride : nullptr, p0, len, taps,
-                         cols.data_ptr<T>());
+          onnx_custom_dcn::im2col_cl_tile(g, image.buffer.data_ptr<T>(),
+                                          offset.data_ptr<T>() + n * off_stride,
+                                          use_mask ? mask.data_ptr<T>() + n * mask_stride : nullptr,
+                                          p0, len, taps, cols.data_ptr<T>(), avx512);
 #ifdef ONNX_CUSTOM_DCN_AVX512
           if constexpr (std::is_same_v<T, float>) {
             if (avx512) {
-              gemm_tile(g, cols.data_ptr<float>(), len, packed.data_ptr<float>(),
+              onnx_custom_dcn::gemm_tile(g, cols.data_ptr<float>(), len, packed.data_ptr<float>(),
                         bias.data_ptr<float>(), output.data_ptr<float>() + n * g.Cout * g.P + p0);
               continue;
             }
@@ -711,7 +418,7 @@ at::Tensor forward(const at::Tensor& input_, const at::Tensor& weight_, const at
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t n = b / tiles, p0 = (b % tiles) * kTile, len = std::min(kTile, g.P - p0);
         const scalar_t* m = use_mask ? mask.data_ptr<scalar_t>() + n * mask_stride : nullptr;
-        im2col_tile(g, padded.data_ptr<scalar_t>() + n * g.C * (g.H + 2) * (g.W + 2),
+        im2col_tile(g, padded.data_ptr<scalar_t>() + n * g.C * (g.H + 3) * (g.W + 2),
                     offset.data_ptr<scalar_t>() + n * off_stride, m, p0, len, taps,
                     cols.data_ptr<scalar_t>());
         const at::Tensor c2 = cols.narrow(0, 0, g.C * g.K * len).view({g.C * g.K, len});
