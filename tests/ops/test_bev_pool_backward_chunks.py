@@ -5,8 +5,10 @@ range), each accumulating into its own gradient buffers that are summed at the e
 channels-first grad through 64-cell tiles. The small cases of ``test_bev_pool_kernels.py`` run as
 one chunk, so this file covers what only large inputs reach: several chunks (1-3 threads), a
 batch of 2 (tiles must not cross a batch), a grid whose cell count is not a multiple of the tile,
-intervals out of cell order (tiles reloaded), and every dtype. The reference is autograd through
-the plain PyTorch math (``index_add_``) in float64: independent of the C++ kernels.
+intervals out of cell order (tiles reloaded), and every dtype. float32 runs twice: on the AVX-512
+kernels (where the CPU has AVX-512F) and on the portable path, also at channel counts that fill
+the AVX-512 blocks differently. The reference is autograd through the plain PyTorch math
+(``index_add_``) in float64: independent of the C++ kernels.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from onnx_custom.ops.bev_pool import (
     bev_pool_v2_backward,
     bev_pool_v2_math,
+    load_extension,
     prepare_bev_ranks,
     synthetic_frustum,
 )
@@ -42,7 +45,28 @@ def threads() -> Iterator[None]:
     torch.set_num_threads(saved)
 
 
-def _args(dtype: torch.dtype, shuffle: bool) -> tuple[torch.Tensor, ...]:
+def _has_avx512() -> bool:
+    ext = load_extension()
+    ext.disable_avx512(False)
+    return bool(ext.avx512())
+
+
+@pytest.fixture(params=["avx512", "portable"])
+def kernels(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run the test once on the float32 AVX-512 backward (where the CPU has it) and once on the
+    portable path; restores the default afterwards."""
+    ext = load_extension()
+    if request.param == "avx512" and not _has_avx512():
+        pytest.skip("this CPU has no AVX-512F: the float32 backward runs the portable path only")
+    ext.disable_avx512(request.param == "portable")
+    assert ext.avx512() == (request.param == "avx512")  # the path under test is the one taken
+    try:
+        yield request.param
+    finally:
+        ext.disable_avx512(False)
+
+
+def _args(dtype: torch.dtype, shuffle: bool, channels: int = C) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(0)
     coor = synthetic_frustum(batch=B, cameras=N, depth_bins=D, feat_hw=FEAT_HW)
     rb, rd, rf, starts, lengths = prepare_bev_ranks(coor, (-40.0, -40.0, -5.0), (1.6, 1.6, 8.0), GRID)
@@ -50,8 +74,8 @@ def _args(dtype: torch.dtype, shuffle: bool) -> tuple[torch.Tensor, ...]:
         order = torch.randperm(starts.numel(), generator=g)
         starts, lengths = starts[order], lengths[order]
     depth = torch.rand(B, N, D, *FEAT_HW, generator=g, dtype=torch.float64).to(dtype)
-    feat = torch.randn(B, N, *FEAT_HW, C, generator=g, dtype=torch.float64).to(dtype)
-    grad = torch.randn(B, C, 1, GRID[1], GRID[0], generator=g, dtype=torch.float64).to(dtype)
+    feat = torch.randn(B, N, *FEAT_HW, channels, generator=g, dtype=torch.float64).to(dtype)
+    grad = torch.randn(B, channels, 1, GRID[1], GRID[0], generator=g, dtype=torch.float64).to(dtype)
     return grad, depth, feat, rd, rf, rb, starts, lengths
 
 
@@ -59,7 +83,7 @@ def _reference(grad: torch.Tensor, depth: torch.Tensor, feat: torch.Tensor, *ran
     rd, rf, rb, starts, lengths = ranks
     d64 = depth.double().requires_grad_()
     f64 = feat.double().requires_grad_()
-    shape = [grad.shape[0], 1, GRID[1], GRID[0], C]
+    shape = [grad.shape[0], 1, GRID[1], GRID[0], grad.shape[1]]
     bev_pool_v2_math(d64, f64, rd, rf, rb, shape, starts, lengths).backward(grad.double())
     assert d64.grad is not None and f64.grad is not None
     return d64.grad, f64.grad
@@ -68,7 +92,9 @@ def _reference(grad: torch.Tensor, depth: torch.Tensor, feat: torch.Tensor, *ran
 @pytest.mark.parametrize("shuffle", [False, True], ids=["cell-order", "shuffled-intervals"])
 @pytest.mark.parametrize("dtype", list(TOLERANCES), ids=str)
 @pytest.mark.parametrize("n_threads", [1, 2, 3], ids=lambda n: f"{n}threads")
-def test_chunked_backward_matches_the_math(threads: None, n_threads: int, dtype: torch.dtype, shuffle: bool) -> None:
+def test_chunked_backward_matches_the_math(threads: None, kernels: str, n_threads: int, dtype: torch.dtype, shuffle: bool) -> None:
+    if kernels == "avx512" and dtype != torch.float32:
+        pytest.skip("only float32 has an AVX-512 backward")
     args = _args(dtype, shuffle)
     assert args[-2].numel() >= 3 * 256, "too few intervals to split into chunks"
     torch.set_num_threads(n_threads)
@@ -80,6 +106,20 @@ def test_chunked_backward_matches_the_math(threads: None, n_threads: int, dtype:
     rtol, atol = TOLERANCES[dtype]
     torch.testing.assert_close(grad_depth.double(), want_depth, rtol=rtol, atol=atol)
     torch.testing.assert_close(grad_feat.double(), want_feat, rtol=rtol, atol=atol)
+
+
+# Channels: 3 (a masked AVX-512 block only, no 8x8 tile blocks), 16 (one whole block), 19 (a block
+# and a masked tail; 8x8 tile blocks and 3 scalar channels), 80 (BEVDet's: an odd block count),
+# 104 (6 blocks and a tail of 8).
+@pytest.mark.parametrize("channels", [3, 16, 19, 80, 104], ids=lambda c: f"C{c}")
+@pytest.mark.parametrize("n_threads", [1, 2], ids=lambda n: f"{n}threads")
+def test_float32_paths_match_the_math(threads: None, kernels: str, n_threads: int, channels: int) -> None:
+    args = _args(torch.float32, shuffle=False, channels=channels)
+    torch.set_num_threads(n_threads)
+    grad_depth, grad_feat = bev_pool_v2_backward(*args)
+    want_depth, want_feat = _reference(*args)
+    torch.testing.assert_close(grad_depth.double(), want_depth, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad_feat.double(), want_feat, rtol=1e-5, atol=1e-5)
 
 
 def test_non_contiguous_grad(threads: None) -> None:
