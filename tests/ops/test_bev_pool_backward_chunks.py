@@ -122,6 +122,36 @@ def test_float32_paths_match_the_math(threads: None, kernels: str, n_threads: in
     torch.testing.assert_close(grad_feat.double(), want_feat, rtol=1e-5, atol=1e-5)
 
 
+def _many_points(layout: str) -> tuple[torch.Tensor, ...]:
+    """~25k points (more than one 16,384-point batch of gathered points): BEVDet's intervals, or
+    every point in one interval (a batch larger than the batch size), or that interval split in
+    a long one and a short one writing the same cell."""
+    g = torch.Generator().manual_seed(5)
+    coor = synthetic_frustum(batch=1, cameras=6, depth_bins=12, feat_hw=(16, 22))
+    rb, rd, rf, starts, lengths = prepare_bev_ranks(coor, (-40.0, -40.0, -5.0), (1.6, 1.6, 8.0), GRID, index_dtype=torch.int64)
+    points = rd.numel()
+    assert points > 16384, "too few points for two batches"
+    if layout != "rig":
+        rb = torch.full_like(rb, 1234)
+        cut = [points] if layout == "one-interval" else [points - 7, 7]
+        starts = torch.tensor([0, *cut[:-1]], dtype=torch.int64)
+        lengths = torch.tensor(cut, dtype=torch.int64)
+    depth = torch.rand(1, 6, 12, 16, 22, generator=g)
+    feat = torch.randn(1, 6, 16, 22, C, generator=g)
+    grad = torch.randn(1, C, 1, GRID[1], GRID[0], generator=g)
+    return grad, depth, feat, rd, rf, rb, starts, lengths
+
+
+@pytest.mark.parametrize("layout", ["rig", "one-interval", "long-and-short"])
+def test_more_points_than_one_batch(threads: None, kernels: str, layout: str) -> None:
+    args = _many_points(layout)
+    torch.set_num_threads(1)  # one chunk: every point through the batches of one walk
+    grad_depth, grad_feat = bev_pool_v2_backward(*args)
+    want_depth, want_feat = _reference(*args)
+    torch.testing.assert_close(grad_depth.double(), want_depth, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad_feat.double(), want_feat, rtol=1e-5, atol=1e-4)
+
+
 def test_non_contiguous_grad(threads: None) -> None:
     """A grad that arrives channels-last (as after a permute in the user's model)."""
     grad, *rest = _args(torch.float32, shuffle=False)
