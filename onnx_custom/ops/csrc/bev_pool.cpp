@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <tuple>
 #include <type_traits>
@@ -570,19 +571,23 @@ void backward_kernel(const scalar_t* depth, const scalar_t* feat, const scalar_t
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t chunks = backward_chunks(s, sizeof(acc_t));
   const int64_t nd = s.depth_numel, nf = s.feat_rows * s.channels;
-  std::vector<acc_t> extra(static_cast<size_t>((chunks - 1) * (nd + nf)));  // chunks 1.. (depth | feat)
+  // Chunks 1.. (depth | feat), left uninitialized: each chunk zero-fills its own buffers (first
+  // touch by its thread). A std::vector zeroed them all first, serially, on the calling thread.
+  const std::unique_ptr<acc_t[]> extra(chunks > 1 ? new acc_t[static_cast<size_t>((chunks - 1) * (nd + nf))] : nullptr);
   const bool avx512 = use_avx512();
   at::parallel_for(0, chunks, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t k0 = s.intervals * t / chunks, k1 = s.intervals * (t + 1) / chunks;
-      acc_t* gd = t == 0 ? grad_depth : extra.data() + (t - 1) * (nd + nf);
+      acc_t* gd = t == 0 ? grad_depth : extra.get() + (t - 1) * (nd + nf);
       acc_t* gf = t == 0 ? grad_feat : gd + nd;
       const Chunk<scalar_t, index_t> ch{depth, feat, r, s, gd, gf, bad};
       backward_chunk(ch, grad, cells_per_batch, k0, k1, avx512);
     }
   });
-  reduce_chunks(grad_depth, extra.data(), nd, nd + nf, chunks - 1);
-  reduce_chunks(grad_feat, extra.data() + nd, nf, nd + nf, chunks - 1);
+  if (chunks > 1) {
+    reduce_chunks(grad_depth, extra.get(), nd, nd + nf, chunks - 1);
+    reduce_chunks(grad_feat, extra.get() + nd, nf, nd + nf, chunks - 1);
+  }
 }
 
 // All five index tensors as one dtype: int32 when they all are, else int64.
