@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from _avx512_paths import PATHS, kernel_path
 
 from onnx_custom.ops.bev_pool import (
     bev_pool_v2_backward,
@@ -45,25 +46,12 @@ def threads() -> Iterator[None]:
     torch.set_num_threads(saved)
 
 
-def _has_avx512() -> bool:
-    ext = load_extension()
-    ext.disable_avx512(False)
-    return bool(ext.avx512())
-
-
-@pytest.fixture(params=["avx512", "portable"])
+@pytest.fixture(params=PATHS)
 def kernels(request: pytest.FixtureRequest) -> Iterator[str]:
     """Run the test once on the float32 AVX-512 backward (where the CPU has it) and once on the
     portable path; restores the default afterwards."""
-    ext = load_extension()
-    if request.param == "avx512" and not _has_avx512():
-        pytest.skip("this CPU has no AVX-512F: the float32 backward runs the portable path only")
-    ext.disable_avx512(request.param == "portable")
-    assert ext.avx512() == (request.param == "avx512")  # the path under test is the one taken
-    try:
-        yield request.param
-    finally:
-        ext.disable_avx512(False)
+    with kernel_path(load_extension(), request.param, "the float32 backward") as path:
+        yield path
 
 
 def _args(dtype: torch.dtype, shuffle: bool, channels: int = C) -> tuple[torch.Tensor, ...]:
