@@ -149,9 +149,10 @@ def bev_pool_v2(
     """
     b, z, y, x, c = (int(s) for s in bev_feat_shape)
     target = out[0] if out is not None else np.empty((b, c, z, y, x), dtype=feat.dtype)
-    _check_intervals(interval_starts.astype(np.int64), interval_lengths.astype(np.int64), ranks_bev.size)
     arrays = (depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths)
     if not (target.flags.c_contiguous and target.flags.writeable and _native_into(target, arrays, [b, z, y, x, c])):
+        # The C++ kernels check every index they read (and name a bad one); NumPy needs them first.
+        _check_intervals(interval_starts.astype(np.int64), interval_lengths.astype(np.int64), ranks_bev.size)
         _check_ranks(depth, feat, ranks_depth, ranks_feat, ranks_bev, b * z * y * x)
         target[...] = bev_pool_v2_numpy(*arrays, [b, z, y, x, c])
     return None if out is not None else target

@@ -246,3 +246,28 @@ def test_out_of_range_indices_are_named(args: Case, match: str) -> None:
         bev_pool_v2_backward(grad, *args[:5], *args[6:])
     with pytest.raises(ValueError, match=match.replace("bev_pool_v2", "BEVPoolV2")):
         bev_kernel(*_numpy(args), bev_feat_shape=args[5])
+
+
+def test_node_kernel_leaves_index_checks_to_the_cpp_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the C++ kernels the node runs no NumPy pass over the indices (they check every index
+    they read inline, test_out_of_range_indices_are_named); only the NumPy path checks first."""
+    import onnx_custom.ort_kernels.bev_pool as bev
+
+    def fail(*args: Any) -> None:
+        raise AssertionError("a NumPy index check ran before the C++ kernels")
+
+    monkeypatch.setattr(bev, "_check_intervals", fail)
+    monkeypatch.setattr(bev, "_check_ranks", fail)
+    args = _with_empty_intervals(torch.float32)
+    out = bev_kernel(*_numpy(args), bev_feat_shape=args[5])
+    assert out is not None
+    torch.testing.assert_close(torch.from_numpy(out), reference(*args).to(torch.float32))
+
+
+@pytest.mark.parametrize(("args", "match"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_numpy_path_of_the_node_names_bad_indices(monkeypatch: pytest.MonkeyPatch, args: Case, match: str) -> None:
+    import onnx_custom.ort_kernels.bev_pool as bev
+
+    monkeypatch.setattr(bev, "_native_into", lambda *a: False)  # as without a C++ compiler
+    with pytest.raises(ValueError, match=match.replace("bev_pool_v2", "BEVPoolV2")):
+        bev_kernel(*_numpy(args), bev_feat_shape=args[5])

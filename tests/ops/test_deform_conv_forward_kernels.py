@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from _avx512_paths import PATHS, has_avx512, kernel_path
 from test_deform_conv import Case
 from test_deform_conv_reference import Geometry, reference_deform_conv2d
 
@@ -23,24 +24,15 @@ TOL: dict[torch.dtype, dict[str, Any]] = {torch.float32: {"rtol": 1e-5, "atol": 
 
 
 def _has_avx512() -> bool:
-    ext = load_extension()
-    ext.disable_avx512(False)
-    return bool(ext.avx512())
+    return has_avx512(load_extension())
 
 
-@pytest.fixture(params=["avx512", "portable"])
+@pytest.fixture(params=PATHS)
 def kernels(request: pytest.FixtureRequest) -> Iterator[str]:
     """Run the test once on the AVX-512 kernels (where the CPU has them) and once on the portable
     path; restores the default afterwards."""
-    ext = load_extension()
-    if request.param == "avx512" and not _has_avx512():
-        pytest.skip("this CPU has no AVX-512F: the float32 forward runs the portable path only")
-    ext.disable_avx512(request.param == "portable")
-    assert ext.avx512() == (request.param == "avx512")  # the path under test is the one taken
-    try:
-        yield request.param
-    finally:
-        ext.disable_avx512(False)
+    with kernel_path(load_extension(), request.param, "the float32 forward") as path:
+        yield path
 
 
 # Positions P = Ho*Wo: 1 (below one 6-row block), 5, 7 (a block and a remainder row), 126, 128,
