@@ -56,6 +56,24 @@ class MovedAttribute:
         return list(value) if isinstance(value, tuple) else value
 
 
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    schema: onnx.defs.OpSchema
+    attributes: frozenset[str]
+    inputs: tuple[str, ...]
+
+
+@functools.cache
+def _layout(op_type: str, opset: int) -> _Layout | None:
+    """The op's schema at ``opset`` with its names read once: pybind builds a new dict on every
+    ``schema.attributes`` access (~1 us), which every node of every export would pay."""
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, "")
+    except onnx.defs.SchemaError:
+        return None
+    return _Layout(schema, frozenset(schema.attributes), tuple(f.name for f in schema.inputs))
+
+
 @functools.cache
 def _older_attributes(op_type: str, before: int) -> frozenset[str]:
     """Attributes any version of the op older than ``before`` had."""
@@ -94,28 +112,20 @@ def attributes_moved_to_inputs(
 ) -> tuple[list[AttrValue], list[MovedAttribute]]:
     """Split ``attrs`` of a default-domain ``op_type`` node into those the op still has at
     ``opset`` and those an older version had as attributes and ``opset``'s takes as inputs."""
-    try:
-        schema = onnx.defs.get_schema(op_type, opset, "")
-    except onnx.defs.SchemaError:
-        return list(attrs), []
+    layout = _layout(op_type, opset) if attrs else None
+    if layout is None or all(attr.name in layout.attributes for attr in attrs):
+        return list(attrs), []  # the common case: one set lookup per attribute
     kept: list[AttrValue] = []
     moved: list[MovedAttribute] = []
-    inputs = [formal.name for formal in schema.inputs]
     for attr in attrs:
         name = _RENAMED.get((op_type, attr.name), attr.name)
-        if (
-            attr.name in schema.attributes
-            or name not in inputs
-            or attr.name not in _older_attributes(op_type, schema.since_version)
-        ):
+        since = layout.schema.since_version
+        if attr.name in layout.attributes or name not in layout.inputs or attr.name not in _older_attributes(op_type, since):
             kept.append(attr)
             continue
-        index = inputs.index(name)
-        moved.append(
-            MovedAttribute(
-                index, attr, _constant_dtype(schema, index), (op_type, name) in _ONE_ELEMENT
-            )
-        )
+        index = layout.inputs.index(name)
+        one_element = (op_type, name) in _ONE_ELEMENT
+        moved.append(MovedAttribute(index, attr, _constant_dtype(layout.schema, index), one_element))
     return kept, moved
 
 
