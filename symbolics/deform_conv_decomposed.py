@@ -327,16 +327,18 @@ def _chunked_product(g: Any, src: _Chunks) -> Any:
     kog = g.op("Mul", src.k, src.og)
     rows = g.op("Concat", src.rows, g.op("Expand", _i64(g, [0]), g.op("Concat", four, extra, kog, axis=0)), axis=1)
     pad = g.op("Expand", g.constant(0.0, like=src.weights), g.op("Concat", four, extra, src.k, src.og, axis=0))
-    weights = _reshape(g, g.op("Concat", src.weights, pad, axis=1), four, total, kog, one)
+    weights = g.op("Concat", src.weights, pad, axis=1)
+    # (4, chunks, S*K*OG): an iteration's rows and weights are one Gather each along axis 1
+    # (fewer nodes per iteration than a Slice with its bounds computed from the iteration count)
+    per_chunk = g.op("Mul", size, kog)
+    rows = _reshape(g, rows, four, chunks, per_chunk)
+    weights = _reshape(g, weights, four, chunks, per_chunk, one)
     stacked = g.op("Concat", four, g.op("Mul", size, kc), axis=0)
     columns = g.op("Concat", size, kc, axis=0)
-    axis = _i64(g, [1])
 
     def body(sub: Any, i: Any, state: list[Any]) -> list[Any]:
-        start = sub.op("Mul", sub.op("Reshape", i, _i64(sub, [1])), size)
-        end = sub.op("Add", start, size)
-        picked = sub.op("Gather", src.image, sub.op("Slice", rows, start, end, axis), axis=0)
-        corners = sub.op("Mul", picked, sub.op("Slice", weights, start, end, axis))
+        picked = sub.op("Gather", src.image, sub.op("Gather", rows, i, axis=1), axis=0)
+        corners = sub.op("Mul", picked, sub.op("Gather", weights, i, axis=1))
         summed = sub.op("MatMul", src.ones, _reshape_to(sub, corners, stacked))
         return [sub.op("MatMul", _reshape_to(sub, summed, columns), src.dense)]
 
