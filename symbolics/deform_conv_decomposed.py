@@ -16,22 +16,25 @@ zero-padded by one pixel so all four corners of an inside sample are in bounds; 
 of offset group g in batch n is row ``((n*OG + g)*(H+2) + y0+1)*(W+2) + x0+1`` of the padded
 image laid out as (N*OG*(H+2)*(W+2), C/OG). Coordinates, corner rows and bilinear weights (the
 mask folded in) are computed for all taps first; they have no C in them (layout T: (kh, kw, N,
-Ho, Wo, OG), flattened to 1-D). Then, per tap k: one Gather fetches the four corners (N*Ho*Wo*OG, 4, C/OG), a
-batched (1, 4) @ (4, C/OG) MatMul weights and sums them, and (N*Ho*Wo, C) @ W_k (a GEMM per
-group) adds the tap's share to the output. So no tensor holds more than one tap's columns: Conv
-= sum over taps of (sampled tap) @ (tap's weight). The taps are a ``Loop`` in the function body
-(kh*kw is known at run time only), unrolled in a translation whose weight shape is static, and
-all at once (one (N*Ho*Wo, K*C) column tensor) in a translation whose kernel size is dynamic.
+Ho, Wo, OG), flattened to 1-D). In a translation, per tap k: one Gather fetches the four corners
+(4, N*Ho*Wo*OG, C/OG), a Mul weights them, a (1, 4) @ (4, M) MatMul sums them, and (N*Ho*Wo, C) @
+W_k (a GEMM per group) adds the tap's share to the output: unrolled when the weight shape is
+static, all taps at once (one (N*Ho*Wo, K*C) column tensor) when the kernel size is dynamic. The
+function body (kh*kw known at run time only) is a ``Loop`` over chunks of output pixels instead:
+each iteration samples its pixels' corners for all K taps the same way, then one (S, K*C) @
+(K*C, Cout) GEMM (block-diagonal over the groups) gives those pixels' outputs, stacked by the
+Loop. The corners of a chunk (~CHUNK_VALUES floats) stay in cache from the Gather to the corner
+sum, and there is no per-tap partial sum to add up.
 float16/bfloat16 compute in float32 (ORT's CPU provider lacks bfloat16 Mul/MatMul, and the half
 precision pass does not widen inside a Loop) and round once.
 
 Every size comes from ``Shape`` at run time (dynamic batch and image size) and every attribute
 goes through ``g.constant``, so the same code runs with Python attribute values (translation) and
 with attribute references (function body).
-Cost (benchmarks/function_bodies.py, N=4, C=64, 56x56, 3x3, Cout=64, mask on): see the README's
-benchmark table: per tap about 90 MiB of memory traffic there (the gathered and the weighted
-corners are 4*N*P*C values each), and a warm call's working memory ~27 MiB, where the previous
-all-taps layout held four (N, P, K, C) tensors at once (161 MiB).
+Cost of the function body (benchmarks/function_bodies.py, N=4, C=64, 56x56, 3x3, Cout=64, mask
+on): see the README's benchmark table. The per-tap Loop it replaced streamed 4*N*P*C values
+through memory three times per tap (~90 MiB of traffic per tap, 27 MiB per warm call); the
+chunked Loop holds a chunk's corners and 12-17 MiB per warm call.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from onnx_custom.errors import SymbolicError
 from onnx_custom.function_bodies.builder import AttrRef, cast_like
 from onnx_custom.ops.deform_conv import DEFORM_CONV2D
 
-__all__ = ["MIN_OPSET", "deform_conv2d_decomposed"]
+__all__ = ["CHUNK_VALUES", "MIN_OPSET", "deform_conv2d_decomposed"]
 
 MIN_OPSET = 11  # Range; negative axes in Slice and Flatten
 
@@ -203,21 +206,19 @@ def deform_conv2d_decomposed(
     planes = g.op("Reshape", g.op("Expand", planes, g.op("Concat", n, p, og, axis=0)), _i64(g, [-1]))
     in_plane = g.op("Add", g.op("Mul", g.op("Add", y0, one), wp), g.op("Add", x0, one))
     four = _i64(g, [4])
-    top_left = _reshape(g, g.op("Add", _reshape(g, in_plane, k, npog), planes), k, one, npog)
-    steps = _reshape(g, g.op("Concat", _i64(g, [0]), one, wp, g.op("Add", wp, one), axis=0), one, four, one)
-    rows = g.op("Add", top_left, steps)  # (K, 4, N*P*OG)
-    # Their bilinear weights (mask folded in), (K, 4, N*P*OG, 1). Corner-major layouts keep
-    # ONNX Runtime's broadcasting and Concat on long contiguous runs (its per-element paths for
-    # short trailing dims cost more than the sampling itself).
-    products = (g.op("Mul", wy, wx) for wy, wx in ((hy, hx), (hy, lx), (ly, hx), (ly, lx)))
-    weights = g.op("Concat", *(_reshape(g, v, k, one, npog, one) for v in products), axis=1)
+    top_left = g.op("Add", _reshape(g, in_plane, k, npog), planes)  # (K, N*P*OG)
+    steps = g.op("Concat", _i64(g, [0]), one, wp, g.op("Add", wp, one), axis=0)
+    # Their bilinear weights (mask folded in). Corner-major layouts keep ONNX Runtime's
+    # broadcasting and Concat on long contiguous runs (its per-element paths for short trailing
+    # dims cost more than the sampling itself).
+    products = [g.op("Mul", wy, wx) for wy, wx in ((hy, hx), (hy, lx), (ly, hx), (ly, lx))]
 
     # Half precision computes in float32 (ONNX Runtime's CPU provider has no bfloat16 Mul or
     # MatMul, and a loop body is not widened node by node); the result rounds once at the end.
     half = g.dtype(input) in (torch.float16, torch.bfloat16)
     compute = g.op("Cast", input, to=onnx.TensorProto.FLOAT) if half else input
     if half:
-        weights = g.op("Cast", weights, to=onnx.TensorProto.FLOAT)
+        products = [g.op("Cast", v, to=onnx.TensorProto.FLOAT) for v in products]
     cg = g.op("Div", c, og)
     padded = _zero_border(g, compute, n, c, h, w, g.constant(0.0, like=compute))
     image = g.op("Transpose", _reshape(g, padded, n, og, cg, hp, wp), perm=[0, 1, 3, 4, 2])
@@ -228,37 +229,39 @@ def deform_conv2d_decomposed(
     if half:
         kernel = g.op("Cast", kernel, to=onnx.TensorProto.FLOAT)
     count = g.op("Mul", n, p)
-    m = g.op("Mul", npog, cg)
     ones = g.op("Expand", g.constant(1.0, like=compute), g.op("Concat", one, four, axis=0))
-    sources = _Sources(image, rows, weights, kernel, ones, g.op("Concat", k, four, m, axis=0), g.op("Concat", four, m, axis=0))
 
-    # Conv = sum over taps of (sampled tap) @ (tap's weight), one tap's (N*P, C) columns at a time
-    # instead of all K at once: a Loop in a function body (K is known at run time only),
-    # unrolled in a translation whose weight shape is static, all taps at once otherwise.
     taps = _static_taps(g, weight)
-    single = _static_groups(groups)
-    if getattr(g, "exporter", None) == "function" or taps is not None:
-        shape = (
-            (g.op("Concat", one, count, c, axis=0), None) if single
-            else (g.op("Concat", count, grp, cpg, axis=0), g.op("Concat", grp, count, cpg, axis=0))
-        )  # fmt: skip
-        zeros = g.op("Expand", g.constant(0.0, like=compute), g.op("Concat", grp, count, cog, axis=0))
-        if taps is None:
-
-            def body(sub: Any, i: Any, state: list[Any]) -> list[Any]:
-                return [sub.op("Add", state[0], _tap_product(sub, sources, i, shape, single))]
-
-            (out,) = g.loop(_scalar(g, k), [zeros], body)
-        else:
-            out = zeros
+    if getattr(g, "exporter", None) == "function":
+        # A Loop over chunks of output pixels, all taps at once (K is known at run time only)
+        rows = g.op("Transpose", _reshape(g, top_left, k, count, og), perm=[1, 0, 2])  # (N*P, K, OG)
+        rows = g.op("Add", _reshape(g, rows, one, count, g.op("Mul", k, og)), _reshape(g, steps, four, one, one))
+        stacked = g.op("Concat", *(_reshape(g, v, one, k, count, og) for v in products), axis=0)
+        weights = g.op("Transpose", stacked, perm=[0, 2, 1, 3])  # (4, N*P, K, OG)
+        dense = _reshape(g, _dense_kernel(g, kernel, k, grp, c, cout), g.op("Mul", k, c), cout)
+        out = _chunked_product(g, _Chunks(image, rows, weights, dense, ones, count, k, og, c, cout))
+        out = g.op("Transpose", _reshape(g, out, n, p, cout), perm=[0, 2, 1])
+    else:
+        # Rows of the corners (K, 4, N*P*OG) and their weights (K, 4, N*P*OG, 1)
+        rows = g.op("Add", _reshape(g, top_left, k, one, npog), _reshape(g, steps, one, four, one))
+        weights = g.op("Concat", *(_reshape(g, v, k, one, npog, one) for v in products), axis=1)
+        m = g.op("Mul", npog, cg)
+        sources = _Sources(image, rows, weights, kernel, ones, g.op("Concat", k, four, m, axis=0), g.op("Concat", four, m, axis=0))
+        if taps is not None:  # unrolled, one tap's (N*P, C) columns at a time
+            single = _static_groups(groups)
+            shape = (
+                (g.op("Concat", one, count, c, axis=0), None) if single
+                else (g.op("Concat", count, grp, cpg, axis=0), g.op("Concat", grp, count, cpg, axis=0))
+            )  # fmt: skip
+            out = g.op("Expand", g.constant(0.0, like=compute), g.op("Concat", grp, count, cog, axis=0))
             for tap in range(taps):
                 out = g.op("Add", out, _tap_product(g, sources, _i64(g, np.int64(tap)), shape, single))
-    else:
-        out = _all_taps_product(g, sources, k, g.op("Concat", k, count, grp, cpg, axis=0), cog)
-    # (G, N, P, Cog) -> (N, G, Cog, P) in two Transposes: ORT moves G as whole (P, Cog) blocks and
-    # transposes each (P, Cog) matrix on its fast 3-D path; the one 4-D perm took 17x longer.
-    out = g.op("Transpose", _reshape(g, out, grp, n, p, cog), perm=[1, 0, 2, 3])
-    out = g.op("Transpose", _reshape(g, out, g.op("Mul", n, grp), p, cog), perm=[0, 2, 1])
+        else:
+            out = _all_taps_product(g, sources, k, g.op("Concat", k, count, grp, cpg, axis=0), cog)
+        # (G, N, P, Cog) -> (N, G, Cog, P) in two Transposes: ORT moves G as whole (P, Cog) blocks and
+        # transposes each (P, Cog) matrix on its fast 3-D path; the one 4-D perm took 17x longer.
+        out = g.op("Transpose", _reshape(g, out, grp, n, p, cog), perm=[1, 0, 2, 3])
+        out = g.op("Transpose", _reshape(g, out, g.op("Mul", n, grp), p, cog), perm=[0, 2, 1])
     out = _reshape(g, out, n, cout, ho, wo)
     if half:
         out = cast_like(g, out, input)
@@ -280,16 +283,75 @@ class _Sources:
     stacked_tap: Any  # (4, M)
 
 
+# Output pixels per chunk of the function body's Loop: about this many float32 corner values
+# (4 * pixels * K * C) per iteration, 1 MiB (a core's L2 here). Paired CPU time at 1 thread on the
+# benchmark shape (load ~10): 2^18 2.01x ORT's DeformConv, 2^19 2.37x, 2^20 2.53x; an earlier run
+# at load ~7 put 2^17..2^21 within 1.90-2.05x. Warm-call memory: 12.8 MiB (2^18), 17 MiB (2^20).
+CHUNK_VALUES = 1 << 18
+
+
+@dataclasses.dataclass(frozen=True)
+class _Chunks:
+    """The function body's all-taps sampling: ``image`` (rows, C/OG), ``rows`` (4, N*P, K*OG)
+    int64 and ``weights`` (4, N*P, K, OG) the four corners of every (pixel, tap, offset group),
+    ``dense`` the (K*C, Cout) weight; ``ones`` (1, 4); 1-D sizes ``count`` (N*P), ``k``, ``og``,
+    ``c``, ``cout``."""
+
+    image: Any
+    rows: Any
+    weights: Any
+    dense: Any
+    ones: Any
+    count: Any
+    k: Any
+    og: Any
+    c: Any
+    cout: Any
+
+
+def _chunked_product(g: Any, src: _Chunks) -> Any:
+    """(N*P, Cout): the convolution, a chunk of output pixels per Loop iteration. Each iteration
+    gathers its pixels' corners for all taps (4, S, K*OG, C/OG), weights and sums them into
+    (S, K*C) columns and multiplies by the (K*C, Cout) weight: one GEMM of depth K*C, no
+    per-tap partial sums, and a chunk's corners stay in cache between the Gather, the Mul and
+    the corner sum (the per-tap Loop streamed 4*N*P*C values through memory three times per
+    tap). The pixels are padded (index 0, weight 0) to whole chunks for the Loop's stacked
+    output."""
+    one, four = _i64(g, [1]), _i64(g, [4])
+    kc = g.op("Mul", src.k, src.c)
+    # pixels per chunk, at least 1 (+ 1, not Max: opset 11's Max takes no int64)
+    size = g.op("Add", g.op("Div", _i64(g, [CHUNK_VALUES]), g.op("Mul", four, kc)), one)
+    chunks = g.op("Div", g.op("Sub", g.op("Add", src.count, size), one), size)
+    total = g.op("Mul", chunks, size)
+    extra = g.op("Sub", total, src.count)
+    kog = g.op("Mul", src.k, src.og)
+    rows = g.op("Concat", src.rows, g.op("Expand", _i64(g, [0]), g.op("Concat", four, extra, kog, axis=0)), axis=1)
+    pad = g.op("Expand", g.constant(0.0, like=src.weights), g.op("Concat", four, extra, src.k, src.og, axis=0))
+    weights = g.op("Concat", src.weights, pad, axis=1)
+    # (4, chunks, S*K*OG): an iteration's rows and weights are one Gather each along axis 1
+    # (fewer nodes per iteration than a Slice with its bounds computed from the iteration count)
+    per_chunk = g.op("Mul", size, kog)
+    rows = _reshape(g, rows, four, chunks, per_chunk)
+    weights = _reshape(g, weights, four, chunks, per_chunk, one)
+    stacked = g.op("Concat", four, g.op("Mul", size, kc), axis=0)
+    columns = g.op("Concat", size, kc, axis=0)
+
+    def body(sub: Any, i: Any, state: list[Any]) -> list[Any]:
+        picked = sub.op("Gather", src.image, sub.op("Gather", rows, i, axis=1), axis=0)
+        corners = sub.op("Mul", picked, sub.op("Gather", weights, i, axis=1))
+        summed = sub.op("MatMul", src.ones, _reshape_to(sub, corners, stacked))
+        return [sub.op("MatMul", _reshape_to(sub, summed, columns), src.dense)]
+
+    (out,) = g.loop(_scalar(g, chunks), [], body, scans=1)
+    out = _reshape(g, out, total, src.cout)
+    return g.op("Slice", out, _i64(g, [0]), src.count, _i64(g, [0]))
+
+
 def _static_taps(g: Any, weight: Any) -> int | None:
     shape = g.shape(weight)
     if shape is None or len(shape) != 4 or not all(isinstance(d, int) for d in shape[2:]):
         return None
     return int(shape[2] * shape[3])
-
-
-def _static_groups(groups: Any) -> bool:
-    """Whether ``groups`` is known (a translation, not a function body) to be 1."""
-    return isinstance(groups, int) and groups == 1
 
 
 def _sample(g: Any, src: _Sources, tap: Any) -> Any:
@@ -304,6 +366,24 @@ def _sample(g: Any, src: _Sources, tap: Any) -> Any:
 
     corners = g.op("Mul", g.op("Gather", src.image, pick(src.rows), axis=0), pick(src.weights))
     return g.op("MatMul", src.ones, _reshape_to(g, corners, src.stacked if tap is None else src.stacked_tap))
+
+
+def _static_groups(groups: Any) -> bool:
+    """Whether ``groups`` is known (a translation, not a function body) to be 1."""
+    return isinstance(groups, int) and groups == 1
+
+
+def _dense_kernel(g: Any, kernel: Any, k: Any, grp: Any, c: Any, cout: Any) -> Any:
+    """(K, C, Cout): each tap's (G, Cpg, Cog) weight as one block-diagonal matrix, so that a tap
+    is one GEMM whatever the groups (no Transpose of the columns to (G, N*P, Cpg)). Groups > 1
+    pay G times the GEMM's arithmetic on the zero blocks (a depthwise layer: C times), next to
+    the sampling's memory traffic, which does not change with the groups."""
+    one = _i64(g, [1])
+    eye = g.op("EyeLike", g.op("Expand", g.constant(0.0, like=kernel), g.op("Concat", grp, grp, axis=0)))
+    eye = _reshape(g, eye, one, grp, one, grp, one)
+    cpg, cog = g.op("Div", c, grp), g.op("Div", cout, grp)
+    blocks = g.op("Mul", _reshape(g, kernel, k, grp, cpg, one, cog), eye)  # (K, G, Cpg, G, Cog)
+    return _reshape(g, blocks, k, c, cout)
 
 
 def _tap_product(g: Any, src: _Sources, tap: Any, shape: tuple[Any, Any], single: bool) -> Any:

@@ -233,12 +233,19 @@ class FunctionBuilder(GraphBuilder):
 
     # -- control flow -----------------------------------------------------------------------
     def loop(
-        self, trip_count: Any, carried: Sequence[Any], body: Callable[[FunctionBuilder, Any, list[Any]], Sequence[Any]]
+        self,
+        trip_count: Any,
+        carried: Sequence[Any],
+        body: Callable[[FunctionBuilder, Any, list[Any]], Sequence[Any]],
+        *,
+        scans: int = 0,
     ) -> list[Any]:
         """``Loop`` over ``trip_count`` (int64 scalar) iterations: ``body(sub, i, values)`` builds
         the next ``carried`` values with ``sub``, a builder whose nodes form the loop's body
         graph (outer values may be used in it directly; attribute references may not: read
-        them outside the loop). Returns the final carried values."""
+        them outside the loop), followed by ``scans`` values per iteration that the Loop stacks
+        along a new first axis (each iteration's of one shape). Returns the final carried values,
+        then the stacked ones."""
         self._count += 1
         sub = FunctionBuilder(self.opset, self.target, prefix=f"{self._prefix}_loop{self._count}")
         sub._dtypes = dict(self._dtypes)  # outer values keep their known dtypes inside
@@ -248,8 +255,11 @@ class FunctionBuilder(GraphBuilder):
         for value, outer in zip(state, carried, strict=True):
             sub._dtypes[value.name] = self.dtype(outer)
         results = list(body(sub, iteration, state))
-        if len(results) != len(carried):
-            raise SymbolicError(f"{self.target}: a loop body returned {len(results)} values for {len(carried)} carried.")
+        if len(results) != len(carried) + scans:
+            raise SymbolicError(
+                f"{self.target}: a loop body returned {len(results)} values for {len(carried)} carried "
+                f"and {scans} scanned."
+            )
         keep = sub.op("Identity", condition)
         results = [sub.op("Identity", r) if r.name in {v.name for v in state} else r for r in results]
         graph = helper.make_graph(
@@ -261,10 +271,10 @@ class FunctionBuilder(GraphBuilder):
         )  # fmt: skip
         # an explicit (true) condition: onnx.reference's Loop runs no iteration without one
         true = super().constant(np.asarray(True))
-        outs = self._add_node("", "Loop", [trip_count, true, *carried], [], len(carried))
+        outs = self._add_node("", "Loop", [trip_count, true, *carried], [], len(results))
         self.nodes[-1].attribute.append(helper.make_attribute("body", graph))
-        for out, outer in zip(outs, carried, strict=True):
-            self._dtypes[out.name] = self.dtype(outer)
+        for out, inner in zip(outs, results, strict=True):
+            self._dtypes[out.name] = sub.dtype(inner)
         return outs
 
     # -- constants that may hold attribute references ----------------------------------------

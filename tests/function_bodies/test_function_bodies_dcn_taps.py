@@ -55,8 +55,9 @@ def _ort_deformconv(cfg: Config, tensors: tuple[torch.Tensor, ...]) -> np.ndarra
 @pytest.mark.parametrize("cfg", STRESS, ids=lambda c: c.id)
 def test_body_loop_matches_eager_and_ort_deformconv(cfg: Config, opset: int) -> None:
     model = body_model(cfg.params(), cfg.dtype, opset)
-    (loop,) = [n for n in model.functions[0].node if n.op_type == "Loop"]  # one tap per iteration
+    (loop,) = [n for n in model.functions[0].node if n.op_type == "Loop"]  # a chunk of pixels per iteration
     assert loop.attribute[0].name == "body"
+    assert len(loop.input) == 2 and len(loop.output) == 1  # no carried sum: a stacked output
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     h, w = cfg.hw
     sizes = [(cfg.n, h, w), (cfg.n + 1, h + 2, w + 3)] + ([(0, h, w)] if opset >= 14 else [])
@@ -66,6 +67,25 @@ def test_body_loop_matches_eager_and_ort_deformconv(cfg: Config, opset: int) -> 
         _assert_close(got, cfg.eager(tensors))
         if n and cfg.offsets == "normal":
             _assert_close(got, torch.from_numpy(_ort_deformconv(cfg, tensors)))
+
+
+@pytest.mark.parametrize("values", [1, 700, 5000], ids=lambda v: f"chunk_values{v}")
+@pytest.mark.parametrize("cfg", [STRESS[0], STRESS[1], STRESS[4]], ids=lambda c: c.id)
+def test_body_loop_chunks_match_eager(cfg: Config, values: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small chunks (1 pixel; a few pixels that leave a ragged last chunk; more) against the eager
+    op: chunk borders, the padded pixels dropped, a zero batch (no iteration)."""
+    from onnx_custom.symbolics import deform_conv_decomposed
+
+    monkeypatch.setattr(deform_conv_decomposed, "CHUNK_VALUES", values)
+    kh, kw = cfg.k
+    per_pixel = 4 * kh * kw * cfg.c
+    assert values // per_pixel + 1 < cfg.n * cfg.out_hw(*cfg.hw)[0] * cfg.out_hw(*cfg.hw)[1]  # several chunks
+    session = ort.InferenceSession(body_model(cfg.params(), cfg.dtype, 18).SerializeToString(), providers=["CPUExecutionProvider"])
+    h, w = cfg.hw
+    for seed, (n, hh, ww) in enumerate([(cfg.n, h, w), (cfg.n + 1, h + 1, w + 2), (0, h, w)]):
+        tensors = cfg.tensors(n, hh, ww, seed)
+        (got,) = session.run(None, {k: t.numpy() for k, t in zip(NAMES, tensors, strict=True)})
+        _assert_close(got, cfg.eager(tensors))
 
 
 def test_body_loop_in_onnx_reference() -> None:
@@ -117,32 +137,34 @@ def test_function_builder_loop_runs_in_ort_and_onnx_reference() -> None:
     """FunctionBuilder.loop: outer values used inside, carried state, names kept apart."""
     from onnx_custom.function_bodies.builder import FunctionBuilder
 
-    g = FunctionBuilder(18, "test::cumsum")
+    g = FunctionBuilder(18, "test::cumsum", {"x": torch.float32})
     x, steps = g.input("x"), g.input("steps")
     count = g.op("Reshape", steps, g.constant(np.zeros(0, np.int64)))
 
     def body(sub: Any, i: Any, state: list[Any]) -> list[Any]:
         scaled = sub.op("Mul", x, sub.op("Cast", sub.op("Add", i, sub.constant(np.int64(1))), to=TensorProto.FLOAT))
-        return [sub.op("Add", state[0], scaled), state[1]]
+        return [sub.op("Add", state[0], scaled), state[1], scaled]
 
-    total, same = g.loop(count, [x, x], body)
-    g.bind_outputs([total, same], ["y", "z"], ["x", "steps"])
+    total, same, stacked = g.loop(count, [x, x], body, scans=1)
+    assert g.dtype(stacked) == torch.float32
+    g.bind_outputs([total, same, stacked], ["y", "z", "s"], ["x", "steps"])
     names = [o for n in g.nodes for o in n.output] + [o for n in g.nodes for a in n.attribute if a.g.node for m in a.g.node for o in m.output]
     assert len(names) == len(set(names))
-    function = helper.make_function("test", "CumSum", ["x", "steps"], ["y", "z"], g.nodes, [helper.make_opsetid("", 18)])
-    node = helper.make_node("CumSum", ["x", "steps"], ["y", "z"], domain="test")
+    function = helper.make_function("test", "CumSum", ["x", "steps"], ["y", "z", "s"], g.nodes, [helper.make_opsetid("", 18)])
+    node = helper.make_node("CumSum", ["x", "steps"], ["y", "z", "s"], domain="test")
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3]),
                                             helper.make_tensor_value_info("steps", TensorProto.INT64, [1])],
-                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "z")])  # fmt: skip
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "z", "s")])  # fmt: skip
     model = helper.make_model(graph, ir_version=9, functions=[function],
                               opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("test", 1)])  # fmt: skip
     feeds: dict[str, np.ndarray] = {"x": np.array([1.0, 2.0, -3.0], np.float32), "steps": np.array([4], np.int64)}
     expected = feeds["x"] * (1 + 1 + 2 + 3 + 4)
     runners: list[Any] = [ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]), ReferenceEvaluator(model)]
     for runner in runners:
-        y, z = runner.run(None, feeds)
+        y, z, stacked = runner.run(None, feeds)
         np.testing.assert_allclose(y, expected)
         np.testing.assert_array_equal(z, feeds["x"])
+        np.testing.assert_allclose(stacked, feeds["x"] * np.arange(1, 5, dtype=np.float32)[:, None])  # one row per iteration
 
 
 def test_function_builder_loop_refuses_a_body_returning_the_wrong_count() -> None:
@@ -152,5 +174,7 @@ def test_function_builder_loop_refuses_a_body_returning_the_wrong_count() -> Non
     g = FunctionBuilder(18, "test::bad_loop")
     x = g.input("x")
     count = g.constant(np.int64(2))
-    with pytest.raises(SymbolicError, match=r"test::bad_loop: a loop body returned 1 values for 2 carried"):
+    with pytest.raises(SymbolicError, match=r"test::bad_loop: a loop body returned 1 values for 2 carried and 0 scanned"):
         g.loop(count, [x, x], lambda sub, i, state: [state[0]])
+    with pytest.raises(SymbolicError, match=r"returned 2 values for 2 carried and 1 scanned"):
+        g.loop(count, [x, x], lambda sub, i, state: state, scans=1)
