@@ -21,11 +21,7 @@ import torch
 from onnx_custom.errors import OnnxCustomError, SymbolicError
 from onnx_custom.translate.attributes import AttrValue, c_contiguous, convert_attribute
 from onnx_custom.translate.names import parse_node_type
-from onnx_custom.translate.opset_upgrade import (
-    attributes_moved_to_inputs,
-    numpy_dtype_of_onnx,
-    split_outputs_attribute,
-)
+from onnx_custom.translate.opset_upgrade import attributes_moved_to_inputs, split_outputs_attribute
 from onnx_custom.translate.standard_ops import check_standard_node
 from onnx_custom.translate.torch_errors import translation_error
 from onnx_custom.translate.type_check import NodeInput, check_node_types
@@ -174,7 +170,7 @@ class GraphBuilder(abc.ABC):
                     "once (as the input from opset 13/18 on)."
                 )
             if move.dtype is not None:
-                value = self.constant(move.value, dtype=numpy_dtype_of_onnx(move.dtype))
+                value = self.constant(move.value, dtype=move.dtype)
             elif inputs and inputs[0] is not None and self.dtype(inputs[0]) is not None:
                 value = self.constant(move.value, like=inputs[0])
             else:

@@ -18,16 +18,15 @@ import dataclasses
 import functools
 from collections.abc import Sequence
 
-import numpy as np
-import onnx
 import onnx.defs
+import torch
 
 from onnx_custom.translate.attributes import AttrKind, AttrValue
+from onnx_custom.translate.type_check import input_constant_dtype
 
 __all__ = [
     "MovedAttribute",
     "attributes_moved_to_inputs",
-    "numpy_dtype_of_onnx",
     "split_outputs_attribute",
 ]
 
@@ -35,17 +34,16 @@ __all__ = [
 _RENAMED = {("Pad", "value"): "constant_value", ("TopK", "k"): "K"}
 # Inputs that hold one value as a 1-D tensor of one element, not as a scalar.
 _ONE_ELEMENT = {("TopK", "K")}
-_PREFERRED = ("tensor(int64)", "tensor(float)")
 
 
 @dataclasses.dataclass(frozen=True)
 class MovedAttribute:
-    """An attribute that becomes input ``index``: a constant of ``dtype`` (an ONNX type string
-    such as ``"tensor(int64)"``, or None for "the dtype of input 0")."""
+    """An attribute that becomes input ``index``: a constant of ``dtype`` (None: the dtype of
+    input 0, whose type parameter the input shares)."""
 
     index: int
     attribute: AttrValue
-    dtype: str | None
+    dtype: torch.dtype | None
     one_element: bool = False
 
     @property
@@ -58,7 +56,7 @@ class MovedAttribute:
 
 @dataclasses.dataclass(frozen=True)
 class _Layout:
-    schema: onnx.defs.OpSchema
+    since: int  # the version in force at the export's opset
     attributes: frozenset[str]
     inputs: tuple[str, ...]
 
@@ -71,7 +69,7 @@ def _layout(op_type: str, opset: int) -> _Layout | None:
         schema = onnx.defs.get_schema(op_type, opset, "")
     except onnx.defs.SchemaError:
         return None
-    return _Layout(schema, frozenset(schema.attributes), tuple(f.name for f in schema.inputs))
+    return _Layout(schema.since_version, frozenset(schema.attributes), tuple(f.name for f in schema.inputs))
 
 
 @functools.cache
@@ -82,29 +80,6 @@ def _older_attributes(op_type: str, before: int) -> frozenset[str]:
         if schema.domain == "" and schema.name == op_type and schema.since_version < before:
             names.update(schema.attributes)
     return frozenset(names)
-
-
-def _constant_dtype(schema: onnx.defs.OpSchema, index: int) -> str | None:
-    type_str = schema.inputs[index].type_str
-    if type_str.startswith("tensor("):
-        return type_str
-    if type_str == schema.inputs[0].type_str:
-        return None  # same type parameter as the data input: the constant follows its dtype
-    allowed = next(
-        (
-            list(c.allowed_type_strs)
-            for c in schema.type_constraints
-            if c.type_param_str == type_str
-        ),
-        [],
-    )
-    return next((t for t in _PREFERRED if t in allowed), allowed[0] if allowed else None)
-
-
-def numpy_dtype_of_onnx(type_str: str) -> np.dtype:
-    """``"tensor(int64)"`` -> ``np.int64`` (the type strings of ``onnx.defs`` schemas)."""
-    element = getattr(onnx.TensorProto, type_str.removeprefix("tensor(").removesuffix(")").upper())
-    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(element))
 
 
 def attributes_moved_to_inputs(
@@ -119,13 +94,12 @@ def attributes_moved_to_inputs(
     moved: list[MovedAttribute] = []
     for attr in attrs:
         name = _RENAMED.get((op_type, attr.name), attr.name)
-        since = layout.schema.since_version
-        if attr.name in layout.attributes or name not in layout.inputs or attr.name not in _older_attributes(op_type, since):
+        if attr.name in layout.attributes or name not in layout.inputs or attr.name not in _older_attributes(op_type, layout.since):
             kept.append(attr)
             continue
         index = layout.inputs.index(name)
         one_element = (op_type, name) in _ONE_ELEMENT
-        moved.append(MovedAttribute(index, attr, _constant_dtype(layout.schema, index), one_element))
+        moved.append(MovedAttribute(index, attr, input_constant_dtype(op_type, opset, index), one_element))
     return kept, moved
 
 

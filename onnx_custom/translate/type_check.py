@@ -30,7 +30,7 @@ import torch
 
 from onnx_custom.errors import SymbolicError
 
-__all__ = ["NodeInput", "check_node_types", "deferring_half_precision", "onnx_type_name"]
+__all__ = ["NodeInput", "check_node_types", "deferring_half_precision", "input_constant_dtype", "onnx_type_name"]
 
 _HALF = frozenset({"float16", "bfloat16"})
 _HALF_DEFERRED: contextvars.ContextVar[bool] = contextvars.ContextVar("onnx_custom_half_deferred", default=False)
@@ -100,6 +100,22 @@ def _standard_digest(op_type: str, opset: int) -> _Digest | None:
         return _digest(onnx.defs.get_schema(op_type, opset, ""))
     except onnx.defs.SchemaError:
         return None
+
+
+def input_constant_dtype(op_type: str, opset: int, index: int) -> torch.dtype | None:
+    """The torch dtype a constant for input ``index`` of a standard op should have: its concrete
+    type, or the preferred allowed type of its type parameter; None when it shares input 0's type
+    parameter (the constant then follows input 0's dtype) or the schema does not say."""
+    digest = _standard_digest(op_type, opset)
+    formal = None if digest is None else _formal_of(digest, index)
+    if digest is None or formal is None:
+        return None
+    if formal.type_str.startswith("tensor("):
+        return _FROM_ONNX_NAME.get(formal.type_str[len("tensor(") : -1])
+    if digest.formals and formal.type_str == digest.formals[0].type_str:
+        return None
+    allowed = digest.allowed.get(formal.type_str)
+    return _FROM_ONNX_NAME.get(_preferred(allowed)) if allowed else None
 
 
 def _custom_digest(domain: str, op_type: str) -> _Digest | None:

@@ -222,9 +222,9 @@ AXES = AttrValue("axes", AttrKind.INTS, (0,))
 KEEP = AttrValue("keepdims", AttrKind.INT, 1)
 MOVES = [
     ("Unsqueeze", 11, [AXES], [], ["axes"]),
-    ("Unsqueeze", 13, [AXES], [(1, "tensor(int64)")], []),
+    ("Unsqueeze", 13, [AXES], [(1, torch.int64)], []),
     ("ReduceMean", 17, [AXES, KEEP], [], ["axes", "keepdims"]),
-    ("ReduceMean", 18, [AXES, KEEP], [(1, "tensor(int64)")], ["keepdims"]),
+    ("ReduceMean", 18, [AXES, KEEP], [(1, torch.int64)], ["keepdims"]),
     ("Clip", 11, [AttrValue("max", AttrKind.FLOAT, 6.0)], [(2, None)], []),  # typed like input 0
     (
         "Pad",
@@ -233,19 +233,19 @@ MOVES = [
         [(2, None)],
         ["mode"],
     ),
-    ("TopK", 11, [AttrValue("k", AttrKind.INT, 3)], [(1, "tensor(int64)")], []),
+    ("TopK", 11, [AttrValue("k", AttrKind.INT, 3)], [(1, torch.int64)], []),
     (
         "Slice",
         13,
         [AttrValue("starts", AttrKind.INTS, (1,))],
-        [(1, "tensor(int64)")],
+        [(1, torch.int64)],
         [],
     ),  # Tind: int64 preferred
     (
         "Dropout",
         13,
         [AttrValue("ratio", AttrKind.FLOAT, 0.1)],
-        [(1, "tensor(float)")],
+        [(1, torch.float32)],
         [],
     ),  # T1, not input 0's T
     (
@@ -267,7 +267,7 @@ def test_attributes_that_became_inputs(
     op_type: str,
     opset: int,
     attrs: list[AttrValue],
-    moved: list[tuple[int, str | None]],
+    moved: list[tuple[int, torch.dtype | None]],
     kept: list[str],
 ) -> None:
     left, moves = attributes_moved_to_inputs(op_type, opset, attrs)
