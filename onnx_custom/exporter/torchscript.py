@@ -21,6 +21,7 @@ from torch.onnx._internal.torchscript_exporter import symbolic_helper
 
 from onnx_custom.errors import InvalidArgumentError
 from onnx_custom.exporter.output_meta import Outputs, TensorDesc, flat_outputs, layout
+from onnx_custom.exporter.torchscript_mutation import mutations_refused
 from onnx_custom.exporter.torchscript_shapes import TAG, TsDims, session, ts_dims
 from onnx_custom.translate.attributes import AttrKind, AttrValue, c_contiguous
 from onnx_custom.translate.builder import GraphBuilder, OutputMeta, call_translation
@@ -367,7 +368,8 @@ def registered(registry: Registry | None = None, *, opset: int | None = None) ->
     unknown here); `onnx_custom.export` passes its opset so only that one is touched.
 
     Torch's symbolic table (and any ``symbolic`` attribute of autograd.Functions) is restored to
-    its exact previous state on exit, also when the body raises.
+    its exact previous state on exit, also when the body raises. Inside the block a custom op that
+    writes into its arguments raises `SymbolicError` (torch's TorchScript passes would drop it).
     """
     reg = resolve_registry(registry)
     if opset is not None and (not isinstance(opset, int) or isinstance(opset, bool) or not TS_MIN_OPSET <= opset <= TS_MAX_OPSET):
@@ -395,7 +397,7 @@ def registered(registry: Registry | None = None, *, opset: int | None = None) ->
                     previous[version] = overrides.get(version, _MISSING)
                 ts_registration.registry.register(name, version, fn, custom=True)
                 group = table[name]
-        with session():
+        with session(), mutations_refused():
             yield reg
     finally:
         # Undo only our overrides: base symbolics torch registered lazily meanwhile must stay.

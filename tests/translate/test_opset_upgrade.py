@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.onnx import symbolic_helper
 
 import onnx_custom
-from onnx_custom.errors import SymbolicError
+from onnx_custom.errors import HalfPrecisionError, SymbolicError
 from onnx_custom.translate.attributes import AttrKind, AttrValue
 from onnx_custom.translate.opset_upgrade import attributes_moved_to_inputs, split_outputs_attribute
 
@@ -164,6 +164,14 @@ CASES = [
     Case("even_halves-x[3,8]", even_halves, (3, 8), ("Split",)),
     Case("padded-x[3,4]", padded, (3, 4), ("Pad",)),
     Case("padded-float16-x[3,4]", padded, (3, 4), ("Pad",), torch.float16),
+    Case(
+        "norm_last-bfloat16-x[3,5]",
+        norm_last,
+        (3, 5),
+        ("ReduceSum", "Unsqueeze", "Squeeze"),
+        torch.bfloat16,
+    ),
+    Case("padded-bfloat16-x[3,4]", padded, (3, 4), ("Pad",), torch.bfloat16),
     Case("top2-x[4,7]", top2, (4, 7), ("TopK",)),
     Case("inner-x[5,6]", inner, (5, 6), ("Slice",)),
 ]
@@ -183,6 +191,10 @@ def test_an_opset11_symbolic_exports_and_verifies_at_later_opsets(
     torch.manual_seed(0)
     x = torch.randn(case.shape).to(case.dtype)
     path = tmp_path / "model.onnx"
+    if case.dtype == torch.bfloat16 and opset < 13:  # ONNX has bfloat16 from opset 13 on
+        with pytest.raises(HalfPrecisionError, match=r"(?s)bfloat16 needs opset 13\+.*Fix: export at opset 13"):
+            onnx_custom.export(One(case.op), (x,), path, exporter=exporter, opset=opset, registry=registry)
+        return
     onnx_custom.export(
         One(case.op),
         (x,),
