@@ -56,6 +56,7 @@ class Model(nn.Module):
             for block in (self.dcn1, self.dcn2):
                 # Offsets of about +-1 px: off-grid sampling that exercises the bilinear path.
                 nn.init.normal_(block.predict.weight, std=0.05)
+                assert block.predict.bias is not None  # the offset predictor is built with a bias
                 nn.init.zeros_(block.predict.bias)
         finally:
             torch.random.set_rng_state(generator_state)

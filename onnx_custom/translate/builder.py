@@ -16,15 +16,17 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+import onnx
 import torch
 
 from onnx_custom.errors import OnnxCustomError, SymbolicError
 from onnx_custom.translate.attributes import AttrValue, c_contiguous, convert_attribute
+from onnx_custom.translate.implicit_casts import promoted_inputs
 from onnx_custom.translate.names import parse_node_type
 from onnx_custom.translate.opset_upgrade import attributes_moved_to_inputs, split_outputs_attribute
 from onnx_custom.translate.standard_ops import check_standard_node
 from onnx_custom.translate.torch_errors import translation_error
-from onnx_custom.translate.type_check import NodeInput, check_node_types
+from onnx_custom.translate.type_check import NodeInput, check_node_types, onnx_type_name
 
 __all__ = ["GraphBuilder", "NodeRecord", "OutputMeta", "call_translation", "numpy_dtype", "record_nodes", "register_value_check"]
 
@@ -137,6 +139,7 @@ class GraphBuilder(abc.ABC):
         while converted and converted[-1] is None:  # trailing absent optional inputs are dropped
             converted.pop()
         if not domain:
+            converted = self._promote(op_type, converted)
             # A function body's attribute references (FunctionBuilder) are present at run time.
             referenced = [ref.name for ref in getattr(self, "_pending_refs", ())]
             attrs = check_standard_node(where, op_type, self.opset, len(converted), outputs, attrs, referenced)
@@ -157,6 +160,26 @@ class GraphBuilder(abc.ABC):
             for index, (value, meta) in enumerate(zip(result, types, strict=True)):
                 self._set_type(value, meta, index if torch_types else None)
         return result[0] if outputs == 1 else tuple(result)
+
+    def _promote(self, op_type: str, inputs: list[Any]) -> list[Any]:
+        """Inputs of an op that promotes types (Add, Mul, Where, ...) converted to the dtype torch
+        computes them in, as the TorchScript exporter's scalar type analysis does for symbolics
+        written for it (`implicit_casts`): a Constant is made again in that dtype, anything else
+        is cast."""
+        dtypes = [None if v is None else self.dtype(v) for v in inputs]
+        scalars = [v is not None and self._is_constant(v) and self.shape(v) == () for v in inputs]
+        plan = promoted_inputs(op_type, dtypes, scalars)
+        if plan is None:
+            return inputs
+        target, indices = plan
+        converted = list(inputs)
+        for index in indices:
+            value = self.constant_value(inputs[index]) if self._is_constant(inputs[index]) else None
+            if value is not None:
+                converted[index] = self.constant(value, dtype=target)
+            else:
+                converted[index] = self.op("Cast", inputs[index], to=getattr(onnx.TensorProto, str(onnx_type_name(target)).upper()))
+        return converted
 
     def _upgrade_attributes(self, where: str, op_type: str, inputs: list[Any], attrs: list[AttrValue], outputs: int) -> list[AttrValue]:
         """Attributes this opset takes as inputs (a symbolic written for an older opset) become

@@ -1,10 +1,11 @@
 """Input types of every node a translation adds, checked against the node's ONNX schema.
 
-The TorchScript exporter tolerates ``Mul(float, int64 constant)`` (its scalar type analysis may
-insert a Cast, or not), the dynamo exporter writes it as is, and ONNX Runtime refuses the file
-later, far from the translation. Here both exporters refuse it in ``g.op``, naming the torch op,
-the node, the input types and the fix. Standard ops use ``onnx.defs``; a custom node is checked
-when a schema for it is registered (kernels and op specs register theirs).
+The dynamo exporter writes ``Concat(float, double)`` or ``Reshape(x, float shape)`` as is and ONNX
+Runtime refuses the file later, far from the translation. Here both exporters refuse it in
+``g.op``, naming the torch op, the node, the input types and the fix. (The ops torch promotes --
+``Mul(float16, float constant)``, ``Add(int64, float)`` -- are converted first, as torch would,
+by `implicit_casts`.) Standard ops use ``onnx.defs``; a custom node is checked when a schema for
+it is registered (kernels and op specs register theirs).
 
 A float16/bfloat16 input that a standard op's schema refuses (``Sin`` before opset 22, ``Mul``
 before 13, ...) is deferred, inside our own exports, to the export's half-precision pass, which
