@@ -59,6 +59,10 @@ from onnx_custom.exporter.dim_params import rename_dims, write_metadata
 from onnx_custom.exporter.dynamic_shapes import DynamicSpec, resolve_dynamic_shapes
 from onnx_custom.exporter.dynamo_shapes import symbol_names
 from onnx_custom.exporter.export_flag import onnx_exporting
+from onnx_custom.exporter.function_symbolics import (
+    function_symbolic_error,
+    recording_function_failures,
+)
 from onnx_custom.exporter.opset_compat import lower_default_opset
 from onnx_custom.exporter.output_names import default_output_names, rename_outputs
 from onnx_custom.exporter.torchscript import registered
@@ -299,8 +303,9 @@ def trace_program(
     if spec is None:
         spec = resolve_dynamic_shapes(model, args, kwargs, dynamic_shapes=dynamic_shapes)
     failure: BaseException | None = None
+    failed_functions: list[type] = []
     try:
-        with _reject_autograd_functions(registry), quiet_torch(), onnx_exporting():
+        with _reject_autograd_functions(registry), recording_function_failures(failed_functions), quiet_torch(), onnx_exporting():
             return torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=spec.export_shapes, strict=False)
     except Exception as exc:
         failure = _ours(exc)
@@ -317,6 +322,8 @@ def trace_program(
                 "the right shape/dtype, or export with exporter='torchscript'."
             )
             failure.__cause__ = exc
+        if failure is None and failed_functions:
+            failure = function_symbolic_error(failed_functions[0], exc)
         if failure is None:
             raise
     raise failure
