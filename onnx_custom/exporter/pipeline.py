@@ -65,6 +65,7 @@ from onnx_custom.exporter.function_symbolics import (
 )
 from onnx_custom.exporter.opset_compat import lower_default_opset
 from onnx_custom.exporter.output_names import default_output_names, rename_outputs
+from onnx_custom.exporter.scalar_bounds import float_clamp_bounds
 from onnx_custom.exporter.torchscript import registered
 from onnx_custom.exporter.torchscript_shapes import ExportDims, export_dims, name_derived_dims
 from onnx_custom.runtime.half_precision import DEFAULT_MODE, check_mode, widen_model
@@ -341,6 +342,7 @@ def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry,
             program_cache.remember(model, args, program)  # localize reuses it instead of tracing again
         names = symbol_names_of(program, spec)
     _check_no_mutating_ops(program)
+    float_clamp_bounds(program)  # torch's type promotion fails on clamp(0, 1.5) of a float tensor
     missing = missing_ops_dynamo(program, opset, reg)
     if missing:
         raise UnsupportedOpError(format_missing(missing, "dynamo", opset), tuple(m.name for m in missing))

@@ -76,6 +76,14 @@ class ScaleBySize(torch.nn.Module):
         return x * n + n
 
 
+class ClampMixedBounds(torch.nn.Module):
+    """Clamps of a float tensor with one int and one float bound (``scores.clamp(0, 1.0)``),
+    which torch's dynamo exporter cannot re-dispatch after its type promotion."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x.clamp(0, 1.5), torch.clamp(x, min=-1, max=0.5), x.clone().clamp_(0, 2.5), x.clip(-2, 1.5)
+
+
 # -- the table ---------------------------------------------------------------------------------
 
 
@@ -101,7 +109,10 @@ CASES = [
          {"boxes": {0: "n"}}, ({"n": 1}, {"n": 7})),
     Case("scale_by_size-x[2,5]", ScaleBySize, _seeded(lambda g: (torch.randn(2, 5, generator=g),)),
          {"x": {1: "n"}}, ({"n": 1}, {"n": 9})),
+    Case("clamp_mixed_bounds-x[3,4]", ClampMixedBounds, _seeded(lambda g: (torch.randn(3, 4, generator=g) * 3,)),
+         {"x": {0: "n"}}, ({"n": 1}, {"n": 5})),
 ]
+IN_PLACE = [c for c in CASES if c.id.startswith(("clip_boxes", "scale_by_size"))]
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
@@ -116,7 +127,7 @@ def test_mm_style_model_exports_and_verifies_at_other_sizes(case: Case, exporter
     assert len(tried) == len(case.shapes), [t.describe() for t in report.shapes_tried]
 
 
-@pytest.mark.parametrize("case", CASES[1:], ids=[c.id for c in CASES[1:]])
+@pytest.mark.parametrize("case", IN_PLACE, ids=[c.id for c in IN_PLACE])
 def test_in_place_aten_ops_count_as_covered_by_their_functional_twin(case: Case) -> None:
     """The traced program holds copy_/fill_/unsqueeze_/detach_; torch's decomposition
     functionalizes them, so `check` and the export's pre-check must not list them as missing."""
@@ -126,3 +137,7 @@ def test_in_place_aten_ops_count_as_covered_by_their_functional_twin(case: Case)
     assert in_place, "the case no longer exercises an in-place op"
     assert missing_ops_dynamo(program, 18) == []
     assert onnx_custom.check(model, args, exporter="dynamo").ok
+
+
+def test_check_passes_a_clamp_with_mixed_bounds() -> None:
+    assert onnx_custom.check(ClampMixedBounds(), (torch.randn(3, 4),), exporter="dynamo").ok
