@@ -51,12 +51,8 @@ class RoIPoolFunction(torch.autograd.Function):
         return out
 
 
-class TracedMeanFunction(torch.autograd.Function):
-    """Same contract, forward in plain torch ops: torch.export traces it."""
-
-    @staticmethod
-    def symbolic(g: Any, input: Any, rois: Any, spatial_scale: float) -> Any:
-        return g.op("mmfn::MMCVRoiPoolMean", input, rois, spatial_scale_f=spatial_scale, outputs=2)[0]
+class TracedMeanFunction(RoIPoolFunction):
+    """Same symbolic, forward in plain torch ops: torch.export traces it."""
 
     @staticmethod
     def forward(ctx: Any, input: torch.Tensor, rois: torch.Tensor, spatial_scale: float) -> torch.Tensor:
