@@ -62,6 +62,7 @@ from onnx_custom.exporter.export_flag import onnx_exporting
 from onnx_custom.exporter.function_symbolics import (
     function_symbolic_error,
     recording_function_failures,
+    warn_traced_functions,
 )
 from onnx_custom.exporter.opset_compat import lower_default_opset
 from onnx_custom.exporter.output_names import default_output_names, rename_outputs
@@ -305,9 +306,10 @@ def trace_program(
         spec = resolve_dynamic_shapes(model, args, kwargs, dynamic_shapes=dynamic_shapes)
     failure: BaseException | None = None
     failed_functions: list[type] = []
+    traced_functions: list[type] = []
     try:
-        with _reject_autograd_functions(registry), recording_function_failures(failed_functions), quiet_torch(), onnx_exporting():
-            return torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=spec.export_shapes, strict=False)
+        with _reject_autograd_functions(registry), recording_function_failures(failed_functions, traced_functions), quiet_torch(), onnx_exporting():
+            program = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=spec.export_shapes, strict=False)
     except Exception as exc:
         failure = _ours(exc)
         if failure is None:
@@ -327,7 +329,10 @@ def trace_program(
             failure = function_symbolic_error(failed_functions[0], exc)
         if failure is None:
             raise
-    raise failure
+    if failure is not None:
+        raise failure
+    warn_traced_functions(traced_functions)
+    return program
 
 
 def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, spec: DynamicSpec, output_names: Any, kwargs: dict[str, Any]) -> tuple[onnx.ModelProto, DynamicSpec]:

@@ -5,7 +5,8 @@ C++ extension (here NumPy, which fake tensors cannot enter either).
 TorchScript calls ``symbolic``: the file holds the custom node and verifies against the eager
 Function through an independently written kernel. ``torch.export`` runs ``forward`` and fails
 inside the extension: a `SymbolicError` naming the Function and both routes that work, from
-`export` and from `check`. The route it names (the computation as a custom op, the same
+`export` and from `check`; a forward that traces is exported with a warning naming the Function
+(mmdeploy's export-only Functions have a placeholder forward, which verify then fails). The route it names (the computation as a custom op, the same
 ``symbolic`` registered with `register_custom_op_symbolic`) exports with both exporters. A
 Function whose forward is plain torch is traced under dynamo and verifies.
 """
@@ -21,6 +22,7 @@ import pytest
 import torch
 
 import onnx_custom
+from onnx_custom.exporter.function_symbolics import FunctionSymbolicIgnoredWarning
 from onnx_custom.runtime import KernelRegistry
 
 kernels = KernelRegistry()
@@ -57,6 +59,23 @@ class TracedMeanFunction(RoIPoolFunction):
     @staticmethod
     def forward(ctx: Any, input: torch.Tensor, rois: torch.Tensor, spatial_scale: float) -> torch.Tensor:
         return input[rois[:, 0].long()].mean(dim=(2, 3)) * spatial_scale
+
+
+class PlaceholderFunction(RoIPoolFunction):
+    """mmdeploy's export-only Function (TRTBatchedNMSop): forward only makes the output shape."""
+
+    @staticmethod
+    def forward(ctx: Any, input: torch.Tensor, rois: torch.Tensor, spatial_scale: float) -> torch.Tensor:
+        return torch.rand(rois.shape[0], input.shape[1])
+
+
+class ExportBranch(torch.nn.Module):
+    """Eager computes; under export the placeholder Function stands in (mmdeploy's rewrite)."""
+
+    def forward(self, x: torch.Tensor, rois: torch.Tensor) -> torch.Tensor:
+        if torch.onnx.is_in_onnx_export():
+            return PlaceholderFunction.apply(x, rois, 0.25)
+        return TracedMeanFunction.apply(x, rois, 0.25)
 
 
 @kernels.kernel("mmfn::MMCVRoiPoolMean", inputs=["input", "rois"], outputs=["output", "argmax"], attrs={"spatial_scale": "float"},
@@ -132,9 +151,23 @@ def test_dynamo_names_the_function_whose_forward_cannot_be_traced(route: str, tm
         assert phrase in message, (phrase, message)
 
 
-def test_dynamo_traces_a_plain_torch_forward(tmp_path: Path) -> None:
-    proto = _export_and_verify(Pool(TracedMeanFunction), "dynamo", tmp_path / "m.onnx")
+def test_dynamo_traces_a_plain_torch_forward_and_says_so(tmp_path: Path) -> None:
+    with pytest.warns(FunctionSymbolicIgnoredWarning, match="TracedMeanFunction: torch.autograd.Function with a `symbolic`"):
+        proto = _export_and_verify(Pool(TracedMeanFunction), "dynamo", tmp_path / "m.onnx")
     assert not [n for n in proto.graph.node if n.domain == "mmfn"]  # the forward's ops, not the symbolic
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_an_export_only_placeholder_function(exporter: str, tmp_path: Path) -> None:
+    """TorchScript writes its symbolic (verifies); dynamo traces the placeholder: a warning
+    naming it at export, and verify fails the file (random numbers, not the computation)."""
+    path, args = tmp_path / "m.onnx", _args()
+    if exporter == "torchscript":
+        _export_and_verify(ExportBranch(), exporter, path)
+        return
+    with pytest.warns(FunctionSymbolicIgnoredWarning, match="PlaceholderFunction.*placeholder"):
+        onnx_custom.export(ExportBranch(), args, path, exporter=exporter, dynamic_shapes=DYNAMIC)
+    assert not onnx_custom.verify(ExportBranch(), args, path, kernels=kernels, raise_on_mismatch=False).passed
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
