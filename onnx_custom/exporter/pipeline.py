@@ -59,8 +59,14 @@ from onnx_custom.exporter.dim_params import rename_dims, write_metadata
 from onnx_custom.exporter.dynamic_shapes import DynamicSpec, resolve_dynamic_shapes
 from onnx_custom.exporter.dynamo_shapes import symbol_names
 from onnx_custom.exporter.export_flag import onnx_exporting
+from onnx_custom.exporter.function_symbolics import (
+    function_symbolic_error,
+    recording_function_failures,
+    warn_traced_functions,
+)
 from onnx_custom.exporter.opset_compat import lower_default_opset
 from onnx_custom.exporter.output_names import default_output_names, rename_outputs
+from onnx_custom.exporter.scalar_bounds import float_clamp_bounds
 from onnx_custom.exporter.torchscript import registered
 from onnx_custom.exporter.torchscript_shapes import ExportDims, export_dims, name_derived_dims
 from onnx_custom.runtime.half_precision import DEFAULT_MODE, check_mode, widen_model
@@ -299,9 +305,11 @@ def trace_program(
     if spec is None:
         spec = resolve_dynamic_shapes(model, args, kwargs, dynamic_shapes=dynamic_shapes)
     failure: BaseException | None = None
+    failed_functions: list[type] = []
+    traced_functions: list[type] = []
     try:
-        with _reject_autograd_functions(registry), quiet_torch(), onnx_exporting():
-            return torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=spec.export_shapes, strict=False)
+        with _reject_autograd_functions(registry), recording_function_failures(failed_functions, traced_functions), quiet_torch(), onnx_exporting():
+            program = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=spec.export_shapes, strict=False)
     except Exception as exc:
         failure = _ours(exc)
         if failure is None:
@@ -317,9 +325,14 @@ def trace_program(
                 "the right shape/dtype, or export with exporter='torchscript'."
             )
             failure.__cause__ = exc
+        if failure is None and failed_functions:
+            failure = function_symbolic_error(failed_functions[0], exc)
         if failure is None:
             raise
-    raise failure
+    if failure is not None:
+        raise failure
+    warn_traced_functions(traced_functions)
+    return program
 
 
 def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, spec: DynamicSpec, output_names: Any, kwargs: dict[str, Any]) -> tuple[onnx.ModelProto, DynamicSpec]:
@@ -334,6 +347,7 @@ def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry,
             program_cache.remember(model, args, program)  # localize reuses it instead of tracing again
         names = symbol_names_of(program, spec)
     _check_no_mutating_ops(program)
+    float_clamp_bounds(program)  # torch's type promotion fails on clamp(0, 1.5) of a float tensor
     missing = missing_ops_dynamo(program, opset, reg)
     if missing:
         raise UnsupportedOpError(format_missing(missing, "dynamo", opset), tuple(m.name for m in missing))

@@ -33,6 +33,36 @@ __all__ = ["GraphBuilder", "NodeRecord", "OutputMeta", "call_translation", "nump
 DimValue = int | str | None
 
 
+# torch's g.op attribute suffix -> the attribute kinds it means (torch_style reads them).
+_TORCH_SUFFIX_KINDS = {"i": {"int", "ints"}, "is": {"ints"}, "f": {"float", "floats"}, "fs": {"floats"},
+                       "s": {"string", "strings"}, "ss": {"strings"}, "t": {"tensor"}}  # fmt: skip
+
+
+def _refuse_torch_suffixes(where: str, domain: str, op_type: str, attrs: Sequence[AttrValue]) -> None:
+    """A custom node's attribute written torch's way (``keep_topk_i=8``) in a translation whose
+    ``g`` types attributes from values would carry the literal name ``keep_topk_i``: no kernel or
+    TensorRT plugin reads it, and nothing fails until one runs. Standard nodes are checked
+    against their schema; a custom node's registered schema that declares the name allows it."""
+    import onnx
+
+    for attr in attrs:
+        base, sep, suffix = attr.name.rpartition("_")
+        if not sep or not base or attr.kind.value not in _TORCH_SUFFIX_KINDS.get(suffix, ()):
+            continue
+        if onnx.defs.has(op_type, domain) and attr.name in onnx.defs.get_schema(op_type, domain=domain).attributes:
+            continue
+        raise SymbolicError(
+            f"{where}attribute {attr.name!r} ends in torch's type suffix _{suffix}, but this g names "
+            f"attributes as written (their types come from the values), so the node would carry an "
+            f"attribute named {attr.name!r} where torch's g.op writes {base!r}. Fix: write "
+            f"{base}=..., or make the function torch-style (@symbolic_helper.parse_args, or every "
+            "argument positional, registered with onnx_custom.register_custom_op_symbolic) so g.op "
+            f"reads suffixes as torch does. If the attribute really is named {attr.name!r}, a "
+            "registered schema for the node that declares it allows the name (an op spec, or "
+            "onnx_custom.runtime.register_schemas(kernels) for the node's kernel)."
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class OutputMeta:
     """What torch computed for one output of the op being translated (its fake kernel's answer).
@@ -133,6 +163,8 @@ class GraphBuilder(abc.ABC):
         types = self._output_types(node_type, outputs, output_types, custom=bool(domain))
         where = f"{self.target}: g.op({node_type!r}): "
         attrs = [convert_attribute(name, value, where=where) for name, value in attributes.items() if value is not None]
+        if domain:
+            _refuse_torch_suffixes(where, domain, op_type, attrs)
         converted = [self._input(domain, op_type, i, value) for i, value in enumerate(inputs)]
         if not domain:
             attrs = self._upgrade_attributes(where, op_type, converted, attrs, outputs)

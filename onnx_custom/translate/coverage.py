@@ -79,22 +79,48 @@ def _count(names: list[str]) -> dict[str, int]:
     return counts
 
 
+def _target_of(op: torch._ops.OpOverload) -> Target:
+    ns, _, rest = op.name().partition("::")
+    name, _, overload = rest.partition(".")
+    return Target(QualifiedName(ns, name, overload or "default"))
+
+
+def _functional_twin(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """``aten::copy_.default`` -> ``aten::copy.default``: what torch's functionalization turns an
+    in-place ATen op into before the exporter translates anything (None: no such twin)."""
+    if op.namespace != "aten" or not op._opname.endswith("_") or not op._schema.is_mutable:
+        return None
+    packet = getattr(torch.ops.aten, op._opname[:-1], None)
+    if packet is None or op._overloadname not in packet.overloads():
+        return None
+    twin = getattr(packet, op._overloadname)
+    return twin if isinstance(twin, torch._ops.OpOverload) else None
+
+
 def missing_ops_dynamo(exported_program: torch.export.ExportedProgram, opset: int, registry: Registry | None = None) -> list[MissingOp]:
-    """Ops of an ExportedProgram that neither torchlib nor ``registry`` translates at ``opset``."""
+    """Ops of an ExportedProgram that neither torchlib nor ``registry`` translates at ``opset``.
+
+    ``torch.export`` keeps ATen's in-place ops (``y[:, 0] = v`` is ``copy_``, ``torch.tensor(n)``
+    of a dynamic size ends in ``detach_``); the exporter's decomposition functionalizes them
+    first, so such an op is covered when its functional twin is."""
     reg = resolve_registry(registry)
     supported = _torchlib_supported(opset)
+
+    def covered(op: torch._ops.OpOverload) -> bool:
+        if any(e.opset <= opset for e in reg.entries_for(_target_of(op))):
+            return True
+        return op in supported or _lowered_by_exporter(op)
+
     names = []
     for node in exported_program.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
-        ns, _, rest = node.target.name().partition("::")
-        op, _, overload = rest.partition(".")
-        target = Target(QualifiedName(ns, op, overload or "default"))
-        if any(e.opset <= opset for e in reg.entries_for(target)):
+        if covered(node.target):
             continue
-        if node.target in supported or _lowered_by_exporter(node.target):
+        twin = _functional_twin(node.target)
+        if twin is not None and covered(twin):
             continue
-        names.append(str(target))
+        names.append(str(_target_of(node.target)))
     return [
         MissingOp(name, count, tuple(reg.opsets_for(Target(QualifiedName.parse(name)))))
         for name, count in _count(names).items()

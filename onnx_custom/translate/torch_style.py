@@ -191,6 +191,14 @@ def _convert(target: str, fn: Any, index: int, param: str, code: str, value: Any
     return value
 
 
+def _enum_int(value: Any) -> Any:
+    """A torch C enum (``symbolic_helper.cast_pytorch_to_onnx["Long"]``,
+    ``JitScalarType.onnx_type()``) as the int torch's ``g.op`` writes; anything else unchanged."""
+    if type(value).__module__ == "torch._C._onnx" and hasattr(value, "__index__"):
+        return int(value)
+    return value
+
+
 # -- values and types under the dynamo exporter -------------------------------------------------
 
 
@@ -231,13 +239,34 @@ class _TorchStyleType:
         return str(_type_utils.JitScalarType.from_dtype(dtype).scalar_name())
 
     def isSubtypeOf(self, other: Any) -> bool:
-        return True  # a tensor: torch's helpers ask `x.type().isSubtypeOf(TensorType.get())`
+        # a tensor: torch's helpers ask `x.type().isSubtypeOf(TensorType.get())` (and
+        # `ListType.ofTensors()` to tell a Tensor[] value, which our values never are)
+        return isinstance(other, torch._C.TensorType)
 
     def kind(self) -> str:
         return "TensorType"
 
     def __repr__(self) -> str:
         return f"Tensor({self.dtype()}, {self.varyingSizes()})"
+
+
+class _TorchStyleNode:
+    """What ``value.node()`` answers under dynamo: what torch's helpers ask of a non-constant
+    graph value (``kind()``, ``mustBeNone()``); any other TorchScript IR is a SymbolicError."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: TorchStyleValue) -> None:
+        self._owner = owner
+
+    def kind(self) -> str:
+        return "onnx_custom::Value"  # neither onnx::Constant nor prim::Constant: not a constant
+
+    def mustBeNone(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        raise self._owner.node_error()
 
 
 class TorchStyleValue:
@@ -249,11 +278,21 @@ class TorchStyleValue:
     def __init__(self, builder: Builder, value: Any) -> None:
         self._builder, self.value = builder, value
 
+    # torch's helpers branch on `symbolic_helper._is_value(x)` (isinstance of torch._C.Value):
+    # a graph value must not be taken for a Python constant (`_select_helper` would build
+    # torch.LongTensor([x])). isinstance reads __class__ after type(); type(x) stays ours.
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return torch._C.Value
+
     def type(self) -> _TorchStyleType:
         return _TorchStyleType(self._builder, self.value)
 
-    def node(self) -> Any:
-        raise SymbolicError(
+    def node(self) -> _TorchStyleNode:
+        return _TorchStyleNode(self)
+
+    def node_error(self) -> SymbolicError:
+        return SymbolicError(
             f"{self._builder.target}: a torch-style symbolic called value.node(), TorchScript IR "
             "that the dynamo exporter does not have. Fix: read shapes and types with "
             "value.type() (sizes, varyingSizes, dim, scalarType) or symbolic_helper's "
@@ -374,6 +413,8 @@ class TorchStyleGraph:
         if isinstance(value, torch.Tensor) and kind in ("i", "f") and value.numel() == 1 and value.dim() <= 1:
             value = value.item()
         many = isinstance(value, (list, tuple))
+        if kind in ("i", "is"):  # torch's own helpers write Cast(to_i=TensorProtoDataType.INT64), a pybind enum
+            value = [_enum_int(v) for v in value] if many else _enum_int(value)
         if kind in ("i", "is"):
             items = list(value) if many else [value]
             if not all(isinstance(v, (bool, numbers.Integral)) for v in items):
