@@ -368,6 +368,18 @@ def _training_note(model: Any) -> str | None:
     )
 
 
+def _native_fallback_note(found: Sequence[Any]) -> str | None:
+    """Custom nodes backend onnxruntime-native ran with Python kernels: no C++ deployment runs them."""
+    python = [i.node_type for i in found if i.kind == "python"]
+    if not python:
+        return None
+    return (
+        f"backend {NATIVE_BACKEND} ran {', '.join(python)} with Python kernels (no native kernel serves "
+        "them): a deployment loading only libonnx_custom_ops.so cannot run this file. Fix: give the op a "
+        "native kernel (its spec's native:) or a function body (embed_functions)."
+    )
+
+
 def _eager_copies(value: Any) -> Any:
     """``value`` with every tensor copied (layout kept): eager runs on the copies, so a model that
     writes into its inputs (``x.mul_(2)``) changes neither what ONNX Runtime is fed afterwards
@@ -488,6 +500,9 @@ def verify(
         initializer_mismatches=mismatched_weights, notes=list(plan.notes),
         implementations={name: _implementations(name, session, proto, kernels) for name, session in sessions.items()},
     )
+    fallback = _native_fallback_note(report.implementations.get(NATIVE_BACKEND, ()))
+    if fallback:
+        report.notes.append(fallback)
     one_signed = _one_signed_inputs(binding.feeds(tensor_inputs(args))) if trials == 1 and not cases and input_generator is None else []
     if one_signed:
         report.notes.append(_sign_note(one_signed, trials))

@@ -243,3 +243,47 @@ def test_a_model_left_in_training_mode_fails_naming_the_cause(layer: str) -> Non
     model.train()
     with pytest.raises(VerificationError, match=r"training mode: norm .*Fix: call model.eval\(\)"):
         verify(model, (x,), proto)
+
+
+@pytest.fixture
+def _python_only_triple() -> Any:
+    """acme::Triple: a Python kernel in the default registry that no native library serves."""
+    from onnx_custom.runtime.registry import user_kernel_registry
+
+    registry = user_kernel_registry()
+
+    @registry.kernel("acme::Triple", inputs=["x"], outputs=["y"], shape_fn="like0")
+    def triple(x: Any) -> Any:
+        return x * 3
+
+    try:
+        yield
+    finally:
+        registry.remove("acme::Triple")
+
+
+def _triple(x: torch.Tensor) -> torch.Tensor:
+    return x * 3
+
+
+@pytest.mark.usefixtures("_python_only_triple")
+@pytest.mark.filterwarnings("ignore::onnx_custom.runtime.native.NativeFallbackWarning")
+@pytest.mark.parametrize(
+    "backends", [("onnxruntime-native",), ("onnxruntime", "onnxruntime-native")], ids="+".join
+)
+def test_the_native_backend_names_nodes_no_native_kernel_serves(backends: tuple[str, ...]) -> None:
+    node = helper.make_node("Triple", ["x"], ["output_0"], domain="acme")
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("output_0", TensorProto.FLOAT, [2, 3])],
+    )  # fmt: skip
+    proto = helper.make_model(
+        graph,
+        ir_version=10,
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("acme", 1)],
+    )
+    x = torch.randn(2, 3, generator=torch.Generator().manual_seed(6))
+    report = verify(_triple, (x,), proto, backends=backends)
+    assert report.passed  # it runs here, with Python
+    (note,) = [n for n in report.notes if "onnxruntime-native ran" in n]
+    assert "acme::Triple" in note and "cannot run this file" in note
