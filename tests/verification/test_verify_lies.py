@@ -287,3 +287,92 @@ def test_the_native_backend_names_nodes_no_native_kernel_serves(backends: tuple[
     assert report.passed  # it runs here, with Python
     (note,) = [n for n in report.notes if "onnxruntime-native ran" in n]
     assert "acme::Triple" in note and "cannot run this file" in note
+
+
+# ---------------------------------------------------------------------------- dims named apart, equal export sizes
+
+
+class MeanOfBoth(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x.mean(0) + y.mean(0)
+
+
+class CatColumns(torch.nn.Module):
+    """Its two batches must agree (a file may still name them apart)."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, y], dim=1)
+
+
+def _two_batch_file(
+    nodes: list[onnx.NodeProto], out_shape: list[Any], inits: list[onnx.TensorProto]
+) -> onnx.ModelProto:
+    inputs = [
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, [d, 3])
+        for n, d in (("x", "bx"), ("y", "by"))
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        inputs,
+        [helper.make_tensor_value_info("output_0", TensorProto.FLOAT, out_shape)],
+        initializer=inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+
+
+def _mean_by_the_wrong_count() -> onnx.ModelProto:
+    """sum(x) / len(y) + mean(y): a translation that reads the other input's batch."""
+    zero = helper.make_tensor("zero", TensorProto.INT64, [1], [0])
+    nodes = [
+        helper.make_node("ReduceSum", ["x", "zero"], ["sx"], keepdims=0),
+        helper.make_node("Shape", ["y"], ["shape_y"], start=0, end=1),
+        helper.make_node("Cast", ["shape_y"], ["count"], to=TensorProto.FLOAT),
+        helper.make_node("Div", ["sx", "count"], ["mx"]),
+        helper.make_node("ReduceMean", ["y", "zero"], ["my"], keepdims=0),
+        helper.make_node("Add", ["mx", "my"], ["output_0"]),
+    ]
+    return _two_batch_file(nodes, [3], [zero])
+
+
+@pytest.mark.parametrize("batch", [2, 4], ids=lambda b: f"x{b}x3-y{b}x3")
+def test_a_file_reading_the_other_inputs_dim_fails(batch: int) -> None:
+    g = torch.Generator().manual_seed(7)
+    x, y = torch.randn(batch, 3, generator=g), torch.randn(batch, 3, generator=g)
+    with pytest.raises(VerificationError) as caught:
+        verify(MeanOfBoth(), (x, y), _mean_by_the_wrong_count())
+    report = caught.value.report
+    assert report is not None
+    (failed,) = report.failed_trials()
+    sizes = dict(failed.sizes)
+    assert sizes["bx"] != sizes["by"]
+    assert all(
+        r.status == "passed" for r in report.shapes_tried if r is not failed
+    )  # equal sizes hide it
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_a_right_file_with_dims_named_apart_passes_the_apart_trial(exporter: str) -> None:
+    g = torch.Generator().manual_seed(8)
+    x, y = torch.randn(4, 3, generator=g), torch.randn(4, 3, generator=g)
+    dims = {"x": {0: torch.export.Dim("bx")}, "y": {0: torch.export.Dim("by")}}
+    proto = onnx_custom.export(MeanOfBoth(), (x, y), exporter=exporter, dynamic_shapes=dims)
+    report = verify(MeanOfBoth(), (x, y), proto)
+    assert report.passed
+    shapes = [dict(r.input_shapes) for r in report.shapes_tried if r.kind == "shape"]
+    assert any(s["x"][0] != s["y"][0] for s in shapes) and any(
+        s["x"][0] == s["y"][0] for s in shapes
+    )
+
+
+def test_the_apart_trial_is_skipped_when_the_dims_must_agree() -> None:
+    nodes = [helper.make_node("Concat", ["x", "y"], ["output_0"], axis=1)]
+    proto = _two_batch_file(nodes, ["bx", 6], [])
+    g = torch.Generator().manual_seed(9)
+    args = (torch.randn(4, 3, generator=g), torch.randn(4, 3, generator=g))
+    report = verify(CatColumns(), args, proto)
+    assert report.passed
+    (skipped,) = report.skipped()
+    assert (
+        dict(skipped.sizes)["bx"] != dict(skipped.sizes)["by"] and "cannot take" in skipped.reason
+    )
