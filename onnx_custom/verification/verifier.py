@@ -344,7 +344,7 @@ def _sign_note(names: list[str], trial: int) -> str:
     return (
         f"the example values of {', '.join(names)} all have one sign, which hides sign bugs, so trial {trial} "
         "draws N(0, 1) values (as trials=2 would). If the model takes only one sign, pass input_generator= "
-        "to draw valid values."
+        "to draw valid values, or shapes=() (--no-shape-trials) for the example inputs only."
     )
 
 
@@ -449,6 +449,9 @@ def verify(
     `onnx_custom.verification.trial_shapes`). ``shapes=`` replaces those with explicit cases: a list of dicts
     mapping dim names to sizes and/or ONNX input names to full shapes, e.g.
     ``[{"batch": 1}, {"batch": 7}, {"x": (5, 3, 4)}]``; ``shapes=()`` tries the export shape only.
+    With the defaults (``trials=1``, ``shapes=None``, no ``input_generator``) and no size trials,
+    example floats of one sign (``torch.rand``) add one trial of N(0, 1) values (they hide sign
+    bugs; skipped if eager refuses them); ``shapes=()`` or ``trials=`` choose the trials instead.
     ``dynamic_shapes``: the ``torch.export``-style spec given to export; its ``Dim`` ranges bound
     the sizes tried and its ``Dim`` names can be used in ``shapes=`` (default: ranges from the
     file's ``onnx_custom.dynamic_dims`` metadata). A size PyTorch eager rejects is reported as
@@ -503,7 +506,7 @@ def verify(
     fallback = _native_fallback_note(report.implementations.get(NATIVE_BACKEND, ()))
     if fallback:
         report.notes.append(fallback)
-    one_signed = _one_signed_inputs(binding.feeds(tensor_inputs(args))) if trials == 1 and not cases and input_generator is None else []
+    one_signed = _one_signed_inputs(binding.feeds(tensor_inputs(args))) if trials == 1 and shapes is None and not cases and input_generator is None else []
     if one_signed:
         report.notes.append(_sign_note(one_signed, trials))
     schedule = _trial_plan(trials, cases, sign_trial=bool(one_signed))

@@ -155,6 +155,7 @@ def _generator(trial: int, args: tuple[Any, ...]) -> tuple[Any, ...]:
         ("mixed-signs", {}),
         ("trials-2", {"trials": 2}),
         ("input-generator", {"input_generator": _generator}),
+        ("shapes-given", {"shapes": ()}),
         ("single-value", {}),
     ],
 )
