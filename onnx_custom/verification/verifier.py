@@ -384,8 +384,8 @@ def _eager_copies(value: Any) -> Any:
     """``value`` with every tensor copied (layout kept): eager runs on the copies, so a model that
     writes into its inputs (``x.mul_(2)``) changes neither what ONNX Runtime is fed afterwards
     (the file computes from the values before the call) nor the caller's tensors."""
-    if isinstance(value, torch.Tensor):
-        return value.clone()
+    if isinstance(value, torch.Tensor):  # a leaf like the original (no autograd history of the copy)
+        return value.detach().clone().requires_grad_(value.requires_grad)
     if isinstance(value, Mapping):
         return type(value)({k: _eager_copies(v) for k, v in value.items()})  # type: ignore[call-arg]
     if isinstance(value, (tuple, list)):

@@ -377,3 +377,15 @@ def test_the_apart_trial_is_skipped_when_the_dims_must_agree() -> None:
     assert (
         dict(skipped.sizes)["bx"] != dict(skipped.sizes)["by"] and "cannot take" in skipped.reason
     )
+
+
+class GradAware(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert x.is_leaf and x.requires_grad  # what the caller passed
+        return x * 2
+
+
+def test_eagers_copies_are_leaves_like_the_inputs() -> None:
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(10))
+    proto = onnx_custom.export(GradAware(), (x.clone().requires_grad_(),))
+    assert verify(GradAware(), (x.requires_grad_(),), proto).passed
