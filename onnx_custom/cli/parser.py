@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", type=_report_path, metavar="PATH", help="also write a report: PATH.md (Markdown) or PATH.json")
     g = p.add_argument_group("diagnostics")
     g.add_argument("--localize", action="store_true", help="on a mismatch, find the first diverging node (torch op, ONNX nodes, translation)")
-    g.add_argument("--backend", action="append", choices=("onnxruntime", "reference"), help="run with this backend (repeatable; default: onnxruntime)")
+    g.add_argument("--backend", action="append", choices=("onnxruntime", "reference", "onnxruntime-native"), help="run with this backend (repeatable; default: onnxruntime, our Python kernels; onnxruntime-native: the native library libonnx_custom_ops.so a C++ deployment loads)")
     g.add_argument("--exporter", choices=("dynamo", "torchscript"), default=None, help="exporter that made the file, for --localize (default: recorded by export, else inferred)")
     g.add_argument("--opset", type=_positive_int, default=None, help="opset of the translations, for --localize (default: the file's)")
     g.add_argument("--variant", action="append", default=[], help="translation variant the file was exported with, for --localize (default: recorded by export)")

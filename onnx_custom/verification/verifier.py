@@ -75,9 +75,12 @@ __all__ = [
     "verify",
 ]
 
-BACKENDS = ("onnxruntime", "reference", "onnxruntime-bodies")
+BACKENDS = ("onnxruntime", "reference", "onnxruntime-bodies", "onnxruntime-native")
 # Plain ONNX Runtime, nothing registered: the file's function bodies run instead of our kernels.
 BODIES_BACKEND = "onnxruntime-bodies"
+# ONNX Runtime with the native library (libonnx_custom_ops.so) first, as a C++ deployment runs
+# the file: its kernels are not the Python kernels "onnxruntime" verified.
+NATIVE_BACKEND = "onnxruntime-native"
 
 InputGenerator = Callable[[int, tuple[Any, ...]], tuple[Any, ...]]
 
@@ -243,6 +246,8 @@ def _make_backend(name: str, proto: onnx.ModelProto, kernels: Any = None) -> Any
     try:
         if name == BODIES_BACKEND:
             return plain_session(proto)
+        if name == NATIVE_BACKEND:
+            return make_session(proto, "native")
         return make_session(proto, kernels) if name == "onnxruntime" else make_reference(proto, kernels)
     except OnnxCustomError:
         raise
@@ -290,6 +295,8 @@ class _Trial:
     index: int
     kind: str
     sizes: dict[str, int]
+    # Added by verify itself (the sign trial): eager refusing its values skips it, as a shape does.
+    optional: bool = False
 
 
 class _DeclaredCheck:
@@ -315,9 +322,81 @@ class _DeclaredCheck:
         return self.declared.check(trial, values, input_shapes)
 
 
-def _trial_plan(trials: int, cases: list[dict[str, int]]) -> list[_Trial]:
+def _trial_plan(trials: int, cases: list[dict[str, int]], sign_trial: bool = False) -> list[_Trial]:
     plan = [_Trial(t, "example" if t == 0 else "values", {}) for t in range(trials)]
-    return plan + [_Trial(trials + i, "shape", case) for i, case in enumerate(cases)]
+    if sign_trial:
+        plan.append(_Trial(trials, "values", {}, optional=True))
+    return plan + [_Trial(len(plan) + i, "shape", case) for i, case in enumerate(cases)]
+
+
+def _one_signed_inputs(feeds: Mapping[str, torch.Tensor]) -> list[str]:
+    """The file's float inputs whose example values all have one sign (``torch.rand``, images in
+    [0, 1], ``torch.ones``): on them a sign bug (a missing ``abs``, ``x`` for ``relu(x)``) is
+    invisible. Single values are left out (a positive scale is not a sign-blind sample)."""
+    found = []
+    for name, tensor in feeds.items():
+        if tensor.is_floating_point() and tensor.numel() >= 2 and (bool(tensor.min() >= 0) or bool(tensor.max() <= 0)):
+            found.append(name)
+    return found
+
+
+def _sign_note(names: list[str], trial: int) -> str:
+    return (
+        f"the example values of {', '.join(names)} all have one sign, which hides sign bugs, so trial {trial} "
+        "draws N(0, 1) values (as trials=2 would). If the model takes only one sign, pass input_generator= "
+        "to draw valid values, or shapes=() (--no-shape-trials) for the example inputs only."
+    )
+
+
+# Modules whose training mode makes each eager call differ (dropout draws) or differ from the file
+# (batch norm: batch statistics, and running statistics updated by every call).
+_TRAINING_SENSITIVE = (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._BatchNorm)
+
+
+def _training_note(model: Any) -> str | None:
+    """Why eager disagreed with the file when the model was left in training mode (said only on
+    a failure: a file exported in training mode can match such a model)."""
+    if not isinstance(model, torch.nn.Module):
+        return None
+    found = [name or type(m).__name__ for name, m in model.named_modules() if m.training and isinstance(m, _TRAINING_SENSITIVE)]
+    if not found:
+        return None
+    more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+    return (
+        f"the model is in training mode: {', '.join(found[:3])}{more} (dropout, batch norm) give a different "
+        "result in each eager call, not what the file computes. Fix: call model.eval() before export and verify."
+    )
+
+
+def _native_fallback_note(found: Sequence[Any]) -> str | None:
+    """Custom nodes backend onnxruntime-native ran with Python kernels: no C++ deployment runs them."""
+    python = [i.node_type for i in found if i.kind == "python"]
+    if not python:
+        return None
+    return (
+        f"backend {NATIVE_BACKEND} ran {', '.join(python)} with Python kernels (no native kernel serves "
+        "them): a deployment loading only libonnx_custom_ops.so cannot run this file. Fix: give the op a "
+        "native kernel (its spec's native:) or a function body (embed_functions)."
+    )
+
+
+def _eager_copies(value: Any) -> Any:
+    """``value`` with every tensor copied (layout kept): eager runs on the copies, so a model that
+    writes into its inputs (``x.mul_(2)``) changes neither what ONNX Runtime is fed afterwards
+    (the file computes from the values before the call) nor the caller's tensors."""
+    if isinstance(value, torch.Tensor):  # a leaf like the original (no autograd history of the copy)
+        return value.detach().clone().requires_grad_(value.requires_grad)
+    if isinstance(value, Mapping):
+        return type(value)({k: _eager_copies(v) for k, v in value.items()})  # type: ignore[call-arg]
+    if isinstance(value, (tuple, list)):
+        return type(value)(_eager_copies(v) for v in value)
+    return value
+
+
+def _written_inputs(names: Sequence[str], copies: tuple[Any, ...]) -> list[str]:
+    """The inputs eager wrote into (their copies' version counters moved from 0)."""
+    tensors = tensor_inputs(copies)
+    return [n for n, t in zip(names, tensors, strict=False) if t._version != 0]
 
 
 def _trial_args(trial: _Trial, args: tuple[Any, ...], plan: DimPlan, generator: torch.Generator, input_generator: InputGenerator | None) -> tuple[Any, ...]:
@@ -370,6 +449,9 @@ def verify(
     `onnx_custom.verification.trial_shapes`). ``shapes=`` replaces those with explicit cases: a list of dicts
     mapping dim names to sizes and/or ONNX input names to full shapes, e.g.
     ``[{"batch": 1}, {"batch": 7}, {"x": (5, 3, 4)}]``; ``shapes=()`` tries the export shape only.
+    With the defaults (``trials=1``, ``shapes=None``, no ``input_generator``) and no size trials,
+    example floats of one sign (``torch.rand``) add one trial of N(0, 1) values (they hide sign
+    bugs; skipped if eager refuses them); ``shapes=()`` or ``trials=`` choose the trials instead.
     ``dynamic_shapes``: the ``torch.export``-style spec given to export; its ``Dim`` ranges bound
     the sizes tried and its ``Dim`` names can be used in ``shapes=`` (default: ranges from the
     file's ``onnx_custom.dynamic_dims`` metadata). A size PyTorch eager rejects is reported as
@@ -381,8 +463,9 @@ def verify(
     pruned are listed in ``report.pruned_inputs``. Initializers that differ from the model's
     parameters/buffers give an `InitializerMismatchWarning` and a report line.
 
-    ``backends``: any of ``"onnxruntime"`` and ``"reference"`` (onnx's ReferenceEvaluator with
-    our kernels); every comparison names its backend, and a disagreement between backends points
+    ``backends``: any of ``"onnxruntime"``, ``"reference"`` (onnx's ReferenceEvaluator with
+    our kernels) and ``"onnxruntime-native"`` (the native library first, Python kernels only for
+    nodes it cannot serve: what a C++ deployment with ``libonnx_custom_ops.so`` runs); every comparison names its backend, and a disagreement between backends points
     at the runtime/kernels rather than the translation. ``localize=True``: on the first failing
     trial, compare every intermediate value (`onnx_custom.verification.localize.localize`) and attach the
     result as ``report.localization`` (also in the `VerificationError` message); ``exporter``,
@@ -400,7 +483,8 @@ def verify(
     if unknown or not backends:
         raise InvalidArgumentError(
             f"backends must be a non-empty subset of {BACKENDS}; received {list(backends)!r}. "
-            "Fix: pass backends=('onnxruntime',) (and/or 'reference', onnx's reference evaluator)."
+            "Fix: pass backends=('onnxruntime',) (and/or 'reference', onnx's reference evaluator, or "
+            "'onnxruntime-native', the native kernel library a C++ deployment loads)."
         )
     proto = load_model(onnx_model)
     if "onnxruntime" in backends and BODIES_BACKEND not in backends and _runs_on_bodies(proto):
@@ -419,7 +503,14 @@ def verify(
         initializer_mismatches=mismatched_weights, notes=list(plan.notes),
         implementations={name: _implementations(name, session, proto, kernels) for name, session in sessions.items()},
     )
-    schedule = _trial_plan(trials, cases)
+    fallback = _native_fallback_note(report.implementations.get(NATIVE_BACKEND, ()))
+    if fallback:
+        report.notes.append(fallback)
+    one_signed = _one_signed_inputs(binding.feeds(tensor_inputs(args))) if trials == 1 and shapes is None and not cases and input_generator is None else []
+    if one_signed:
+        report.notes.append(_sign_note(one_signed, trials))
+    schedule = _trial_plan(trials, cases, sign_trial=bool(one_signed))
+    written_noted = False
     for trial in schedule:
         sizes = trial.sizes or export_sizes
         if progress is not None:
@@ -428,15 +519,24 @@ def verify(
         trial_args = _trial_args(trial, args, plan, generator, input_generator)
         input_shapes = {n: tuple(t.shape) for n, t in binding.feeds(tensor_inputs(trial_args)).items()}
         record = dict(trial=trial.index, kind=trial.kind, sizes=tuple(sizes.items()), input_shapes=tuple(input_shapes.items()))
+        eager_args = _eager_copies(trial_args)
         try:
             with torch.no_grad():
-                expected = model(*trial_args)
+                expected = model(*eager_args)
         except Exception as exc:
-            if trial.kind != "shape":
+            if trial.kind != "shape" and not trial.optional:
                 raise VerificationError(f"The PyTorch model raised in eager mode on trial {trial.index}: {type(exc).__name__}: {exc}") from exc
-            reason = f"the model cannot take {describe_sizes(trial.sizes)}: {_first_line(exc)}"
+            taken = "N(0, 1) values" if trial.optional else describe_sizes(trial.sizes)
+            reason = f"the model cannot take {taken}: {_first_line(exc)}"
             report.shapes_tried.append(TrialRecord(**record, status="skipped", reason=reason))  # type: ignore[arg-type]
             continue
+        written = [] if written_noted else _written_inputs(binding.leaf_names, eager_args)
+        if written:
+            written_noted = True
+            report.notes.append(
+                f"the model writes into its input(s) {', '.join(written)} in place; ONNX Runtime was fed the values "
+                "before the call (what the file computes from), and the caller's tensors were left unchanged."
+            )
         flat = flatten_outputs(expected)
         non_tensor = [name for name, leaf in flat if not isinstance(leaf, torch.Tensor)]
         if non_tensor:
@@ -487,6 +587,9 @@ def verify(
                 kernels=kernels, eager_outputs=[leaf for _, leaf in flat], file_outputs=ort_outputs,
             )  # fmt: skip
     report.trials = len(report.shapes_tried)
+    training = None if report.passed else _training_note(model)  # a file exported in training mode may pass
+    if training:
+        report.notes.append(training)
     if raise_on_mismatch and not report.passed:
         raise VerificationError(str(report), report)
     return report
