@@ -55,14 +55,18 @@ CHANGES: dict[str, Callable[[type], list[str]]] = {
 def _export(model: torch.nn.Module, exporter: str) -> list[str]:
     proto = onnx_custom.export(model, (X, Y), exporter=exporter, opset=17)
     names = [i.name for i in proto.graph.input]
-    got = InferenceSession(proto).run(None, dict(zip(names, (X.numpy(), Y.numpy()), strict=True)))[0]
+    got = InferenceSession(proto).run(None, dict(zip(names, (X.numpy(), Y.numpy()), strict=True)))[
+        0
+    ]
     np.testing.assert_allclose(got, (X * 2 + Y).numpy(), rtol=1.3e-6, atol=1e-5)
     return names
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 @pytest.mark.parametrize("change", CHANGES.values(), ids=CHANGES.keys())
-def test_input_names_follow_a_changed_forward(change: Callable[[type], list[str]], exporter: str) -> None:
+def test_input_names_follow_a_changed_forward(
+    change: Callable[[type], list[str]], exporter: str
+) -> None:
     def forward(self: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return x * 2 + y
 
