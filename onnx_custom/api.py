@@ -11,6 +11,7 @@ import onnx
 import torch
 
 from onnx_custom.common.atomic import check_output_path
+from onnx_custom.common.onnx_utils import ModelCensus
 from onnx_custom.errors import (
     InvalidArgumentError,
     KernelError,
@@ -25,8 +26,8 @@ from onnx_custom.exporter.pipeline import (
     MAX_IR_VERSION,
     check_export_request,
     check_external_data_option,
+    export_with_census,
     finalize_model,
-    run_export,
     save_model,
     trace_program,
 )
@@ -108,8 +109,8 @@ def export(
                 "verify=True; received verify=False. Fix: pass verify=True, or drop keep_failed."
             )
         check_output_path(keep_failed, what="keep_failed")
-    proto = run_export(request)
-    _check_nodes_against_kernels(proto, kernels, f)
+    proto, census = export_with_census(request)
+    _check_nodes_against_kernels(proto, kernels, f, census)
     if functions:
         from onnx_custom.function_bodies import embed_functions
         from onnx_custom.runtime import KernelRegistry
@@ -148,7 +149,7 @@ def _verify_before_writing(model: Any, args: Any, proto: onnx.ModelProto, kernel
         raise
 
 
-def _check_nodes_against_kernels(proto: onnx.ModelProto, kernels: Any, f: Any) -> None:
+def _check_nodes_against_kernels(proto: onnx.ModelProto, kernels: Any, f: Any, census: ModelCensus | None = None) -> None:
     """Custom nodes against their registered kernels' declarations (attribute names and types,
     required attributes, arity, dtypes) before ``f`` is written: the same check (and error) as
     creating a session, which otherwise came only after a file ORT cannot load was on disk."""
@@ -157,7 +158,7 @@ def _check_nodes_against_kernels(proto: onnx.ModelProto, kernels: Any, f: Any) -
     from onnx_custom.runtime.validate import validate_registered
 
     try:
-        validate_registered(proto, kernels if isinstance(kernels, KernelRegistry) else default_kernel_registry())
+        validate_registered(proto, kernels if isinstance(kernels, KernelRegistry) else default_kernel_registry(), census=census)
     except NodeDeclarationError as exc:
         if f is not None:
             exc.args = (f"{exc.args[0]}\nNothing was written to {_describe(f)}.", *exc.args[1:])

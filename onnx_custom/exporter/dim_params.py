@@ -8,7 +8,7 @@ records each named dim's declared range for the verifier.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import onnx
 
@@ -47,6 +47,17 @@ def value_infos(graph: onnx.GraphProto) -> Iterator[onnx.ValueInfoProto]:
                 yield from value_infos(sub)
 
 
+def _infos(model: onnx.ModelProto, graphs: Sequence[onnx.GraphProto] | None) -> Iterator[onnx.ValueInfoProto]:
+    """`value_infos` of the main graph, or of ``graphs`` when a census already found them all."""
+    if graphs is None:
+        yield from value_infos(model.graph)
+        return
+    for graph in graphs:
+        yield from graph.input
+        yield from graph.output
+        yield from graph.value_info
+
+
 def tensor_dims(info: onnx.ValueInfoProto) -> Iterator[onnx.TensorShapeProto.Dimension]:
     typ = info.type
     while typ.HasField("sequence_type") or typ.HasField("optional_type"):
@@ -55,17 +66,19 @@ def tensor_dims(info: onnx.ValueInfoProto) -> Iterator[onnx.TensorShapeProto.Dim
         yield from typ.tensor_type.shape.dim
 
 
-def dim_params(model: onnx.ModelProto) -> set[str]:
-    return {d.dim_param for info in value_infos(model.graph) for d in tensor_dims(info) if d.dim_param}
+def dim_params(model: onnx.ModelProto, *, graphs: Sequence[onnx.GraphProto] | None = None) -> set[str]:
+    """Every dim_param of ``model`` (``graphs``: the main graph and all its subgraphs, when known)."""
+    return {d.dim_param for info in _infos(model, graphs) for d in tensor_dims(info) if d.dim_param}
 
 
-def rename_dims(model: onnx.ModelProto, mapping: Mapping[str, str], *, exact: bool = False) -> None:
+def rename_dims(model: onnx.ModelProto, mapping: Mapping[str, str], *, exact: bool = False, graphs: Sequence[onnx.GraphProto] | None = None) -> None:
     """Rename symbolic dims everywhere in ``model``: identifiers inside each dim_param (``s77`` ->
     ``batch``, so ``2*s77`` -> ``2*batch``), or whole dim_params with ``exact``.
 
     A dim_param that is a plain number (torch writes a Dim.AUTO it made static as ``"2"``)
-    becomes that static size: as a name it would let any size through."""
-    for info in value_infos(model.graph):
+    becomes that static size: as a name it would let any size through. ``graphs``: the main
+    graph and all its subgraphs, when a `ModelCensus` already found them."""
+    for info in _infos(model, graphs):
         for dim in tensor_dims(info):
             if not dim.dim_param:
                 continue
@@ -75,10 +88,13 @@ def rename_dims(model: onnx.ModelProto, mapping: Mapping[str, str], *, exact: bo
                 dim.dim_value = int(dim.dim_param)
 
 
-def write_metadata(model: onnx.ModelProto, spec: DynamicSpec) -> None:
-    """Record every named dynamic dim the file uses (the verifier draws trial sizes from it)."""
-    used = {tok for text in dim_params(model) for tok in [text, *_TOKEN.findall(text)]}
-    payload = spec.metadata(used)
+def write_metadata(model: onnx.ModelProto, spec: DynamicSpec, *, graphs: Sequence[onnx.GraphProto] | None = None) -> None:
+    """Record every named dynamic dim the file uses (the verifier draws trial sizes from it).
+    ``graphs`` as for `rename_dims`."""
+    payload = spec.metadata()
+    if payload is not None:  # only then does it matter which dims the file uses (a walk of every value)
+        used = {tok for text in dim_params(model, graphs=graphs) for tok in [text, *_TOKEN.findall(text)]}
+        payload = spec.metadata(used)
     for i, entry in enumerate(model.metadata_props):
         if entry.key == METADATA_KEY:
             del model.metadata_props[i]

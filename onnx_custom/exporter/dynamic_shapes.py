@@ -17,6 +17,8 @@ import inspect
 import json
 import keyword
 import re
+import types
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -106,12 +108,36 @@ class DynamicSpec:
 # -- inputs -------------------------------------------------------------------------------
 
 
+# forward's function -> (what inspect.signature reads off it, the bound method's signature):
+# inspect.signature was a third of resolving a small model's inputs, on every export
+_SIGNATURES: weakref.WeakKeyDictionary[types.FunctionType, tuple[tuple[Any, ...], inspect.Signature]] = weakref.WeakKeyDictionary()
+
+
+def _signature_basis(function: types.FunctionType) -> tuple[Any, ...]:
+    """Everything ``inspect.signature`` of a method of ``function`` depends on, compared by
+    identity (a default value may be a tensor, whose ``==`` is no bool)."""
+    extra = function.__dict__
+    annotations = function.__annotations__
+    return (function.__code__, function.__defaults__, function.__kwdefaults__, extra.get("__signature__"),
+            extra.get("__wrapped__"), *annotations.keys(), *annotations.values())  # fmt: skip
+
+
 def _signature(model: Any) -> inspect.Signature | None:
     forward = getattr(model, "forward", model)
+    function = getattr(forward, "__func__", None)
+    if not isinstance(function, types.FunctionType) or getattr(forward, "__self__", None) is None:
+        function = None  # not a plain method: no cache
+    basis = () if function is None else _signature_basis(function)
+    cached = None if function is None else _SIGNATURES.get(function)
+    if cached is not None and len(cached[0]) == len(basis) and all(a is b for a, b in zip(cached[0], basis, strict=True)):
+        return cached[1]
     try:
-        return inspect.signature(forward)
+        signature = inspect.signature(forward)
     except (TypeError, ValueError):
         return None
+    if function is not None:
+        _SIGNATURES[function] = (basis, signature)
+    return signature
 
 
 def _signature_params(model: Any) -> list[inspect.Parameter]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import onnx
 
-from onnx_custom.common.onnx_utils import iter_nodes
+from onnx_custom.common.onnx_utils import ModelCensus, iter_nodes
 
 __all__ = ["default_output_names", "rename_outputs"]
 
@@ -67,23 +67,30 @@ def default_output_names(model: Any, count: int) -> list[str]:
     return [f"output_{i}" for i in range(count)]
 
 
-def rename_outputs(proto: onnx.ModelProto, names: Sequence[str], *, keep_values: bool = False) -> None:
+def rename_outputs(proto: onnx.ModelProto, names: Sequence[str], *, keep_values: bool = False, census: ModelCensus | None = None) -> None:
     """Give the main graph's outputs ``names`` in place, renaming every use. An output that is
     also a graph input or an initializer, or repeats an earlier output, gets an ``Identity`` to
     its new name instead (dynamo names a returned input after the input itself, which ONNX
     Runtime refuses as a duplicate definition). A new name already used elsewhere is skipped.
     ``keep_values``: every output gets an ``Identity`` and inner values keep their names (the
-    dynamo exporter names values after FX nodes, which localize matches by name)."""
+    dynamo exporter names values after FX nodes, which localize matches by name). ``census``:
+    the model's, read after its last change (its names and the nodes using the outputs: no
+    second walk over every node's names)."""
     graph = proto.graph
     # dynamo writes a returned input as Identity(x) -> x: a second definition of x (invalid)
     selfish = [n for n in graph.node if n.op_type == "Identity" and list(n.input) == list(n.output)]
     for node in selfish:
         graph.node.remove(node)
+    if selfish:
+        census = None  # its names include the removed nodes'
     fixed = {i.name for i in graph.input} | {t.name for t in graph.initializer}
     taken = set(fixed)
-    for node in iter_nodes(proto, functions=False):
-        taken.update(node.input)
-        taken.update(node.output)
+    if census is not None:
+        taken |= census.names
+    else:
+        for node in iter_nodes(proto, functions=False):
+            taken.update(node.input)
+            taken.update(node.output)
     mapping: dict[str, str] = {}
     copies: list[onnx.NodeProto] = []
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
@@ -100,7 +107,9 @@ def rename_outputs(proto: onnx.ModelProto, names: Sequence[str], *, keep_values:
             output.name = new
         else:
             mapping[old] = new
-    for node in iter_nodes(proto, functions=False):  # subgraphs may read outer-scope values
+    # subgraphs may read outer-scope values; the census lists every node touching an output
+    users = iter_nodes(proto, functions=False) if census is None else census.output_users
+    for node in users if mapping else ():
         for i, name in enumerate(node.input):
             if name in mapping:
                 node.input[i] = mapping[name]

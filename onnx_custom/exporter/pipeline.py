@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import itertools
 import os
 import re
 import tempfile
@@ -30,7 +31,7 @@ from onnx_custom.common.external_data import (
     save_with_external_data,
     serialized_size,
 )
-from onnx_custom.common.onnx_utils import iter_nodes
+from onnx_custom.common.onnx_utils import ModelCensus, function_nodes, iter_nodes, model_census
 from onnx_custom.common.quiet import quiet_torch
 from onnx_custom.errors import (
     InvalidArgumentError,
@@ -93,6 +94,7 @@ __all__ = [
     "check_export_request",
     "check_external_data_option",
     "export_model",
+    "export_with_census",
     "finalize_model",
     "run_export",
     "save_model",
@@ -110,14 +112,16 @@ _ONNX_FLOATS = {
 _NO_FAKE = re.compile(r"no fake impl registered for (?:<CustomOpDef\()?(?P<op>[\w:.]+)")
 
 
-def _custom_domains(model: onnx.ModelProto) -> set[str]:
-    return {n.domain for n in iter_nodes(model) if n.domain not in ("", "ai.onnx")}
+def _custom_domains(model: onnx.ModelProto, census: ModelCensus | None) -> set[str]:
+    nodes = iter_nodes(model) if census is None else itertools.chain(census.domain_nodes, function_nodes(model))
+    return {n.domain for n in nodes if n.domain not in ("", "ai.onnx")}
 
 
-def finalize_model(model: onnx.ModelProto, domain_versions: dict[str, int] | None = None) -> onnx.ModelProto:
-    """Declare every used domain in ``opset_import`` and set an IR version ORT accepts."""
+def finalize_model(model: onnx.ModelProto, domain_versions: dict[str, int] | None = None, *, census: ModelCensus | None = None) -> onnx.ModelProto:
+    """Declare every used domain in ``opset_import`` and set an IR version ORT accepts
+    (``census``: the model's, whose nodes with a domain are then the only ones read)."""
     declared = {o.domain for o in model.opset_import}
-    for domain in sorted(_custom_domains(model) - declared):
+    for domain in sorted(_custom_domains(model, census) - declared):
         model.opset_import.append(onnx.helper.make_opsetid(domain, (domain_versions or {}).get(domain, 1)))
     model.ir_version = min(model.ir_version or MAX_IR_VERSION, MAX_IR_VERSION)
     return model
@@ -218,7 +222,7 @@ def _tensor_bytes(model: Any) -> int:
     return sum(seen.values())
 
 
-def _export_torchscript(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, spec: DynamicSpec, output_names: Any, kwargs: dict[str, Any]) -> tuple[onnx.ModelProto, DynamicSpec]:
+def _export_torchscript(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, spec: DynamicSpec, output_names: Any, kwargs: dict[str, Any]) -> tuple[onnx.ModelProto, DynamicSpec, ModelCensus]:
     if spec.export_shapes is not None:
         spec = check_with_torch_export(model, args, kwargs.get("kwargs"), spec)
     keyword_inputs = kwargs.pop("kwargs", None)
@@ -256,8 +260,9 @@ def _export_torchscript(model: Any, args: tuple[Any, ...], opset: int, reg: Regi
         raise failure
     if not big:
         proto = onnx.load_from_string(buffer.getvalue())
-    name_derived_dims(proto, dims)
-    return proto, spec
+    census = model_census(proto)
+    name_derived_dims(proto, dims, census=census)  # drops attributes and renames dims: the census stays true
+    return proto, spec, census
 
 
 @contextlib.contextmanager
@@ -335,7 +340,7 @@ def trace_program(
     return program
 
 
-def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, spec: DynamicSpec, output_names: Any, kwargs: dict[str, Any]) -> tuple[onnx.ModelProto, DynamicSpec]:
+def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, spec: DynamicSpec, output_names: Any, kwargs: dict[str, Any]) -> tuple[onnx.ModelProto, DynamicSpec, ModelCensus]:
     from onnx_custom.exporter.dynamo import program_constants, translation_table
 
     if isinstance(model, torch.export.ExportedProgram):
@@ -372,7 +377,7 @@ def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry,
     rename_dims(proto, names)
     if not isinstance(model, torch.export.ExportedProgram):
         spec = spec.without(static_axes(program, spec))
-    return proto, spec
+    return proto, spec, model_census(proto)
 
 
 def _check_no_mutating_ops(program: torch.export.ExportedProgram) -> None:
@@ -482,6 +487,12 @@ def export_model(model: Any, args: Any, **options: Any) -> onnx.ModelProto:
 
 def run_export(request: ExportRequest) -> onnx.ModelProto:
     """Run a checked `ExportRequest` (no argument is checked again)."""
+    return export_with_census(request)[0]
+
+
+def export_with_census(request: ExportRequest) -> tuple[onnx.ModelProto, ModelCensus]:
+    """`run_export`, and the exported model's `ModelCensus` (read once, before the passes below,
+    which keep it true) for the caller's own checks of the model."""
     model, args, kwargs = request.model, request.args, dict(request.exporter_kwargs)
     reg = resolve_registry(request.registry)
     if isinstance(model, torch.export.ExportedProgram):
@@ -498,9 +509,11 @@ def run_export(request: ExportRequest) -> onnx.ModelProto:
     # The half-precision pass below fixes (or refuses) float16/bfloat16 nodes a schema refuses, so
     # the translations' type check leaves those to it unless the user turned it off.
     with EXPORT_LOCK, quiet_torch(), deferring_half_precision(request.half_precision != "off"):
-        proto, spec = run(model, args, request.opset, reg, spec, request.output_names, kwargs)
+        proto, spec, census = run(model, args, request.opset, reg, spec, request.output_names, kwargs)
     if request.output_names is None:  # predictable names, not the exporter's value numbering ('3', 'add_3')
         source = model.module() if isinstance(model, torch.export.ExportedProgram) else model
-        rename_outputs(proto, default_output_names(source, len(proto.graph.output)), keep_values=request.exporter == "dynamo")
-    write_metadata(proto, spec)
-    return widen_model(finalize_model(proto), request.half_precision)
+        rename_outputs(proto, default_output_names(source, len(proto.graph.output)), keep_values=request.exporter == "dynamo", census=census)
+    # the passes below rename values and add Identity and Cast nodes only: the census's graphs,
+    # nodes with a domain and attribute facts stay true (its names do not, and are not read again)
+    write_metadata(proto, spec, graphs=census.graphs)
+    return widen_model(finalize_model(proto, census=census), request.half_precision, census=census), census

@@ -360,6 +360,17 @@ def _plan(reg: Registry, opset: int | None) -> _Plan:
     return plan
 
 
+def _new_group(name: str) -> Any:
+    """An empty symbolic function group for ``name``, as torch's ``registry.register`` makes one.
+
+    We add our overrides to the group directly: ``register`` builds a new group (and its dicts)
+    on every call, even when one exists, which was half of `registered`'s cost.
+    """
+    if "::" not in name:  # torch's own check in register
+        raise ValueError(f"The name must be in the form of 'domain::op', not '{name}'")
+    return ts_registration._SymbolicFunctionGroup(name)
+
+
 @contextlib.contextmanager
 def registered(registry: Registry | None = None, *, opset: int | None = None) -> Iterator[Registry]:
     """Make ``registry``'s translations visible to ``torch.onnx.export(..., dynamo=False)``.
@@ -391,12 +402,15 @@ def registered(registry: Registry | None = None, *, opset: int | None = None) ->
             # An empty group is the leftover of torch's unregister_custom_op_symbolic; it breaks
             # the next export ("min() arg is an empty sequence"), so we treat it as absent.
             existed, previous = touched.setdefault(name, (group is not None and bool(group._functions), {}))
+            if not wanted:  # no opset to override: an empty group would break torch's lookup
+                continue
+            if group is None:
+                group = table[name] = _new_group(name)
+            by_opset = group._functions
             for version in wanted:
                 if version not in previous:
-                    overrides = group._functions._overrides if group is not None else {}
-                    previous[version] = overrides.get(version, _MISSING)
-                ts_registration.registry.register(name, version, fn, custom=True)
-                group = table[name]
+                    previous[version] = by_opset._overrides.get(version, _MISSING)
+                by_opset.override(version, fn)  # what registry.register(custom=True) does
         with session(), mutations_refused():
             yield reg
     finally:

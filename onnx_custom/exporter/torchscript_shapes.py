@@ -22,6 +22,7 @@ import onnx
 import sympy
 import torch
 
+from onnx_custom.common.onnx_utils import ModelCensus
 from onnx_custom.exporter.dim_params import rename_dims, tensor_dims, value_infos
 from onnx_custom.exporter.output_meta import DimNames, Outputs, TensorDesc, run_fake
 from onnx_custom.translate.builder import OutputMeta
@@ -208,15 +209,16 @@ def ts_dims(ctx: Any) -> TsDims:
     return state.dims
 
 
-def name_derived_dims(model: Any, spec: ExportDims) -> None:
+def name_derived_dims(model: Any, spec: ExportDims, *, census: ModelCensus | None = None) -> None:
     """Drop our node tags; where torch named a dim we derived (``Relu4_dim_0``), use the
     expression's name (``2*batch``), as the dynamo exporter writes it; then name the dims
-    torch lost downstream of our nodes (`_adopt_inferred_names`)."""
+    torch lost downstream of our nodes (`_adopt_inferred_names`). ``census``: the model's, read
+    before (tags sit only on nodes with a domain: the others' attributes are not read)."""
     declared = {name for axes in spec.dynamic_axes.values() for name in axes.values()}
     named = any(isinstance(d, str) for names in spec.tagged.values() for d in names)
     infos: dict[str, Any] | None = None  # built only when a tagged output has named dims
     mapping: dict[str, str] = {}
-    for node in _all_nodes(model.graph):
+    for node in _all_nodes(model.graph) if census is None else census.domain_nodes:
         tag = next((a for a in node.attribute if a.name == TAG), None)
         if tag is None:
             continue
@@ -233,7 +235,7 @@ def name_derived_dims(model: Any, spec: ExportDims) -> None:
             for dim, name in zip(info.type.tensor_type.shape.dim, names, strict=False):
                 if isinstance(name, str) and dim.dim_param and dim.dim_param not in declared:
                     mapping.setdefault(dim.dim_param, name)
-    rename_dims(model, mapping, exact=True)
+    rename_dims(model, mapping, exact=True, graphs=None if census is None else census.graphs)
     known = declared | {d for names in spec.tagged.values() for d in names if isinstance(d, str)}
     if known:
         _adopt_inferred_names(model, known)

@@ -29,6 +29,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from onnx_custom.common.external_data import serialized_size
+from onnx_custom.common.onnx_utils import ModelCensus
 from onnx_custom.errors import HalfPrecisionError, InvalidArgumentError
 from onnx_custom.runtime.cpu_support import PROVIDER, TypedInput, cpu_runs
 
@@ -102,13 +103,16 @@ def refusal_message(refusals: Sequence[Refusal], where: str, mode: str) -> str:
 # ---------------------------------------------------------------------------------- types
 
 
-def _has_half(graph: onnx.GraphProto) -> bool:
-    """Cheap pre-check: does any declared value, initializer, Cast or constant mention a half type?"""
+def _has_half(graph: onnx.GraphProto, attributes: bool | None = None) -> bool:
+    """Cheap pre-check: does any declared value, initializer, Cast or constant mention a half type?
+    ``attributes``: whether a node attribute does, when a `ModelCensus` already read them."""
     for info in (*graph.input, *graph.output, *graph.value_info):
         if info.type.tensor_type.elem_type in HALF_TYPES:
             return True
     if any(t.data_type in HALF_TYPES for t in graph.initializer):
         return True
+    if attributes is not None:
+        return attributes
     for node in graph.node:
         for attr in node.attribute:
             if attr.name == "to" and attr.i in HALF_TYPES:
@@ -277,15 +281,16 @@ def _all_names(graph: onnx.GraphProto) -> set[str]:
     return used
 
 
-def widen_model(model: onnx.ModelProto, mode: str = DEFAULT_MODE, *, where: str = "the exported model") -> onnx.ModelProto:
+def widen_model(model: onnx.ModelProto, mode: str = DEFAULT_MODE, *, where: str = "the exported model", census: ModelCensus | None = None) -> onnx.ModelProto:
     """Apply the pass to ``model``'s main graph in place (see the module doc); returns ``model``.
 
     Raises `HalfPrecisionError` listing every node the CPU provider refuses that ``mode`` does
-    not widen. Nodes with subgraphs (If/Loop/Scan) are left as they are.
+    not widen. Nodes with subgraphs (If/Loop/Scan) are left as they are. ``census``: the
+    model's, whose node attributes then need no second reading.
     """
     mode = check_mode(mode)
     graph = model.graph
-    if mode == "off" or not _has_half(graph):
+    if mode == "off" or not _has_half(graph, None if census is None else census.half_attributes):
         return model
     types = value_types(model)
     nodes, refusals = _widen_nodes(list(graph.node), list(graph.node), types, _opset_of(model.opset_import), mode, _Names(_all_names(graph)))

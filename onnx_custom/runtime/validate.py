@@ -6,12 +6,14 @@ ORT's own messages for these mistakes name neither the declaration nor the fix (
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import onnx
 from onnx import AttributeProto
 
+from onnx_custom.common.onnx_utils import ModelCensus, function_nodes
 from onnx_custom.errors import NodeDeclarationError
 from onnx_custom.runtime import abi
 from onnx_custom.runtime.host import note_exact_strings
@@ -198,11 +200,16 @@ def validate_model(model: onnx.ModelProto, specs: Sequence[KernelSpec]) -> None:
                + _problem_lines(nested, specs, None))
 
 
-def validate_registered(model: onnx.ModelProto, registry: KernelRegistry) -> None:
+def validate_registered(model: onnx.ModelProto, registry: KernelRegistry, *, census: ModelCensus | None = None) -> None:
     """:func:`validate_model` against the kernels ``registry`` holds for ``model``'s custom nodes;
     nodes without a registered kernel are left alone (a file may be meant for another runtime).
-    The export calls it before writing, so a mismatch never reaches a file."""
-    keys = {(n.domain, n.op_type) for n in [*model.graph.node, *_nested_nodes(model)] if n.domain not in RESERVED_DOMAINS}
+    The export calls it before writing, so a mismatch never reaches a file. ``census``: the
+    model's (its nodes with a domain; a model without custom nodes is then not walked again)."""
+    if census is None:
+        nodes: Iterable[onnx.NodeProto] = [*model.graph.node, *_nested_nodes(model)]
+    else:
+        nodes = itertools.chain(census.domain_nodes, function_nodes(model))
+    keys = {(n.domain, n.op_type) for n in nodes if n.domain not in RESERVED_DOMAINS}
     specs = [spec for key in sorted(keys) if (spec := registry.lookup(*key)) is not None]
     if specs:
         validate_model(model, specs)
