@@ -27,6 +27,7 @@ from onnx_custom.translate.attributes import AttrKind, AttrValue, c_contiguous
 from onnx_custom.translate.builder import GraphBuilder, OutputMeta, call_translation
 from onnx_custom.translate.names import QualifiedName, Target
 from onnx_custom.translate.registry import Registry, SymbolicEntry, resolve_registry
+from onnx_custom.translate.scalar_types import dtype_argument
 
 __all__ = [
     "DynamoBuilder",
@@ -245,7 +246,9 @@ def _split(schema: torch._C.FunctionSchema, args: Sequence[Any], kwargs: dict[st
         if text.startswith("Tensor") or text in ("Optional[Tensor]", "List[Tensor]", "List[Optional[Tensor]]"):
             inputs.append(list(value) if isinstance(value, (list, tuple)) else value)
         else:
-            attrs[param.name] = value
+            if isinstance(value, ir.DataType):  # torch's dispatcher turned the torch.dtype into ONNX's enum
+                value = _ONNX_TO_TORCH[int(value)]
+            attrs[param.name] = dtype_argument(value, param)
     return inputs, attrs
 
 

@@ -27,6 +27,7 @@ from onnx_custom.translate.attributes import AttrKind, AttrValue, c_contiguous
 from onnx_custom.translate.builder import GraphBuilder, OutputMeta, call_translation
 from onnx_custom.translate.names import Target
 from onnx_custom.translate.registry import Registry, resolve_registry
+from onnx_custom.translate.scalar_types import dtype_argument
 from onnx_custom.translate.torch_errors import check_functional
 
 __all__ = ["TS_MAX_OPSET", "TS_MIN_OPSET", "TorchScriptBuilder", "registered"]
@@ -187,7 +188,8 @@ def _split_args(op_name: str, schema: Any, args: Sequence[Any]) -> tuple[list[An
             else:
                 inputs.append(value)
         else:
-            attrs[param.name] = _constant(value, param.type) if isinstance(value, torch._C.Value) else value
+            value = _constant(value, param.type) if isinstance(value, torch._C.Value) else value
+            attrs[param.name] = dtype_argument(value, param)
     return inputs, attrs
 
 

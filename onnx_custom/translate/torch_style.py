@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import inspect
 import numbers
+import operator
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,6 +32,7 @@ import torch
 
 from onnx_custom.errors import SymbolicError
 from onnx_custom.translate.attributes import AttrKind, TypedList, floats, ints, strings
+from onnx_custom.translate.scalar_types import scalar_type_index
 
 __all__ = [
     "TORCH_STYLE_MARK",
@@ -417,9 +419,9 @@ class TorchStyleGraph:
             value = [_enum_int(v) for v in value] if many else _enum_int(value)
         if kind in ("i", "is"):
             items = list(value) if many else [value]
-            if not all(isinstance(v, (bool, numbers.Integral)) for v in items):
+            if not all(_is_int(v) for v in items):
                 raise bad("int(s)")
-            return name, (ints([int(v) for v in items]) if many or kind == "is" else int(value))
+            return name, (ints([operator.index(v) for v in items]) if many or kind == "is" else operator.index(value))
         if kind in ("f", "fs"):
             items = list(value) if many else [value]
             if not all(isinstance(v, numbers.Real) for v in items):
@@ -462,6 +464,15 @@ class TorchStyleGraph:
         return isinstance(value, TorchStyleValue) or (value is not None and self._builder.is_value(value))
 
 
+def _is_int(value: Any) -> bool:
+    """An int as torch's ``_i`` attributes take it: also a pybind enum with ``__index__``, such
+    as the ``TensorProtoDataType`` that torch's ``JitScalarType(...).onnx_type()`` returns for
+    ``g.op("Cast", x, to_i=...)``."""
+    if isinstance(value, (bool, numbers.Integral)):
+        return True
+    return not isinstance(value, (float, complex, np.floating)) and hasattr(type(value), "__index__")
+
+
 def torch_style_translation(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Our translation ``(g, *inputs, **attributes)`` running the torch-style symbolic ``fn``."""
     if getattr(fn, TORCH_STYLE_MARK, None) is not None:
@@ -473,7 +484,8 @@ def torch_style_translation(fn: Callable[..., Any]) -> Callable[..., Any]:
         if arguments is None:  # no schema known: inputs, then the other arguments
             arguments = tuple((f"input{i}", "Tensor") for i in range(len(inputs))) + tuple((k, "Any") for k in attrs)
         pending = iter(inputs)
-        values = [next(pending, None) if _is_tensor_type(t) else attrs.get(n) for n, t in arguments]
+        # a dtype argument as torch.onnx hands it over: its ScalarType index, not a torch.dtype
+        values = [next(pending, None) if _is_tensor_type(t) else scalar_type_index(attrs.get(n)) for n, t in arguments]
         if codes is not None:
             check_codes(g.target, fn, codes, arguments)
             names = _parameter_names(fn, len(values))
