@@ -19,13 +19,13 @@ import torch
 from torch.onnx._internal.torchscript_exporter import registration as ts_registration
 from torch.onnx._internal.torchscript_exporter import symbolic_helper
 
-from onnx_custom.errors import InvalidArgumentError
+from onnx_custom.errors import InvalidArgumentError, SymbolicError
 from onnx_custom.exporter.output_meta import Outputs, TensorDesc, flat_outputs, layout
 from onnx_custom.exporter.torchscript_mutation import mutations_refused
 from onnx_custom.exporter.torchscript_shapes import TAG, TsDims, session, ts_dims
 from onnx_custom.translate.attributes import AttrKind, AttrValue, c_contiguous
 from onnx_custom.translate.builder import GraphBuilder, OutputMeta, call_translation
-from onnx_custom.translate.names import Target
+from onnx_custom.translate.names import QualifiedName, Target
 from onnx_custom.translate.registry import Registry, resolve_registry
 from onnx_custom.translate.scalar_types import dtype_argument
 from onnx_custom.translate.torch_errors import check_functional
@@ -144,13 +144,23 @@ def _schema_for(ctx: Any, op_name: str) -> torch._C.FunctionSchema | None:
     if node is not None:
         with contextlib.suppress(Exception):
             return node.schema() if not isinstance(node.schema(), str) else torch._C.parse_schema(node.schema())
+    fits = _overload_schemas(op_name, node)
+    return fits[0] if len(fits) == 1 else None
+
+
+def _overload_schemas(op_name: str, node: Any) -> list[torch._C.FunctionSchema]:
+    """The op's overload schemas that can have made ``node``. By the ONNX pass torch has turned
+    its scalar arguments into tensor constants, so the node has no schema of its own; its input
+    count still tells overloads of different arity apart."""
     ns, _, name = op_name.partition("::")
+    schemas: list[torch._C.FunctionSchema] = []
     with contextlib.suppress(Exception):
         packet = getattr(getattr(torch.ops, ns), name)
-        overloads = packet.overloads()
-        if len(overloads) == 1:
-            return getattr(packet, overloads[0])._schema
-    return None
+        schemas = [getattr(packet, overload)._schema for overload in packet.overloads()]
+    if len(schemas) <= 1 or node is None:
+        return schemas
+    count = len(list(node.inputs()))
+    return [s for s in schemas if len(s.arguments) == count]
 
 
 def _is_tensor_type(typ: Any) -> bool:
@@ -281,12 +291,35 @@ def _finish(builder: TorchScriptBuilder, values: tuple[Any, ...], returns: Seque
     return packed[0] if len(packed) == 1 else tuple(packed)
 
 
-def _op_symbolic(registry: Registry, target: Target) -> Any:
-    op_name = target.name.op if target.name is not None else ""
+def _call_target(targets: Sequence[Target], schema: Any) -> Target:
+    """The target whose translation serves this call. TorchScript keys symbolics by ``ns::op``
+    without the overload, so translations of several overloads share one symbolic: the call's
+    overload comes from the node's schema (``ns::op.scaled``; a registry lookup falls back to a
+    translation of ``ns::op``, all overloads). One overload-less translation serves every call."""
+    first = targets[0]
+    assert first.name is not None
+    if len(targets) == 1 and (schema is None or not first.name.overload):
+        return first
+    if schema is None:
+        names = ", ".join(sorted(str(t) for t in targets))
+        raise SymbolicError(
+            f"{first.name.op}: the TorchScript exporter records this op without its overload, and "
+            "by its ONNX pass the scalar arguments are tensors, so overloads taking as many "
+            "arguments cannot be told apart (torch's tracer itself replays one for the other); "
+            f"expected one translation for the op, received one per overload ({names}). Fix: "
+            "export with exporter='dynamo' (it keeps the overload), or give the overloads "
+            "different numbers of arguments or op names."
+        )
+    return Target(QualifiedName(first.name.namespace, first.name.name, schema.overload_name or "default"))
+
+
+def _op_symbolic(registry: Registry, targets: Sequence[Target]) -> Any:
+    op_name = targets[0].name.op if targets[0].name is not None else ""
 
     def symbolic(ctx: Any, *args: Any, **_node_attrs: Any) -> Any:
-        entry = registry.lookup(target, ctx.opset, exporter="torchscript")
         schema = _schema_for(ctx, op_name)
+        target = _call_target(targets, schema)
+        entry = registry.lookup(target, ctx.opset, exporter="torchscript")
         check_functional(str(target), schema)
         inputs, attrs = _split_args(op_name, schema, args)
         dims = ts_dims(ctx)
@@ -304,7 +337,7 @@ def _op_symbolic(registry: Registry, target: Target) -> Any:
         values = call_translation(entry, builder, inputs, attrs, outputs=_expected_outputs(ctx, builder), schema_args=names)
         return _finish(builder, values, None if outputs is None else layout(outputs))
 
-    symbolic.__qualname__ = f"onnx_custom_symbolic[{target}]"
+    symbolic.__qualname__ = f"onnx_custom_symbolic[{op_name}]"
     return symbolic
 
 
@@ -346,17 +379,21 @@ def _plan(reg: Registry, opset: int | None) -> _Plan:
     # the symbolics see the registry through a weak proxy: the cache must not keep it alive (a
     # registry is alive whenever its symbolics run: `registered` holds it)
     weak = weakref.proxy(reg)
+    by_name: dict[str, list[Target]] = {}  # torch's table is keyed by ns::op: overloads share one symbolic
     for target in reg.targets():
         if target.function is not None:
             functions.append((target.function, _function_symbolic(weak, target)))
             continue
         assert target.name is not None
+        by_name.setdefault(target.name.op, []).append(target)
+    for name, targets in by_name.items():
         # Custom namespaces start at 1: after export torch looks a custom node named like a
         # torch op (onnx_custom::bev_pool_v2) up at its domain version (1). Our lookup still refuses
         # opsets below the translation's own.
-        low = max(TS_MIN_OPSET, min(reg.opsets_for(target))) if target.name.namespace == "aten" else 1
+        aten = targets[0].name is not None and targets[0].name.namespace == "aten"
+        low = max(TS_MIN_OPSET, min(min(reg.opsets_for(t)) for t in targets)) if aten else 1
         wanted = range(low, TS_MAX_OPSET + 1) if opset is None else sorted({v for v in (opset, low) if v >= low and (v == opset or low == 1)})
-        ops.append((target.name.op, _op_symbolic(weak, target), tuple(wanted)))
+        ops.append((name, _op_symbolic(weak, tuple(targets)), tuple(wanted)))
     plan = (tuple(functions), tuple(ops))
     _PLANS[reg] = (entries, opset, plan)
     return plan
