@@ -326,6 +326,7 @@ class GraphBuilder(abc.ABC):
         if isinstance(value, torch.Tensor):
             array = value.detach().cpu().numpy()
         else:
+            self._check_constant_items(value)
             array = np.asarray(value)
         if dtype is not None:
             array = array.astype(numpy_dtype(dtype))
@@ -335,6 +336,24 @@ class GraphBuilder(abc.ABC):
         self._nodes += 1
         self._record_constant(array)
         return self._constant(array)
+
+    def _check_constant_items(self, value: Any) -> None:
+        """`SymbolicError` for a list holding a graph value: a ``SymInt[]`` argument traced from a
+        dynamic dim (``[y.shape[0], 4]``) reaches the translation with the size as a graph value,
+        and numpy would make an object array that fails deep inside the exporter's passes."""
+        if not isinstance(value, (list, tuple)):
+            return
+        for index, item in enumerate(value):
+            if isinstance(item, (list, tuple)):
+                self._check_constant_items(item)
+            elif not isinstance(item, (numbers.Number, np.generic)) and self.is_value(item):
+                raise SymbolicError(
+                    f"{self.target}: g.constant got a graph value at index {index} of a list; "
+                    "expected numbers only. A size traced from a dynamic dim (an int[]/SymInt[] "
+                    "argument such as [y.shape[0], 4]) arrives as a 0-d int64 graph value. Fix: "
+                    "build the list in the graph, e.g. g.op('Concat', *[g.op('Reshape', v, "
+                    "g.constant([1])) if g.is_value(v) else g.constant([v]) for v in size], axis=0)."
+                )
 
     @abc.abstractmethod
     def is_value(self, value: Any) -> bool: ...

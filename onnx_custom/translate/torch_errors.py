@@ -136,10 +136,23 @@ def unwrap_dynamo_error(exc: BaseException) -> OnnxCustomError | None:
 _OPTIONAL_TENSOR_LIST = "unsupported input list type: Tensor?"
 
 
+# The tracer's assert for an int[] argument holding a traced size (x.shape[0] under a dynamic dim).
+_TRACED_INT_LIST = "iter->isIntList() INTERNAL ASSERT FAILED"
+
+
 def unwrap_torchscript_error(exc: BaseException) -> OnnxCustomError | None:
     """Ours for a TorchScript exporter error that names the op it was translating (its message
     then carries a graph dump), else None."""
     text = str(exc)
+    if _TRACED_INT_LIST in text:
+        return UnsupportedOpError(
+            "The TorchScript exporter's tracer cannot record an int[] argument holding a size "
+            "read from a tensor (such as [y.shape[0], 4]; the tracer traces every shape read, "
+            "dynamic dims or not) passed to a custom op: torch stops at an internal assert "
+            "(iter->isIntList()); expected plain ints there. Fix: export with exporter='dynamo' "
+            "(its translation receives a dynamic size as a graph value), or pass the sizes as a "
+            "tensor argument."
+        )
     if _OPTIONAL_TENSOR_LIST in text:
         return UnsupportedOpError(
             "The TorchScript exporter's tracer cannot record an op taking a list of optional tensors "
