@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import inspect
 import numbers
-import operator
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -419,9 +418,9 @@ class TorchStyleGraph:
             value = [_enum_int(v) for v in value] if many else _enum_int(value)
         if kind in ("i", "is"):
             items = list(value) if many else [value]
-            if not all(_is_int(v) for v in items):
+            if not all(isinstance(v, (bool, numbers.Integral)) for v in items):
                 raise bad("int(s)")
-            return name, (ints([operator.index(v) for v in items]) if many or kind == "is" else operator.index(value))
+            return name, (ints([int(v) for v in items]) if many or kind == "is" else int(value))
         if kind in ("f", "fs"):
             items = list(value) if many else [value]
             if not all(isinstance(v, numbers.Real) for v in items):
@@ -462,15 +461,6 @@ class TorchStyleGraph:
 
     def _is_graph_value(self, value: Any) -> bool:
         return isinstance(value, TorchStyleValue) or (value is not None and self._builder.is_value(value))
-
-
-def _is_int(value: Any) -> bool:
-    """An int as torch's ``_i`` attributes take it: also a pybind enum with ``__index__``, such
-    as the ``TensorProtoDataType`` that torch's ``JitScalarType(...).onnx_type()`` returns for
-    ``g.op("Cast", x, to_i=...)``."""
-    if isinstance(value, (bool, numbers.Integral)):
-        return True
-    return not isinstance(value, (float, complex, np.floating)) and hasattr(type(value), "__index__")
 
 
 def torch_style_translation(fn: Callable[..., Any]) -> Callable[..., Any]:
