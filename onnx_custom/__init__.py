@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 from onnx_custom import errors as _errors
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from onnx_custom.api import export
     from onnx_custom.compile import compile_backend, explain_compile
     from onnx_custom.errors import (
@@ -150,11 +152,14 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 _SHADOWED = ("export", "verify")
 
 
-def translation_table(opset: int = 18, registry: Registry | None = None) -> dict[Any, Any]:
-    """``custom_translation_table`` for your own ``torch.onnx.export(..., dynamo=True)``."""
+def translation_table(
+    opset: int = 18, registry: Registry | None = None, *, extra: Mapping[Any, Any] | None = None
+) -> dict[Any, Any]:
+    """``custom_translation_table`` for your own ``torch.onnx.export(..., dynamo=True)``;
+    ``extra`` merges your own entries (``@onnxscript.script`` functions included) over ours."""
     from onnx_custom.exporter.dynamo import translation_table as build
 
-    return build(opset, registry)
+    return build(opset, registry, extra=extra)
 
 
 def __getattr__(name: str) -> Any:

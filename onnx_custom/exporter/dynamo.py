@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
 import inspect
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -18,6 +19,7 @@ import numpy as np
 import onnx_ir as ir
 import onnxscript
 import torch
+from onnxscript.onnx_types import TensorType
 from torch.onnx._internal.exporter import _building, _tensors
 
 from onnx_custom.errors import OpsetError, SymbolicError
@@ -35,6 +37,7 @@ __all__ = [
     "program_constants",
     "resolve_overloads",
     "translation_table",
+    "with_output_count",
 ]
 
 _IR_KIND = {
@@ -355,8 +358,18 @@ def resolve_overloads(target: Target) -> list[torch._ops.OpOverload]:
     return result
 
 
-def translation_table(opset: int = 18, registry: Registry | None = None, *, build_opset: int | None = None) -> dict[torch._ops.OpOverload, Any]:
+def translation_table(
+    opset: int = 18,
+    registry: Registry | None = None,
+    *,
+    build_opset: int | None = None,
+    extra: Mapping[Any, Any] | None = None,
+) -> dict[torch._ops.OpOverload, Any]:
     """``custom_translation_table`` for ``torch.onnx.export(..., dynamo=True)`` at ``opset``.
+
+    ``extra``: your own entries (torch op -> translation), merged over ours;
+    ``@onnxscript.script`` functions without a return annotation are passed as
+    `with_output_count` copies so torch records their outputs.
 
     Only torch ops that exist in this process (their library is loaded) and have a translation
     valid at ``opset`` are included; autograd.Function targets are skipped (TorchScript only).
@@ -378,4 +391,26 @@ def translation_table(opset: int = 18, registry: Registry | None = None, *, buil
                 continue
             entry = reg.lookup(ovl_target, opset, exporter="dynamo")
             table[overload] = _translation(reg, ovl_target, overload, opset, entry, build_opset)
+    for op, fn in (extra or {}).items():
+        table[op] = with_output_count(fn)
     return table
+
+
+def with_output_count(fn: Any) -> Any:
+    """``fn``, or when it is an ``@onnxscript.script`` function without a return annotation, a
+    copy annotated with its real number of outputs.
+
+    torch 2.13's exporter counts a script function's outputs from the return annotation alone:
+    without one it records a call with no outputs, which onnxscript 0.7's InlinePass rejects
+    ("The number of values and replacements must match"; 0.6 silently dropped the node). The
+    copy has its own ``__annotations__`` so the caller's function is left as it was.
+    """
+    if not isinstance(fn, onnxscript.OnnxFunction) or "return" in fn.__annotations__:
+        return fn
+    count = len(fn.function_ir.outputs)
+    if count == 0:
+        return fn
+    returns: Any = TensorType if count == 1 else tuple.__class_getitem__((TensorType,) * count)
+    annotated = copy.copy(fn)
+    annotated.__annotations__ = {**fn.__annotations__, "return": returns}
+    return annotated
