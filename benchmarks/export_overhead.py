@@ -4,6 +4,12 @@ The baseline is what a user writes by hand: torch.onnx.export with the same symb
 registered (TorchScript) or the same custom_translation_table (dynamo). Both are timed
 alternately in one run; the printed ratio is median(ours) / median(raw). Goal: <= 1.05.
 
+``--plain`` adds a third contender for TorchScript: torch.onnx.export with plain torch symbolics
+(``g.op`` straight into torch's graph, what a user without onnx-custom registers). Our symbolic
+adapter runs in both of the first two (the baseline registers our symbolics); against plain
+symbolics the ratio also shows what the adapter costs per custom node (exact output types from
+the op's fake kernel, the checks in ``g.op``).
+
 Run: ``python benchmarks/export_overhead.py [--repeats 10] [--cpu-time --threads 1] [--only torchscript]``
 (``--cpu-time``: process CPU time, steadier than wall time when the machine is shared).
 """
@@ -52,6 +58,7 @@ def main() -> None:
     parser.add_argument("--cpu-time", action="store_true", help="process CPU time instead of wall time")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--only", choices=("dynamo", "torchscript"), default=None)
+    parser.add_argument("--plain", action="store_true", help="also TorchScript with plain torch symbolics (see above)")
     ns = parser.parse_args()
     global CLOCK
     CLOCK = time.process_time if ns.cpu_time else time.perf_counter
@@ -94,6 +101,42 @@ def main() -> None:
                     our_samples.append(_time(ours))
         r, o = statistics.median(raw_samples), statistics.median(our_samples)
         print(f"{name:<12} {r * 1e3:>19.1f} ms {o * 1e3:>17.1f} ms {o / r:>7.3f}")
+    if ns.plain and ns.only != "dynamo":
+        _plain_row(model, args, ns.repeats)
+
+
+def _plain_row(model: torch.nn.Module, args: tuple[torch.Tensor, ...], repeats: int) -> None:
+    """ours / torch with plain symbolics, and per custom-node call what the difference costs."""
+
+    def my_add(g, a, b):  # type: ignore[no-untyped-def]
+        return g.op("Add", g.op("Mul", a, g.op("Constant", value_t=torch.tensor(1.0))), b)
+
+    def multi_out(g, x):  # type: ignore[no-untyped-def]
+        scaled = g.op("Mul", x, g.op("Constant", value_t=torch.tensor(2.0)))
+        return scaled, g.op("Add", x, g.op("Constant", value_t=torch.tensor(1.0)))
+
+    def asinh(g, x):  # type: ignore[no-untyped-def]
+        return g.op("Asinh", x)
+
+    plain = {"onnx_custom::my_add": my_add, "onnx_custom::multi_out": multi_out, "aten::asinh": asinh}
+    for name, fn in plain.items():
+        torch.onnx.register_custom_op_symbolic(name, fn, 13)
+
+    def raw_plain() -> None:
+        torch.onnx.export(model, args, io.BytesIO(), dynamo=False, opset_version=13)
+
+    def ours() -> None:
+        onnx_custom.export(model, args, exporter="torchscript", opset=13)
+
+    raw_plain()
+    ours()
+    samples: dict[str, list[float]] = {"plain": [], "ours": []}
+    for i in range(repeats):
+        for which in (("plain", "ours") if i % 2 == 0 else ("ours", "plain")):
+            samples[which].append(_time(raw_plain if which == "plain" else ours))
+    p, o = statistics.median(samples["plain"]), statistics.median(samples["ours"])
+    calls = 9  # 4 asinh + 4 my_add + 1 multi_out in Model.forward
+    print(f"{'TS, plain':<12} {p * 1e3:>19.1f} ms {o * 1e3:>17.1f} ms {o / p:>7.3f}   (+{(o - p) * 1e3 / calls:.2f} ms per custom-node call)")
 
 
 if __name__ == "__main__":
