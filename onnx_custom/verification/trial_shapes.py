@@ -15,10 +15,7 @@ dynamic dim its *k*-th candidate size from ``1, e + 1, 2e, e + 2, 3e, e + 3, ...
 export size), keeping those inside the dim's range and different from ``e``. A dim with fewer
 candidates keeps its last one. Candidates depend only on the export size and the range, so dims
 that must agree but that an exporter named apart (the inner dims of a matmul exported with
-``Dim.AUTO``) still get equal sizes in those trials. When such dims (named apart, equal export
-size and range) exist, one more trial gives them different sizes (a square image's height and
-width: a file reading one for the other passed every trial above); eager refusing it (the dims
-must agree) reports it skipped.
+``Dim.AUTO``) still get equal sizes in every trial.
 
 Inputs at a new shape (`resize_inputs`): floats are drawn from N(0, 1); integer and bool tensors
 whose shape does not change keep their values (they are often indices); those whose shape changes
@@ -285,29 +282,7 @@ def default_cases(plan: DimPlan, count: int = DEFAULT_SHAPE_TRIALS) -> list[dict
         case = {key: c[min(k, len(c) - 1)] for key, c in candidates.items()}
         if case and case not in cases:
             cases.append(case)
-    apart = _apart_case(plan, candidates)
-    if apart is not None and apart not in cases:
-        cases.append(apart)
     return cases
-
-
-def _apart_case(plan: DimPlan, candidates: Mapping[str, list[int]]) -> dict[str, int] | None:
-    """One more case when dims the file names apart always got equal sizes (same export size and
-    range: a square image's height and width, two inputs' batches): each such dim takes another
-    size, so a file that reads one dim for the other (a translation taking the wrong input's
-    shape, height for width) cannot pass. Dims that really must agree make eager refuse it: the
-    trial is then reported as skipped."""
-    groups: dict[tuple[int, ...], list[str]] = {}
-    for key, sizes in candidates.items():
-        groups.setdefault(tuple(sizes), []).append(key)
-    if all(len(keys) < 2 for keys in groups.values()):
-        return None
-    case = {}
-    for group, keys in groups.items():
-        options = [*group, plan.dims[keys[0]].export_size]  # every key of the group has this export size
-        for i, key in enumerate(keys):
-            case[key] = options[i % len(options)]
-    return case
 
 
 def one_dim_cases(plan: DimPlan, count: int = DEFAULT_SHAPE_TRIALS) -> list[dict[str, int]]:

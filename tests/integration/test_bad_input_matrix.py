@@ -210,7 +210,7 @@ CASES = [
     Case("verify/trials-0", lambda t: onnx_custom.verify(MyAdd(), ARGS, _proto(), trials=0), InvalidArgumentError, "a positive int", "received 0", "trials=1"),
     Case("verify/rtol-without-atol", lambda t: onnx_custom.verify(MyAdd(), ARGS, _proto(), rtol=1e-3), InvalidArgumentError, "rtol and atol go together", "rtol=0.001 without atol", "pass both"),
     Case("verify/negative-atol", lambda t: onnx_custom.verify(MyAdd(), ARGS, _proto(), rtol=0.0, atol=-1.0), InvalidArgumentError, "non-negative number", "received -1.0", "atol=1e-5"),
-    Case("verify/unknown-backend", lambda t: onnx_custom.verify(MyAdd(), ARGS, _proto(), backends=("tensorrt",)), InvalidArgumentError, "subset of ('onnxruntime', 'reference', 'onnxruntime-bodies')", "['tensorrt']", "backends=('onnxruntime',)"),
+    Case("verify/unknown-backend", lambda t: onnx_custom.verify(MyAdd(), ARGS, _proto(), backends=("tensorrt",)), InvalidArgumentError, "subset of ('onnxruntime', 'reference', 'onnxruntime-bodies', 'onnxruntime-native')", "['tensorrt']", "backends=('onnxruntime',)"),
     Case("verify/missing-file", lambda t: onnx_custom.verify(MyAdd(), ARGS, t / "none.onnx"), ModelNotFoundError, "ONNX model file", "does not exist", "export it first"),
     Case("verify/garbage-bytes", lambda t: onnx_custom.verify(MyAdd(), ARGS, b"garbage"), ModelLoadError, "not a valid ONNX model", "the given bytes", "re-export the model"),
     Case("verify/model-int", lambda t: onnx_custom.verify(MyAdd(), ARGS, 12), ModelLoadError, "onnx.ModelProto, bytes or a file path", "received int (12)", "pass onnx_custom.export(...)'s result"),
