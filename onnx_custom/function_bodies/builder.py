@@ -37,7 +37,7 @@ from onnx import AttributeProto, helper, numpy_helper
 from onnx_custom.errors import KernelError, SymbolicError
 from onnx_custom.runtime.kernel_spec import KernelSpec
 from onnx_custom.translate.attributes import AttrKind, AttrValue
-from onnx_custom.translate.builder import GraphBuilder, OutputMeta, numpy_dtype
+from onnx_custom.translate.builder import GraphBuilder, OutputMeta, onnx_dtype
 
 __all__ = [
     "INT_ATTRIBUTE_LIMIT", "AttrRef", "FunctionBuilder", "TranslationBody", "build_function",
@@ -96,11 +96,6 @@ def _holds_ref(value: Any) -> bool:
     return isinstance(value, AttrRef) or (
         isinstance(value, (list, tuple)) and any(isinstance(v, AttrRef) for v in value)
     )
-
-
-def onnx_dtype(dtype: Any) -> int:
-    """The ``TensorProto`` element type of a torch or numpy dtype."""
-    return helper.np_dtype_to_tensor_dtype(numpy_dtype(dtype))
 
 
 def _torch_dtype(elem_type: int) -> torch.dtype | None:

@@ -26,9 +26,9 @@ from onnx_custom.translate.names import parse_node_type
 from onnx_custom.translate.opset_upgrade import attributes_moved_to_inputs, split_outputs_attribute
 from onnx_custom.translate.standard_ops import check_standard_node
 from onnx_custom.translate.torch_errors import translation_error
-from onnx_custom.translate.type_check import NodeInput, check_node_types, onnx_type_name
+from onnx_custom.translate.type_check import NodeInput, check_node_types
 
-__all__ = ["GraphBuilder", "NodeRecord", "OutputMeta", "call_translation", "numpy_dtype", "record_nodes", "register_value_check"]
+__all__ = ["GraphBuilder", "NodeRecord", "OutputMeta", "call_translation", "numpy_dtype", "onnx_dtype", "record_nodes", "register_value_check"]
 
 DimValue = int | str | None
 
@@ -43,8 +43,6 @@ def _refuse_torch_suffixes(where: str, domain: str, op_type: str, attrs: Sequenc
     ``g`` types attributes from values would carry the literal name ``keep_topk_i``: no kernel or
     TensorRT plugin reads it, and nothing fails until one runs. Standard nodes are checked
     against their schema; a custom node's registered schema that declares the name allows it."""
-    import onnx
-
     for attr in attrs:
         base, sep, suffix = attr.name.rpartition("_")
         if not sep or not base or attr.kind.value not in _TORCH_SUFFIX_KINDS.get(suffix, ()):
@@ -210,7 +208,7 @@ class GraphBuilder(abc.ABC):
             if value is not None:
                 converted[index] = self.constant(value, dtype=target)
             else:
-                converted[index] = self.op("Cast", inputs[index], to=getattr(onnx.TensorProto, str(onnx_type_name(target)).upper()))
+                converted[index] = self.op("Cast", inputs[index], to=onnx_dtype(target))
         return converted
 
     def _upgrade_attributes(self, where: str, op_type: str, inputs: list[Any], attrs: list[AttrValue], outputs: int) -> list[AttrValue]:
@@ -401,6 +399,11 @@ def numpy_dtype(dtype: Any) -> np.dtype:
             return np.dtype(ml_dtypes.bfloat16)
         return torch.empty((), dtype=dtype).numpy().dtype
     return np.dtype(dtype)
+
+
+def onnx_dtype(dtype: Any) -> int:
+    """The ``TensorProto`` element type of a torch or numpy dtype."""
+    return onnx.helper.np_dtype_to_tensor_dtype(numpy_dtype(dtype))
 
 
 # Target key ("onnx_custom::multi_scale_deformable_attn") -> checks run before any of its

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from _one_op import One
 
 import onnx_custom
 from onnx_custom.translate.implicit_casts import implicit_dtype, promoted_inputs
@@ -106,13 +107,6 @@ def _op_for(case: Case) -> Any:
 OPS = {case.id: _op_for(case) for case in CASES}
 
 
-class One(torch.nn.Module):
-    def __init__(self, op: Any) -> None:
-        super().__init__()
-        self.op = op
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.op(x)
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])

@@ -18,6 +18,7 @@ import onnx
 import pytest
 import torch
 import torch.nn.functional as F
+from _one_op import One
 from torch.onnx import symbolic_helper
 
 import onnx_custom
@@ -132,13 +133,6 @@ top2 = _op("top2", _top2, lambda x: x.new_empty(*x.shape[:-1], 2), _top2_symboli
 inner = _op("inner", _inner, lambda x: x.new_empty(x.shape[0], 2), _inner_symbolic)
 
 
-class One(torch.nn.Module):
-    def __init__(self, op: Any) -> None:
-        super().__init__()
-        self.op = op
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.op(x)
 
 
 @dataclasses.dataclass(frozen=True)
