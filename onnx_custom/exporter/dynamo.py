@@ -22,7 +22,7 @@ import torch
 from onnxscript.onnx_types import TensorType
 from torch.onnx._internal.exporter import _building, _tensors
 
-from onnx_custom.errors import OpsetError, SymbolicError
+from onnx_custom.errors import InvalidArgumentError, OpsetError, SymbolicError
 from onnx_custom.exporter.dynamo_shapes import fx_outputs, value_outputs
 from onnx_custom.exporter.output_meta import Outputs, flat_outputs, layout
 from onnx_custom.translate.attributes import AttrKind, AttrValue, c_contiguous
@@ -391,6 +391,11 @@ def translation_table(
                 continue
             entry = reg.lookup(ovl_target, opset, exporter="dynamo")
             table[overload] = _translation(reg, ovl_target, overload, opset, entry, build_opset)
+    if extra is not None and not isinstance(extra, Mapping):
+        raise InvalidArgumentError(
+            f"extra must be a mapping from torch ops to translations; received {type(extra).__name__}. "
+            "Fix: pass e.g. extra={torch.ops.aten.add.Tensor: my_onnxscript_function}."
+        )
     for op, fn in (extra or {}).items():
         table[op] = with_output_count(fn)
     return table
