@@ -45,8 +45,10 @@ from onnx_custom.verification.runner import (
 )
 from onnx_custom.verification.trial_shapes import (
     DEFAULT_SHAPE_TRIALS,
+    ApartCase,
     DimPlan,
     ShapeSpecError,
+    apart_case,
     default_cases,
     describe_sizes,
     plan_dims,
@@ -83,15 +85,19 @@ BODIES_BACKEND = "onnxruntime-bodies"
 NATIVE_BACKEND = "onnxruntime-native"
 
 InputGenerator = Callable[[int, tuple[Any, ...]], tuple[Any, ...]]
+# Trial kinds at sizes other than the export's: eager refusing them skips the trial.
+OTHER_SIZES = ("shape", "apart")
 
 
 @dataclasses.dataclass(frozen=True)
 class TrialRecord:
     """One trial: its dynamic-dim sizes, the input shapes fed, and how it went.
 
-    ``kind``: ``"example"`` (the example inputs), ``"values"`` (new values at the export shape) or
-    ``"shape"`` (other sizes of the dynamic dims). ``status``: ``"passed"``, ``"failed"`` or
-    ``"skipped"`` (PyTorch eager cannot take these sizes; ``reason`` holds its error).
+    ``kind``: ``"example"`` (the example inputs), ``"values"`` (new values at the export shape),
+    ``"shape"`` (other sizes of the dynamic dims) or ``"apart"`` (dims the file names apart but
+    that every shape trial gives one size, at sizes of their own: `trial_shapes.apart_case`).
+    ``status``: ``"passed"``, ``"failed"`` or ``"skipped"`` (PyTorch eager cannot take these
+    sizes; ``reason`` holds its error).
     """
 
     trial: int
@@ -322,11 +328,23 @@ class _DeclaredCheck:
         return self.declared.check(trial, values, input_shapes)
 
 
-def _trial_plan(trials: int, cases: list[dict[str, int]], sign_trial: bool = False) -> list[_Trial]:
+def _trial_plan(trials: int, cases: list[dict[str, int]], sign_trial: bool = False, apart: ApartCase | None = None) -> list[_Trial]:
     plan = [_Trial(t, "example" if t == 0 else "values", {}) for t in range(trials)]
     if sign_trial:
         plan.append(_Trial(trials, "values", {}, optional=True))
-    return plan + [_Trial(len(plan) + i, "shape", case) for i, case in enumerate(cases)]
+    plan += [_Trial(len(plan) + i, "shape", case) for i, case in enumerate(cases)]
+    if apart is not None and apart.sizes not in cases:
+        plan.append(_Trial(len(plan), "apart", apart.sizes))
+    return plan
+
+
+def _apart_note(apart: ApartCase, plan: DimPlan, trial: int) -> str:
+    """Said when eager refuses the apart trial: the file and the model disagree about the dims."""
+    return (
+        f"the file names {apart.describe_groups(plan)} apart, so a deployment may feed them different "
+        f"sizes, but the model refused different sizes (trial {trial} skipped). If they must agree, "
+        "give them one name (one Dim in dynamic_shapes, or a shape rule that ties them) so the file says so."
+    )
 
 
 def _one_signed_inputs(feeds: Mapping[str, torch.Tensor]) -> list[str]:
@@ -404,6 +422,7 @@ def _trial_args(trial: _Trial, args: tuple[Any, ...], plan: DimPlan, generator: 
         return args
     if trial.kind == "values":
         return input_generator(trial.index, args) if input_generator else _random_like(args, generator)
+    # "shape", "apart"
     resized = resize_inputs(args, trial.sizes, plan, generator)
     return input_generator(trial.index, resized) if input_generator else resized
 
@@ -492,6 +511,7 @@ def verify(
     binding = bind_inputs(proto, args, model)  # fails on inputs that cannot fit before running anything
     plan = plan_dims(proto, binding, args, model=model, dynamic_shapes=dynamic_shapes)
     cases = default_cases(plan) if shapes is None else resolve_cases(shapes, plan)
+    apart = apart_case(plan) if shapes is None else None  # explicit shapes= replace every default trial
     mismatched_weights = compare_initializers(model, proto)
     sessions: dict[str, Any] = {name: _make_backend(name, proto, kernels) for name in backends}
     declared = _DeclaredCheck(proto, kernels)
@@ -509,12 +529,12 @@ def verify(
     one_signed = _one_signed_inputs(binding.feeds(tensor_inputs(args))) if trials == 1 and shapes is None and not cases and input_generator is None else []
     if one_signed:
         report.notes.append(_sign_note(one_signed, trials))
-    schedule = _trial_plan(trials, cases, sign_trial=bool(one_signed))
+    schedule = _trial_plan(trials, cases, sign_trial=bool(one_signed), apart=apart)
     written_noted = False
     for trial in schedule:
         sizes = trial.sizes or export_sizes
         if progress is not None:
-            where = f" ({describe_sizes(trial.sizes)})" if trial.kind == "shape" else ""
+            where = f" ({describe_sizes(trial.sizes)})" if trial.kind in OTHER_SIZES else ""
             progress(f"verify: trial {trial.index + 1}/{len(schedule)}{where}")
         trial_args = _trial_args(trial, args, plan, generator, input_generator)
         input_shapes = {n: tuple(t.shape) for n, t in binding.feeds(tensor_inputs(trial_args)).items()}
@@ -524,11 +544,13 @@ def verify(
             with torch.no_grad():
                 expected = model(*eager_args)
         except Exception as exc:
-            if trial.kind != "shape" and not trial.optional:
+            if trial.kind not in OTHER_SIZES and not trial.optional:
                 raise VerificationError(f"The PyTorch model raised in eager mode on trial {trial.index}: {type(exc).__name__}: {exc}") from exc
             taken = "N(0, 1) values" if trial.optional else describe_sizes(trial.sizes)
             reason = f"the model cannot take {taken}: {_first_line(exc)}"
             report.shapes_tried.append(TrialRecord(**record, status="skipped", reason=reason))  # type: ignore[arg-type]
+            if trial.kind == "apart" and apart is not None:
+                report.notes.append(_apart_note(apart, plan, trial.index))
             continue
         written = [] if written_noted else _written_inputs(binding.leaf_names, eager_args)
         if written:
