@@ -19,6 +19,7 @@ import torch
 
 from onnx_custom.errors import InvalidArgumentError, OnnxCustomError, VerificationError
 from onnx_custom.exporter.arguments import check_args, check_model
+from onnx_custom.runtime.failures import KernelRunError
 from onnx_custom.verification.compare import (
     OutputComparison,
     check_tolerances,
@@ -338,6 +339,13 @@ def _trial_plan(trials: int, cases: list[dict[str, int]], sign_trial: bool = Fal
     return plan
 
 
+def _run_failure(backend: str, trial: _Trial, input_shapes: Mapping[str, tuple[int, ...]], exc: Exception) -> str:
+    """A backend's failure to run a trial, naming the trial's sizes and input shapes."""
+    shape = f" at {describe_sizes(trial.sizes)}" if trial.kind in OTHER_SIZES else ""
+    inputs = ", ".join(f"{n}{list(s)}" for n, s in input_shapes.items())
+    return f"Backend {backend!r} failed to run the ONNX model on trial {trial.index}{shape} ({inputs}): {type(exc).__name__}: {exc}"
+
+
 def _apart_note(apart: ApartCase, plan: DimPlan, trial: int) -> str:
     """Said when eager refuses the apart trial: the file and the model disagree about the dims."""
     return (
@@ -477,7 +485,9 @@ def verify(
     skipped; one ONNX Runtime fails on or disagrees at fails verification, naming the shape.
 
     Every ONNX Runtime run also checks the file's declared output types (graph outputs, and
-    custom-node outputs with a ``value_info``) against the returned arrays. Inputs are matched to
+    custom-node outputs with a ``value_info``) against the returned arrays. A Python kernel
+    failing (`KernelRunError`) at the example's shape raises; at other sizes it fails that trial,
+    naming its shapes (the `VerificationError` chains it). Inputs are matched to
     the file's inputs by ``forward``'s parameter names (else by position); arguments the exporter
     pruned are listed in ``report.pruned_inputs``. Initializers that differ from the model's
     parameters/buffers give an `InitializerMismatchWarning` and a report line.
@@ -531,6 +541,7 @@ def verify(
         report.notes.append(_sign_note(one_signed, trials))
     schedule = _trial_plan(trials, cases, sign_trial=bool(one_signed), apart=apart)
     written_noted = False
+    kernel_error: KernelRunError | None = None  # the first one at other sizes: the VerificationError's cause
     for trial in schedule:
         sizes = trial.sizes or export_sizes
         if progress is not None:
@@ -580,11 +591,18 @@ def verify(
                 mismatches = declared.run(trial.index, tuple(trial_args), binding, dict(zip(onnx_names, actual, strict=True)), input_shapes) if backend == "onnxruntime" else []
                 if backend == "onnxruntime":
                     ort_outputs = list(actual)
+            except KernelRunError as exc:
+                if trial.kind not in OTHER_SIZES:
+                    raise  # at the example's shape: the kernel's own typed error, as always
+                # at other sizes: a failing trial like any other (raise_on_mismatch=False gets the
+                # report), named by its shapes, which the kernel's message cannot know
+                kernel_error = kernel_error or exc
+                problems.append(_run_failure(backend, trial, input_shapes, exc))
+                continue
             except OnnxCustomError:
                 raise
             except Exception as exc:
-                shape = f" at {describe_sizes(trial.sizes)}" if trial.kind == "shape" else ""
-                problems.append(f"Backend {backend!r} failed to run the ONNX model on trial {trial.index}{shape}: {type(exc).__name__}: {exc}")
+                problems.append(_run_failure(backend, trial, input_shapes, exc))
                 continue
             if mismatches:
                 report.type_mismatches += mismatches
@@ -613,5 +631,5 @@ def verify(
     if training:
         report.notes.append(training)
     if raise_on_mismatch and not report.passed:
-        raise VerificationError(str(report), report)
+        raise VerificationError(str(report), report) from kernel_error
     return report
