@@ -307,26 +307,31 @@ class _Trial:
 
 
 class _DeclaredCheck:
-    """Checks declared types once per distinct input shape (ORT backend only)."""
+    """Checks declared types once per distinct input shape and backend. Every backend: each is
+    a runtime the file is deployed on, and a file declaring a dim its kernels do not produce
+    passed on onnxruntime-native and reference when only "onnxruntime" was checked."""
 
     def __init__(self, proto: onnx.ModelProto, kernels: Any) -> None:
         self.declared = DeclaredTypes(proto)
         self.kernels = kernels
-        self.seen: set[tuple[tuple[str, tuple[int, ...]], ...]] = set()
-        self._session: Any = None
+        self.seen: set[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]]] = set()
+        self._augmented: onnx.ModelProto | None = None
+        self._sessions: dict[str, Any] = {}  # backend -> session of the augmented file
 
-    def run(self, trial: int, args: tuple[Any, ...], binding: InputBinding, outputs: dict[str, np.ndarray], input_shapes: dict[str, tuple[int, ...]]) -> list[TypeMismatch]:
-        key = tuple(sorted(input_shapes.items()))
+    def run(self, backend: str, trial: int, args: tuple[Any, ...], binding: InputBinding, outputs: dict[str, np.ndarray], input_shapes: dict[str, tuple[int, ...]]) -> list[TypeMismatch]:
+        key = (backend, tuple(sorted(input_shapes.items())))
         if key in self.seen:
             return []
         self.seen.add(key)
         values = outputs
-        if self.declared.extra_outputs:
-            augmented = self.declared.augmented()
-            if self._session is None:
-                self._session = _make_backend("onnxruntime", augmented, self.kernels)
-            values = dict(zip([o.name for o in augmented.graph.output], run_onnx(self._session, augmented, args, binding), strict=True))
-        return self.declared.check(trial, values, input_shapes)
+        if self.declared.extra_outputs:  # custom-node outputs: one more run of a file exposing them
+            if self._augmented is None:
+                self._augmented = self.declared.augmented()
+            augmented = self._augmented
+            if backend not in self._sessions:
+                self._sessions[backend] = _make_backend(backend, augmented, self.kernels)
+            values = dict(zip([o.name for o in augmented.graph.output], run_onnx(self._sessions[backend], augmented, args, binding), strict=True))
+        return [dataclasses.replace(m, backend=backend) for m in self.declared.check(trial, values, input_shapes)]
 
 
 def _trial_plan(trials: int, cases: list[dict[str, int]], sign_trial: bool = False, apart: ApartCase | None = None) -> list[_Trial]:
@@ -484,7 +489,7 @@ def verify(
     file's ``onnx_custom.dynamic_dims`` metadata). A size PyTorch eager rejects is reported as
     skipped; one ONNX Runtime fails on or disagrees at fails verification, naming the shape.
 
-    Every ONNX Runtime run also checks the file's declared output types (graph outputs, and
+    Every backend's run also checks the file's declared output types (graph outputs, and
     custom-node outputs with a ``value_info``) against the returned arrays. A Python kernel
     failing (`KernelRunError`) at the example's shape raises; at other sizes it fails that trial,
     naming its shapes (the `VerificationError` chains it). Inputs are matched to
@@ -588,7 +593,7 @@ def verify(
                 if session is None:  # dropped before an earlier trial's localization
                     session = sessions[backend] = _make_backend(backend, proto, kernels)
                 actual = run_onnx(session, proto, tuple(trial_args), binding)
-                mismatches = declared.run(trial.index, tuple(trial_args), binding, dict(zip(onnx_names, actual, strict=True)), input_shapes) if backend == "onnxruntime" else []
+                mismatches = declared.run(backend, trial.index, tuple(trial_args), binding, dict(zip(onnx_names, actual, strict=True)), input_shapes)
                 if backend == "onnxruntime":
                     ort_outputs = list(actual)
             except KernelRunError as exc:

@@ -1,13 +1,18 @@
-"""verify() reports what goes wrong at a trial instead of aborting.
+"""verify() reports what goes wrong at a trial instead of aborting, and checks every backend.
 
 - A Python kernel failing (`KernelRunError`) at a size other than the export's aborted verify,
   also with ``raise_on_mismatch=False``, and its message did not name the trial's shapes: now it
   fails that trial (a report entry naming the sizes and input shapes, the other trials still
   run) and, with ``raise_on_mismatch=True``, the `VerificationError` chains it. At the export
   shape it is raised as before.
+- The declared-type check ran on backend ``"onnxruntime"`` only: a file declaring an output dim
+  its kernels do not produce passed on ``"onnxruntime-native"`` and ``"reference"``.
 """
 
 from __future__ import annotations
+
+import copy
+from typing import Any
 
 import numpy as np
 import onnx
@@ -15,9 +20,10 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
+import onnx_custom
 from onnx_custom.errors import VerificationError
 from onnx_custom.runtime import KernelRegistry, KernelRunError
-from onnx_custom.verification.verifier import verify
+from onnx_custom.verification.verifier import BACKENDS, verify
 
 # ---------------------------------------------------------------------------- a kernel failing at other sizes
 
@@ -90,3 +96,59 @@ def test_a_kernel_failing_at_the_export_shape_still_raises_its_own_error(
             kernels=_kernels(None),
             raise_on_mismatch=raise_on_mismatch,
         )
+
+
+# ---------------------------------------------------------------------------- declared types, every backend
+
+
+def _relu_file(declared_width: int) -> onnx.ModelProto:
+    """Relu of x[batch, 3] whose output is declared [batch, declared_width]."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", declared_width])],
+    )
+    return helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_wrongly_declared_output_fails_on_every_backend(backend: str) -> None:
+    args = _example()
+    assert verify(torch.relu, args, _relu_file(3), backends=(backend,)).passed
+    report = verify(torch.relu, args, _relu_file(7), backends=(backend,), raise_on_mismatch=False)
+    assert not report.passed
+    assert report.type_mismatches and {m.backend for m in report.type_mismatches} == {backend}
+    (first, *_) = report.type_mismatches
+    assert "dim 1 is static 7 in the file but 3 at run time" in first.describe()
+    assert (
+        "ONNX Runtime returned" if backend == "onnxruntime" else f"backend {backend} returned"
+    ) in first.describe()
+
+
+def _custom_linear(exporter: str) -> tuple[Any, tuple[Any, ...], onnx.ModelProto]:
+    from onnx_custom.models import custom_linear
+    from onnx_custom.translate.registry import default_registry
+
+    args = custom_linear.example_inputs()
+    model = custom_linear.Model()
+    registry = default_registry().with_variants("custom")
+    return model, args, onnx_custom.export(model, args, exporter=exporter, registry=registry)
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime-native", "reference"])
+def test_a_wrongly_declared_custom_node_output_fails_on_the_native_and_reference_backends(
+    backend: str,
+) -> None:
+    """The custom node's typed intermediate output (a value_info, not a graph output)."""
+    model, args, proto = _custom_linear("torchscript")
+    assert verify(model, args, proto, backends=(backend,)).passed
+    wrong = copy.deepcopy(proto)
+    produced = {o for n in wrong.graph.node if n.op_type == "CustomLinear" for o in n.output}
+    (info,) = [v for v in wrong.graph.value_info if v.name in produced]
+    dim = info.type.tensor_type.shape.dim[-1]
+    dim.Clear()
+    dim.dim_value = 999
+    report = verify(model, args, wrong, backends=(backend,), raise_on_mismatch=False)
+    assert not report.passed
+    assert [(m.value, m.backend) for m in report.type_mismatches] == [(info.name, backend)]
