@@ -162,7 +162,7 @@ def summary_text(report: VerificationReport) -> str:
     A failing output adds its failing trials; the localization (if any) comes last.
     """
     status = "PASSED" if report.passed else "FAILED"
-    shape_trials = sum(r.kind == "shape" for r in report.shapes_tried)
+    shape_trials = sum(r.kind in ("shape", "apart") for r in report.shapes_tried)
     lines = [
         f"Verification {status}: {len({s.index for s in summarize_outputs(report)})} output(s), "
         f"{report.trials} trial(s) ({shape_trials} at other sizes of the dynamic dims), "

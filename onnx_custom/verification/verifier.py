@@ -19,6 +19,7 @@ import torch
 
 from onnx_custom.errors import InvalidArgumentError, OnnxCustomError, VerificationError
 from onnx_custom.exporter.arguments import check_args, check_model
+from onnx_custom.runtime.failures import KernelRunError
 from onnx_custom.verification.compare import (
     OutputComparison,
     check_tolerances,
@@ -45,8 +46,10 @@ from onnx_custom.verification.runner import (
 )
 from onnx_custom.verification.trial_shapes import (
     DEFAULT_SHAPE_TRIALS,
+    ApartCase,
     DimPlan,
     ShapeSpecError,
+    apart_case,
     default_cases,
     describe_sizes,
     plan_dims,
@@ -83,15 +86,19 @@ BODIES_BACKEND = "onnxruntime-bodies"
 NATIVE_BACKEND = "onnxruntime-native"
 
 InputGenerator = Callable[[int, tuple[Any, ...]], tuple[Any, ...]]
+# Trial kinds at sizes other than the export's: eager refusing them skips the trial.
+OTHER_SIZES = ("shape", "apart")
 
 
 @dataclasses.dataclass(frozen=True)
 class TrialRecord:
     """One trial: its dynamic-dim sizes, the input shapes fed, and how it went.
 
-    ``kind``: ``"example"`` (the example inputs), ``"values"`` (new values at the export shape) or
-    ``"shape"`` (other sizes of the dynamic dims). ``status``: ``"passed"``, ``"failed"`` or
-    ``"skipped"`` (PyTorch eager cannot take these sizes; ``reason`` holds its error).
+    ``kind``: ``"example"`` (the example inputs), ``"values"`` (new values at the export shape),
+    ``"shape"`` (other sizes of the dynamic dims) or ``"apart"`` (dims the file names apart but
+    that every shape trial gives one size, at sizes of their own: `trial_shapes.apart_case`).
+    ``status``: ``"passed"``, ``"failed"`` or ``"skipped"`` (PyTorch eager cannot take these
+    sizes; ``reason`` holds its error).
     """
 
     trial: int
@@ -300,33 +307,57 @@ class _Trial:
 
 
 class _DeclaredCheck:
-    """Checks declared types once per distinct input shape (ORT backend only)."""
+    """Checks declared types once per distinct input shape and backend. Every backend: each is
+    a runtime the file is deployed on, and a file declaring a dim its kernels do not produce
+    passed on onnxruntime-native and reference when only "onnxruntime" was checked."""
 
     def __init__(self, proto: onnx.ModelProto, kernels: Any) -> None:
         self.declared = DeclaredTypes(proto)
         self.kernels = kernels
-        self.seen: set[tuple[tuple[str, tuple[int, ...]], ...]] = set()
-        self._session: Any = None
+        self.seen: set[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]]] = set()
+        self._augmented: onnx.ModelProto | None = None
+        self._sessions: dict[str, Any] = {}  # backend -> session of the augmented file
 
-    def run(self, trial: int, args: tuple[Any, ...], binding: InputBinding, outputs: dict[str, np.ndarray], input_shapes: dict[str, tuple[int, ...]]) -> list[TypeMismatch]:
-        key = tuple(sorted(input_shapes.items()))
+    def run(self, backend: str, trial: int, args: tuple[Any, ...], binding: InputBinding, outputs: dict[str, np.ndarray], input_shapes: dict[str, tuple[int, ...]]) -> list[TypeMismatch]:
+        key = (backend, tuple(sorted(input_shapes.items())))
         if key in self.seen:
             return []
         self.seen.add(key)
         values = outputs
-        if self.declared.extra_outputs:
-            augmented = self.declared.augmented()
-            if self._session is None:
-                self._session = _make_backend("onnxruntime", augmented, self.kernels)
-            values = dict(zip([o.name for o in augmented.graph.output], run_onnx(self._session, augmented, args, binding), strict=True))
-        return self.declared.check(trial, values, input_shapes)
+        if self.declared.extra_outputs:  # custom-node outputs: one more run of a file exposing them
+            if self._augmented is None:
+                self._augmented = self.declared.augmented()
+            augmented = self._augmented
+            if backend not in self._sessions:
+                self._sessions[backend] = _make_backend(backend, augmented, self.kernels)
+            values = dict(zip([o.name for o in augmented.graph.output], run_onnx(self._sessions[backend], augmented, args, binding), strict=True))
+        return [dataclasses.replace(m, backend=backend) for m in self.declared.check(trial, values, input_shapes)]
 
 
-def _trial_plan(trials: int, cases: list[dict[str, int]], sign_trial: bool = False) -> list[_Trial]:
+def _trial_plan(trials: int, cases: list[dict[str, int]], sign_trial: bool = False, apart: ApartCase | None = None) -> list[_Trial]:
     plan = [_Trial(t, "example" if t == 0 else "values", {}) for t in range(trials)]
     if sign_trial:
         plan.append(_Trial(trials, "values", {}, optional=True))
-    return plan + [_Trial(len(plan) + i, "shape", case) for i, case in enumerate(cases)]
+    plan += [_Trial(len(plan) + i, "shape", case) for i, case in enumerate(cases)]
+    if apart is not None and apart.sizes not in cases:
+        plan.append(_Trial(len(plan), "apart", apart.sizes))
+    return plan
+
+
+def _run_failure(backend: str, trial: _Trial, input_shapes: Mapping[str, tuple[int, ...]], exc: Exception) -> str:
+    """A backend's failure to run a trial, naming the trial's sizes and input shapes."""
+    shape = f" at {describe_sizes(trial.sizes)}" if trial.kind in OTHER_SIZES else ""
+    inputs = ", ".join(f"{n}{list(s)}" for n, s in input_shapes.items())
+    return f"Backend {backend!r} failed to run the ONNX model on trial {trial.index}{shape} ({inputs}): {type(exc).__name__}: {exc}"
+
+
+def _apart_note(apart: ApartCase, plan: DimPlan, trial: int) -> str:
+    """Said when eager refuses the apart trial: the file and the model disagree about the dims."""
+    return (
+        f"the file names {apart.describe_groups(plan)} apart, so a deployment may feed them different "
+        f"sizes, but the model refused different sizes (trial {trial} skipped). If they must agree, "
+        "give them one name (one Dim in dynamic_shapes, or a shape rule that ties them) so the file says so."
+    )
 
 
 def _one_signed_inputs(feeds: Mapping[str, torch.Tensor]) -> list[str]:
@@ -404,6 +435,7 @@ def _trial_args(trial: _Trial, args: tuple[Any, ...], plan: DimPlan, generator: 
         return args
     if trial.kind == "values":
         return input_generator(trial.index, args) if input_generator else _random_like(args, generator)
+    # "shape", "apart"
     resized = resize_inputs(args, trial.sizes, plan, generator)
     return input_generator(trial.index, resized) if input_generator else resized
 
@@ -457,8 +489,10 @@ def verify(
     file's ``onnx_custom.dynamic_dims`` metadata). A size PyTorch eager rejects is reported as
     skipped; one ONNX Runtime fails on or disagrees at fails verification, naming the shape.
 
-    Every ONNX Runtime run also checks the file's declared output types (graph outputs, and
-    custom-node outputs with a ``value_info``) against the returned arrays. Inputs are matched to
+    Every backend's run also checks the file's declared output types (graph outputs, and
+    custom-node outputs with a ``value_info``) against the returned arrays. A Python kernel
+    failing (`KernelRunError`) at the example's shape raises; at other sizes it fails that trial,
+    naming its shapes (the `VerificationError` chains it). Inputs are matched to
     the file's inputs by ``forward``'s parameter names (else by position); arguments the exporter
     pruned are listed in ``report.pruned_inputs``. Initializers that differ from the model's
     parameters/buffers give an `InitializerMismatchWarning` and a report line.
@@ -492,6 +526,7 @@ def verify(
     binding = bind_inputs(proto, args, model)  # fails on inputs that cannot fit before running anything
     plan = plan_dims(proto, binding, args, model=model, dynamic_shapes=dynamic_shapes)
     cases = default_cases(plan) if shapes is None else resolve_cases(shapes, plan)
+    apart = apart_case(plan) if shapes is None else None  # explicit shapes= replace every default trial
     mismatched_weights = compare_initializers(model, proto)
     sessions: dict[str, Any] = {name: _make_backend(name, proto, kernels) for name in backends}
     declared = _DeclaredCheck(proto, kernels)
@@ -509,12 +544,13 @@ def verify(
     one_signed = _one_signed_inputs(binding.feeds(tensor_inputs(args))) if trials == 1 and shapes is None and not cases and input_generator is None else []
     if one_signed:
         report.notes.append(_sign_note(one_signed, trials))
-    schedule = _trial_plan(trials, cases, sign_trial=bool(one_signed))
+    schedule = _trial_plan(trials, cases, sign_trial=bool(one_signed), apart=apart)
     written_noted = False
+    kernel_error: KernelRunError | None = None  # the first one at other sizes: the VerificationError's cause
     for trial in schedule:
         sizes = trial.sizes or export_sizes
         if progress is not None:
-            where = f" ({describe_sizes(trial.sizes)})" if trial.kind == "shape" else ""
+            where = f" ({describe_sizes(trial.sizes)})" if trial.kind in OTHER_SIZES else ""
             progress(f"verify: trial {trial.index + 1}/{len(schedule)}{where}")
         trial_args = _trial_args(trial, args, plan, generator, input_generator)
         input_shapes = {n: tuple(t.shape) for n, t in binding.feeds(tensor_inputs(trial_args)).items()}
@@ -524,11 +560,13 @@ def verify(
             with torch.no_grad():
                 expected = model(*eager_args)
         except Exception as exc:
-            if trial.kind != "shape" and not trial.optional:
+            if trial.kind not in OTHER_SIZES and not trial.optional:
                 raise VerificationError(f"The PyTorch model raised in eager mode on trial {trial.index}: {type(exc).__name__}: {exc}") from exc
             taken = "N(0, 1) values" if trial.optional else describe_sizes(trial.sizes)
             reason = f"the model cannot take {taken}: {_first_line(exc)}"
             report.shapes_tried.append(TrialRecord(**record, status="skipped", reason=reason))  # type: ignore[arg-type]
+            if trial.kind == "apart" and apart is not None:
+                report.notes.append(_apart_note(apart, plan, trial.index))
             continue
         written = [] if written_noted else _written_inputs(binding.leaf_names, eager_args)
         if written:
@@ -555,14 +593,21 @@ def verify(
                 if session is None:  # dropped before an earlier trial's localization
                     session = sessions[backend] = _make_backend(backend, proto, kernels)
                 actual = run_onnx(session, proto, tuple(trial_args), binding)
-                mismatches = declared.run(trial.index, tuple(trial_args), binding, dict(zip(onnx_names, actual, strict=True)), input_shapes) if backend == "onnxruntime" else []
+                mismatches = declared.run(backend, trial.index, tuple(trial_args), binding, dict(zip(onnx_names, actual, strict=True)), input_shapes)
                 if backend == "onnxruntime":
                     ort_outputs = list(actual)
+            except KernelRunError as exc:
+                if trial.kind not in OTHER_SIZES:
+                    raise  # at the example's shape: the kernel's own typed error, as always
+                # at other sizes: a failing trial like any other (raise_on_mismatch=False gets the
+                # report), named by its shapes, which the kernel's message cannot know
+                kernel_error = kernel_error or exc
+                problems.append(_run_failure(backend, trial, input_shapes, exc))
+                continue
             except OnnxCustomError:
                 raise
             except Exception as exc:
-                shape = f" at {describe_sizes(trial.sizes)}" if trial.kind == "shape" else ""
-                problems.append(f"Backend {backend!r} failed to run the ONNX model on trial {trial.index}{shape}: {type(exc).__name__}: {exc}")
+                problems.append(_run_failure(backend, trial, input_shapes, exc))
                 continue
             if mismatches:
                 report.type_mismatches += mismatches
@@ -591,5 +636,5 @@ def verify(
     if training:
         report.notes.append(training)
     if raise_on_mismatch and not report.passed:
-        raise VerificationError(str(report), report)
+        raise VerificationError(str(report), report) from kernel_error
     return report
