@@ -40,8 +40,9 @@ from onnx_custom.verification.runner import (
     load_model,
     make_reference,
     make_session,
-    plain_session,
+    release_session,
     run_onnx,
+    shared_session,
     tensor_inputs,
 )
 from onnx_custom.verification.trial_shapes import (
@@ -252,10 +253,10 @@ def _random_like(example: tuple[Any, ...], generator: torch.Generator) -> tuple[
 def _make_backend(name: str, proto: onnx.ModelProto, kernels: Any = None) -> Any:
     try:
         if name == BODIES_BACKEND:
-            return plain_session(proto)
+            return shared_session(proto, plain=True)
         if name == NATIVE_BACKEND:
             return make_session(proto, "native")
-        return make_session(proto, kernels) if name == "onnxruntime" else make_reference(proto, kernels)
+        return shared_session(proto, kernels) if name == "onnxruntime" else make_reference(proto, kernels)
     except OnnxCustomError:
         raise
     except Exception as exc:
@@ -625,7 +626,9 @@ def verify(
             if progress is not None:
                 progress(f"verify: localizing the mismatch of trial {trial.index}")
             # ORT's session for the whole file goes (weights, arena) before localize's segments
-            # run: it is made again if a later trial needs it.
+            # run, also from the shared sessions: it is made again if a later trial needs it.
+            for dropped in sessions.values():
+                release_session(dropped)
             sessions = dict.fromkeys(sessions)
             report.localization = _localize_safely(
                 model, tuple(trial_args), proto, trial.index, exporter=exporter, opset=opset, registry=registry, rtol=rtol, atol=atol,
