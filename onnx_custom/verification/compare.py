@@ -211,27 +211,24 @@ def compare_arrays(
     atol: float | None = None,
     backend: str = "onnxruntime",
     keep_diffs: bool = True,
-    reference: ReferencePoint | None = None,
+    reference: ReferencePoint | Callable[[], ReferencePoint | None] | None = None,
 ) -> OutputComparison:
     """Compare one output. NaN/Inf must sit at the same positions; ints/bools compare exactly.
 
     ``keep_diffs=False`` leaves ``abs_diffs`` empty (None): for callers that never draw a
     histogram, so no copy of the tensors is kept. ``reference``: for a float16/bfloat16 output
-    with default tolerances, its float32 reference; each element may then also differ by
-    `HALF_BUDGET` times its own budget (``spread + |expected - reference|``). Without one, the
-    default atol is raised to one ulp of max|expected| (a coarser bound, kept for callers that
-    have no model to run in float32).
+    with default tolerances, its float32 reference (or a function making it, called only when
+    some element is outside torch.testing's default); each element may then also differ by
+    `HALF_BUDGET` times its own budget (``spread + |expected - reference|``). Without one (or if
+    the function returns None), the default atol is raised to one ulp of max|expected| (a coarser
+    bound, kept for callers that have no model to run in float32).
     """
     exp = expected.detach().cpu()
     act = to_tensor(actual)
     r, a, source = tolerances(exp.dtype, rtol, atol)
-    budget: torch.Tensor | None = None
-    if rtol is None and atol is None and exp.dtype in _HALF:
-        if reference is not None and tuple(reference.value.shape) == tuple(exp.shape):
-            budget = _half_budget(exp, reference)
-            source = f"{source}, plus {HALF_BUDGET:g} x each element's half-precision budget (float32 reference)"
-        else:
-            a, source = _half_atol(exp, a, source)
+    half_default = rtol is None and atol is None and exp.dtype in _HALF
+    if half_default and reference is None:
+        a, source = _half_atol(exp, a, source)
     common = dict(trial=trial, name=name, shape=tuple(exp.shape), dtype=str(exp.dtype).removeprefix("torch."), rtol=r, atol=a, tolerance_source=source, backend=backend)
     if tuple(act.shape) != tuple(exp.shape) or act.dtype != exp.dtype:
         why = f"shape {list(act.shape)} vs {list(exp.shape)}" if tuple(act.shape) != tuple(exp.shape) else f"dtype {act.dtype} vs {exp.dtype}"
@@ -239,27 +236,39 @@ def compare_arrays(
     total = exp.numel()
     if total == 0:
         return OutputComparison(max_abs_diff=0.0, max_rel_diff=0.0, mismatched=0, total=0, **common)  # type: ignore[arg-type]
-    diffs: np.ndarray | DiffsThunk | None
-    if exp.dtype == torch.bool or not (exp.is_floating_point() or exp.is_complex()):
-        stats = _exact_stats(exp, act)
-        diffs = (_zeros(total) if stats.mismatched == 0 else _exact_diffs(exp, act)) if keep_diffs else None
-    elif budget is not None:
-        stats, all_diffs = _general_float_stats(exp, act, r, a, budget)
-        diffs = all_diffs if keep_diffs else None
-    else:
-        fast = _float_stats(exp, act, r, a) if exp.is_floating_point() else None
-        if fast is not None:
-            stats = fast
-            # Failing outputs keep their differences now; passing ones compute them when a report asks.
-            diffs = (_finite_diffs(exp, act) if stats.mismatched else _guarded_diffs(exp, act, fast.checksum, name, trial)) if keep_diffs else None
+    stats, diffs = _stats(exp, act, r, a, None, keep_diffs, name, trial)
+    budget: torch.Tensor | None = None
+    if half_default and reference is not None and stats.mismatched > stats.nonfinite_mismatch:
+        # Some element is outside torch.testing's default: only now is the reference worth making.
+        point = reference() if callable(reference) else reference
+        if point is not None and tuple(point.value.shape) == tuple(exp.shape):
+            budget = _half_budget(exp, point)
+            source = f"{source}, plus {HALF_BUDGET:g} x each element's half-precision budget (float32 reference)"
         else:
-            stats, all_diffs = _general_float_stats(exp, act, r, a)
-            diffs = all_diffs if keep_diffs else None
+            a, source = _half_atol(exp, a, source)
+        common |= {"atol": a, "tolerance_source": source}
+        stats, diffs = _stats(exp, act, r, a, budget, keep_diffs, name, trial)
     worst = _worst_element(exp, act, r, a, budget) if stats.mismatched and exp.is_floating_point() else ""
     return OutputComparison(
         max_abs_diff=stats.max_abs_diff, max_rel_diff=stats.max_rel_diff, mismatched=stats.mismatched, total=total,
         nonfinite_mismatch=stats.nonfinite_mismatch, worst=worst, abs_diffs=diffs, **common,  # type: ignore[arg-type]
     )
+
+
+def _stats(
+    exp: torch.Tensor, act: torch.Tensor, r: float, a: float, budget: torch.Tensor | None, keep_diffs: bool, name: str, trial: int
+) -> tuple[_Stats, np.ndarray | DiffsThunk | None]:
+    """Statistics of a same-shape, same-dtype, non-empty pair, and its differences (kept or lazy)."""
+    total = exp.numel()
+    if exp.dtype == torch.bool or not (exp.is_floating_point() or exp.is_complex()):
+        stats = _exact_stats(exp, act)
+        return stats, (_zeros(total) if stats.mismatched == 0 else _exact_diffs(exp, act)) if keep_diffs else None
+    fast = _float_stats(exp, act, r, a) if exp.is_floating_point() and budget is None else None
+    if fast is None:
+        stats, all_diffs = _general_float_stats(exp, act, r, a, budget)
+        return stats, all_diffs if keep_diffs else None
+    # Failing outputs keep their differences now; passing ones compute them when a report asks.
+    return fast, (_finite_diffs(exp, act) if fast.mismatched else _guarded_diffs(exp, act, fast.checksum, name, trial)) if keep_diffs else None
 
 
 def _half_budget(exp: torch.Tensor, reference: ReferencePoint) -> torch.Tensor:

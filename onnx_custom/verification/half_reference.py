@@ -23,6 +23,7 @@ nothing feeding it is large fails, however large other elements are.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -94,18 +95,31 @@ class HalfReference:
 
     def for_trial(
         self, args: tuple[Any, ...], eager: list[tuple[str, Any]], notes: list[str]
-    ) -> list[ReferencePoint | None] | None:
-        """`outputs` for a verify trial: None when no output is half; a reason goes into
-        ``notes`` once (those outputs keep compare's coarser bound)."""
+    ) -> list[Callable[[], ReferencePoint | None] | None] | None:
+        """Per output, a function giving its `ReferencePoint` (None for outputs that are not
+        half; None overall when none is). The float32 runs happen on the first call, for every
+        output at once: compare calls it only when an element is outside torch.testing's
+        default. A reason the model cannot give one goes into ``notes`` once (those outputs keep
+        compare's coarser bound)."""
         if not any(_is_half(leaf) for _, leaf in eager):
             return None
-        found = self.outputs(args, eager)
-        if isinstance(found, str):
-            note = f"half-precision outputs compared without a float32 reference: {found}; atol is one ulp of max|expected| instead"
-            if note not in notes:
-                notes.append(note)
-            return None
-        return found
+        made: list[list[ReferencePoint | None]] = []
+
+        def point(index: int) -> ReferencePoint | None:
+            if not made:
+                found = self.outputs(args, eager)
+                if isinstance(found, str):
+                    note = f"half-precision outputs compared without a float32 reference: {found}; atol is one ulp of max|expected| instead"
+                    if note not in notes:
+                        notes.append(note)
+                    found = [None] * len(eager)
+                made.append(found)
+            return made[0][index]
+
+        return [
+            functools.partial(point, i) if _is_half(leaf) else None
+            for i, (_, leaf) in enumerate(eager)
+        ]
 
     def outputs(
         self, args: tuple[Any, ...], eager: list[tuple[str, Any]]

@@ -16,7 +16,14 @@ import pytest
 import torch
 
 import onnx_custom
-from onnx_custom.verification.compare import HALF_BUDGET, ReferencePoint, compare_arrays, to_numpy
+from onnx_custom.verification.compare import (
+    HALF_BUDGET,
+    ReferencePoint,
+    compare_arrays,
+    flatten_outputs,
+    to_numpy,
+)
+from onnx_custom.verification.half_reference import HalfReference
 from onnx_custom.verification.report import summary_text
 from onnx_custom.verification.verifier import verify
 
@@ -121,7 +128,7 @@ def test_right_half_files_pass(half: str, kind: str, shape: tuple[int, ...], exp
     proto = onnx_custom.export(model, (x,), exporter=exporter)
     report = verify(model, (x,), proto, raise_on_mismatch=False, shapes=())
     assert report.passed, str(report)
-    assert all("float32 reference" in c.tolerance_source for c in report.comparisons)
+    assert not any("1 ulp" in c.tolerance_source for c in report.comparisons)  # never the old bound
 
 
 class HalfOnly(torch.nn.Module):
@@ -139,13 +146,21 @@ class HalfOnly(torch.nn.Module):
 
 def test_a_model_that_cannot_run_in_float32_keeps_the_old_bound_and_says_so() -> None:
     model = HalfOnly().eval()
-    x = _x(torch.float16, 3, 8)
+    x = _x(torch.float16, 64, 8)
     report = verify(model, (x,), onnx_custom.export(model, (x,)), shapes=())
     assert report.passed
-    assert any(
-        "without a float32 reference" in n and "cannot run in float32" in n for n in report.notes
+    widened = [c for c in report.comparisons if "1 ulp of max|expected|" in c.tolerance_source]
+    noted = [
+        n
+        for n in report.notes
+        if "without a float32 reference" in n and "cannot run in float32" in n
+    ]
+    assert bool(widened) == bool(noted)  # the old bound only where it was needed, and said so
+    points = HalfReference(model, flatten_outputs).for_trial(
+        (x,), [("output", model(x))], notes := []
     )
-    assert all("1 ulp of max|expected|" in c.tolerance_source for c in report.comparisons)
+    assert points is not None and points[0] is not None and points[0]() is None
+    assert len(notes) == 1 and "cannot run in float32 (RuntimeError" in notes[0]
 
 
 @pytest.mark.parametrize("half", HALVES)
@@ -177,3 +192,22 @@ def test_compare_budget_is_per_element(half: str) -> None:
     assert (
         explicit.mismatched == 2 and "user override" in explicit.tolerance_source
     )  # a user's tolerances stay as given
+
+
+@pytest.mark.parametrize("half", HALVES)
+def test_the_reference_is_made_only_when_an_element_needs_it(half: str) -> None:
+    dtype = HALVES[half]
+    expected = torch.tensor([1000.0, 0.001], dtype=dtype)
+    calls: list[int] = []
+
+    def make() -> ReferencePoint | None:
+        calls.append(1)
+        return None  # a model that cannot run in float32: the old bound
+
+    within = compare_arrays(expected, to_numpy(expected), name="y", trial=0, reference=make)
+    assert (
+        within.passed and not calls and within.tolerance_source.startswith("torch.testing default")
+    )
+    off = to_numpy(torch.tensor([1000.0, 0.002], dtype=dtype))
+    legacy = compare_arrays(expected, off, name="y", trial=0, reference=make)
+    assert calls == [1] and legacy.passed and "1 ulp of max|expected|" in legacy.tolerance_source
