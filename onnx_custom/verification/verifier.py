@@ -27,6 +27,7 @@ from onnx_custom.verification.compare import (
     flatten_outputs,
 )
 from onnx_custom.verification.declared import DeclaredTypes, TypeMismatch
+from onnx_custom.verification.half_reference import HalfReference
 from onnx_custom.verification.initializers import (
     InitializerMismatch,
     InitializerMismatchWarning,
@@ -159,6 +160,8 @@ class VerificationReport:
                 f"{c.trial:>5} {c.backend:<12} {c.name[:24]:<24} {str(list(c.shape))[:18]:<18} {c.dtype:<9} "
                 f"{c.max_abs_diff:>10.3g} {c.max_rel_diff:>10.3g} {mism:>16} {c.rtol:>8.2g} {c.atol:>8.2g}  {c.tolerance_source}"
             )
+            if c.worst:
+                rows.append(f"{'':>5} worst {c.worst}")
         return "\n".join(rows)
 
     def findings(self) -> list[str]:
@@ -548,6 +551,8 @@ def verify(
     schedule = _trial_plan(trials, cases, sign_trial=bool(one_signed), apart=apart)
     written_noted = False
     kernel_error: KernelRunError | None = None  # the first one at other sizes: the VerificationError's cause
+    # half outputs at default tolerances get a per-element budget from the model in float32
+    half = HalfReference(model, flatten_outputs) if rtol is None and atol is None else None
     for trial in schedule:
         sizes = trial.sizes or export_sizes
         if progress is not None:
@@ -586,6 +591,7 @@ def verify(
                 f"({[n for n, _ in flat]}) but the ONNX model has {len(onnx_names)} output(s) "
                 f"({onnx_names}). Was the file exported from this model?"
             )
+        references = half.for_trial(trial_args, flat, report.notes) if half is not None else None
         problems: list[str] = []
         compared_bad = False
         ort_outputs: list[Any] | None = None  # handed to localize, which then need not run the file again
@@ -613,8 +619,9 @@ def verify(
             if mismatches:
                 report.type_mismatches += mismatches
                 problems.append(f"{len(mismatches)} declared type(s) contradicted: {', '.join(repr(m.value) for m in mismatches)}")
-            for (path, exp), act, onnx_name in zip(flat, actual, onnx_names, strict=True):
-                comparison = compare_arrays(exp, act, name=f"{path}={onnx_name}", trial=trial.index, rtol=rtol, atol=atol, backend=backend)
+            for i, ((path, exp), act, onnx_name) in enumerate(zip(flat, actual, onnx_names, strict=True)):
+                reference = references[i] if references else None
+                comparison = compare_arrays(exp, act, name=f"{path}={onnx_name}", trial=trial.index, rtol=rtol, atol=atol, backend=backend, reference=reference)
                 compared_bad |= not comparison.passed
                 report.comparisons.append(comparison)
         if compared_bad:
