@@ -251,24 +251,61 @@ class _TorchStyleType:
     def kind(self) -> str:
         return "TensorType"
 
+    # `out.setType(x.type().with_sizes(...))` / `.with_dtype(...)` (mmcv's symbolics): setType
+    # is a no-op here (custom nodes are typed from the fake kernel), so these only need to exist
+    def with_sizes(self, _sizes: Any) -> _TorchStyleType:
+        return self
+
+    def with_dtype(self, _dtype: Any) -> _TorchStyleType:
+        return self
+
     def __repr__(self) -> str:
         return f"Tensor({self.dtype()}, {self.varyingSizes()})"
 
 
 class _TorchStyleNode:
-    """What ``value.node()`` answers under dynamo: what torch's helpers ask of a non-constant
-    graph value (``kind()``, ``mustBeNone()``); any other TorchScript IR is a SymbolicError."""
+    """What ``value.node()`` answers under dynamo: what torch's helpers ask of a graph value.
+    A Constant node's output is an ``onnx::Constant`` whose ``t("value")`` is its tensor, as in
+    TorchScript: torch's own symbolics (``opset9.select`` under ``_size_helper``, ``squeeze``)
+    read such constants with ``_get_const``/``_maybe_get_scalar`` and fail on anything else. Any
+    other value is not a constant; other TorchScript IR is a SymbolicError."""
 
     __slots__ = ("_owner",)
 
     def __init__(self, owner: TorchStyleValue) -> None:
         self._owner = owner
 
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return torch._C.Node  # `_node_get` asserts isinstance(node, _C.Node) before reading t()
+
+    def _constant(self) -> torch.Tensor | None:
+        builder, value = self._owner._builder, self._owner.value
+        if not builder._is_constant(value):
+            return None  # an initializer (buffer, parameter) is a graph input in TorchScript
+        array = builder.constant_value(value)
+        return None if array is None else torch.from_numpy(np.array(array))
+
     def kind(self) -> str:
-        return "onnx_custom::Value"  # neither onnx::Constant nor prim::Constant: not a constant
+        # neither onnx::Constant nor prim::Constant: not a constant to torch's helpers
+        return "onnx_custom::Value" if self._constant() is None else "onnx::Constant"
+
+    def kindOf(self, name: str) -> str:
+        if name == "value" and self._constant() is not None:
+            return "t"
+        raise self._owner.node_error()
+
+    def t(self, name: str) -> torch.Tensor:
+        tensor = self._constant() if name == "value" else None
+        if tensor is None:
+            raise self._owner.node_error()
+        return tensor
 
     def mustBeNone(self) -> bool:
         return False
+
+    def sourceRange(self) -> str:
+        return ""  # torch's SymbolicValueError reads it to build its message: keep that message
 
     def __getattr__(self, name: str) -> Any:
         raise self._owner.node_error()
@@ -347,6 +384,10 @@ class _ListConstructNode:
 
     def __init__(self, owner: TorchStyleList) -> None:
         self._owner = owner
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return torch._C.Node
 
     def kind(self) -> str:
         return "prim::ListConstruct"
@@ -437,6 +478,16 @@ class TorchStyleGraph:
                 f"{self._builder.target}: g.op({opname!r}) adds a TorchScript {node_type.split('::')[0]} "
                 "node, which is not ONNX (the dynamo exporter has none, and ONNX Runtime cannot run "
                 "it). Fix: build the computation from ONNX ops, or a custom-domain node with a kernel."
+            )
+        if node_type in ("If", "Loop") and not any(k.split("_")[0] in ("then", "else", "body") for k in kwargs):
+            raise SymbolicError(
+                f"{self._builder.target}: g.op({opname!r}) without its subgraph attributes: torch's "
+                "helpers add the branches afterwards as TorchScript blocks "
+                "(jit_utils.add_op_with_blocks; torch's own symbolic_opset11.squeeze does so for a "
+                "dim whose size is not known at export), which a translation here cannot build. "
+                "Fix: avoid the control flow (e.g. g.op('Squeeze', x, axes) when the dim is known "
+                "to be 1, or compute the condition with Where), or export this op with "
+                "exporter='torchscript' and torch.onnx's own registration."
             )
         attrs = {}
         for key, value in kwargs.items():

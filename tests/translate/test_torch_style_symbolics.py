@@ -621,3 +621,76 @@ def test_a_tensor_list_argument_refuses_other_torchscript_ir_by_name(tmp_path: P
     local.symbolic("tstyle::weighted_sum", opset=13, replace=True)(reads_ir)
     with pytest.raises(onnx_custom.SymbolicError, match=r"node\(\)\.output\(\) on a Tensor\[\] argument.*_unpack_list"):
         onnx_custom.export(WeightedSum(False), _three(2), tmp_path / "m.onnx", exporter="dynamo", registry=local)
+
+
+# -- torch's own helpers and symbolics called from a user's symbolic, under both exporters -------
+
+@torch.library.custom_op("tstyle::gated", mutates_args=())
+def gated(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.sigmoid(x) * y
+
+
+@gated.register_fake
+def _(x, y):  # type: ignore[no-untyped-def]
+    return torch.empty_like(x)
+
+
+def _gated_with_sizes(g, x, y):  # type: ignore[no-untyped-def]
+    out = g.op("Mul", g.op("Sigmoid", x), y)
+    out.setType(x.type().with_sizes(symbolic_helper._get_tensor_sizes(x)).with_dtype(torch.float32))  # mmcv's idiom
+    return out
+
+
+def _gated_size_helper(g, x, y):  # type: ignore[no-untyped-def]
+    # _size_helper -> opset9.select reads the index Constant back with _get_const: under dynamo a
+    # Constant built by g.op must answer as torch's onnx::Constant node
+    rows = symbolic_helper._size_helper(g, x, g.op("Constant", value_t=torch.tensor(0)))
+    shape = g.op("Concat", symbolic_helper._unsqueeze_helper(g, rows, [0]), g.op("Constant", value_t=torch.tensor([-1])), axis_i=0)
+    return g.op("Mul", g.op("Sigmoid", symbolic_helper._reshape_helper(g, x, shape)), y)
+
+
+def _gated_get_const(g, x, y):  # type: ignore[no-untyped-def]
+    half = g.op("Constant", value_t=torch.tensor(0.5))
+    assert symbolic_helper._is_constant(half) and symbolic_helper._get_const(half, "f", "half") == 0.5
+    assert not symbolic_helper._is_constant(x)
+    scale = g.op("Constant", value_t=torch.tensor(symbolic_helper._get_const(half, "f", "half") * 2))
+    return g.op("Mul", g.op("Sigmoid", x), g.op("Mul", y, scale))
+
+
+def _gated_torch_symbolics(g, x, y):  # type: ignore[no-untyped-def]
+    # torch's own symbolics called from a user's: opset11.squeeze builds an If unless it knows
+    # the squeezed dim is 1, so the Unsqueeze before it must get its output shape under dynamo too
+    from torch.onnx import symbolic_opset9, symbolic_opset11
+
+    y = symbolic_opset11.squeeze(g, symbolic_opset11.unsqueeze(g, y, 0), 0)
+    x = symbolic_opset9.transpose(g, symbolic_opset9.transpose(g, x, 0, 1), 0, 1)
+    return symbolic_opset9.mul(g, symbolic_opset9.sigmoid(g, x), y)
+
+
+class Gated(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.ops.tstyle.gated(x, y)
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+@pytest.mark.parametrize("symbolic", [_gated_with_sizes, _gated_size_helper, _gated_get_const, _gated_torch_symbolics], ids=lambda f: f.__name__.removeprefix("_gated_"))
+def test_torch_helpers_work_on_our_values(symbolic: Callable[..., Any], exporter: str, tmp_path: Path) -> None:
+    local = registry.copy()
+    onnx_custom.register_custom_op_symbolic("tstyle::gated", symbolic, 13, registry=local)
+    path, args = tmp_path / "m.onnx", (torch.randn(3, 5), torch.randn(3, 5))
+    onnx_custom.export(Gated(), args, path, exporter=exporter, registry=local, dynamic_shapes={"x": {0: "n"}, "y": {0: "n"}})
+    report = onnx_custom.verify(Gated(), args, path)
+    assert report.passed and any(t.kind == "shape" and t.status == "passed" for t in report.shapes_tried)
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_torch_control_flow_helpers_are_refused_with_the_fix(exporter: str, tmp_path: Path) -> None:
+    from torch.onnx._internal.torchscript_exporter import jit_utils
+
+    def branches(g, x, y):  # type: ignore[no-untyped-def]
+        jit_utils.add_op_with_blocks(g, "If", g.op("Constant", value_t=torch.tensor(True)), n_blocks=2)
+
+    local = registry.copy()
+    onnx_custom.register_custom_op_symbolic("tstyle::gated", branches, 13, registry=local)
+    with pytest.raises(onnx_custom.SymbolicError, match=r"g.op\('If'\) without its subgraph.*add_op_with_blocks.*Fix:"):
+        onnx_custom.export(Gated(), (torch.randn(2, 3), torch.randn(2, 3)), tmp_path / "m.onnx", exporter=exporter, registry=local)
