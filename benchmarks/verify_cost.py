@@ -4,8 +4,15 @@ Rows (paired: contender and baseline alternate round by round in one process; me
 
 - ``compare_arrays`` / ``torch.isclose(...).all()`` on the same 1x64x56x56 float32 pair.
 - ``verify(trials=3)`` / 3 x (eager forward + ONNX Runtime run) of a small DCN ResNet with N
-  deformable residual blocks (``models/deform_conv.py``'s ``DeformBlock``), N = 2 and 32. The
-  baseline session is made once outside the timing; verify makes its own (its share is printed).
+  deformable residual blocks (``models/deform_conv.py``'s ``DeformBlock``), N = 2 and 32. Like
+  with like: both sides run eager and ORT three times at the export shape (verify's trials: the
+  example, then two N(0, 1) draws; no sign trial, which only ``trials=1`` adds for one-signed
+  examples, and no size trials: the file's shapes are static; the row checks both). The
+  baseline's inputs are drawn and its session made once, outside the timing; verify draws its
+  two inputs, copies them for eager, checks the weights and compares inside it. Its ORT session
+  is shared across calls on the same file (``onnx_custom.runtime.session_cache``), made by the
+  warm-up call as the baseline's is; the "cold" line empties that cache before every call (a
+  session per call: one verify of a file seen once).
 - ``verify(localize=True)`` / plain ``verify`` on a file whose DeformConv translation drops the
   modulation mask (every block diverges; the first is the origin), N = 8, 32, 128: localize
   must grow linearly with the nodes. Two contenders, interleaved with the baseline: the file
@@ -41,6 +48,7 @@ from torch import nn
 import onnx_custom
 from onnx_custom.exporter import program_cache
 from onnx_custom.models.deform_conv import DeformBlock
+from onnx_custom.runtime.session_cache import clear_session_cache
 from onnx_custom.verification.compare import compare_arrays
 from onnx_custom.verification.runner import make_session
 
@@ -155,26 +163,38 @@ def verify_rows(blocks: int, exporter: str, rounds: int) -> float:
                 model(x)
             session.run(None, {name: x.numpy()})
 
-    def verify() -> None:
+    args = example()  # drawn once, as the baseline's inputs are
+
+    def verify() -> onnx_custom.VerificationReport:
         # 32 deformable blocks drift by ~1e-3 relative (bilinear sampling is discontinuous where a
         # sample crosses a pixel edge), so deep rows use deep-network tolerances; the cost is the same.
-        onnx_custom.verify(model, example(), proto, trials=3, rtol=1e-3, atol=1e-3)
+        return onnx_custom.verify(model, args, proto, trials=3, rtol=1e-3, atol=1e-3)
 
-    verify()  # warm: the kernel host, the dispatcher, ORT's first-run allocations
-    mine, base = paired(verify, plain, rounds)
+    def cold() -> None:
+        clear_session_cache()
+        verify()
+
+    report = verify()  # warm: the kernel host, the dispatcher, ORT's first-run allocations
+    kinds = [r.kind for r in report.shapes_tried]
+    assert kinds == ["example", "values", "values"], f"verify ran {kinds}: not the baseline's 3 runs"
+    mine, mine_cold, base = interleaved([verify, cold, plain], rounds)
     ratio = _row(f"verify(trials=3) / 3x(eager+ORT), N={blocks}", mine, base, 1.10)
+    _row("    cold: a new ORT session per call", mine_cold, base, 1.10)
     session_s = statistics.median(timed(lambda: make_session(proto)) for _ in range(rounds))
     with torch.no_grad():
         out = model(inputs[0])
     (ort_out,) = session.run(None, {name: inputs[0].numpy()})
     compare_s = statistics.median(timed(lambda: compare_arrays(out, ort_out, name="y", trial=0)) for _ in range(rounds * 5))
-    # verify's new session gets its memory (arena, weights, the worker thread's buffers) fresh
-    # from the OS when the allocator gave the previous one back: first-touch page faults the
-    # baseline's warm session never takes; how many depends on malloc's trimming (bimodal).
-    extra_faults = max(0, minor_faults(verify, rounds) - minor_faults(plain, rounds))
-    faults_s = extra_faults * page_fault_seconds()
-    print(f"    of which: session creation {session_s * 1e3:.1f} ms, 3 compares {3 * compare_s * 1e3:.2f} ms, "
-          f"{extra_faults} more page faults {faults_s * 1e3:.1f} ms, rest {(mine - base - session_s - 3 * compare_s - faults_s) * 1e3:.1f} ms")  # fmt: skip
+    # Page faults the baseline's warm session never takes: a new session's memory (arena,
+    # weights, worker-thread buffers) comes fresh from the OS when malloc gave the last one back
+    # (bimodal), and verify's own fresh tensors (input draws, eager copies, outputs).
+    fault_s = page_fault_seconds()
+    base_faults = minor_faults(plain, rounds)
+    for label, fn, total in (("shared session", verify, mine), ("cold", cold, mine_cold)):
+        faults = max(0, minor_faults(fn, rounds) - base_faults)
+        made = session_s if fn is cold else 0.0
+        print(f"    of which ({label}): session creation {made * 1e3:.1f} ms, 3 compares {3 * compare_s * 1e3:.2f} ms, "
+              f"{faults} more page faults {faults * fault_s * 1e3:.1f} ms, rest {(total - base - made - 3 * compare_s - faults * fault_s) * 1e3:.1f} ms")  # fmt: skip
     return ratio
 
 

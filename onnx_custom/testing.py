@@ -11,8 +11,13 @@
   exported with every dim ``Dim.AUTO`` (the exporter keeps dynamic what the op's shape rule or
   fake kernel leaves free) and verified at each sample's size and, with ``trials > 1``, at other
   sizes of the file's dynamic dims (1, larger, twice; each dim alone when the op refuses them
-  all at once). Each case lists the shapes it ran at (``CheckCase.shapes``) and says which dims
-  did not vary and why (static in the file, refused by eager, ``trials=1``, ``dynamic=False``);
+  all at once), and once with the dims the file names apart (two inputs' dims the shape rule
+  leaves free, exported at one size) at different sizes of at least 2: the file tells a
+  deployment they may differ, so the kernel must agree with eager there; an op whose eager math
+  ties them (an elementwise op whose rule is ``like:x``) refuses that trial, which is noted, not
+  failed, and moves no dim alone. Each case lists the shapes it ran at (``CheckCase.shapes``)
+  and says which dims did not vary and why (static in the file, refused by eager, ``trials=1``,
+  ``dynamic=False``);
 * the custom node at every other declared floating dtype (the eager math and the kernel must
   both take every dtype the spec declares);
 * the function body (ONNX Runtime without our kernels) and the native kernel, when declared,
@@ -347,8 +352,11 @@ class _Checker:
         plan = None
         if dynamic and self.trials > 1:
             plan = _dim_plan(model, first, proto)
-            if any(r.status == "skipped" for r in records):
-                # the op refused every dim moved at once: move each dim alone
+            if any(r.status == "skipped" and r.kind != "apart" for r in records):
+                # the op refused every dim moved at once: move each dim alone. Not for a skipped
+                # apart trial: dims the file names apart but the op ties are said in a note, and
+                # the one-dim sizes (size 1 among them) would feed a kernel written for equal
+                # shapes the shapes eager broadcasts
                 records += verify(model, first.tensors, proto, trials=1, kernels=kernels, shapes=one_dim_cases(plan)).shapes_tried
         tried: dict[str, None] = {}
         for record in records:
@@ -374,9 +382,15 @@ class _Checker:
             for key, dim in plan.dims.items():
                 if any(r.status == "passed" and dict(r.sizes).get(key, dim.export_size) != dim.export_size for r in records):
                     continue
-                refused = [r.reason for r in records if r.status != "passed" and dict(r.sizes).get(key, dim.export_size) != dim.export_size]
+                refused = [r.reason for r in records if r.status != "passed" and r.kind != "apart" and dict(r.sizes).get(key, dim.export_size) != dim.export_size]
                 why = f": {refused[0]}" if refused else f" (range {dim.describe_range()})"
                 notes.append(f"dynamic dim {key} ({', '.join(dim.where)}) ran at its export size {dim.export_size} only{why}")
+        apart = next((r for r in records if r.kind == "apart" and r.status == "skipped"), None)
+        if apart is not None:
+            notes.append(
+                "the dims the file names apart were tried at different sizes, which eager refused: the op "
+                "ties dims its shape rule leaves free (a deployment may still feed them different sizes)"
+            )
         if self.trials == 1:
             notes.append(
                 "other sizes along the free dims were not drawn: trials=1 (inputs such as index "

@@ -12,7 +12,7 @@ import contextlib
 import contextvars
 import copy
 import inspect
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -126,6 +126,14 @@ class DynamoBuilder(GraphBuilder):
     def dtype(self, value: Any) -> torch.dtype | None:
         return self.dtype_of(value)
 
+    def _small_int_constant(self, value: Any) -> np.ndarray | None:
+        """A Constant node's int64 contents when small (axes, shapes, starts): what ONNX shape
+        inference needs to infer Unsqueeze/Reshape/Slice outputs, as TorchScript's does."""
+        if value.dtype != ir.DataType.INT64 or not self._is_constant(value):
+            return None
+        array = self.constant_value(value)
+        return array if array is not None and array.size <= 64 else None
+
     @staticmethod
     def dtype_of(value: Any) -> torch.dtype | None:
         dtype = getattr(value, "dtype", None)
@@ -159,7 +167,7 @@ class DynamoBuilder(GraphBuilder):
         )
         self.recorder.nodes.append(node)
         if not domain:
-            _infer_types(node, self.recorder.opset.version)
+            _infer_types(node, self.recorder.opset.version, self._small_int_constant)
         return list(node.outputs)
 
     def _set_type(self, value: Any, meta: OutputMeta, index: int | None = None) -> None:
@@ -178,15 +186,18 @@ class DynamoBuilder(GraphBuilder):
         return value
 
 
-def _infer_types(node: ir.Node, opset: int) -> None:
+def _infer_types(node: ir.Node, opset: int, int_constant: Callable[[ir.Value], np.ndarray | None]) -> None:
     """ONNX type inference for one standard node, so ``g.dtype``/``g.shape`` see its outputs
     (the TorchScript exporter infers each node as it is added; torch's dynamo exporter only
-    types the values a translation returns). Nothing is set when inference cannot tell."""
+    types the values a translation returns). Small int64 Constant inputs (axes, shapes) are
+    given as data, so Unsqueeze/Reshape/Slice get their output shapes too: torch's own helpers
+    branch on a dim's size (``symbolic_opset11.squeeze`` builds an If when it is unknown).
+    Nothing is set when inference cannot tell."""
     import onnx
 
     try:
         schema = onnx.defs.get_schema(node.op_type, opset, "")
-        types = {}
+        types, data = {}, {}
         names = []
         for index, value in enumerate(node.inputs):
             if value is None:
@@ -197,9 +208,12 @@ def _infer_types(node: ir.Node, opset: int) -> None:
             shape = None if value.shape is None else [d if isinstance(d, int) else d.value for d in value.shape]
             names.append(f"in{index}")
             types[names[-1]] = onnx.helper.make_tensor_type_proto(int(value.dtype), shape)
+            array = int_constant(value)
+            if array is not None:
+                data[names[-1]] = onnx.numpy_helper.from_array(np.asarray(array, dtype=np.int64), names[-1])
         proto = onnx.helper.make_node(node.op_type, names, [f"out{i}" for i in range(len(node.outputs))])
         proto.attribute.extend(ir.serde.serialize_attribute(a) for a in node.attributes.values())
-        inferred = onnx.shape_inference.infer_node_outputs(schema, proto, types)
+        inferred = onnx.shape_inference.infer_node_outputs(schema, proto, types, data or None)
     except Exception:  # an op or attribute inference does not handle: leave the outputs untyped
         return
     for index, value in enumerate(node.outputs):

@@ -13,16 +13,19 @@ the user's dim names, and `OutputMeta` spells it the same way for both exporters
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import sympy
 import torch
+from torch._library import custom_ops, simple_registry
 
 from onnx_custom.translate.builder import OutputMeta
 
-__all__ = ["DimNames", "Outputs", "TensorDesc", "flat_outputs", "layout", "name_of", "run_fake"]
+__all__ = ["DimNames", "Outputs", "TensorDesc", "cached_run_fake", "clear_fake_cache", "fake_fingerprint", "flat_outputs", "layout", "name_of", "run_fake"]
 
 _MIN_HINT = 2  # torch specializes sizes 0 and 1; a hint of 2 keeps the dim symbolic
 DEFAULT_HINT = 8
@@ -174,3 +177,108 @@ def flat_outputs(outputs: Outputs) -> list[TensorDesc]:
 def layout(outputs: Outputs) -> list[int | None]:
     """Per torch return: None for a tensor, the element count for a ``Tensor[]``."""
     return [len(r) if isinstance(r, list) else None for r in outputs]
+
+
+# -- fake outputs remembered across exports ----------------------------------------------------
+#
+# A symbolic fake run costs ~2 ms (a ShapeEnv, a FakeTensorMode, torch's dispatch), more than
+# the rest of a custom node's translation; the same model exported again asks the same
+# questions. Entries are keyed by the op's fake implementation as registered now
+# (`fake_fingerprint`: a re-registered fake kernel is another key), the argument types (scalars
+# keep their Python type: 1, 1.0 and True are equal dict keys) and the input dims with the
+# export's own symbols renamed by first appearance, plus the hints the fake run would use.
+
+_FAKE_CACHE_SIZE = 512
+_fake_cache: collections.OrderedDict[Hashable, Outputs | None] = collections.OrderedDict()
+_fake_lock = threading.Lock()
+
+
+def clear_fake_cache() -> None:
+    """Forget every remembered fake run (tests; a user who changed a fake kernel in place)."""
+    with _fake_lock:
+        _fake_cache.clear()
+
+
+def fake_fingerprint(fn: Any) -> Hashable:
+    """What, besides its arguments, decides ``fn``'s fake run: for an OpOverload its Python fake
+    kernel (``register_fake``'s newest registration), a custom_op's fake function and the
+    Python-dispatcher kernels; for an autograd.Function's ``apply`` the class's ``forward``.
+    The objects themselves, not their ids: a key holds them alive, so an id is never reused."""
+    if isinstance(fn, torch._ops.OpOverload):
+        qualname = fn._schema.name
+        kernel = simple_registry.singleton.find(qualname).fake_impl.kernel
+        opdef = custom_ops.OPDEFS.get(qualname)
+        return (fn, None if kernel is None else kernel.func, opdef, getattr(opdef, "_abstract_fn", None), tuple(fn.py_kernels.items()))
+    owner = getattr(fn, "__self__", None)
+    return (fn, getattr(owner, "forward", None))
+
+
+class _Canon:
+    """The export's root symbols renamed ``c0, c1, ...`` in order of first appearance."""
+
+    def __init__(self) -> None:
+        self.to_canon: dict[sympy.Symbol, sympy.Symbol] = {}
+
+    def dim(self, dim: int | sympy.Expr | None) -> Any:
+        if dim is None or isinstance(dim, int):
+            return dim
+        # sorted by name only inside one expression: an order that differs between exports
+        # costs a miss, never a wrong hit (the renaming is applied consistently within a key)
+        for root in sorted(dim.free_symbols, key=str):
+            if root not in self.to_canon:
+                self.to_canon[root] = sympy.Symbol(f"c{len(self.to_canon)}", integer=True, positive=True)  # type: ignore[index]
+        return dim.xreplace(self.to_canon)
+
+    def value(self, value: Any) -> Hashable:
+        if isinstance(value, TensorDesc):
+            return (TensorDesc, value.dtype, None if value.shape is None else tuple(self.dim(d) for d in value.shape))
+        if isinstance(value, (list, tuple)):
+            return (type(value), tuple(self.value(v) for v in value))
+        return (type(value), value)
+
+
+def _renamed(outputs: Outputs | None, mapping: Mapping[sympy.Symbol, sympy.Symbol]) -> Outputs | None:
+    if outputs is None or not mapping:
+        return outputs
+
+    def desc(d: TensorDesc) -> TensorDesc:
+        if d.shape is None:
+            return d
+        return TensorDesc(d.dtype, tuple(s.xreplace(mapping) if isinstance(s, sympy.Expr) else s for s in d.shape))
+
+    return [[desc(o) for o in r] if isinstance(r, list) else desc(r) for r in outputs]
+
+
+def cached_run_fake(fn: Callable[..., Any], args: Sequence[Any], dims: DimNames, *, agrees: Callable[[Outputs], bool] | None = None) -> Outputs | None:
+    """`run_fake` (no kwargs), remembered across exports in a bounded LRU (see above).
+
+    ``agrees(outputs)``: whether a remembered answer fits what this call knows for sure (under
+    TorchScript the traced node's dtypes, ranks and static sizes); when not, the fake kernel
+    changed in a way the fingerprint cannot see (it calls another op that was re-registered, a
+    global it reads): run again and replace the entry."""
+    canon = _Canon()
+    try:
+        frozen = tuple(canon.value(a) for a in args)
+        hints = tuple(dims.hint(root) for root in canon.to_canon)
+        key = (fake_fingerprint(fn), frozen, hints)
+        hash(key)
+    except TypeError:  # an argument that cannot be a dict key: just run
+        return run_fake(fn, args, {}, dims)
+    back = {c: root for root, c in canon.to_canon.items()}
+    with _fake_lock:
+        found = _fake_cache.get(key, _MISSING)
+        if found is not _MISSING:
+            _fake_cache.move_to_end(key)
+    if found is not _MISSING:
+        outputs = _renamed(found, back)
+        if outputs is None or agrees is None or agrees(outputs):
+            return outputs
+    result = run_fake(fn, args, {}, dims)
+    with _fake_lock:
+        _fake_cache[key] = _renamed(result, canon.to_canon)
+        while len(_fake_cache) > _FAKE_CACHE_SIZE:
+            _fake_cache.popitem(last=False)
+    return result
+
+
+_MISSING: Any = object()

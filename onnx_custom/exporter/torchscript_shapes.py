@@ -15,7 +15,7 @@ import contextlib
 import contextvars
 import dataclasses
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import onnx
@@ -24,7 +24,7 @@ import torch
 
 from onnx_custom.common.onnx_utils import ModelCensus
 from onnx_custom.exporter.dim_params import rename_dims, tensor_dims, value_infos
-from onnx_custom.exporter.output_meta import DimNames, Outputs, TensorDesc, run_fake
+from onnx_custom.exporter.output_meta import DimNames, Outputs, TensorDesc, cached_run_fake
 from onnx_custom.translate.builder import OutputMeta
 
 __all__ = ["TAG", "ExportDims", "TsDims", "export_dims", "name_derived_dims", "session", "ts_dims"]
@@ -56,7 +56,6 @@ class TsDims:
         self.tagging = ours and spec is not None  # never tag nodes in the user's own export
         self.next_tag = 0
         self.dims = DimNames()
-        self._fake: dict[Any, Outputs | None] = {}  # (op, inputs) -> its fake run's outputs
         self._exprs: dict[int, sympy.Expr] = {}  # fresh symbol id -> the expression it stands for
         self._ids: dict[sympy.Expr, int] = {}
         self._by_name: dict[str, int] = {}
@@ -109,17 +108,10 @@ class TsDims:
             self._by_name[dim] = _fresh()
         return self._by_name[dim]
 
-    def fake_outputs(self, fn: Any, args: Sequence[Any]) -> Outputs | None:
-        """`run_fake`, once per distinct (op, inputs) in an export: a symbolic fake run costs
-        milliseconds, and a model repeats its blocks."""
-        try:
-            key = (fn, _frozen(args))
-            hash(key)
-        except TypeError:  # an argument that cannot be a dict key: just run
-            return run_fake(fn, args, {}, self.dims)
-        if key not in self._fake:
-            self._fake[key] = run_fake(fn, args, {}, self.dims)
-        return self._fake[key]
+    def fake_outputs(self, fn: Any, args: Sequence[Any], agrees: Callable[[Outputs], bool] | None = None) -> Outputs | None:
+        """`run_fake` through `cached_run_fake`: a symbolic fake run costs milliseconds, a
+        model repeats its blocks and is exported again (``agrees``: see there)."""
+        return cached_run_fake(fn, args, self.dims, agrees=agrees)
 
     def describe(self, value: Any) -> TensorDesc:
         typ = value.type()
@@ -140,12 +132,6 @@ class TsDims:
         if meta.shape is not None:
             return typ.with_sizes([self.id_for_name(d) for d in meta.shape])
         return typ
-
-
-def _frozen(value: Any) -> Any:
-    if isinstance(value, (list, tuple)):
-        return tuple(_frozen(v) for v in value)
-    return value
 
 
 def _fresh() -> int:

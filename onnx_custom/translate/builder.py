@@ -12,7 +12,7 @@ import contextlib
 import contextvars
 import dataclasses
 import numbers
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,7 +26,7 @@ from onnx_custom.translate.names import parse_node_type
 from onnx_custom.translate.opset_upgrade import attributes_moved_to_inputs, split_outputs_attribute
 from onnx_custom.translate.standard_ops import check_standard_node
 from onnx_custom.translate.torch_errors import translation_error
-from onnx_custom.translate.type_check import NodeInput, check_node_types
+from onnx_custom.translate.type_check import NodeInput, check_node_types, half_precision_deferred
 
 __all__ = ["GraphBuilder", "NodeRecord", "OutputMeta", "call_translation", "numpy_dtype", "onnx_dtype", "record_nodes", "register_value_check"]
 
@@ -168,16 +168,11 @@ class GraphBuilder(abc.ABC):
             attrs = self._upgrade_attributes(where, op_type, converted, attrs, outputs)
         while converted and converted[-1] is None:  # trailing absent optional inputs are dropped
             converted.pop()
-        if not domain:
-            converted = self._promote(op_type, converted)
-            # A function body's attribute references (FunctionBuilder) are present at run time.
-            referenced = [ref.name for ref in getattr(self, "_pending_refs", ())]
-            attrs = check_standard_node(where, op_type, self.opset, len(converted), outputs, attrs, referenced)
-        self._nodes += 1
-        check_node_types(
-            self.target, f"the translation's node {self._nodes},", domain, op_type, self.opset,
-            [None if v is None else NodeInput(self.dtype(v), self._is_constant(v)) for v in converted],
-        )
+        if domain:
+            self._nodes += 1
+            self._check_types(domain, op_type, converted)
+        else:
+            converted, attrs = self._checked_standard(where, op_type, converted, attrs, outputs)
         if domain:
             self.custom_domains.add(domain)
         log = _recorder.get()
@@ -190,6 +185,51 @@ class GraphBuilder(abc.ABC):
             for index, (value, meta) in enumerate(zip(result, types, strict=True)):
                 self._set_type(value, meta, index if torch_types else None)
         return result[0] if outputs == 1 else tuple(result)
+
+    def _check_types(self, domain: str, op_type: str, inputs: list[Any]) -> None:
+        check_node_types(
+            self.target, f"the translation's node {self._nodes},", domain, op_type, self.opset,
+            [None if v is None else NodeInput(self.dtype(v), self._is_constant(v)) for v in inputs],
+        )
+
+    def _checked_standard(self, where: str, op_type: str, inputs: list[Any], attrs: list[AttrValue], outputs: int) -> tuple[list[Any], list[AttrValue]]:
+        """A standard node's inputs promoted (`_promote`) and checked against its schema
+        (`check_standard_node`, `check_node_types`). A signature whose checks passed with nothing
+        to change is remembered (`_PASSED`) and skips them next time: the verdicts are functions
+        of the key alone (the ONNX schemas are fixed in a process; the half-precision deferral is
+        part of the key). Failures are never remembered: a bad node raises every time."""
+        # A function body's attribute references (FunctionBuilder) are present at run time.
+        referenced = tuple(ref.name for ref in getattr(self, "_pending_refs", ()))
+        key = self._signature(op_type, inputs, attrs, outputs, referenced)
+        if key is not None and key in _PASSED:
+            self._nodes += 1
+            return inputs, attrs
+        promoted = self._promote(op_type, inputs)
+        checked = check_standard_node(where, op_type, self.opset, len(promoted), outputs, attrs, list(referenced))
+        self._nodes += 1
+        self._check_types("", op_type, promoted)
+        if key is not None and promoted is inputs and len(checked) == len(attrs) and all(a is b for a, b in zip(checked, attrs, strict=True)):
+            if len(_PASSED) >= _PASSED_LIMIT:
+                _PASSED.clear()
+            _PASSED.add(key)
+        return promoted, checked
+
+    def _signature(self, op_type: str, inputs: list[Any], attrs: list[AttrValue], outputs: int, referenced: tuple[str, ...]) -> Hashable | None:
+        """Everything the standard-node checks read: per input its dtype, whether it is a Constant
+        and a 0-d one (torch's promotion treats those as Python scalars); the attributes' names
+        and kinds (values matter only where a kind is widened, which is never remembered)."""
+        sig: list[tuple[torch.dtype, bool, bool] | None] = []
+        for value in inputs:
+            if value is None:
+                sig.append(None)
+                continue
+            dtype = self.dtype(value)
+            if dtype is None:
+                return None  # unknown dtypes are not checked: nothing worth remembering
+            constant = self._is_constant(value)
+            sig.append((dtype, constant, constant and self.shape(value) == ()))
+        kinds = tuple((a.name, a.kind) for a in attrs)
+        return (type(self), op_type, self.opset, outputs, kinds, referenced, tuple(sig), half_precision_deferred())
 
     def _promote(self, op_type: str, inputs: list[Any]) -> list[Any]:
         """Inputs of an op that promotes types (Add, Mul, Where, ...) converted to the dtype torch
@@ -391,19 +431,35 @@ class GraphBuilder(abc.ABC):
             log.append(NodeRecord(self.target, "", "Constant", (("value", "tensor", _freeze(array)),), 0, 1))
 
 
+_NUMPY_DTYPES: dict[torch.dtype, np.dtype] = {}  # torch dtype -> numpy's (one 0-d tensor each, once)
+
+
 def numpy_dtype(dtype: Any) -> np.dtype:
     if isinstance(dtype, torch.dtype):
-        if dtype == torch.bfloat16:
-            import ml_dtypes
-
-            return np.dtype(ml_dtypes.bfloat16)
-        return torch.empty((), dtype=dtype).numpy().dtype
+        known = _NUMPY_DTYPES.get(dtype)
+        if known is None:
+            known = _NUMPY_DTYPES[dtype] = _numpy_dtype_of(dtype)
+        return known
     return np.dtype(dtype)
+
+
+def _numpy_dtype_of(dtype: torch.dtype) -> np.dtype:
+    if dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return torch.empty((), dtype=dtype).numpy().dtype
 
 
 def onnx_dtype(dtype: Any) -> int:
     """The ``TensorProto`` element type of a torch or numpy dtype."""
     return onnx.helper.np_dtype_to_tensor_dtype(numpy_dtype(dtype))
+
+
+# Signatures of standard nodes whose checks passed with nothing to change (`_checked_standard`);
+# cleared when full (a model has a few dozen signatures).
+_PASSED: set[Hashable] = set()
+_PASSED_LIMIT = 4096
 
 
 # Target key ("onnx_custom::multi_scale_deformable_attn") -> checks run before any of its

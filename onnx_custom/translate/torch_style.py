@@ -14,7 +14,10 @@ torch's own helpers (``symbolic_helper._get_tensor_sizes``, ``_unsqueeze_helper`
 ``_slice_helper``, ...) work on them.
 
 Non-tensor arguments arrive as Python values (what ``parse_args`` or ``_get_const`` would make of
-them); ``Tensor[]`` arguments as a Python list; an absent ``Tensor?`` as None.
+them); an absent ``Tensor?`` as None. A ``Tensor[]`` argument is a `TorchStyleList`: a Python
+list of its values that also answers as torch's packed ``prim::ListConstruct`` value, so torch's
+own idiom ``symbolic_helper._unpack_list(tensors)`` (its ``cat``/``stack`` symbolics, the tutorials')
+works as well as iterating it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from onnx_custom.translate.scalar_types import scalar_type_index
 __all__ = [
     "TORCH_STYLE_MARK",
     "TorchStyleGraph",
+    "TorchStyleList",
     "TorchStyleValue",
     "binds_torch_style",
     "check_codes",
@@ -241,30 +245,67 @@ class _TorchStyleType:
 
     def isSubtypeOf(self, other: Any) -> bool:
         # a tensor: torch's helpers ask `x.type().isSubtypeOf(TensorType.get())` (and
-        # `ListType.ofTensors()` to tell a Tensor[] value, which our values never are)
+        # `ListType.ofTensors()` to tell a Tensor[] value: a `TorchStyleList`'s type answers that)
         return isinstance(other, torch._C.TensorType)
 
     def kind(self) -> str:
         return "TensorType"
+
+    # `out.setType(x.type().with_sizes(...))` / `.with_dtype(...)` (mmcv's symbolics): setType
+    # is a no-op here (custom nodes are typed from the fake kernel), so these only need to exist
+    def with_sizes(self, _sizes: Any) -> _TorchStyleType:
+        return self
+
+    def with_dtype(self, _dtype: Any) -> _TorchStyleType:
+        return self
 
     def __repr__(self) -> str:
         return f"Tensor({self.dtype()}, {self.varyingSizes()})"
 
 
 class _TorchStyleNode:
-    """What ``value.node()`` answers under dynamo: what torch's helpers ask of a non-constant
-    graph value (``kind()``, ``mustBeNone()``); any other TorchScript IR is a SymbolicError."""
+    """What ``value.node()`` answers under dynamo: what torch's helpers ask of a graph value.
+    A Constant node's output is an ``onnx::Constant`` whose ``t("value")`` is its tensor, as in
+    TorchScript: torch's own symbolics (``opset9.select`` under ``_size_helper``, ``squeeze``)
+    read such constants with ``_get_const``/``_maybe_get_scalar`` and fail on anything else. Any
+    other value is not a constant; other TorchScript IR is a SymbolicError."""
 
     __slots__ = ("_owner",)
 
     def __init__(self, owner: TorchStyleValue) -> None:
         self._owner = owner
 
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return torch._C.Node  # `_node_get` asserts isinstance(node, _C.Node) before reading t()
+
+    def _constant(self) -> torch.Tensor | None:
+        builder, value = self._owner._builder, self._owner.value
+        if not builder._is_constant(value):
+            return None  # an initializer (buffer, parameter) is a graph input in TorchScript
+        array = builder.constant_value(value)
+        return None if array is None else torch.from_numpy(np.array(array))
+
     def kind(self) -> str:
-        return "onnx_custom::Value"  # neither onnx::Constant nor prim::Constant: not a constant
+        # neither onnx::Constant nor prim::Constant: not a constant to torch's helpers
+        return "onnx_custom::Value" if self._constant() is None else "onnx::Constant"
+
+    def kindOf(self, name: str) -> str:
+        if name == "value" and self._constant() is not None:
+            return "t"
+        raise self._owner.node_error()
+
+    def t(self, name: str) -> torch.Tensor:
+        tensor = self._constant() if name == "value" else None
+        if tensor is None:
+            raise self._owner.node_error()
+        return tensor
 
     def mustBeNone(self) -> bool:
         return False
+
+    def sourceRange(self) -> str:
+        return ""  # torch's SymbolicValueError reads it to build its message: keep that message
 
     def __getattr__(self, name: str) -> Any:
         raise self._owner.node_error()
@@ -312,6 +353,88 @@ class TorchStyleValue:
         return f"TorchStyleValue({self.value!r})"
 
 
+class _TensorListType:
+    """What ``value.type()`` answers for a TorchScript ``Tensor[]`` value: torch's helpers test
+    ``isinstance(x.type(), ListType)`` (`_is_list`, `_is_tensor_list`) and its element type."""
+
+    __slots__ = ()
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return torch._C.ListType
+
+    def getElementType(self) -> Any:
+        return torch._C.TensorType.get()
+
+    def isSubtypeOf(self, other: Any) -> bool:
+        return isinstance(other, torch._C.ListType) and isinstance(other.getElementType(), torch._C.TensorType)
+
+    def kind(self) -> str:
+        return "ListType"
+
+    def __repr__(self) -> str:
+        return "Tensor[]"
+
+
+class _ListConstructNode:
+    """What ``value.node()`` answers for a `TorchStyleList`: the ``prim::ListConstruct`` that
+    torch's ``_unpack_list`` / ``_is_packed_list`` look for, with the list's values as inputs."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: TorchStyleList) -> None:
+        self._owner = owner
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return torch._C.Node
+
+    def kind(self) -> str:
+        return "prim::ListConstruct"
+
+    def inputs(self) -> list[Any]:
+        return list(self._owner)
+
+    def mustBeNone(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        raise self._owner.node_error(name)
+
+
+class TorchStyleList(list):  # type: ignore[type-arg]
+    """A ``Tensor[]`` argument, under both exporters. In torch's exporter it is one packed value
+    (``prim::ListConstruct``) that symbolics unpack with ``symbolic_helper._unpack_list``; a list
+    of values here would make that helper fail (``'list' object has no attribute 'node'``), so
+    this list also passes `_is_value` and answers ``node()``/``type()`` as that packed value."""
+
+    __slots__ = ("_target",)
+
+    def __init__(self, values: Sequence[Any], target: str) -> None:
+        super().__init__(values)
+        self._target = target
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return torch._C.Value  # isinstance(x, list) still holds: it reads type(x) first
+
+    def node(self) -> _ListConstructNode:
+        return _ListConstructNode(self)
+
+    def type(self) -> _TensorListType:
+        return _TensorListType()
+
+    def debugName(self) -> str:
+        return ""
+
+    def node_error(self, name: str) -> SymbolicError:
+        return SymbolicError(
+            f"{self._target}: a torch-style symbolic called node().{name}() on a Tensor[] "
+            "argument; only its kind() and inputs() (what symbolic_helper._unpack_list reads) "
+            "exist here. Fix: unpack it with symbolic_helper._unpack_list(x) or iterate it."
+        )
+
+
 class TorchStyleGraph:
     """Torch's ``GraphContext`` API (``g.op`` with ``_i/_f/_s/_t`` attribute suffixes,
     ``outputs=n``, ``Constant`` with ``value_t``, ``g.opset``) on top of our `GraphBuilder`."""
@@ -329,9 +452,10 @@ class TorchStyleGraph:
         return self._builder.exporter
 
     # -- values ------------------------------------------------------------------------------
-    def wrap(self, value: Any) -> Any:
+    def wrap(self, value: Any, type_text: str = "") -> Any:
         if isinstance(value, list):
-            return [self.wrap(v) for v in value]
+            values = [self.wrap(v) for v in value]
+            return TorchStyleList(values, self._builder.target) if _is_tensor_type(type_text) else values
         if self._wrap and value is not None and self._builder.is_value(value):
             return TorchStyleValue(self._builder, value)
         return value
@@ -354,6 +478,16 @@ class TorchStyleGraph:
                 f"{self._builder.target}: g.op({opname!r}) adds a TorchScript {node_type.split('::')[0]} "
                 "node, which is not ONNX (the dynamo exporter has none, and ONNX Runtime cannot run "
                 "it). Fix: build the computation from ONNX ops, or a custom-domain node with a kernel."
+            )
+        if node_type in ("If", "Loop") and not any(k.split("_")[0] in ("then", "else", "body") for k in kwargs):
+            raise SymbolicError(
+                f"{self._builder.target}: g.op({opname!r}) without its subgraph attributes: torch's "
+                "helpers add the branches afterwards as TorchScript blocks "
+                "(jit_utils.add_op_with_blocks; torch's own symbolic_opset11.squeeze does so for a "
+                "dim whose size is not known at export), which a translation here cannot build. "
+                "Fix: avoid the control flow (e.g. g.op('Squeeze', x, axes) when the dim is known "
+                "to be 1, or compute the condition with Where), or export this op with "
+                "exporter='torchscript' and torch.onnx's own registration."
             )
         attrs = {}
         for key, value in kwargs.items():
@@ -491,7 +625,8 @@ def torch_style_translation(fn: Callable[..., Any]) -> Callable[..., Any]:
                 "(any names), or defaults for trailing ones."
             )
         adapter = TorchStyleGraph(g)
-        return adapter.unwrap(fn(adapter, *(adapter.wrap(v) for v in values)))
+        wrapped = (adapter.wrap(v, t) for v, (_, t) in zip(values, arguments, strict=False))
+        return adapter.unwrap(fn(adapter, *wrapped))
 
     functools.update_wrapper(translate, fn)
     setattr(translate, TORCH_STYLE_MARK, fn)

@@ -31,7 +31,7 @@ import torch
 
 from onnx_custom.errors import SymbolicError
 
-__all__ = ["NodeInput", "check_node_types", "deferring_half_precision", "input_constant_dtype", "onnx_type_name"]
+__all__ = ["NodeInput", "check_node_types", "deferring_half_precision", "half_precision_deferred", "input_constant_dtype", "onnx_type_name"]
 
 _HALF = frozenset({"float16", "bfloat16"})
 _HALF_DEFERRED: contextvars.ContextVar[bool] = contextvars.ContextVar("onnx_custom_half_deferred", default=False)
@@ -46,6 +46,12 @@ def deferring_half_precision(enabled: bool = True) -> Iterator[None]:
         yield
     finally:
         _HALF_DEFERRED.reset(token)
+
+
+def half_precision_deferred() -> bool:
+    """Whether `check_node_types` is inside a `deferring_half_precision` block (its verdicts
+    depend on it: `GraphBuilder.op` keys the checks it remembers with it)."""
+    return _HALF_DEFERRED.get()
 
 _TORCH_TO_ONNX_NAME = {
     torch.float32: "float", torch.float64: "double", torch.float16: "float16", torch.bfloat16: "bfloat16",

@@ -24,7 +24,17 @@ from torch.testing._comparison import default_tolerances
 
 from onnx_custom.errors import InvalidArgumentError, OnnxCustomError
 
-__all__ = ["OutputComparison", "check_tolerances", "compare_arrays", "flatten_outputs", "to_numpy", "to_tensor", "tolerances"]
+__all__ = [
+    "HALF_BUDGET",
+    "OutputComparison",
+    "ReferencePoint",
+    "check_tolerances",
+    "compare_arrays",
+    "flatten_outputs",
+    "to_numpy",
+    "to_tensor",
+    "tolerances",
+]
 
 # Float32 pass -> float64 recheck: the margin covers float32 rounding of |e - a|, |e| * rtol + atol
 # and |e - a| / |e| (a few units in 2**-24) many times over.
@@ -35,6 +45,22 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 _FLOAT64_TINY = float(np.finfo(np.float64).tiny)
 
 DiffsThunk = Callable[[], np.ndarray]
+
+# Factor on a half output's per-element budget (spread + |eager - float32|, see
+# `onnx_custom.verification.half_reference`). Right files measured up to 5.4 (deform_conv's
+# standard DeformConv at bfloat16, eager and ORT rounding in different places), 4.0 (bev_pool
+# bfloat16), 3.2 (msda float16); wrong-in-a-few-elements files needed 1000s.
+HALF_BUDGET = 16.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferencePoint:
+    """One half output computed in float32 (``value``) and how far it moves (``spread``,
+    elementwise) when the half inputs and weights move by one rounding: what half precision may
+    legitimately cost each element. Made by `onnx_custom.verification.half_reference`."""
+
+    value: torch.Tensor
+    spread: torch.Tensor
 
 
 class _LazyArray:
@@ -83,6 +109,7 @@ class OutputComparison:
     tolerance_source: str
     nonfinite_mismatch: int = 0
     backend: str = "onnxruntime"
+    worst: str = ""  # a failing output's worst element: index, expected, received, tolerance there
     abs_diffs: _LazyArray = dataclasses.field(default=_LazyArray(), repr=False, compare=False)
 
     @property
@@ -184,16 +211,23 @@ def compare_arrays(
     atol: float | None = None,
     backend: str = "onnxruntime",
     keep_diffs: bool = True,
+    reference: ReferencePoint | Callable[[], ReferencePoint | None] | None = None,
 ) -> OutputComparison:
     """Compare one output. NaN/Inf must sit at the same positions; ints/bools compare exactly.
 
     ``keep_diffs=False`` leaves ``abs_diffs`` empty (None): for callers that never draw a
-    histogram, so no copy of the tensors is kept.
+    histogram, so no copy of the tensors is kept. ``reference``: for a float16/bfloat16 output
+    with default tolerances, its float32 reference (or a function making it, called only when
+    some element is outside torch.testing's default); each element may then also differ by
+    `HALF_BUDGET` times its own budget (``spread + |expected - reference|``). Without one (or if
+    the function returns None), the default atol is raised to one ulp of max|expected| (a coarser
+    bound, kept for callers that have no model to run in float32).
     """
     exp = expected.detach().cpu()
     act = to_tensor(actual)
     r, a, source = tolerances(exp.dtype, rtol, atol)
-    if rtol is None and atol is None and exp.dtype in _HALF:
+    half_default = rtol is None and atol is None and exp.dtype in _HALF
+    if half_default and reference is None:
         a, source = _half_atol(exp, a, source)
     common = dict(trial=trial, name=name, shape=tuple(exp.shape), dtype=str(exp.dtype).removeprefix("torch."), rtol=r, atol=a, tolerance_source=source, backend=backend)
     if tuple(act.shape) != tuple(exp.shape) or act.dtype != exp.dtype:
@@ -202,22 +236,71 @@ def compare_arrays(
     total = exp.numel()
     if total == 0:
         return OutputComparison(max_abs_diff=0.0, max_rel_diff=0.0, mismatched=0, total=0, **common)  # type: ignore[arg-type]
-    diffs: np.ndarray | DiffsThunk | None
-    if exp.dtype == torch.bool or not (exp.is_floating_point() or exp.is_complex()):
-        stats = _exact_stats(exp, act)
-        diffs = (_zeros(total) if stats.mismatched == 0 else _exact_diffs(exp, act)) if keep_diffs else None
-    else:
-        fast = _float_stats(exp, act, r, a) if exp.is_floating_point() else None
-        if fast is not None:
-            stats = fast
-            # Failing outputs keep their differences now; passing ones compute them when a report asks.
-            diffs = (_finite_diffs(exp, act) if stats.mismatched else _guarded_diffs(exp, act, fast.checksum, name, trial)) if keep_diffs else None
+    stats, diffs = _stats(exp, act, r, a, None, keep_diffs, name, trial)
+    budget: torch.Tensor | None = None
+    if half_default and reference is not None and stats.mismatched > stats.nonfinite_mismatch:
+        # Some element is outside torch.testing's default: only now is the reference worth making.
+        point = reference() if callable(reference) else reference
+        if point is not None and tuple(point.value.shape) == tuple(exp.shape):
+            budget = _half_budget(exp, point)
+            source = f"{source}, plus {HALF_BUDGET:g} x each element's half-precision budget (float32 reference)"
         else:
-            stats, all_diffs = _general_float_stats(exp, act, r, a)
-            diffs = all_diffs if keep_diffs else None
+            a, source = _half_atol(exp, a, source)
+        common |= {"atol": a, "tolerance_source": source}
+        stats, diffs = _stats(exp, act, r, a, budget, keep_diffs, name, trial)
+    worst = _worst_element(exp, act, r, a, budget) if stats.mismatched and exp.is_floating_point() else ""
     return OutputComparison(
         max_abs_diff=stats.max_abs_diff, max_rel_diff=stats.max_rel_diff, mismatched=stats.mismatched, total=total,
-        nonfinite_mismatch=stats.nonfinite_mismatch, abs_diffs=diffs, **common,  # type: ignore[arg-type]
+        nonfinite_mismatch=stats.nonfinite_mismatch, worst=worst, abs_diffs=diffs, **common,  # type: ignore[arg-type]
+    )
+
+
+def _stats(
+    exp: torch.Tensor, act: torch.Tensor, r: float, a: float, budget: torch.Tensor | None, keep_diffs: bool, name: str, trial: int
+) -> tuple[_Stats, np.ndarray | DiffsThunk | None]:
+    """Statistics of a same-shape, same-dtype, non-empty pair, and its differences (kept or lazy)."""
+    total = exp.numel()
+    if exp.dtype == torch.bool or not (exp.is_floating_point() or exp.is_complex()):
+        stats = _exact_stats(exp, act)
+        return stats, (_zeros(total) if stats.mismatched == 0 else _exact_diffs(exp, act)) if keep_diffs else None
+    fast = _float_stats(exp, act, r, a) if exp.is_floating_point() and budget is None else None
+    if fast is None:
+        stats, all_diffs = _general_float_stats(exp, act, r, a, budget)
+        return stats, all_diffs if keep_diffs else None
+    # Failing outputs keep their differences now; passing ones compute them when a report asks.
+    return fast, (_finite_diffs(exp, act) if fast.mismatched else _guarded_diffs(exp, act, fast.checksum, name, trial)) if keep_diffs else None
+
+
+def _half_budget(exp: torch.Tensor, reference: ReferencePoint) -> torch.Tensor:
+    """``HALF_BUDGET * (spread + |expected - reference|)`` in float64, per element. A spread that
+    is NaN (a perturbed run gave NaN) is unbounded; a NaN reference adds nothing."""
+    spread = reference.spread.to(torch.float64).nan_to_num(nan=float("inf"))
+    own = (exp.to(torch.float64) - reference.value.to(torch.float64)).abs().nan_to_num(nan=0.0)
+    return HALF_BUDGET * (spread + own)
+
+
+def _worst_element(exp: torch.Tensor, act: torch.Tensor, rtol: float, atol: float, budget: torch.Tensor | None) -> str:
+    """The failing element furthest past its tolerance (or the first NaN/Inf mismatch): its
+    index, expected and received values and the tolerance used there."""
+    e64, a64 = exp.to(torch.float64).reshape(-1), act.to(torch.float64).reshape(-1)
+    tol = atol + rtol * e64.abs()
+    if budget is not None:
+        tol = tol + budget.reshape(-1)
+    with torch.no_grad():
+        both = torch.isfinite(e64) & torch.isfinite(a64)
+        excess = torch.where(both, (e64 - a64).abs() - tol, torch.tensor(-float("inf"), dtype=torch.float64))
+        same = (e64 == a64) | (torch.isnan(e64) & torch.isnan(a64))
+        if bool((excess > 0).any()):
+            flat = int(excess.argmax())
+        else:
+            flat = int((~both & ~same).nonzero()[0, 0])
+    index = [int(i) for i in np.unravel_index(flat, tuple(exp.shape))] if exp.dim() else []
+    parts = f"atol {atol:.2g} + rtol {rtol:.2g} x |expected|"
+    if budget is not None:
+        parts += f" + budget {float(budget.reshape(-1)[flat]):.3g}"
+    return (
+        f"element {index}: expected {float(e64[flat]):.6g}, received {float(a64[flat]):.6g}, "
+        f"|diff| {float((e64[flat] - a64[flat]).abs()):.3g} > tolerance {float(tol[flat]):.3g} ({parts})"
     )
 
 
@@ -335,8 +418,9 @@ def _max64(e: np.ndarray, x: np.ndarray, where: np.ndarray, *, relative: bool) -
     return float(diff.max())
 
 
-def _general_float_stats(exp: torch.Tensor, act: torch.Tensor, r: float, a: float) -> tuple[_Stats, np.ndarray]:
-    """Float64 over the whole tensor: NaN/Inf positions, complex values, tiny tolerances."""
+def _general_float_stats(exp: torch.Tensor, act: torch.Tensor, r: float, a: float, budget: torch.Tensor | None = None) -> tuple[_Stats, np.ndarray]:
+    """Float64 over the whole tensor: NaN/Inf positions, complex values, tiny tolerances, and the
+    per-element ``budget`` of a half output (added to ``a + r * |expected|``)."""
     e64 = exp.to(torch.complex128 if exp.is_complex() else torch.float64)
     a64 = act.to(e64.dtype)
     finite_e, finite_a = torch.isfinite(e64), torch.isfinite(a64)
@@ -347,7 +431,8 @@ def _general_float_stats(exp: torch.Tensor, act: torch.Tensor, r: float, a: floa
     diff[both] = (e64[both] - a64[both]).abs()
     rel = torch.zeros_like(diff)
     rel[both] = diff[both] / e64[both].abs().clamp_min(_FLOAT64_TINY)
-    bad = nonfinite_bad | (both & (diff > a + r * e64.abs()))
+    tol = a + r * e64.abs() if budget is None else a + r * e64.abs() + budget
+    bad = nonfinite_bad | (both & (diff > tol))
     stats = _Stats(float(diff.max()), float(rel.max()), int(bad.sum()), int(nonfinite_bad.sum()))
     return stats, diff[both].numpy().ravel()
 

@@ -34,10 +34,12 @@ class TypeMismatch:
     declared: str
     actual: str
     problem: str
+    backend: str = "onnxruntime"  # verify's backend that returned the value
 
     def describe(self) -> str:
+        returned = "ONNX Runtime" if self.backend == "onnxruntime" else f"backend {self.backend}"
         return (
-            f"trial {self.trial}: {self.value!r} ({self.producer}) is declared {self.declared} but ONNX Runtime "
+            f"trial {self.trial}: {self.value!r} ({self.producer}) is declared {self.declared} but {returned} "
             f"returned {self.actual}: {self.problem}"
         )
 

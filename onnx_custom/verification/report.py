@@ -162,7 +162,7 @@ def summary_text(report: VerificationReport) -> str:
     A failing output adds its failing trials; the localization (if any) comes last.
     """
     status = "PASSED" if report.passed else "FAILED"
-    shape_trials = sum(r.kind == "shape" for r in report.shapes_tried)
+    shape_trials = sum(r.kind in ("shape", "apart") for r in report.shapes_tried)
     lines = [
         f"Verification {status}: {len({s.index for s in summarize_outputs(report)})} output(s), "
         f"{report.trials} trial(s) ({shape_trials} at other sizes of the dynamic dims), "
@@ -171,7 +171,8 @@ def summary_text(report: VerificationReport) -> str:
     for summary in summarize_outputs(report):
         lines.append(f"  {summary.line()}")
         for c in summary.failing:
-            lines.append(f"      trial {c.trial}: shape {list(c.shape)}, {c.mismatched}/{c.total} mismatched, max abs {c.max_abs_diff:.3g}, max rel {c.max_rel_diff:.3g}")
+            worst = f"; worst {c.worst}" if c.worst else ""
+            lines.append(f"      trial {c.trial}: shape {list(c.shape)}, {c.mismatched}/{c.total} mismatched, max abs {c.max_abs_diff:.3g}, max rel {c.max_rel_diff:.3g}{worst}")
     if report.shapes_tried:
         lines.append("Shapes tried:")
         lines += [f"  {line}" for line in _shape_lines(report)]
@@ -256,13 +257,13 @@ def _markdown_histogram(hist: dict[str, int]) -> list[str]:
 def _markdown_failing(summary: OutputSummary) -> list[str]:
     lines = [
         f"#### {summary.label} — FAIL", "",
-        "| trial | shape | max abs | max rel | mismatched | rtol | atol | tolerance source |",
-        "|---:|---|---:|---:|---:|---:|---:|---|",
+        "| trial | shape | max abs | max rel | mismatched | rtol | atol | tolerance source | worst element |",
+        "|---:|---|---:|---:|---:|---:|---:|---|---|",
     ]  # fmt: skip
     for c in summary.failing:
         lines.append(
             f"| {c.trial} | {list(c.shape)} | {c.max_abs_diff:.3g} | {c.max_rel_diff:.3g} | "
-            f"{c.mismatched}/{c.total} | {c.rtol:.2g} | {c.atol:.2g} | {c.tolerance_source} |"
+            f"{c.mismatched}/{c.total} | {c.rtol:.2g} | {c.atol:.2g} | {c.tolerance_source} | {_cell(c.worst)} |"
         )
     lines += ["", f"`|torch - onnx|` over the failing trial(s) {', '.join(str(c.trial) for c in summary.failing)}:", ""]
     return [*lines, *_markdown_histogram(_failing_histogram(summary)), ""]

@@ -16,6 +16,7 @@ ml_dtypes arrays), and 0-d tensors stay 0-d.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import inspect
@@ -46,7 +47,9 @@ __all__ = [
     "make_reference",
     "make_session",
     "plain_session",
+    "release_session",
     "run_onnx",
+    "shared_session",
     "tensor_inputs",
     "torch_dtype",
 ]
@@ -271,30 +274,71 @@ def run_onnx(session: Any, proto: onnx.ModelProto, args: tuple[Any, ...], bindin
     return [np.asarray(v) for v in session.run(output_names, {n: to_numpy(t) for n, t in feeds.items()})]
 
 
-def plain_session(proto: onnx.ModelProto) -> Any:
-    import onnxruntime
-
+def _session_options(as_written: bool) -> Any:
     from onnx_custom.runtime.quiet import quiet_session_options
 
-    # quiet: a failing trial is reported by the verifier, not also by ORT's log on stderr;
+    # quiet: a failing trial is reported by the verifier, not also by ORT's log on stderr
+    options = quiet_session_options()
+    if as_written:
+        import onnxruntime
+
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return options
+
+
+def plain_session(proto: onnx.ModelProto, data: bytes | None = None, *, as_written: bool = False) -> Any:
+    """Plain ONNX Runtime (nothing registered); ``data``: ``proto`` already serialized.
+    ``as_written``: graph optimizations off (`make_session`)."""
+    import onnxruntime
+
     # past 2 GiB the proto cannot be serialized: ORT reads a temporary model + data pair
-    with session_source(proto) as source:
-        return onnxruntime.InferenceSession(source, quiet_session_options(), providers=["CPUExecutionProvider"])
+    with session_source(proto) if data is None else contextlib.nullcontext(data) as source:
+        return onnxruntime.InferenceSession(source, _session_options(as_written), providers=["CPUExecutionProvider"])
 
 
-def make_session(proto: onnx.ModelProto, kernels: Any = None) -> Any:
-    """An ORT session with our custom kernels loaded (plain ORT when the kernel host is unavailable)."""
+def make_session(proto: onnx.ModelProto, kernels: Any = None, data: bytes | None = None, *, as_written: bool = False) -> Any:
+    """An ORT session with our custom kernels loaded (plain ORT when the kernel host is unavailable);
+    ``data``: ``proto`` already serialized (parsing it back is cheaper than serializing again).
+
+    ``as_written``: ORT's graph optimizations off, so the session runs the file as other runtimes
+    read it. ORT's level-1 ReshapeFusion rewrites a Reshape whose shape is computed from Shape
+    into constants with 0/-1, which can turn a wrong computation (``[n, c, h * h]`` for h x w)
+    into a right one; TensorRT, OpenVINO or onnx's reference would still fail the file."""
     try:
         from onnx_custom.runtime import InferenceSession
     except ImportError:  # the kernel host is optional for models without custom nodes
-        return plain_session(proto)
+        return plain_session(proto, data, as_written=as_written)
     try:
-        return InferenceSession(proto, kernels=kernels)
+        if as_written:
+            return InferenceSession(proto if data is None else data, _session_options(True), kernels=kernels)
+        return InferenceSession(proto if data is None else data, kernels=kernels)
     except ExtensionBuildError:
         # The native shim could not be built: only models with custom nodes need it.
         if custom_node_types(proto):
             raise
-        return plain_session(proto)
+        return plain_session(proto, data, as_written=as_written)
+
+
+def shared_session(proto: onnx.ModelProto, kernels: Any = None, *, plain: bool = False) -> Any:
+    """`make_session` (or `plain_session` with ``plain``) reused across calls on the same bytes
+    and kernels (`onnx_custom.runtime.session_cache`): verify's repeated calls skip ORT's
+    session creation and the first-touch memory of a new arena."""
+    try:
+        from onnx_custom.runtime.session_cache import shared_sessions
+    except ImportError:  # no kernel host: sessions as before, one per call
+        return plain_session(proto) if plain else make_session(proto, kernels)
+    if plain:
+        return shared_sessions.session(proto, lambda data: plain_session(proto, data), plain=True)
+    return shared_sessions.session(proto, lambda data: make_session(proto, kernels, data), kernels)
+
+
+def release_session(session: Any) -> None:
+    """Stop sharing ``session`` (`shared_session`): its memory goes when the caller drops it."""
+    try:
+        from onnx_custom.runtime.session_cache import shared_sessions
+    except ImportError:  # nothing was shared
+        return
+    shared_sessions.discard(session)
 
 
 def custom_node_types(proto: onnx.ModelProto) -> list[str]:

@@ -17,6 +17,15 @@ candidates keeps its last one. Candidates depend only on the export size and the
 that must agree but that an exporter named apart (the inner dims of a matmul exported with
 ``Dim.AUTO``) still get equal sizes in every trial.
 
+The apart trial (`apart_case`): that same rule hides a file reading one dim for another of the
+same export size (height for width of a square image, one input's batch for another's), so when
+dims the file names apart share their export size and range, one more trial gives each of them
+its own size: ``2e``, ``3e``, then ``e + 1, e + 2, ...`` (multiples first: models that need
+sizes divisible by a stride take them), never below 2 (size 1 broadcasts: eager would run
+another computation, not refuse) and never ``e``, inside the range; the other dims keep their
+export size. A model that ties the dims (they must agree) refuses it: verify reports it skipped,
+with a note, not a failure.
+
 Inputs at a new shape (`resize_inputs`): floats are drawn from N(0, 1); integer and bool tensors
 whose shape does not change keep their values (they are often indices); those whose shape changes
 are drawn uniformly from the example's [min, max] (its values are assumed to be valid there).
@@ -43,9 +52,11 @@ from onnx_custom.verification.runner import (
 __all__ = [
     "DEFAULT_SHAPE_TRIALS",
     "METADATA_KEY",
+    "ApartCase",
     "DimPlan",
     "DynamicDim",
     "ShapeSpecError",
+    "apart_case",
     "default_cases",
     "describe_sizes",
     "one_dim_cases",
@@ -283,6 +294,52 @@ def default_cases(plan: DimPlan, count: int = DEFAULT_SHAPE_TRIALS) -> list[dict
         if case and case not in cases:
             cases.append(case)
     return cases
+
+
+@dataclasses.dataclass(frozen=True)
+class ApartCase:
+    """The apart trial's sizes, and the groups of dims it moves apart (each group: dims named
+    apart that every default trial gives one size)."""
+
+    sizes: dict[str, int]
+    groups: tuple[tuple[str, ...], ...]
+
+    def describe_groups(self, plan: DimPlan) -> str:
+        """``"h (x[2]) and w (x[3])"``, groups separated by ``"; "``."""
+        return "; ".join(" and ".join(f"{k} ({', '.join(plan.dims[k].where)})" for k in group) for group in self.groups)
+
+
+def apart_case(plan: DimPlan) -> ApartCase | None:
+    """The apart trial (module doc), or None when no two dims share export size and range."""
+    groups: dict[tuple[int, int | None, int | None], list[str]] = {}
+    for key, dim in plan.dims.items():
+        groups.setdefault((dim.export_size, dim.min, dim.max), []).append(key)
+    sizes: dict[str, int] = {}
+    moved: list[tuple[str, ...]] = []
+    for keys in groups.values():
+        group_sizes = _apart_sizes(plan.dims[keys[0]], len(keys)) if len(keys) > 1 else []
+        if group_sizes:
+            sizes.update(zip(keys, group_sizes, strict=True))
+            moved.append(tuple(keys))
+    return ApartCase(sizes, tuple(moved)) if moved else None
+
+
+def _apart_sizes(dim: DynamicDim, count: int) -> list[int]:
+    """``count`` sizes, not all equal, for dims sharing ``dim``'s export size and range (all
+    distinct when the range allows; [] when it allows no second size of at least 2)."""
+    e = dim.export_size
+    found: list[int] = []
+    # bounded search: multiples first, then e + k, then downwards (a range capped near e)
+    for size in (2 * e, 3 * e, *range(e + 1, e + count + 3), *range(e - 1, max(1, e - count - 3), -1)):
+        if len(found) == count:
+            break
+        if size >= 2 and size != e and size not in found and dim.admits(size):
+            found.append(size)
+    if len(found) < count and e >= 2:
+        found.append(e)  # too narrow a range: one dim keeps the export size, the others still differ
+    if len(set(found)) < 2:
+        return []
+    return [found[i % len(found)] for i in range(count)]
 
 
 def one_dim_cases(plan: DimPlan, count: int = DEFAULT_SHAPE_TRIALS) -> list[dict[str, int]]:

@@ -19,6 +19,7 @@ import torch
 
 from onnx_custom.errors import InvalidArgumentError, OnnxCustomError, VerificationError
 from onnx_custom.exporter.arguments import check_args, check_model
+from onnx_custom.runtime.failures import KernelRunError
 from onnx_custom.verification.compare import (
     OutputComparison,
     check_tolerances,
@@ -26,6 +27,7 @@ from onnx_custom.verification.compare import (
     flatten_outputs,
 )
 from onnx_custom.verification.declared import DeclaredTypes, TypeMismatch
+from onnx_custom.verification.half_reference import HalfReference
 from onnx_custom.verification.initializers import (
     InitializerMismatch,
     InitializerMismatchWarning,
@@ -40,13 +42,17 @@ from onnx_custom.verification.runner import (
     make_reference,
     make_session,
     plain_session,
+    release_session,
     run_onnx,
+    shared_session,
     tensor_inputs,
 )
 from onnx_custom.verification.trial_shapes import (
     DEFAULT_SHAPE_TRIALS,
+    ApartCase,
     DimPlan,
     ShapeSpecError,
+    apart_case,
     default_cases,
     describe_sizes,
     plan_dims,
@@ -83,15 +89,19 @@ BODIES_BACKEND = "onnxruntime-bodies"
 NATIVE_BACKEND = "onnxruntime-native"
 
 InputGenerator = Callable[[int, tuple[Any, ...]], tuple[Any, ...]]
+# Trial kinds at sizes other than the export's: eager refusing them skips the trial.
+OTHER_SIZES = ("shape", "apart")
 
 
 @dataclasses.dataclass(frozen=True)
 class TrialRecord:
     """One trial: its dynamic-dim sizes, the input shapes fed, and how it went.
 
-    ``kind``: ``"example"`` (the example inputs), ``"values"`` (new values at the export shape) or
-    ``"shape"`` (other sizes of the dynamic dims). ``status``: ``"passed"``, ``"failed"`` or
-    ``"skipped"`` (PyTorch eager cannot take these sizes; ``reason`` holds its error).
+    ``kind``: ``"example"`` (the example inputs), ``"values"`` (new values at the export shape),
+    ``"shape"`` (other sizes of the dynamic dims) or ``"apart"`` (dims the file names apart but
+    that every shape trial gives one size, at sizes of their own: `trial_shapes.apart_case`).
+    ``status``: ``"passed"``, ``"failed"`` or ``"skipped"`` (PyTorch eager cannot take these
+    sizes; ``reason`` holds its error).
     """
 
     trial: int
@@ -151,6 +161,8 @@ class VerificationReport:
                 f"{c.trial:>5} {c.backend:<12} {c.name[:24]:<24} {str(list(c.shape))[:18]:<18} {c.dtype:<9} "
                 f"{c.max_abs_diff:>10.3g} {c.max_rel_diff:>10.3g} {mism:>16} {c.rtol:>8.2g} {c.atol:>8.2g}  {c.tolerance_source}"
             )
+            if c.worst:
+                rows.append(f"{'':>5} worst {c.worst}")
         return "\n".join(rows)
 
     def findings(self) -> list[str]:
@@ -242,13 +254,18 @@ def _random_like(example: tuple[Any, ...], generator: torch.Generator) -> tuple[
     return tuple(redraw(x) for x in example)
 
 
-def _make_backend(name: str, proto: onnx.ModelProto, kernels: Any = None) -> Any:
+def _make_backend(name: str, proto: onnx.ModelProto, kernels: Any = None, *, as_written: bool = False) -> Any:
+    """A session of backend ``name``. ``as_written`` (the size trials): ONNX Runtime with its
+    graph optimizations off (`make_session`), not shared: those trials check the file's shape
+    computations as every runtime reads them, not as ORT's optimizer may have rewritten them."""
     try:
         if name == BODIES_BACKEND:
-            return plain_session(proto)
+            return plain_session(proto, as_written=True) if as_written else shared_session(proto, plain=True)
         if name == NATIVE_BACKEND:
-            return make_session(proto, "native")
-        return make_session(proto, kernels) if name == "onnxruntime" else make_reference(proto, kernels)
+            return make_session(proto, "native", as_written=as_written)
+        if name == "onnxruntime":
+            return make_session(proto, kernels, as_written=True) if as_written else shared_session(proto, kernels)
+        return make_reference(proto, kernels)
     except OnnxCustomError:
         raise
     except Exception as exc:
@@ -300,33 +317,61 @@ class _Trial:
 
 
 class _DeclaredCheck:
-    """Checks declared types once per distinct input shape (ORT backend only)."""
+    """Checks declared types once per distinct input shape and backend. Every backend: each is
+    a runtime the file is deployed on, and a file declaring a dim its kernels do not produce
+    passed on onnxruntime-native and reference when only "onnxruntime" was checked."""
 
     def __init__(self, proto: onnx.ModelProto, kernels: Any) -> None:
         self.declared = DeclaredTypes(proto)
         self.kernels = kernels
-        self.seen: set[tuple[tuple[str, tuple[int, ...]], ...]] = set()
-        self._session: Any = None
+        self.seen: set[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]]] = set()
+        self._augmented: onnx.ModelProto | None = None
+        self._sessions: dict[str, Any] = {}  # backend -> session of the augmented file
 
-    def run(self, trial: int, args: tuple[Any, ...], binding: InputBinding, outputs: dict[str, np.ndarray], input_shapes: dict[str, tuple[int, ...]]) -> list[TypeMismatch]:
-        key = tuple(sorted(input_shapes.items()))
+    def run(self, backend: str, trial: int, args: tuple[Any, ...], binding: InputBinding, outputs: dict[str, np.ndarray], input_shapes: dict[str, tuple[int, ...]]) -> list[TypeMismatch]:
+        key = (backend, tuple(sorted(input_shapes.items())))
         if key in self.seen:
             return []
         self.seen.add(key)
         values = outputs
-        if self.declared.extra_outputs:
-            augmented = self.declared.augmented()
-            if self._session is None:
-                self._session = _make_backend("onnxruntime", augmented, self.kernels)
-            values = dict(zip([o.name for o in augmented.graph.output], run_onnx(self._session, augmented, args, binding), strict=True))
-        return self.declared.check(trial, values, input_shapes)
+        if self.declared.extra_outputs:  # custom-node outputs: one more run of a file exposing them
+            if self._augmented is None:
+                self._augmented = self.declared.augmented()
+            augmented = self._augmented
+            if backend not in self._sessions:
+                self._sessions[backend] = _make_backend(backend, augmented, self.kernels)
+            values = dict(zip([o.name for o in augmented.graph.output], run_onnx(self._sessions[backend], augmented, args, binding), strict=True))
+        return [dataclasses.replace(m, backend=backend) for m in self.declared.check(trial, values, input_shapes)]
 
 
-def _trial_plan(trials: int, cases: list[dict[str, int]], sign_trial: bool = False) -> list[_Trial]:
+def _trial_plan(trials: int, cases: list[dict[str, int]], sign_trial: bool = False, apart: ApartCase | None = None) -> list[_Trial]:
     plan = [_Trial(t, "example" if t == 0 else "values", {}) for t in range(trials)]
     if sign_trial:
         plan.append(_Trial(trials, "values", {}, optional=True))
-    return plan + [_Trial(len(plan) + i, "shape", case) for i, case in enumerate(cases)]
+    plan += [_Trial(len(plan) + i, "shape", case) for i, case in enumerate(cases)]
+    if apart is not None and apart.sizes not in cases:
+        plan.append(_Trial(len(plan), "apart", apart.sizes))
+    return plan
+
+
+def _run_failure(backend: str, trial: _Trial, input_shapes: Mapping[str, tuple[int, ...]], exc: Exception) -> str:
+    """A backend's failure to run a trial, naming the trial's sizes and input shapes."""
+    shape = f" at {describe_sizes(trial.sizes)}" if trial.kind in OTHER_SIZES else ""
+    # a default ORT session may still run it: its optimizer can rewrite a wrong shape computation
+    # (a custom kernel's own error is not about that)
+    optimizable = shape and backend != "reference" and not isinstance(exc, KernelRunError)
+    written = ", with graph optimizations off (the file as written, as other runtimes read it)" if optimizable else ""
+    inputs = ", ".join(f"{n}{list(s)}" for n, s in input_shapes.items())
+    return f"Backend {backend!r} failed to run the ONNX model on trial {trial.index}{shape} ({inputs}){written}: {type(exc).__name__}: {exc}"
+
+
+def _apart_note(apart: ApartCase, plan: DimPlan, trial: int) -> str:
+    """Said when eager refuses the apart trial: the file and the model disagree about the dims."""
+    return (
+        f"the file names {apart.describe_groups(plan)} apart, so a deployment may feed them different "
+        f"sizes, but the model refused different sizes (trial {trial} skipped). If they must agree, "
+        "give them one name (one Dim in dynamic_shapes, or a shape rule that ties them) so the file says so."
+    )
 
 
 def _one_signed_inputs(feeds: Mapping[str, torch.Tensor]) -> list[str]:
@@ -404,6 +449,7 @@ def _trial_args(trial: _Trial, args: tuple[Any, ...], plan: DimPlan, generator: 
         return args
     if trial.kind == "values":
         return input_generator(trial.index, args) if input_generator else _random_like(args, generator)
+    # "shape", "apart"
     resized = resize_inputs(args, trial.sizes, plan, generator)
     return input_generator(trial.index, resized) if input_generator else resized
 
@@ -457,8 +503,10 @@ def verify(
     file's ``onnx_custom.dynamic_dims`` metadata). A size PyTorch eager rejects is reported as
     skipped; one ONNX Runtime fails on or disagrees at fails verification, naming the shape.
 
-    Every ONNX Runtime run also checks the file's declared output types (graph outputs, and
-    custom-node outputs with a ``value_info``) against the returned arrays. Inputs are matched to
+    Every backend's run also checks the file's declared output types (graph outputs, and
+    custom-node outputs with a ``value_info``) against the returned arrays. A Python kernel
+    failing (`KernelRunError`) at the example's shape raises; at other sizes it fails that trial,
+    naming its shapes (the `VerificationError` chains it). Inputs are matched to
     the file's inputs by ``forward``'s parameter names (else by position); arguments the exporter
     pruned are listed in ``report.pruned_inputs``. Initializers that differ from the model's
     parameters/buffers give an `InitializerMismatchWarning` and a report line.
@@ -492,8 +540,10 @@ def verify(
     binding = bind_inputs(proto, args, model)  # fails on inputs that cannot fit before running anything
     plan = plan_dims(proto, binding, args, model=model, dynamic_shapes=dynamic_shapes)
     cases = default_cases(plan) if shapes is None else resolve_cases(shapes, plan)
+    apart = apart_case(plan) if shapes is None else None  # explicit shapes= replace every default trial
     mismatched_weights = compare_initializers(model, proto)
     sessions: dict[str, Any] = {name: _make_backend(name, proto, kernels) for name in backends}
+    as_written: dict[str, Any] = dict.fromkeys(backends)  # the size trials' sessions, made when first needed
     declared = _DeclaredCheck(proto, kernels)
     generator = torch.Generator().manual_seed(seed)
     onnx_names = [o.name for o in proto.graph.output]
@@ -509,12 +559,15 @@ def verify(
     one_signed = _one_signed_inputs(binding.feeds(tensor_inputs(args))) if trials == 1 and shapes is None and not cases and input_generator is None else []
     if one_signed:
         report.notes.append(_sign_note(one_signed, trials))
-    schedule = _trial_plan(trials, cases, sign_trial=bool(one_signed))
+    schedule = _trial_plan(trials, cases, sign_trial=bool(one_signed), apart=apart)
     written_noted = False
+    kernel_error: KernelRunError | None = None  # the first one at other sizes: the VerificationError's cause
+    # half outputs at default tolerances get a per-element budget from the model in float32
+    half = HalfReference(model, flatten_outputs) if rtol is None and atol is None else None
     for trial in schedule:
         sizes = trial.sizes or export_sizes
         if progress is not None:
-            where = f" ({describe_sizes(trial.sizes)})" if trial.kind == "shape" else ""
+            where = f" ({describe_sizes(trial.sizes)})" if trial.kind in OTHER_SIZES else ""
             progress(f"verify: trial {trial.index + 1}/{len(schedule)}{where}")
         trial_args = _trial_args(trial, args, plan, generator, input_generator)
         input_shapes = {n: tuple(t.shape) for n, t in binding.feeds(tensor_inputs(trial_args)).items()}
@@ -524,11 +577,13 @@ def verify(
             with torch.no_grad():
                 expected = model(*eager_args)
         except Exception as exc:
-            if trial.kind != "shape" and not trial.optional:
+            if trial.kind not in OTHER_SIZES and not trial.optional:
                 raise VerificationError(f"The PyTorch model raised in eager mode on trial {trial.index}: {type(exc).__name__}: {exc}") from exc
             taken = "N(0, 1) values" if trial.optional else describe_sizes(trial.sizes)
             reason = f"the model cannot take {taken}: {_first_line(exc)}"
             report.shapes_tried.append(TrialRecord(**record, status="skipped", reason=reason))  # type: ignore[arg-type]
+            if trial.kind == "apart" and apart is not None:
+                report.notes.append(_apart_note(apart, plan, trial.index))
             continue
         written = [] if written_noted else _written_inputs(binding.leaf_names, eager_args)
         if written:
@@ -547,28 +602,39 @@ def verify(
                 f"({[n for n, _ in flat]}) but the ONNX model has {len(onnx_names)} output(s) "
                 f"({onnx_names}). Was the file exported from this model?"
             )
+        references = half.for_trial(trial_args, flat, report.notes) if half is not None else None
         problems: list[str] = []
         compared_bad = False
         ort_outputs: list[Any] | None = None  # handed to localize, which then need not run the file again
-        for backend, session in sessions.items():
+        # the export shape runs what a default ORT session runs; other sizes run the file as written
+        pool = as_written if trial.kind in OTHER_SIZES else sessions
+        for backend, session in pool.items():
             try:
-                if session is None:  # dropped before an earlier trial's localization
-                    session = sessions[backend] = _make_backend(backend, proto, kernels)
+                if session is None:  # not needed yet, or dropped before an earlier trial's localization
+                    session = pool[backend] = _make_backend(backend, proto, kernels, as_written=pool is as_written)
                 actual = run_onnx(session, proto, tuple(trial_args), binding)
-                mismatches = declared.run(trial.index, tuple(trial_args), binding, dict(zip(onnx_names, actual, strict=True)), input_shapes) if backend == "onnxruntime" else []
+                mismatches = declared.run(backend, trial.index, tuple(trial_args), binding, dict(zip(onnx_names, actual, strict=True)), input_shapes)
                 if backend == "onnxruntime":
                     ort_outputs = list(actual)
+            except KernelRunError as exc:
+                if trial.kind not in OTHER_SIZES:
+                    raise  # at the example's shape: the kernel's own typed error, as always
+                # at other sizes: a failing trial like any other (raise_on_mismatch=False gets the
+                # report), named by its shapes, which the kernel's message cannot know
+                kernel_error = kernel_error or exc
+                problems.append(_run_failure(backend, trial, input_shapes, exc))
+                continue
             except OnnxCustomError:
                 raise
             except Exception as exc:
-                shape = f" at {describe_sizes(trial.sizes)}" if trial.kind == "shape" else ""
-                problems.append(f"Backend {backend!r} failed to run the ONNX model on trial {trial.index}{shape}: {type(exc).__name__}: {exc}")
+                problems.append(_run_failure(backend, trial, input_shapes, exc))
                 continue
             if mismatches:
                 report.type_mismatches += mismatches
                 problems.append(f"{len(mismatches)} declared type(s) contradicted: {', '.join(repr(m.value) for m in mismatches)}")
-            for (path, exp), act, onnx_name in zip(flat, actual, onnx_names, strict=True):
-                comparison = compare_arrays(exp, act, name=f"{path}={onnx_name}", trial=trial.index, rtol=rtol, atol=atol, backend=backend)
+            for i, ((path, exp), act, onnx_name) in enumerate(zip(flat, actual, onnx_names, strict=True)):
+                reference = references[i] if references else None
+                comparison = compare_arrays(exp, act, name=f"{path}={onnx_name}", trial=trial.index, rtol=rtol, atol=atol, backend=backend, reference=reference)
                 compared_bad |= not comparison.passed
                 report.comparisons.append(comparison)
         if compared_bad:
@@ -580,8 +646,10 @@ def verify(
             if progress is not None:
                 progress(f"verify: localizing the mismatch of trial {trial.index}")
             # ORT's session for the whole file goes (weights, arena) before localize's segments
-            # run: it is made again if a later trial needs it.
-            sessions = dict.fromkeys(sessions)
+            # run, also from the shared sessions: it is made again if a later trial needs it.
+            for dropped in sessions.values():
+                release_session(dropped)
+            sessions, as_written = dict.fromkeys(sessions), dict.fromkeys(as_written)
             report.localization = _localize_safely(
                 model, tuple(trial_args), proto, trial.index, exporter=exporter, opset=opset, registry=registry, rtol=rtol, atol=atol,
                 kernels=kernels, eager_outputs=[leaf for _, leaf in flat], file_outputs=ort_outputs,
@@ -591,5 +659,5 @@ def verify(
     if training:
         report.notes.append(training)
     if raise_on_mismatch and not report.passed:
-        raise VerificationError(str(report), report)
+        raise VerificationError(str(report), report) from kernel_error
     return report

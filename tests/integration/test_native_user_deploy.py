@@ -200,6 +200,14 @@ def test_check_op_exercises_the_native_kernel(acme_spec: onnx_custom.OpSpec) -> 
     assert [c.name.split(" at ")[1].split(",")[0] for c in native] == ["float32", "float16"], report
     assert all(c.passed for c in native), report
     assert all("libacme_ops.so" in c.detail for c in native), report
+    # acme_kernels.cpp reads y[i] for every i of x (equal shapes): the file names y's dims apart
+    # (like:x leaves them free), and the trial at different sizes must be refused by eager, not
+    # fed to the kernel, nor send check_op into moving y's batch alone to 1 (eager broadcasts it,
+    # and the kernel read y out of bounds: a crash)
+    for case in native:
+        ran = [re.findall(r"\[[^\]]*\]", s) for s in case.shapes if "skipped" not in s]
+        assert ran and all(x == y for x, y in ran), case.shapes
+        assert sum("skipped" in s for s in case.shapes) == 1, case.shapes
 
 
 def test_native_case_fails_when_the_kernel_is_wrong(user_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from onnx_custom.errors import VerificationError
-from onnx_custom.spec import Input, OpSpec, Output
+from onnx_custom.spec import Attribute, Input, OpSpec, Output
 from onnx_custom.testing import CheckCase, CheckReport, check_op
+from onnx_custom.verification.trial_shapes import DEFAULT_SHAPE_TRIALS
 
 # -- ops ---------------------------------------------------------------------------------------
 
@@ -139,3 +140,46 @@ def test_kernel_right_only_at_the_sample_shape_fails(exporters: tuple[str, ...])
     # at the sample's shape alone the planted kernel is right: what check_op used to settle for
     passed = check_op(spec, (torch.randn(3, 4),), exporters=exporters, dtypes=False, dynamic=False)
     assert passed.passed
+
+
+# -- dims the file names apart (the shape rule leaves an input free) -------------------------------
+
+
+def scale_add(x: torch.Tensor, y: torch.Tensor, *, alpha: float) -> torch.Tensor:
+    return alpha * x + y
+
+
+def scale_add_equal_shapes_np(x: np.ndarray, y: np.ndarray, *, alpha: float) -> np.ndarray:
+    # written for equal shapes, as a native kernel indexing y with x's offsets is
+    if x.shape != y.shape:
+        raise AssertionError(f"scale_add kernel: x{list(x.shape)} and y{list(y.shape)} differ")
+    return (x.dtype.type(alpha) * x + y).astype(x.dtype)
+
+
+def scale_add_spec(name: str) -> OpSpec:
+    return OpSpec(f"sizes::{name}", op_type="ScaleAdd", inputs=[Input("x", ("float32",)), Input("y", ("float32",))],
+                  outputs=[Output("out", shape="like:x")], attributes=[Attribute("alpha", "float", 2.0)],
+                  impl=scale_add, kernel=scale_add_equal_shapes_np)  # fmt: skip
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+@pytest.mark.parametrize("shape", [(4, 3), (2, 3, 5)], ids=lambda s: "x".join(map(str, s)))
+def test_dims_named_apart_but_tied_by_eager_are_noted_without_moving_dims_alone(exporter: str, shape: tuple[int, ...]) -> None:
+    """``like:x`` leaves y's dims free, so the file names them apart from x's. The apart trial
+    gives them other sizes (never 1): eager refuses, which is noted, not failed, and does not send
+    check_op into moving each dim alone (y's batch alone at 1 broadcasts in eager, and this
+    kernel, written for equal shapes, would be fed x[4, 3] and y[1, 3])."""
+    g = torch.Generator().manual_seed(11)
+    sample = (torch.randn(*shape, generator=g), torch.randn(*shape, generator=g), 0.5)
+    report = check_op(scale_add_spec(f"scale_add_{exporter}_{len(shape)}"), sample, exporters=(exporter,), dtypes=False)
+    (case,) = _ran(report)
+    skipped = [s for s in case.shapes if "skipped" in s]
+    assert len(skipped) == 1 and "cannot take" in skipped[0], case.shapes
+    apart = [[int(v) for v in dims.split(",")] for dims in re.findall(r"\[([^\]]*)\]", skipped[0].split(" (")[0])]
+    assert apart[0] != apart[1] and min(min(s) for s in apart) >= 2, skipped  # sizes of their own, none 1
+    for shape_text in case.shapes:
+        if shape_text not in skipped:
+            x_shape, y_shape = _shape_sizes(shape_text)
+            assert x_shape == y_shape, case.shapes  # the kernel only ever ran at equal shapes
+    assert len(case.shapes) == 1 + DEFAULT_SHAPE_TRIALS + 1, case.shapes  # sample, default trials, apart: no dim alone
+    assert "names apart were tried at different sizes, which eager refused" in case.detail

@@ -418,6 +418,58 @@ class Normalize(torch.nn.Module):
         return torch.ops.tstyle.normalize(x, [0.5, -0.25, 1.0], [0.2, 2.0, 0.5], self.layout)
 
 
+# -- 9. weighted_sum: a Tensor[] unpacked the way torch's cat/stack symbolics do, Tensor?, fs ------
+
+@torch.library.custom_op("tstyle::weighted_sum", mutates_args=())
+def weighted_sum(xs: list[torch.Tensor], bias: torch.Tensor | None, weights: list[float]) -> torch.Tensor:
+    out = torch.zeros_like(xs[0])
+    for x, w in zip(xs, weights, strict=True):
+        out += w * x
+    return out if bias is None else out + bias
+
+
+@weighted_sum.register_fake
+def _(xs, bias, weights):  # type: ignore[no-untyped-def]
+    return torch.empty_like(xs[0])
+
+
+@symbolic_helper.parse_args("v", "v", "fs")
+def weighted_sum_symbolic(g, tensors, bias, weights):  # type: ignore[no-untyped-def]
+    # torch's own idiom for a Tensor[] argument (symbolic_opset9.cat/stack): one packed value
+    assert symbolic_helper._is_packed_list(tensors) and symbolic_helper._is_tensor_list(tensors)
+    stacked = g.op("Concat", *(symbolic_helper._unsqueeze_helper(g, t, [0]) for t in symbolic_helper._unpack_list(tensors)), axis_i=0)
+    shape = g.op("Constant", value_t=torch.tensor([-1] + [1] * (symbolic_helper._get_tensor_rank(tensors[0]) or 0)))
+    scale = g.op("Reshape", g.op("Constant", value_t=torch.tensor(weights)), shape)
+    out = symbolic_helper._reducesum_helper(g, g.op("Mul", stacked, scale), axes_i=[0], keepdims_i=0)
+    return out if symbolic_helper._is_none(bias) else g.op("Add", out, bias)
+
+
+def weighted_sum_iterating(g, tensor_list, bias_value, weight_list):  # type: ignore[no-untyped-def]
+    # the other way a user writes it: iterate the argument (and read the weights as a Python list)
+    out = None
+    for t, w in zip(tensor_list, symbolic_helper._maybe_get_const(weight_list, "fs"), strict=True):
+        term = g.op("Mul", t, g.op("Constant", value_t=torch.tensor(w)))
+        out = term if out is None else g.op("Add", out, term)
+    return out if symbolic_helper._is_none(bias_value) else g.op("Add", out, bias_value)
+
+
+onnx_custom.symbolic("tstyle::weighted_sum", opset=13, registry=registry)(weighted_sum_symbolic)
+
+
+class WeightedSum(torch.nn.Module):
+    def __init__(self, with_bias: bool) -> None:
+        super().__init__()
+        self.with_bias = with_bias
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        bias = c[:, :1] if self.with_bias else None  # a sliced (non-contiguous) Tensor? argument
+        return torch.ops.tstyle.weighted_sum([a, b.t().t(), c], bias, [0.5, 2.0, -1.25])
+
+
+def _three(n: int = 3) -> tuple[torch.Tensor, ...]:
+    return torch.randn(n, 4), torch.randn(n, 4), torch.randn(n, 4)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _normalize_registered_with_torch() -> Any:
     """tstyle::normalize is registered the way a user already has it: with torch."""
@@ -469,6 +521,10 @@ CASES = [
     Case("scaled_softmax-float64-x[2,4,5]", ScaledSoftmax, lambda: (torch.randn(2, 4, 5, dtype=torch.float64),), {"x": {0: "batch", 1: "rows"}}, emits=("Softmax",)),
     Case("topk-x[4,9]", TopkLast, lambda: (torch.randn(4, 9),), {"x": {0: "batch"}}, emits=("TopK",)),
     Case("normalize-NCHW-x[2,3,4,5]", lambda: Normalize("NCHW"), lambda: (torch.randn(2, 3, 4, 5),), {"x": {0: "batch", 2: "h"}}, emits=("Normalize",)),
+    Case("weighted_sum-unpack_list-bias-3x[3,4]", lambda: WeightedSum(True), _three,
+         {"a": {0: "n"}, "b": {0: "n"}, "c": {0: "n"}}, opset=13, emits=("Concat", "ReduceSum")),
+    Case("weighted_sum-unpack_list-none-3x[3,4]", lambda: WeightedSum(False), _three, {"a": {0: "n"}, "b": {0: "n"}, "c": {0: "n"}},
+         opset=13, emits=("Concat", "ReduceSum")),
     Case("normalize-NHWC-permuted-x[2,3,4,5]", lambda: Normalize("NHWC"), lambda: (torch.randn(2, 3, 4, 5),), {"x": {0: "batch"}}, emits=("Normalize",)),
 ]
 
@@ -544,3 +600,97 @@ def test_import_torch_symbolics_without_names_copies_the_users_not_ours() -> Non
     names = {str(e.target) for e in entries}
     assert "tstyle::normalize" in names
     assert not names & ours, names & ours
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_a_tensor_list_argument_can_also_be_iterated(exporter: str, tmp_path: Path) -> None:
+    """A Tensor[] argument is torch's packed value and a Python list at once: a symbolic that
+    iterates it (and zips it with the weights) exports and verifies too."""
+    local = registry.copy()
+    local.symbolic("tstyle::weighted_sum", opset=13, replace=True)(weighted_sum_iterating)
+    path, args = tmp_path / "m.onnx", _three(2)
+    onnx_custom.export(WeightedSum(True), args, path, exporter=exporter, registry=local, dynamic_shapes={"a": {0: "n"}, "b": {0: "n"}, "c": {0: "n"}})
+    assert onnx_custom.verify(WeightedSum(True), args, path).passed
+
+
+def test_a_tensor_list_argument_refuses_other_torchscript_ir_by_name(tmp_path: Path) -> None:
+    def reads_ir(g, tensor_list, bias_value, weight_list):  # type: ignore[no-untyped-def]
+        return tensor_list.node().output()
+
+    local = registry.copy()
+    local.symbolic("tstyle::weighted_sum", opset=13, replace=True)(reads_ir)
+    with pytest.raises(onnx_custom.SymbolicError, match=r"node\(\)\.output\(\) on a Tensor\[\] argument.*_unpack_list"):
+        onnx_custom.export(WeightedSum(False), _three(2), tmp_path / "m.onnx", exporter="dynamo", registry=local)
+
+
+# -- torch's own helpers and symbolics called from a user's symbolic, under both exporters -------
+
+@torch.library.custom_op("tstyle::gated", mutates_args=())
+def gated(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.sigmoid(x) * y
+
+
+@gated.register_fake
+def _(x, y):  # type: ignore[no-untyped-def]
+    return torch.empty_like(x)
+
+
+def _gated_with_sizes(g, x, y):  # type: ignore[no-untyped-def]
+    out = g.op("Mul", g.op("Sigmoid", x), y)
+    out.setType(x.type().with_sizes(symbolic_helper._get_tensor_sizes(x)).with_dtype(torch.float32))  # mmcv's idiom
+    return out
+
+
+def _gated_size_helper(g, x, y):  # type: ignore[no-untyped-def]
+    # _size_helper -> opset9.select reads the index Constant back with _get_const: under dynamo a
+    # Constant built by g.op must answer as torch's onnx::Constant node
+    rows = symbolic_helper._size_helper(g, x, g.op("Constant", value_t=torch.tensor(0)))
+    shape = g.op("Concat", symbolic_helper._unsqueeze_helper(g, rows, [0]), g.op("Constant", value_t=torch.tensor([-1])), axis_i=0)
+    return g.op("Mul", g.op("Sigmoid", symbolic_helper._reshape_helper(g, x, shape)), y)
+
+
+def _gated_get_const(g, x, y):  # type: ignore[no-untyped-def]
+    half = g.op("Constant", value_t=torch.tensor(0.5))
+    assert symbolic_helper._is_constant(half) and symbolic_helper._get_const(half, "f", "half") == 0.5
+    assert not symbolic_helper._is_constant(x)
+    scale = g.op("Constant", value_t=torch.tensor(symbolic_helper._get_const(half, "f", "half") * 2))
+    return g.op("Mul", g.op("Sigmoid", x), g.op("Mul", y, scale))
+
+
+def _gated_torch_symbolics(g, x, y):  # type: ignore[no-untyped-def]
+    # torch's own symbolics called from a user's: opset11.squeeze builds an If unless it knows
+    # the squeezed dim is 1, so the Unsqueeze before it must get its output shape under dynamo too
+    from torch.onnx import symbolic_opset9, symbolic_opset11
+
+    y = symbolic_opset11.squeeze(g, symbolic_opset11.unsqueeze(g, y, 0), 0)
+    x = symbolic_opset9.transpose(g, symbolic_opset9.transpose(g, x, 0, 1), 0, 1)
+    return symbolic_opset9.mul(g, symbolic_opset9.sigmoid(g, x), y)
+
+
+class Gated(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.ops.tstyle.gated(x, y)
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+@pytest.mark.parametrize("symbolic", [_gated_with_sizes, _gated_size_helper, _gated_get_const, _gated_torch_symbolics], ids=lambda f: f.__name__.removeprefix("_gated_"))
+def test_torch_helpers_work_on_our_values(symbolic: Callable[..., Any], exporter: str, tmp_path: Path) -> None:
+    local = registry.copy()
+    onnx_custom.register_custom_op_symbolic("tstyle::gated", symbolic, 13, registry=local)
+    path, args = tmp_path / "m.onnx", (torch.randn(3, 5), torch.randn(3, 5))
+    onnx_custom.export(Gated(), args, path, exporter=exporter, registry=local, dynamic_shapes={"x": {0: "n"}, "y": {0: "n"}})
+    report = onnx_custom.verify(Gated(), args, path)
+    assert report.passed and any(t.kind == "shape" and t.status == "passed" for t in report.shapes_tried)
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_torch_control_flow_helpers_are_refused_with_the_fix(exporter: str, tmp_path: Path) -> None:
+    from torch.onnx._internal.torchscript_exporter import jit_utils
+
+    def branches(g, x, y):  # type: ignore[no-untyped-def]
+        jit_utils.add_op_with_blocks(g, "If", g.op("Constant", value_t=torch.tensor(True)), n_blocks=2)
+
+    local = registry.copy()
+    onnx_custom.register_custom_op_symbolic("tstyle::gated", branches, 13, registry=local)
+    with pytest.raises(onnx_custom.SymbolicError, match=r"g.op\('If'\) without its subgraph.*add_op_with_blocks.*Fix:"):
+        onnx_custom.export(Gated(), (torch.randn(2, 3), torch.randn(2, 3)), tmp_path / "m.onnx", exporter=exporter, registry=local)
