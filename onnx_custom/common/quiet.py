@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -71,33 +72,68 @@ def _onnx_log_only_when_verbose(verbose: bool = False) -> Iterator[None]:
         torch._C._jit_set_onnx_log_enabled(was)
 
 
+_ts_utils: Any
+try:
+    from torch.onnx._internal.torchscript_exporter import utils as _ts_utils
+except ImportError:  # pragma: no cover - other torch versions
+    _ts_utils = None
+
+
 @contextlib.contextmanager
 def _patched_onnx_logging() -> Iterator[None]:
-    try:
-        from torch.onnx._internal.torchscript_exporter import utils
-    except ImportError:  # pragma: no cover - other torch versions
+    if _ts_utils is None:  # pragma: no cover - other torch versions
         yield
         return
-    original: Any = utils.setup_onnx_logging
-    utils.setup_onnx_logging = _onnx_log_only_when_verbose
+    original: Any = _ts_utils.setup_onnx_logging
+    _ts_utils.setup_onnx_logging = _onnx_log_only_when_verbose
     try:
         yield
     finally:
-        utils.setup_onnx_logging = original
+        _ts_utils.setup_onnx_logging = original
+
+
+# The filters `quiet_torch` puts in front, as warnings.filterwarnings("ignore", ...) writes them
+# (action, message, category, module, lineno), in the order it would leave them. Compiled once:
+# three filterwarnings calls (a regex-cache lookup, a scan for a duplicate and a list insert
+# each) cost ~50 us per export with the caches cold after torch's own export.
+_FILTERS = [
+    # Our shipped ops' modules branch on static sizes while torch traces them (msda's 2- or
+    # 4-value reference points, as mmcv's module does); the trace keeps them as constants,
+    # which is right, and torch's TracerWarning about it says nothing the user can act on.
+    ("ignore", None, torch.jit.TracerWarning, re.compile(r"onnx_custom\.ops\."), 0),
+    ("ignore", None, Warning, re.compile(OUR_CALLERS), 0),
+    ("ignore", None, Warning, re.compile(LIBRARY_MODULES), 0),
+]
+
+
+def _ignore_library_warnings() -> None:
+    """Put `_FILTERS` in front of the current filters (inside ``catch_warnings``)."""
+    mutated = getattr(warnings, "_filters_mutated", None)  # CPython's cache invalidation
+    if mutated is None:  # pragma: no cover - another implementation: the public calls
+        for _, _, category, module, _ in reversed(_FILTERS):
+            warnings.filterwarnings("ignore", category=category, module=module.pattern)
+        return
+    filters: list[Any] = warnings.filters  # type: ignore[assignment]  # a list in every CPython
+    filters[:0] = _FILTERS
+    mutated()
+
+
+def _quieted_loggers() -> list[logging.Logger]:
+    """The `_LOGGERS` (getLogger takes logging's lock on every call; a logger, once made, stays)."""
+    known = logging.Logger.manager.loggerDict
+    loggers = [known.get(name) for name in _LOGGERS]
+    if all(isinstance(logger, logging.Logger) for logger in loggers):
+        return loggers  # type: ignore[return-value]
+    return [logging.getLogger(name) for name in _LOGGERS]
 
 
 @contextlib.contextmanager
 def quiet_torch() -> Iterator[None]:
     """Silence torch's exporter warnings, logs and graph dumps inside the block (see module doc)."""
-    loggers = [logging.getLogger(name) for name in _LOGGERS]
+    loggers = _quieted_loggers()
     levels = [logger.level for logger in loggers]
     with warnings.catch_warnings(), _patched_onnx_logging():
-        warnings.filterwarnings("ignore", module=LIBRARY_MODULES)
-        warnings.filterwarnings("ignore", module=OUR_CALLERS)
-        # Our shipped ops' modules branch on static sizes while torch traces them (msda's 2- or
-        # 4-value reference points, as mmcv's module does); the trace keeps them as constants,
-        # which is right, and torch's TracerWarning about it says nothing the user can act on.
-        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning, module=r"onnx_custom\.ops\.")
+        _ignore_library_warnings()
         _set_levels(loggers, [max(logger.getEffectiveLevel(), logging.ERROR) for logger in loggers])
         try:
             yield

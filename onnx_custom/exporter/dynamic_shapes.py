@@ -108,9 +108,26 @@ class DynamicSpec:
 # -- inputs -------------------------------------------------------------------------------
 
 
-# forward's function -> (what inspect.signature reads off it, the bound method's signature):
-# inspect.signature was a third of resolving a small model's inputs, on every export
-_SIGNATURES: weakref.WeakKeyDictionary[types.FunctionType, tuple[tuple[Any, ...], inspect.Signature]] = weakref.WeakKeyDictionary()
+# forward's function -> (what inspect.signature reads off it, the bound method's signature, its
+# `_Positional`): inspect.signature was a third of resolving a small model's inputs, on every export
+_SIGNATURES: weakref.WeakKeyDictionary[types.FunctionType, tuple[tuple[Any, ...], inspect.Signature, _Positional | None]] = weakref.WeakKeyDictionary()
+_POSITIONAL_KINDS = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Positional:
+    """A signature whose parameters are all positional: their names and how many lack a default.
+    Binding ``required..len(names)`` positional arguments to it needs no ``Signature.bind``."""
+
+    names: tuple[str, ...]
+    required: int
+
+
+def _positional(signature: inspect.Signature) -> _Positional | None:
+    params = list(signature.parameters.values())
+    if not params or any(p.kind not in _POSITIONAL_KINDS for p in params):
+        return None
+    return _Positional(tuple(p.name for p in params), sum(p.default is inspect.Parameter.empty for p in params))
 
 
 def _signature_basis(function: types.FunctionType) -> tuple[Any, ...]:
@@ -123,6 +140,11 @@ def _signature_basis(function: types.FunctionType) -> tuple[Any, ...]:
 
 
 def _signature(model: Any) -> inspect.Signature | None:
+    return _signature_entry(model)[0]
+
+
+def _signature_entry(model: Any) -> tuple[inspect.Signature | None, _Positional | None]:
+    """``forward``'s signature and, for a cached plain method, its `_Positional` (None: bind)."""
     forward = getattr(model, "forward", model)
     function = getattr(forward, "__func__", None)
     if not isinstance(function, types.FunctionType) or getattr(forward, "__self__", None) is None:
@@ -130,14 +152,16 @@ def _signature(model: Any) -> inspect.Signature | None:
     basis = () if function is None else _signature_basis(function)
     cached = None if function is None else _SIGNATURES.get(function)
     if cached is not None and len(cached[0]) == len(basis) and all(a is b for a, b in zip(cached[0], basis, strict=True)):
-        return cached[1]
+        return cached[1], cached[2]
     try:
         signature = inspect.signature(forward)
     except (TypeError, ValueError):
-        return None
-    if function is not None:
-        _SIGNATURES[function] = (basis, signature)
-    return signature
+        return None, None
+    if function is None:
+        return signature, None
+    positional = _positional(signature)
+    _SIGNATURES[function] = (basis, signature, positional)
+    return signature, positional
 
 
 def _signature_params(model: Any) -> list[inspect.Parameter]:
@@ -147,9 +171,11 @@ def _signature_params(model: Any) -> list[inspect.Parameter]:
 
 def _bound_inputs(model: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[tuple[str, Any]]:
     """(parameter name, value) for every input given, in ``forward``'s order."""
-    signature = _signature(model)  # once: inspect.signature is a good part of a small export's own time
+    signature, positional = _signature_entry(model)  # once: inspect.signature is a good part of a small export's own time
     if signature is None or not signature.parameters:  # positional names as torch would make them
         return [(f"input_{i}", v) for i, v in enumerate(args)] + list(kwargs.items())
+    if positional is not None and not kwargs and positional.required <= len(args) <= len(positional.names):
+        return list(zip(positional.names, args, strict=False))  # what bind gives: the given arguments, no defaults
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError as exc:
@@ -251,10 +277,10 @@ def _axis(leaf: InputLeaf, axis: int, dim: Any) -> _Axis | None:
 
 
 def _axes_of(leaf: InputLeaf, spec: Any) -> dict[int, _Axis]:
-    rank = leaf.tensor.dim()
-    shape = list(leaf.tensor.shape)
     if spec is None:
         return {}
+    rank = leaf.tensor.dim()
+    shape = list(leaf.tensor.shape)
     if isinstance(spec, Mapping):
         items = []
         for key, dim in spec.items():

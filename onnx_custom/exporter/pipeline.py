@@ -212,13 +212,21 @@ def _ours(exc: BaseException, unwrap: Any = None) -> BaseException | None:
 
 
 def _tensor_bytes(model: Any) -> int:
-    """Bytes of the model's parameters and buffers (each storage once): the size of its file."""
+    """Bytes of the model's parameters and buffers, each tensor once (tied weights are one): what
+    TorchScript writes of them, an initializer per tensor with its own elements (a parameter
+    viewing part of a larger storage writes only that part).
+
+    Read off each module's own tensor dicts: ``parameters()``/``buffers()`` and a storage object
+    per tensor cost ~0.1 ms per export with the caches cold, a tenth of our whole overhead.
+    """
     if not isinstance(model, torch.nn.Module):
         return 0
     seen: dict[int, int] = {}
-    for tensor in (*model.parameters(), *model.buffers()):
-        storage = tensor.untyped_storage()
-        seen[storage.data_ptr()] = storage.nbytes()
+    for module in model.modules():
+        for tensors in (module._parameters, module._buffers):
+            for tensor in tensors.values():
+                if tensor is not None:
+                    seen[id(tensor)] = tensor.nbytes
     return sum(seen.values())
 
 

@@ -183,19 +183,26 @@ def _subgraph_nodes(nodes: Sequence[onnx.NodeProto]) -> list[onnx.NodeProto]:
     return found
 
 
-def _nested_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """Nodes outside the main graph: its subgraphs and the model's local functions."""
-    found = _subgraph_nodes(model.graph.node)
+def _nested_nodes(model: onnx.ModelProto, *, subgraphs: bool = True) -> list[onnx.NodeProto]:
+    """Nodes outside the main graph: its subgraphs (``subgraphs=False``: known to have none) and
+    the model's local functions."""
+    found = _subgraph_nodes(model.graph.node) if subgraphs else []
     for function in model.functions:
         found += list(function.node) + _subgraph_nodes(function.node)
     return found
 
 
-def validate_model(model: onnx.ModelProto, specs: Sequence[KernelSpec]) -> None:
+def validate_model(model: onnx.ModelProto, specs: Sequence[KernelSpec], *, census: ModelCensus | None = None) -> None:
     """:func:`validate_nodes` for every custom node of ``model``; input dtypes are checked where
-    the main graph states them (subgraphs and functions have their own value names)."""
-    top = [n for n in model.graph.node if n.domain not in RESERVED_DOMAINS]
-    nested = [n for n in _nested_nodes(model) if n.domain not in RESERVED_DOMAINS]
+    the main graph states them (subgraphs and functions have their own value names). ``census``:
+    the model's; without subgraphs its nodes with a domain are the main graph's custom nodes, in
+    order, and the graph is not walked twice more (a cold walk costs tens of microseconds)."""
+    if census is not None and len(census.graphs) == 1:
+        top = [n for n in census.domain_nodes if n.domain not in RESERVED_DOMAINS]
+        nested = [n for n in _nested_nodes(model, subgraphs=False) if n.domain not in RESERVED_DOMAINS]
+    else:
+        top = [n for n in model.graph.node if n.domain not in RESERVED_DOMAINS]
+        nested = [n for n in _nested_nodes(model) if n.domain not in RESERVED_DOMAINS]
     _raise_for(_problem_lines(top, specs, graph_value_types(model.graph))
                + _problem_lines(nested, specs, None))
 
@@ -212,4 +219,4 @@ def validate_registered(model: onnx.ModelProto, registry: KernelRegistry, *, cen
     keys = {(n.domain, n.op_type) for n in nodes if n.domain not in RESERVED_DOMAINS}
     specs = [spec for key in sorted(keys) if (spec := registry.lookup(*key)) is not None]
     if specs:
-        validate_model(model, specs)
+        validate_model(model, specs, census=census)

@@ -6,6 +6,7 @@ inside and after, for existing loggers, loggers created inside the block and use
 from __future__ import annotations
 
 import logging
+import warnings
 
 import pytest
 
@@ -61,3 +62,51 @@ def test_a_logger_that_replaced_its_placeholder_is_quieted() -> None:
     with quiet_torch():
         assert not parent.isEnabledFor(logging.WARNING)
     assert parent.isEnabledFor(logging.WARNING) == expected
+
+
+def _filterwarnings_result(before: list[object]) -> list[object]:
+    """The filters the three public calls `quiet_torch` stands for would leave (reference)."""
+    import torch
+
+    from onnx_custom.common.quiet import LIBRARY_MODULES, OUR_CALLERS
+
+    with warnings.catch_warnings():
+        warnings.filters[:] = before  # type: ignore[index]
+        warnings.filterwarnings("ignore", module=LIBRARY_MODULES)
+        warnings.filterwarnings("ignore", module=OUR_CALLERS)
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning, module=r"onnx_custom\.ops\.")
+        return list(warnings.filters)
+
+
+def _comparable(filters: list[object]) -> list[tuple[object, ...]]:
+    return [tuple(getattr(f, "pattern", f) for f in entry) for entry in filters]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("user_filters", [0, 2], ids=["no-user-filters", "two-user-filters"])
+def test_warning_filters_as_filterwarnings_writes_them(user_filters: int) -> None:
+    """The precompiled filters are the public calls' result, in front of the user's, and the
+    user's filters are back after the block (also the ones added inside it are gone)."""
+    with warnings.catch_warnings():
+        for i in range(user_filters):
+            warnings.filterwarnings("error", message=f"user filter {i}")
+        before = list(warnings.filters)
+        with quiet_torch():
+            inside = list(warnings.filters)
+            warnings.filterwarnings("ignore", message="added inside")
+        assert _comparable(inside) == _comparable(_filterwarnings_result(before))
+        assert warnings.filters == before
+
+
+def test_library_warning_silenced_inside_only() -> None:
+    """A warning attributed to a torch module is dropped inside the block, shown outside."""
+
+    def warn_as_torch() -> None:
+        warnings.warn_explicit("torch chatter", UserWarning, "torch/onnx/x.py", 1, module="torch.onnx.x", registry={})
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with quiet_torch():
+            warn_as_torch()
+        assert not seen
+        warn_as_torch()
+        assert [str(w.message) for w in seen] == ["torch chatter"]
