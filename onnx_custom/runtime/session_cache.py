@@ -29,6 +29,7 @@ from typing import Any
 import onnx
 from google.protobuf.message import EncodeError
 
+from onnx_custom.common.external_data import external_threshold
 from onnx_custom.runtime.quiet import ort_log_severity
 from onnx_custom.runtime.registry import KernelRegistry
 from onnx_custom.runtime.session import required_kernels
@@ -106,14 +107,17 @@ class SessionCache:
 
     def _small_file_bytes(self, model: onnx.ModelProto) -> bytes | None:
         """``model``'s bytes when it is small enough to keep, else None (serialized only then: a
-        large file's weights are counted first, and past 2 GiB it cannot be serialized)."""
-        if sum(len(t.raw_data) for t in model.graph.initializer) > self.max_file_bytes:
+        large file's weights are counted first, and past 2 GiB it cannot be serialized). Past the
+        external-data threshold sessions read a temporary model + data pair (`session_source`),
+        which the builder makes: never bytes, so not cached."""
+        limit = min(self.max_file_bytes, external_threshold())
+        if sum(len(t.raw_data) for t in model.graph.initializer) > limit:
             return None
         try:
             data = model.SerializeToString()
         except (ValueError, EncodeError):  # protobuf's 2 GiB limit, reached by constants
             return None
-        return data if len(data) <= self.max_file_bytes else None
+        return data if len(data) <= limit else None
 
     def discard(self, session: Any) -> None:
         """Forget ``session`` (its memory goes once the caller drops it too)."""
