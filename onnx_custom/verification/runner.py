@@ -309,9 +309,8 @@ def make_session(proto: onnx.ModelProto, kernels: Any = None, data: bytes | None
     except ImportError:  # the kernel host is optional for models without custom nodes
         return plain_session(proto, data, as_written=as_written)
     try:
-        if as_written:
-            return InferenceSession(proto if data is None else data, _session_options(True), kernels=kernels)
-        return InferenceSession(proto if data is None else data, kernels=kernels)
+        options = _session_options(True) if as_written else None  # None: the session's own quiet defaults
+        return InferenceSession(proto if data is None else data, options, kernels=kernels)
     except ExtensionBuildError:
         # The native shim could not be built: only models with custom nodes need it.
         if custom_node_types(proto):
