@@ -48,12 +48,25 @@ class Pool(torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        ranks = prepare_bev_ranks(synthetic_frustum(1, CAMERAS, DEPTH_BINS, FEAT_HW), GRID_LOWER, GRID_STEP, GRID_SIZE)
-        for name, value in zip(("ranks_bev", "ranks_depth", "ranks_feat", "starts", "lengths"), ranks, strict=True):
+        ranks = prepare_bev_ranks(
+            synthetic_frustum(1, CAMERAS, DEPTH_BINS, FEAT_HW), GRID_LOWER, GRID_STEP, GRID_SIZE
+        )
+        for name, value in zip(
+            ("ranks_bev", "ranks_depth", "ranks_feat", "starts", "lengths"), ranks, strict=True
+        ):
             self.register_buffer(name, value)
 
     def forward(self, depth: torch.Tensor, feat: torch.Tensor) -> torch.Tensor:
-        return bev_pool_v2(depth, feat, self.ranks_depth, self.ranks_feat, self.ranks_bev, BEV_SHAPE, self.starts, self.lengths)
+        return bev_pool_v2(
+            depth,
+            feat,
+            self.ranks_depth,
+            self.ranks_feat,
+            self.ranks_bev,
+            BEV_SHAPE,
+            self.starts,
+            self.lengths,
+        )
 
 
 def inputs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,13 +94,20 @@ def _export(model: Pool, args: tuple[torch.Tensor, ...], variant: str | None) ->
 
 
 def paired(
-    contender: Callable[[], object], baseline: Callable[[], object], rounds: int, clock: Callable[[], float] = time.perf_counter
+    contender: Callable[[], object],
+    baseline: Callable[[], object],
+    rounds: int,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> tuple[float, float]:
     """Median seconds of (contender, baseline), alternating which runs first each round."""
     mine: list[float] = []
     base: list[float] = []
     for r in range(rounds):
-        order = ((mine, contender), (base, baseline)) if r % 2 == 0 else ((base, baseline), (mine, contender))
+        order = (
+            ((mine, contender), (base, baseline))
+            if r % 2 == 0
+            else ((base, baseline), (mine, contender))
+        )
         for times, fn in order:
             start = clock()
             fn()
@@ -117,7 +137,18 @@ def contenders(threads: int) -> dict[str, Callable[[], Any]]:
         depth_g.grad = feat_g.grad = None
         model(depth_g, feat_g).backward(grad)
 
-    arrays = [a.numpy() for a in (depth, feat, model.ranks_depth, model.ranks_feat, model.ranks_bev, model.starts, model.lengths)]
+    arrays = [
+        a.numpy()
+        for a in (
+            depth,
+            feat,
+            model.ranks_depth,
+            model.ranks_feat,
+            model.ranks_bev,
+            model.starts,
+            model.lengths,
+        )
+    ]
     torch.testing.assert_close(torch.from_numpy(bev_pool_v2_numpy(*arrays, BEV_SHAPE)), expected)
     return {
         "NumPy fallback kernel": lambda: bev_pool_v2_numpy(*arrays, BEV_SHAPE),
@@ -139,8 +170,12 @@ ROWS: tuple[tuple[str, str, float | None], ...] = (
 def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads and ORT intra-op threads")
-    parser.add_argument("--cpu-time", action="store_true", help="time with process CPU time (use with --threads 1)")
+    parser.add_argument(
+        "--threads", type=int, default=2, help="torch threads and ORT intra-op threads"
+    )
+    parser.add_argument(
+        "--cpu-time", action="store_true", help="time with process CPU time (use with --threads 1)"
+    )
     args = parser.parse_args(argv)
     clock = time.process_time if args.cpu_time else time.perf_counter
     torch.set_num_threads(args.threads)
@@ -149,9 +184,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         fn()
         fn()
     r = Pool().ranks_bev.numel(), Pool().starts.numel()
-    print(f"bev_pool_v2 forward, float32: {r[0]:,} points, {r[1]:,} intervals, C={CHANNELS}, grid 128x128; "
-          f"torch {torch.get_num_threads()} threads, ORT {args.threads} intra-op threads; medians of {args.rounds} paired rounds"
-          f"{' (CPU time)' if args.cpu_time else ''}")  # fmt: skip
+    print(
+        f"bev_pool_v2 forward, float32: {r[0]:,} points, {r[1]:,} intervals, C={CHANNELS}, grid"
+        f" 128x128; torch {torch.get_num_threads()} threads, ORT {args.threads} intra-op threads;"
+        f" medians of {args.rounds} paired rounds{' (CPU time)' if args.cpu_time else ''}"
+    )
     print(f"{'contender':<30}{'ms':>9}  {'baseline':<24}{'ms':>9}{'ratio':>8}")
     results: dict[str, float] = {}
     for label, base_label, goal in ROWS:
@@ -159,7 +196,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         ratio = mine / base
         results[f"{label} / {base_label}"] = ratio
         verdict = "" if goal is None else f"goal <= {goal:g}: {'ok' if ratio <= goal else 'MISS'}"
-        print(f"{label:<30}{mine * 1e3:>9.2f}  {base_label:<24}{base * 1e3:>9.2f}{ratio:>7.2f}x  {verdict}")
+        print(
+            f"{label:<30}{mine * 1e3:>9.2f}  {base_label:<24}{base * 1e3:>9.2f}{ratio:>7.2f}x "
+            f" {verdict}"
+        )
     return results
 
 

@@ -41,13 +41,19 @@ __all__ = ["main", "paired"]
 CLOCK: list[Callable[[], float]] = [time.perf_counter]  # --cpu-time: time.process_time
 
 
-def paired(contender: Callable[[], object], baseline: Callable[[], object], rounds: int, calls: int = 1) -> tuple[float, float]:
+def paired(
+    contender: Callable[[], object], baseline: Callable[[], object], rounds: int, calls: int = 1
+) -> tuple[float, float]:
     """Median seconds per call of (contender, baseline), alternating which runs first each round."""
     mine: list[float] = []
     base: list[float] = []
     clock = CLOCK[0]
     for r in range(rounds):
-        order = ((mine, contender), (base, baseline)) if r % 2 == 0 else ((base, baseline), (mine, contender))
+        order = (
+            ((mine, contender), (base, baseline))
+            if r % 2 == 0
+            else ((base, baseline), (mine, contender))
+        )
         for times, fn in order:
             start = clock()
             for _ in range(calls):
@@ -68,7 +74,11 @@ def _backend(threads: int, **options: Any) -> OnnxCustomBackend:
 
 
 def _work_ms(backend: OnnxCustomBackend) -> list[float]:
-    return [1e3 * (p.translate_seconds + p.session_seconds) for r in backend.records for p in r.partitions]
+    return [
+        1e3 * (p.translate_seconds + p.session_seconds)
+        for r in backend.records
+        for p in r.partitions
+    ]
 
 
 def _line(label: str, value: str, goal: str = "") -> None:
@@ -79,8 +89,12 @@ class Mlp(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.net = torch.nn.Sequential(
-            torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64),
-        )  # fmt: skip
+            torch.nn.Linear(64, 256),
+            torch.nn.ReLU(),
+            torch.nn.Linear(256, 256),
+            torch.nn.ReLU(),
+            torch.nn.Linear(256, 64),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)  # type: ignore[no-any-return]
@@ -107,13 +121,17 @@ def mlp_rows(rounds: int, threads: int, results: dict[str, float]) -> None:
         assert len(args) == len(runner.graph.input_names) == 7
         binding = runner.session.io_binding()
         for name, tensor in zip(runner.graph.input_names, args, strict=True):
-            binding.bind_input(name, "cpu", 0, _numpy_dtype(tensor), list(tensor.shape), tensor.data_ptr())
+            binding.bind_input(
+                name, "cpu", 0, _numpy_dtype(tensor), list(tensor.shape), tensor.data_ptr()
+            )
         binding.bind_output(runner.graph.output_names[0], "cpu")
         runner.session.run_with_iobinding(binding)
         calls = 200
         mine, base = paired(lambda: compiled(x), lambda: aot(x), rounds, calls)
         _, eager = paired(lambda: compiled(x), lambda: model(x), rounds, calls)
-        handoff, raw = paired(lambda: runner(*args), lambda: runner.session.run_with_iobinding(binding), rounds, calls)
+        handoff, raw = paired(
+            lambda: runner(*args), lambda: runner.session.run_with_iobinding(binding), rounds, calls
+        )
     print(f"MLP 64-256-256-64, batch 8, {len(args)} graph inputs (per call)")
     _line("eager", f"{eager * 1e6:.1f} us")
     _line("aot_eager", f"{base * 1e6:.1f} us")
@@ -123,10 +141,21 @@ def mlp_rows(rounds: int, threads: int, results: dict[str, float]) -> None:
     _line("raw ORT run, I/O bound once", f"{raw * 1e6:.1f} us")
     _line("our partition call (hand-off + ORT run)", f"{handoff * 1e6:.1f} us")
     budget = 5 + 1 * len(args)
-    _line("hand-off above the raw run", f"{(handoff - raw) * 1e6:.1f} us", f"goal <= {budget} us (5 + 1/input)")
+    _line(
+        "hand-off above the raw run",
+        f"{(handoff - raw) * 1e6:.1f} us",
+        f"goal <= {budget} us (5 + 1/input)",
+    )
     work = _work_ms(backend)
     _line("backend work per graph (translate + session)", f"{max(work):.0f} ms", "goal <= 50 ms")
-    results.update({"mlp_vs_aot": mine / base, "handoff_us": (handoff - raw) * 1e6, "handoff_budget": budget, "mlp_work_ms": max(work)})
+    results.update(
+        {
+            "mlp_vs_aot": mine / base,
+            "handoff_us": (handoff - raw) * 1e6,
+            "handoff_budget": budget,
+            "mlp_work_ms": max(work),
+        }
+    )
 
 
 def _numpy_dtype(tensor: torch.Tensor) -> Any:
@@ -160,11 +189,17 @@ def dcn_rows(rounds: int, threads: int, results: dict[str, float]) -> None:
         with torch.no_grad():
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
             mine, eager = paired(lambda c=compiled: c(x), lambda: model(x), rounds, 5)
-        _line(f"inference compiled ({kernels} kernels) / eager", f"{mine / eager:.2f}", "goal <= 1.0")
+        _line(
+            f"inference compiled ({kernels} kernels) / eager", f"{mine / eager:.2f}", "goal <= 1.0"
+        )
         _line(f"  compiled {mine * 1e3:.2f} ms, eager {eager * 1e3:.2f} ms", "")
         results[f"dcn_inference_{kernels}"] = mine / eager
         work = _work_ms(backend)
-        _line("  backend work per graph (translate + session)", f"{max(work):.0f} ms", "goal <= 150 ms")
+        _line(
+            "  backend work per graph (translate + session)",
+            f"{max(work):.0f} ms",
+            "goal <= 150 ms",
+        )
         results[f"dcn_work_ms_{kernels}"] = max(work)
 
     torch._dynamo.reset()
@@ -180,7 +215,9 @@ def dcn_rows(rounds: int, threads: int, results: dict[str, float]) -> None:
         torch.nn.functional.mse_loss(net(x), target).backward()
 
     step(compiled, train)
-    mine, eager = paired(lambda: step(compiled, train), lambda: step(reference, reference), rounds, 3)
+    mine, eager = paired(
+        lambda: step(compiled, train), lambda: step(reference, reference), rounds, 3
+    )
     partitions = _partitions(backend)
     OrtPartition.profile = True
     for p in partitions:
@@ -201,12 +238,24 @@ def dcn_rows(rounds: int, threads: int, results: dict[str, float]) -> None:
     if CLOCK[0] is time.perf_counter:
         _line("  split: ORT", f"{ort_s * 1e3:.2f} ms")
         _line("  split: hand-off", f"{handoff * 1e3:.2f} ms")
-        _line("  split: eager fallback nodes + torch wrappers", f"{(total - ort_s - handoff) * 1e3:.2f} ms")
+        _line(
+            "  split: eager fallback nodes + torch wrappers",
+            f"{(total - ort_s - handoff) * 1e3:.2f} ms",
+        )
     else:  # the partitions time themselves in wall time: no split against CPU time
         _line("  split (wall time): ORT / hand-off", f"{ort_s * 1e3:.2f} / {handoff * 1e3:.2f} ms")
-    _line("  ORT partitions forward / backward", f"{len(fw.partitions)} / {len(bw.partitions)}", "goal 1 / 1")
-    _line("  backward ops in eager", ", ".join(sorted({f.target.split('::')[-1] for f in bw.fallbacks})) or "none")
-    results.update({"dcn_train": mine / eager, "fw_parts": len(fw.partitions), "bw_parts": len(bw.partitions)})
+    _line(
+        "  ORT partitions forward / backward",
+        f"{len(fw.partitions)} / {len(bw.partitions)}",
+        "goal 1 / 1",
+    )
+    _line(
+        "  backward ops in eager",
+        ", ".join(sorted({f.target.split("::")[-1] for f in bw.fallbacks})) or "none",
+    )
+    results.update(
+        {"dcn_train": mine / eager, "fw_parts": len(fw.partitions), "bw_parts": len(bw.partitions)}
+    )
 
 
 def sweep_rows(threads: int, results: dict[str, float]) -> None:
@@ -220,16 +269,28 @@ def sweep_rows(threads: int, results: dict[str, float]) -> None:
     recompiles = len(backend.records) - 1
     print("dynamic=True, MLP batch sweep 2..64")
     _line("recompiles", str(recompiles), "goal 0")
-    _line("sessions created per graph", f"{backend.sessions.created / len(backend.records):.0f}", "goal 1")
-    results.update({"recompiles": recompiles, "sessions_per_graph": backend.sessions.created / len(backend.records)})
+    _line(
+        "sessions created per graph",
+        f"{backend.sessions.created / len(backend.records):.0f}",
+        "goal 1",
+    )
+    results.update(
+        {
+            "recompiles": recompiles,
+            "sessions_per_graph": backend.sessions.created / len(backend.records),
+        }
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--cpu-time", action="store_true",
-                        help="time with process CPU time (a shared machine; with --threads 1)")  # fmt: skip
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time with process CPU time (a shared machine; with --threads 1)",
+    )
     parser.add_argument("--only", choices=["dcn"], help="run only these rows")
     args = parser.parse_args()
     if args.cpu_time:
@@ -239,7 +300,10 @@ def main() -> None:
     results: dict[str, float] = {}
     setup = setup_row()
     clock = "CPU time" if args.cpu_time else "wall time"
-    print(f"torch {torch.__version__}, onnxruntime {ort.__version__}, {args.threads} thread(s), {args.rounds} rounds, {clock}")
+    print(
+        f"torch {torch.__version__}, onnxruntime {ort.__version__}, {args.threads} thread(s),"
+        f" {args.rounds} rounds, {clock}"
+    )
     if args.only == "dcn":
         dcn_rows(args.rounds, args.threads, results)
         return
@@ -256,10 +320,19 @@ def main() -> None:
         ("backend work per graph: DCN <= 150 ms", results["dcn_work_ms_native"] <= 150),
         ("DCN inference compiled / eager <= 1.0 (native)", results["dcn_inference_native"] <= 1.0),
         ("DCN training compiled / eager <= 1.2", results["dcn_train"] <= 1.2),
-        ("DCN partitions 1 forward / 1 backward", results["fw_parts"] == 1 and results["bw_parts"] == 1),
-        ("dynamic sweep: 0 recompiles, 1 session per graph", results["recompiles"] == 0 and results["sessions_per_graph"] == 1),
+        (
+            "DCN partitions 1 forward / 1 backward",
+            results["fw_parts"] == 1 and results["bw_parts"] == 1,
+        ),
+        (
+            "dynamic sweep: 0 recompiles, 1 session per graph",
+            results["recompiles"] == 0 and results["sessions_per_graph"] == 1,
+        ),
     ]
-    print("goals (issue 23): " + "; ".join(f"{name}: {'met' if ok else 'NOT met'}" for name, ok in goals))
+    print(
+        "goals (issue 23): "
+        + "; ".join(f"{name}: {'met' if ok else 'NOT met'}" for name, ok in goals)
+    )
 
 
 if __name__ == "__main__":

@@ -60,13 +60,19 @@ def build_ort_deformconv(k: int, pad: int, threads: int = 2) -> ort.InferenceSes
     names = ["X", "W", "offset", "B", "mask"]
     node = helper.make_node("DeformConv", names, ["Y"], kernel_shape=[k, k], pads=[pad] * 4)
     graph = helper.make_graph(
-        [node], "deformconv",
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None] * (1 if n == "B" else 4)) for n in names],
+        [node],
+        "deformconv",
+        [
+            helper.make_tensor_value_info(n, TensorProto.FLOAT, [None] * (1 if n == "B" else 4))
+            for n in names
+        ],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None] * 4)],
-    )  # fmt: skip
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
     onnx.checker.check_model(model)
-    return ort.InferenceSession(model.SerializeToString(), ort_options(threads), providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        model.SerializeToString(), ort_options(threads), providers=["CPUExecutionProvider"]
+    )
 
 
 def time_fn(fn: Callable[[], object], repeat: int, warmup: int = 3) -> float:
@@ -104,8 +110,13 @@ def _training(t: dict[str, torch.Tensor]) -> tuple[Callable[[], object], Callabl
     """(our forward + backward, F.conv2d's forward + backward) on the same inputs."""
     pad = SHAPE["K"] // 2
     leaves = {k: v.clone().requires_grad_() for k, v in t.items()}
-    grad_out = torch.randn(SHAPE["N"], SHAPE["Cout"], SHAPE["H"], SHAPE["W"],
-                           generator=torch.Generator().manual_seed(2))  # fmt: skip
+    grad_out = torch.randn(
+        SHAPE["N"],
+        SHAPE["Cout"],
+        SHAPE["H"],
+        SHAPE["W"],
+        generator=torch.Generator().manual_seed(2),
+    )
     ours = [leaves[k] for k in ("X", "offset", "W", "B", "mask")]
     theirs = [leaves[k] for k in ("X", "W", "B")]
 
@@ -125,8 +136,9 @@ def _training(t: dict[str, torch.Tensor]) -> tuple[Callable[[], object], Callabl
 class _OneOp(torch.nn.Module):
     def forward(self, x, w, offset, mask, bias):
         pad = SHAPE["K"] // 2
-        return torch.ops.onnx_custom.deform_conv2d(x, w, offset, mask, bias, 1, 1, pad, pad, 1, 1,
-                                                   1, 1, True)  # fmt: skip
+        return torch.ops.onnx_custom.deform_conv2d(
+            x, w, offset, mask, bias, 1, 1, pad, pad, 1, 1, 1, 1, True
+        )
 
 
 def _session_fn(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> Callable[[], object]:
@@ -157,17 +169,20 @@ def _comparisons(
     kernel = _session_fn(one, {n: a.numpy() for n, a in zip("abcde", op_args, strict=True)})
 
     net = dcn.Model().eval()
-    image = torch.randn(SHAPE["N"], 3, 4 * SHAPE["H"], 4 * SHAPE["W"],
-                        generator=torch.Generator().manual_seed(1))  # fmt: skip
+    image = torch.randn(
+        SHAPE["N"], 3, 4 * SHAPE["H"], 4 * SHAPE["W"], generator=torch.Generator().manual_seed(1)
+    )
 
     def net_eager() -> torch.Tensor:
         with torch.inference_mode():
             return net(image)
 
-    net19 = _session_fn(onnx_custom.export(net, (image,), exporter="torchscript", opset=19),
-                        {"x": image.numpy()})  # fmt: skip
-    net11 = _session_fn(onnx_custom.export(net, (image,), exporter="torchscript", opset=11),
-                        {"x": image.numpy()})  # fmt: skip
+    net19 = _session_fn(
+        onnx_custom.export(net, (image,), exporter="torchscript", opset=19), {"x": image.numpy()}
+    )
+    net11 = _session_fn(
+        onnx_custom.export(net, (image,), exporter="torchscript", opset=11), {"x": image.numpy()}
+    )
     eager_train, conv_train = _training(t)
     return [
         ("eager op (C++)", "ORT DeformConv op19", eager, ort_native, 1.2),
@@ -214,11 +229,22 @@ def forward_row(rounds: int, repeat: int, threads: int, cpu_time: bool) -> dict[
             ours.append(ms(eager))
     ratio = statistics.median(a / b for a, b in zip(ours, base, strict=True))
     kind = "CPU time" if cpu_time else "wall time"
-    print(f"deform_conv2d forward vs F.conv2d, float32, {SHAPE}, mask on; torch {threads} thread(s), "
-          f"{kind}, medians of {rounds} paired rounds of {repeat} calls")  # fmt: skip
-    print(f"  eager op (C++) {statistics.median(ours):7.2f} ms   F.conv2d {statistics.median(base):7.2f} ms   "
-          f"ratio {ratio:.2f}  <={FORWARD_GOAL} {'ok' if ratio <= FORWARD_GOAL else 'MISS'}")  # fmt: skip
-    return {"eager_ms": statistics.median(ours), "conv2d_ms": statistics.median(base), "ratio": ratio}
+    print(
+        f"deform_conv2d forward vs F.conv2d, float32, {SHAPE}, mask on; torch {threads} thread(s), "
+        f"{kind}, medians of {rounds} paired rounds of {repeat} calls"
+    )
+    print(
+        f"  eager op (C++) {statistics.median(ours):7.2f} ms   F.conv2d"
+        f" {statistics.median(base):7.2f} ms   ratio {ratio:.2f}  <={FORWARD_GOAL}"
+        f" {'ok' if ratio <= FORWARD_GOAL else 'MISS'}"
+    )
+    return {
+        "eager_ms": statistics.median(ours),
+        "conv2d_ms": statistics.median(base),
+        "ratio": ratio,
+    }
+
+
 TRAINING_GOAL = 1.5  # our (fwd+bwd)/fwd at most 1.5x F.conv2d's
 
 
@@ -227,11 +253,17 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rss-child", choices=["eager", "conv2d"], help=argparse.SUPPRESS)
-    parser.add_argument("--forward-only", action="store_true",
-                        help="time only the eager forward against F.conv2d (paired rounds)")
+    parser.add_argument(
+        "--forward-only",
+        action="store_true",
+        help="time only the eager forward against F.conv2d (paired rounds)",
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch threads (--forward-only)")
-    parser.add_argument("--cpu-time", action="store_true",
-                        help="time with process CPU time (--forward-only; use with --threads 1)")
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time with process CPU time (--forward-only; use with --threads 1)",
+    )
     args = parser.parse_args(argv)
     if args.forward_only:
         previous = torch.get_num_threads()
@@ -252,14 +284,21 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     # Interleave contenders round by round so load drift hits all alike; keep each one's best round.
     times = alternating_rounds(fns, args.rounds, args.repeat, combine=min, warmup=3)
     shape = ", ".join(f"{key}={v}" for key, v in SHAPE.items())
-    print(f"deform_conv2d forward, float32, {shape}, pad={SHAPE['K'] // 2}, mask on; torch 2 threads, "
-          f"ORT 2 intra threads, spinning off; DCN net input {SHAPE['N']}x3x{4 * SHAPE['H']}x{4 * SHAPE['W']}")  # fmt: skip
-    results = print_ratios([(label, base, goal) for label, base, _, _, goal in rows], times, width=32)
+    print(
+        f"deform_conv2d forward, float32, {shape}, pad={SHAPE['K'] // 2}, mask on; torch 2 threads,"
+        " ORT 2 intra threads, spinning off; DCN net input"
+        f" {SHAPE['N']}x3x{4 * SHAPE['H']}x{4 * SHAPE['W']}"
+    )
+    results = print_ratios(
+        [(label, base, goal) for label, base, _, _, goal in rows], times, width=32
+    )
     ours = results[f"{TRAIN} / eager op (C++)"]
     conv = results[f"{CONV_TRAIN} / F.conv2d (no deformation)"]
     cost = results["training cost / F.conv2d training cost"] = ours / conv
-    print(f"training cost, (fwd+bwd)/fwd: ours {ours:.2f}, F.conv2d {conv:.2f}; ours / F.conv2d's "
-          f"{cost:.2f}x  <={TRAINING_GOAL:.1f} {'ok' if cost <= TRAINING_GOAL else 'MISS'}")  # fmt: skip
+    print(
+        f"training cost, (fwd+bwd)/fwd: ours {ours:.2f}, F.conv2d {conv:.2f}; ours / F.conv2d's "
+        f"{cost:.2f}x  <={TRAINING_GOAL:.1f} {'ok' if cost <= TRAINING_GOAL else 'MISS'}"
+    )
     mib = 1024 * 1024
     eager_peak, conv_peak = peak_memory("eager"), peak_memory("conv2d")
     results["eager_peak_bytes"], results["conv2d_peak_bytes"] = eager_peak, conv_peak

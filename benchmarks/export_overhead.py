@@ -55,10 +55,18 @@ def _time(fn) -> float:  # type: ignore[no-untyped-def]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--cpu-time", action="store_true", help="process CPU time instead of wall time")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument(
+        "--cpu-time", action="store_true", help="process CPU time instead of wall time"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: torch's)"
+    )
     parser.add_argument("--only", choices=("dynamo", "torchscript"), default=None)
-    parser.add_argument("--plain", action="store_true", help="also TorchScript with plain torch symbolics (see above)")
+    parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="also TorchScript with plain torch symbolics (see above)",
+    )
     ns = parser.parse_args()
     global CLOCK
     CLOCK = time.process_time if ns.cpu_time else time.perf_counter
@@ -71,7 +79,14 @@ def main() -> None:
 
     def raw_dynamo() -> None:
         with contextlib.redirect_stdout(io.StringIO()):
-            torch.onnx.export(model, args, dynamo=True, opset_version=18, custom_translation_table=table, verbose=False)
+            torch.onnx.export(
+                model,
+                args,
+                dynamo=True,
+                opset_version=18,
+                custom_translation_table=table,
+                verbose=False,
+            )
 
     def ours_dynamo() -> None:
         onnx_custom.export(model, args, exporter="dynamo", opset=18)
@@ -84,7 +99,10 @@ def main() -> None:
 
     print(f"{'wall' if not ns.cpu_time else 'CPU'} time, medians of {ns.repeats} paired rounds")
     print(f"{'exporter':<12} {'raw torch.onnx.export':>22} {'onnx_custom.api':>20} {'ratio':>7}")
-    for name, raw, ours, scope in (("dynamo", raw_dynamo, ours_dynamo, contextlib.nullcontext), ("torchscript", raw_ts, ours_ts, registered)):
+    for name, raw, ours, scope in (
+        ("dynamo", raw_dynamo, ours_dynamo, contextlib.nullcontext),
+        ("torchscript", raw_ts, ours_ts, registered),
+    ):
         if ns.only and name != ns.only:
             continue
         raw_samples: list[float] = []
@@ -93,7 +111,7 @@ def main() -> None:
             raw()
         ours()  # warm-up: caches, lazy imports
         for i in range(ns.repeats):  # alternate which goes first: no order bias
-            for which in ((0, 1) if i % 2 == 0 else (1, 0)):
+            for which in (0, 1) if i % 2 == 0 else (1, 0):
                 if which == 0:
                     with scope():
                         raw_samples.append(_time(raw))
@@ -118,7 +136,11 @@ def _plain_row(model: torch.nn.Module, args: tuple[torch.Tensor, ...], repeats: 
     def asinh(g, x):  # type: ignore[no-untyped-def]
         return g.op("Asinh", x)
 
-    plain = {"onnx_custom::my_add": my_add, "onnx_custom::multi_out": multi_out, "aten::asinh": asinh}
+    plain = {
+        "onnx_custom::my_add": my_add,
+        "onnx_custom::multi_out": multi_out,
+        "aten::asinh": asinh,
+    }
     for name, fn in plain.items():
         torch.onnx.register_custom_op_symbolic(name, fn, 13)
 
@@ -132,11 +154,14 @@ def _plain_row(model: torch.nn.Module, args: tuple[torch.Tensor, ...], repeats: 
     ours()
     samples: dict[str, list[float]] = {"plain": [], "ours": []}
     for i in range(repeats):
-        for which in (("plain", "ours") if i % 2 == 0 else ("ours", "plain")):
+        for which in ("plain", "ours") if i % 2 == 0 else ("ours", "plain"):
             samples[which].append(_time(raw_plain if which == "plain" else ours))
     p, o = statistics.median(samples["plain"]), statistics.median(samples["ours"])
     calls = 9  # 4 asinh + 4 my_add + 1 multi_out in Model.forward
-    print(f"{'TS, plain':<12} {p * 1e3:>19.1f} ms {o * 1e3:>17.1f} ms {o / p:>7.3f}   (+{(o - p) * 1e3 / calls:.2f} ms per custom-node call)")
+    print(
+        f"{'TS, plain':<12} {p * 1e3:>19.1f} ms {o * 1e3:>17.1f} ms {o / p:>7.3f}  "
+        f" (+{(o - p) * 1e3 / calls:.2f} ms per custom-node call)"
+    )
 
 
 if __name__ == "__main__":

@@ -93,8 +93,10 @@ def main() -> None:
     parser.add_argument(
         "--gc-off",
         action="store_true",
-        help="no garbage collection inside a round: a collection lands in whichever span crosses "
-        "the allocation threshold, the same span every round",
+        help=(
+            "no garbage collection inside a round: a collection lands in whichever span crosses "
+            "the allocation threshold, the same span every round"
+        ),
     )
     ns = parser.parse_args()
     torch.set_num_threads(1)
@@ -143,7 +145,8 @@ def main() -> None:
     r, o = statistics.median(raw_times), statistics.median(our_times)
     print(f"CPU time (thread_time, 1 thread), medians of {ns.repeats} alternating rounds")
     print(
-        f"raw torch.onnx.export {r * 1e3:.2f} ms, onnx_custom.export {o * 1e3:.2f} ms: ratio {o / r:.3f} (+{(o - r) * 1e6:.0f} us)"
+        f"raw torch.onnx.export {r * 1e3:.2f} ms, onnx_custom.export {o * 1e3:.2f} ms: ratio"
+        f" {o / r:.3f} (+{(o - r) * 1e6:.0f} us)"
     )
     medians = {name: statistics.median(values) for name, values in per_span.items()}
     inner = medians.pop("torch.onnx.export", 0.0)

@@ -48,13 +48,33 @@ def body_model(opset: int) -> onnx.ModelProto:
     from onnx_custom.function_bodies import embed_functions
 
     pad = 1
-    node = helper.make_node("DeformConv2d", _NAMES, ["Y"], domain="onnx_custom", stride_h=1, stride_w=1,
-                            pad_h=pad, pad_w=pad, dilation_h=1, dilation_w=1, groups=1,
-                            offset_groups=1, use_mask=1)  # fmt: skip
-    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None] * (1 if n == "B" else 4)) for n in _NAMES]
-    graph = helper.make_graph([node], "dcn_body", inputs, [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, ir_version=9, opset_imports=[
-        helper.make_opsetid("", opset), helper.make_opsetid("onnx_custom", 1)])  # fmt: skip
+    node = helper.make_node(
+        "DeformConv2d",
+        _NAMES,
+        ["Y"],
+        domain="onnx_custom",
+        stride_h=1,
+        stride_w=1,
+        pad_h=pad,
+        pad_w=pad,
+        dilation_h=1,
+        dilation_w=1,
+        groups=1,
+        offset_groups=1,
+        use_mask=1,
+    )
+    inputs = [
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, [None] * (1 if n == "B" else 4))
+        for n in _NAMES
+    ]
+    graph = helper.make_graph(
+        [node], "dcn_body", inputs, [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)]
+    )
+    model = helper.make_model(
+        graph,
+        ir_version=9,
+        opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("onnx_custom", 1)],
+    )
     return embed_functions(model)
 
 
@@ -89,10 +109,21 @@ def _child(model_path: str, feeds_path: str, calls: int) -> None:
     print(first, kib("VmHWM") - before)
 
 
-def _run_child(model_path: Path, feeds_path: Path, calls: int, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+def _run_child(
+    model_path: Path, feeds_path: Path, calls: int, prefix: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
     # glibc maps and unmaps large buffers right away, so memory freed by a call is not reused
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    command = [*prefix, sys.executable, "-I", __file__, "--child", str(model_path), str(feeds_path), str(calls)]
+    command = [
+        *prefix,
+        sys.executable,
+        "-I",
+        __file__,
+        "--child",
+        str(model_path),
+        str(feeds_path),
+        str(calls),
+    ]
     return subprocess.run(command, env=env, check=True, capture_output=True, text=True)
 
 
@@ -106,7 +137,12 @@ def _instructions(model_path: Path, feeds_path: Path) -> int:
     """Instructions of one call under callgrind: (session + 3 calls) - (session + 1 call), / 2."""
     counts = []
     for calls in (1, 3):
-        done = _run_child(model_path, feeds_path, calls, ("valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"))
+        done = _run_child(
+            model_path,
+            feeds_path,
+            calls,
+            ("valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"),
+        )
         counts.append(int(re.findall(r"Collected : (\d+)", done.stderr)[-1]))
     return (counts[1] - counts[0]) // 2
 
@@ -115,8 +151,13 @@ def builtin_model(k: int, pad: int) -> onnx.ModelProto:
     """One opset-19 ``DeformConv`` node (float32, bias and mask inputs): ORT's own kernel."""
     names = ["X", "W", "offset", "B", "mask"]
     node = helper.make_node("DeformConv", names, ["Y"], kernel_shape=[k, k], pads=[pad] * 4)
-    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None] * (1 if n == "B" else 4)) for n in names]
-    graph = helper.make_graph([node], "deformconv", inputs, [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+    inputs = [
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, [None] * (1 if n == "B" else 4))
+        for n in names
+    ]
+    graph = helper.make_graph(
+        [node], "deformconv", inputs, [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)]
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
 
 
@@ -124,8 +165,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--instructions", action="store_true", help="also count instructions per call with callgrind (slow)")
-    parser.add_argument("--child", nargs=3, metavar=("MODEL", "FEEDS", "CALLS"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="also count instructions per call with callgrind (slow)",
+    )
+    parser.add_argument(
+        "--child", nargs=3, metavar=("MODEL", "FEEDS", "CALLS"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args(argv)
     if args.child:
         _child(args.child[0], args.child[1], int(args.child[2]))
@@ -138,7 +185,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     models.update({f"function body (opset {v})": body_model(v) for v in (11, 18)})
     contenders: dict[str, Callable[[], Any]] = {}
     for label, model in models.items():
-        sess = ort.InferenceSession(model.SerializeToString(), _options(), providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(
+            model.SerializeToString(), _options(), providers=["CPUExecutionProvider"]
+        )
         contenders[label] = lambda s=sess: s.run(None, feeds)
     expected = contenders[base]()[0]
     for label, fn in contenders.items():
@@ -161,21 +210,31 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 instructions[label] = _instructions(path, feeds_path)
     mib = 1024 * 1024
     dims = ", ".join(f"{k}={v}" for k, v in shape.items())
-    print(f"DeformConv2d forward, float32, {dims}, pad 1, mask on; plain onnxruntime "
-          f"{ort.__version__}, 2 intra-op threads, spinning off; {args.rounds} paired rounds")  # fmt: skip
-    print(f"{'model':<28}{'median ms':>10}{'x builtin':>10}{'instr x':>9}{'peak MiB: 1st call':>20}{'warm':>7}")
+    print(
+        f"DeformConv2d forward, float32, {dims}, pad 1, mask on; plain onnxruntime "
+        f"{ort.__version__}, 2 intra-op threads, spinning off; {args.rounds} paired rounds"
+    )
+    print(
+        f"{'model':<28}{'median ms':>10}{'x builtin':>10}{'instr x':>9}{'peak MiB: 1st call':>20}{'warm':>7}"
+    )
     results: dict[str, float] = {}
     for label in labels:
         ratio = statistics.median(a / b for a, b in zip(rounds[label], rounds[base], strict=True))
         results[f"{label} / {base}"] = ratio
         results[f"{label} peak_bytes"], results[f"{label} warm_peak_bytes"] = peaks[label]
-        instr = f"{instructions[label] / instructions[base]:>8.2f}x" if instructions else f"{'-':>9}"
+        instr = (
+            f"{instructions[label] / instructions[base]:>8.2f}x" if instructions else f"{'-':>9}"
+        )
         if instructions:
             results[f"{label} instructions"] = instructions[label]
-        print(f"{label:<28}{statistics.median(rounds[label]):>10.2f}{ratio:>9.2f}x{instr}"
-              f"{peaks[label][0] / mib:>20.1f}{peaks[label][1] / mib:>7.1f}")  # fmt: skip
-    print("peak MiB: RSS high-water increase over the RSS before the session (session + first call), "
-          "and of one warm call; each model in a fresh onnxruntime+numpy subprocess")
+        print(
+            f"{label:<28}{statistics.median(rounds[label]):>10.2f}{ratio:>9.2f}x{instr}"
+            f"{peaks[label][0] / mib:>20.1f}{peaks[label][1] / mib:>7.1f}"
+        )
+    print(
+        "peak MiB: RSS high-water increase over the RSS before the session (session + first call), "
+        "and of one warm call; each model in a fresh onnxruntime+numpy subprocess"
+    )
     return results
 
 

@@ -17,7 +17,16 @@ from collections.abc import Callable, Sequence
 
 import onnxruntime as ort
 
-__all__ = ["alternating_rounds", "median_ms", "ort_options", "paired_rounds", "peak_memory", "print_ratios", "rss_child", "status_kib"]
+__all__ = [
+    "alternating_rounds",
+    "median_ms",
+    "ort_options",
+    "paired_rounds",
+    "peak_memory",
+    "print_ratios",
+    "rss_child",
+    "status_kib",
+]
 
 
 def median_ms(fn: Callable[[], object], repeat: int, warmup: int = 0) -> float:
@@ -32,9 +41,14 @@ def median_ms(fn: Callable[[], object], repeat: int, warmup: int = 0) -> float:
     return statistics.median(times)
 
 
-def alternating_rounds(fns: dict[str, Callable[[], object]], rounds: int, repeat: int, *,
-                       combine: Callable[[Sequence[float]], float] = statistics.median,
-                       warmup: int = 1) -> dict[str, float]:  # fmt: skip
+def alternating_rounds(
+    fns: dict[str, Callable[[], object]],
+    rounds: int,
+    repeat: int,
+    *,
+    combine: Callable[[Sequence[float]], float] = statistics.median,
+    warmup: int = 1,
+) -> dict[str, float]:
     """Milliseconds per contender: every round times each contender (the median of ``repeat``
     calls), in forward order on even rounds and reverse order on odd ones, so load drift and
     cache warmth hit all alike; ``combine`` reduces the rounds (default: the median)."""
@@ -49,7 +63,9 @@ def alternating_rounds(fns: dict[str, Callable[[], object]], rounds: int, repeat
     return {label: combine(ms) for label, ms in per_round.items()}
 
 
-def paired_rounds(contender: Callable[[], object], baseline: Callable[[], object], rounds: int, repeat: int) -> tuple[float, float, float]:
+def paired_rounds(
+    contender: Callable[[], object], baseline: Callable[[], object], rounds: int, repeat: int
+) -> tuple[float, float, float]:
     """(contender ms, baseline ms, ratio) measured as pairs: each round times the two back to back
     (the median of ``repeat`` calls each; which goes first alternates), so load that drifts over
     seconds on a shared machine hits both halves of a pair alike. The ratio is the median of the
@@ -67,8 +83,12 @@ def paired_rounds(contender: Callable[[], object], baseline: Callable[[], object
     return statistics.median(mine), statistics.median(base), ratio
 
 
-def print_ratios(rows: Sequence[tuple[str, str, float | None]], times: dict[str, float], width: int = 30,
-                 pairs: dict[tuple[str, str], tuple[float, float, float]] | None = None) -> dict[str, float]:  # fmt: skip
+def print_ratios(
+    rows: Sequence[tuple[str, str, float | None]],
+    times: dict[str, float],
+    width: int = 30,
+    pairs: dict[tuple[str, str], tuple[float, float, float]] | None = None,
+) -> dict[str, float]:
     """Print ``contender ms | baseline ms | ratio | goal`` per row; returns ``{"a / b": ratio}``.
     ``pairs`` (`paired_rounds` results by row) replace the row's times and ratio where given."""
     print(f"{'contender':<{width}}{'ms':>9}  {'baseline':<{width}}{'ms':>9}{'ratio':>8}   goal")
@@ -80,7 +100,9 @@ def print_ratios(rows: Sequence[tuple[str, str, float | None]], times: dict[str,
             mine, theirs, ratio = pairs[(label, base)]
         results[f"{label} / {base}"] = ratio
         verdict = "" if goal is None else f"<= {goal:.1f} {'ok' if ratio <= goal else 'MISS'}"
-        print(f"{label:<{width}}{mine:>9.2f}  {base:<{width}}{theirs:>9.2f}{ratio:>7.2f}x   {verdict}")
+        print(
+            f"{label:<{width}}{mine:>9.2f}  {base:<{width}}{theirs:>9.2f}{ratio:>7.2f}x   {verdict}"
+        )
     return results
 
 
@@ -121,6 +143,11 @@ def peak_memory(script: str, kind: str) -> int:
     by the warm-up call is not silently reused.
     """
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    out = subprocess.run([sys.executable, script, "--rss-child", kind], env=env, check=True,
-                         capture_output=True, text=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, script, "--rss-child", kind],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return int(out.split()[-1]) * 1024

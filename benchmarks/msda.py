@@ -55,7 +55,9 @@ def make_inputs(seed: int = 0) -> Inputs:
     keys = int(sizes.sum())
     centres = []
     for h, w in LEVELS:
-        ys, xs = torch.meshgrid((torch.arange(h) + 0.5) / h, (torch.arange(w) + 0.5) / w, indexing="ij")
+        ys, xs = torch.meshgrid(
+            (torch.arange(h) + 0.5) / h, (torch.arange(w) + 0.5) / w, indexing="ij"
+        )
         centres.append(torch.stack([xs.reshape(-1), ys.reshape(-1)], -1))
     ref = torch.cat(centres)[None, :, None, None, None, :]  # (1, Q, 1, 1, 1, 2)
     pixel = (1.0 / shapes.flip(-1).float())[None, None, None, :, None, :]  # one pixel per level
@@ -67,7 +69,9 @@ def make_inputs(seed: int = 0) -> Inputs:
     return value, shapes, starts, loc, attn
 
 
-def grid_sample_formulation(value: torch.Tensor, shapes: torch.Tensor, loc: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+def grid_sample_formulation(
+    value: torch.Tensor, shapes: torch.Tensor, loc: torch.Tensor, attn: torch.Tensor
+) -> torch.Tensor:
     """The pure-PyTorch baseline: one F.grid_sample per level (mmcv's CPU path)."""
     bs, _, heads, dim = value.shape
     _, queries, _, levels, points, _ = loc.shape
@@ -76,7 +80,9 @@ def grid_sample_formulation(value: torch.Tensor, shapes: torch.Tensor, loc: torc
     for level, (h, w) in enumerate(LEVELS):
         image = parts[level].flatten(2).transpose(1, 2).reshape(bs * heads, dim, h, w)
         grid = (2 * loc[:, :, :, level] - 1).transpose(1, 2).flatten(0, 1)
-        sampled.append(F.grid_sample(image, grid, mode="bilinear", padding_mode="zeros", align_corners=False))
+        sampled.append(
+            F.grid_sample(image, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+        )
     weights = attn.transpose(1, 2).reshape(bs * heads, 1, queries, levels * points)
     out = (torch.stack(sampled, dim=-2).flatten(-2) * weights).sum(-1)
     return out.view(bs, heads * dim, queries).transpose(1, 2).contiguous()
@@ -85,7 +91,9 @@ def grid_sample_formulation(value: torch.Tensor, shapes: torch.Tensor, loc: torc
 def _training(inputs: Inputs, kind: str) -> Callable[[], object]:
     value, shapes, starts, loc, attn = inputs
     leaves = [t.clone().requires_grad_() for t in (value, loc, attn)]
-    grad = torch.randn(BS, loc.shape[1], HEADS * HEAD_DIM, generator=torch.Generator().manual_seed(2))
+    grad = torch.randn(
+        BS, loc.shape[1], HEADS * HEAD_DIM, generator=torch.Generator().manual_seed(2)
+    )
 
     def ours() -> object:
         out = multi_scale_deformable_attn(leaves[0], shapes, starts, leaves[1], leaves[2])
@@ -111,8 +119,17 @@ def peak_memory(kind: str) -> int:
 
 
 class _Op(torch.nn.Module):
-    def forward(self, value: torch.Tensor, shapes: torch.Tensor, starts: torch.Tensor, loc: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        return torch.ops.onnx_custom.multi_scale_deformable_attn(value, shapes, starts, loc, attn, 64)
+    def forward(
+        self,
+        value: torch.Tensor,
+        shapes: torch.Tensor,
+        starts: torch.Tensor,
+        loc: torch.Tensor,
+        attn: torch.Tensor,
+    ) -> torch.Tensor:
+        return torch.ops.onnx_custom.multi_scale_deformable_attn(
+            value, shapes, starts, loc, attn, 64
+        )
 
 
 def _sessions(inputs: Inputs) -> dict[str, Callable[[], object]]:
@@ -125,21 +142,34 @@ def _sessions(inputs: Inputs) -> dict[str, Callable[[], object]]:
     expected = grid_sample_formulation(inputs[0], inputs[1], inputs[3], inputs[4]).numpy()
     standard = onnx_custom.default_registry().with_variants("standard")
     node = onnx_custom.export(_Op(), inputs, exporter="torchscript", opset=17)
-    files = {"native": node, "python": node,
-             "gridsample": onnx_custom.export(_Op(), inputs, exporter="torchscript", opset=16, registry=standard),
-             "gather": onnx_custom.export(_Op(), inputs, exporter="torchscript", opset=11, registry=standard)}  # fmt: skip
+    files = {
+        "native": node,
+        "python": node,
+        "gridsample": onnx_custom.export(
+            _Op(), inputs, exporter="torchscript", opset=16, registry=standard
+        ),
+        "gather": onnx_custom.export(
+            _Op(), inputs, exporter="torchscript", opset=11, registry=standard
+        ),
+    }
     fns: dict[str, Callable[[], object]] = {}
     for kind, proto in files.items():
         opts = ort_options(2)
         if kind == "native":
             opts.register_custom_ops_library(str(library_path()))
-            sess = ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+            sess = ort.InferenceSession(
+                proto.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+            )
         elif kind == "python":
             sess = onnx_custom.InferenceSession(proto, opts)
         else:
-            sess = ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+            sess = ort.InferenceSession(
+                proto.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+            )
         feeds = {i.name: a for i, a in zip(sess.get_inputs(), feeds_list, strict=True)}
-        np.testing.assert_allclose(sess.run(None, feeds)[0], expected, rtol=1e-4, atol=1e-4, err_msg=kind)
+        np.testing.assert_allclose(
+            sess.run(None, feeds)[0], expected, rtol=1e-4, atol=1e-4, err_msg=kind
+        )
         fns[kind] = functools.partial(sess.run, None, feeds)
     return fns
 
@@ -168,8 +198,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     load_extension()
     inputs = make_inputs()
     value, shapes, starts, loc, attn = inputs
-    torch.testing.assert_close(multi_scale_deformable_attn(value, shapes, starts, loc, attn),
-                               grid_sample_formulation(value, shapes, loc, attn), rtol=1e-4, atol=1e-5)  # fmt: skip
+    torch.testing.assert_close(
+        multi_scale_deformable_attn(value, shapes, starts, loc, attn),
+        grid_sample_formulation(value, shapes, loc, attn),
+        rtol=1e-4,
+        atol=1e-5,
+    )
     sessions = _sessions(inputs)
 
     def eager() -> object:
@@ -181,28 +215,40 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             return grid_sample_formulation(value, shapes, loc, attn)
 
     fns: dict[str, Callable[[], object]] = {
-        "eager fwd (C++)": eager, "grid_sample fwd": grid,
-        "eager fwd+bwd": _training(inputs, "eager"), "grid_sample fwd+bwd": _training(inputs, "grid"),
-        "ORT native kernel": sessions["native"], "ORT Python kernel": sessions["python"],
-        "ORT GridSample decomposition": sessions["gridsample"], "ORT gather decomposition": sessions["gather"],
-    }  # fmt: skip
+        "eager fwd (C++)": eager,
+        "grid_sample fwd": grid,
+        "eager fwd+bwd": _training(inputs, "eager"),
+        "grid_sample fwd+bwd": _training(inputs, "grid"),
+        "ORT native kernel": sessions["native"],
+        "ORT Python kernel": sessions["python"],
+        "ORT GridSample decomposition": sessions["gridsample"],
+        "ORT gather decomposition": sessions["gather"],
+    }
     times = alternating_rounds(fns, args.rounds, args.repeat)
     # The goal rows again as pairs (contender and baseline back to back each round): on a shared
     # machine load drifts between contenders timed far apart in a round.
-    pairs = {(label, base): paired_rounds(fns[label], fns[base], args.rounds, args.repeat)
-             for label, base, goal in ROWS if goal is not None and "bwd" not in label}  # fmt: skip
+    pairs = {
+        (label, base): paired_rounds(fns[label], fns[base], args.rounds, args.repeat)
+        for label, base, goal in ROWS
+        if goal is not None and "bwd" not in label
+    }
     keys = sum(h * w for h, w in LEVELS)
-    print(f"multi_scale_deformable_attn, float32, bs {BS}, levels {list(LEVELS)} ({keys} keys = queries), "
-          f"{HEADS} heads x {HEAD_DIM}, {POINTS} points; torch 2 threads, ORT 2 intra threads, spinning off; "
-          f"median of {args.rounds} alternating rounds x {args.repeat} calls; forward goal rows: median of "
-          f"{args.rounds} paired rounds' ratios")  # fmt: skip
+    print(
+        f"multi_scale_deformable_attn, float32, bs {BS}, levels {list(LEVELS)} ({keys} keys ="
+        f" queries), {HEADS} heads x {HEAD_DIM}, {POINTS} points; torch 2 threads, ORT 2 intra"
+        f" threads, spinning off; median of {args.rounds} alternating rounds x {args.repeat} calls;"
+        f" forward goal rows: median of {args.rounds} paired rounds' ratios"
+    )
     results = print_ratios(ROWS, times, width=30, pairs=pairs)
     mib = 1024 * 1024
     ours, theirs = peak_memory("eager"), peak_memory("grid")
     results["eager_peak_bytes"], results["grid_peak_bytes"] = ours, theirs
     ratio = results["peak memory eager / grid_sample"] = ours / theirs
-    print(f"peak RSS increase of one fwd+bwd (fresh subprocess): eager {ours / mib:.1f} MiB, grid_sample "
-          f"{theirs / mib:.1f} MiB: {ratio:.2f}x   <= {MEMORY_GOAL:.1f} {'ok' if ratio <= MEMORY_GOAL else 'MISS'}")  # fmt: skip
+    print(
+        f"peak RSS increase of one fwd+bwd (fresh subprocess): eager {ours / mib:.1f} MiB,"
+        f" grid_sample {theirs / mib:.1f} MiB: {ratio:.2f}x   <= {MEMORY_GOAL:.1f}"
+        f" {'ok' if ratio <= MEMORY_GOAL else 'MISS'}"
+    )
     return results
 
 

@@ -67,7 +67,9 @@ class DcnResNet(nn.Module):
         torch.manual_seed(0)
         try:
             self.stem = nn.Sequential(
-                nn.Conv2d(3, channels, 7, stride=2, padding=3), nn.ReLU(), nn.MaxPool2d(3, stride=2, padding=1)
+                nn.Conv2d(3, channels, 7, stride=2, padding=3),
+                nn.ReLU(),
+                nn.MaxPool2d(3, stride=2, padding=1),
             )
             self.blocks = nn.ModuleList(DeformBlock(channels) for _ in range(blocks))
             for block in self.blocks:
@@ -91,18 +93,28 @@ def planted_registry() -> onnx_custom.Registry:
     """The default registry with a wrong DeformConv translation (the modulation mask dropped)."""
     from onnx_custom.symbolics import deform_conv as deform_conv_symbolics
 
-    def planted_deform_conv2d(g: Any, input: Any, weight: Any, offset: Any, mask: Any, bias: Any, **attrs: Any) -> Any:
-        return deform_conv_symbolics.deform_conv2d(g, input, weight, offset, mask, bias, **{**attrs, "use_mask": False})
+    def planted_deform_conv2d(
+        g: Any, input: Any, weight: Any, offset: Any, mask: Any, bias: Any, **attrs: Any
+    ) -> Any:
+        return deform_conv_symbolics.deform_conv2d(
+            g, input, weight, offset, mask, bias, **{**attrs, "use_mask": False}
+        )
 
     registry = onnx_custom.default_registry().copy()
-    registry.symbolic("onnx_custom::deform_conv2d", opset=OPSET, replace=True)(planted_deform_conv2d)
+    registry.symbolic("onnx_custom::deform_conv2d", opset=OPSET, replace=True)(
+        planted_deform_conv2d
+    )
     return registry
 
 
-def export(model: nn.Module, exporter: str, registry: onnx_custom.Registry | None = None) -> onnx.ModelProto:
+def export(
+    model: nn.Module, exporter: str, registry: onnx_custom.Registry | None = None
+) -> onnx.ModelProto:
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return onnx_custom.export(model, example(), exporter=exporter, opset=OPSET, registry=registry)
+        return onnx_custom.export(
+            model, example(), exporter=exporter, opset=OPSET, registry=registry
+        )
 
 
 CLOCK = time.perf_counter  # --cpu-time: time.process_time (steadier on a loaded machine, 1 thread)
@@ -114,7 +126,9 @@ def timed(fn: Callable[[], object]) -> float:
     return CLOCK() - start
 
 
-def paired(contender: Callable[[], object], baseline: Callable[[], object], rounds: int, inner: int = 1) -> tuple[float, float]:
+def paired(
+    contender: Callable[[], object], baseline: Callable[[], object], rounds: int, inner: int = 1
+) -> tuple[float, float]:
     """Median seconds of (contender, baseline), alternating which runs first each round."""
     mine, base = interleaved([contender, baseline], rounds, inner)
     return mine, base
@@ -130,10 +144,20 @@ def interleaved(fns: list[Callable[[], object]], rounds: int, inner: int = 1) ->
     return [statistics.median(t) for t in times]
 
 
-def _row(label: str, mine: float, base: float, goal: float | None, unit: float = 1e3, unit_name: str = "ms") -> float:
+def _row(
+    label: str,
+    mine: float,
+    base: float,
+    goal: float | None,
+    unit: float = 1e3,
+    unit_name: str = "ms",
+) -> float:
     ratio = mine / base
     verdict = "" if goal is None else f"goal <= {goal:g}: {'ok' if ratio <= goal else 'MISS'}"
-    print(f"{label:<46} {mine * unit:>10.3f} {base * unit:>10.3f} {unit_name}  {ratio:>6.2f}x  {verdict}")
+    print(
+        f"{label:<46} {mine * unit:>10.3f} {base * unit:>10.3f} {unit_name}  {ratio:>6.2f}x "
+        f" {verdict}"
+    )
     return ratio
 
 
@@ -145,8 +169,9 @@ def compare_row(rounds: int) -> float:
     mine, base = paired(
         lambda: compare_arrays(expected, actual, name="y", trial=0),
         lambda: torch.isclose(expected, actual_t).all(),
-        rounds * 4, inner=5,
-    )  # fmt: skip
+        rounds * 4,
+        inner=5,
+    )
     return _row("compare_arrays / isclose().all() 1x64x56x56", mine, base, 2.0)
 
 
@@ -176,7 +201,11 @@ def verify_rows(blocks: int, exporter: str, rounds: int) -> float:
 
     report = verify()  # warm: the kernel host, the dispatcher, ORT's first-run allocations
     kinds = [r.kind for r in report.shapes_tried]
-    assert kinds == ["example", "values", "values"], f"verify ran {kinds}: not the baseline's 3 runs"
+    assert kinds == [
+        "example",
+        "values",
+        "values",
+    ], f"verify ran {kinds}: not the baseline's 3 runs"
     mine, mine_cold, base = interleaved([verify, cold, plain], rounds)
     ratio = _row(f"verify(trials=3) / 3x(eager+ORT), N={blocks}", mine, base, 1.10)
     _row("    cold: a new ORT session per call", mine_cold, base, 1.10)
@@ -184,7 +213,9 @@ def verify_rows(blocks: int, exporter: str, rounds: int) -> float:
     with torch.no_grad():
         out = model(inputs[0])
     (ort_out,) = session.run(None, {name: inputs[0].numpy()})
-    compare_s = statistics.median(timed(lambda: compare_arrays(out, ort_out, name="y", trial=0)) for _ in range(rounds * 5))
+    compare_s = statistics.median(
+        timed(lambda: compare_arrays(out, ort_out, name="y", trial=0)) for _ in range(rounds * 5)
+    )
     # Page faults the baseline's warm session never takes: a new session's memory (arena,
     # weights, worker-thread buffers) comes fresh from the OS when malloc gave the last one back
     # (bimodal), and verify's own fresh tensors (input draws, eager copies, outputs).
@@ -193,8 +224,11 @@ def verify_rows(blocks: int, exporter: str, rounds: int) -> float:
     for label, fn, total in (("shared session", verify, mine), ("cold", cold, mine_cold)):
         faults = max(0, minor_faults(fn, rounds) - base_faults)
         made = session_s if fn is cold else 0.0
-        print(f"    of which ({label}): session creation {made * 1e3:.1f} ms, 3 compares {3 * compare_s * 1e3:.2f} ms, "
-              f"{faults} more page faults {faults * fault_s * 1e3:.1f} ms, rest {(total - base - made - 3 * compare_s - faults * fault_s) * 1e3:.1f} ms")  # fmt: skip
+        print(
+            f"    of which ({label}): session creation {made * 1e3:.1f} ms, 3 compares"
+            f" {3 * compare_s * 1e3:.2f} ms, {faults} more page faults {faults * fault_s * 1e3:.1f}"
+            f" ms, rest {(total - base - made - 3 * compare_s - faults * fault_s) * 1e3:.1f} ms"
+        )
     return ratio
 
 
@@ -240,23 +274,35 @@ def localize_rows(blocks: int, exporter: str, rounds: int) -> float:
     def plain() -> None:
         onnx_custom.verify(model, args, proto, registry=registry, raise_on_mismatch=False)
 
-    remembered = program_cache.recall(model, args)  # the dynamo exporter's program; None for TorchScript
+    remembered = program_cache.recall(
+        model, args
+    )  # the dynamo exporter's program; None for TorchScript
 
     def localized() -> None:
         if remembered is not None:
             program_cache.remember(model, args, remembered)  # as right after the export
-        report = onnx_custom.verify(model, args, proto, registry=registry, raise_on_mismatch=False, localize=True)
+        report = onnx_custom.verify(
+            model, args, proto, registry=registry, raise_on_mismatch=False, localize=True
+        )
         first = report.localization.first
-        assert first is not None and first.torch_op.startswith("onnx_custom::deform_conv2d"), report.localization
+        assert first is not None and first.torch_op.startswith("onnx_custom::deform_conv2d"), (
+            report.localization
+        )
 
     def cold() -> None:
         program_cache.clear()
-        localized_cold = onnx_custom.verify(model, args, proto, registry=registry, raise_on_mismatch=False, localize=True)
+        localized_cold = onnx_custom.verify(
+            model, args, proto, registry=registry, raise_on_mismatch=False, localize=True
+        )
         assert localized_cold.localization.first is not None, localized_cold.localization
 
     localized()  # warm, and check that it names a DeformConv
     cold()
-    nodes = sum(1 for n in torch.export.export(model, args, strict=False).graph.nodes if n.op == "call_function")
+    nodes = sum(
+        1
+        for n in torch.export.export(model, args, strict=False).graph.nodes
+        if n.op == "call_function"
+    )
     if remembered is None:
         mine, base = paired(cold, plain, rounds)
         ratio = _row(f"verify(localize) / verify, N={blocks} ({nodes} nodes)", mine, base, 2.0)
@@ -264,7 +310,10 @@ def localize_rows(blocks: int, exporter: str, rounds: int) -> float:
         mine, mine_cold, base = interleaved([localized, cold, plain], rounds)
         ratio = _row(f"verify(localize) / verify, N={blocks} ({nodes} nodes)", mine, base, 2.0)
         _row("    cold: file exported in another process", mine_cold, base, 2.0)
-    print(f"    localize alone {(mine - base) * 1e3:.0f} ms = {(mine - base) / nodes * 1e3:.2f} ms per node")
+    print(
+        f"    localize alone {(mine - base) * 1e3:.0f} ms = {(mine - base) / nodes * 1e3:.2f} ms"
+        " per node"
+    )
     return ratio
 
 
@@ -289,33 +338,58 @@ def _rss_child(kind: str, blocks: int, exporter: str) -> None:
     if kind in ("localize", "localize-cold"):
         if kind == "localize-cold":
             program_cache.clear()
-        onnx_custom.verify(model, args, proto, registry=registry, raise_on_mismatch=False, localize=True)
+        onnx_custom.verify(
+            model, args, proto, registry=registry, raise_on_mismatch=False, localize=True
+        )
     print(before, _status_kib("VmHWM"))
 
 
 def peak_rss(kind: str, blocks: int, exporter: str) -> tuple[int, int]:
     """(RSS before exporting, peak RSS) of a fresh process, in bytes."""
     out = subprocess.run(
-        [sys.executable, __file__, "--rss-child", kind, "--exporter", exporter, "--blocks", str(blocks)],
-        check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
+        [
+            sys.executable,
+            __file__,
+            "--rss-child",
+            kind,
+            "--exporter",
+            exporter,
+            "--blocks",
+            str(blocks),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     before, peak = out.split()[-2:]
     return int(before) * 1024, int(peak) * 1024
 
 
 def rss_row(blocks: int, exporter: str) -> float:
     mib = 1 / 2**20
-    export_before, export_peak = (statistics.median(v) for v in zip(*(peak_rss("export", blocks, exporter) for _ in range(3)), strict=True))
+    export_before, export_peak = (
+        statistics.median(v)
+        for v in zip(*(peak_rss("export", blocks, exporter) for _ in range(3)), strict=True)
+    )
     kinds = ["localize"] + (["localize-cold"] if exporter == "dynamo" else [])
     ratio = 0.0
     for kind in kinds:
-        before, peak = (statistics.median(v) for v in zip(*(peak_rss(kind, blocks, exporter) for _ in range(3)), strict=True))
+        before, peak = (
+            statistics.median(v)
+            for v in zip(*(peak_rss(kind, blocks, exporter) for _ in range(3)), strict=True)
+        )
         label = f"peak RSS export+{kind} / export, N={blocks}"
-        print(f"{label:<46} {peak * mib:>10.0f} {export_peak * mib:>10.0f} MiB  {peak / export_peak:>6.2f}x  goal <= 1.1: "
-              f"{'ok' if peak / export_peak <= 1.1 else 'MISS'}")  # fmt: skip
+        print(
+            f"{label:<46} {peak * mib:>10.0f} {export_peak * mib:>10.0f} MiB "
+            f" {peak / export_peak:>6.2f}x  goal <= 1.1:"
+            f" {'ok' if peak / export_peak <= 1.1 else 'MISS'}"
+        )
         grown, export_grown = peak - before, export_peak - export_before
-        print(f"{'    increase over the RSS before export':<46} {grown * mib:>10.0f} {export_grown * mib:>10.0f} MiB  "
-              f"{grown / export_grown:>6.2f}x  goal <= 1.5: {'ok' if grown / export_grown <= 1.5 else 'MISS'}")  # fmt: skip
+        print(
+            f"{'    increase over the RSS before export':<46} {grown * mib:>10.0f}"
+            f" {export_grown * mib:>10.0f} MiB  {grown / export_grown:>6.2f}x  goal <= 1.5:"
+            f" {'ok' if grown / export_grown <= 1.5 else 'MISS'}"
+        )
         ratio = ratio or peak / export_peak
     return ratio
 
@@ -325,12 +399,16 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--exporter", choices=("dynamo", "torchscript"), default="dynamo")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
-    parser.add_argument("--cpu-time", action="store_true", help="process CPU time instead of wall time")
+    parser.add_argument(
+        "--cpu-time", action="store_true", help="process CPU time instead of wall time"
+    )
     parser.add_argument("--verify-blocks", type=int, nargs="*", default=[2, 32])
     parser.add_argument("--localize-blocks", type=int, nargs="*", default=[8, 32, 128])
     parser.add_argument("--rss-blocks", type=int, nargs="*", default=[32])
     parser.add_argument("--skip-compare", action="store_true")
-    parser.add_argument("--rss-child", choices=("export", "localize", "localize-cold"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--rss-child", choices=("export", "localize", "localize-cold"), help=argparse.SUPPRESS
+    )
     parser.add_argument("--blocks", type=int, default=32, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.rss_child:
@@ -339,9 +417,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     torch.set_num_threads(args.threads)
     global CLOCK
     CLOCK = time.process_time if args.cpu_time else time.perf_counter
-    print(f"torch {torch.__version__} ({torch.get_num_threads()} threads), numpy {np.__version__}; "
-          f"{args.exporter} exporter, opset {OPSET}; medians of {args.rounds} paired rounds of "
-          f"{'CPU' if args.cpu_time else 'wall'} time")  # fmt: skip
+    print(
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads), numpy {np.__version__}; "
+        f"{args.exporter} exporter, opset {OPSET}; medians of {args.rounds} paired rounds of "
+        f"{'CPU' if args.cpu_time else 'wall'} time"
+    )
     print(f"{'contender / baseline':<46} {'contender':>10} {'baseline':>10}")
     results: dict[str, float] = {}
     if not args.skip_compare:
@@ -349,7 +429,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     for blocks in args.verify_blocks:
         results[f"verify N={blocks}"] = verify_rows(blocks, args.exporter, args.rounds)
     for blocks in args.localize_blocks:
-        results[f"localize N={blocks}"] = localize_rows(blocks, args.exporter, max(3, args.rounds // 2))
+        results[f"localize N={blocks}"] = localize_rows(
+            blocks, args.exporter, max(3, args.rounds // 2)
+        )
     for blocks in args.rss_blocks:
         results[f"rss N={blocks}"] = rss_row(blocks, args.exporter)
     return results

@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> None:
             model, args, proto = _case(name, dtype)
             mine, base, ratio = _paired(model, args, proto, options.rounds)
             print(
-                f"{name:<16} {str(dtype).removeprefix('torch.'):<9} {mine:>12.1f} {base:>11.1f} {ratio:>7.2f}"
+                f"{name:<16} {str(dtype).removeprefix('torch.'):<9} {mine:>12.1f} {base:>11.1f}"
+                f" {ratio:>7.2f}"
             )
 
 

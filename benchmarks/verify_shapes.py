@@ -28,14 +28,28 @@ def time_row(module: Any, case: Any, repeat: int) -> tuple[float, float, int]:
     registry = onnx_custom.default_registry()
     if case.variant:
         registry = registry.with_variants(case.variant)
-    proto = onnx_custom.export(model, args, exporter=case.exporter, opset=case.opset, registry=registry, dynamic_shapes=module.dynamic_shapes)
+    proto = onnx_custom.export(
+        model,
+        args,
+        exporter=case.exporter,
+        opset=case.opset,
+        registry=registry,
+        dynamic_shapes=module.dynamic_shapes,
+    )
     times: dict[str, list[float]] = {"export shape only": [], "default": []}
     tried = 0
     for i in range(repeat):
         order = ("export shape only", "default") if i % 2 == 0 else ("default", "export shape only")
         for mode in order:
             start = time.perf_counter()
-            report = verify(model, args, proto, trials=case.trials, raise_on_mismatch=False, **({"shapes": ()} if mode == "export shape only" else {}))
+            report = verify(
+                model,
+                args,
+                proto,
+                trials=case.trials,
+                raise_on_mismatch=False,
+                **({"shapes": ()} if mode == "export shape only" else {}),
+            )
             times[mode].append(time.perf_counter() - start)
             if mode == "default":
                 tried = sum(r.kind == "shape" for r in report.shapes_tried)
@@ -47,7 +61,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     ns = parser.parse_args()
     warnings.simplefilter("ignore")
-    print(f"default shape trials: up to {DEFAULT_SHAPE_TRIALS}; medians of {ns.repeat} alternating runs")
+    print(
+        f"default shape trials: up to {DEFAULT_SHAPE_TRIALS}; medians of {ns.repeat} alternating"
+        " runs"
+    )
     print(f"{'row':<44} {'export shape':>12} {'default':>10} {'ratio':>7} {'+ms':>8} shapes")
     for short, name in discover().items():
         try:
@@ -59,7 +76,10 @@ def main() -> None:
                 continue
             base, default, tried = time_row(module, case, ns.repeat)
             label = f"{short} {case.label}"
-            print(f"{label:<44} {base * 1e3:>10.1f}ms {default * 1e3:>8.1f}ms {default / base:>6.2f}x {(default - base) * 1e3:>8.1f} {tried}")
+            print(
+                f"{label:<44} {base * 1e3:>10.1f}ms {default * 1e3:>8.1f}ms {default / base:>6.2f}x"
+                f" {(default - base) * 1e3:>8.1f} {tried}"
+            )
 
 
 if __name__ == "__main__":

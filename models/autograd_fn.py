@@ -38,11 +38,20 @@ dynamic_shapes = ({0: torch.export.Dim("batch")}, {0: torch.export.Dim("batch")}
 ZOO = (
     ZooCase("torchscript", 17),
     ZooCase("torchscript", 17, variant="custom"),
-    ZooCase("torchscript", 17, variant="custom", dynamic=True, note="dynamo: see my_add_ext's dynamic rows"),
+    ZooCase(
+        "torchscript",
+        17,
+        variant="custom",
+        dynamic=True,
+        note="dynamo: see my_add_ext's dynamic rows",
+    ),
     ZooCase(
         "dynamo",
         18,
         expect_error="dynamo exporter ignores Function translations",
-        note="autograd.Function is TorchScript-only; export onnx_custom_ext::my_add directly (my_add_ext)",
+        note=(
+            "autograd.Function is TorchScript-only; export onnx_custom_ext::my_add directly"
+            " (my_add_ext)"
+        ),
     ),
 )

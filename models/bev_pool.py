@@ -25,15 +25,23 @@ class Model(torch.nn.Module):
         super().__init__()
         coor = synthetic_frustum(1, CAMERAS, DEPTH_BINS, FEAT_HW)
         ranks = prepare_bev_ranks(coor, GRID_LOWER, GRID_STEP, GRID_SIZE)
-        for name, value in zip(("ranks_bev", "ranks_depth", "ranks_feat", "starts", "lengths"), ranks, strict=True):
+        for name, value in zip(
+            ("ranks_bev", "ranks_depth", "ranks_feat", "starts", "lengths"), ranks, strict=True
+        ):
             self.register_buffer(name, value)
 
     def forward(self, depth_logits: torch.Tensor, feat: torch.Tensor) -> torch.Tensor:
         depth = depth_logits.softmax(dim=2)
         return bev_pool_v2(
-            depth, feat, self.ranks_depth, self.ranks_feat, self.ranks_bev,
-            BEV_SHAPE, self.starts, self.lengths,
-        )  # fmt: skip
+            depth,
+            feat,
+            self.ranks_depth,
+            self.ranks_feat,
+            self.ranks_bev,
+            BEV_SHAPE,
+            self.starts,
+            self.lengths,
+        )
 
 
 def example_inputs() -> tuple[torch.Tensor, ...]:

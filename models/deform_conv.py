@@ -48,9 +48,11 @@ class Model(nn.Module):
         torch.manual_seed(0)  # deterministic init without touching the caller's RNG
         try:
             self.stem = nn.Sequential(
-                nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(),
-                nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
-            )  # fmt: skip
+                nn.Conv2d(3, 16, 3, stride=2, padding=1),
+                nn.ReLU(),
+                nn.Conv2d(16, 32, 3, stride=2, padding=1),
+                nn.ReLU(),
+            )
             self.dcn1 = DeformBlock(32)
             self.dcn2 = DeformBlock(32, offset_groups=2, groups=2, modulated=False)
             for block in (self.dcn1, self.dcn2):
@@ -70,9 +72,12 @@ def example_inputs() -> tuple[torch.Tensor, ...]:
 
 
 dynamic_shapes = (
-    {0: torch.export.Dim("batch", min=1, max=64), 2: torch.export.Dim("height", min=8, max=1024),
-     3: torch.export.Dim("width", min=8, max=1024)},
-)  # fmt: skip
+    {
+        0: torch.export.Dim("batch", min=1, max=64),
+        2: torch.export.Dim("height", min=8, max=1024),
+        3: torch.export.Dim("width", min=8, max=1024),
+    },
+)
 
 ZOO = (
     ZooCase("torchscript", 11),

@@ -24,7 +24,15 @@ import onnx_custom.symbolics.msda  # noqa: F401  (translations, kernels)
 from onnx_custom.ops import MultiScaleDeformableAttention
 from onnx_custom.testing import ZooCase
 
-__all__ = ["LEVELS", "ZOO", "EncoderLayer", "Model", "dynamic_shapes", "example_inputs", "reference_points"]
+__all__ = [
+    "LEVELS",
+    "ZOO",
+    "EncoderLayer",
+    "Model",
+    "dynamic_shapes",
+    "example_inputs",
+    "reference_points",
+]
 
 LEVELS = ((16, 16), (8, 8), (4, 4))  # (H, W): a 128x128 image at strides 8, 16, 32
 EMBED, HEADS, POINTS = 32, 4, 4
@@ -44,15 +52,40 @@ def reference_points(levels: tuple[tuple[int, int], ...]) -> torch.Tensor:
 class EncoderLayer(nn.Module):
     """MSDA self-attention + FFN with post-norm, as in Deformable DETR's encoder."""
 
-    def __init__(self, embed: int = EMBED, heads: int = HEADS, levels: int = len(LEVELS), points: int = POINTS) -> None:
+    def __init__(
+        self,
+        embed: int = EMBED,
+        heads: int = HEADS,
+        levels: int = len(LEVELS),
+        points: int = POINTS,
+    ) -> None:
         super().__init__()
-        self.attn = MultiScaleDeformableAttention(embed, heads, levels, points, dropout=0.0, batch_first=True)
+        self.attn = MultiScaleDeformableAttention(
+            embed, heads, levels, points, dropout=0.0, batch_first=True
+        )
         self.norm1 = nn.LayerNorm(embed)
-        self.ffn = nn.Sequential(nn.Linear(embed, 2 * embed), nn.ReLU(), nn.Linear(2 * embed, embed))
+        self.ffn = nn.Sequential(
+            nn.Linear(embed, 2 * embed), nn.ReLU(), nn.Linear(2 * embed, embed)
+        )
         self.norm2 = nn.LayerNorm(embed)
 
-    def forward(self, src: torch.Tensor, pos: torch.Tensor, ref: torch.Tensor, shapes: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
-        x = self.norm1(self.attn(src, query_pos=pos, reference_points=ref, spatial_shapes=shapes, level_start_index=starts))
+    def forward(
+        self,
+        src: torch.Tensor,
+        pos: torch.Tensor,
+        ref: torch.Tensor,
+        shapes: torch.Tensor,
+        starts: torch.Tensor,
+    ) -> torch.Tensor:
+        x = self.norm1(
+            self.attn(
+                src,
+                query_pos=pos,
+                reference_points=ref,
+                spatial_shapes=shapes,
+                level_start_index=starts,
+            )
+        )
         return self.norm2(x + self.ffn(x))
 
 
@@ -71,7 +104,11 @@ class Model(nn.Module):
             shapes = torch.tensor(LEVELS, dtype=torch.int64)
             sizes = shapes.prod(1)
             self.register_buffer("spatial_shapes", shapes, persistent=False)
-            self.register_buffer("level_start_index", torch.cat((sizes.new_zeros(1), sizes.cumsum(0)[:-1])), persistent=False)
+            self.register_buffer(
+                "level_start_index",
+                torch.cat((sizes.new_zeros(1), sizes.cumsum(0)[:-1])),
+                persistent=False,
+            )
             self.register_buffer("reference_points", reference_points(LEVELS), persistent=False)
             keys = int(sizes.sum())
             self.level_embed = nn.Parameter(torch.randn(len(LEVELS), EMBED) * 0.1)
@@ -83,9 +120,14 @@ class Model(nn.Module):
         finally:
             torch.random.set_rng_state(generator_state)
 
-    def forward(self, feat0: torch.Tensor, feat1: torch.Tensor, feat2: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, feat0: torch.Tensor, feat1: torch.Tensor, feat2: torch.Tensor
+    ) -> torch.Tensor:
         # level_embed[i : i + 1], not [i]: a slice also exports under dynamo at opset 11
-        tokens = [f.flatten(2).transpose(1, 2) + self.level_embed[i : i + 1] for i, f in enumerate((feat0, feat1, feat2))]
+        tokens = [
+            f.flatten(2).transpose(1, 2) + self.level_embed[i : i + 1]
+            for i, f in enumerate((feat0, feat1, feat2))
+        ]
         src = torch.cat(tokens, 1)
         ref = self.reference_points.expand(src.shape[0], -1, -1, -1)
         return self.layer(src, self.pos_embed, ref, self.spatial_shapes, self.level_start_index)
@@ -101,7 +143,12 @@ dynamic_shapes = tuple({0: _batch} for _ in LEVELS)
 
 ZOO = tuple(
     row
-    for variant, ts_opset, dynamo_opset in ((None, 17, 18), ("mmdeploy", 17, 18), ("standard", 16, 18), ("gather", 11, 18))
+    for variant, ts_opset, dynamo_opset in (
+        (None, 17, 18),
+        ("mmdeploy", 17, 18),
+        ("standard", 16, 18),
+        ("gather", 11, 18),
+    )
     for row in (
         ZooCase("torchscript", ts_opset, variant=variant),
         ZooCase("dynamo", dynamo_opset, variant=variant),

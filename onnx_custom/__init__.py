@@ -119,7 +119,13 @@ __all__ = [
 # public name -> (module, attribute); attribute None: the module itself.
 # Every error class a user may catch: the catalog's own list (errors.py is plain Python, no torch).
 _ERRORS = tuple(_errors.__all__)
-_RUNTIME = ("InferenceSession", "session_options", "kernel", "KernelRegistry", "reference_evaluator")
+_RUNTIME = (
+    "InferenceSession",
+    "session_options",
+    "kernel",
+    "KernelRegistry",
+    "reference_evaluator",
+)
 _LAZY: dict[str, tuple[str, str | None]] = {
     "attr": ("onnx_custom.translate.attributes", None),
     "registered": ("onnx_custom.exporter.torchscript", "registered"),
@@ -129,7 +135,14 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "SymbolicEntry": ("onnx_custom.translate.registry", "SymbolicEntry"),
     "default_registry": ("onnx_custom.translate.registry", "default_registry"),
     "symbolic": ("onnx_custom.translate.registry", "symbolic"),
-    **{name: ("onnx_custom.translate.torch_symbolics", name) for name in ("register_custom_op_symbolic", "unregister_custom_op_symbolic", "import_torch_symbolics")},
+    **{
+        name: ("onnx_custom.translate.torch_symbolics", name)
+        for name in (
+            "register_custom_op_symbolic",
+            "unregister_custom_op_symbolic",
+            "import_torch_symbolics",
+        )
+    },
     "OpSpec": ("onnx_custom.spec", "OpSpec"),
     "load_specs": ("onnx_custom.spec", "load_specs"),
     "parse_specs": ("onnx_custom.spec", "parse_specs"),
@@ -140,11 +153,17 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "verify": ("onnx_custom.verification.verifier", "verify"),
     **{name: ("onnx_custom.runtime", name) for name in _RUNTIME},  # onnxruntime + the compiled shim
     "library_path": ("onnx_custom.runtime.native", "library_path"),  # compiled on first use
-    "KernelRunError": ("onnx_custom.runtime.failures", "KernelRunError"),  # subclasses onnxruntime's Fail
+    "KernelRunError": (
+        "onnx_custom.runtime.failures",
+        "KernelRunError",
+    ),  # subclasses onnxruntime's Fail
     "check": ("onnx_custom.verification.preflight", "check"),
     "testing": ("onnx_custom.testing", None),
     "compile_backend": ("onnx_custom.compile", "compile_backend"),  # torch.compile(backend=...)
-    "explain_compile": ("onnx_custom.compile", "explain_compile"),  # onnx_custom.testing.check_op without importing it
+    "explain_compile": (
+        "onnx_custom.compile",
+        "explain_compile",
+    ),  # onnx_custom.testing.check_op without importing it
 }
 
 # Submodules that share their name with the function they define: importing the submodule must
@@ -180,7 +199,11 @@ class _Package(types.ModuleType):
     def __setattr__(self, name: str, value: Any) -> None:
         # The import system binds a loaded submodule onto its package; for the shadowed names
         # bind the function instead, as an eager ``from onnx_custom.api import export`` did.
-        if name in _SHADOWED and isinstance(value, types.ModuleType) and value.__name__ == f"{__name__}.{name}":
+        if (
+            name in _SHADOWED
+            and isinstance(value, types.ModuleType)
+            and value.__name__ == f"{__name__}.{name}"
+        ):
             value = getattr(value, name)
         super().__setattr__(name, value)
 

@@ -35,7 +35,14 @@ from onnx_custom.runtime.half_precision import DEFAULT_MODE
 from onnx_custom.translate.registry import Registry
 from onnx_custom.verification.verifier import verify as run_verify
 
-__all__ = ["DEFAULT_OPSET", "EXPORTERS", "MAX_IR_VERSION", "export", "finalize_model", "trace_program"]
+__all__ = [
+    "DEFAULT_OPSET",
+    "EXPORTERS",
+    "MAX_IR_VERSION",
+    "export",
+    "finalize_model",
+    "trace_program",
+]
 
 
 def export(
@@ -92,10 +99,18 @@ def export(
     provider (``"strict"``), or are left alone (``"off"``: files for other providers).
     """
     request = check_export_request(
-        model, args, exporter=exporter, opset=opset, dynamic_shapes=dynamic_shapes, dynamic_axes=dynamic_axes,
-        input_names=input_names, output_names=output_names, registry=registry, half_precision=half_precision,
+        model,
+        args,
+        exporter=exporter,
+        opset=opset,
+        dynamic_shapes=dynamic_shapes,
+        dynamic_axes=dynamic_axes,
+        input_names=input_names,
+        output_names=output_names,
+        registry=registry,
+        half_precision=half_precision,
         **exporter_kwargs,
-    )  # fmt: skip
+    )
     check_output(f)
     check_external_data_option(external_data, f)
     check_names(input_names, "input_names")
@@ -115,7 +130,11 @@ def export(
         from onnx_custom.function_bodies import embed_functions
         from onnx_custom.runtime import KernelRegistry
 
-        proto = embed_functions(proto, kernels if isinstance(kernels, KernelRegistry) else None, half_precision=half_precision)  # type: ignore[operator]
+        proto = embed_functions(
+            proto,
+            kernels if isinstance(kernels, KernelRegistry) else None,
+            half_precision=half_precision,
+        )  # type: ignore[operator]
     if verify:
         _verify_before_writing(model, args, proto, kernels, f, keep_failed)
     if f is not None:
@@ -123,24 +142,36 @@ def export(
     return proto
 
 
-def _verify_before_writing(model: Any, args: Any, proto: onnx.ModelProto, kernels: Any, f: Any, keep_failed: Any) -> None:
+def _verify_before_writing(
+    model: Any, args: Any, proto: onnx.ModelProto, kernels: Any, f: Any, keep_failed: Any
+) -> None:
     """Verify ``proto``; on failure write nothing to ``f`` (the failing model goes to
     ``keep_failed`` when given) and say so in the error."""
     if isinstance(model, torch.export.ExportedProgram):
         model = model.module()
     try:
-        run_verify(model, args if isinstance(args, tuple) else (args,), proto, raise_on_mismatch=True, kernels=kernels)
+        run_verify(
+            model,
+            args if isinstance(args, tuple) else (args,),
+            proto,
+            raise_on_mismatch=True,
+            kernels=kernels,
+        )
     except Exception as exc:
         notes = []
         if f is not None:
             notes.append(f"Nothing was written to {_describe(f)}.")
         if keep_failed is not None:
             save_model(proto, keep_failed)
-            notes.append(f"The failing model was kept at {os.fspath(keep_failed)!r} (keep_failed=).")
+            notes.append(
+                f"The failing model was kept at {os.fspath(keep_failed)!r} (keep_failed=)."
+            )
             if isinstance(exc, VerificationError):
                 exc.kept = os.fspath(keep_failed)
         elif f is not None:
-            notes.append("Pass keep_failed='failing.onnx' to keep the failing model for inspection.")
+            notes.append(
+                "Pass keep_failed='failing.onnx' to keep the failing model for inspection."
+            )
         if notes:
             if isinstance(exc, OnnxCustomError) and exc.args and isinstance(exc.args[0], str):
                 exc.args = (f"{exc.args[0]}\n{' '.join(notes)}", *exc.args[1:])
@@ -149,7 +180,9 @@ def _verify_before_writing(model: Any, args: Any, proto: onnx.ModelProto, kernel
         raise
 
 
-def _check_nodes_against_kernels(proto: onnx.ModelProto, kernels: Any, f: Any, census: ModelCensus | None = None) -> None:
+def _check_nodes_against_kernels(
+    proto: onnx.ModelProto, kernels: Any, f: Any, census: ModelCensus | None = None
+) -> None:
     """Custom nodes against their registered kernels' declarations (attribute names and types,
     required attributes, arity, dtypes) before ``f`` is written: the same check (and error) as
     creating a session, which otherwise came only after a file ORT cannot load was on disk."""
@@ -158,7 +191,11 @@ def _check_nodes_against_kernels(proto: onnx.ModelProto, kernels: Any, f: Any, c
     from onnx_custom.runtime.validate import validate_registered
 
     try:
-        validate_registered(proto, kernels if isinstance(kernels, KernelRegistry) else default_kernel_registry(), census=census)
+        validate_registered(
+            proto,
+            kernels if isinstance(kernels, KernelRegistry) else default_kernel_registry(),
+            census=census,
+        )
     except NodeDeclarationError as exc:
         if f is not None:
             exc.args = (f"{exc.args[0]}\nNothing was written to {_describe(f)}.", *exc.args[1:])
@@ -171,8 +208,9 @@ def _check_kernels(kernels: Any) -> None:
 
     if not isinstance(kernels, KernelRegistry) and kernels != "native":
         raise KernelError(
-            f"kernels= expects a KernelRegistry, None or 'native'; received {kernels!r:.60}. Fix: pass "
-            "an onnx_custom.runtime.KernelRegistry with your kernels, kernels='native', or leave it out."
+            f"kernels= expects a KernelRegistry, None or 'native'; received {kernels!r:.60}. Fix:"
+            " pass an onnx_custom.runtime.KernelRegistry with your kernels, kernels='native', or"
+            " leave it out."
         )
 
 

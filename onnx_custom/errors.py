@@ -75,7 +75,9 @@ class VerificationError(OnnxCustomError):
     ``kept`` is where the failing model was written (``export(..., keep_failed=path)``), else None.
     """
 
-    def __init__(self, message: str, report: object | None = None, *, kept: str | None = None) -> None:
+    def __init__(
+        self, message: str, report: object | None = None, *, kept: str | None = None
+    ) -> None:
         super().__init__(message)
         self.report = report
         self.kept = kept
@@ -93,7 +95,14 @@ class OpsetError(OnnxCustomError, ValueError):
     ``exporter``, ``minimum`` and ``maximum`` say what is supported.
     """
 
-    def __init__(self, message: str, *, exporter: str = "", minimum: int | None = None, maximum: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        exporter: str = "",
+        minimum: int | None = None,
+        maximum: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.exporter = exporter
         self.minimum = minimum
@@ -114,7 +123,15 @@ class NativeCompileError(ExtensionBuildError):
     first error belongs to (when known), ``file``/``line`` where the compiler placed it, and
     ``output`` holds the compiler's full output."""
 
-    def __init__(self, message: str, *, op: str = "", file: str = "", line: int | None = None, output: str = "") -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        op: str = "",
+        file: str = "",
+        line: int | None = None,
+        output: str = "",
+    ) -> None:
         super().__init__(message)
         self.op, self.file, self.line, self.output = op, file, line, output
 
@@ -127,7 +144,15 @@ class SpecError(SymbolicError):
     declared it.
     """
 
-    def __init__(self, message: str, *, op: str = "", key: tuple[Any, ...] = (), file: str = "", line: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        op: str = "",
+        key: tuple[Any, ...] = (),
+        file: str = "",
+        line: int | None = None,
+    ) -> None:
         where = f"{file}:{line}: " if file and line is not None else f"{file}: " if file else ""
         super().__init__(f"{where}{message}")
         self.op, self.key, self.file, self.line, self.detail = op, key, file, line, message

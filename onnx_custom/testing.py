@@ -101,7 +101,10 @@ class CheckReport:
 
     def __str__(self) -> str:
         counts = {s: sum(c.passed is s for c in self.cases) for s in (True, False, None)}
-        head = f"check_op {self.spec.name}: {counts[True]} passed, {counts[False]} failed, {counts[None]} skipped"
+        head = (
+            f"check_op {self.spec.name}: {counts[True]} passed, {counts[False]} failed,"
+            f" {counts[None]} skipped"
+        )
         return "\n".join([head, *(str(c) for c in self.cases)])
 
 
@@ -144,8 +147,12 @@ class _Sample:
     def same_kind(self, other: _Sample) -> bool:
         """Same attributes, dtypes and ranks: one exported file serves both."""
         mine, theirs = self.tensors, other.tensors
-        return self.bound.attrs == other.bound.attrs and len(mine) == len(theirs) and all(
-            a.dtype == b.dtype and a.dim() == b.dim() for a, b in zip(mine, theirs, strict=True)
+        return (
+            self.bound.attrs == other.bound.attrs
+            and len(mine) == len(theirs)
+            and all(
+                a.dtype == b.dtype and a.dim() == b.dim() for a, b in zip(mine, theirs, strict=True)
+            )
         )
 
     def cast(self, dtype: torch.dtype) -> _Sample:
@@ -154,34 +161,60 @@ class _Sample:
                 return [cast(x) for x in t]
             return t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
 
-        return _Sample((), {}, BoundArgs(tuple(cast(t) for t in self.bound.tensors), self.bound.attrs))
+        return _Sample(
+            (), {}, BoundArgs(tuple(cast(t) for t in self.bound.tensors), self.bound.attrs)
+        )
 
     def describe(self) -> str:
-        tensors = ", ".join(f"{str(t.dtype).removeprefix('torch.')}[{'x'.join(map(str, t.shape))}]" for t in self.tensors)
+        tensors = ", ".join(
+            f"{str(t.dtype).removeprefix('torch.')}[{'x'.join(map(str, t.shape))}]"
+            for t in self.tensors
+        )
         attrs = ", ".join(f"{k}={v!r}" for k, v in self.bound.attrs.items())
         return f"({tensors}{'; ' + attrs if attrs else ''})"
 
 
 def _samples(spec: OpSpec, sample_inputs: Any) -> list[_Sample]:
     """One sample or a list; each a tuple of args, a dict of named args, or (args, kwargs)."""
-    single = isinstance(sample_inputs, dict) or (isinstance(sample_inputs, tuple) and bool(sample_inputs) and isinstance(sample_inputs[0], torch.Tensor))
+    single = isinstance(sample_inputs, dict) or (
+        isinstance(sample_inputs, tuple)
+        and bool(sample_inputs)
+        and isinstance(sample_inputs[0], torch.Tensor)
+    )
     items = [sample_inputs] if single else sample_inputs
     if not isinstance(items, (list, tuple)) or not items:
-        raise SpecError(f"check_op({spec.name}): sample_inputs must be a non-empty list of samples, each a tuple of the op's arguments {spec.schema}; received {type(sample_inputs).__name__}.", op=spec.name)
+        raise SpecError(
+            f"check_op({spec.name}): sample_inputs must be a non-empty list of samples, each a"
+            f" tuple of the op's arguments {spec.schema}; received {type(sample_inputs).__name__}.",
+            op=spec.name,
+        )
     out: list[_Sample] = []
     for index, sample in enumerate(items):
         if isinstance(sample, dict):
             args, kwargs = (), dict(sample)
-        elif isinstance(sample, tuple) and len(sample) == 2 and isinstance(sample[0], tuple) and isinstance(sample[1], dict):
+        elif (
+            isinstance(sample, tuple)
+            and len(sample) == 2
+            and isinstance(sample[0], tuple)
+            and isinstance(sample[1], dict)
+        ):
             args, kwargs = sample
         elif isinstance(sample, tuple):
             args, kwargs = sample, {}
         else:
-            raise SpecError(f"check_op({spec.name}): sample {index} is a {type(sample).__name__}; expected a tuple of the op's arguments {spec.schema}.", op=spec.name)
+            raise SpecError(
+                f"check_op({spec.name}): sample {index} is a {type(sample).__name__}; expected a"
+                f" tuple of the op's arguments {spec.schema}.",
+                op=spec.name,
+            )
         try:
             out.append(_Sample(tuple(args), kwargs, bind_args(spec, args, kwargs)))
         except TypeError as exc:
-            raise SpecError(f"check_op({spec.name}): sample {index} does not fit the schema {spec.schema}: {exc}; fix: pass the op's arguments in schema order.", op=spec.name) from None
+            raise SpecError(
+                f"check_op({spec.name}): sample {index} does not fit the schema {spec.schema}:"
+                f" {exc}; fix: pass the op's arguments in schema order.",
+                op=spec.name,
+            ) from None
     return out
 
 
@@ -191,8 +224,15 @@ class _OpModule(torch.nn.Module):
 
     def __init__(self, spec: OpSpec, op: Any, sample: _Sample) -> None:
         super().__init__()
-        self.op, self.attrs, self.names = op, dict(sample.bound.attrs), [i.name for i in spec.inputs]
-        self.layout = [None if t is None else len(t) if item.variadic else -1 for item, t in zip(spec.inputs, sample.bound.tensors, strict=True)]
+        self.op, self.attrs, self.names = (
+            op,
+            dict(sample.bound.attrs),
+            [i.name for i in spec.inputs],
+        )
+        self.layout = [
+            None if t is None else len(t) if item.variadic else -1
+            for item, t in zip(spec.inputs, sample.bound.tensors, strict=True)
+        ]
 
     def call(self, *tensors: torch.Tensor) -> Any:
         args: list[Any] = []
@@ -216,13 +256,17 @@ def _op_module(spec: OpSpec, op: Any, sample: _Sample) -> _OpModule:
     names: list[str] = []
     for item, value in zip(spec.inputs, sample.bound.tensors, strict=True):
         if value is not None:
-            names += [f"{item.name}_{i}" for i in range(len(value))] if item.variadic else [item.name]
+            names += (
+                [f"{item.name}_{i}" for i in range(len(value))] if item.variadic else [item.name]
+            )
 
     def forward(self: _OpModule, *tensors: torch.Tensor) -> Any:
         return self.call(*tensors)
 
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    forward.__signature__ = inspect.Signature([inspect.Parameter(n, kind) for n in ("self", *names)])  # type: ignore[attr-defined]
+    forward.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(n, kind) for n in ("self", *names)]
+    )
     cls = type(f"CheckOp_{spec.namespace}_{spec.op_name}", (_OpModule,), {"forward": forward})
     return cls(spec, op, sample)
 
@@ -268,25 +312,47 @@ class _Checker:
         smallest dim is largest, since torch.export specializes dims of size 0 and 1."""
         if not self.dynamic:
             return list(self.samples)
-        firsts = [s for i, s in enumerate(self.samples) if not any(s.same_kind(t) for t in self.samples[:i])]
+        firsts = [
+            s
+            for i, s in enumerate(self.samples)
+            if not any(s.same_kind(t) for t in self.samples[:i])
+        ]
         return [max((s for s in self.samples if s.same_kind(f)), key=_smallest_dim) for f in firsts]
 
     def opcheck(self, sample: _Sample) -> str:
         results = torch.library.opcheck(self.op, sample.args, sample.kwargs, raise_exception=False)
         failed = {k: v for k, v in results.items() if v != "SUCCESS"}
         if failed:
-            raise AssertionError("; ".join(f"{k}: {(str(v).strip() or type(v).__name__).splitlines()[0]}" for k, v in failed.items()))
+            raise AssertionError(
+                "; ".join(
+                    f"{k}: {(str(v).strip() or type(v).__name__).splitlines()[0]}"
+                    for k, v in failed.items()
+                )
+            )
         return ", ".join(results)
 
     def backward(self, impl: Any, sample: _Sample) -> str:
         tensors, attrs = sample.bound.tensors, sample.bound.attrs
-        floats = [i for i, t in enumerate(tensors) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        floats = [
+            i
+            for i, t in enumerate(tensors)
+            if isinstance(t, torch.Tensor) and t.is_floating_point()
+        ]
         if not floats:
             raise _Skip("no floating-point tensor input to differentiate")
 
         def leaves(dtype: torch.dtype | None) -> list[Any]:
             # only the floating inputs are cast (index tensors keep their dtype)
-            return [t.detach().to(dtype if dtype is not None and i in floats else t.dtype).requires_grad_(i in floats) if isinstance(t, torch.Tensor) else t for i, t in enumerate(tensors)]
+            return [
+                (
+                    t.detach()
+                    .to(dtype if dtype is not None and i in floats else t.dtype)
+                    .requires_grad_(i in floats)
+                    if isinstance(t, torch.Tensor)
+                    else t
+                )
+                for i, t in enumerate(tensors)
+            ]
 
         if all("float64" in self.spec.inputs[i].dtypes for i in floats):
             inputs = leaves(torch.float64)
@@ -300,19 +366,28 @@ class _Checker:
             torch.autograd.gradcheck(call, tuple(inputs[i] for i in floats))
             return "gradcheck (finite differences, float64)"
         if impl is None:
-            raise _Skip("float64 is not declared and there is no eager impl to differentiate instead")
+            raise _Skip(
+                "float64 is not declared and there is no eager impl to differentiate instead"
+            )
         ours, ref = leaves(None), leaves(None)
-        out_ours, out_ref = _as_tuple(_call(self.spec, self.op, ours, attrs)), _as_tuple(impl(*ref, **attrs))
+        out_ours, out_ref = (
+            _as_tuple(_call(self.spec, self.op, ours, attrs)),
+            _as_tuple(impl(*ref, **attrs)),
+        )
         if not all(o.requires_grad for o in out_ref):
             raise _Skip("float64 is not declared and autograd cannot differentiate the eager impl")
         cotangents = [torch.randn_like(o) for o in out_ours]
-        got = torch.autograd.grad(out_ours, [ours[i] for i in floats], cotangents, allow_unused=True)
+        got = torch.autograd.grad(
+            out_ours, [ours[i] for i in floats], cotangents, allow_unused=True
+        )
         want = torch.autograd.grad(out_ref, [ref[i] for i in floats], cotangents, allow_unused=True)
         for i, g, w in zip(floats, got, want, strict=True):
             try:
                 torch.testing.assert_close(g, w)
             except AssertionError as exc:
-                raise AssertionError(f"gradient of input {self.spec.inputs[i].name!r}: {exc}") from None
+                raise AssertionError(
+                    f"gradient of input {self.spec.inputs[i].name!r}: {exc}"
+                ) from None
         return "backward vs autograd through the eager impl"
 
     def registry_with(self, entry: SymbolicEntry) -> Registry:
@@ -321,8 +396,18 @@ class _Checker:
         registry.add(dataclasses.replace(entry, variant=DEFAULT_VARIANT))
         return registry
 
-    def export_and_verify(self, entry: SymbolicEntry, exporter: str, opset: int, first: _Sample, *,
-                          dynamic: bool, run: bool = True, kernels: Any = None, body: KernelSpec | None = None) -> _Verified | str:
+    def export_and_verify(
+        self,
+        entry: SymbolicEntry,
+        exporter: str,
+        opset: int,
+        first: _Sample,
+        *,
+        dynamic: bool,
+        run: bool = True,
+        kernels: Any = None,
+        body: KernelSpec | None = None,
+    ) -> _Verified | str:
         """Export ``first`` through ``entry`` (``dynamic``: every dim marked ``Dim.AUTO``, so the
         exporter keeps free exactly the dims the op's shape rule / fake kernel leaves free);
         verify at every sample of its kind and, with ``trials > 1``, at other sizes of the file's
@@ -334,20 +419,42 @@ class _Checker:
         from onnx_custom.verification.verifier import verify
 
         model = _op_module(self.spec, self.op, first)
-        shapes = tuple({d: torch.export.Dim.AUTO for d in range(t.dim())} for t in first.tensors) if dynamic else None
-        proto = export(model, first.tensors, exporter=exporter, opset=opset, registry=self.registry_with(entry), dynamic_shapes=shapes)
+        shapes = (
+            tuple({d: torch.export.Dim.AUTO for d in range(t.dim())} for t in first.tensors)
+            if dynamic
+            else None
+        )
+        proto = export(
+            model,
+            first.tensors,
+            exporter=exporter,
+            opset=opset,
+            registry=self.registry_with(entry),
+            dynamic_shapes=shapes,
+        )
         if not run:
             return "exported (no Python kernel is declared: not run in ONNX Runtime)"
         if body is not None:
             proto = embed_functions(proto, KernelRegistry([body]))
             if not proto.functions:
                 raise AssertionError(f"no function body was embedded for {self.spec.node_type}")
-        runs = [first, *(s for s in self.samples if s.same_kind(first) and s is not first)] if dynamic else [first]
+        runs = (
+            [first, *(s for s in self.samples if s.same_kind(first) and s is not first)]
+            if dynamic
+            else [first]
+        )
         records: list[Any] = []
         for sample in runs:
             # trials=1: the samples only, no random inputs at other sizes (index tensors and other
             # data-dependent inputs cannot be drawn at random)
-            report = verify(model, sample.tensors, proto, trials=self.trials, kernels=kernels, shapes=() if self.trials == 1 else None)
+            report = verify(
+                model,
+                sample.tensors,
+                proto,
+                trials=self.trials,
+                kernels=kernels,
+                shapes=() if self.trials == 1 else None,
+            )
             records += report.shapes_tried
         plan = None
         if dynamic and self.trials > 1:
@@ -357,45 +464,86 @@ class _Checker:
                 # apart trial: dims the file names apart but the op ties are said in a note, and
                 # the one-dim sizes (size 1 among them) would feed a kernel written for equal
                 # shapes the shapes eager broadcasts
-                records += verify(model, first.tensors, proto, trials=1, kernels=kernels, shapes=one_dim_cases(plan)).shapes_tried
+                records += verify(
+                    model,
+                    first.tensors,
+                    proto,
+                    trials=1,
+                    kernels=kernels,
+                    shapes=one_dim_cases(plan),
+                ).shapes_tried
         tried: dict[str, None] = {}
         for record in records:
-            shape = ", ".join(f"{name}{list(dims)}" for name, dims in record.input_shapes) or "no tensor input"
-            tried.setdefault(shape if record.status == "passed" else f"{shape} ({record.status}: {record.reason})", None)
-        detail = f"verified in ONNX Runtime at {len(tried)} shape(s): {'; '.join(tried)} ({self.trials} trial(s) per sample)"
-        return _Verified(f"{detail}{self.fixed_dims_note(proto, dynamic, plan, records)}", tuple(tried))
+            shape = (
+                ", ".join(f"{name}{list(dims)}" for name, dims in record.input_shapes)
+                or "no tensor input"
+            )
+            tried.setdefault(
+                (
+                    shape
+                    if record.status == "passed"
+                    else f"{shape} ({record.status}: {record.reason})"
+                ),
+                None,
+            )
+        detail = (
+            f"verified in ONNX Runtime at {len(tried)} shape(s): {'; '.join(tried)} ({self.trials}"
+            " trial(s) per sample)"
+        )
+        return _Verified(
+            f"{detail}{self.fixed_dims_note(proto, dynamic, plan, records)}", tuple(tried)
+        )
 
     def fixed_dims_note(self, proto: Any, dynamic: bool, plan: Any, records: Sequence[Any]) -> str:
         """Why some sizes were not tried: the dims the file keeps static, the dynamic dims no
         other size passed for (with eager's reason), what limits the sizes drawn."""
         if not dynamic:
             return "; other sizes not tried: dynamic=False exports the sample's shape only"
-        fixed = [f"{i.name} dim {d} = {dim.dim_value}" for i in proto.graph.input for d, dim in enumerate(i.type.tensor_type.shape.dim) if dim.HasField("dim_value")]
+        fixed = [
+            f"{i.name} dim {d} = {dim.dim_value}"
+            for i in proto.graph.input
+            for d, dim in enumerate(i.type.tensor_type.shape.dim)
+            if dim.HasField("dim_value")
+        ]
         notes = []
         if fixed:
             notes.append(
-                f"static in the exported file, so not varied: {', '.join(fixed)} (the exporter kept the "
-                f"sample's size: the op's shape rule or fake kernel ties the dim to another input's "
-                f"or to a constant, or the sample's size was 0 or 1)"
+                f"static in the exported file, so not varied: {', '.join(fixed)} (the exporter kept"
+                " the sample's size: the op's shape rule or fake kernel ties the dim to another"
+                " input's or to a constant, or the sample's size was 0 or 1)"
             )
         if plan is not None:
             for key, dim in plan.dims.items():
-                if any(r.status == "passed" and dict(r.sizes).get(key, dim.export_size) != dim.export_size for r in records):
+                if any(
+                    r.status == "passed"
+                    and dict(r.sizes).get(key, dim.export_size) != dim.export_size
+                    for r in records
+                ):
                     continue
-                refused = [r.reason for r in records if r.status != "passed" and r.kind != "apart" and dict(r.sizes).get(key, dim.export_size) != dim.export_size]
+                refused = [
+                    r.reason
+                    for r in records
+                    if r.status != "passed"
+                    and r.kind != "apart"
+                    and dict(r.sizes).get(key, dim.export_size) != dim.export_size
+                ]
                 why = f": {refused[0]}" if refused else f" (range {dim.describe_range()})"
-                notes.append(f"dynamic dim {key} ({', '.join(dim.where)}) ran at its export size {dim.export_size} only{why}")
+                notes.append(
+                    f"dynamic dim {key} ({', '.join(dim.where)}) ran at its export size"
+                    f" {dim.export_size} only{why}"
+                )
         apart = next((r for r in records if r.kind == "apart" and r.status == "skipped"), None)
         if apart is not None:
             notes.append(
-                "the dims the file names apart were tried at different sizes, which eager refused: the op "
-                "ties dims its shape rule leaves free (a deployment may still feed them different sizes)"
+                "the dims the file names apart were tried at different sizes, which eager refused:"
+                " the op ties dims its shape rule leaves free (a deployment may still feed them"
+                " different sizes)"
             )
         if self.trials == 1:
             notes.append(
-                "other sizes along the free dims were not drawn: trials=1 (inputs such as index "
-                "tensors cannot be drawn at random); only the samples' sizes ran. Fix: pass samples "
-                "of other sizes, or trials>=2 if random inputs are valid"
+                "other sizes along the free dims were not drawn: trials=1 (inputs such as index"
+                " tensors cannot be drawn at random); only the samples' sizes ran. Fix: pass"
+                " samples of other sizes, or trials>=2 if random inputs are valid"
             )
         return "".join(f"; {n}" for n in notes)
 
@@ -404,7 +552,9 @@ class _Checker:
         nodes = [e for e in self.registration.translations if e.emits]
         return min(nodes, key=lambda e: e.opset) if nodes else None
 
-    def export_cases(self, exporters: Sequence[str], opsets: Sequence[int] | None) -> Iterator[CheckCase]:
+    def export_cases(
+        self, exporters: Sequence[str], opsets: Sequence[int] | None
+    ) -> Iterator[CheckCase]:
         node = self.node_entry()
         standard = [e for e in self.registration.translations if not e.emits]
         plans: list[tuple[str, SymbolicEntry, str, int | None, str]] = []
@@ -412,21 +562,56 @@ class _Checker:
             for x in exporters:
                 for o in opsets or [max(_DEFAULT_OPSET[x], node.opset)]:
                     usable = o >= node.opset
-                    plans.append((f"custom node {self.spec.node_type}", node, x, o if usable else None, f"the custom node's translation starts at opset {node.opset}"))
-        for entry in sorted(standard, key=lambda e: (e.variant != DEFAULT_VARIANT, e.variant, e.opset)):
+                    plans.append(
+                        (
+                            f"custom node {self.spec.node_type}",
+                            node,
+                            x,
+                            o if usable else None,
+                            f"the custom node's translation starts at opset {node.opset}",
+                        )
+                    )
+        for entry in sorted(
+            standard, key=lambda e: (e.variant != DEFAULT_VARIANT, e.variant, e.opset)
+        ):
             # a translation covers its opset up to the next one of its variant
-            later = sorted(e.opset for e in standard if e.variant == entry.variant and e.opset > entry.opset)
+            later = sorted(
+                e.opset for e in standard if e.variant == entry.variant and e.opset > entry.opset
+            )
             end = later[0] if later else None
             variant = "" if entry.variant == DEFAULT_VARIANT else f", variant {entry.variant!r}"
             label = f"translation opset>={entry.opset}{variant} ({entry.source})"
             for exporter in exporters:
                 if exporter == "torchscript":
                     ts_opset = entry.opset if entry.opset in _TS_OPSETS else None
-                    plans.append((label, entry, exporter, ts_opset, f"the TorchScript exporter supports opsets {_TS_OPSETS.start}..{_TS_OPSETS.stop - 1}"))
+                    plans.append(
+                        (
+                            label,
+                            entry,
+                            exporter,
+                            ts_opset,
+                            (
+                                "the TorchScript exporter supports opsets"
+                                f" {_TS_OPSETS.start}..{_TS_OPSETS.stop - 1}"
+                            ),
+                        )
+                    )
                 else:
                     dynamo_opset = max(entry.opset, _DYNAMO_NATIVE_OPSET)
                     covered = dynamo_opset if end is None or dynamo_opset < end else None
-                    plans.append((label, entry, exporter, covered, f"this translation covers opsets {entry.opset}..{end - 1 if end else ''}, below the dynamo exporter's opset {_DYNAMO_NATIVE_OPSET}"))
+                    plans.append(
+                        (
+                            label,
+                            entry,
+                            exporter,
+                            covered,
+                            (
+                                "this translation covers opsets"
+                                f" {entry.opset}..{end - 1 if end else ''}, below the dynamo"
+                                f" exporter's opset {_DYNAMO_NATIVE_OPSET}"
+                            ),
+                        )
+                    )
         runs_kernel = self.registration.kernel is not None
         for label, entry, exporter, opset, reason in plans:
             for first in self.kinds():
@@ -435,14 +620,29 @@ class _Checker:
                     yield CheckCase(name, None, reason)
                     continue
                 run = runs_kernel or not entry.emits
-                yield _run(name, functools.partial(self.export_and_verify, entry, exporter, opset, first, dynamic=self.dynamic, run=run))
+                yield _run(
+                    name,
+                    functools.partial(
+                        self.export_and_verify,
+                        entry,
+                        exporter,
+                        opset,
+                        first,
+                        dynamic=self.dynamic,
+                        run=run,
+                    ),
+                )
 
     def node_cases(self, dtypes: bool) -> Iterator[CheckCase]:
         """Other declared dtypes, the function body and the native kernel, for the custom node."""
         custom = self.node_entry()
         if custom is None:
             return
-        node, first, ts = self.spec.node_type, self.kinds()[0], max(_DEFAULT_OPSET["torchscript"], custom.opset)
+        node, first, ts = (
+            self.spec.node_type,
+            self.kinds()[0],
+            max(_DEFAULT_OPSET["torchscript"], custom.opset),
+        )
         verify_at = functools.partial(self.export_and_verify, custom, "torchscript", ts)
         leading = {i: _first_tensor(t) for i, t in enumerate(first.bound.tensors)}
         floats = {i: t for i, t in leading.items() if t is not None and t.is_floating_point()}
@@ -451,20 +651,45 @@ class _Checker:
             current = str(next(iter(floats.values())).dtype).removeprefix("torch.")
             for name in (d for d in _FLOATS if d in common and d != current):
                 cast = first.cast(getattr(torch, name))
-                yield _run(f"custom node {node} at {name}, torchscript opset {ts}", functools.partial(verify_at, cast, dynamic=self.dynamic))
+                yield _run(
+                    f"custom node {node} at {name}, torchscript opset {ts}",
+                    functools.partial(verify_at, cast, dynamic=self.dynamic),
+                )
         if self.spec.function is not None and self.registration.declaration is not None:
             # no Python kernels: ONNX Runtime must inline the body
-            yield _run(f"function body of {node} (ONNX Runtime without our kernels)", functools.partial(verify_at, first, dynamic=self.dynamic, kernels=KernelRegistry(), body=self.registration.declaration))
+            yield _run(
+                f"function body of {node} (ONNX Runtime without our kernels)",
+                functools.partial(
+                    verify_at,
+                    first,
+                    dynamic=self.dynamic,
+                    kernels=KernelRegistry(),
+                    body=self.registration.declaration,
+                ),
+            )
         if isinstance(self.spec.native, NativeKernel):
             yield from _user_native_cases(self, custom, first, ts, floats)
         elif self.spec.native:
             if importlib.util.find_spec("onnx_custom.runtime.native") is None:
-                yield CheckCase(f"native kernel of {node}", None, "the native library (onnx_custom.runtime.native) is not part of this build")
+                yield CheckCase(
+                    f"native kernel of {node}",
+                    None,
+                    "the native library (onnx_custom.runtime.native) is not part of this build",
+                )
             else:
-                yield _run(f"native kernel of {node}", functools.partial(verify_at, first, dynamic=self.dynamic, kernels="native"))
+                yield _run(
+                    f"native kernel of {node}",
+                    functools.partial(verify_at, first, dynamic=self.dynamic, kernels="native"),
+                )
 
 
-def _user_native_cases(checker: _Checker, custom: SymbolicEntry, first: _Sample, opset: int, floats: dict[int, torch.Tensor]) -> Iterator[CheckCase]:
+def _user_native_cases(
+    checker: _Checker,
+    custom: SymbolicEntry,
+    first: _Sample,
+    opset: int,
+    floats: dict[int, torch.Tensor],
+) -> Iterator[CheckCase]:
     """The user's C++ kernel (``native: {source, function}``), built into its own library, against
     eager at the sample's dtype and every other declared floating dtype, at several sizes."""
     from onnx_custom.spec.native_library import build_native_library
@@ -480,14 +705,23 @@ def _user_native_cases(checker: _Checker, custom: SymbolicEntry, first: _Sample,
 
     common = set.intersection(*(set(spec.inputs[i].dtypes) for i in floats)) if floats else set()
     current = str(next(iter(floats.values())).dtype).removeprefix("torch.") if floats else None
-    samples = [(current or "sample dtypes", first)] + [(d, first.cast(getattr(torch, d))) for d in _FLOATS if d in common and d != current]
+    samples = [(current or "sample dtypes", first)] + [
+        (d, first.cast(getattr(torch, d))) for d in _FLOATS if d in common and d != current
+    ]
     for label, sample in samples:
+
         def case(sample: _Sample = sample) -> _Verified:
-            result = checker.export_and_verify(custom, "torchscript", opset, sample, dynamic=checker.dynamic, kernels=built())
+            result = checker.export_and_verify(
+                custom, "torchscript", opset, sample, dynamic=checker.dynamic, kernels=built()
+            )
             assert isinstance(result, _Verified)  # run=True: the file ran
             return dataclasses.replace(result, detail=f"{result.detail} with {built().path.name}")
 
-        yield _run(f"native kernel of {node} ({Path(str(getattr(spec.native, 'source', ''))).name}) at {label}, torchscript opset {opset}", case)
+        yield _run(
+            f"native kernel of {node} ({Path(str(getattr(spec.native, 'source', ''))).name}) at"
+            f" {label}, torchscript opset {opset}",
+            case,
+        )
 
 
 def _first_tensor(value: Any) -> torch.Tensor | None:
@@ -521,20 +755,38 @@ def check_op(
     ``raise_on_failure=False``.
     """
     if not isinstance(spec, OpSpec):
-        raise SpecError(f"check_op expects an onnx_custom.OpSpec; received {type(spec).__name__}; fix: build one with OpSpec(...) or load_specs(path).")
+        raise SpecError(
+            f"check_op expects an onnx_custom.OpSpec; received {type(spec).__name__}; fix: build"
+            " one with OpSpec(...) or load_specs(path)."
+        )
     exporters = (exporters,) if isinstance(exporters, str) else tuple(exporters)
     unknown = [e for e in exporters if e not in EXPORTERS]
     if unknown or not exporters:
-        raise SpecError(f"check_op({spec.name}): exporters must be a non-empty subset of {EXPORTERS}; received {list(exporters)}.", op=spec.name)
+        raise SpecError(
+            f"check_op({spec.name}): exporters must be a non-empty subset of {EXPORTERS}; received"
+            f" {list(exporters)}.",
+            op=spec.name,
+        )
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
-        raise SpecError(f"check_op({spec.name}): trials must be a positive int; received {trials!r}.", op=spec.name)
+        raise SpecError(
+            f"check_op({spec.name}): trials must be a positive int; received {trials!r}.",
+            op=spec.name,
+        )
     samples = _samples(spec, sample_inputs)
     with generate.spec_scope():
         checker = _Checker(spec, generate.register_spec(spec), samples, trials, dynamic)
-        cases = [_run(f"opcheck sample {i}", functools.partial(checker.opcheck, s)) for i, s in enumerate(samples)]
+        cases = [
+            _run(f"opcheck sample {i}", functools.partial(checker.opcheck, s))
+            for i, s in enumerate(samples)
+        ]
         if spec.backward is not None:
-            impl = signatures.inputs_first(spec, signatures.resolve(spec, ("impl",), spec.impl, "impl"))
-            cases += [_run(f"backward sample {i}", functools.partial(checker.backward, impl, s)) for i, s in enumerate(samples)]
+            impl = signatures.inputs_first(
+                spec, signatures.resolve(spec, ("impl",), spec.impl, "impl")
+            )
+            cases += [
+                _run(f"backward sample {i}", functools.partial(checker.backward, impl, s))
+                for i, s in enumerate(samples)
+            ]
         cases += list(checker.export_cases(exporters, opsets))
         cases += list(checker.node_cases(dtypes))
     report = CheckReport(spec, cases)

@@ -73,7 +73,11 @@ class ZooResult:
         if self.report is None or self.status != "pass":
             return self.detail.splitlines()[0] if self.detail else ""
         worst = max((c.max_abs_diff for c in self.report.comparisons), default=0.0)
-        other = [dict(t.sizes) for t in self.report.shapes_tried if t.kind == "shape" and t.status == "passed"]
+        other = [
+            dict(t.sizes)
+            for t in self.report.shapes_tried
+            if t.kind == "shape" and t.status == "passed"
+        ]
         if not other:
             return f"max abs {worst:.2g}"
         names = sorted({k for sizes in other for k in sizes})
@@ -122,16 +126,36 @@ def _load_extension(module: str, loader: str = "load_extension") -> None:
     getattr(importlib.import_module(module), loader)()
 
 
-def _extension_build(name: str, duration: str, module: str, models: set[str], loader: str = "load_extension") -> NativeBuild:
-    return NativeBuild(name, duration, functools.partial(_extension_built, module), functools.partial(_load_extension, module, loader), frozenset(models))
+def _extension_build(
+    name: str, duration: str, module: str, models: set[str], loader: str = "load_extension"
+) -> NativeBuild:
+    return NativeBuild(
+        name,
+        duration,
+        functools.partial(_extension_built, module),
+        functools.partial(_load_extension, module, loader),
+        frozenset(models),
+    )
 
 
 NATIVE_BUILDS = (
     NativeBuild("ONNX Runtime kernel shim (C)", "~5 s", _shim_built, _build_shim, None),
-    _extension_build("onnx_custom_ext C++ extension", "~30 s", "onnx_custom.ops.extension", {"my_add_ext", "autograd_fn"}, loader="load_my_ops"),
-    _extension_build("deform_conv2d C++ kernels", "~30-60 s", "onnx_custom.ops.deform_conv", {"deform_conv"}),
-    _extension_build("bev_pool_v2 C++ kernels", "~30-60 s", "onnx_custom.ops.bev_pool", {"bev_pool"}),
-    _extension_build("multi_scale_deformable_attn C++ kernels", "~30-60 s", "onnx_custom.ops.msda", {"msda"}),
+    _extension_build(
+        "onnx_custom_ext C++ extension",
+        "~30 s",
+        "onnx_custom.ops.extension",
+        {"my_add_ext", "autograd_fn"},
+        loader="load_my_ops",
+    ),
+    _extension_build(
+        "deform_conv2d C++ kernels", "~30-60 s", "onnx_custom.ops.deform_conv", {"deform_conv"}
+    ),
+    _extension_build(
+        "bev_pool_v2 C++ kernels", "~30-60 s", "onnx_custom.ops.bev_pool", {"bev_pool"}
+    ),
+    _extension_build(
+        "multi_scale_deformable_attn C++ kernels", "~30-60 s", "onnx_custom.ops.msda", {"msda"}
+    ),
 )
 
 
@@ -195,7 +219,10 @@ def discover(names: Iterable[str] | None = None) -> dict[str, Any]:
             continue
         found[info.name] = f"{package.__name__}.{info.name}"
     if wanted is not None and wanted - set(found):
-        raise OnnxCustomError(f"Unknown zoo model(s) {sorted(wanted - set(found))}; expected names from: {', '.join(discover())}; fix: see `onnx-custom zoo --list`.")
+        raise OnnxCustomError(
+            f"Unknown zoo model(s) {sorted(wanted - set(found))}; expected names from:"
+            f" {', '.join(discover())}; fix: see `onnx-custom zoo --list`."
+        )
     return found
 
 
@@ -216,14 +243,26 @@ def _dynamic_shortfall(report: Any) -> str:
     if len(passed) >= MIN_OTHER_SIZES:
         return ""
     skipped = "; ".join(t.describe() for t in other if t.status == "skipped")
-    why = f"skipped: {skipped}" if skipped else "the file's dynamic dims and their ranges allow no more; check the module's dynamic_shapes"
-    return f"dynamic row verified at {len(passed)} other size(s), expected at least {MIN_OTHER_SIZES} ({why})"
+    why = (
+        f"skipped: {skipped}"
+        if skipped
+        else (
+            "the file's dynamic dims and their ranges allow no more; check the module's"
+            " dynamic_shapes"
+        )
+    )
+    return (
+        f"dynamic row verified at {len(passed)} other size(s), expected at least {MIN_OTHER_SIZES}"
+        f" ({why})"
+    )
 
 
 COMPILE = "compile"
 """The `ZooCase.exporter` of a compile row (run by `run_compile_case`, not exported)."""
 COMPILE_OPSET = 18
-_NO_BATCH = "no dynamic_shapes: the model declares no dynamic batch, so dynamic=True has nothing to sweep"
+_NO_BATCH = (
+    "no dynamic_shapes: the model declares no dynamic batch, so dynamic=True has nothing to sweep"
+)
 
 
 def compile_rows(module: Any) -> tuple[ZooCase, ...]:
@@ -231,7 +270,14 @@ def compile_rows(module: Any) -> tuple[ZooCase, ...]:
     has_batch = getattr(module, "dynamic_shapes", None) is not None
     return (
         ZooCase(COMPILE, COMPILE_OPSET, "custom", note="torch.compile vs eager"),
-        ZooCase(COMPILE, COMPILE_OPSET, "custom", dynamic=True, note="dynamic=True, other batch sizes, no recompile", skip=None if has_batch else _NO_BATCH),
+        ZooCase(
+            COMPILE,
+            COMPILE_OPSET,
+            "custom",
+            dynamic=True,
+            note="dynamic=True, other batch sizes, no recompile",
+            skip=None if has_batch else _NO_BATCH,
+        ),
     )
 
 
@@ -239,7 +285,9 @@ def _rows(module: Any) -> tuple[ZooCase, ...]:
     return tuple(getattr(module, "ZOO", ())) + compile_rows(module)
 
 
-def run_compile_case(name: str, module: Any, case: ZooCase, registry: Any, seed: int, start: float) -> ZooResult:
+def run_compile_case(
+    name: str, module: Any, case: ZooCase, registry: Any, seed: int, start: float
+) -> ZooResult:
     """A compile row: `onnx_custom.compile.zoo_rows.check_compiled` as a `ZooResult`."""
     from onnx_custom.compile.zoo_rows import check_compiled
 
@@ -248,14 +296,28 @@ def run_compile_case(name: str, module: Any, case: ZooCase, registry: Any, seed:
         args = module.example_inputs()
     dynamic = getattr(module, "dynamic_shapes", None) if case.dynamic else None
     if case.dynamic and dynamic is None:
-        raise OnnxCustomError(f"zoo row {case.label} is dynamic but {module.__name__} has no dynamic_shapes")
-    check = check_compiled(model, args, dynamic_shapes=dynamic, seed=seed, registry=registry, opset=case.opset)
-    where = f"ORT {check.ort_nodes}/{check.nodes} nodes, {check.partitions} partition(s), {check.graphs} graph(s)"
+        raise OnnxCustomError(
+            f"zoo row {case.label} is dynamic but {module.__name__} has no dynamic_shapes"
+        )
+    check = check_compiled(
+        model, args, dynamic_shapes=dynamic, seed=seed, registry=registry, opset=case.opset
+    )
+    where = (
+        f"ORT {check.ort_nodes}/{check.nodes} nodes, {check.partitions} partition(s),"
+        f" {check.graphs} graph(s)"
+    )
     if check.fallbacks:
         where += f"; eager: {', '.join(check.fallbacks)}"
     seconds = time.perf_counter() - start
     if not check.passed:
-        return ZooResult(name, case, "fail", check.describe() or "the compiled model produced no output to compare", seconds, where)
+        return ZooResult(
+            name,
+            case,
+            "fail",
+            check.describe() or "the compiled model produced no output to compare",
+            seconds,
+            where,
+        )
     sizes = f"; batch {','.join(map(str, check.batches))}, no recompile" if case.dynamic else ""
     return ZooResult(name, case, "pass", f"max abs {check.worst:.2g}{sizes}", seconds, where)
 
@@ -280,21 +342,53 @@ def run_case(name: str, module: Any, case: ZooCase, *, seed: int = DEFAULT_SEED)
             return run_compile_case(name, module, case, registry, seed, start)
         dynamic = getattr(module, "dynamic_shapes", None) if case.dynamic else None
         if case.dynamic and dynamic is None:
-            raise OnnxCustomError(f"zoo row {case.label} is dynamic but {module.__name__} has no dynamic_shapes")
+            raise OnnxCustomError(
+                f"zoo row {case.label} is dynamic but {module.__name__} has no dynamic_shapes"
+            )
         try:
-            proto = export(model, args, exporter=case.exporter, opset=case.opset, registry=registry, dynamic_shapes=dynamic)
+            proto = export(
+                model,
+                args,
+                exporter=case.exporter,
+                opset=case.opset,
+                registry=registry,
+                dynamic_shapes=dynamic,
+            )
         except OnnxCustomError as exc:
             if case.expect_error and case.expect_error in str(exc):
-                return ZooResult(name, case, "pass", f"refused as documented: {case.note}", time.perf_counter() - start)
+                return ZooResult(
+                    name,
+                    case,
+                    "pass",
+                    f"refused as documented: {case.note}",
+                    time.perf_counter() - start,
+                )
             raise
         if case.expect_error:
-            return ZooResult(name, case, "fail", f"expected a refusal containing {case.expect_error!r}", time.perf_counter() - start)
+            return ZooResult(
+                name,
+                case,
+                "fail",
+                f"expected a refusal containing {case.expect_error!r}",
+                time.perf_counter() - start,
+            )
         generator = getattr(module, "input_generator", None)
-        report = verify(model, args, proto, trials=case.trials, input_generator=generator, raise_on_mismatch=False, seed=seed, dynamic_shapes=dynamic)
+        report = verify(
+            model,
+            args,
+            proto,
+            trials=case.trials,
+            input_generator=generator,
+            raise_on_mismatch=False,
+            seed=seed,
+            dynamic_shapes=dynamic,
+        )
         shortfall = _dynamic_shortfall(report) if case.dynamic else ""
         status = "pass" if report.passed and not shortfall else "fail"
         detail = "" if status == "pass" else "\n".join(filter(None, [shortfall, str(report)]))
-        return ZooResult(name, case, status, detail, time.perf_counter() - start, _node_summary(proto), report)
+        return ZooResult(
+            name, case, status, detail, time.perf_counter() - start, _node_summary(proto), report
+        )
     except Exception as exc:
         detail = f"{type(exc).__name__}: {exc}"
         if not isinstance(exc, OnnxCustomError):
@@ -308,10 +402,21 @@ def _import(short: str, module_name: str) -> ModuleType | ZooResult:
     except Exception as exc:
         skip_reason = getattr(exc, "skip_reason", None)
         status = "skip" if skip_reason else "fail"
-        return ZooResult(short, MODULE_ROW, status, skip_reason or f"import failed: {type(exc).__name__}: {exc}", 0.0)
+        return ZooResult(
+            short,
+            MODULE_ROW,
+            status,
+            skip_reason or f"import failed: {type(exc).__name__}: {exc}",
+            0.0,
+        )
 
 
-def run_zoo(names: Iterable[str] | None = None, *, seed: int = DEFAULT_SEED, listener: ZooListener | None = None) -> list[ZooResult]:
+def run_zoo(
+    names: Iterable[str] | None = None,
+    *,
+    seed: int = DEFAULT_SEED,
+    listener: ZooListener | None = None,
+) -> list[ZooResult]:
     """Run every row of the named zoo models (default: all), in order; ``listener`` hears why."""
     modules = discover(names)
     pending = pending_builds(modules)
@@ -349,7 +454,9 @@ def list_zoo(names: Iterable[str] | None = None) -> str:
         doc = (imported.__doc__ or "").strip().splitlines()
         lines.append(f"{short}: {doc[0] if doc else ''}")
         for case in _rows(imported):
-            extra = f"  (skip: {case.skip})" if case.skip else (f"  ({case.note})" if case.note else "")
+            extra = (
+                f"  (skip: {case.skip})" if case.skip else (f"  ({case.note})" if case.note else "")
+            )
             lines.append(f"  {case.label}{extra}")
     return "\n".join(lines)
 
@@ -358,9 +465,15 @@ def format_table(results: Sequence[ZooResult]) -> str:
     """All rows as a table (nodes last, never truncated) and the counts."""
     model_width = max((len(r.model) for r in results), default=5)
     case_width = max((len(r.case.label) for r in results), default=4)
-    rows = [f"{'model':<{model_width}}  {'case':<{case_width}}  {'status':<6} {'time':>7}  {'result':<40}  nodes"]
+    rows = [
+        f"{'model':<{model_width}}  {'case':<{case_width}}  {'status':<6} {'time':>7} "
+        f" {'result':<40}  nodes"
+    ]
     for r in results:
-        rows.append(f"{r.model:<{model_width}}  {r.case.label:<{case_width}}  {r.status.upper():<6} {r.seconds:>6.1f}s  {r.summary:<40}  {r.nodes}")
+        rows.append(
+            f"{r.model:<{model_width}}  {r.case.label:<{case_width}}  {r.status.upper():<6}"
+            f" {r.seconds:>6.1f}s  {r.summary:<40}  {r.nodes}"
+        )
     rows.append(counts_line(results))
     return "\n".join(rows)
 

@@ -40,25 +40,39 @@ def _check_range(name: str, values: np.ndarray, upper: int) -> None:
 
 def _check_intervals(starts: np.ndarray, lengths: np.ndarray, points: int) -> None:
     if lengths.size and lengths.min() < 0:
-        raise ValueError(f"onnx_custom::BEVPoolV2: interval_lengths must be >= 0, got a minimum of {lengths.min()}")
+        raise ValueError(
+            "onnx_custom::BEVPoolV2: interval_lengths must be >= 0, got a minimum of"
+            f" {lengths.min()}"
+        )
     used = lengths > 0
     if used.any() and (starts[used].min() < 0 or (starts + lengths)[used].max() > points):
         raise ValueError(f"onnx_custom::BEVPoolV2: intervals must lie within the {points} ranks")
 
 
-def _check_ranks(depth: np.ndarray, feat: np.ndarray, ranks_depth: np.ndarray, ranks_feat: np.ndarray, ranks_bev: np.ndarray, cells: int) -> None:
+def _check_ranks(
+    depth: np.ndarray,
+    feat: np.ndarray,
+    ranks_depth: np.ndarray,
+    ranks_feat: np.ndarray,
+    ranks_bev: np.ndarray,
+    cells: int,
+) -> None:
     _check_range("ranks_depth", ranks_depth, depth.size)
     _check_range("ranks_feat", ranks_feat, feat.size // feat.shape[-1] if feat.shape[-1] else 0)
     _check_range("ranks_bev", ranks_bev, cells)
 
 
-def _pieces(starts: np.ndarray, lengths: np.ndarray, cells: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _pieces(
+    starts: np.ndarray, lengths: np.ndarray, cells: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Non-empty intervals, longer ones split into pieces of at most _CHUNK_POINTS, by start."""
     keep = lengths > 0
     starts, lengths, cells = starts[keep], lengths[keep], cells[keep]
     count = (lengths + _CHUNK_POINTS - 1) // _CHUNK_POINTS
     first = np.repeat(starts, count)
-    offset = (np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)) * _CHUNK_POINTS
+    offset = (
+        np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+    ) * _CHUNK_POINTS
     begin = first + offset
     end = np.minimum(begin + _CHUNK_POINTS, np.repeat(starts + lengths, count))
     order = np.argsort(begin, kind="stable")
@@ -95,12 +109,16 @@ def bev_pool_v2_numpy(
         groups = np.flatnonzero(np.diff(begin // _CHUNK_POINTS)) + 1  # spans of at most 2 chunks
         for lo_piece, hi_piece in zip(np.r_[0, groups], np.r_[groups, begin.size], strict=True):
             lo, hi = int(begin[lo_piece]), int(end[lo_piece:hi_piece].max())
-            values = np.empty((hi - lo + 1, c), dtype=work)  # + a zero row: reduceat may index hi - lo
+            values = np.empty(
+                (hi - lo + 1, c), dtype=work
+            )  # + a zero row: reduceat may index hi - lo
             # mode="clip": the caller checked the ranks; "raise" would buffer a copy of the output
             np.take(feat_rows, ranks_feat[lo:hi], axis=0, out=values[:-1], mode="clip")
             values[:-1] *= np.take(depth_flat, ranks_depth[lo:hi], mode="clip")[:, None]
             values[-1] = 0
-            bounds = np.stack((begin[lo_piece:hi_piece] - lo, end[lo_piece:hi_piece] - lo), axis=1).reshape(-1)
+            bounds = np.stack(
+                (begin[lo_piece:hi_piece] - lo, end[lo_piece:hi_piece] - lo), axis=1
+            ).reshape(-1)
             sums = np.add.reduceat(values, bounds, axis=0, dtype=np.float64)[::2]
             np.add.at(grid, piece_cells[lo_piece:hi_piece], sums)
     bev = grid.reshape(b, z * y * x, c).transpose(0, 2, 1).astype(feat.dtype)
@@ -116,7 +134,9 @@ def _torch_view(a: np.ndarray) -> Any:
     return torch.from_numpy(a)
 
 
-def _native_into(out: np.ndarray, arrays: tuple[np.ndarray, ...], bev_feat_shape: list[int]) -> bool:
+def _native_into(
+    out: np.ndarray, arrays: tuple[np.ndarray, ...], bev_feat_shape: list[int]
+) -> bool:
     """The eager op's C++ kernels into ``out`` (False when they cannot run here)."""
     try:
         import torch
@@ -125,10 +145,19 @@ def _native_into(out: np.ndarray, arrays: tuple[np.ndarray, ...], bev_feat_shape
     except ImportError:
         return False
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # ORT's inputs are read-only; torch only reads them
-        depth, feat, ranks_depth, ranks_feat, ranks_bev, starts, lengths = (_torch_view(np.ascontiguousarray(a)) for a in arrays)
+        warnings.simplefilter(
+            "ignore", UserWarning
+        )  # ORT's inputs are read-only; torch only reads them
+        depth, feat, ranks_depth, ranks_feat, ranks_bev, starts, lengths = (
+            _torch_view(np.ascontiguousarray(a)) for a in arrays
+        )
     with torch.inference_mode():
-        return bev_pool_v2_into(_torch_view(out), bev_arguments(depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape, starts, lengths))
+        return bev_pool_v2_into(
+            _torch_view(out),
+            bev_arguments(
+                depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape, starts, lengths
+            ),
+        )
 
 
 def bev_pool_v2(
@@ -150,9 +179,15 @@ def bev_pool_v2(
     b, z, y, x, c = (int(s) for s in bev_feat_shape)
     target = out[0] if out is not None else np.empty((b, c, z, y, x), dtype=feat.dtype)
     arrays = (depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths)
-    if not (target.flags.c_contiguous and target.flags.writeable and _native_into(target, arrays, [b, z, y, x, c])):
+    if not (
+        target.flags.c_contiguous
+        and target.flags.writeable
+        and _native_into(target, arrays, [b, z, y, x, c])
+    ):
         # The C++ kernels check every index they read (and name a bad one); NumPy needs them first.
-        _check_intervals(interval_starts.astype(np.int64), interval_lengths.astype(np.int64), ranks_bev.size)
+        _check_intervals(
+            interval_starts.astype(np.int64), interval_lengths.astype(np.int64), ranks_bev.size
+        )
         _check_ranks(depth, feat, ranks_depth, ranks_feat, ranks_bev, b * z * y * x)
         target[...] = bev_pool_v2_numpy(*arrays, [b, z, y, x, c])
     return None if out is not None else target

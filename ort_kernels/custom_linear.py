@@ -16,8 +16,8 @@ def custom_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = N
     once, as torch's CPU kernel does."""
     if weight.ndim != 2 or x.shape[-1] != weight.shape[1]:
         raise ValueError(
-            f"onnx_custom::CustomLinear: x {list(x.shape)} and weight {list(weight.shape)} do not match "
-            "([..., in] x [out, in])"
+            f"onnx_custom::CustomLinear: x {list(x.shape)} and weight {list(weight.shape)} do not"
+            " match ([..., in] x [out, in])"
         )
     wide = np.float64 if x.dtype == np.float64 else np.float32
     y = np.matmul(x.astype(wide, copy=False), weight.astype(wide, copy=False).T)

@@ -26,7 +26,15 @@ from onnx_custom.runtime.native import sources_dir
 from onnx_custom.spec import spec_kernels
 from onnx_custom.spec.native_codegen import GeneratedSource, generate_source
 
-__all__ = ["MMDEPLOY_NODE", "NATIVE_BINDING", "NODE", "kernels", "make_kernels", "native_binding", "write_native_binding"]
+__all__ = [
+    "MMDEPLOY_NODE",
+    "NATIVE_BINDING",
+    "NODE",
+    "kernels",
+    "make_kernels",
+    "native_binding",
+    "write_native_binding",
+]
 
 NODE = f"{MSDA.domain}::{MSDA.op_type}"
 MMDEPLOY_NODE = "mmdeploy::MMCVMultiScaleDeformableAttention"
@@ -48,8 +56,14 @@ NATIVE_BINDING = "msda_generated.cpp"
 def native_binding() -> GeneratedSource:
     """The shipped library's registration of both nodes, generated from `MSDA` like a user's op."""
     source = Path(MSDA.native.path())  # type: ignore[union-attr]
-    return generate_source(source, [MSDA], 0, filename=NATIVE_BINDING, adder="add_msda_ops",
-                           aliases={MSDA.name: (MMDEPLOY_NODE,)})  # fmt: skip
+    return generate_source(
+        source,
+        [MSDA],
+        0,
+        filename=NATIVE_BINDING,
+        adder="add_msda_ops",
+        aliases={MSDA.name: (MMDEPLOY_NODE,)},
+    )
 
 
 def write_native_binding() -> Path:

@@ -15,7 +15,7 @@ def multi_out3(x: np.ndarray, *, repeats: list[int], scale: float) -> tuple[np.n
     """(x * scale, tile(x, repeats), x.sum(-1)); half types sum in float32, as torch does."""
     if len(repeats) != x.ndim:
         raise ValueError(
-            f"onnx_custom::MultiOut3 expects one repeat per dimension of x: x has shape "
+            "onnx_custom::MultiOut3 expects one repeat per dimension of x: x has shape "
             f"{list(x.shape)} but repeats is {list(repeats)}"
         )
     wide = np.float64 if x.dtype == np.float64 else np.float32

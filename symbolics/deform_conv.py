@@ -59,10 +59,10 @@ def _check_deformconv_dtype(g: Any, input: Any) -> None:
     name = str(dtype).removeprefix("torch.")
     raise SymbolicError(
         f"{g.target}: ONNX DeformConv (opset {g.opset}) cannot run {name}: ONNX Runtime's CPU "
-        f"DeformConv supports float32, float64 and float16, and opset 19's DeformConv schema does "
+        "DeformConv supports float32, float64 and float16, and opset 19's DeformConv schema does "
         f"not allow {name}. Export with opset 18 or lower to get the custom node "
         f"{DEFAULT_DOMAIN}::{NODE_TYPE} (onnx-custom's kernel runs {name}), or cast the model "
-        f"to float16 or float32 (model.half() / model.float()) before exporting."
+        "to float16 or float32 (model.half() / model.float()) before exporting."
     )
 
 

@@ -95,7 +95,9 @@ def _sample_axis(g: Any, origins: Any, shift: Any, size: Any, like: Any) -> tupl
     (~1 ms each for 113k values, a quarter of the body's time outside the tap loop)."""
     coord = g.op("Reshape", g.op("Add", cast_like(g, origins, like), shift), _i64(g, [-1]))
     upper = cast_like(g, _scalar(g, size), like)
-    inside = g.op("And", g.op("Greater", coord, g.constant(-1.0, like=like)), g.op("Less", coord, upper))
+    inside = g.op(
+        "And", g.op("Greater", coord, g.constant(-1.0, like=like)), g.op("Less", coord, upper)
+    )
     return inside, coord
 
 
@@ -186,7 +188,9 @@ def deform_conv2d_decomposed(
     y, x = g.op("Where", inside, y, zero_t), g.op("Where", inside, x, zero_t)  # finite from here on
     floor_y, floor_x = g.op("Floor", y), g.op("Floor", x)
     ly, lx = g.op("Sub", y, floor_y), g.op("Sub", x, floor_x)
-    hy = g.op("Mul", g.op("Sub", one_t, ly), cast_like(g, inside, input))  # zeroes all four weights outside
+    hy = g.op(
+        "Mul", g.op("Sub", one_t, ly), cast_like(g, inside, input)
+    )  # zeroes all four weights outside
     hx = g.op("Sub", one_t, lx)
     modulation = _modulation(g, mask, use_mask, dims, input)
     if modulation is not None:  # the mask folds into the (small) bilinear weights, never into C
@@ -197,13 +201,17 @@ def deform_conv2d_decomposed(
     hp, wp = g.op("Add", h, two), g.op("Add", w, two)
     y0 = g.op("Cast", floor_y, to=onnx.TensorProto.INT64)  # 1-D, layout T
     x0 = g.op("Cast", floor_x, to=onnx.TensorProto.INT64)
-    plane_ids = g.op("Range", _scalar(g, _i64(g, [0])), _scalar(g, g.op("Mul", n, og)), _scalar(g, one))
+    plane_ids = g.op(
+        "Range", _scalar(g, _i64(g, [0])), _scalar(g, g.op("Mul", n, og)), _scalar(g, one)
+    )
     planes = g.op("Mul", plane_ids, g.op("Mul", hp, wp))
     npog = g.op("Mul", g.op("Mul", n, p), og)
     # each sample's plane offset as one (N*P*OG,) run, added to all K taps' rows along long runs
     # (plain Reshapes with -1: no allowzero, whose opset-14 change would stop the lowering to 11)
     planes = g.op("Reshape", planes, g.op("Concat", _i64(g, [-1]), one, og, axis=0))
-    planes = g.op("Reshape", g.op("Expand", planes, g.op("Concat", n, p, og, axis=0)), _i64(g, [-1]))
+    planes = g.op(
+        "Reshape", g.op("Expand", planes, g.op("Concat", n, p, og, axis=0)), _i64(g, [-1])
+    )
     in_plane = g.op("Add", g.op("Mul", g.op("Add", y0, one), wp), g.op("Add", x0, one))
     four = _i64(g, [4])
     top_left = g.op("Add", _reshape(g, in_plane, k, npog), planes)  # (K, N*P*OG)
@@ -234,8 +242,14 @@ def deform_conv2d_decomposed(
     taps = _static_taps(g, weight)
     if getattr(g, "exporter", None) == "function":
         # A Loop over chunks of output pixels, all taps at once (K is known at run time only)
-        rows = g.op("Transpose", _reshape(g, top_left, k, count, og), perm=[1, 0, 2])  # (N*P, K, OG)
-        rows = g.op("Add", _reshape(g, rows, one, count, g.op("Mul", k, og)), _reshape(g, steps, four, one, one))
+        rows = g.op(
+            "Transpose", _reshape(g, top_left, k, count, og), perm=[1, 0, 2]
+        )  # (N*P, K, OG)
+        rows = g.op(
+            "Add",
+            _reshape(g, rows, one, count, g.op("Mul", k, og)),
+            _reshape(g, steps, four, one, one),
+        )
         stacked = g.op("Concat", *(_reshape(g, v, one, k, count, og) for v in products), axis=0)
         weights = g.op("Transpose", stacked, perm=[0, 2, 1, 3])  # (4, N*P, K, OG)
         dense = _reshape(g, _dense_kernel(g, kernel, k, grp, c, cout), g.op("Mul", k, c), cout)
@@ -246,16 +260,32 @@ def deform_conv2d_decomposed(
         rows = g.op("Add", _reshape(g, top_left, k, one, npog), _reshape(g, steps, one, four, one))
         weights = g.op("Concat", *(_reshape(g, v, k, one, npog, one) for v in products), axis=1)
         m = g.op("Mul", npog, cg)
-        sources = _Sources(image, rows, weights, kernel, ones, g.op("Concat", k, four, m, axis=0), g.op("Concat", four, m, axis=0))
+        sources = _Sources(
+            image,
+            rows,
+            weights,
+            kernel,
+            ones,
+            g.op("Concat", k, four, m, axis=0),
+            g.op("Concat", four, m, axis=0),
+        )
         if taps is not None:  # unrolled, one tap's (N*P, C) columns at a time
             single = _static_groups(groups)
             shape = (
-                (g.op("Concat", one, count, c, axis=0), None) if single
-                else (g.op("Concat", count, grp, cpg, axis=0), g.op("Concat", grp, count, cpg, axis=0))
-            )  # fmt: skip
-            out = g.op("Expand", g.constant(0.0, like=compute), g.op("Concat", grp, count, cog, axis=0))
+                (g.op("Concat", one, count, c, axis=0), None)
+                if single
+                else (
+                    g.op("Concat", count, grp, cpg, axis=0),
+                    g.op("Concat", grp, count, cpg, axis=0),
+                )
+            )
+            out = g.op(
+                "Expand", g.constant(0.0, like=compute), g.op("Concat", grp, count, cog, axis=0)
+            )
             for tap in range(taps):
-                out = g.op("Add", out, _tap_product(g, sources, _i64(g, np.int64(tap)), shape, single))
+                out = g.op(
+                    "Add", out, _tap_product(g, sources, _i64(g, np.int64(tap)), shape, single)
+                )
         else:
             out = _all_taps_product(g, sources, k, g.op("Concat", k, count, grp, cpg, axis=0), cog)
         # (G, N, P, Cog) -> (N, G, Cog, P) in two Transposes: ORT moves G as whole (P, Cog) blocks and
@@ -325,8 +355,17 @@ def _chunked_product(g: Any, src: _Chunks) -> Any:
     total = g.op("Mul", chunks, size)
     extra = g.op("Sub", total, src.count)
     kog = g.op("Mul", src.k, src.og)
-    rows = g.op("Concat", src.rows, g.op("Expand", _i64(g, [0]), g.op("Concat", four, extra, kog, axis=0)), axis=1)
-    pad = g.op("Expand", g.constant(0.0, like=src.weights), g.op("Concat", four, extra, src.k, src.og, axis=0))
+    rows = g.op(
+        "Concat",
+        src.rows,
+        g.op("Expand", _i64(g, [0]), g.op("Concat", four, extra, kog, axis=0)),
+        axis=1,
+    )
+    pad = g.op(
+        "Expand",
+        g.constant(0.0, like=src.weights),
+        g.op("Concat", four, extra, src.k, src.og, axis=0),
+    )
     weights = g.op("Concat", src.weights, pad, axis=1)
     # (4, chunks, S*K*OG): an iteration's rows and weights are one Gather each along axis 1
     # (fewer nodes per iteration than a Slice with its bounds computed from the iteration count)
@@ -365,7 +404,9 @@ def _sample(g: Any, src: _Sources, tap: Any) -> Any:
         return x if tap is None else g.op("Gather", x, tap, axis=0)
 
     corners = g.op("Mul", g.op("Gather", src.image, pick(src.rows), axis=0), pick(src.weights))
-    return g.op("MatMul", src.ones, _reshape_to(g, corners, src.stacked if tap is None else src.stacked_tap))
+    return g.op(
+        "MatMul", src.ones, _reshape_to(g, corners, src.stacked if tap is None else src.stacked_tap)
+    )
 
 
 def _static_groups(groups: Any) -> bool:
@@ -379,7 +420,9 @@ def _dense_kernel(g: Any, kernel: Any, k: Any, grp: Any, c: Any, cout: Any) -> A
     pay G times the GEMM's arithmetic on the zero blocks (a depthwise layer: C times), next to
     the sampling's memory traffic, which does not change with the groups."""
     one = _i64(g, [1])
-    eye = g.op("EyeLike", g.op("Expand", g.constant(0.0, like=kernel), g.op("Concat", grp, grp, axis=0)))
+    eye = g.op(
+        "EyeLike", g.op("Expand", g.constant(0.0, like=kernel), g.op("Concat", grp, grp, axis=0))
+    )
     eye = _reshape(g, eye, one, grp, one, grp, one)
     cpg, cog = g.op("Div", c, grp), g.op("Div", cout, grp)
     blocks = g.op("Mul", _reshape(g, kernel, k, grp, cpg, one, cog), eye)  # (K, G, Cpg, G, Cog)

@@ -36,7 +36,16 @@ from onnx_custom.spec import spec_translations
 from onnx_custom.translate.builder import register_value_check
 from onnx_custom.translate.registry import Registry
 
-__all__ = ["GATHER_MIN_OPSET", "GRID_SAMPLE_OPSET", "MMDEPLOY_NODE", "check_constant_levels", "msda_gather", "msda_grid_sample", "msda_mmdeploy", "registry"]
+__all__ = [
+    "GATHER_MIN_OPSET",
+    "GRID_SAMPLE_OPSET",
+    "MMDEPLOY_NODE",
+    "check_constant_levels",
+    "msda_gather",
+    "msda_grid_sample",
+    "msda_mmdeploy",
+    "registry",
+]
 
 MMDEPLOY_NODE = "mmdeploy::MMCVMultiScaleDeformableAttention"
 GATHER_MIN_OPSET = 11  # Range, Where on int64
@@ -44,10 +53,25 @@ GRID_SAMPLE_OPSET = 16
 _HALF = ("torch.float16", "torch.bfloat16")
 
 
-def msda_mmdeploy(g: Any, value: Any, spatial_shapes: Any, level_start_index: Any, sampling_locations: Any,
-                  attention_weights: Any, *, im2col_step: Any) -> Any:  # fmt: skip
-    return g.op(MMDEPLOY_NODE, value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
-                im2col_step=im2col_step)  # fmt: skip
+def msda_mmdeploy(
+    g: Any,
+    value: Any,
+    spatial_shapes: Any,
+    level_start_index: Any,
+    sampling_locations: Any,
+    attention_weights: Any,
+    *,
+    im2col_step: Any,
+) -> Any:
+    return g.op(
+        MMDEPLOY_NODE,
+        value,
+        spatial_shapes,
+        level_start_index,
+        sampling_locations,
+        attention_weights,
+        im2col_step=im2col_step,
+    )
 
 
 def _i64(g: Any, values: Any) -> Any:
@@ -72,7 +96,9 @@ def _compute_type(g: Any, value: Any) -> tuple[Any, int | None]:
     """(the ONNX type to compute in, the type to cast the result back to or None)."""
     dtype = g.dtype(value)
     if dtype is not None and str(dtype) in _HALF:
-        back = onnx.TensorProto.FLOAT16 if str(dtype) == "torch.float16" else onnx.TensorProto.BFLOAT16
+        back = (
+            onnx.TensorProto.FLOAT16 if str(dtype) == "torch.float16" else onnx.TensorProto.BFLOAT16
+        )
         return onnx.TensorProto.FLOAT, back
     return None, None
 
@@ -83,11 +109,22 @@ def _in_float(g: Any, x: Any, compute: int | None) -> Any:
 
 def _check_opset(g: Any, needed: int, what: str) -> None:
     if g.opset < needed:
-        raise SymbolicError(f"{g.target}: the {what} needs opset >= {needed}, got {g.opset}; fix: export at opset >= {needed}.")
+        raise SymbolicError(
+            f"{g.target}: the {what} needs opset >= {needed}, got {g.opset}; fix: export at opset"
+            f" >= {needed}."
+        )
 
 
-def msda_gather(g: Any, value: Any, spatial_shapes: Any, level_start_index: Any, sampling_locations: Any,
-                attention_weights: Any, *, im2col_step: Any) -> Any:  # fmt: skip
+def msda_gather(
+    g: Any,
+    value: Any,
+    spatial_shapes: Any,
+    level_start_index: Any,
+    sampling_locations: Any,
+    attention_weights: Any,
+    *,
+    im2col_step: Any,
+) -> Any:
     """Standard ops (opset 11+), all levels at once: see the module docstring."""
     _check_opset(g, GATHER_MIN_OPSET, "gather decomposition of multi_scale_deformable_attn")
     np_float, onnx_float = _float_types(g, value)
@@ -125,9 +162,11 @@ def msda_gather(g: Any, value: Any, spatial_shapes: Any, level_start_index: Any,
             cx = x0 if dx == 0 else g.op("Add", x0, one_f)
             cy = y0 if dy == 0 else g.op("Add", y0, one_f)
             # Comparisons are False for NaN: a non-finite location has no corner inside.
-            inside = g.op("And",
-                          g.op("And", g.op("Not", g.op("Less", cx, zero_f)), g.op("Less", cx, w_f)),
-                          g.op("And", g.op("Not", g.op("Less", cy, zero_f)), g.op("Less", cy, h_f)))  # fmt: skip
+            inside = g.op(
+                "And",
+                g.op("And", g.op("Not", g.op("Less", cx, zero_f)), g.op("Less", cx, w_f)),
+                g.op("And", g.op("Not", g.op("Less", cy, zero_f)), g.op("Less", cy, h_f)),
+            )
             cx_i = g.op("Cast", g.op("Where", inside, cx, zero_f), to=onnx.TensorProto.INT64)
             cy_i = g.op("Cast", g.op("Where", inside, cy, zero_f), to=onnx.TensorProto.INT64)
             offset = g.op("Mul", g.op("Add", g.op("Mul", cy_i, ws), cx_i), heads)
@@ -161,15 +200,31 @@ def _static_levels(g: Any, spatial_shapes: Any, sampling_locations: Any) -> int 
     return None
 
 
-def msda_grid_sample(g: Any, value: Any, spatial_shapes: Any, level_start_index: Any, sampling_locations: Any,
-                     attention_weights: Any, *, im2col_step: Any) -> Any:  # fmt: skip
+def msda_grid_sample(
+    g: Any,
+    value: Any,
+    spatial_shapes: Any,
+    level_start_index: Any,
+    sampling_locations: Any,
+    attention_weights: Any,
+    *,
+    im2col_step: Any,
+) -> Any:
     """Opset 16+: mmcv's pure-PyTorch formulation, one GridSample per level. float64 (GridSample
     would round to float32) and a dynamic number of levels (nothing to unroll) take the gather
     form, also standard ops."""
     _check_opset(g, GRID_SAMPLE_OPSET, "GridSample form of multi_scale_deformable_attn")
     levels = _static_levels(g, spatial_shapes, sampling_locations)
     if levels is None or _float_types(g, value)[0] is np.float64:
-        return msda_gather(g, value, spatial_shapes, level_start_index, sampling_locations, attention_weights, im2col_step=im2col_step)
+        return msda_gather(
+            g,
+            value,
+            spatial_shapes,
+            level_start_index,
+            sampling_locations,
+            attention_weights,
+            im2col_step=im2col_step,
+        )
     compute, back = _compute_type(g, value)
     value = _in_float(g, value, compute)
     loc = _in_float(g, sampling_locations, compute)
@@ -188,17 +243,25 @@ def msda_grid_sample(g: Any, value: Any, spatial_shapes: Any, level_start_index:
         h, w = g.op("Gather", hw, _i64(g, [0]), axis=1), g.op("Gather", hw, _i64(g, [1]), axis=1)
         h, w = _reshape(g, h, one), _reshape(g, w, one)
         start = g.op("Gather", level_start_index, _i64(g, [level]), axis=0)
-        part = g.op("Slice", value, start, g.op("Add", start, g.op("Mul", h, w)), one)  # (bs, HW, M, D)
+        part = g.op(
+            "Slice", value, start, g.op("Add", start, g.op("Mul", h, w)), one
+        )  # (bs, HW, M, D)
         image = _reshape(g, g.op("Transpose", part, perm=[0, 2, 3, 1]), bm, dim, h, w)
         grid = g.op("Gather", grids, _i64(g, level), axis=3)  # (bs, Q, M, P, 2)
-        grid = _reshape(g, g.op("Transpose", grid, perm=[0, 2, 1, 3, 4]), bm, queries, points, _i64(g, [2]))
-        sampled.append(g.op("GridSample", image, grid, mode=mode, padding_mode="zeros", align_corners=0))
+        grid = _reshape(
+            g, g.op("Transpose", grid, perm=[0, 2, 1, 3, 4]), bm, queries, points, _i64(g, [2])
+        )
+        sampled.append(
+            g.op("GridSample", image, grid, mode=mode, padding_mode="zeros", align_corners=0)
+        )
     lp = g.op("Mul", points, _i64(g, [levels]))
     stacked = g.op("Concat", *sampled, axis=3) if levels > 1 else sampled[0]  # (bs*M, D, Q, L*P)
     stacked = g.op("Transpose", stacked, perm=[0, 2, 1, 3])  # (bs*M, Q, D, L*P)
     weights = _reshape(g, g.op("Transpose", attn, perm=[0, 2, 1, 3, 4]), bm, queries, lp, one)
     out = _reshape(g, g.op("MatMul", stacked, weights), bs, heads, queries, dim)  # (bs, M, Q, D)
-    out = _reshape(g, g.op("Transpose", out, perm=[0, 2, 1, 3]), bs, queries, g.op("Mul", heads, dim))
+    out = _reshape(
+        g, g.op("Transpose", out, perm=[0, 2, 1, 3]), bs, queries, g.op("Mul", heads, dim)
+    )
     return out if back is None else g.op("Cast", out, to=back)
 
 
@@ -214,10 +277,19 @@ def check_constant_levels(g: Any, value: Any, spatial_shapes: Any, level_start_i
     if starts is not None and starts.shape != (shapes.shape[0],):
         starts = None
     value_shape = g.shape(value)
-    keys = value_shape[1] if value_shape is not None and len(value_shape) == 4 and isinstance(value_shape[1], int) else None
+    keys = (
+        value_shape[1]
+        if value_shape is not None and len(value_shape) == 4 and isinstance(value_shape[1], int)
+        else None
+    )
     check_level_layout(shapes, starts, keys)
 
 
 msda_gather.__doc__ = f"{msda_gather.__doc__}\n\n{MSDA.op_name}{MSDA.schema}"
 registry: Registry = spec_translations(MSDA)
-register_value_check(MSDA.name, lambda g, value, spatial_shapes, level_start_index, *_, **__: check_constant_levels(g, value, spatial_shapes, level_start_index))
+register_value_check(
+    MSDA.name,
+    lambda g, value, spatial_shapes, level_start_index, *_, **__: check_constant_levels(
+        g, value, spatial_shapes, level_start_index
+    ),
+)

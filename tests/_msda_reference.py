@@ -21,7 +21,9 @@ def level_start(shapes: torch.Tensor) -> torch.Tensor:
     return torch.cat((sizes.new_zeros(1), sizes.cumsum(0)[:-1]))
 
 
-def grid_sample_msda(value: torch.Tensor, shapes: torch.Tensor, loc: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+def grid_sample_msda(
+    value: torch.Tensor, shapes: torch.Tensor, loc: torch.Tensor, attn: torch.Tensor
+) -> torch.Tensor:
     """(bs, Q, M*D): per level, sample every head's (D, H, W) image at the queries' points."""
     bs, _, heads, dim = value.shape
     _, queries, _, levels, points, _ = loc.shape
@@ -34,7 +36,9 @@ def grid_sample_msda(value: torch.Tensor, shapes: torch.Tensor, loc: torch.Tenso
         if h * w == 0:  # grid_sample refuses empty images; nothing to sample there
             per_level.append(grid.new_zeros(bs * heads, dim, queries, points))
             continue
-        per_level.append(F.grid_sample(image, grid, mode="bilinear", padding_mode="zeros", align_corners=False))
+        per_level.append(
+            F.grid_sample(image, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+        )
     sampled = torch.stack(per_level, dim=-2)  # (bs*M, D, Q, L, P)
     weights = attn.transpose(1, 2).reshape(bs * heads, 1, queries, levels, points)
     out = (sampled * weights).sum((-1, -2))  # (bs*M, D, Q)

@@ -16,14 +16,20 @@ import pytest
 import torch
 
 _TESTS = Path(__file__).resolve().parent
-for _folder in sorted(p for p in _TESTS.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
+for _folder in sorted(
+    p for p in _TESTS.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))
+):
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 if str(_TESTS) not in sys.path:
     sys.path.insert(0, str(_TESTS))
 
 # The whole-suite guard: a test that lets an ONNX Runtime log line reach stderr fails (issue 21).
-from ort_log_guard import pytest_configure, pytest_runtest_makereport, pytest_unconfigure  # noqa: E402, F401
+from ort_log_guard import (  # noqa: E402
+    pytest_configure,  # noqa: F401
+    pytest_runtest_makereport,  # noqa: F401
+    pytest_unconfigure,  # noqa: F401
+)
 
 
 @pytest.fixture(autouse=True)

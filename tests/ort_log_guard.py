@@ -35,7 +35,9 @@ __all__ = ["ORT_LOG_LINE", "ort_log_lines"]
 ORT_LOG_LINE = re.compile(r"\[[VIWEF]:onnxruntime:")
 MARKER = "ort_logs"
 
-_child_output_lines: list[str] = []  # ORT log lines seen in captured child-process output, this phase
+_child_output_lines: list[
+    str
+] = []  # ORT log lines seen in captured child-process output, this phase
 _original_communicate = subprocess.Popen.communicate
 
 
@@ -48,7 +50,9 @@ def ort_log_lines(text: str | bytes | None) -> list[str]:
     return [line for line in text.splitlines() if ORT_LOG_LINE.search(line)]
 
 
-def _communicate_and_inspect(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+def _communicate_and_inspect(
+    self: subprocess.Popen[Any], *args: Any, **kwargs: Any
+) -> tuple[Any, Any]:
     out, err = _original_communicate(self, *args, **kwargs)
     _child_output_lines.extend(ort_log_lines(out) + ort_log_lines(err))
     return out, err
@@ -68,21 +72,25 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Any, None]:
     outcome = yield
     report: pytest.TestReport = outcome.get_result()
     title = f"Captured stderr {report.when}"
-    lines = [line for name, text in report.sections if name == title for line in ort_log_lines(text)]
+    lines = [
+        line for name, text in report.sections if name == title for line in ort_log_lines(text)
+    ]
     lines += _child_output_lines
     _child_output_lines.clear()
     if not lines or item.get_closest_marker(MARKER) is not None:
         return
     shown = "\n".join(f"    {line.strip()}" for line in lines[:10])
     message = (
-        f"ONNX Runtime log lines reached stderr during {report.when} ({len(lines)} line(s)):\n{shown}\n"
-        "A session was created without onnx_custom's quiet options (onnx_custom.runtime.quiet."
-        "quiet_session_options). Build it with them, or mark the test @pytest.mark.ort_logs if it "
-        "asks ORT for its logs on purpose."
+        f"ONNX Runtime log lines reached stderr during {report.when} ({len(lines)}"
+        f" line(s)):\n{shown}\nA session was created without onnx_custom's quiet options"
+        " (onnx_custom.runtime.quiet.quiet_session_options). Build it with them, or mark the test"
+        " @pytest.mark.ort_logs if it asks ORT for its logs on purpose."
     )
     if report.passed:
         report.outcome = "failed"

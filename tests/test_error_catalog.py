@@ -34,9 +34,12 @@ def test_every_error_class_is_in_the_catalog() -> None:
     strays = sorted(
         f"{c.__module__}.{c.__qualname__}"
         for c in _all_error_classes()
-        if c.__module__ != "onnx_custom.errors" and f"{c.__module__}.{c.__qualname__}" not in OUTSIDE_THE_CATALOG
+        if c.__module__ != "onnx_custom.errors"
+        and f"{c.__module__}.{c.__qualname__}" not in OUTSIDE_THE_CATALOG
     )
-    assert not strays, f"define these in onnx_custom/errors.py (and re-export where they were): {strays}"
+    assert not strays, (
+        f"define these in onnx_custom/errors.py (and re-export where they were): {strays}"
+    )
 
 
 @pytest.mark.parametrize("name", sorted(errors.__all__))

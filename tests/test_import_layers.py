@@ -49,7 +49,12 @@ ALIASES = {"onnx_custom.runtime.function_builder": {"onnx_custom.function_bodies
 def _roots() -> dict[str, Path]:
     """Import name -> folder for the package and the three folders installed into it."""
     roots = {}
-    for name in ("onnx_custom", "onnx_custom.symbolics", "onnx_custom.ort_kernels", "onnx_custom.models"):
+    for name in (
+        "onnx_custom",
+        "onnx_custom.symbolics",
+        "onnx_custom.ort_kernels",
+        "onnx_custom.models",
+    ):
         spec = importlib.util.find_spec(name)
         assert spec is not None and spec.submodule_search_locations, name
         roots[name] = Path(next(iter(spec.submodule_search_locations)))
@@ -108,12 +113,21 @@ def _layer_violations() -> list[str]:
                 if target_group == "":
                     if group == "cli":  # the top layer may use the public façade like a user
                         continue
-                    problems.append(f"{path.name}:{line} {module} imports the package façade {target}")
+                    problems.append(
+                        f"{path.name}:{line} {module} imports the package façade {target}"
+                    )
                 elif target_group == group:
                     continue
                 elif LAYER_OF[target_group] >= LAYER_OF[group]:
-                    kind = "its sibling" if LAYER_OF[target_group] == LAYER_OF[group] else "a higher layer"
-                    problems.append(f"{path.name}:{line} {module} ({group}) imports {kind} {target} ({target_group})")
+                    kind = (
+                        "its sibling"
+                        if LAYER_OF[target_group] == LAYER_OF[group]
+                        else "a higher layer"
+                    )
+                    problems.append(
+                        f"{path.name}:{line} {module} ({group}) imports {kind} {target}"
+                        f" ({target_group})"
+                    )
     return problems
 
 
@@ -124,7 +138,9 @@ def test_every_folder_has_a_layer() -> None:
 
 def test_imports_follow_the_layer_order() -> None:
     problems = _layer_violations()
-    assert problems == [], "imports against the layer order (docs/design.md):\n" + "\n".join(problems)
+    assert problems == [], "imports against the layer order (docs/design.md):\n" + "\n".join(
+        problems
+    )
 
 
 def test_no_private_name_crosses_a_subpackage() -> None:
@@ -132,10 +148,14 @@ def test_no_private_name_crosses_a_subpackage() -> None:
     for module, path in sorted(MODULES.items()):
         for target, names, line in _imports(path):
             same = _group(target) == _group(module)
-            private_module = any(p.startswith("_") and not p.startswith("__") for p in target.split(".")[1:])
+            private_module = any(
+                p.startswith("_") and not p.startswith("__") for p in target.split(".")[1:]
+            )
             private_names = [n for n in names if n.startswith("_") and not n.startswith("__")]
             if not same and (private_module or private_names):
-                problems.append(f"{path.name}:{line} {module} imports {target} {private_names or ''}")
+                problems.append(
+                    f"{path.name}:{line} {module} imports {target} {private_names or ''}"
+                )
     assert problems == [], "\n".join(problems)
 
 
@@ -143,9 +163,17 @@ def _by_name_lookups(path: Path) -> set[str]:
     """String constants naming our modules in importlib/find_spec calls of one file."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("import_module", "find_spec"):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("import_module", "find_spec")
+        ):
             for arg in node.args:
-                if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.startswith("onnx_custom"):
+                if (
+                    isinstance(arg, ast.Constant)
+                    and isinstance(arg.value, str)
+                    and arg.value.startswith("onnx_custom")
+                ):
                     found.add(arg.value)
     return found
 
@@ -168,7 +196,9 @@ def test_by_name_lookups_only_in_documented_places() -> None:
         group = _group(module)
         for target in _by_name_lookups(path):
             target_group = _group(target)
-            upward = target_group == "" or (target_group != group and LAYER_OF[target_group] >= LAYER_OF.get(group, -1))
+            upward = target_group == "" or (
+                target_group != group and LAYER_OF[target_group] >= LAYER_OF.get(group, -1)
+            )
             if upward and BY_NAME.get(module) != target:
                 strays[module] = target
     assert strays == {}
@@ -216,7 +246,11 @@ def test_modules_import_without_cycles() -> None:
             continue
         deps = set()
         for target, names, _ in _imports(path):
-            deps |= {t for t in _targets(target, names) if t in MODULES and MODULES[t].name != "__init__.py"}
+            deps |= {
+                t
+                for t in _targets(target, names)
+                if t in MODULES and MODULES[t].name != "__init__.py"
+            }
         graph[module] = deps - {module}
     cycle = _find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
@@ -224,9 +258,14 @@ def test_modules_import_without_cycles() -> None:
 
 def test_verify_path_layers() -> None:
     def deps(module: str) -> set[str]:
-        return {t for target, names, _ in _imports(MODULES[module]) for t in _targets(target, names)}
+        return {
+            t for target, names, _ in _imports(MODULES[module]) for t in _targets(target, names)
+        }
 
-    assert not deps("onnx_custom.verification.localize") & {"onnx_custom.api", "onnx_custom.verification.verifier"}
+    assert not deps("onnx_custom.verification.localize") & {
+        "onnx_custom.api",
+        "onnx_custom.verification.verifier",
+    }
     assert deps("onnx_custom.verification.compare") <= {"onnx_custom.errors"}
 
 
@@ -235,9 +274,13 @@ def test_cycle_finder_finds_a_planted_cycle() -> None:
     assert _find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_layer_check_finds_a_planted_upward_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_layer_check_finds_a_planted_upward_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     planted = tmp_path / "planted.py"
-    planted.write_text("from onnx_custom.cli.main import main\nfrom onnx_custom.runtime import registry\n")
+    planted.write_text(
+        "from onnx_custom.cli.main import main\nfrom onnx_custom.runtime import registry\n"
+    )
     monkeypatch.setitem(MODULES, "onnx_custom.translate.planted", planted)
     problems = [p for p in _layer_violations() if "planted" in p]
     assert any("imports a higher layer onnx_custom.cli.main" in p for p in problems), problems
@@ -251,4 +294,6 @@ def test_every_package_folder_is_listed_for_installation() -> None:
     pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
     listed = set(tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["packages"])
     packages = {m for m, p in MODULES.items() if p.name == "__init__.py"}
-    assert packages == listed, f"not listed: {sorted(packages - listed)}; listed but absent: {sorted(listed - packages)}"
+    assert packages == listed, (
+        f"not listed: {sorted(packages - listed)}; listed but absent: {sorted(listed - packages)}"
+    )

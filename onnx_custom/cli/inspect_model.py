@@ -62,7 +62,10 @@ class ModelSummary:
         opsets = ", ".join(f"{d or 'ai.onnx'}={v}" for d, v in self.opset_imports)
         domains = ", ".join(f"{d or 'ai.onnx'} ({n} node(s))" for d, n in self.domains)
         lines = [
-            f"{self.source}: IR version {self.ir_version}, producer {self.producer or '?'}, {self.node_count} node(s)",
+            (
+                f"{self.source}: IR version {self.ir_version}, producer {self.producer or '?'},"
+                f" {self.node_count} node(s)"
+            ),
             f"  opset imports: {opsets or '(none)'}",
             f"  domains used: {domains or '(none)'}",
             f"  inputs:  {', '.join(self.inputs) or '(none)'}",
@@ -71,14 +74,32 @@ class ModelSummary:
         if self.functions:
             lines.append(f"  functions: {', '.join(self.functions)}")
         if self.undeclared_domains:
-            lines.append(f"  ! domains used but not in opset_import: {', '.join(self.undeclared_domains)} (runtimes reject this)")
+            lines.append(
+                f"  ! domains used but not in opset_import: {', '.join(self.undeclared_domains)}"
+                " (runtimes reject this)"
+            )
         if self.custom_nodes:
-            lines.append(f"  custom nodes{'' if self.kernels_checked else ' (kernel host unavailable: kernels not checked)'}:")
-            lines.append(f"    {'node type':<36} {'count':>5}  {'kernel':<6} {'schema':<6} {'function':<8}")
+            lines.append(
+                "  custom"
+                f" nodes{'' if self.kernels_checked else ' (kernel host unavailable: kernels not checked)'}:"
+            )
+            lines.append(
+                f"    {'node type':<36} {'count':>5}  {'kernel':<6} {'schema':<6} {'function':<8}"
+            )
             for c in self.custom_nodes:
                 yn = lambda b: "yes" if b else "no"  # noqa: E731
-                mark = "" if c.runnable else "   <- nothing can run this node (its kernel's module not imported? add --import MODULE)"
-                lines.append(f"    {c.node_type:<36} {c.count:>5}  {yn(c.has_kernel):<6} {yn(c.has_schema):<6} {yn(c.has_function):<8}{mark}")
+                mark = (
+                    ""
+                    if c.runnable
+                    else (
+                        "   <- nothing can run this node (its kernel's module not imported? add"
+                        " --import MODULE)"
+                    )
+                )
+                lines.append(
+                    f"    {c.node_type:<36} {c.count:>5}  {yn(c.has_kernel):<6}"
+                    f" {yn(c.has_schema):<6} {yn(c.has_function):<8}{mark}"
+                )
             lines.extend(f"    {column}" for column in COLUMNS)
         else:
             lines.append("  custom nodes: none (runs in any ONNX runtime)")
@@ -93,7 +114,11 @@ def _type_text(info: onnx.ValueInfoProto) -> str:
     if not info.type.HasField("tensor_type"):
         return f"{info.name}: {info.type.WhichOneof('value') or '?'}"
     dtype = onnx.TensorProto.DataType.Name(t.elem_type).lower() if t.elem_type else "?"
-    dims = [d.dim_param or (str(d.dim_value) if d.HasField("dim_value") else "?") for d in t.shape.dim] if t.HasField("shape") else None
+    dims = (
+        [d.dim_param or (str(d.dim_value) if d.HasField("dim_value") else "?") for d in t.shape.dim]
+        if t.HasField("shape")
+        else None
+    )
     return f"{info.name}: {dtype}{'' if dims is None else '[' + ','.join(dims) + ']'}"
 
 
@@ -111,9 +136,18 @@ def _kernel_declares_shapes(kernels: Any, node_type: str) -> bool:
 
 
 COLUMNS = (
-    "kernel: a Python kernel is registered for it (onnx_custom.runtime; --import your kernels' module)",
-    "schema: its output types and shapes are known to ONNX (an onnx.defs schema, or the kernel's shape_fn)",
-    "function: the file embeds a function body for it, which any ONNX runtime runs with nothing registered",
+    (
+        "kernel: a Python kernel is registered for it (onnx_custom.runtime; --import your kernels'"
+        " module)"
+    ),
+    (
+        "schema: its output types and shapes are known to ONNX (an onnx.defs schema, or the"
+        " kernel's shape_fn)"
+    ),
+    (
+        "function: the file embeds a function body for it, which any ONNX runtime runs with nothing"
+        " registered"
+    ),
 )
 
 

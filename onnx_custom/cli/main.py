@@ -25,9 +25,15 @@ def _error_line(exc: BaseException) -> str:
     if isinstance(exc, FileNotFoundError):
         return f"file not found: {exc.filename or text}; fix: check the path"
     if isinstance(exc, PermissionError):
-        return f"permission denied: {exc.filename or text}; fix: choose another path or change its permissions"
+        return (
+            f"permission denied: {exc.filename or text}; fix: choose another path or change its"
+            " permissions"
+        )
     if isinstance(exc, OSError):
-        return f"{type(exc).__name__}: {exc.strerror or text}{f' ({exc.filename})' if exc.filename else ''}"
+        return (
+            f"{type(exc).__name__}:"
+            f" {exc.strerror or text}{f' ({exc.filename})' if exc.filename else ''}"
+        )
     return f"unexpected {type(exc).__name__}: {text} (add --debug for the traceback)"
 
 

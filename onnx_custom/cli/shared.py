@@ -13,7 +13,21 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["CLI_METADATA_KEY", "EXIT_ERROR", "EXIT_FAILED", "EXIT_INTERRUPTED", "check_output", "cli_metadata", "import_all", "load_model_and_args", "registry_with_variants", "require_file", "shape_trials", "stderr", "verify_model"]
+__all__ = [
+    "CLI_METADATA_KEY",
+    "EXIT_ERROR",
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "check_output",
+    "cli_metadata",
+    "import_all",
+    "load_model_and_args",
+    "registry_with_variants",
+    "require_file",
+    "shape_trials",
+    "stderr",
+    "verify_model",
+]
 
 EXIT_FAILED = 1  # verification or check found a problem
 
@@ -21,7 +35,10 @@ EXIT_ERROR = 2  # the command could not run (bad input, missing file, ...)
 
 EXIT_INTERRUPTED = 130
 
-CLI_METADATA_KEY = "onnx_custom.cli"  # how `export` made the file: model spec, seed, exporter, variants
+CLI_METADATA_KEY = (  # how `export` made the file: model spec, seed, exporter, variants
+    "onnx_custom.cli"
+)
+
 
 def stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
@@ -42,7 +59,11 @@ def registry_with_variants(variants: Sequence[str]) -> Any:
     known = sorted({entry.variant for entry in registry})
     unknown = [v for v in variants if v not in known]
     if unknown:
-        raise CliInputError(f"unknown --variant {', '.join(map(repr, unknown))}; expected one of: {', '.join(known)}; fix: pick one of those ('onnx-custom ops' lists which op has which), or --import the module defining yours.")
+        raise CliInputError(
+            f"unknown --variant {', '.join(map(repr, unknown))}; expected one of:"
+            f" {', '.join(known)}; fix: pick one of those ('onnx-custom ops' lists which op has"
+            " which), or --import the module defining yours."
+        )
     return registry.with_variants(*variants) if variants else registry
 
 
@@ -71,12 +92,19 @@ def _forward_once(loaded: Any, args: tuple[Any, ...], ns: argparse.Namespace) ->
     except OnnxCustomError:
         raise  # already says what was wrong and the fix
     except Exception as exc:
-        shapes = ", ".join(f"{list(a.shape)}:{str(a.dtype).removeprefix('torch.')}" if isinstance(a, torch.Tensor) else type(a).__name__ for a in args)
+        shapes = ", ".join(
+            (
+                f"{list(a.shape)}:{str(a.dtype).removeprefix('torch.')}"
+                if isinstance(a, torch.Tensor)
+                else type(a).__name__
+            )
+            for a in args
+        )
         given = "the --input values" if ns.input else "its example inputs"
         raise CliInputError(
-            f"{ns.model}: forward failed on {given} ({shapes}): {type(exc).__name__}: {' '.join(str(exc).split())}; "
-            "expected inputs its forward accepts; fix: pass --input DIMS[:DTYPE] once per forward argument, "
-            "in order, with the shapes the model expects."
+            f"{ns.model}: forward failed on {given} ({shapes}): {type(exc).__name__}:"
+            f" {' '.join(str(exc).split())}; expected inputs its forward accepts; fix: pass --input"
+            " DIMS[:DTYPE] once per forward argument, in order, with the shapes the model expects."
         ) from exc
 
 
@@ -84,9 +112,14 @@ def require_file(path: str, what: str) -> None:
     from onnx_custom.cli.loading import CliInputError
 
     if not os.path.exists(path):
-        raise CliInputError(f"{what} {path!r} does not exist (working directory {os.getcwd()}); expected an existing file; fix: check the path.")
+        raise CliInputError(
+            f"{what} {path!r} does not exist (working directory {os.getcwd()}); expected an"
+            " existing file; fix: check the path."
+        )
     if os.path.isdir(path):
-        raise CliInputError(f"{what} {path!r} is a directory; expected a file; fix: name the file inside it.")
+        raise CliInputError(
+            f"{what} {path!r} is a directory; expected a file; fix: name the file inside it."
+        )
 
 
 def check_output(path: str) -> None:
@@ -95,24 +128,41 @@ def check_output(path: str) -> None:
 
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
-        raise CliInputError(f"Output {path!r} is a directory; expected a file path; fix: name a file, e.g. -o {os.path.join(path, 'model.onnx')}.")
+        raise CliInputError(
+            f"Output {path!r} is a directory; expected a file path; fix: name a file, e.g. -o"
+            f" {os.path.join(path, 'model.onnx')}."
+        )
     if not os.path.isdir(folder):
-        raise CliInputError(f"Output folder {folder!r} does not exist; expected an existing folder; fix: create it (mkdir -p {folder}) or choose another -o.")
+        raise CliInputError(
+            f"Output folder {folder!r} does not exist; expected an existing folder; fix: create it"
+            f" (mkdir -p {folder}) or choose another -o."
+        )
     if not os.access(folder, os.W_OK):
-        raise CliInputError(f"Output folder {folder!r} is not writable; fix: choose another -o or change its permissions.")
+        raise CliInputError(
+            f"Output folder {folder!r} is not writable; fix: choose another -o or change its"
+            " permissions."
+        )
 
 
 def shape_trials(ns: argparse.Namespace) -> tuple[dict[str, Any], ...] | None:
     from onnx_custom.cli.loading import CliInputError
 
     if ns.no_shape_trials and ns.shape:
-        raise CliInputError("--shape and --no-shape-trials contradict each other; expected one of them; fix: drop one.")
+        raise CliInputError(
+            "--shape and --no-shape-trials contradict each other; expected one of them; fix: drop"
+            " one."
+        )
     if (ns.rtol is None) != (ns.atol is None):
-        raise CliInputError(f"got {'--rtol' if ns.atol is None else '--atol'} alone; expected both --rtol and --atol, or neither (per-dtype defaults); fix: pass both.")
+        raise CliInputError(
+            f"got {'--rtol' if ns.atol is None else '--atol'} alone; expected both --rtol and"
+            " --atol, or neither (per-dtype defaults); fix: pass both."
+        )
     return () if ns.no_shape_trials else (tuple(ns.shape) or None)
 
 
-def verify_model(ns: argparse.Namespace, model: Any, args: tuple[Any, ...], proto: Any, **options: Any) -> Any:
+def verify_model(
+    ns: argparse.Namespace, model: Any, args: tuple[Any, ...], proto: Any, **options: Any
+) -> Any:
     """Run verify; the initializer warning becomes one stderr line with the likely cause."""
     import onnx_custom
     from onnx_custom.cli.loading import CliInputError
@@ -123,21 +173,41 @@ def verify_model(ns: argparse.Namespace, model: Any, args: tuple[Any, ...], prot
         warnings.simplefilter("always", InitializerMismatchWarning)
         try:
             report = onnx_custom.verify(
-                model, args, proto, trials=ns.trials, rtol=ns.rtol, atol=ns.atol, seed=ns.seed,
-                shapes=shape_trials(ns), raise_on_mismatch=False, **options,
-            )  # fmt: skip
+                model,
+                args,
+                proto,
+                trials=ns.trials,
+                rtol=ns.rtol,
+                atol=ns.atol,
+                seed=ns.seed,
+                shapes=shape_trials(ns),
+                raise_on_mismatch=False,
+                **options,
+            )
         except ShapeSpecError as exc:  # shapes[i] is the (i+1)-th --shape
-            raise CliInputError(f"--shape: {' '.join(str(exc).split())}; fix: use a dim or input name listed there.") from exc
+            raise CliInputError(
+                f"--shape: {' '.join(str(exc).split())}; fix: use a dim or input name listed there."
+            ) from exc
     for w in caught:
         if not issubclass(w.category, InitializerMismatchWarning):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if report.initializer_mismatches:
         made = cli_metadata(proto)
         names = ", ".join(m.parameter for m in report.initializer_mismatches[:5])
-        more = "" if len(report.initializer_mismatches) <= 5 else f" and {len(report.initializer_mismatches) - 5} more"
-        cause = (f"the file was exported with --seed {made['seed']}, this run used --seed {ns.seed}" if made.get("seed") not in (None, ns.seed)
-                 else "was the file exported from this model, built the same way (same --seed)?")  # fmt: skip
-        stderr(f"onnx-custom: warning: the file's weights differ from the model's ({names}{more}); {cause}")
+        more = (
+            ""
+            if len(report.initializer_mismatches) <= 5
+            else f" and {len(report.initializer_mismatches) - 5} more"
+        )
+        cause = (
+            f"the file was exported with --seed {made['seed']}, this run used --seed {ns.seed}"
+            if made.get("seed") not in (None, ns.seed)
+            else "was the file exported from this model, built the same way (same --seed)?"
+        )
+        stderr(
+            f"onnx-custom: warning: the file's weights differ from the model's ({names}{more});"
+            f" {cause}"
+        )
     return report
 
 

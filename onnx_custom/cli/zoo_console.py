@@ -22,13 +22,19 @@ __all__ = ["ZooConsole", "clock"]
 def clock(seconds: float) -> str:
     """``75.2`` -> ``1:15``."""
     seconds = max(0, round(seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else f"{seconds // 60}:{seconds % 60:02d}"
+    return (
+        f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        if seconds >= 3600
+        else f"{seconds // 60}:{seconds % 60:02d}"
+    )
 
 
 class ZooConsole:
     """A `onnx_custom.zoo.ZooListener` printing rows to ``out`` and progress to ``err``."""
 
-    def __init__(self, out: TextIO, err: TextIO, *, live: bool | None = None, tick: float = 1.0) -> None:
+    def __init__(
+        self, out: TextIO, err: TextIO, *, live: bool | None = None, tick: float = 1.0
+    ) -> None:
         self.out, self.err = out, err
         self.live = err.isatty() if live is None else live
         self.tick = tick
@@ -42,7 +48,9 @@ class ZooConsole:
         self.status = ""
         self.row_start = self.start
         self._lock = threading.Lock()  # the terminal line
-        self._durations_lock = threading.Lock()  # durations: appended here, read by the ticker's ETA
+        self._durations_lock = (
+            threading.Lock()
+        )  # durations: appended here, read by the ticker's ETA
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
 
@@ -52,7 +60,10 @@ class ZooConsole:
             from onnx_custom.common.native_build import cache_root
 
             names = ", ".join(f"{b.name} ({b.duration})" for b in builds)
-            self._note(f"first run here: one-time native build(s) ahead, cached afterwards in {cache_root()}: {names}")
+            self._note(
+                "first run here: one-time native build(s) ahead, cached afterwards in"
+                f" {cache_root()}: {names}"
+            )
 
     def building(self, build: NativeBuild) -> None:
         self._note(f"building the {build.name} (one time, usually {build.duration}) ...")
@@ -68,9 +79,14 @@ class ZooConsole:
         self.case_width = max((len(c.label) for _, c in rows), default=4)
         self.rows = [case for _, case in rows]
         width = 2 * len(str(len(rows))) + 3
-        self._print(f"{'':<{width}} {'model':<{self.model_width}}  {'case':<{self.case_width}}  {'status':<6} {'time':>6}  result; nodes")
+        self._print(
+            f"{'':<{width}} {'model':<{self.model_width}}  {'case':<{self.case_width}} "
+            f" {'status':<6} {'time':>6}  result; nodes"
+        )
         if self.live and self._ticker is None:
-            self._ticker = threading.Thread(target=self._tick, name="onnx-custom-zoo-progress", daemon=True)
+            self._ticker = threading.Thread(
+                target=self._tick, name="onnx-custom-zoo-progress", daemon=True
+            )
             self._ticker.start()
 
     def started(self, index: int, total: int, model: str, case: ZooCase) -> None:
@@ -81,7 +97,11 @@ class ZooConsole:
         if self.live:
             self._draw()
         else:
-            print(f"{text} ... (elapsed {clock(time.perf_counter() - self.start)}, {self._eta()})", file=self.err, flush=True)
+            print(
+                f"{text} ... (elapsed {clock(time.perf_counter() - self.start)}, {self._eta()})",
+                file=self.err,
+                flush=True,
+            )
 
     def finished(self, index: int, total: int, result: ZooResult) -> None:
         self.done = index
@@ -109,7 +129,11 @@ class ZooConsole:
         self._print(f"{counts_line(results)} in {clock(time.perf_counter() - self.start)}")
         for r in results:
             if r.status == "fail":
-                print(f"\n--- FAIL {r.model} {r.case.label} ---\n{r.detail}", file=self.err, flush=True)
+                print(
+                    f"\n--- FAIL {r.model} {r.case.label} ---\n{r.detail}",
+                    file=self.err,
+                    flush=True,
+                )
 
     # -- drawing ------------------------------------------------------------------------
     def _eta(self) -> str:
@@ -119,12 +143,18 @@ class ZooConsole:
             return "ETA --"
         overall = statistics.fmean(d for ds in durations.values() for d in ds)
         means = {exporter: statistics.fmean(ds) for exporter, ds in durations.items()}
-        left = sum(0.0 if case.skip else means.get(case.exporter, overall) for case in self.rows[self.done :])
+        left = sum(
+            0.0 if case.skip else means.get(case.exporter, overall)
+            for case in self.rows[self.done :]
+        )
         return f"ETA ~{clock(left)}"
 
     def _status_line(self) -> str:
         running = time.perf_counter() - self.row_start
-        return f"{self.status} ... {running:.0f}s (elapsed {clock(time.perf_counter() - self.start)}, {self._eta()})"
+        return (
+            f"{self.status} ... {running:.0f}s (elapsed {clock(time.perf_counter() - self.start)},"
+            f" {self._eta()})"
+        )
 
     def _draw(self) -> None:
         with self._lock:

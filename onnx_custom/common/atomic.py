@@ -32,9 +32,14 @@ from typing import IO, Any
 from onnx_custom.errors import InvalidArgumentError, OutputPathError
 
 __all__ = [
-    "atomic_open", "atomic_path", "atomic_write", "check_output_path", "commit_file", "is_file_object",
+    "atomic_open",
+    "atomic_path",
+    "atomic_write",
+    "check_output_path",
+    "commit_file",
+    "is_file_object",
     "temporary_folder",
-]  # fmt: skip
+]
 
 
 def is_file_object(f: Any) -> bool:
@@ -65,7 +70,9 @@ def _create_temporary(final: Path) -> tuple[Path, int]:
     for _ in range(100):
         candidate = final.with_name(f".{final.name}.{secrets.token_hex(4)}.tmp")
         try:
-            return candidate, os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+            return candidate, os.open(
+                candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666
+            )
         except FileExistsError:
             continue
     raise FileExistsError(errno.EEXIST, "no free temporary name", str(final))  # pragma: no cover
@@ -97,14 +104,19 @@ def _commit(temporary: Path, final: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | os.PathLike[str], mode: str = "wb", *, encoding: str | None = None) -> Iterator[IO[Any]]:
+def atomic_open(
+    path: str | os.PathLike[str], mode: str = "wb", *, encoding: str | None = None
+) -> Iterator[IO[Any]]:
     """``open(path, mode)`` whose content replaces ``path`` only when the block exits normally.
 
     ``mode`` is ``"w"`` (text, UTF-8 unless ``encoding``) or ``"wb"``. On an exception the
     temporary file is removed and ``path`` is untouched.
     """
     if mode not in ("w", "wb"):
-        raise InvalidArgumentError(f"atomic_open writes whole files: mode must be 'w' or 'wb', got {mode!r}; fix: use one of those.")
+        raise InvalidArgumentError(
+            f"atomic_open writes whole files: mode must be 'w' or 'wb', got {mode!r}; fix: use one"
+            " of those."
+        )
     final = _final(path)
     if _is_special(final):
         with open(final, mode, encoding=(encoding or "utf-8") if mode == "w" else None) as special:
@@ -123,7 +135,9 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "wb", *, encoding: str
         raise
 
 
-def atomic_write(path: str | os.PathLike[str], data: bytes | str, *, encoding: str = "utf-8") -> None:
+def atomic_write(
+    path: str | os.PathLike[str], data: bytes | str, *, encoding: str = "utf-8"
+) -> None:
     """Write ``data`` (bytes, or text encoded with ``encoding``) to ``path`` atomically."""
     payload = data.encode(encoding) if isinstance(data, str) else bytes(data)
     with atomic_open(path, "wb") as handle:
@@ -184,7 +198,10 @@ def check_output_path(path: Any, *, what: str = "f", example: str = "model.onnx"
     if isinstance(text, bytes):
         text = os.fsdecode(text)
     if not text.strip():
-        raise InvalidArgumentError(f"{what} must name a file; received an empty path ({text!r}). Fix: pass a path such as {what}={example!r}.")
+        raise InvalidArgumentError(
+            f"{what} must name a file; received an empty path ({text!r}). Fix: pass a path such as"
+            f" {what}={example!r}."
+        )
     final = _final(text)
     if final.is_dir():
         raise OutputPathError(

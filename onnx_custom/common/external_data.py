@@ -79,8 +79,9 @@ def external_threshold() -> int:
         value = -1
     if value < 0:
         raise InvalidArgumentError(
-            f"${THRESHOLD_ENV} must be a byte count (a non-negative integer); received {text!r}. "
-            f"Fix: unset it (default: protobuf's limit, {PROTOBUF_LIMIT} bytes) or set e.g. 1000000."
+            f"${THRESHOLD_ENV} must be a byte count (a non-negative integer); received {text!r}."
+            f" Fix: unset it (default: protobuf's limit, {PROTOBUF_LIMIT} bytes) or set e.g."
+            " 1000000."
         )
     return min(value, PROTOBUF_LIMIT)
 
@@ -112,7 +113,11 @@ def external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
 
 
 def _movable(tensor: onnx.TensorProto) -> bool:
-    return tensor.data_location != onnx.TensorProto.EXTERNAL and tensor.HasField("raw_data") and len(tensor.raw_data) >= _MIN_TENSOR
+    return (
+        tensor.data_location != onnx.TensorProto.EXTERNAL
+        and tensor.HasField("raw_data")
+        and len(tensor.raw_data) >= _MIN_TENSOR
+    )
 
 
 def data_file_name(model_name: str, chosen: str | None, token: str) -> str:
@@ -153,7 +158,7 @@ def _header_of(path: Path) -> tuple[str, str | None] | None:
         return None
     if not line.startswith(_MAGIC):
         return None
-    token, _, name = line[len(_MAGIC):].decode("utf-8", "replace").partition(" ")
+    token, _, name = line[len(_MAGIC) :].decode("utf-8", "replace").partition(" ")
     with contextlib.suppress(ValueError):
         return token, json.loads(name) if name else None
     return token, None
@@ -161,7 +166,8 @@ def _header_of(path: Path) -> tuple[str, str | None] | None:
 
 def referenced_data_files(path: Path) -> set[str]:
     """Names of the external data files the model file ``path`` points at (empty when it has
-    none, is missing or does not parse). Only small files are read: a model with external data is."""
+    none, is missing or does not parse). Only small files are read: a model with external data is.
+    """
     try:
         info = path.stat()
         if not stat.S_ISREG(info.st_mode) or info.st_size > _MAX_POINTER_MODEL:
@@ -177,7 +183,9 @@ def referenced_data_files(path: Path) -> set[str]:
     return found
 
 
-def remove_stale_data(final: Path, chosen: str | None, keep: set[str], previous: set[str], started: float) -> None:
+def remove_stale_data(
+    final: Path, chosen: str | None, keep: set[str], previous: set[str], started: float
+) -> None:
     """After ``final`` was replaced: remove the data files of earlier writes of this model that
     onnx-custom wrote (their header says so): the ones the replaced model pointed at
     (``previous``), and ones an interrupted write left (named like ours for this model, naming
@@ -188,7 +196,11 @@ def remove_stale_data(final: Path, chosen: str | None, keep: set[str], previous:
     candidates = set(previous)
     with contextlib.suppress(OSError):
         for entry in os.scandir(folder):
-            if pattern.fullmatch(entry.name) and entry.is_file() and entry.stat().st_mtime <= started:
+            if (
+                pattern.fullmatch(entry.name)
+                and entry.is_file()
+                and entry.stat().st_mtime <= started
+            ):
                 header = _header_of(Path(entry.path))
                 if header is not None and header[1] == final.name:
                     candidates.add(entry.name)
@@ -200,7 +212,9 @@ def remove_stale_data(final: Path, chosen: str | None, keep: set[str], previous:
 
 
 @contextlib.contextmanager
-def _pointing_at(model: onnx.ModelProto, data_name: str, token: str, offsets: list[tuple[onnx.TensorProto, int]]) -> Iterator[None]:
+def _pointing_at(
+    model: onnx.ModelProto, data_name: str, token: str, offsets: list[tuple[onnx.TensorProto, int]]
+) -> Iterator[None]:
     """``model`` with its big tensors pointing into ``data_name`` (and the token recorded) for the
     duration of the block; restored exactly afterwards, so the caller's proto never changes."""
     saved = []
@@ -209,9 +223,15 @@ def _pointing_at(model: onnx.ModelProto, data_name: str, token: str, offsets: li
             saved.append((tensor, tensor.raw_data, tensor.HasField("data_location")))
             tensor.ClearField("raw_data")
             tensor.data_location = onnx.TensorProto.EXTERNAL
-            for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(len(saved[-1][1])))):
+            for key, value in (
+                ("location", data_name),
+                ("offset", str(offset)),
+                ("length", str(len(saved[-1][1]))),
+            ):
                 tensor.external_data.add(key=key, value=value)
-        entry = model.metadata_props.add(key=METADATA_KEY, value=json.dumps({"location": data_name, "token": token}))
+        entry = model.metadata_props.add(
+            key=METADATA_KEY, value=json.dumps({"location": data_name, "token": token})
+        )
         yield
     finally:
         with contextlib.suppress(NameError, ValueError):
@@ -266,7 +286,9 @@ def session_source(model: onnx.ModelProto) -> Iterator[bytes | str]:
     if serialized_size(model) <= external_threshold():
         yield model.SerializeToString()
         return
-    with tempfile.TemporaryDirectory(prefix="onnx_custom_session_", ignore_cleanup_errors=True) as folder:
+    with tempfile.TemporaryDirectory(
+        prefix="onnx_custom_session_", ignore_cleanup_errors=True
+    ) as folder:
         path = Path(folder) / "model.onnx"
         save_with_external_data(model, path)
         yield str(path)
@@ -294,9 +316,9 @@ def check_external_data(model: onnx.ModelProto, folder: Path, what: str) -> None
         if location not in sizes:
             if not location or not path.is_file():
                 raise ModelLoadError(
-                    f"{what} keeps tensor {tensor.name!r} in the external data file {location!r}, which is "
-                    f"missing (expected at {str(path)!r}). Fix: keep the data file next to the model "
-                    f"(copy/move both together), or re-export the model."
+                    f"{what} keeps tensor {tensor.name!r} in the external data file {location!r},"
+                    f" which is missing (expected at {str(path)!r}). Fix: keep the data file next"
+                    " to the model (copy/move both together), or re-export the model."
                 )
             sizes[location] = path.stat().st_size
             if recorded.get("location") == location:
@@ -304,9 +326,9 @@ def check_external_data(model: onnx.ModelProto, folder: Path, what: str) -> None
         end = int(info.get("offset", "0") or 0) + int(info.get("length", "0") or 0)
         if sizes[location] < end:
             raise ModelLoadError(
-                f"{what}: its external data file {str(path)!r} is truncated ({sizes[location]} bytes; "
-                f"tensor {tensor.name!r} needs bytes up to {end}). Fix: copy the data file again "
-                "completely, or re-export the model."
+                f"{what}: its external data file {str(path)!r} is truncated ({sizes[location]}"
+                f" bytes; tensor {tensor.name!r} needs bytes up to {end}). Fix: copy the data file"
+                " again completely, or re-export the model."
             )
 
 

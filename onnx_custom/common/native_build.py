@@ -61,7 +61,11 @@ def announce_build(what: str, usual: str) -> Iterator[None]:
         yield
         return
     start = time.perf_counter()
-    print(f"onnx-custom: building {what} (one time, usually {usual}; cached in {cache_root()}) ...", file=sys.stderr, flush=True)
+    print(
+        f"onnx-custom: building {what} (one time, usually {usual}; cached in {cache_root()}) ...",
+        file=sys.stderr,
+        flush=True,
+    )
     ok = False
     try:
         yield
@@ -78,7 +82,9 @@ def cache_root() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "onnx_custom"
 
 
-def find_compiler(env_var: str, names: Sequence[str], *, language: str, needed_for: str, package: str) -> str:
+def find_compiler(
+    env_var: str, names: Sequence[str], *, language: str, needed_for: str, package: str
+) -> str:
     """The compiler ``$env_var`` names, else the first of ``names`` on PATH (it may carry flags,
     as ``CXX="ccache g++"`` does); `ExtensionBuildError` naming them all and the fix otherwise."""
     for name in (os.environ.get(env_var), *names):
@@ -111,7 +117,10 @@ def _tools_on_path(name: str) -> Iterator[None]:
         os.environ["PATH"] = venv_bin + os.pathsep + old_path
     try:
         if not cpp_extension.is_ninja_available():
-            raise ExtensionBuildError(f"cannot build the C++ extension {name!r}: 'ninja' not found on PATH (pip install ninja)")
+            raise ExtensionBuildError(
+                f"cannot build the C++ extension {name!r}: 'ninja' not found on PATH (pip install"
+                " ninja)"
+            )
         yield
     finally:
         os.environ["PATH"] = old_path
@@ -141,7 +150,9 @@ def process_lock(directory: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def extension_directory(name: str, source: Path, flags: Sequence[str], headers: Sequence[Path] = ()) -> Path:
+def extension_directory(
+    name: str, source: Path, flags: Sequence[str], headers: Sequence[Path] = ()
+) -> Path:
     """Cache folder keyed by source, headers, flags, torch, python and compiler."""
     import torch
 
@@ -151,7 +162,14 @@ def extension_directory(name: str, source: Path, flags: Sequence[str], headers: 
         key.update(header.read_bytes())
     # torch's location too: build.ninja names its include paths, so two venvs sharing one cache
     # would otherwise keep rebuilding each other's copy.
-    for part in (torch.__version__, os.path.dirname(torch.__file__), sys.version, sys.platform, _cxx(), " ".join(flags)):
+    for part in (
+        torch.__version__,
+        os.path.dirname(torch.__file__),
+        sys.version,
+        sys.platform,
+        _cxx(),
+        " ".join(flags),
+    ):
         key.update(part.encode())
     return cache_root() / "torch_ext" / f"{name}-{key.hexdigest()[:16]}"
 
@@ -167,7 +185,10 @@ def _load_library(library: Path) -> Path:
     try:
         torch.ops.load_library(str(library))
     except OSError as exc:
-        raise ExtensionBuildError(f"the cached C++ extension {library} could not be loaded ({exc}); delete {library.parent} to rebuild it") from exc
+        raise ExtensionBuildError(
+            f"the cached C++ extension {library} could not be loaded ({exc}); delete"
+            f" {library.parent} to rebuild it"
+        ) from exc
     return library
 
 
@@ -180,17 +201,31 @@ def _import_extension(name: str, library: Path) -> ModuleType:
     loader = importlib.machinery.ExtensionFileLoader(name, str(library))
     spec = importlib.util.spec_from_file_location(name, str(library), loader=loader)
     if spec is None:
-        raise ExtensionBuildError(f"the cached C++ extension {library} could not be loaded; delete {library.parent} to rebuild it")
+        raise ExtensionBuildError(
+            f"the cached C++ extension {library} could not be loaded; delete {library.parent} to"
+            " rebuild it"
+        )
     module = importlib.util.module_from_spec(spec)
     try:
         loader.exec_module(module)
     except ImportError as exc:
-        raise ExtensionBuildError(f"the cached C++ extension {library} could not be loaded ({exc}); delete {library.parent} to rebuild it") from exc
+        raise ExtensionBuildError(
+            f"the cached C++ extension {library} could not be loaded ({exc}); delete"
+            f" {library.parent} to rebuild it"
+        ) from exc
     return module
 
 
-def build_torch_extension(name: str, source: Path, *, extra_cflags: Sequence[str] = ("-O2",), is_python_module: bool, verbose: bool = False, usual: str = "30-60 s",
-                          headers: Sequence[Path] = ()) -> ModuleType | Path:  # fmt: skip
+def build_torch_extension(
+    name: str,
+    source: Path,
+    *,
+    extra_cflags: Sequence[str] = ("-O2",),
+    is_python_module: bool,
+    verbose: bool = False,
+    usual: str = "30-60 s",
+    headers: Sequence[Path] = (),
+) -> ModuleType | Path:
     """Build (first call) or load ``source`` with ``torch.utils.cpp_extension.load``.
 
     ``headers``: files the source includes by bare name (``#include "x.h"``), copied beside it into
@@ -204,7 +239,10 @@ def build_torch_extension(name: str, source: Path, *, extra_cflags: Sequence[str
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ExtensionBuildError(f"cannot create the build cache {directory} ({exc}); set ONNX_CUSTOM_CACHE_DIR to a writable folder") from exc
+        raise ExtensionBuildError(
+            f"cannot create the build cache {directory} ({exc}); set ONNX_CUSTOM_CACHE_DIR to a"
+            " writable folder"
+        ) from exc
     marker = directory / _COMPLETE
     library = directory / f"{name}.so"
     # Built by an earlier process: load it without the build lock or cpp_extension.load, which
@@ -224,7 +262,7 @@ def build_torch_extension(name: str, source: Path, *, extra_cflags: Sequence[str
         try:
             with announce_build(f"the C++ extension {name}", usual):
                 result = cpp_extension.load(
-                name=name,
+                    name=name,
                     sources=[str(local)],
                     extra_cflags=list(extra_cflags),
                     build_directory=str(directory),
@@ -233,7 +271,9 @@ def build_torch_extension(name: str, source: Path, *, extra_cflags: Sequence[str
                 )
         except (RuntimeError, OSError, ImportError, Exception) as exc:
             detail = str(exc).strip().splitlines()[-20:]
-            raise ExtensionBuildError(f"building the C++ extension {name!r} in {directory} failed:\n" + "\n".join(detail)) from exc
+            raise ExtensionBuildError(
+                f"building the C++ extension {name!r} in {directory} failed:\n" + "\n".join(detail)
+            ) from exc
         marker.write_text("ok")
     return result if is_python_module else library
 
@@ -244,8 +284,14 @@ class KernelModule:
     others wait), then served from memory without a lock. ``cflags`` is called when needed, not
     at import (it may ask torch about the CPU)."""
 
-    def __init__(self, name: str, source: Path, cflags: Callable[[], Sequence[str]], usual: str = "30-60 s",
-                 headers: Callable[[], Sequence[Path]] = tuple) -> None:  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        source: Path,
+        cflags: Callable[[], Sequence[str]],
+        usual: str = "30-60 s",
+        headers: Callable[[], Sequence[Path]] = tuple,
+    ) -> None:
         self.name, self.source, self._cflags, self.usual = name, source, cflags, usual
         self._headers = headers  # called when needed: finding them may import a sibling package
         self._lock = threading.Lock()
@@ -261,8 +307,14 @@ class KernelModule:
         if module is None:
             with self._lock:
                 if self._module is None:
-                    built = build_torch_extension(self.name, self.source, extra_cflags=self._cflags(), is_python_module=True,
-                                                  usual=self.usual, headers=self._headers())  # fmt: skip
+                    built = build_torch_extension(
+                        self.name,
+                        self.source,
+                        extra_cflags=self._cflags(),
+                        is_python_module=True,
+                        usual=self.usual,
+                        headers=self._headers(),
+                    )
                     assert isinstance(built, ModuleType)
                     self._module = built
                 module = self._module

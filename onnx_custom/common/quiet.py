@@ -151,12 +151,15 @@ def _family_of_quieted() -> list[logging.Logger]:
     global _family
     registered = logging.Logger.manager.loggerDict
     count, entries = _family
-    if count != len(registered) or any(registered.get(name) is not entry for name, entry in entries):
+    if count != len(registered) or any(
+        registered.get(name) is not entry for name, entry in entries
+    ):
         prefixes = tuple(f"{name}." for name in _LOGGERS)
         entries = [
-            (name, entry) for name, entry in list(registered.items())  # a copy: other threads may add loggers
+            (name, entry)
+            for name, entry in list(registered.items())  # a copy: other threads may add loggers
             if name in _LOGGERS or name.startswith(prefixes)
-        ]  # fmt: skip
+        ]
         _family = (len(registered), entries)
     return [entry for _, entry in entries if isinstance(entry, logging.Logger)]
 

@@ -34,7 +34,13 @@ from onnx_custom.compile.session import OrtPartition, SessionCache
 from onnx_custom.compile.translate import TranslationFailure, translate
 from onnx_custom.errors import CompileError, VerificationError
 
-__all__ = ["GraphRecord", "OnnxCustomBackend", "PartitionRecord", "compile_backend", "onnx_custom_backend"]
+__all__ = [
+    "GraphRecord",
+    "OnnxCustomBackend",
+    "PartitionRecord",
+    "compile_backend",
+    "onnx_custom_backend",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,12 +103,21 @@ class OnnxCustomBackend:
                 with quiet_torch():
                     registry = torch_adapter.torchlib_registry(self.options.build_opset)
                 ours = translation_table(self.options.opset, self.options.resolved_registry())
-                for extra in (aten_extra_registry(), backward_registry()):  # used where ours has none
-                    ours.update((k, v) for k, v in translation_table(self.options.opset, extra).items() if k not in ours)
+                for extra in (
+                    aten_extra_registry(),
+                    backward_registry(),
+                ):  # used where ours has none
+                    ours.update(
+                        (k, v)
+                        for k, v in translation_table(self.options.opset, extra).items()
+                        if k not in ours
+                    )
                 self._setup = (registry, ours, torch_adapter.decompositions(registry, ours))
             return self._setup
 
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable[..., Any]:
+    def __call__(
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
+    ) -> Callable[..., Any]:
         self._check_devices(example_inputs)
         _registry, _ours, table = self._prepare()
         with self._lock:
@@ -121,14 +136,17 @@ class OnnxCustomBackend:
         for value in example_inputs:
             if isinstance(value, torch.Tensor) and value.device.type != "cpu":
                 raise CompileError(
-                    f"an input is on {value.device}, but the onnx_custom backend hands tensors to "
-                    f"ONNX Runtime on CPU only (providers {list(self.options.providers)}). Fix: move the "
-                    "model and inputs to CPU (.cpu()), or compile with another backend for this device."
+                    f"an input is on {value.device}, but the onnx_custom backend hands tensors to"
+                    f" ONNX Runtime on CPU only (providers {list(self.options.providers)}). Fix:"
+                    " move the model and inputs to CPU (.cpu()), or compile with another backend"
+                    " for this device."
                 )
 
     # ------------------------------------------------------------------ one aot graph
 
-    def _compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, kind: str, index: int) -> Callable[..., Any]:
+    def _compile(
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, kind: str, index: int
+    ) -> Callable[..., Any]:
         registry, ours, _ = self._prepare()
         with quiet_torch():
             torch_adapter.prepare_graph(gm)
@@ -143,7 +161,14 @@ class OnnxCustomBackend:
             try:
                 return self._partition(gm, name, record, registry, ours)
             except TranslationFailure as failure:
-                self._refuse(name, [Fallback(failure.node, failure.target, f"its translation raised {failure.reason}")])
+                self._refuse(
+                    name,
+                    [
+                        Fallback(
+                            failure.node, failure.target, f"its translation raised {failure.reason}"
+                        )
+                    ],
+                )
                 support.refused[failure.node] = f"its translation raised {failure.reason}"
                 fallbacks = support.fallbacks(gm.graph)
         record.fallbacks = fallbacks
@@ -152,7 +177,13 @@ class OnnxCustomBackend:
             try:
                 runner = self._partition(sub, f"{name}_{call.target}", record, registry, ours)
             except TranslationFailure as failure:  # the whole partition stays eager
-                record.fallbacks.append(Fallback(failure.node, failure.target, f"its translation raised {failure.reason} (its partition runs eager)"))
+                record.fallbacks.append(
+                    Fallback(
+                        failure.node,
+                        failure.target,
+                        f"its translation raised {failure.reason} (its partition runs eager)",
+                    )
+                )
                 continue
             del fused._modules[str(call.target)]
             object.__setattr__(fused, str(call.target), runner)
@@ -160,9 +191,9 @@ class OnnxCustomBackend:
             self._warned = True
             why = "; ".join(str(f) for f in record.fallbacks[:3])
             warnings.warn(
-                f"onnx_custom backend: nothing in {name} runs in ONNX Runtime (every op falls back to "
-                f"PyTorch: {why}). Fix: register translations for these ops, or see "
-                "onnx_custom.explain_compile(model, *args).",
+                f"onnx_custom backend: nothing in {name} runs in ONNX Runtime (every op falls back"
+                f" to PyTorch: {why}). Fix: register translations for these ops, or see"
+                " onnx_custom.explain_compile(model, *args).",
                 stacklevel=2,
             )
         return fused  # type: ignore[no-any-return]
@@ -171,12 +202,19 @@ class OnnxCustomBackend:
         if fallbacks and self.options.fallback == "error":
             lines = "\n".join(f"  {f}" for f in fallbacks)
             raise CompileError(
-                f"{name}: {len(fallbacks)} node(s) cannot run in ONNX Runtime and fallback='error':\n{lines}\n"
-                "Fix: register translations for these ops (onnx_custom.symbolic), or compile with "
-                "fallback='eager' to run them in PyTorch."
+                f"{name}: {len(fallbacks)} node(s) cannot run in ONNX Runtime and"
+                f" fallback='error':\n{lines}\nFix: register translations for these ops"
+                " (onnx_custom.symbolic), or compile with fallback='eager' to run them in PyTorch."
             )
 
-    def _partition(self, gm: torch.fx.GraphModule, name: str, record: GraphRecord, registry: Any, ours: dict[Any, Any]) -> OrtPartition:
+    def _partition(
+        self,
+        gm: torch.fx.GraphModule,
+        name: str,
+        record: GraphRecord,
+        registry: Any,
+        ours: dict[Any, Any],
+    ) -> OrtPartition:
         start = time.perf_counter()
         translated = translate(gm.graph, registry=registry, ours=ours, opset=self.options.opset)
         translated_at = time.perf_counter()
@@ -187,17 +225,34 @@ class OnnxCustomBackend:
             self.options.save_dir.mkdir(parents=True, exist_ok=True)
             saved = str(self.options.save_dir / f"{name}.onnx")
             save_model(translated.proto, saved)
-        session = self.sessions.get(translated.proto.SerializeToString(), self.options) if translated.output_names else None
+        session = (
+            self.sessions.get(translated.proto.SerializeToString(), self.options)
+            if translated.output_names
+            else None
+        )
         verify = functools.partial(_verify, gm, name) if self.options.verify else None
         runner = OrtPartition(translated, session, name, verify)
-        record.partitions.append(PartitionRecord(
-            name, len(_compute_nodes(gm.graph)), translated.custom_ops,
-            translated_at - start, time.perf_counter() - translated_at, saved, runner,
-        ))  # fmt: skip
+        record.partitions.append(
+            PartitionRecord(
+                name,
+                len(_compute_nodes(gm.graph)),
+                translated.custom_ops,
+                translated_at - start,
+                time.perf_counter() - translated_at,
+                saved,
+                runner,
+            )
+        )
         return runner
 
 
-def _boxed(compile_graph: Callable[..., Callable[..., Any]], gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, kind: str) -> Callable[..., Any]:
+def _boxed(
+    compile_graph: Callable[..., Callable[..., Any]],
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    kind: str,
+) -> Callable[..., Any]:
     """aot_autograd's boxed convention (one list argument): no extra wrapper on every call."""
     function = compile_graph(gm, example_inputs, kind=kind)
 
@@ -223,10 +278,11 @@ def _verify(gm: torch.fx.GraphModule, name: str, args: Sequence[Any], result: An
         comparison = compare_arrays(want, to_numpy(got), name=path, trial=0)
         if comparison.mismatched:
             raise VerificationError(
-                f"{path} ({comparison.dtype}{list(comparison.shape)}): ONNX Runtime differs from PyTorch in "
-                f"{comparison.mismatched}/{comparison.total} elements (max abs diff {comparison.max_abs_diff:.3g}, "
-                f"rtol {comparison.rtol}, atol {comparison.atol}). Fix: check the translations and kernels of "
-                f"this graph's ops (save_dir= writes its .onnx; onnx_custom.verify localizes the node).",
+                f"{path} ({comparison.dtype}{list(comparison.shape)}): ONNX Runtime differs from"
+                f" PyTorch in {comparison.mismatched}/{comparison.total} elements (max abs diff"
+                f" {comparison.max_abs_diff:.3g}, rtol {comparison.rtol}, atol {comparison.atol})."
+                " Fix: check the translations and kernels of this graph's ops (save_dir= writes"
+                " its .onnx; onnx_custom.verify localizes the node).",
                 comparison,
             )
 
@@ -234,7 +290,7 @@ def _verify(gm: torch.fx.GraphModule, name: str, args: Sequence[Any], result: An
 def compile_backend(**options: Any) -> OnnxCustomBackend:
     """A ``torch.compile`` backend with these options (validated now; see `CompileOptions`)::
 
-        model = torch.compile(model, backend=onnx_custom.compile_backend(kernels="native"))
+    model = torch.compile(model, backend=onnx_custom.compile_backend(kernels="native"))
     """
     return OnnxCustomBackend(CompileOptions.create(**options))
 
@@ -243,7 +299,9 @@ _default: OnnxCustomBackend | None = None
 _default_lock = threading.Lock()
 
 
-def onnx_custom_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable[..., Any]:
+def onnx_custom_backend(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
+) -> Callable[..., Any]:
     """``backend="onnx_custom"`` (the entry point): one process-wide backend with default options."""
     global _default
     with _default_lock:

@@ -22,7 +22,17 @@ from onnx_custom.translate.registry import Registry
 __all__ = ["DOMAIN", "backward_registry"]
 
 DOMAIN = "onnx_custom.compile"
-_ATTRS = ("stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w", "groups", "offset_groups", "use_mask")
+_ATTRS = (
+    "stride_h",
+    "stride_w",
+    "pad_h",
+    "pad_w",
+    "dilation_h",
+    "dilation_w",
+    "groups",
+    "offset_groups",
+    "use_mask",
+)
 _TENSORS = ("grad", "input", "weight", "offset", "mask", "bias")
 
 
@@ -41,17 +51,40 @@ def _register_kernel() -> None:
         tensor_type="torch",
         shape_fn=_like_inputs,
     )
-    def deform_conv2d_backward(grad: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, offset: torch.Tensor,
-                               mask: torch.Tensor, bias: torch.Tensor, **attrs: int) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    def deform_conv2d_backward(
+        grad: torch.Tensor,
+        input: torch.Tensor,
+        weight: torch.Tensor,
+        offset: torch.Tensor,
+        mask: torch.Tensor,
+        bias: torch.Tensor,
+        **attrs: int,
+    ) -> tuple[torch.Tensor, ...]:
         args = [attrs[name] for name in _ATTRS]
         args[-1] = bool(args[-1])
-        return tuple(torch.ops.onnx_custom._deform_conv2d_backward(grad, input, weight, offset, mask, bias, *args))
+        return tuple(
+            torch.ops.onnx_custom._deform_conv2d_backward(
+                grad, input, weight, offset, mask, bias, *args
+            )
+        )
 
 
-def _deform_conv2d_backward(g: Any, grad: Any, input: Any, weight: Any, offset: Any, mask: Any, bias: Any, **params: Any) -> Any:
+def _deform_conv2d_backward(
+    g: Any, grad: Any, input: Any, weight: Any, offset: Any, mask: Any, bias: Any, **params: Any
+) -> Any:
     """onnx_custom::_deform_conv2d_backward(grad, input, weight, offset, mask, bias, 9 ints/bools) -> 5 grads"""
     attrs = {name: int(params[name]) for name in _ATTRS}
-    return g.op(f"{DOMAIN}::DeformConv2dBackward", grad, input, weight, offset, mask, bias, outputs=5, **attrs)
+    return g.op(
+        f"{DOMAIN}::DeformConv2dBackward",
+        grad,
+        input,
+        weight,
+        offset,
+        mask,
+        bias,
+        outputs=5,
+        **attrs,
+    )
 
 
 def backward_registry() -> Registry:

@@ -71,7 +71,9 @@ class CompileOptions:
             import difflib
 
             hints = [difflib.get_close_matches(u, fields, n=1) for u in unknown]
-            hint = "; ".join(f"{u!r} -> {h[0]!r}?" for u, h in zip(unknown, hints, strict=True) if h)
+            hint = "; ".join(
+                f"{u!r} -> {h[0]!r}?" for u, h in zip(unknown, hints, strict=True) if h
+            )
             raise InvalidArgumentError(
                 f"unknown compile option(s) {unknown}; expected some of {sorted(fields)}. "
                 f"Fix: {hint or 'remove them'} (see onnx_custom.compile.CompileOptions)."
@@ -81,21 +83,29 @@ class CompileOptions:
         registry = values.get("registry")
         if registry is not None and not isinstance(registry, Registry):
             raise InvalidArgumentError(
-                f"registry must be an onnx_custom.Registry or None; received {type(registry).__name__}. "
-                "Fix: pass onnx_custom.default_registry() (or your own Registry)."
+                "registry must be an onnx_custom.Registry or None; received"
+                f" {type(registry).__name__}. Fix: pass onnx_custom.default_registry() (or your own"
+                " Registry)."
             )
-        values["variants"] = _strings(values.get("variants", ()), "variants", "variants=('custom',)")
+        values["variants"] = _strings(
+            values.get("variants", ()), "variants", "variants=('custom',)"
+        )
         values["kernels"] = _choice(values.get("kernels", "python"), "kernels", KERNELS)
         values["providers"] = _providers(values.get("providers", ("CPUExecutionProvider",)))
         values["session_options"] = _session_options(values.get("session_options"))
         values["fallback"] = _choice(values.get("fallback", "eager"), "fallback", FALLBACKS)
         verify = values.get("verify", False)
         if not isinstance(verify, bool):
-            raise InvalidArgumentError(f"verify must be True or False; received {verify!r}. Fix: pass verify=True.")
+            raise InvalidArgumentError(
+                f"verify must be True or False; received {verify!r}. Fix: pass verify=True."
+            )
         values["save_dir"] = _save_dir(values.get("save_dir"))
         size = values.get("cache_size", DEFAULT_CACHE_SIZE)
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise InvalidArgumentError(f"cache_size must be an int >= 1; received {size!r}. Fix: pass e.g. cache_size={DEFAULT_CACHE_SIZE}.")
+            raise InvalidArgumentError(
+                f"cache_size must be an int >= 1; received {size!r}. Fix: pass e.g."
+                f" cache_size={DEFAULT_CACHE_SIZE}."
+            )
         options_obj = cls(**values)
         if options_obj.variants:
             options_obj.resolved_registry()  # unknown variants raise SymbolicError now, not mid-compile
@@ -104,21 +114,29 @@ class CompileOptions:
 
 def _opset(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgumentError(f"opset must be an int such as 18; received {value!r}. Fix: pass opset=18.")
+        raise InvalidArgumentError(
+            f"opset must be an int such as 18; received {value!r}. Fix: pass opset=18."
+        )
     from onnx_custom.exporter.arguments import dynamo_max_opset
 
     high = dynamo_max_opset()
     if not _MIN_OPSET <= value <= high:
         raise OpsetError(
-            f"the compile backend builds opsets {_MIN_OPSET}..{high}; received opset={value}. Fix: pass an opset in {_MIN_OPSET}..{high}.",
-            exporter="dynamo", minimum=_MIN_OPSET, maximum=high,
+            f"the compile backend builds opsets {_MIN_OPSET}..{high}; received opset={value}. Fix:"
+            f" pass an opset in {_MIN_OPSET}..{high}.",
+            exporter="dynamo",
+            minimum=_MIN_OPSET,
+            maximum=high,
         )
     return value
 
 
 def _choice(value: Any, name: str, allowed: Sequence[str]) -> str:
     if not isinstance(value, str) or value not in allowed:
-        raise InvalidArgumentError(f"{name} must be one of {tuple(allowed)}; received {value!r}. Fix: pass {name}={allowed[0]!r}.")
+        raise InvalidArgumentError(
+            f"{name} must be one of {tuple(allowed)}; received {value!r}. Fix: pass"
+            f" {name}={allowed[0]!r}."
+        )
     return value
 
 
@@ -126,7 +144,10 @@ def _strings(value: Any, name: str, example: str) -> tuple[str, ...]:
     if isinstance(value, str):
         value = (value,)
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
-        raise InvalidArgumentError(f"{name} must be a sequence of non-empty strings; received {value!r}. Fix: pass e.g. {example}.")
+        raise InvalidArgumentError(
+            f"{name} must be a sequence of non-empty strings; received {value!r}. Fix: pass e.g."
+            f" {example}."
+        )
     return tuple(value)
 
 
@@ -135,7 +156,10 @@ def _providers(value: Any) -> tuple[str, ...]:
 
     names = _strings(value, "providers", "providers=['CPUExecutionProvider']")
     if not names:
-        raise InvalidArgumentError("providers must name at least one execution provider; received an empty list. Fix: pass providers=['CPUExecutionProvider'].")
+        raise InvalidArgumentError(
+            "providers must name at least one execution provider; received an empty list. Fix: pass"
+            " providers=['CPUExecutionProvider']."
+        )
     available = ort.get_available_providers()
     unknown = [n for n in names if n not in available]
     if unknown:
@@ -153,8 +177,9 @@ def _session_options(value: Any) -> Any:
 
     if not isinstance(value, ort.SessionOptions):
         raise InvalidArgumentError(
-            f"session_options must be an onnxruntime.SessionOptions or None; received {type(value).__name__}. "
-            "Fix: pass onnxruntime.SessionOptions() with your settings (custom-op kernels are added per session)."
+            "session_options must be an onnxruntime.SessionOptions or None; received"
+            f" {type(value).__name__}. Fix: pass onnxruntime.SessionOptions() with your settings"
+            " (custom-op kernels are added per session)."
         )
     return value
 
@@ -163,8 +188,14 @@ def _save_dir(value: Any) -> Path | None:
     if value is None:
         return None
     if not isinstance(value, (str, os.PathLike)) or not str(value):
-        raise InvalidArgumentError(f"save_dir must be a folder path or None; received {value!r}. Fix: pass save_dir='onnx_graphs'.")
+        raise InvalidArgumentError(
+            f"save_dir must be a folder path or None; received {value!r}. Fix: pass"
+            " save_dir='onnx_graphs'."
+        )
     path = Path(value)
     if path.exists() and not path.is_dir():
-        raise InvalidArgumentError(f"save_dir {str(path)!r} exists and is not a folder. Fix: pass a folder path (it is created if missing).")
+        raise InvalidArgumentError(
+            f"save_dir {str(path)!r} exists and is not a folder. Fix: pass a folder path (it is"
+            " created if missing)."
+        )
     return path

@@ -39,7 +39,9 @@ def _plain(value: Any) -> str | None:
     """Why ``value`` (a node's meta val) cannot cross into ORT, or None."""
     if isinstance(value, (list, tuple)):
         return next((r for r in map(_plain, value) if r), None)
-    if value is None or isinstance(value, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)):
+    if value is None or isinstance(
+        value, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)
+    ):
         return None
     if isinstance(value, torch.Tensor):
         if value.layout is not torch.strided:
@@ -55,7 +57,9 @@ def _plain(value: Any) -> str | None:
 class OrtSupport(OperatorSupportBase):
     """The ORT/eager decision for each node, remembering why a node stays eager."""
 
-    def __init__(self, registry: Any, ours: Mapping[Any, Any], refused: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, registry: Any, ours: Mapping[Any, Any], refused: Mapping[str, str] | None = None
+    ) -> None:
         self.registry = registry
         self.ours = ours
         self.refused = dict(refused or {})
@@ -72,9 +76,14 @@ class OrtSupport(OperatorSupportBase):
             return self.reason(source) if isinstance(source, torch.fx.Node) else None
         if isinstance(target, torch._ops.OpOverload):
             if target._schema.is_mutable:
-                return "mutates an input in place (ONNX has no in-place ops; aot_autograd keeps it outside)"
+                return (
+                    "mutates an input in place (ONNX has no in-place ops; aot_autograd keeps it"
+                    " outside)"
+                )
             if torch_adapter.is_training_batch_norm(target):
-                return "training batch norm: torchlib's translation computes inference statistics only"
+                return (
+                    "training batch norm: torchlib's translation computes inference statistics only"
+                )
             if target not in self.ours and not torch_adapter.is_registered(self.registry, target):
                 return "no translation: neither torchlib nor the onnx-custom registry has one"
         elif not torch_adapter.is_registered(self.registry, target):
@@ -84,7 +93,9 @@ class OrtSupport(OperatorSupportBase):
             why = "no metadata (meta['val']) to type its outputs"
         return why
 
-    def is_node_supported(self, submodules: Mapping[str, torch.nn.Module], node: torch.fx.Node) -> bool:
+    def is_node_supported(
+        self, submodules: Mapping[str, torch.nn.Module], node: torch.fx.Node
+    ) -> bool:
         return self.reason(node) is None
 
     def fallbacks(self, graph: torch.fx.Graph) -> list[Fallback]:
@@ -104,7 +115,9 @@ def _op_name(target: Any) -> str:
     return str(getattr(target, "__name__", target))
 
 
-def fill_placeholder_meta(parent: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, torch.fx.GraphModule]]:
+def fill_placeholder_meta(
+    parent: torch.fx.GraphModule,
+) -> list[tuple[torch.fx.Node, torch.fx.GraphModule]]:
     """Each ``call_module`` node with its submodule, the submodule's placeholders given the
     ``meta["val"]`` of the parent's arguments."""
     found = []

@@ -30,15 +30,27 @@ from onnx_custom.errors import OnnxCustomError
 __all__ = ["OrtPartition", "SessionCache"]
 
 _NUMPY = {
-    torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
-    torch.int64: np.int64, torch.int32: np.int32, torch.int16: np.int16, torch.int8: np.int8,
-    torch.uint8: np.uint8, torch.bool: np.bool_,
-}  # fmt: skip
+    torch.float32: np.float32,
+    torch.float64: np.float64,
+    torch.float16: np.float16,
+    torch.int64: np.int64,
+    torch.int32: np.int32,
+    torch.int16: np.int16,
+    torch.int8: np.int8,
+    torch.uint8: np.uint8,
+    torch.bool: np.bool_,
+}
 _COPIED_SETTINGS = (
-    "intra_op_num_threads", "inter_op_num_threads", "graph_optimization_level", "execution_mode",
-    "log_severity_level", "enable_cpu_mem_arena", "enable_mem_pattern", "enable_mem_reuse",
+    "intra_op_num_threads",
+    "inter_op_num_threads",
+    "graph_optimization_level",
+    "execution_mode",
+    "log_severity_level",
+    "enable_cpu_mem_arena",
+    "enable_mem_pattern",
+    "enable_mem_reuse",
     "use_deterministic_compute",
-)  # fmt: skip
+)
 
 
 # A zero-size tensor has no memory (data_ptr 0), which ORT refuses to wrap: it gets this valid,
@@ -73,14 +85,22 @@ class SessionCache:
     def get(self, model: bytes, options: CompileOptions) -> Any:
         from onnx_custom.runtime.session import InferenceSession
 
-        key = hashlib.sha256(model).hexdigest() + "/" + options.kernels + "/" + ",".join(options.providers)
+        key = (
+            hashlib.sha256(model).hexdigest()
+            + "/"
+            + options.kernels
+            + "/"
+            + ",".join(options.providers)
+        )
         with self._lock:
             found = self._sessions.get(key)
             if found is not None:
                 self._sessions.move_to_end(key)
                 return found
         kernels = "native" if options.kernels == "native" else None
-        session = InferenceSession(model, _fresh_options(options.session_options), list(options.providers), kernels=kernels)
+        session = InferenceSession(
+            model, _fresh_options(options.session_options), list(options.providers), kernels=kernels
+        )
         with self._lock:
             self.created += 1
             self._sessions[key] = session
@@ -101,7 +121,10 @@ def _as_tensor(value: Any) -> torch.Tensor:
         return torch.tensor(value, dtype=torch.int64)
     if isinstance(value, float):
         return torch.tensor(value, dtype=torch.float32)
-    raise OnnxCustomError(f"an ONNX Runtime partition received a {type(value).__name__} input ({value!r:.60}); expected tensors, ints or floats.")
+    raise OnnxCustomError(
+        f"an ONNX Runtime partition received a {type(value).__name__} input ({value!r:.60});"
+        " expected tensors, ints or floats."
+    )
 
 
 class OrtPartition:
@@ -113,11 +136,19 @@ class OrtPartition:
 
     profile = False
 
-    def __init__(self, graph: TranslatedGraph, session: Any, name: str, verify: Callable[[Sequence[Any], Any], None] | None = None) -> None:
+    def __init__(
+        self,
+        graph: TranslatedGraph,
+        session: Any,
+        name: str,
+        verify: Callable[[Sequence[Any], Any], None] | None = None,
+    ) -> None:
         self.graph = graph
         self.name = name
         self.session = session
-        self._sess = session._sess if session is not None else None  # ORT's C++ session (run_with_ortvaluevector)
+        self._sess = (
+            session._sess if session is not None else None
+        )  # ORT's C++ session (run_with_ortvaluevector)
         self._inputs = list(graph.input_names)
         self._outputs = list(graph.output_names)
         self._devices = [ortc.OrtDevice(ortc.OrtDevice.cpu(), ortc.OrtDevice.default_memory(), 0)]
@@ -135,13 +166,20 @@ class OrtPartition:
         tensors, pointers, dtypes, shapes = [], [], [], []
         try:
             for arg in args:
-                tensor = (arg if arg.is_contiguous() else arg.contiguous()) if isinstance(arg, torch.Tensor) else _as_tensor(arg)
+                tensor = (
+                    (arg if arg.is_contiguous() else arg.contiguous())
+                    if isinstance(arg, torch.Tensor)
+                    else _as_tensor(arg)
+                )
                 tensors.append(tensor)
                 pointers.append(tensor.data_ptr() or _EMPTY_PTR)
                 dtypes.append(_NUMPY[tensor.dtype])
                 shapes.append(tensor.shape)
         except KeyError as exc:
-            raise OnnxCustomError(f"{self.name}: input dtype {exc.args[0]} cannot be handed to ONNX Runtime without a copy; supported: {sorted(str(d) for d in _NUMPY)}.") from None
+            raise OnnxCustomError(
+                f"{self.name}: input dtype {exc.args[0]} cannot be handed to ONNX Runtime without a"
+                f" copy; supported: {sorted(str(d) for d in _NUMPY)}."
+            ) from None
         values = ortc.OrtValueVector()
         values.reserve(len(tensors))
         values.push_back_batch(tensors, pointers, dtypes, shapes, self._in_devices)
@@ -150,10 +188,24 @@ class OrtPartition:
         try:
             if self.profile:
                 start = time.perf_counter()
-                self._sess.run_with_ortvaluevector(self._run_options, self._inputs, values, self._outputs, outputs, self._out_devices)
+                self._sess.run_with_ortvaluevector(
+                    self._run_options,
+                    self._inputs,
+                    values,
+                    self._outputs,
+                    outputs,
+                    self._out_devices,
+                )
                 self.ort_seconds += time.perf_counter() - start
             else:
-                self._sess.run_with_ortvaluevector(self._run_options, self._inputs, values, self._outputs, outputs, self._out_devices)
+                self._sess.run_with_ortvaluevector(
+                    self._run_options,
+                    self._inputs,
+                    values,
+                    self._outputs,
+                    outputs,
+                    self._out_devices,
+                )
         except OnnxCustomError:
             raise
         except Exception as exc:

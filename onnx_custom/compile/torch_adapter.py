@@ -61,7 +61,7 @@ def _modules() -> dict[str, Any]:
     version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
     if version not in SUPPORTED_TORCH:
         raise CompileError(
-            f"the onnx_custom compile backend uses torch's private FX->ONNX translator, checked "
+            "the onnx_custom compile backend uses torch's private FX->ONNX translator, checked "
             f"against torch {', '.join(SUPPORTED_TORCH)}; this is torch {torch.__version__}. Fix: "
             f"install a supported torch (pip install 'torch=={SUPPORTED_TORCH[-1]}.*'), or use "
             "onnx_custom.export for ahead-of-time export, which relies on public APIs only."
@@ -78,8 +78,9 @@ def _modules() -> dict[str, Any]:
         missing += [f"{name}.{a}" for a in attrs if not hasattr(module, a)]
     if missing:
         raise CompileError(
-            f"torch {torch.__version__} lacks the exporter internals the compile backend needs "
-            f"({', '.join(missing)}). Fix: reinstall torch {SUPPORTED_TORCH[-1]} (a partial or patched install?)."
+            f"torch {torch.__version__} lacks the exporter internals the compile backend needs"
+            f" ({', '.join(missing)}). Fix: reinstall torch {SUPPORTED_TORCH[-1]} (a partial or"
+            " patched install?)."
         )
     return found
 
@@ -107,7 +108,9 @@ def scoped_registry(base: Any, custom: dict[Any, Callable[..., Any]]) -> Any:
     registry.functions = dict(base.functions)
     for overload, function in custom.items():
         registry.functions[overload.name()] = [
-            registration.OnnxDecompMeta(onnx_function=function, fx_target=overload, signature=None, is_custom=True)
+            registration.OnnxDecompMeta(
+                onnx_function=function, fx_target=overload, signature=None, is_custom=True
+            )
         ]
     return registry
 
@@ -160,10 +163,21 @@ def translate_graph(graph: torch.fx.Graph, registry: Any, graph_name: str = "mai
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     modules = _modules()
-    model = ir.Model(graph=ir.Graph([], [], nodes=[], name=graph_name), ir_version=10, producer_name="onnx_custom.compile")
+    model = ir.Model(
+        graph=ir.Graph([], [], nodes=[], name=graph_name),
+        ir_version=10,
+        producer_name="onnx_custom.compile",
+    )
     # aot_autograd calls its compilers inside its fake mode: translations make real constants.
     with unset_fake_temporarily():
-        modules["_core"]._translate_fx_graph(graph, model, graph_like=model.graph, owned_graphs={}, lower="at_conversion", registry=registry)
+        modules["_core"]._translate_fx_graph(
+            graph,
+            model,
+            graph_like=model.graph,
+            owned_graphs={},
+            lower="at_conversion",
+            registry=registry,
+        )
     modules["_ir_passes"].add_opset_imports(model)
     return model
 

@@ -27,7 +27,14 @@ from onnx_custom.common.quiet import quiet_torch
 from onnx_custom.compile import torch_adapter
 from onnx_custom.errors import OnnxCustomError
 
-__all__ = ["OutputPlan", "TranslatedGraph", "TranslationFailure", "graph_targets", "scoped_translations", "translate"]
+__all__ = [
+    "OutputPlan",
+    "TranslatedGraph",
+    "TranslationFailure",
+    "graph_targets",
+    "scoped_translations",
+    "translate",
+]
 
 _SCALARS = (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)
 
@@ -87,7 +94,9 @@ def graph_targets(graph: torch.fx.Graph) -> set[Any]:
     return {n.target for n in graph.nodes if n.op == "call_function"}
 
 
-def scoped_translations(targets: set[Any], ours: Mapping[Any, Any], registry: Any) -> dict[Any, Any]:
+def scoped_translations(
+    targets: set[Any], ours: Mapping[Any, Any], registry: Any
+) -> dict[Any, Any]:
     """Our translations for the ops in ``targets``: every non-ATen op we translate, and ATen ops
     only where torchlib has nothing."""
     scoped = {}
@@ -123,7 +132,13 @@ def _plan(graph: torch.fx.Graph) -> tuple[OutputPlan, list[torch.fx.Node], torch
                 if isinstance(meta, torch.Tensor) and meta.dtype is torch.bool:
                     bools.append(distinct[value])
             meta = value.meta.get("val")
-            kind = "int" if isinstance(meta, (int, torch.SymInt)) and not isinstance(meta, bool) else "float" if isinstance(meta, (float, torch.SymFloat)) else "ort"
+            kind = (
+                "int"
+                if isinstance(meta, (int, torch.SymInt)) and not isinstance(meta, bool)
+                else "float"
+                if isinstance(meta, (float, torch.SymFloat))
+                else "ort"
+            )
             slots.append((kind, distinct[value]))
     return OutputPlan(tuple(slots), tuple(bools), single), list(distinct), output
 
@@ -151,7 +166,9 @@ def _failed_node(exc: BaseException, graph: torch.fx.Graph) -> tuple[str, str, s
 GRAPH_NAME = "onnx_custom_compiled"
 
 
-def translate(graph: torch.fx.Graph, *, registry: Any, ours: Mapping[Any, Any], opset: int) -> TranslatedGraph:
+def translate(
+    graph: torch.fx.Graph, *, registry: Any, ours: Mapping[Any, Any], opset: int
+) -> TranslatedGraph:
     """Translate ``graph`` (every placeholder and node carrying ``meta["val"]``); raises
     `TranslationFailure` naming the node whose translation raised. The same graph always gives
     the same bytes (one fixed graph name), so a recompiled graph finds its cached session."""

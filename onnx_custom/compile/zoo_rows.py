@@ -42,7 +42,9 @@ class CompileCheck:
 
     @property
     def passed(self) -> bool:
-        return not self.problem and bool(self.comparisons) and all(c.passed for c in self.comparisons)
+        return (
+            not self.problem and bool(self.comparisons) and all(c.passed for c in self.comparisons)
+        )
 
     @property
     def worst(self) -> float:
@@ -54,9 +56,9 @@ class CompileCheck:
         for c in self.comparisons:
             if not c.passed:
                 lines.append(
-                    f"batch {self.batches[c.trial]}: {c.name} {c.dtype}{list(c.shape)} differs from eager: "
-                    f"{c.mismatched}/{c.total} elements outside rtol={c.rtol:g} atol={c.atol:g} ({c.tolerance_source}), "
-                    f"max abs diff {c.max_abs_diff:.3g}"
+                    f"batch {self.batches[c.trial]}: {c.name} {c.dtype}{list(c.shape)} differs from"
+                    f" eager: {c.mismatched}/{c.total} elements outside rtol={c.rtol:g}"
+                    f" atol={c.atol:g} ({c.tolerance_source}), max abs diff {c.max_abs_diff:.3g}"
                 )
         return "\n".join(lines)
 
@@ -65,7 +67,11 @@ def _batch_dims(dynamic_shapes: Sequence[Any]) -> list[Any]:
     """Per top-level input: its axis-0 ``Dim`` (or None when axis 0 is static)."""
     found = []
     for spec in dynamic_shapes:
-        dim = spec.get(0) if isinstance(spec, dict) else (spec[0] if isinstance(spec, (list, tuple)) and spec else None)
+        dim = (
+            spec.get(0)
+            if isinstance(spec, dict)
+            else (spec[0] if isinstance(spec, (list, tuple)) and spec else None)
+        )
         found.append(dim)
     return found
 
@@ -85,7 +91,9 @@ def batch_sizes(example_batch: int, dims: Sequence[Any], count: int = OTHER_BATC
     return [b for b in _CANDIDATES if b != example_batch and low <= b <= high][:count]
 
 
-def _resized(args: Sequence[torch.Tensor], dims: Sequence[Any], batch: int, seed: int) -> tuple[torch.Tensor, ...]:
+def _resized(
+    args: Sequence[torch.Tensor], dims: Sequence[Any], batch: int, seed: int
+) -> tuple[torch.Tensor, ...]:
     """``args`` with every dynamic axis 0 set to ``batch``: fresh random floats, repeated rows otherwise."""
     generator = torch.Generator().manual_seed(seed)
     out = []
@@ -93,7 +101,9 @@ def _resized(args: Sequence[torch.Tensor], dims: Sequence[Any], batch: int, seed
         if dim is None:
             out.append(tensor)
         elif tensor.is_floating_point():
-            out.append(torch.randn((batch, *tensor.shape[1:]), generator=generator, dtype=tensor.dtype))
+            out.append(
+                torch.randn((batch, *tensor.shape[1:]), generator=generator, dtype=tensor.dtype)
+            )
         else:  # indices and the like: keep valid values by cycling the example rows
             out.append(tensor[torch.arange(batch) % tensor.shape[0]])
     return tuple(out)
@@ -104,18 +114,34 @@ def _compare(expected: Any, got: Any, trial: int) -> list[OutputComparison]:
     if len(exp) != len(act):
         raise ValueError(f"compiled model returned {len(act)} outputs, eager {len(exp)}")
     return [
-        compare_arrays(e, a.detach().cpu().numpy(), name=name, trial=trial, backend="torch.compile(onnx_custom)", keep_diffs=False)
+        compare_arrays(
+            e,
+            a.detach().cpu().numpy(),
+            name=name,
+            trial=trial,
+            backend="torch.compile(onnx_custom)",
+            keep_diffs=False,
+        )
         for (name, e), (_, a) in zip(exp, act, strict=True)
     ]
 
 
-def check_compiled(model: torch.nn.Module, args: tuple[Any, ...], *, dynamic_shapes: Sequence[Any] | None = None, seed: int = 0, **options: Any) -> CompileCheck:
+def check_compiled(
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    *,
+    dynamic_shapes: Sequence[Any] | None = None,
+    seed: int = 0,
+    **options: Any,
+) -> CompileCheck:
     """Compile ``model`` with ``compile_backend(**options)``, compare with eager (see module doc)."""
     torch._dynamo.reset()  # a fresh cache: earlier rows compiled the same forward code
     backend = compile_backend(**options)
     dims = _batch_dims(dynamic_shapes) if dynamic_shapes is not None else []
     first = args[0] if args and isinstance(args[0], torch.Tensor) and args[0].dim() else None
-    runs: list[tuple[int, tuple[Any, ...]]] = [(int(first.shape[0]) if first is not None else 0, args)]
+    runs: list[tuple[int, tuple[Any, ...]]] = [
+        (int(first.shape[0]) if first is not None else 0, args)
+    ]
     if dims:
         runs += [(b, _resized(args, dims, b, seed + b)) for b in batch_sizes(runs[0][0], dims)]
     compiled = torch.compile(model, backend=backend, dynamic=bool(dims))
@@ -126,7 +152,10 @@ def check_compiled(model: torch.nn.Module, args: tuple[Any, ...], *, dynamic_sha
             for trial, (_, inputs) in enumerate(runs):
                 comparisons += _compare(model(*inputs), compiled(*inputs), trial)
     except torch._dynamo.exc.RecompileError as exc:
-        problem = f"recompiled at another batch size (dynamic=True must serve every size with one graph): {str(exc).splitlines()[0]}"
+        problem = (
+            "recompiled at another batch size (dynamic=True must serve every size with one graph):"
+            f" {str(exc).splitlines()[0]}"
+        )
     finally:
         torch._dynamo.reset()
     records = backend.records
@@ -134,6 +163,12 @@ def check_compiled(model: torch.nn.Module, args: tuple[Any, ...], *, dynamic_sha
         problem = f"expected one compiled graph for every batch size, got {len(records)}"
     fallbacks = tuple(f"{f}" for r in records for f in r.fallbacks)
     return CompileCheck(
-        tuple(comparisons), tuple(b for b, _ in runs), len(records), sum(r.ort_nodes for r in records),
-        sum(r.nodes for r in records), sum(len(r.partitions) for r in records), fallbacks, problem,
+        tuple(comparisons),
+        tuple(b for b, _ in runs),
+        len(records),
+        sum(r.ort_nodes for r in records),
+        sum(r.nodes for r in records),
+        sum(len(r.partitions) for r in records),
+        fallbacks,
+        problem,
     )

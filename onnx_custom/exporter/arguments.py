@@ -39,16 +39,23 @@ __all__ = [
 ]
 
 EXPORTERS = ("dynamo", "torchscript")
-DYNAMO_MIN_OPSET = 7  # below 18 we relabel ourselves (`_opset_compat`), refusing what changed meaning
+DYNAMO_MIN_OPSET = (
+    7  # below 18 we relabel ourselves (`_opset_compat`), refusing what changed meaning
+)
 ORT_MAX_OPSET = 26  # onnxruntime 1.31 refuses default-domain opsets above 26 (measured)
 _ONNXSCRIPT_MAX_FALLBACK = 25  # onnxscript 0.7's version converter
 
 # export()'s own parameters that torch.onnx.export also has: passing them through would clash.
 _OURS = {
-    "opset_version": "opset=", "dynamo": "exporter='dynamo' or exporter='torchscript'",
-    "f": "f=", "input_names": "input_names=", "output_names": "output_names=",
-    "dynamic_shapes": "dynamic_shapes=", "dynamic_axes": "dynamic_axes=",
-    "custom_translation_table": "registry= (a onnx_custom.Registry)", "model": "the first argument",
+    "opset_version": "opset=",
+    "dynamo": "exporter='dynamo' or exporter='torchscript'",
+    "f": "f=",
+    "input_names": "input_names=",
+    "output_names": "output_names=",
+    "dynamic_shapes": "dynamic_shapes=",
+    "dynamic_axes": "dynamic_axes=",
+    "custom_translation_table": "registry= (a onnx_custom.Registry)",
+    "model": "the first argument",
     "args": "the second argument",
 }
 
@@ -86,23 +93,38 @@ def check_exporter(exporter: Any) -> str:
     if isinstance(exporter, str) and exporter in EXPORTERS:
         return exporter
     close = difflib.get_close_matches(str(exporter).lower(), EXPORTERS, n=1, cutoff=0.4)
-    hint = f"exporter={close[0]!r}" if close else "exporter='dynamo' (torch.export) or exporter='torchscript'"
-    raise InvalidArgumentError(f"exporter must be one of {EXPORTERS}; received {exporter!r}. Fix: pass {hint}.")
+    hint = (
+        f"exporter={close[0]!r}"
+        if close
+        else "exporter='dynamo' (torch.export) or exporter='torchscript'"
+    )
+    raise InvalidArgumentError(
+        f"exporter must be one of {EXPORTERS}; received {exporter!r}. Fix: pass {hint}."
+    )
 
 
 def check_opset(exporter: str, opset: Any) -> int:
     if not isinstance(opset, int) or isinstance(opset, bool):
-        raise InvalidArgumentError(f"opset must be an int such as 18; received {_kind(opset)}. Fix: pass opset={_as_int_hint(opset)}.")
+        raise InvalidArgumentError(
+            f"opset must be an int such as 18; received {_kind(opset)}. Fix: pass"
+            f" opset={_as_int_hint(opset)}."
+        )
     low, high = opset_range(exporter)
     if not low <= opset <= high:
         other = "dynamo" if exporter == "torchscript" else "torchscript"
         other_low, other_high = opset_range(other)
-        alternative = f", or exporter={other!r} (opsets {other_low}..{other_high})" if other_low <= opset <= other_high else ""
+        alternative = (
+            f", or exporter={other!r} (opsets {other_low}..{other_high})"
+            if other_low <= opset <= other_high
+            else ""
+        )
         name = "TorchScript" if exporter == "torchscript" else "dynamo"
         raise OpsetError(
             f"The {name} exporter supports opsets {low}..{high} (maximum {high}); received "
             f"opset={opset}. Fix: pass an opset in {low}..{high}{alternative}.",
-            exporter=exporter, minimum=low, maximum=high,
+            exporter=exporter,
+            minimum=low,
+            maximum=high,
         )
     return opset
 
@@ -118,8 +140,8 @@ def check_model(model: Any, exporter: str = "dynamo") -> None:
     """An ``nn.Module`` instance or (dynamo exporter) a ``torch.export.ExportedProgram``."""
     if isinstance(model, torch.export.ExportedProgram) and exporter == "torchscript":
         raise InvalidArgumentError(
-            "The TorchScript exporter traces an nn.Module; received a torch.export.ExportedProgram. "
-            "Fix: pass exporter='dynamo', or export program.module() with exporter='torchscript'."
+            "The TorchScript exporter traces an nn.Module; received a torch.export.ExportedProgram."
+            " Fix: pass exporter='dynamo', or export program.module() with exporter='torchscript'."
         )
     if isinstance(model, (torch.nn.Module, torch.export.ExportedProgram)):
         return
@@ -135,7 +157,10 @@ def check_model(model: Any, exporter: str = "dynamo") -> None:
             f"{expected}; received {_kind(model)}. Fix: wrap it in a module: class M(torch.nn."
             f"Module): def forward(self, *args): return {name}(*args); then export M()."
         )
-    raise InvalidArgumentError(f"{expected}; received {_kind(model)}. Fix: pass the model object, e.g. export(MyModel(), (x,)).")
+    raise InvalidArgumentError(
+        f"{expected}; received {_kind(model)}. Fix: pass the model object, e.g. export(MyModel(),"
+        " (x,))."
+    )
 
 
 def check_args(args: Any) -> tuple[Any, ...]:
@@ -144,10 +169,14 @@ def check_args(args: Any) -> tuple[Any, ...]:
         return (args,)
     if isinstance(args, tuple):
         return args
-    hint = "args=tuple(args)" if isinstance(args, list) else "args=(x,) (a tuple, one entry per forward parameter)"
+    hint = (
+        "args=tuple(args)"
+        if isinstance(args, list)
+        else "args=(x,) (a tuple, one entry per forward parameter)"
+    )
     raise InvalidArgumentError(
-        f"args must be a tuple of example inputs (or one tensor); received {_kind(args)}. Fix: pass {hint}; "
-        "keyword inputs go in kwargs={...}."
+        f"args must be a tuple of example inputs (or one tensor); received {_kind(args)}. Fix: pass"
+        f" {hint}; keyword inputs go in kwargs={{...}}."
     )
 
 
@@ -156,7 +185,11 @@ def check_names(names: Any, what: str) -> None:
     into one name per character)."""
     if names is None:
         return
-    if isinstance(names, str) or not isinstance(names, (list, tuple)) or not all(isinstance(n, str) and n for n in names):
+    if (
+        isinstance(names, str)
+        or not isinstance(names, (list, tuple))
+        or not all(isinstance(n, str) and n for n in names)
+    ):
         example = [names] if isinstance(names, str) and names else ["x"]
         raise InvalidArgumentError(
             f"{what} must be a list of non-empty strings, one per tensor; received {_kind(names)}. "
@@ -188,9 +221,9 @@ def check_exporter_kwargs(kwargs: Mapping[str, Any]) -> None:
             close = difflib.get_close_matches(name, sorted(known - set(_OURS)), n=3)
             hint = f"did you mean {'=, '.join(close)}=? " if close else ""
             raise InvalidArgumentError(
-                f"export() got the unknown keyword {name}=; extra keywords must be parameters of "
-                f"torch.onnx.export ({', '.join(sorted(known - set(_OURS)))}). Fix: {hint}Rename or remove "
-                "it."
+                f"export() got the unknown keyword {name}=; extra keywords must be parameters of"
+                f" torch.onnx.export ({', '.join(sorted(known - set(_OURS)))}). Fix: {hint}Rename"
+                " or remove it."
             )
 
 
@@ -200,7 +233,9 @@ def check_output(f: Any, *, what: str = "f") -> None:
         return
     if is_file_object(f):
         mode = getattr(f, "mode", "b")  # an int for gzip files: binary
-        if isinstance(getattr(f, "file", f), io.TextIOBase) or (isinstance(mode, str) and "b" not in mode):
+        if isinstance(getattr(f, "file", f), io.TextIOBase) or (
+            isinstance(mode, str) and "b" not in mode
+        ):
             raise InvalidArgumentError(
                 f"{what} is a text stream; expected a binary file object (ONNX files are bytes). "
                 "Fix: open it with mode 'wb', or pass io.BytesIO() or a path."
@@ -220,7 +255,9 @@ def check_dynamic_for_program(model: Any, dynamic_shapes: Any, dynamic_axes: Any
     """An ExportedProgram's dims are fixed: dynamic_shapes/axes cannot change them."""
     from onnx_custom.errors import DynamicShapesError
 
-    if isinstance(model, torch.export.ExportedProgram) and (dynamic_shapes is not None or dynamic_axes is not None):
+    if isinstance(model, torch.export.ExportedProgram) and (
+        dynamic_shapes is not None or dynamic_axes is not None
+    ):
         given = "dynamic_shapes" if dynamic_shapes is not None else "dynamic_axes"
         raise DynamicShapesError(
             f"An ExportedProgram's dims were fixed by torch.export.export; received {given}="

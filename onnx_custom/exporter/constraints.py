@@ -20,12 +20,22 @@ from onnx_custom.errors import DynamicShapesError
 from onnx_custom.exporter.dynamic_shapes import DynamicSpec
 from onnx_custom.exporter.export_flag import onnx_exporting
 
-__all__ = ["check_with_torch_export", "constraint_violation", "static_axes", "symbol_names_of", "unchecked_zero_one"]
+__all__ = [
+    "check_with_torch_export",
+    "constraint_violation",
+    "static_axes",
+    "symbol_names_of",
+    "unchecked_zero_one",
+]
 
 _VIOLATION_NAME = re.compile(r"Constraints violated \(([^)]*)\)")
 _SOURCE = re.compile(r"""\[['"]([^'"]+)['"]\]\.(?:size\(\)|shape)\[(\d+)\]""")
-_SPECIALIZED = re.compile(r"You marked (.+?) as dynamic but your code specialized it to be a constant \((-?\d+)\)")
-_ZERO_ONE = re.compile(r"0/1 specialized due to hint of (\d+) for dimension (\S+?)\.?$", re.MULTILINE)
+_SPECIALIZED = re.compile(
+    r"You marked (.+?) as dynamic but your code specialized it to be a constant \((-?\d+)\)"
+)
+_ZERO_ONE = re.compile(
+    r"0/1 specialized due to hint of (\d+) for dimension (\S+?)\.?$", re.MULTILINE
+)
 _TIED = re.compile(r"The values of (\S+) = .*? and (\S+) = .*? must always be equal")
 
 
@@ -49,10 +59,18 @@ def unchecked_zero_one(exc: BaseException, spec: DynamicSpec) -> list[str]:
     """User names of dynamic dims torch.export fixed because their example size is 0 or 1:
     whether the model itself fixes them cannot be told from such an example."""
     names = {**{n: n for n in spec.dims}, **spec.torch_names}
-    return sorted({names.get(name, name) for name, value in _specializations(_violation_text(exc)) if value in ("0", "1")})
+    return sorted(
+        {
+            names.get(name, name)
+            for name, value in _specializations(_violation_text(exc))
+            if value in ("0", "1")
+        }
+    )
 
 
-def constraint_violation(exc: BaseException, spec: DynamicSpec, *, allow_zero_one: bool = False) -> DynamicShapesError | None:
+def constraint_violation(
+    exc: BaseException, spec: DynamicSpec, *, allow_zero_one: bool = False
+) -> DynamicShapesError | None:
     """torch.export's constraint violation (a dynamic dim the model fixes or ties to another)
     as our error, naming the inputs, the dims and the fix; None for any other error.
 
@@ -82,24 +100,37 @@ def constraint_violation(exc: BaseException, spec: DynamicSpec, *, allow_zero_on
     for name, value in found_specialized:
         if allow_zero_one and value in ("0", "1"):
             continue
-        hint = " (torch.export fixes sizes 0 and 1: export with an example of size >= 2)" if value in ("0", "1") else ""
+        hint = (
+            " (torch.export fixes sizes 0 and 1: export with an example of size >= 2)"
+            if value in ("0", "1")
+            else ""
+        )
         lines.append(
-            f"dynamic dim {where(name)} is specialized by the model to the constant {value}{hint}. Fix: make "
-            "it static (drop it from dynamic_shapes), use Dim.AUTO to let torch decide, or change the "
-            "model so it does not depend on that size (e.g. reshape(-1, ...) instead of a fixed size)."
+            f"dynamic dim {where(name)} is specialized by the model to the constant {value}{hint}."
+            " Fix: make it static (drop it from dynamic_shapes), use Dim.AUTO to let torch decide,"
+            " or change the model so it does not depend on that size (e.g. reshape(-1, ...)"
+            " instead of a fixed size)."
         )
     for match in _TIED.finditer(text):
         a, b = match.groups()
-        lines.append(f"dims {where(a)} and {where(b)} must always be equal in this model. Fix: give them the same name.")
+        lines.append(
+            f"dims {where(a)} and {where(b)} must always be equal in this model. Fix: give them the"
+            " same name."
+        )
     if not lines:
         if allow_zero_one and found_specialized:
             return None
         found = _VIOLATION_NAME.search(text)
         header = found.group(1) if found else "?"
-        lines.append(f"torch.export refused the dynamic dims ({', '.join(where(n.strip()) for n in header.split(','))}).")
+        lines.append(
+            "torch.export refused the dynamic dims"
+            f" ({', '.join(where(n.strip()) for n in header.split(','))})."
+        )
     detail = text.split("The error above occurred")[0].strip()
     return DynamicShapesError(
-        "The model does not accept the dynamic shapes requested:\n  - " + "\n  - ".join(dict.fromkeys(lines)) + f"\ntorch.export said:\n{detail}"
+        "The model does not accept the dynamic shapes requested:\n  - "
+        + "\n  - ".join(dict.fromkeys(lines))
+        + f"\ntorch.export said:\n{detail}"
     )
 
 
@@ -111,7 +142,11 @@ def static_axes(program: torch.export.ExportedProgram, spec: DynamicSpec) -> set
         node = placeholders.get(leaf.onnx_name)
         val = None if node is None else node.meta.get("val")
         if isinstance(val, torch.Tensor):
-            static |= {(leaf.onnx_name, axis) for axis in spec.axes.get(leaf.onnx_name, {}) if _static(val.shape[axis])}
+            static |= {
+                (leaf.onnx_name, axis)
+                for axis in spec.axes.get(leaf.onnx_name, {})
+                if _static(val.shape[axis])
+            }
     return static
 
 
@@ -119,15 +154,21 @@ def _static(size: Any) -> bool:
     return isinstance(size, int) or bool(size.node.expr.is_number)
 
 
-def check_with_torch_export(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None, spec: DynamicSpec) -> DynamicSpec:
+def check_with_torch_export(
+    model: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None, spec: DynamicSpec
+) -> DynamicSpec:
     """The TorchScript tracer records sizes without noticing that the model fixes a dynamic one;
     torch.export does. Trace once with it: a dim the model specializes or ties to another is our
     error, a Dim.AUTO it made static stays static here too (as under the dynamo exporter). Any
     other torch.export failure (a TorchScript-only model) skips the check."""
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), onnx_exporting():
-            warnings.simplefilter("ignore")  # the branch the TorchScript export takes, flag set as there
-            program = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=spec.export_shapes, strict=False)
+            warnings.simplefilter(
+                "ignore"
+            )  # the branch the TorchScript export takes, flag set as there
+            program = torch.export.export(
+                model, args, kwargs=kwargs, dynamic_shapes=spec.export_shapes, strict=False
+            )
     except Exception as exc:
         violation = constraint_violation(exc, spec, allow_zero_one=True)
         if violation is not None:
@@ -135,9 +176,10 @@ def check_with_torch_export(model: Any, args: tuple[Any, ...], kwargs: dict[str,
         unchecked = unchecked_zero_one(exc, spec)
         if unchecked:
             warnings.warn(
-                f"Dynamic dim(s) {unchecked} were traced at size 0 or 1, so onnx-custom cannot check "
-                "that the model accepts other sizes (torch.export fixes such dims). Fix: export with "
-                "examples of size >= 2 along them, or verify the file at other sizes.",
+                f"Dynamic dim(s) {unchecked} were traced at size 0 or 1, so onnx-custom cannot"
+                " check that the model accepts other sizes (torch.export fixes such dims). Fix:"
+                " export with examples of size >= 2 along them, or verify the file at other"
+                " sizes.",
                 UserWarning,
                 stacklevel=4,
             )
@@ -151,7 +193,13 @@ def symbol_names_of(program: torch.export.ExportedProgram, spec: DynamicSpec) ->
     user_inputs = list(program.graph_signature.user_inputs)
     mapping: dict[str, str] = {}
     for index, leaf in enumerate(spec.leaves):
-        node = placeholders.get(leaf.onnx_name if leaf.onnx_name in user_inputs else user_inputs[index] if index < len(user_inputs) else "")
+        node = placeholders.get(
+            leaf.onnx_name
+            if leaf.onnx_name in user_inputs
+            else user_inputs[index]
+            if index < len(user_inputs)
+            else ""
+        )
         val = None if node is None else node.meta.get("val")
         if not isinstance(val, torch.Tensor):
             continue
@@ -163,6 +211,8 @@ def symbol_names_of(program: torch.export.ExportedProgram, spec: DynamicSpec) ->
             dim = spec.dims[name]
             if expr.is_Symbol:
                 mapping.setdefault(str(expr), name)
-            elif dim.root is not None and len(expr.free_symbols) == 1:  # 2*s77 for 2*Dim("n"): s77 is n
+            elif (
+                dim.root is not None and len(expr.free_symbols) == 1
+            ):  # 2*s77 for 2*Dim("n"): s77 is n
                 mapping.setdefault(str(next(iter(expr.free_symbols))), dim.root)
     return mapping

@@ -47,7 +47,9 @@ def value_infos(graph: onnx.GraphProto) -> Iterator[onnx.ValueInfoProto]:
                 yield from value_infos(sub)
 
 
-def _infos(model: onnx.ModelProto, graphs: Sequence[onnx.GraphProto] | None) -> Iterator[onnx.ValueInfoProto]:
+def _infos(
+    model: onnx.ModelProto, graphs: Sequence[onnx.GraphProto] | None
+) -> Iterator[onnx.ValueInfoProto]:
     """`value_infos` of the main graph, or of ``graphs`` when a census already found them all."""
     if graphs is None:
         yield from value_infos(model.graph)
@@ -61,17 +63,29 @@ def _infos(model: onnx.ModelProto, graphs: Sequence[onnx.GraphProto] | None) -> 
 def tensor_dims(info: onnx.ValueInfoProto) -> Iterator[onnx.TensorShapeProto.Dimension]:
     typ = info.type
     while typ.HasField("sequence_type") or typ.HasField("optional_type"):
-        typ = typ.sequence_type.elem_type if typ.HasField("sequence_type") else typ.optional_type.elem_type
+        typ = (
+            typ.sequence_type.elem_type
+            if typ.HasField("sequence_type")
+            else typ.optional_type.elem_type
+        )
     if typ.HasField("tensor_type") and typ.tensor_type.HasField("shape"):
         yield from typ.tensor_type.shape.dim
 
 
-def dim_params(model: onnx.ModelProto, *, graphs: Sequence[onnx.GraphProto] | None = None) -> set[str]:
+def dim_params(
+    model: onnx.ModelProto, *, graphs: Sequence[onnx.GraphProto] | None = None
+) -> set[str]:
     """Every dim_param of ``model`` (``graphs``: the main graph and all its subgraphs, when known)."""
     return {d.dim_param for info in _infos(model, graphs) for d in tensor_dims(info) if d.dim_param}
 
 
-def rename_dims(model: onnx.ModelProto, mapping: Mapping[str, str], *, exact: bool = False, graphs: Sequence[onnx.GraphProto] | None = None) -> None:
+def rename_dims(
+    model: onnx.ModelProto,
+    mapping: Mapping[str, str],
+    *,
+    exact: bool = False,
+    graphs: Sequence[onnx.GraphProto] | None = None,
+) -> None:
     """Rename symbolic dims everywhere in ``model``: identifiers inside each dim_param (``s77`` ->
     ``batch``, so ``2*s77`` -> ``2*batch``), or whole dim_params with ``exact``.
 
@@ -83,17 +97,29 @@ def rename_dims(model: onnx.ModelProto, mapping: Mapping[str, str], *, exact: bo
             if not dim.dim_param:
                 continue
             if mapping:
-                dim.dim_param = mapping.get(dim.dim_param, dim.dim_param) if exact else rename_in_text(dim.dim_param, mapping)
+                dim.dim_param = (
+                    mapping.get(dim.dim_param, dim.dim_param)
+                    if exact
+                    else rename_in_text(dim.dim_param, mapping)
+                )
             if dim.dim_param.isdecimal():
                 dim.dim_value = int(dim.dim_param)
 
 
-def write_metadata(model: onnx.ModelProto, spec: DynamicSpec, *, graphs: Sequence[onnx.GraphProto] | None = None) -> None:
+def write_metadata(
+    model: onnx.ModelProto, spec: DynamicSpec, *, graphs: Sequence[onnx.GraphProto] | None = None
+) -> None:
     """Record every named dynamic dim the file uses (the verifier draws trial sizes from it).
     ``graphs`` as for `rename_dims`."""
     payload = spec.metadata()
-    if payload is not None:  # only then does it matter which dims the file uses (a walk of every value)
-        used = {tok for text in dim_params(model, graphs=graphs) for tok in [text, *_TOKEN.findall(text)]}
+    if (
+        payload is not None
+    ):  # only then does it matter which dims the file uses (a walk of every value)
+        used = {
+            tok
+            for text in dim_params(model, graphs=graphs)
+            for tok in [text, *_TOKEN.findall(text)]
+        }
         payload = spec.metadata(used)
     for i, entry in enumerate(model.metadata_props):
         if entry.key == METADATA_KEY:

@@ -30,9 +30,10 @@ from onnx_custom.errors import DynamicShapesError
 __all__ = ["DimSpec", "DynamicSpec", "InputLeaf", "resolve_dynamic_shapes"]
 
 _FORMS = (
-    "a dict keyed by forward's parameter names ({'x': {0: 'batch'}}), a tuple/list with one entry "
-    "per input, per tensor a dict {axis: dim} or a list with one entry per axis; a dim is a name "
-    "('batch'), torch.export.Dim('batch', min=.., max=..), Dim.AUTO, Dim.DYNAMIC, Dim.STATIC or None"
+    "a dict keyed by forward's parameter names ({'x': {0: 'batch'}}), a tuple/list with one entry"
+    " per input, per tensor a dict {axis: dim} or a list with one entry per axis; a dim is a name"
+    " ('batch'), torch.export.Dim('batch', min=.., max=..), Dim.AUTO, Dim.DYNAMIC, Dim.STATIC or"
+    " None"
 )
 
 
@@ -86,7 +87,10 @@ class DynamicSpec:
         """This spec with the axes at ``sites`` (ONNX input name, axis) made static."""
         if not sites:
             return self
-        axes = {name: {a: d for a, d in leaf_axes.items() if (name, a) not in sites} for name, leaf_axes in self.axes.items()}
+        axes = {
+            name: {a: d for a, d in leaf_axes.items() if (name, a) not in sites}
+            for name, leaf_axes in self.axes.items()
+        }
         used = {d for leaf_axes in axes.values() for d in leaf_axes.values()}
         dims = {
             name: dataclasses.replace(spec, sites=tuple(s for s in spec.sites if s not in sites))
@@ -110,7 +114,9 @@ class DynamicSpec:
 
 # forward's function -> (what inspect.signature reads off it, the bound method's signature, its
 # `_Positional`): inspect.signature was a third of resolving a small model's inputs, on every export
-_SIGNATURES: weakref.WeakKeyDictionary[types.FunctionType, tuple[tuple[Any, ...], inspect.Signature, _Positional | None]] = weakref.WeakKeyDictionary()
+_SIGNATURES: weakref.WeakKeyDictionary[
+    types.FunctionType, tuple[tuple[Any, ...], inspect.Signature, _Positional | None]
+] = weakref.WeakKeyDictionary()
 _POSITIONAL_KINDS = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
@@ -127,7 +133,9 @@ def _positional(signature: inspect.Signature) -> _Positional | None:
     params = list(signature.parameters.values())
     if not params or any(p.kind not in _POSITIONAL_KINDS for p in params):
         return None
-    return _Positional(tuple(p.name for p in params), sum(p.default is inspect.Parameter.empty for p in params))
+    return _Positional(
+        tuple(p.name for p in params), sum(p.default is inspect.Parameter.empty for p in params)
+    )
 
 
 def _signature_basis(function: types.FunctionType) -> tuple[Any, ...]:
@@ -135,8 +143,15 @@ def _signature_basis(function: types.FunctionType) -> tuple[Any, ...]:
     identity (a default value may be a tensor, whose ``==`` is no bool)."""
     extra = function.__dict__
     annotations = function.__annotations__
-    return (function.__code__, function.__defaults__, function.__kwdefaults__, extra.get("__signature__"),
-            extra.get("__wrapped__"), *annotations.keys(), *annotations.values())  # fmt: skip
+    return (
+        function.__code__,
+        function.__defaults__,
+        function.__kwdefaults__,
+        extra.get("__signature__"),
+        extra.get("__wrapped__"),
+        *annotations.keys(),
+        *annotations.values(),
+    )
 
 
 def _signature(model: Any) -> inspect.Signature | None:
@@ -151,7 +166,11 @@ def _signature_entry(model: Any) -> tuple[inspect.Signature | None, _Positional 
         function = None  # not a plain method: no cache
     basis = () if function is None else _signature_basis(function)
     cached = None if function is None else _SIGNATURES.get(function)
-    if cached is not None and len(cached[0]) == len(basis) and all(a is b for a, b in zip(cached[0], basis, strict=True)):
+    if (
+        cached is not None
+        and len(cached[0]) == len(basis)
+        and all(a is b for a, b in zip(cached[0], basis, strict=True))
+    ):
         return cached[1], cached[2]
     try:
         signature = inspect.signature(forward)
@@ -169,13 +188,23 @@ def _signature_params(model: Any) -> list[inspect.Parameter]:
     return [] if signature is None else list(signature.parameters.values())
 
 
-def _bound_inputs(model: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[tuple[str, Any]]:
+def _bound_inputs(
+    model: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> list[tuple[str, Any]]:
     """(parameter name, value) for every input given, in ``forward``'s order."""
-    signature, positional = _signature_entry(model)  # once: inspect.signature is a good part of a small export's own time
+    signature, positional = _signature_entry(
+        model
+    )  # once: inspect.signature is a good part of a small export's own time
     if signature is None or not signature.parameters:  # positional names as torch would make them
         return [(f"input_{i}", v) for i, v in enumerate(args)] + list(kwargs.items())
-    if positional is not None and not kwargs and positional.required <= len(args) <= len(positional.names):
-        return list(zip(positional.names, args, strict=False))  # what bind gives: the given arguments, no defaults
+    if (
+        positional is not None
+        and not kwargs
+        and positional.required <= len(args) <= len(positional.names)
+    ):
+        return list(
+            zip(positional.names, args, strict=False)
+        )  # what bind gives: the given arguments, no defaults
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError as exc:
@@ -216,13 +245,19 @@ def _leaves(bound: list[tuple[str, Any]], input_names: Sequence[str] | None) -> 
     names = list(input_names or ())
     if len(names) > len(flat):
         raise DynamicShapesError(
-            f"input_names has {len(names)} names {names} but the model takes {len(flat)} tensor "
-            f"input(s) {[_flat_name(p, k) for p, k, _ in flat]}. Pass at most one name per tensor input."
+            f"input_names has {len(names)} names {names} but the model takes {len(flat)} tensor"
+            f" input(s) {[_flat_name(p, k) for p, k, _ in flat]}. Pass at most one name per tensor"
+            " input."
         )
     names += [_flat_name(param, path) for param, path, _ in flat[len(names) :]]
     if len(set(names)) != len(names):
-        raise DynamicShapesError(f"ONNX input names must be unique, got {names}. Pass distinct input_names.")
-    return [InputLeaf(param, path, name, tensor) for (param, path, tensor), name in zip(flat, names, strict=True)]
+        raise DynamicShapesError(
+            f"ONNX input names must be unique, got {names}. Pass distinct input_names."
+        )
+    return [
+        InputLeaf(param, path, name, tensor)
+        for (param, path, tensor), name in zip(flat, names, strict=True)
+    ]
 
 
 # -- per-tensor axes ----------------------------------------------------------------------
@@ -255,14 +290,21 @@ def _axis(leaf: InputLeaf, axis: int, dim: Any) -> _Axis | None:
     if isinstance(dim, _DimHint):
         if dim.type is _DimHintType.STATIC:
             return None
-        return _Axis(f"{leaf.onnx_name}_dim{axis}", dim, _bound(dim.min, lower=True), _bound(dim.max, lower=False))
+        return _Axis(
+            f"{leaf.onnx_name}_dim{axis}",
+            dim,
+            _bound(dim.min, lower=True),
+            _bound(dim.max, lower=False),
+        )
     if isinstance(dim, _DerivedDim):
         return _Axis(dim.__name__, dim, None, None, derived=True, root=dim.root.__name__)  # type: ignore[attr-defined]
     if isinstance(dim, Dim):
         return _Axis(dim.__name__, dim, _bound(dim.min, lower=True), _bound(dim.max, lower=False))
     if isinstance(dim, str):
         if not dim.strip():
-            raise DynamicShapesError(f"{_where(leaf, axis)}: a dim name must be a non-empty string, got {dim!r}.")
+            raise DynamicShapesError(
+                f"{_where(leaf, axis)}: a dim name must be a non-empty string, got {dim!r}."
+            )
         return _Axis(dim, None, None, None)
     if isinstance(dim, int) and not isinstance(dim, bool):
         if dim != size:
@@ -291,16 +333,16 @@ def _axes_of(leaf: InputLeaf, spec: Any) -> dict[int, _Axis]:
                 )
             if not -rank <= key < rank:
                 raise DynamicShapesError(
-                    f"dynamic_shapes for input {leaf.onnx_name!r} names axis {key}, but the example "
-                    f"has {rank} dim(s) (shape {shape}). Fix: use an axis in 0..{rank - 1}."
+                    f"dynamic_shapes for input {leaf.onnx_name!r} names axis {key}, but the example"
+                    f" has {rank} dim(s) (shape {shape}). Fix: use an axis in 0..{rank - 1}."
                 )
             items.append((key % rank, dim))
     elif isinstance(spec, (list, tuple)):
         if len(spec) != rank:
             raise DynamicShapesError(
-                f"dynamic_shapes for input {leaf.onnx_name!r} lists {len(spec)} dim(s) but the example "
-                f"has {rank} (shape {shape}). Fix: one entry per axis (None for static), or a dict "
-                "{axis: dim}."
+                f"dynamic_shapes for input {leaf.onnx_name!r} lists {len(spec)} dim(s) but the"
+                f" example has {rank} (shape {shape}). Fix: one entry per axis (None for static),"
+                " or a dict {axis: dim}."
             )
         items = list(enumerate(spec))
     else:
@@ -319,7 +361,9 @@ def _axes_of(leaf: InputLeaf, spec: Any) -> dict[int, _Axis]:
 # -- matching the spec to the inputs ------------------------------------------------------
 
 
-def _match(value: Any, spec: Any, where: str, path: tuple[Any, ...], out: dict[tuple[Any, ...], Any]) -> None:
+def _match(
+    value: Any, spec: Any, where: str, path: tuple[Any, ...], out: dict[tuple[Any, ...], Any]
+) -> None:
     """Walk ``spec`` alongside ``value``; per tensor leaf record its axes spec under its path."""
     if isinstance(value, torch.Tensor):
         out[path] = spec
@@ -329,8 +373,9 @@ def _match(value: Any, spec: Any, where: str, path: tuple[Any, ...], out: dict[t
     if isinstance(value, (list, tuple)):
         if not isinstance(spec, (list, tuple)) or len(spec) != len(value):
             raise DynamicShapesError(
-                f"dynamic_shapes for {where} must mirror its value, a {type(value).__name__} of "
-                f"{len(value)}: expected a list/tuple of {len(value)} entries (None for static), got {spec!r}."
+                f"dynamic_shapes for {where} must mirror its value, a {type(value).__name__} of"
+                f" {len(value)}: expected a list/tuple of {len(value)} entries (None for static),"
+                f" got {spec!r}."
             )
         for i, (item, sub) in enumerate(zip(value, spec, strict=True)):
             _match(item, sub, f"{where}[{i}]", (*path, i), out)
@@ -349,7 +394,9 @@ def _match(value: Any, spec: Any, where: str, path: tuple[Any, ...], out: dict[t
         )
 
 
-def _specs_by_param(dynamic_shapes: Any, bound: list[tuple[str, Any]], model: Any) -> dict[str, Any]:
+def _specs_by_param(
+    dynamic_shapes: Any, bound: list[tuple[str, Any]], model: Any
+) -> dict[str, Any]:
     names = [name for name, _ in bound]
     if isinstance(dynamic_shapes, Mapping):
         unknown = [k for k in dynamic_shapes if k not in names]
@@ -357,13 +404,17 @@ def _specs_by_param(dynamic_shapes: Any, bound: list[tuple[str, Any]], model: An
             params = [p.name for p in _signature_params(model)]
             missing = [k for k in unknown if k in params]
             why = (
-                f"parameter(s) {missing} have no example input" if missing and len(missing) == len(unknown)
-                else f"forward{_signature_text(model)} has no parameter(s) {[k for k in unknown if k not in params] or unknown}"
+                f"parameter(s) {missing} have no example input"
+                if missing and len(missing) == len(unknown)
+                else (
+                    f"forward{_signature_text(model)} has no parameter(s)"
+                    f" {[k for k in unknown if k not in params] or unknown}"
+                )
             )
             raise DynamicShapesError(
-                f"dynamic_shapes has key(s) {unknown} but {why}. Valid keys: {names} (forward's "
-                "parameter names). Fix: key the dict by those names, or pass a tuple with one entry "
-                "per input in order."
+                f"dynamic_shapes has key(s) {unknown} but {why}. Valid keys: {names} (forward's"
+                " parameter names). Fix: key the dict by those names, or pass a tuple with one"
+                " entry per input in order."
             )
         return dict(dynamic_shapes)
     if isinstance(dynamic_shapes, (list, tuple)):
@@ -374,7 +425,10 @@ def _specs_by_param(dynamic_shapes: Any, bound: list[tuple[str, Any]], model: An
                 "input, in order (None for an input with no dynamic dim), or a dict keyed by name."
             )
         return dict(zip(names, dynamic_shapes, strict=True))
-    raise DynamicShapesError(f"dynamic_shapes must be {_FORMS}; got a {type(dynamic_shapes).__name__}: {dynamic_shapes!r}.")
+    raise DynamicShapesError(
+        f"dynamic_shapes must be {_FORMS}; got a {type(dynamic_shapes).__name__}:"
+        f" {dynamic_shapes!r}."
+    )
 
 
 def _signature_text(model: Any) -> str:
@@ -400,8 +454,12 @@ def _axes_from_dynamic_axes(
             )
         if isinstance(axes, Mapping):
             specs[key] = dict(axes)
-        elif isinstance(axes, (list, tuple)) and all(isinstance(a, int) and not isinstance(a, bool) for a in axes):
-            specs[key] = {int(a): f"{key}_dim{int(a) % max(by_name[key].tensor.dim(), 1)}" for a in axes}
+        elif isinstance(axes, (list, tuple)) and all(
+            isinstance(a, int) and not isinstance(a, bool) for a in axes
+        ):
+            specs[key] = {
+                int(a): f"{key}_dim{int(a) % max(by_name[key].tensor.dim(), 1)}" for a in axes
+            }
         else:
             raise DynamicShapesError(
                 f"dynamic_axes[{key!r}] is {axes!r}; expected {{axis: 'name'}} or a list of axes."
@@ -414,7 +472,11 @@ def _axes_from_dynamic_axes(
 
 def _identifier(name: str, taken: set[str]) -> str:
     """A torch.export Dim name for ``name`` (Dim names must be Python identifiers)."""
-    base = name if name.isidentifier() and not keyword.iskeyword(name) else "dim_" + re.sub(r"\W", "_", name)
+    base = (
+        name
+        if name.isidentifier() and not keyword.iskeyword(name)
+        else "dim_" + re.sub(r"\W", "_", name)
+    )
     candidate, i = base, 1
     while candidate in taken:
         candidate, i = f"{base}_{i}", i + 1
@@ -422,7 +484,9 @@ def _identifier(name: str, taken: set[str]) -> str:
     return candidate
 
 
-def _check_sites(name: str, sites: list[tuple[InputLeaf, int, _Axis]]) -> tuple[int | None, int | None]:
+def _check_sites(
+    name: str, sites: list[tuple[InputLeaf, int, _Axis]]
+) -> tuple[int | None, int | None]:
     lows = {a.min for _, _, a in sites if a.min is not None}
     highs = {a.max for _, _, a in sites if a.max is not None}
     if len(lows) > 1 or len(highs) > 1:
@@ -436,8 +500,9 @@ def _check_sites(name: str, sites: list[tuple[InputLeaf, int, _Axis]]) -> tuple[
     if len(set(sizes.values())) > 1:
         listed = ", ".join(f"{n}[{a}]={s}" for (n, a), s in sizes.items())
         raise DynamicShapesError(
-            f"Dim {name!r} names axes whose example sizes differ ({listed}). One name means one size "
-            "in the ONNX file. Fix: give the axes different names, or pass examples whose sizes agree."
+            f"Dim {name!r} names axes whose example sizes differ ({listed}). One name means one"
+            " size in the ONNX file. Fix: give the axes different names, or pass examples whose"
+            " sizes agree."
         )
     (size,) = set(sizes.values())
     if (low is not None and size < low) or (high is not None and size > high):
@@ -445,7 +510,7 @@ def _check_sites(name: str, sites: list[tuple[InputLeaf, int, _Axis]]) -> tuple[
         raise DynamicShapesError(
             f"Dim {name!r} ({_where(leaf, axis)}) allows sizes [{low if low is not None else 0}, "
             f"{high if high is not None else 'inf'}] but the example has size {size}. Fix: pass an "
-            f"example inside the range, or widen the Dim's min/max."
+            "example inside the range, or widen the Dim's min/max."
         )
     return low, high
 
@@ -463,7 +528,10 @@ def resolve_dynamic_shapes(
     """Check ``dynamic_shapes`` (or ``dynamic_axes``) against ``model``'s inputs; raise
     `DynamicShapesError` naming the input, the dim and the fix on anything that does not fit."""
     if dynamic_shapes is not None and dynamic_axes is not None:
-        raise DynamicShapesError("Pass dynamic_shapes or dynamic_axes, not both (dynamic_axes is the TorchScript-era form).")
+        raise DynamicShapesError(
+            "Pass dynamic_shapes or dynamic_axes, not both (dynamic_axes is the TorchScript-era"
+            " form)."
+        )
     bound = _bound_inputs(model, args, kwargs or {})
     leaves = _leaves(bound, input_names)
     raw: dict[str, Any] = {}  # ONNX input name -> axes spec
@@ -477,10 +545,15 @@ def resolve_dynamic_shapes(
                     raw[leaf.onnx_name] = paths[leaf.path]
     elif dynamic_axes is not None:
         if not isinstance(dynamic_axes, Mapping):
-            raise DynamicShapesError(f"dynamic_axes must be a dict keyed by input name, got {type(dynamic_axes).__name__}.")
+            raise DynamicShapesError(
+                "dynamic_axes must be a dict keyed by input name, got"
+                f" {type(dynamic_axes).__name__}."
+            )
         raw = _axes_from_dynamic_axes(dynamic_axes, leaves, list(output_names or ()))
 
-    axes: dict[str, dict[int, _Axis]] = {leaf.onnx_name: _axes_of(leaf, raw.get(leaf.onnx_name)) for leaf in leaves}
+    axes: dict[str, dict[int, _Axis]] = {
+        leaf.onnx_name: _axes_of(leaf, raw.get(leaf.onnx_name)) for leaf in leaves
+    }
     by_name: dict[str, list[tuple[InputLeaf, int, _Axis]]] = {}
     for leaf in leaves:
         for axis, ax in axes[leaf.onnx_name].items():
@@ -490,14 +563,28 @@ def resolve_dynamic_shapes(
     for name, sites in by_name.items():
         derived = sites[0][2].derived
         low, high = (None, None) if derived else _check_sites(name, sites)
-        dims[name] = DimSpec(name, low, high, tuple((leaf.onnx_name, axis) for leaf, axis, _ in sites), derived, sites[0][2].root)
+        dims[name] = DimSpec(
+            name,
+            low,
+            high,
+            tuple((leaf.onnx_name, axis) for leaf, axis, _ in sites),
+            derived,
+            sites[0][2].root,
+        )
         for _, _, ax in sites:
             if ax.derived and ax.root and ax.root not in dims and ax.root not in by_name:
                 root = ax.torch_dim.root
-                dims[ax.root] = DimSpec(ax.root, _bound(root.min, lower=True), _bound(root.max, lower=False), ())
+                dims[ax.root] = DimSpec(
+                    ax.root, _bound(root.min, lower=True), _bound(root.max, lower=False), ()
+                )
 
     # torch.export needs Dim objects: one per string name (shared with a Dim of the same name).
-    taken = {ax.torch_dim.__name__ for sites in by_name.values() for _, _, ax in sites if isinstance(ax.torch_dim, Dim)}
+    taken = {
+        ax.torch_dim.__name__
+        for sites in by_name.values()
+        for _, _, ax in sites
+        if isinstance(ax.torch_dim, Dim)
+    }
     torch_dims: dict[str, Any] = {}
     torch_names: dict[str, str] = {}
     for name, sites in by_name.items():
@@ -510,7 +597,10 @@ def resolve_dynamic_shapes(
             torch_names[given.__name__] = name
 
     per_leaf = {
-        leaf.onnx_name: {axis: (torch_dims[ax.name] if ax.torch_dim is None else ax.torch_dim) for axis, ax in axes[leaf.onnx_name].items()}
+        leaf.onnx_name: {
+            axis: torch_dims[ax.name] if ax.torch_dim is None else ax.torch_dim
+            for axis, ax in axes[leaf.onnx_name].items()
+        }
         for leaf in leaves
     }
     export_shapes = None
@@ -518,14 +608,23 @@ def resolve_dynamic_shapes(
         export_shapes = {param: _rebuild(value, param, leaves, per_leaf) for param, value in bound}
     return DynamicSpec(
         leaves=tuple(leaves),
-        axes={name: {axis: ax.name for axis, ax in leaf_axes.items()} for name, leaf_axes in axes.items()},
+        axes={
+            name: {axis: ax.name for axis, ax in leaf_axes.items()}
+            for name, leaf_axes in axes.items()
+        },
         dims=dims,
         export_shapes=export_shapes,
         torch_names=torch_names,
     )
 
 
-def _rebuild(value: Any, param: str, leaves: list[InputLeaf], per_leaf: dict[str, dict[int, Any]], path: tuple[Any, ...] = ()) -> Any:
+def _rebuild(
+    value: Any,
+    param: str,
+    leaves: list[InputLeaf],
+    per_leaf: dict[str, dict[int, Any]],
+    path: tuple[Any, ...] = (),
+) -> Any:
     """``dynamic_shapes`` for one parameter in the structure torch.export expects."""
     if isinstance(value, torch.Tensor):
         leaf = next(leaf for leaf in leaves if leaf.param == param and leaf.path == path)

@@ -52,7 +52,9 @@ _IR_KIND = {
 
 # Placeholder name -> value of the program's buffers, parameters and lifted constants, for the
 # translations torch's exporter runs: they see those as graph inputs, their values attached later.
-_constants: contextvars.ContextVar[Mapping[str, torch.Tensor] | None] = contextvars.ContextVar("onnx_custom_program_constants", default=None)
+_constants: contextvars.ContextVar[Mapping[str, torch.Tensor] | None] = contextvars.ContextVar(
+    "onnx_custom_program_constants", default=None
+)
 
 
 @contextlib.contextmanager
@@ -60,7 +62,11 @@ def program_constants(program: torch.export.ExportedProgram) -> Iterator[None]:
     """Make the values of ``program``'s buffers, parameters and lifted constants known to
     `DynamoBuilder.constant_value` while it is exported."""
     signature = program.graph_signature
-    named = {**signature.inputs_to_parameters, **signature.inputs_to_buffers, **signature.inputs_to_lifted_tensor_constants}
+    named = {
+        **signature.inputs_to_parameters,
+        **signature.inputs_to_buffers,
+        **signature.inputs_to_lifted_tensor_constants,
+    }
     values: dict[str, torch.Tensor] = {}
     for placeholder, fqn in named.items():
         tensor = program.state_dict.get(fqn)
@@ -102,12 +108,20 @@ class DynamoBuilder(GraphBuilder):
 
     def _is_constant(self, value: Any) -> bool:
         producer = value.producer()
-        return producer is not None and producer.op_type == "Constant" and producer.domain in ("", "ai.onnx")
+        return (
+            producer is not None
+            and producer.op_type == "Constant"
+            and producer.domain in ("", "ai.onnx")
+        )
 
     def constant_value(self, value: Any) -> np.ndarray | None:
         if not isinstance(value, ir.Value):
             return None
-        while (producer := value.producer()) is not None and producer.op_type == "Identity" and producer.domain in ("", "ai.onnx"):
+        while (
+            (producer := value.producer()) is not None
+            and producer.op_type == "Identity"
+            and producer.domain in ("", "ai.onnx")
+        ):
             value = producer.inputs[0]  # lift_fresh_copy / clone of a constant made in forward
             if value is None:
                 return None
@@ -150,7 +164,9 @@ class DynamoBuilder(GraphBuilder):
             return None
         return tuple(d if isinstance(d, int) else None for d in shape)
 
-    def _add_node(self, domain: str, op_type: str, inputs: Sequence[Any], attrs: list[AttrValue], outputs: int) -> list[Any]:
+    def _add_node(
+        self, domain: str, op_type: str, inputs: Sequence[Any], attrs: list[AttrValue], outputs: int
+    ) -> list[Any]:
         ir_attrs = []
         for attr in attrs:
             if attr.kind is AttrKind.TENSOR:
@@ -177,16 +193,22 @@ class DynamoBuilder(GraphBuilder):
         if typing is not None and meta.shape is not None:
             value.shape = ir.Shape(typing)
         elif meta.shape is not None:
-            value.shape = ir.Shape([self._spelling.get(d, d) if isinstance(d, str) else d for d in meta.shape])
+            value.shape = ir.Shape(
+                [self._spelling.get(d, d) if isinstance(d, str) else d for d in meta.shape]
+            )
 
     def _constant(self, array: np.ndarray) -> Any:
-        (value,) = self._add_node("", "Constant", [], [AttrValue("value", AttrKind.TENSOR, array)], 1)
+        (value,) = self._add_node(
+            "", "Constant", [], [AttrValue("value", AttrKind.TENSOR, array)], 1
+        )
         value.dtype = ir.DataType(_numpy_to_onnx(array.dtype))
         value.shape = ir.Shape(array.shape)
         return value
 
 
-def _infer_types(node: ir.Node, opset: int, int_constant: Callable[[ir.Value], np.ndarray | None]) -> None:
+def _infer_types(
+    node: ir.Node, opset: int, int_constant: Callable[[ir.Value], np.ndarray | None]
+) -> None:
     """ONNX type inference for one standard node, so ``g.dtype``/``g.shape`` see its outputs
     (the TorchScript exporter infers each node as it is added; torch's dynamo exporter only
     types the values a translation returns). Small int64 Constant inputs (axes, shapes) are
@@ -205,13 +227,21 @@ def _infer_types(node: ir.Node, opset: int, int_constant: Callable[[ir.Value], n
                 continue
             if value.dtype is None:
                 return
-            shape = None if value.shape is None else [d if isinstance(d, int) else d.value for d in value.shape]
+            shape = (
+                None
+                if value.shape is None
+                else [d if isinstance(d, int) else d.value for d in value.shape]
+            )
             names.append(f"in{index}")
             types[names[-1]] = onnx.helper.make_tensor_type_proto(int(value.dtype), shape)
             array = int_constant(value)
             if array is not None:
-                data[names[-1]] = onnx.numpy_helper.from_array(np.asarray(array, dtype=np.int64), names[-1])
-        proto = onnx.helper.make_node(node.op_type, names, [f"out{i}" for i in range(len(node.outputs))])
+                data[names[-1]] = onnx.numpy_helper.from_array(
+                    np.asarray(array, dtype=np.int64), names[-1]
+                )
+        proto = onnx.helper.make_node(
+            node.op_type, names, [f"out{i}" for i in range(len(node.outputs))]
+        )
         proto.attribute.extend(ir.serde.serialize_attribute(a) for a in node.attributes.values())
         inferred = onnx.shape_inference.infer_node_outputs(schema, proto, types, data or None)
     except Exception:  # an op or attribute inference does not handle: leave the outputs untyped
@@ -222,7 +252,12 @@ def _infer_types(node: ir.Node, opset: int, int_constant: Callable[[ir.Value], n
             continue
         value.dtype = ir.DataType(typ.tensor_type.elem_type)
         if typ.tensor_type.HasField("shape"):
-            value.shape = ir.Shape([d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in typ.tensor_type.shape.dim])
+            value.shape = ir.Shape(
+                [
+                    d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                    for d in typ.tensor_type.shape.dim
+                ]
+            )
 
 
 def _numpy_to_onnx(dtype: np.dtype) -> int:
@@ -237,7 +272,19 @@ def _build_onnx_to_torch() -> dict[int, torch.dtype]:
     import onnx
 
     table: dict[int, torch.dtype] = {}
-    for dt in (torch.float16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128):
+    for dt in (
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.uint8,
+        torch.bool,
+        torch.complex64,
+        torch.complex128,
+    ):
         table[onnx.helper.np_dtype_to_tensor_dtype(torch.empty((), dtype=dt).numpy().dtype)] = dt
     table[onnx.TensorProto.BFLOAT16] = torch.bfloat16
     return table
@@ -247,7 +294,9 @@ _ONNX_TO_TORCH = _build_onnx_to_torch()
 _TORCH_TO_ONNX = {v: k for k, v in _ONNX_TO_TORCH.items()}
 
 
-def _split(schema: torch._C.FunctionSchema, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+def _split(
+    schema: torch._C.FunctionSchema, args: Sequence[Any], kwargs: dict[str, Any]
+) -> tuple[list[Any], dict[str, Any]]:
     inputs: list[Any] = []
     attrs: dict[str, Any] = {}
     for index, param in enumerate(schema.arguments):
@@ -260,23 +309,33 @@ def _split(schema: torch._C.FunctionSchema, args: Sequence[Any], kwargs: dict[st
         else:
             value = None
         text = str(param.type)
-        if text.startswith("Tensor") or text in ("Optional[Tensor]", "List[Tensor]", "List[Optional[Tensor]]"):
+        if text.startswith("Tensor") or text in (
+            "Optional[Tensor]",
+            "List[Tensor]",
+            "List[Optional[Tensor]]",
+        ):
             inputs.append(list(value) if isinstance(value, (list, tuple)) else value)
         else:
-            if isinstance(value, ir.DataType):  # torch's dispatcher turned the torch.dtype into ONNX's enum
+            if isinstance(
+                value, ir.DataType
+            ):  # torch's dispatcher turned the torch.dtype into ONNX's enum
                 value = _ONNX_TO_TORCH[int(value)]
             attrs[param.name] = dtype_argument(value, param)
     return inputs, attrs
 
 
-def _torch_outputs(overload: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Outputs, Any, Any] | None:
+def _torch_outputs(
+    overload: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]
+) -> tuple[Outputs, Any, Any] | None:
     found = fx_outputs(overload)
     if found is None:
         found = value_outputs(overload, args, kwargs, DynamoBuilder.dtype_of)
     return found
 
 
-def _pack(target: Target, values: list[Any], returns: list[int | None] | None, expected: int) -> Any:
+def _pack(
+    target: Target, values: list[Any], returns: list[int | None] | None, expected: int
+) -> Any:
     if returns is None:  # the count was checked by call_translation
         return values[0] if expected == 1 else tuple(values)
     if returns == [None]:
@@ -284,30 +343,39 @@ def _pack(target: Target, values: list[Any], returns: list[int | None] | None, e
     if all(r is None for r in returns) or len(returns) == 1:
         return tuple(values)  # several tensors, or the elements of a single Tensor[] return
     raise SymbolicError(
-        f"{target} returns a Tensor[] next to other outputs, which the dynamo exporter cannot "
-        "carry. Fix: return the list alone (or tensors only), or export with exporter='torchscript'."
+        f"{target} returns a Tensor[] next to other outputs, which the dynamo exporter cannot"
+        " carry. Fix: return the list alone (or tensors only), or export with"
+        " exporter='torchscript'."
     )
 
 
-def check_recording_opset(target: Target, table_opset: int, recording: int | None, build_opset: int) -> None:
+def check_recording_opset(
+    target: Target, table_opset: int, recording: int | None, build_opset: int
+) -> None:
     """`OpsetError` when the exporter records at another opset than the table was made for: its
     translations were picked (and ``g.opset`` answers) for ``table_opset``, so the file would mix
     opsets or hold the wrong translation, without a word."""
     if recording is None or recording == build_opset:
         return
     raise OpsetError(
-        f"translation_table(opset={table_opset}) is used by a dynamo export that records at opset "
-        f"{recording} (op {target}); expected the opset the table was made for ({build_opset}); its "
-        f"translations were chosen for opset {table_opset}. Fix: pass "
-        f"translation_table(opset={recording}) to this export (torch's dynamo exporter records at "
-        f"opset >= 18 and converts down afterwards), or use onnx_custom.export(..., opset="
-        f"{table_opset}), which lowers the file itself when that is provably safe.",
+        f"translation_table(opset={table_opset}) is used by a dynamo export that records at opset"
+        f" {recording} (op {target}); expected the opset the table was made for ({build_opset});"
+        f" its translations were chosen for opset {table_opset}. Fix: pass"
+        f" translation_table(opset={recording}) to this export (torch's dynamo exporter records at"
+        " opset >= 18 and converts down afterwards), or use onnx_custom.export(...,"
+        f" opset={table_opset}), which lowers the file itself when that is provably safe.",
         exporter="dynamo",
     )
 
 
-def _translation(registry: Registry, target: Target, overload: torch._ops.OpOverload, opset: int, entry: SymbolicEntry,
-                 build_opset: int | None = None) -> Any:
+def _translation(
+    registry: Registry,
+    target: Target,
+    overload: torch._ops.OpOverload,
+    opset: int,
+    entry: SymbolicEntry,
+    build_opset: int | None = None,
+) -> Any:
     schema = overload._schema
     expected = len(schema.returns)
     arguments = tuple((a.name, str(a.type)) for a in schema.arguments)
@@ -315,8 +383,15 @@ def _translation(registry: Registry, target: Target, overload: torch._ops.OpOver
     def translate(*args: Any, **kwargs: Any) -> Any:
         recorder = onnxscript.evaluator.default()
         if not isinstance(recorder, _building.OpRecorder):
-            raise SymbolicError(f"The translation for {target} was called outside the dynamo exporter.")
-        check_recording_opset(target, opset, getattr(recorder.opset, "version", None), opset if build_opset is None else build_opset)
+            raise SymbolicError(
+                f"The translation for {target} was called outside the dynamo exporter."
+            )
+        check_recording_opset(
+            target,
+            opset,
+            getattr(recorder.opset, "version", None),
+            opset if build_opset is None else build_opset,
+        )
         found = _torch_outputs(overload, args, kwargs)
         inputs, attrs = _split(schema, args, kwargs)
         if found is None:
@@ -324,22 +399,37 @@ def _translation(registry: Registry, target: Target, overload: torch._ops.OpOver
             returns = None
         else:
             outputs, typings, names = found
-            builder = DynamoBuilder(recorder, opset, str(target), [names.meta(d) for d in flat_outputs(outputs)], typings)
+            builder = DynamoBuilder(
+                recorder,
+                opset,
+                str(target),
+                [names.meta(d) for d in flat_outputs(outputs)],
+                typings,
+            )
             returns = layout(outputs)
         builder.arguments = arguments
-        count = expected if builder._outputs is None else None  # else finish() counts Tensor[] elements
+        count = (
+            expected if builder._outputs is None else None
+        )  # else finish() counts Tensor[] elements
         names = [f"{a.name}: {a.type}" for a in schema.arguments]
-        values = builder.finish(call_translation(entry, builder, inputs, attrs, outputs=count, schema_args=names))
+        values = builder.finish(
+            call_translation(entry, builder, inputs, attrs, outputs=count, schema_args=names)
+        )
         for index, (value, meta) in enumerate(zip(values, builder._outputs or (), strict=False)):
             producer = value.producer()
             if producer is not None and producer.domain not in ("", "ai.onnx"):
-                builder._set_type(value, meta, index)  # torch re-types it too; in-graph uses see it now
+                builder._set_type(
+                    value, meta, index
+                )  # torch re-types it too; in-graph uses see it now
         return _pack(target, values, returns, expected)
 
     # Plain parameters without annotations: torch treats every one as an input and dispatches
     # all calls for this overload to us (no signature mismatch warnings).
     translate.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [inspect.Parameter(a.name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for a in schema.arguments]
+        [
+            inspect.Parameter(a.name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            for a in schema.arguments
+        ]
     )
     translate.__name__ = f"onnx_custom_{target.name.name if target.name else 'op'}"
     translate.__qualname__ = f"onnx_custom_translation[{target}]"
@@ -368,7 +458,9 @@ def resolve_overloads(target: Target) -> list[torch._ops.OpOverload]:
         try:
             result.append(getattr(packet, ovl))
         except (AttributeError, RuntimeError) as exc:
-            raise SymbolicError(f"{name.op} has no overload {ovl!r}; it has {packet.overloads()}.") from exc
+            raise SymbolicError(
+                f"{name.op} has no overload {ovl!r}; it has {packet.overloads()}."
+            ) from exc
     return result
 
 
@@ -393,13 +485,18 @@ def translation_table(
     """
     reg = resolve_registry(registry)
     if not isinstance(opset, int) or opset < 1:
-        raise SymbolicError(f"opset must be a positive int; received {opset!r}. Fix: pass the opset of your torch.onnx.export call, e.g. opset=18.")
+        raise SymbolicError(
+            f"opset must be a positive int; received {opset!r}. Fix: pass the opset of your"
+            " torch.onnx.export call, e.g. opset=18."
+        )
     table: dict[torch._ops.OpOverload, Any] = {}
     for target in reg.targets():
         if target.function is not None:
             continue
         for overload in resolve_overloads(target):
-            ovl_target = Target(QualifiedName(target.name.namespace, target.name.name, overload._overloadname))  # type: ignore[union-attr]
+            ovl_target = Target(
+                QualifiedName(target.name.namespace, target.name.name, overload._overloadname)  # type: ignore[union-attr]
+            )
             candidates = [e for e in reg.entries_for(ovl_target) if e.opset <= opset]
             if not candidates:
                 continue
@@ -407,8 +504,9 @@ def translation_table(
             table[overload] = _translation(reg, ovl_target, overload, opset, entry, build_opset)
     if extra is not None and not isinstance(extra, Mapping):
         raise InvalidArgumentError(
-            f"extra must be a mapping from torch ops to translations; received {type(extra).__name__}. "
-            "Fix: pass e.g. extra={torch.ops.aten.add.Tensor: my_onnxscript_function}."
+            "extra must be a mapping from torch ops to translations; received"
+            f" {type(extra).__name__}. Fix: pass e.g. extra={{torch.ops.aten.add.Tensor:"
+            " my_onnxscript_function}."
         )
     for op, fn in (extra or {}).items():
         table[op] = with_output_count(fn)

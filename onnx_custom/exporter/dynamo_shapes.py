@@ -28,7 +28,9 @@ from onnx_custom.exporter.output_meta import DimNames, Outputs, TensorDesc, run_
 
 __all__ = ["dim_names", "fx_outputs", "symbol_names", "value_outputs"]
 
-_names: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar("onnx_custom_dynamo_names", default=None)
+_names: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
+    "onnx_custom_dynamo_names", default=None
+)
 _UNBACKED = re.compile(r"^u\d+$")  # data-dependent sizes (nonzero, ...): no name, no hint
 _TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -73,7 +75,10 @@ def _users_mapping(model: Any) -> dict[str, str]:
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return {str(k): str(v) for k, v in _dynamic_shapes.create_rename_mapping(model.graph.inputs, spec).items()}
+            return {
+                str(k): str(v)
+                for k, v in _dynamic_shapes.create_rename_mapping(model.graph.inputs, spec).items()
+            }
     except Exception:  # torch internals moved: keep torch's own symbol names
         return {}
 
@@ -129,7 +134,13 @@ def fx_outputs(overload: Any) -> tuple[Outputs, list[list[int | str | None]], Di
             desc, typing = _desc(ret)
             outputs.append(desc)
             typings.append(typing)
-    exprs = [d for r in outputs for t in (r if isinstance(r, list) else [r]) for d in (t.shape or ()) if isinstance(d, sympy.Expr)]
+    exprs = [
+        d
+        for r in outputs
+        for t in (r if isinstance(r, list) else [r])
+        for d in t.shape or ()
+        if isinstance(d, sympy.Expr)
+    ]
     return outputs, typings, _naming(exprs, dim_names(model))
 
 
@@ -145,24 +156,41 @@ def _parse(dim: Any) -> int | sympy.Expr | None:
         return None
 
 
-def value_outputs(fn: Any, args: Sequence[Any], kwargs: Mapping[str, Any], dtype_of: Any) -> tuple[Outputs, list[list[int | str | None]], DimNames] | None:
+def value_outputs(
+    fn: Any, args: Sequence[Any], kwargs: Mapping[str, Any], dtype_of: Any
+) -> tuple[Outputs, list[list[int | str | None]], DimNames] | None:
     """Fallback: the fake kernel run on the ONNX inputs' types (``ir.Value`` dtype/shape)."""
 
     def describe(value: Any) -> Any:
         if isinstance(value, (list, tuple)):
             return [describe(v) for v in value]
-        if hasattr(value, "shape") and hasattr(value, "dtype") and not isinstance(value, torch.Tensor):
+        if (
+            hasattr(value, "shape")
+            and hasattr(value, "dtype")
+            and not isinstance(value, torch.Tensor)
+        ):
             shape = None if value.shape is None else tuple(_parse(d) for d in value.shape)
             return TensorDesc(dtype_of(value), shape)
         return value
 
     desc_args = [describe(a) for a in args]
-    roots = {s for a in desc_args for d in _descs(a) for x in (d.shape or ()) if isinstance(x, sympy.Expr) for s in x.free_symbols}
+    roots = {
+        s
+        for a in desc_args
+        for d in _descs(a)
+        for x in d.shape or ()
+        if isinstance(x, sympy.Expr)
+        for s in x.free_symbols
+    }
     names = _naming([sympy.Add(*roots)] if roots else [], dim_names())
     outputs = run_fake(fn, desc_args, {k: describe(v) for k, v in kwargs.items()}, names)
     if outputs is None:
         return None
-    typings = [[d if isinstance(d, int) or d is None else str(d) for d in (t.shape or ())] for r in outputs for t in (r if isinstance(r, list) else [r])]
+    typings = [
+        [d if isinstance(d, int) or d is None else str(d) for d in t.shape or ()]
+        for r in outputs
+        for t in (r if isinstance(r, list) else [r])
+    ]
     return outputs, typings, names
 
 

@@ -26,7 +26,12 @@ import torch
 
 from onnx_custom.errors import SymbolicError
 
-__all__ = ["FunctionSymbolicIgnoredWarning", "function_symbolic_error", "recording_function_failures", "warn_traced_functions"]
+__all__ = [
+    "FunctionSymbolicIgnoredWarning",
+    "function_symbolic_error",
+    "recording_function_failures",
+    "warn_traced_functions",
+]
 
 
 def _has_symbolic(cls: type) -> bool:
@@ -38,12 +43,16 @@ class FunctionSymbolicIgnoredWarning(UserWarning):
 
 
 @contextlib.contextmanager
-def recording_function_failures(failed: list[type], traced: list[type] | None = None) -> Iterator[None]:
+def recording_function_failures(
+    failed: list[type], traced: list[type] | None = None
+) -> Iterator[None]:
     """Inside the block, append to ``failed`` the first (innermost) autograd.Function with a
     ``symbolic`` whose ``apply`` raises on this thread (the exception propagates unchanged), and
     to ``traced`` each such Function whose ``apply`` returned."""
     original = torch.autograd.Function.__dict__["apply"]
-    owner = threading.get_ident()  # exports hold a process lock, other threads may still run Functions
+    owner = (
+        threading.get_ident()
+    )  # exports hold a process lock, other threads may still run Functions
 
     def apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -52,7 +61,12 @@ def recording_function_failures(failed: list[type], traced: list[type] | None = 
             if not failed and threading.get_ident() == owner and _has_symbolic(cls):
                 failed.append(cls)
             raise
-        if traced is not None and cls not in traced and threading.get_ident() == owner and _has_symbolic(cls):
+        if (
+            traced is not None
+            and cls not in traced
+            and threading.get_ident() == owner
+            and _has_symbolic(cls)
+        ):
             traced.append(cls)
         return result
 
@@ -102,6 +116,8 @@ def _outside_the_exporter() -> int:
     the export stage's modules are dropped as torch's chatter (`common.quiet.OUR_CALLERS`), and
     export, check and localize reach here through different depths."""
     frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and re.match(r"onnx_custom\.exporter\.", frame.f_globals.get("__name__", "")):
+    while frame.f_back is not None and re.match(
+        r"onnx_custom\.exporter\.", frame.f_globals.get("__name__", "")
+    ):
         frame, level = frame.f_back, level + 1
     return level

@@ -25,7 +25,18 @@ from torch._library import custom_ops, simple_registry
 
 from onnx_custom.translate.builder import OutputMeta
 
-__all__ = ["DimNames", "Outputs", "TensorDesc", "cached_run_fake", "clear_fake_cache", "fake_fingerprint", "flat_outputs", "layout", "name_of", "run_fake"]
+__all__ = [
+    "DimNames",
+    "Outputs",
+    "TensorDesc",
+    "cached_run_fake",
+    "clear_fake_cache",
+    "fake_fingerprint",
+    "flat_outputs",
+    "layout",
+    "name_of",
+    "run_fake",
+]
 
 _MIN_HINT = 2  # torch specializes sizes 0 and 1; a hint of 2 keeps the dim symbolic
 DEFAULT_HINT = 8
@@ -90,7 +101,9 @@ def _specialized(env: Any, symbols: Sequence[sympy.Symbol]) -> bool:
 Outputs = list[TensorDesc | list[TensorDesc]]  # per torch return: a tensor or a Tensor[]
 
 
-def run_fake(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], dims: DimNames) -> Outputs | None:
+def run_fake(
+    fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], dims: DimNames
+) -> Outputs | None:
     """Run ``fn`` (an OpOverload or an autograd.Function's ``apply``) on fake inputs.
 
     ``args``/``kwargs`` hold `TensorDesc` where tensors go. Returns one entry per torch return (a
@@ -147,7 +160,9 @@ def run_fake(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, A
             fake_args = [fake(a) for a in args]
             fake_kwargs = {k: fake(v) for k, v in kwargs.items()}
             result = fn(*fake_args, **fake_kwargs)
-    except Exception:  # no fake kernel, data-dependent kernel, unknown input type: caller falls back
+    except (
+        Exception
+    ):  # no fake kernel, data-dependent kernel, unknown input type: caller falls back
         return None
     back = {env_sym: root for root, env_sym in to_env.items()}
     pinned = _specialized(env, [*to_env.values(), *fresh])
@@ -163,7 +178,13 @@ def run_fake(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, A
                 shape.append(d)
             else:
                 expr = env.replace(d.node.expr)
-                shape.append(int(expr) if expr.is_Integer else expr.xreplace(back) if expr.free_symbols <= set(back) else None)
+                shape.append(
+                    int(expr)
+                    if expr.is_Integer
+                    else expr.xreplace(back)
+                    if expr.free_symbols <= set(back)
+                    else None
+                )
         return TensorDesc(out.dtype, tuple(shape))
 
     returns = list(result) if isinstance(result, tuple) else [result]
@@ -208,7 +229,13 @@ def fake_fingerprint(fn: Any) -> Hashable:
         qualname = fn._schema.name
         kernel = simple_registry.singleton.find(qualname).fake_impl.kernel
         opdef = custom_ops.OPDEFS.get(qualname)
-        return (fn, None if kernel is None else kernel.func, opdef, getattr(opdef, "_abstract_fn", None), tuple(fn.py_kernels.items()))
+        return (
+            fn,
+            None if kernel is None else kernel.func,
+            opdef,
+            getattr(opdef, "_abstract_fn", None),
+            tuple(fn.py_kernels.items()),
+        )
     owner = getattr(fn, "__self__", None)
     return (fn, getattr(owner, "forward", None))
 
@@ -226,30 +253,46 @@ class _Canon:
         # costs a miss, never a wrong hit (the renaming is applied consistently within a key)
         for root in sorted(dim.free_symbols, key=str):
             if root not in self.to_canon:
-                self.to_canon[root] = sympy.Symbol(f"c{len(self.to_canon)}", integer=True, positive=True)  # type: ignore[index]
+                self.to_canon[root] = sympy.Symbol(
+                    f"c{len(self.to_canon)}", integer=True, positive=True
+                )  # type: ignore[index]
         return dim.xreplace(self.to_canon)
 
     def value(self, value: Any) -> Hashable:
         if isinstance(value, TensorDesc):
-            return (TensorDesc, value.dtype, None if value.shape is None else tuple(self.dim(d) for d in value.shape))
+            return (
+                TensorDesc,
+                value.dtype,
+                None if value.shape is None else tuple(self.dim(d) for d in value.shape),
+            )
         if isinstance(value, (list, tuple)):
             return (type(value), tuple(self.value(v) for v in value))
         return (type(value), value)
 
 
-def _renamed(outputs: Outputs | None, mapping: Mapping[sympy.Symbol, sympy.Symbol]) -> Outputs | None:
+def _renamed(
+    outputs: Outputs | None, mapping: Mapping[sympy.Symbol, sympy.Symbol]
+) -> Outputs | None:
     if outputs is None or not mapping:
         return outputs
 
     def desc(d: TensorDesc) -> TensorDesc:
         if d.shape is None:
             return d
-        return TensorDesc(d.dtype, tuple(s.xreplace(mapping) if isinstance(s, sympy.Expr) else s for s in d.shape))
+        return TensorDesc(
+            d.dtype, tuple(s.xreplace(mapping) if isinstance(s, sympy.Expr) else s for s in d.shape)
+        )
 
     return [[desc(o) for o in r] if isinstance(r, list) else desc(r) for r in outputs]
 
 
-def cached_run_fake(fn: Callable[..., Any], args: Sequence[Any], dims: DimNames, *, agrees: Callable[[Outputs], bool] | None = None) -> Outputs | None:
+def cached_run_fake(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    dims: DimNames,
+    *,
+    agrees: Callable[[Outputs], bool] | None = None,
+) -> Outputs | None:
     """`run_fake` (no kwargs), remembered across exports in a bounded LRU (see above).
 
     ``agrees(outputs)``: whether a remembered answer fits what this call knows for sure (under

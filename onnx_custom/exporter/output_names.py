@@ -26,7 +26,9 @@ __all__ = ["default_output_names", "rename_outputs"]
 # forward's function -> (its return annotation as written, the NamedTuple fields it names):
 # resolving string annotations (``from __future__ import annotations``) costs a tenth of a
 # millisecond per export; an annotation replaced since is resolved again.
-_FIELDS: weakref.WeakKeyDictionary[Any, tuple[Any, tuple[str, ...] | None]] = weakref.WeakKeyDictionary()
+_FIELDS: weakref.WeakKeyDictionary[Any, tuple[Any, tuple[str, ...] | None]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _annotated_fields(model: Any) -> tuple[str, ...] | None:
@@ -54,7 +56,11 @@ def _annotated_fields(model: Any) -> tuple[str, ...] | None:
 
 def _named_tuple_fields(returned: Any) -> tuple[str, ...] | None:
     fields = getattr(returned, "_fields", None)  # a NamedTuple class
-    if inspect.isclass(returned) and isinstance(fields, tuple) and all(isinstance(f, str) for f in fields):
+    if (
+        inspect.isclass(returned)
+        and isinstance(fields, tuple)
+        and all(isinstance(f, str) for f in fields)
+    ):
         return fields
     return None
 
@@ -67,7 +73,13 @@ def default_output_names(model: Any, count: int) -> list[str]:
     return [f"output_{i}" for i in range(count)]
 
 
-def rename_outputs(proto: onnx.ModelProto, names: Sequence[str], *, keep_values: bool = False, census: ModelCensus | None = None) -> None:
+def rename_outputs(
+    proto: onnx.ModelProto,
+    names: Sequence[str],
+    *,
+    keep_values: bool = False,
+    census: ModelCensus | None = None,
+) -> None:
     """Give the main graph's outputs ``names`` in place, renaming every use. An output that is
     also a graph input or an initializer, or repeats an earlier output, gets an ``Identity`` to
     its new name instead (dynamo names a returned input after the input itself, which ONNX
@@ -103,7 +115,11 @@ def rename_outputs(proto: onnx.ModelProto, names: Sequence[str], *, keep_values:
         # file below 13 holds only custom nodes on that path, which localize does not split)
         no_identity = output.type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16 and opset < 13
         if (keep_values and not no_identity) or old in fixed or old in mapping:
-            copies.append(onnx.helper.make_node("Identity", [mapping.get(old, old)], [new], name=f"{new}_identity"))
+            copies.append(
+                onnx.helper.make_node(
+                    "Identity", [mapping.get(old, old)], [new], name=f"{new}_identity"
+                )
+            )
             output.name = new
         else:
             mapping[old] = new

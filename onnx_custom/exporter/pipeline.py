@@ -106,23 +106,36 @@ MAX_IR_VERSION = 10  # ORT 1.31 accepts <= 13; 10 covers opsets up to 21 and eve
 _DYNAMO_NATIVE_OPSET = 18
 _IN_MEMORY_LIMIT = 2**30  # above this many bytes of weights, TorchScript exports through a folder
 _ONNX_FLOATS = {
-    torch.float16: onnx.TensorProto.FLOAT16, torch.bfloat16: onnx.TensorProto.BFLOAT16,
-    torch.float32: onnx.TensorProto.FLOAT, torch.float64: onnx.TensorProto.DOUBLE,
-}  # fmt: skip
+    torch.float16: onnx.TensorProto.FLOAT16,
+    torch.bfloat16: onnx.TensorProto.BFLOAT16,
+    torch.float32: onnx.TensorProto.FLOAT,
+    torch.float64: onnx.TensorProto.DOUBLE,
+}
 _NO_FAKE = re.compile(r"no fake impl registered for (?:<CustomOpDef\()?(?P<op>[\w:.]+)")
 
 
 def _custom_domains(model: onnx.ModelProto, census: ModelCensus | None) -> set[str]:
-    nodes = iter_nodes(model) if census is None else itertools.chain(census.domain_nodes, function_nodes(model))
+    nodes = (
+        iter_nodes(model)
+        if census is None
+        else itertools.chain(census.domain_nodes, function_nodes(model))
+    )
     return {n.domain for n in nodes if n.domain not in ("", "ai.onnx")}
 
 
-def finalize_model(model: onnx.ModelProto, domain_versions: dict[str, int] | None = None, *, census: ModelCensus | None = None) -> onnx.ModelProto:
+def finalize_model(
+    model: onnx.ModelProto,
+    domain_versions: dict[str, int] | None = None,
+    *,
+    census: ModelCensus | None = None,
+) -> onnx.ModelProto:
     """Declare every used domain in ``opset_import`` and set an IR version ORT accepts
     (``census``: the model's, whose nodes with a domain are then the only ones read)."""
     declared = {o.domain for o in model.opset_import}
     for domain in sorted(_custom_domains(model, census) - declared):
-        model.opset_import.append(onnx.helper.make_opsetid(domain, (domain_versions or {}).get(domain, 1)))
+        model.opset_import.append(
+            onnx.helper.make_opsetid(domain, (domain_versions or {}).get(domain, 1))
+        )
     model.ir_version = min(model.ir_version or MAX_IR_VERSION, MAX_IR_VERSION)
     return model
 
@@ -134,27 +147,35 @@ def check_external_data_option(external_data: Any, f: Any) -> None:
         return
     if not isinstance(external_data, (bool, str, os.PathLike)):
         raise InvalidArgumentError(
-            f"external_data= expects None (automatic: above {external_threshold()} bytes), True, False "
-            f"or a file name; received {type(external_data).__name__} ({external_data!r:.60}). "
-            "Fix: pass external_data=True (tensors in '<f>.<token>.data') or external_data='weights.bin'."
+            f"external_data= expects None (automatic: above {external_threshold()} bytes), True,"
+            f" False or a file name; received {type(external_data).__name__}"
+            f" ({external_data!r:.60}). Fix: pass external_data=True (tensors in"
+            " '<f>.<token>.data') or external_data='weights.bin'."
         )
     if not isinstance(external_data, bool):
         name = os.fspath(external_data)
         if not name or os.path.basename(name) != name or name in (".", ".."):
             raise InvalidArgumentError(
-                f"external_data= names the data file, which must sit next to the model: a plain file "
-                f"name; received {name!r}. Fix: pass a name without folders, e.g. external_data='weights.bin'."
+                "external_data= names the data file, which must sit next to the model: a plain"
+                f" file name; received {name!r}. Fix: pass a name without folders, e.g."
+                " external_data='weights.bin'."
             )
     if f is None or is_file_object(f):
         target = "no f" if f is None else "a file object f"
         raise InvalidArgumentError(
-            f"external_data={external_data!r} writes the tensors to a second file next to the model, "
-            f"which needs f to be a path; received {target}. Fix: pass a path (f='model.onnx'; the "
-            "tensors go to 'model.onnx.<token>.data'), or leave external_data out."
+            f"external_data={external_data!r} writes the tensors to a second file next to the"
+            f" model, which needs f to be a path; received {target}. Fix: pass a path"
+            " (f='model.onnx'; the tensors go to 'model.onnx.<token>.data'), or leave"
+            " external_data out."
         )
 
 
-def save_model(model: onnx.ModelProto, f: str | os.PathLike[str] | io.IOBase | Any, *, external_data: bool | str | os.PathLike[str] | None = None) -> None:
+def save_model(
+    model: onnx.ModelProto,
+    f: str | os.PathLike[str] | io.IOBase | Any,
+    *,
+    external_data: bool | str | os.PathLike[str] | None = None,
+) -> None:
     """Write ``model`` to a path or a binary file object, whole or not at all.
 
     A path is written through a temporary file in its folder and ``os.replace``d, so a failure
@@ -174,9 +195,9 @@ def save_model(model: onnx.ModelProto, f: str | os.PathLike[str] | io.IOBase | A
     if is_file_object(f):
         if external:
             raise InvalidArgumentError(
-                f"This model is {size / 2**30:.1f} GiB: over {external_threshold()} bytes it needs an "
-                "external data file, which a file object cannot hold; received a file object. Fix: "
-                "pass a path (f='model.onnx'); the tensors go to 'model.onnx.<token>.data'."
+                f"This model is {size / 2**30:.1f} GiB: over {external_threshold()} bytes it needs"
+                " an external data file, which a file object cannot hold; received a file object."
+                " Fix: pass a path (f='model.onnx'); the tensors go to 'model.onnx.<token>.data'."
             )
         f.write(model.SerializeToString())  # type: ignore[union-attr]
         return
@@ -184,15 +205,20 @@ def save_model(model: onnx.ModelProto, f: str | os.PathLike[str] | io.IOBase | A
     if not external:
         if size > PROTOBUF_LIMIT:
             raise InvalidArgumentError(
-                f"external_data=False, but this model is {size / 2**30:.2f} GiB and protobuf cannot "
-                "write one file over 2 GiB. Fix: leave external_data out (automatic) or pass True."
+                f"external_data=False, but this model is {size / 2**30:.2f} GiB and protobuf cannot"
+                " write one file over 2 GiB. Fix: leave external_data out (automatic) or pass"
+                " True."
             )
         started, previous = time.time(), referenced_data_files(final)
         atomic_write(final, model.SerializeToString())
-        remove_stale_data(final, None, set(), previous, started)  # a previous pair's data has no reader now
+        remove_stale_data(
+            final, None, set(), previous, started
+        )  # a previous pair's data has no reader now
         return
     chosen = os.fspath(external_data) if isinstance(external_data, (str, os.PathLike)) else None
-    check_output_path(final.with_name(data_file_name(final.name, chosen, "0" * 16)), what="the external data file")
+    check_output_path(
+        final.with_name(data_file_name(final.name, chosen, "0" * 16)), what="the external data file"
+    )
     save_with_external_data(model, final, chosen)
 
 
@@ -230,26 +256,47 @@ def _tensor_bytes(model: Any) -> int:
     return sum(seen.values())
 
 
-def _export_torchscript(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, spec: DynamicSpec, output_names: Any, kwargs: dict[str, Any]) -> tuple[onnx.ModelProto, DynamicSpec, ModelCensus]:
+def _export_torchscript(
+    model: Any,
+    args: tuple[Any, ...],
+    opset: int,
+    reg: Registry,
+    spec: DynamicSpec,
+    output_names: Any,
+    kwargs: dict[str, Any],
+) -> tuple[onnx.ModelProto, DynamicSpec, ModelCensus]:
     if spec.export_shapes is not None:
         spec = check_with_torch_export(model, args, kwargs.get("kwargs"), spec)
     keyword_inputs = kwargs.pop("kwargs", None)
     if keyword_inputs:
         args = (*args, keyword_inputs)  # TorchScript takes keyword inputs as a trailing dict
     names = list(spec.input_names)
-    dims = ExportDims(tuple(names), spec.dynamic_axes, tuple(tuple(leaf.tensor.shape) for leaf in spec.leaves))
+    dims = ExportDims(
+        tuple(names), spec.dynamic_axes, tuple(tuple(leaf.tensor.shape) for leaf in spec.leaves)
+    )
     buffer = io.BytesIO()
     failure: BaseException | None = None
     big = _tensor_bytes(model) > _IN_MEMORY_LIMIT
-    folder = tempfile.TemporaryDirectory(prefix="onnx_custom_export_") if big else contextlib.nullcontext(None)
+    folder = (
+        tempfile.TemporaryDirectory(prefix="onnx_custom_export_")
+        if big
+        else contextlib.nullcontext(None)
+    )
     try:
         with folder as where, export_dims(dims), registered(reg, opset=opset):
             # TorchScript writes past 2 GiB only to a path (tensors as files next to it): a big
             # model goes through a temporary folder and is read back with its data.
             target = os.path.join(where, "model.onnx") if where else buffer
             torch.onnx.export(
-                model, args, target, dynamo=False, opset_version=opset, input_names=names,  # type: ignore[arg-type]
-                output_names=output_names, dynamic_axes=spec.dynamic_axes or None, **kwargs,
+                model,
+                args,
+                target,  # type: ignore[arg-type]
+                dynamo=False,
+                opset_version=opset,
+                input_names=names,
+                output_names=output_names,
+                dynamic_axes=spec.dynamic_axes or None,
+                **kwargs,
             )
             if where:
                 proto = onnx.load(target, load_external_data=True)
@@ -257,7 +304,9 @@ def _export_torchscript(model: Any, args: tuple[Any, ...], opset: int, reg: Regi
         missing = missing_ops_torchscript(model, args, opset, reg)
         if not missing:
             raise
-        raise UnsupportedOpError(format_missing(missing, "torchscript", opset), tuple(m.name for m in missing)) from exc
+        raise UnsupportedOpError(
+            format_missing(missing, "torchscript", opset), tuple(m.name for m in missing)
+        ) from exc
     except OnnxCustomError:
         raise
     except Exception as exc:
@@ -269,7 +318,9 @@ def _export_torchscript(model: Any, args: tuple[Any, ...], opset: int, reg: Regi
     if not big:
         proto = onnx.load_from_string(buffer.getvalue())
     census = model_census(proto)
-    name_derived_dims(proto, dims, census=census)  # drops attributes and renames dims: the census stays true
+    name_derived_dims(
+        proto, dims, census=census
+    )  # drops attributes and renames dims: the census stays true
     return proto, spec, census
 
 
@@ -288,10 +339,11 @@ def _reject_autograd_functions(reg: Registry) -> Any:
 
         def forward(*a: Any, __cls: type = cls, __orig: Any = original, **k: Any) -> Any:
             raise SymbolicError(
-                f"{__cls.__qualname__} is a torch.autograd.Function with an onnx-custom translation, "
-                "but the dynamo exporter ignores Function translations (it inlines forward). Fix: "
-                "wrap the computation as a torch.library.custom_op with register_fake and register "
-                "the translation for that op, or export with exporter='torchscript'."
+                f"{__cls.__qualname__} is a torch.autograd.Function with an onnx-custom"
+                " translation, but the dynamo exporter ignores Function translations (it inlines"
+                " forward). Fix: wrap the computation as a torch.library.custom_op with"
+                " register_fake and register the translation for that op, or export with"
+                " exporter='torchscript'."
             )
 
         cls.forward = staticmethod(forward)  # type: ignore[attr-defined]
@@ -321,8 +373,15 @@ def trace_program(
     failed_functions: list[type] = []
     traced_functions: list[type] = []
     try:
-        with _reject_autograd_functions(registry), recording_function_failures(failed_functions, traced_functions), quiet_torch(), onnx_exporting():
-            program = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=spec.export_shapes, strict=False)
+        with (
+            _reject_autograd_functions(registry),
+            recording_function_failures(failed_functions, traced_functions),
+            quiet_torch(),
+            onnx_exporting(),
+        ):
+            program = torch.export.export(
+                model, args, kwargs=kwargs, dynamic_shapes=spec.export_shapes, strict=False
+            )
     except Exception as exc:
         failure = _ours(exc)
         if failure is None:
@@ -333,9 +392,9 @@ def trace_program(
         if failure is None and match:
             op = match["op"]
             failure = SymbolicError(
-                f"The custom op {op} has no fake (meta) kernel, which the dynamo exporter needs to "
-                f"trace it. Fix: add @torch.library.register_fake('{op}') returning empty outputs of "
-                "the right shape/dtype, or export with exporter='torchscript'."
+                f"The custom op {op} has no fake (meta) kernel, which the dynamo exporter needs to"
+                f" trace it. Fix: add @torch.library.register_fake('{op}') returning empty outputs"
+                " of the right shape/dtype, or export with exporter='torchscript'."
             )
             failure.__cause__ = exc
         if failure is None and failed_functions:
@@ -348,7 +407,15 @@ def trace_program(
     return program
 
 
-def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry, spec: DynamicSpec, output_names: Any, kwargs: dict[str, Any]) -> tuple[onnx.ModelProto, DynamicSpec, ModelCensus]:
+def _export_dynamo(
+    model: Any,
+    args: tuple[Any, ...],
+    opset: int,
+    reg: Registry,
+    spec: DynamicSpec,
+    output_names: Any,
+    kwargs: dict[str, Any],
+) -> tuple[onnx.ModelProto, DynamicSpec, ModelCensus]:
     from onnx_custom.exporter.dynamo import program_constants, translation_table
 
     if isinstance(model, torch.export.ExportedProgram):
@@ -357,13 +424,17 @@ def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry,
         model_kwargs = kwargs.pop("kwargs", None)
         program = trace_program(model, args, reg, kwargs=model_kwargs, spec=spec)
         if not model_kwargs:
-            program_cache.remember(model, args, program)  # localize reuses it instead of tracing again
+            program_cache.remember(
+                model, args, program
+            )  # localize reuses it instead of tracing again
         names = symbol_names_of(program, spec)
     _check_no_mutating_ops(program)
     float_clamp_bounds(program)  # torch's type promotion fails on clamp(0, 1.5) of a float tensor
     missing = missing_ops_dynamo(program, opset, reg)
     if missing:
-        raise UnsupportedOpError(format_missing(missing, "dynamo", opset), tuple(m.name for m in missing))
+        raise UnsupportedOpError(
+            format_missing(missing, "dynamo", opset), tuple(m.name for m in missing)
+        )
     table = translation_table(opset, reg, build_opset=max(opset, _DYNAMO_NATIVE_OPSET))
     failure: BaseException | None = None
     try:
@@ -371,8 +442,15 @@ def _export_dynamo(model: Any, args: tuple[Any, ...], opset: int, reg: Registry,
             # Build at >= 18 (the exporter's native opset) and lower ourselves: torch's own
             # down-conversion silently keeps opset 18 whenever onnx lacks an adapter.
             onnx_program = torch.onnx.export(
-                program, args, dynamo=True, opset_version=max(opset, _DYNAMO_NATIVE_OPSET), custom_translation_table=table,  # type: ignore[arg-type]
-                input_names=list(spec.input_names), output_names=output_names, verbose=False, **kwargs,
+                program,
+                args,
+                dynamo=True,
+                opset_version=max(opset, _DYNAMO_NATIVE_OPSET),
+                custom_translation_table=table,  # type: ignore[arg-type]
+                input_names=list(spec.input_names),
+                output_names=output_names,
+                verbose=False,
+                **kwargs,
             )
     except Exception as exc:
         failure = _ours(exc, unwrap_dynamo_error)
@@ -394,7 +472,11 @@ def _check_no_mutating_ops(program: torch.export.ExportedProgram) -> None:
     in-place ops are functionalized by torch and stay allowed."""
     for node in program.graph.nodes:
         target = node.target
-        if node.op == "call_function" and isinstance(target, torch._ops.OpOverload) and target.namespace not in ("aten", "prims"):
+        if (
+            node.op == "call_function"
+            and isinstance(target, torch._ops.OpOverload)
+            and target.namespace not in ("aten", "prims")
+        ):
             check_functional(target.name(), target._schema)
 
 
@@ -406,7 +488,11 @@ def _keep_output_dtypes(proto: onnx.ModelProto, program: torch.export.ExportedPr
 
     output = next(n for n in program.graph.nodes if n.op == "output")
     kinds = [spec.kind for spec in program.graph_signature.output_specs]
-    values = [getattr(a, "meta", {}).get("val") for a, kind in zip(output.args[0], kinds, strict=False) if kind == OutputKind.USER_OUTPUT]
+    values = [
+        getattr(a, "meta", {}).get("val")
+        for a, kind in zip(output.args[0], kinds, strict=False)
+        if kind == OutputKind.USER_OUTPUT
+    ]
     if len(values) != len(proto.graph.output):
         return
     for info, value in zip(proto.graph.output, values, strict=True):
@@ -423,7 +509,11 @@ def _keep_output_dtypes(proto: onnx.ModelProto, program: torch.export.ExportedPr
         for described in proto.graph.value_info:
             if described.name == info.name:
                 described.name = computed
-        proto.graph.node.append(onnx.helper.make_node("Cast", [computed], [info.name], name=f"{info.name}_dtype", to=want))
+        proto.graph.node.append(
+            onnx.helper.make_node(
+                "Cast", [computed], [info.name], name=f"{info.name}_dtype", to=want
+            )
+        )
         info.type.tensor_type.elem_type = want
 
 
@@ -473,8 +563,19 @@ def check_export_request(
     check_exporter_kwargs(exporter_kwargs)
     args = check_args(args)
     check_dynamic_for_program(model, dynamic_shapes, dynamic_axes)
-    return ExportRequest(model, args, exporter, opset, registry, dynamic_shapes, dynamic_axes,
-                         input_names, output_names, dict(exporter_kwargs), half_precision)  # fmt: skip
+    return ExportRequest(
+        model,
+        args,
+        exporter,
+        opset,
+        registry,
+        dynamic_shapes,
+        dynamic_axes,
+        input_names,
+        output_names,
+        dict(exporter_kwargs),
+        half_precision,
+    )
 
 
 def export_model(model: Any, args: Any, **options: Any) -> onnx.ModelProto:
@@ -504,12 +605,19 @@ def export_with_census(request: ExportRequest) -> tuple[onnx.ModelProto, ModelCe
     model, args, kwargs = request.model, request.args, dict(request.exporter_kwargs)
     reg = resolve_registry(request.registry)
     if isinstance(model, torch.export.ExportedProgram):
-        spec = resolve_dynamic_shapes(model.module(), args, kwargs.get("kwargs"), input_names=request.input_names)
+        spec = resolve_dynamic_shapes(
+            model.module(), args, kwargs.get("kwargs"), input_names=request.input_names
+        )
     else:
         spec = resolve_dynamic_shapes(
-            model, args, kwargs.get("kwargs"), dynamic_shapes=request.dynamic_shapes, dynamic_axes=request.dynamic_axes,
-            input_names=request.input_names, output_names=request.output_names,
-        )  # fmt: skip
+            model,
+            args,
+            kwargs.get("kwargs"),
+            dynamic_shapes=request.dynamic_shapes,
+            dynamic_axes=request.dynamic_axes,
+            input_names=request.input_names,
+            output_names=request.output_names,
+        )
     run = _export_dynamo if request.exporter == "dynamo" else _export_torchscript
     # One export at a time per process: torch's exporters keep process-global state (the
     # TorchScript symbolic table our `registered` swaps in, its GLOBALS, the dynamo exporter's
@@ -517,11 +625,23 @@ def export_with_census(request: ExportRequest) -> tuple[onnx.ModelProto, ModelCe
     # The half-precision pass below fixes (or refuses) float16/bfloat16 nodes a schema refuses, so
     # the translations' type check leaves those to it unless the user turned it off.
     with EXPORT_LOCK, quiet_torch(), deferring_half_precision(request.half_precision != "off"):
-        proto, spec, census = run(model, args, request.opset, reg, spec, request.output_names, kwargs)
-    if request.output_names is None:  # predictable names, not the exporter's value numbering ('3', 'add_3')
+        proto, spec, census = run(
+            model, args, request.opset, reg, spec, request.output_names, kwargs
+        )
+    if (
+        request.output_names is None
+    ):  # predictable names, not the exporter's value numbering ('3', 'add_3')
         source = model.module() if isinstance(model, torch.export.ExportedProgram) else model
-        rename_outputs(proto, default_output_names(source, len(proto.graph.output)), keep_values=request.exporter == "dynamo", census=census)
+        rename_outputs(
+            proto,
+            default_output_names(source, len(proto.graph.output)),
+            keep_values=request.exporter == "dynamo",
+            census=census,
+        )
     # the passes below rename values and add Identity and Cast nodes only: the census's graphs,
     # nodes with a domain and attribute facts stay true (its names do not, and are not read again)
     write_metadata(proto, spec, graphs=census.graphs)
-    return widen_model(finalize_model(proto, census=census), request.half_precision, census=census), census
+    return (
+        widen_model(finalize_model(proto, census=census), request.half_precision, census=census),
+        census,
+    )

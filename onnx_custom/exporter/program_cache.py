@@ -54,7 +54,10 @@ def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def _state(model: torch.nn.Module) -> tuple[Any, ...]:
-    tensors = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    tensors = [
+        *model.named_parameters(remove_duplicate=False),
+        *model.named_buffers(remove_duplicate=False),
+    ]
     return (
         tuple(m.training for m in model.modules()),
         tuple((name, id(t), t._version) for name, t in tensors),

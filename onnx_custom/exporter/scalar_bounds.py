@@ -37,7 +37,13 @@ def float_clamp_bounds(program: torch.export.ExportedProgram) -> int:
         bounds = list(node.args[1:])
         if not any(isinstance(b, numbers.Integral) and not isinstance(b, bool) for b in bounds):
             continue
-        node.args = (source, *(float(b) if isinstance(b, numbers.Integral) and not isinstance(b, bool) else b for b in bounds))
+        node.args = (
+            source,
+            *(
+                float(b) if isinstance(b, numbers.Integral) and not isinstance(b, bool) else b
+                for b in bounds
+            ),
+        )
         changed += 1
     if changed:
         program.graph_module.recompile()

@@ -51,11 +51,17 @@ _SUFFIX = {
 class TorchScriptBuilder(GraphBuilder):
     exporter = "torchscript"
 
-    def __init__(self, ctx: Any, target: str, outputs: Sequence[TensorDesc | None] | None = None) -> None:
+    def __init__(
+        self, ctx: Any, target: str, outputs: Sequence[TensorDesc | None] | None = None
+    ) -> None:
         self.ctx = ctx
         self.dims = ts_dims(ctx)
         self._descs = None if outputs is None else list(outputs)
-        metas = None if outputs is None else [OutputMeta() if d is None else self.dims.dims.meta(d) for d in outputs]
+        metas = (
+            None
+            if outputs is None
+            else [OutputMeta() if d is None else self.dims.dims.meta(d) for d in outputs]
+        )
         super().__init__(ctx.opset, target, metas)
 
     def is_value(self, value: Any) -> bool:
@@ -91,7 +97,9 @@ class TorchScriptBuilder(GraphBuilder):
             return None
         return None if sizes is None else tuple(sizes)
 
-    def _add_node(self, domain: str, op_type: str, inputs: Sequence[Any], attrs: list[AttrValue], outputs: int) -> list[Any]:
+    def _add_node(
+        self, domain: str, op_type: str, inputs: Sequence[Any], attrs: list[AttrValue], outputs: int
+    ) -> list[Any]:
         kwargs: dict[str, Any] = {}
         for attr in attrs:
             value = attr.value
@@ -118,7 +126,12 @@ class TorchScriptBuilder(GraphBuilder):
         desc = None if index is None or self._descs is None else self._descs[index]
         value.setType(self.dims.tensor_type(meta, desc))
         node = value.node()
-        if self.dims.tagging and self.dims.spec is not None and meta.shape is not None and node.hasAttribute(TAG):
+        if (
+            self.dims.tagging
+            and self.dims.spec is not None
+            and meta.shape is not None
+            and node.hasAttribute(TAG)
+        ):
             self.dims.spec.tagged[(node.i(TAG), value.offset())] = meta.shape
 
     def _none(self) -> Any:
@@ -143,7 +156,11 @@ def _schema_for(ctx: Any, op_name: str) -> torch._C.FunctionSchema | None:
     node = getattr(ctx, "original_node", None)
     if node is not None:
         with contextlib.suppress(Exception):
-            return node.schema() if not isinstance(node.schema(), str) else torch._C.parse_schema(node.schema())
+            return (
+                node.schema()
+                if not isinstance(node.schema(), str)
+                else torch._C.parse_schema(node.schema())
+            )
     fits = _overload_schemas(op_name, node)
     return fits[0] if len(fits) == 1 else None
 
@@ -174,7 +191,16 @@ def _constant(value: Any, typ: Any) -> Any:
         return None
     optional = text.startswith("Optional[")
     inner = text[len("Optional[") : -1] if optional else text
-    desc = {"int": "i", "float": "f", "bool": "b", "str": "s", "List[int]": "is", "List[float]": "fs", "SymInt": "i", "List[SymInt]": "is"}.get(inner)
+    desc = {
+        "int": "i",
+        "float": "f",
+        "bool": "b",
+        "str": "s",
+        "List[int]": "is",
+        "List[float]": "fs",
+        "SymInt": "i",
+        "List[SymInt]": "is",
+    }.get(inner)
     if desc is not None:
         return symbolic_helper._parse_arg(value, desc)  # type: ignore[arg-type]
     const = symbolic_helper._maybe_get_const(value, "t")
@@ -242,7 +268,9 @@ def _traced_outputs(ctx: Any, inputs: Sequence[Any]) -> Outputs | None:
     node = getattr(ctx, "original_node", None)
     if node is None:
         return None
-    static = all(v is None or (TorchScriptBuilder.shape_of(v) or (None,)).count(None) == 0 for v in inputs)
+    static = all(
+        v is None or (TorchScriptBuilder.shape_of(v) or (None,)).count(None) == 0 for v in inputs
+    )
     result: Outputs = []
     for output in _node_outputs(node):
         if str(output.type()).startswith("List["):
@@ -256,7 +284,9 @@ def _traced_outputs(ctx: Any, inputs: Sequence[Any]) -> Outputs | None:
             dtype = output.type().dtype()
         with contextlib.suppress(Exception):
             rank = output.type().dim()
-            shape = None if rank is None else tuple(output.type().sizes()) if static else (None,) * rank
+            shape = (
+                None if rank is None else tuple(output.type().sizes()) if static else (None,) * rank
+            )
         result.append(TensorDesc(dtype, shape))
     return result
 
@@ -299,7 +329,9 @@ def _desc_agrees(typ: Any, desc: TensorDesc) -> bool:
     if rank is not None and desc.shape is not None and rank != len(desc.shape):
         return False
     if sizes is not None and desc.shape is not None:
-        return all(not isinstance(d, int) or d == s for d, s in zip(desc.shape, sizes, strict=False))
+        return all(
+            not isinstance(d, int) or d == s for d, s in zip(desc.shape, sizes, strict=False)
+        )
     return True
 
 
@@ -313,7 +345,9 @@ def _expected_outputs(ctx: Any, builder: TorchScriptBuilder) -> int | None:
     return None if node is None else int(node.outputsSize())
 
 
-def _finish(builder: TorchScriptBuilder, values: tuple[Any, ...], returns: Sequence[int | None] | None) -> Any:
+def _finish(
+    builder: TorchScriptBuilder, values: tuple[Any, ...], returns: Sequence[int | None] | None
+) -> Any:
     """Checked translation values (`call_translation`) -> what torch's symbolic table expects."""
     values = tuple(builder.finish(values))
     if builder._outputs is None:
@@ -322,7 +356,9 @@ def _finish(builder: TorchScriptBuilder, values: tuple[Any, ...], returns: Seque
         kind = value.node().kind().split("::")[0]
         # Custom nodes get torch's exact types (symbolic dims included); standard nodes keep
         # ONNX's inference unless it could not even tell the rank.
-        if kind not in ("onnx", "prim") or (kind == "onnx" and value.type().dim() is None and meta.shape is not None):
+        if kind not in ("onnx", "prim") or (
+            kind == "onnx" and value.type().dim() is None and meta.shape is not None
+        ):
             builder._set_type(value, meta, index)
     if returns is None:
         return values[0] if len(values) == 1 else tuple(values)
@@ -334,7 +370,9 @@ def _finish(builder: TorchScriptBuilder, values: tuple[Any, ...], returns: Seque
             position += 1
         else:  # a Tensor[] return: torch's prim::ListUnpack symbolic unpacks it again
             items = values[position : position + count]
-            packed.append(builder.ctx.op("prim::ListConstruct", *items).setType(torch._C.ListType.ofTensors()))
+            packed.append(
+                builder.ctx.op("prim::ListConstruct", *items).setType(torch._C.ListType.ofTensors())
+            )
             position += count
     return packed[0] if len(packed) == 1 else tuple(packed)
 
@@ -358,7 +396,9 @@ def _call_target(targets: Sequence[Target], schema: Any) -> Target:
             "export with exporter='dynamo' (it keeps the overload), or give the overloads "
             "different numbers of arguments or op names."
         )
-    return Target(QualifiedName(first.name.namespace, first.name.name, schema.overload_name or "default"))
+    return Target(
+        QualifiedName(first.name.namespace, first.name.name, schema.overload_name or "default")
+    )
 
 
 def _op_symbolic(registry: Registry, targets: Sequence[Target]) -> Any:
@@ -374,15 +414,26 @@ def _op_symbolic(registry: Registry, targets: Sequence[Target]) -> Any:
         overload = _overload(schema)
         outputs = None
         if overload is not None and schema is not None:
-            fake_args = [_fake_arg(v, p.type, dims) for p, v in zip(schema.arguments, args, strict=False)]
+            fake_args = [
+                _fake_arg(v, p.type, dims) for p, v in zip(schema.arguments, args, strict=False)
+            ]
             outputs = dims.fake_outputs(overload, fake_args, _trace_check(ctx))
         if outputs is None:
             outputs = _traced_outputs(ctx, [v for v in args if isinstance(v, torch._C.Value)])
-        builder = TorchScriptBuilder(ctx, str(target), None if outputs is None else flat_outputs(outputs))
+        builder = TorchScriptBuilder(
+            ctx, str(target), None if outputs is None else flat_outputs(outputs)
+        )
         if schema is not None:
             builder.arguments = tuple((a.name, str(a.type)) for a in schema.arguments)
         names = None if schema is None else [f"{a.name}: {a.type}" for a in schema.arguments]
-        values = call_translation(entry, builder, inputs, attrs, outputs=_expected_outputs(ctx, builder), schema_args=names)
+        values = call_translation(
+            entry,
+            builder,
+            inputs,
+            attrs,
+            outputs=_expected_outputs(ctx, builder),
+            schema_args=names,
+        )
         return _finish(builder, values, None if outputs is None else layout(outputs))
 
     symbolic.__qualname__ = f"onnx_custom_symbolic[{op_name}]"
@@ -397,13 +448,32 @@ def _function_symbolic(registry: Registry, target: Target) -> Any:
     def symbolic(ctx: Any, *args: Any) -> Any:
         entry = registry.lookup(target, ctx.opset, exporter="torchscript")
         inputs = [a for a in args if isinstance(a, torch._C.Value)]
-        attrs = {name: a for name, a in zip(params, args, strict=False) if not isinstance(a, torch._C.Value)}
+        attrs = {
+            name: a
+            for name, a in zip(params, args, strict=False)
+            if not isinstance(a, torch._C.Value)
+        }
         dims = ts_dims(ctx)
         fake_args = [dims.describe(a) if isinstance(a, torch._C.Value) else a for a in args]
-        outputs = dims.fake_outputs(function.apply, fake_args, _trace_check(ctx)) or _traced_outputs(ctx, inputs)  # type: ignore[attr-defined]
-        builder = TorchScriptBuilder(ctx, str(target), None if outputs is None else flat_outputs(outputs))
-        builder.arguments = tuple((n, "Tensor" if isinstance(a, torch._C.Value) else "Any") for n, a in zip(params, args, strict=False))
-        values = call_translation(entry, builder, inputs, attrs, outputs=_expected_outputs(ctx, builder), schema_args=params)
+        apply = function.apply  # type: ignore[attr-defined]
+        outputs = dims.fake_outputs(apply, fake_args, _trace_check(ctx)) or _traced_outputs(
+            ctx, inputs
+        )
+        builder = TorchScriptBuilder(
+            ctx, str(target), None if outputs is None else flat_outputs(outputs)
+        )
+        builder.arguments = tuple(
+            (n, "Tensor" if isinstance(a, torch._C.Value) else "Any")
+            for n, a in zip(params, args, strict=False)
+        )
+        values = call_translation(
+            entry,
+            builder,
+            inputs,
+            attrs,
+            outputs=_expected_outputs(ctx, builder),
+            schema_args=params,
+        )
         return _finish(builder, values, None)
 
     return staticmethod(symbolic)
@@ -412,7 +482,9 @@ def _function_symbolic(registry: Registry, target: Target) -> Any:
 _Plan = tuple[tuple[tuple[type, Any], ...], tuple[tuple[str, Any, tuple[int, ...]], ...]]
 # registry -> (its entries when planned, opset, plan): what `registered` installs depends only on
 # those, and building the symbolics for every translation again was a third of its time
-_PLANS: weakref.WeakKeyDictionary[Registry, tuple[tuple[Any, ...], int | None, _Plan]] = weakref.WeakKeyDictionary()
+_PLANS: weakref.WeakKeyDictionary[Registry, tuple[tuple[Any, ...], int | None, _Plan]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _plan(reg: Registry, opset: int | None) -> _Plan:
@@ -427,7 +499,9 @@ def _plan(reg: Registry, opset: int | None) -> _Plan:
     # the symbolics see the registry through a weak proxy: the cache must not keep it alive (a
     # registry is alive whenever its symbolics run: `registered` holds it)
     weak = weakref.proxy(reg)
-    by_name: dict[str, list[Target]] = {}  # torch's table is keyed by ns::op: overloads share one symbolic
+    by_name: dict[
+        str, list[Target]
+    ] = {}  # torch's table is keyed by ns::op: overloads share one symbolic
     for target in reg.targets():
         if target.function is not None:
             functions.append((target.function, _function_symbolic(weak, target)))
@@ -440,7 +514,11 @@ def _plan(reg: Registry, opset: int | None) -> _Plan:
         # opsets below the translation's own.
         aten = targets[0].name is not None and targets[0].name.namespace == "aten"
         low = max(TS_MIN_OPSET, min(min(reg.opsets_for(t)) for t in targets)) if aten else 1
-        wanted = range(low, TS_MAX_OPSET + 1) if opset is None else sorted({v for v in (opset, low) if v >= low and (v == opset or low == 1)})
+        wanted = (
+            range(low, TS_MAX_OPSET + 1)
+            if opset is None
+            else sorted({v for v in (opset, low) if v >= low and (v == opset or low == 1)})
+        )
         ops.append((name, _op_symbolic(weak, tuple(targets)), tuple(wanted)))
     plan = (tuple(functions), tuple(ops))
     _PLANS[reg] = (entries, opset, plan)
@@ -470,10 +548,15 @@ def registered(registry: Registry | None = None, *, opset: int | None = None) ->
     writes into its arguments raises `SymbolicError` (torch's TorchScript passes would drop it).
     """
     reg = resolve_registry(registry)
-    if opset is not None and (not isinstance(opset, int) or isinstance(opset, bool) or not TS_MIN_OPSET <= opset <= TS_MAX_OPSET):
+    if opset is not None and (
+        not isinstance(opset, int)
+        or isinstance(opset, bool)
+        or not TS_MIN_OPSET <= opset <= TS_MAX_OPSET
+    ):
         raise InvalidArgumentError(
-            f"opset must be None (every opset) or an int in {TS_MIN_OPSET}..{TS_MAX_OPSET} (the TorchScript "
-            f"exporter's range); received {opset!r}. Fix: pass your torch.onnx.export's opset_version, e.g. opset=17."
+            f"opset must be None (every opset) or an int in {TS_MIN_OPSET}..{TS_MAX_OPSET} (the"
+            f" TorchScript exporter's range); received {opset!r}. Fix: pass your"
+            " torch.onnx.export's opset_version, e.g. opset=17."
         )
     table = ts_registration.registry._registry
     # name -> (group existed before, {opset: previous override or _MISSING})
@@ -488,7 +571,9 @@ def registered(registry: Registry | None = None, *, opset: int | None = None) ->
             group = table.get(name)
             # An empty group is the leftover of torch's unregister_custom_op_symbolic; it breaks
             # the next export ("min() arg is an empty sequence"), so we treat it as absent.
-            existed, previous = touched.setdefault(name, (group is not None and bool(group._functions), {}))
+            existed, previous = touched.setdefault(
+                name, (group is not None and bool(group._functions), {})
+            )
             if not wanted:  # no opset to override: an empty group would break torch's lookup
                 continue
             if group is None:

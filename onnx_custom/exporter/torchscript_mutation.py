@@ -28,10 +28,19 @@ _TORCH_NAMESPACES = frozenset({"aten", "prim", "prims", "onnx", "quantized"})
 # Kinds that never own blocks and fill traced graphs: asking a node for its blocks costs ~15-30 us
 # in torch's bindings (an iterator object per call, ~1.2 ms for a 40-node graph), a kind ~1 us.
 # Blocks come from control flow (prim::If, prim::Loop, closures): every other kind is still asked.
-_LEAF_KINDS = frozenset({
-    "prim::Constant", "prim::ListConstruct", "prim::ListUnpack", "prim::TupleConstruct", "prim::TupleUnpack",
-    "prim::GetAttr", "prim::NumToTensor", "prim::device", "prim::dtype",
-})  # fmt: skip
+_LEAF_KINDS = frozenset(
+    {
+        "prim::Constant",
+        "prim::ListConstruct",
+        "prim::ListUnpack",
+        "prim::TupleConstruct",
+        "prim::TupleUnpack",
+        "prim::GetAttr",
+        "prim::NumToTensor",
+        "prim::device",
+        "prim::dtype",
+    }
+)
 
 
 def check_graph_functional(graph: Any) -> None:

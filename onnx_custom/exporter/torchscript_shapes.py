@@ -44,7 +44,9 @@ class ExportDims:
     input_names: tuple[str, ...]
     dynamic_axes: Mapping[str, Mapping[int, str]]
     example_shapes: tuple[tuple[int, ...], ...]
-    tagged: dict[tuple[int, int], tuple[int | str | None, ...]] = dataclasses.field(default_factory=dict)
+    tagged: dict[tuple[int, int], tuple[int | str | None, ...]] = dataclasses.field(
+        default_factory=dict
+    )
 
 
 class TsDims:
@@ -108,7 +110,9 @@ class TsDims:
             self._by_name[dim] = _fresh()
         return self._by_name[dim]
 
-    def fake_outputs(self, fn: Any, args: Sequence[Any], agrees: Callable[[Outputs], bool] | None = None) -> Outputs | None:
+    def fake_outputs(
+        self, fn: Any, args: Sequence[Any], agrees: Callable[[Outputs], bool] | None = None
+    ) -> Outputs | None:
         """`run_fake` through `cached_run_fake`: a symbolic fake run costs milliseconds, a
         model repeats its blocks and is exported again (``agrees``: see there)."""
         return cached_run_fake(fn, args, self.dims, agrees=agrees)
@@ -160,8 +164,12 @@ class _Session:
     dims: TsDims | None = None
 
 
-_session: contextvars.ContextVar[_Session | None] = contextvars.ContextVar("onnx_custom_ts_session", default=None)
-_export_spec: contextvars.ContextVar[ExportDims | None] = contextvars.ContextVar("onnx_custom_ts_export", default=None)
+_session: contextvars.ContextVar[_Session | None] = contextvars.ContextVar(
+    "onnx_custom_ts_session", default=None
+)
+_export_spec: contextvars.ContextVar[ExportDims | None] = contextvars.ContextVar(
+    "onnx_custom_ts_export", default=None
+)
 
 
 @contextlib.contextmanager
@@ -233,6 +241,7 @@ def _adopt_inferred_names(model: Any, known: set[str]) -> None:
     (``Relu3_dim_0``). ONNX shape inference from our typed custom outputs finds their real names
     again; a torch-made name that inference equates with a known name is renamed to it (a name
     stands for one symbol, so the rename is global). Static sizes are never introduced."""
+
     def made_up(dim: Any) -> bool:
         return bool(dim.dim_param) and dim.dim_param not in known
 
@@ -245,14 +254,20 @@ def _adopt_inferred_names(model: Any, known: set[str]) -> None:
                     dim.Clear()
     try:
         inferred = onnx.shape_inference.infer_shapes(trial, strict_mode=False)
-    except Exception:  # too big for in-memory inference, or a graph onnx cannot read: keep torch's names
+    except (
+        Exception
+    ):  # too big for in-memory inference, or a graph onnx cannot read: keep torch's names
         return
     found = {info.name: list(tensor_dims(info)) for info in value_infos(inferred.graph)}
     mapping: dict[str, str] = {}
     clashes: set[str] = set()
     for info in value_infos(model.graph):
         for old, new in zip(tensor_dims(info), found.get(info.name, ()), strict=False):
-            if made_up(old) and new.dim_param in known and mapping.setdefault(old.dim_param, new.dim_param) != new.dim_param:
+            if (
+                made_up(old)
+                and new.dim_param in known
+                and mapping.setdefault(old.dim_param, new.dim_param) != new.dim_param
+            ):
                 clashes.add(old.dim_param)
     rename_dims(model, {k: v for k, v in mapping.items() if k not in clashes}, exact=True)
 

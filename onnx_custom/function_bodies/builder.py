@@ -40,8 +40,13 @@ from onnx_custom.translate.attributes import AttrKind, AttrValue
 from onnx_custom.translate.builder import GraphBuilder, OutputMeta, onnx_dtype
 
 __all__ = [
-    "INT_ATTRIBUTE_LIMIT", "AttrRef", "FunctionBuilder", "TranslationBody", "build_function",
-    "cast_like", "onnx_dtype",
+    "INT_ATTRIBUTE_LIMIT",
+    "AttrRef",
+    "FunctionBuilder",
+    "TranslationBody",
+    "build_function",
+    "cast_like",
+    "onnx_dtype",
 ]
 
 _CAST_LIKE_OPSET = 15
@@ -129,12 +134,42 @@ class _Value:
 
 
 # Output dtype rules for dtype tracking inside a body (None: unknown).
-_LIKE_INPUT0 = frozenset({
-    "Abs", "Add", "Ceil", "Clip", "Concat", "CumSum", "Div", "Expand", "Flatten", "Floor",
-    "Gather", "GatherElements", "Gemm", "Identity", "MatMul", "Max", "Min", "Mul", "Neg", "Pad",
-    "ReduceProd", "ReduceSum", "Relu", "Reshape", "ScatterND", "Slice", "Squeeze", "Sub", "Sum",
-    "Tile", "Transpose", "Unsqueeze",
-})
+_LIKE_INPUT0 = frozenset(
+    {
+        "Abs",
+        "Add",
+        "Ceil",
+        "Clip",
+        "Concat",
+        "CumSum",
+        "Div",
+        "Expand",
+        "Flatten",
+        "Floor",
+        "Gather",
+        "GatherElements",
+        "Gemm",
+        "Identity",
+        "MatMul",
+        "Max",
+        "Min",
+        "Mul",
+        "Neg",
+        "Pad",
+        "ReduceProd",
+        "ReduceSum",
+        "Relu",
+        "Reshape",
+        "ScatterND",
+        "Slice",
+        "Squeeze",
+        "Sub",
+        "Sum",
+        "Tile",
+        "Transpose",
+        "Unsqueeze",
+    }
+)
 _BOOLEAN = frozenset({"And", "Equal", "Greater", "IsInf", "IsNaN", "Less", "Not", "Or"})
 
 
@@ -148,7 +183,12 @@ class FunctionBuilder(GraphBuilder):
     exporter = "function"
 
     def __init__(
-        self, opset: int, target: str, dtypes: Mapping[str, torch.dtype] | None = None, *, prefix: str = ""
+        self,
+        opset: int,
+        target: str,
+        dtypes: Mapping[str, torch.dtype] | None = None,
+        *,
+        prefix: str = "",
     ) -> None:
         super().__init__(opset, target)
         self.nodes: list[onnx.NodeProto] = []
@@ -174,16 +214,29 @@ class FunctionBuilder(GraphBuilder):
         return None  # a body serves every node: shapes exist only at run time
 
     # -- nodes ------------------------------------------------------------------------------
-    def op(self, node_type: str, *inputs: Any, outputs: int = 1, output_types: Any = None, **attributes: Any) -> Any:
+    def op(
+        self,
+        node_type: str,
+        *inputs: Any,
+        outputs: int = 1,
+        output_types: Any = None,
+        **attributes: Any,
+    ) -> Any:
         refs = {k: v for k, v in attributes.items() if isinstance(v, AttrRef)}
         plain = {k: v for k, v in attributes.items() if k not in refs}
         # Arrays become Constants now, so that the one _add_node below is this node's.
-        ready = [self.constant(v) if isinstance(v, (np.ndarray, torch.Tensor, np.generic)) else v for v in inputs]
+        ready = [
+            self.constant(v) if isinstance(v, (np.ndarray, torch.Tensor, np.generic)) else v
+            for v in inputs
+        ]
         self._pending_refs = [
-            AttributeProto(name=k, type=_ATTR_TYPES[v.kind], ref_attr_name=v.name) for k, v in refs.items()
+            AttributeProto(name=k, type=_ATTR_TYPES[v.kind], ref_attr_name=v.name)
+            for k, v in refs.items()
         ]
         try:
-            return super().op(node_type, *ready, outputs=outputs, output_types=output_types, **plain)
+            return super().op(
+                node_type, *ready, outputs=outputs, output_types=output_types, **plain
+            )
         finally:
             self._pending_refs = []
 
@@ -193,12 +246,20 @@ class FunctionBuilder(GraphBuilder):
         if meta.dtype is not None and isinstance(value, _Value):
             self._dtypes[value.name] = meta.dtype
 
-    def _add_node(self, domain: str, op_type: str, inputs: Sequence[Any], attrs: list[AttrValue], outputs: int) -> list[Any]:
+    def _add_node(
+        self, domain: str, op_type: str, inputs: Sequence[Any], attrs: list[AttrValue], outputs: int
+    ) -> list[Any]:
         self._count += 1
-        names = [f"{self._prefix}_{op_type}{self._count}" + (f"_{i}" if outputs > 1 else "") for i in range(outputs)]
+        names = [
+            f"{self._prefix}_{op_type}{self._count}" + (f"_{i}" if outputs > 1 else "")
+            for i in range(outputs)
+        ]
         node = helper.make_node(
-            op_type, ["" if v is None else v.name for v in inputs], names,
-            name=f"{self._prefix}{op_type}{self._count}", domain=domain or None,
+            op_type,
+            ["" if v is None else v.name for v in inputs],
+            names,
+            name=f"{self._prefix}{op_type}{self._count}",
+            domain=domain or None,
         )
         node.attribute.extend(_attribute_proto(a) for a in attrs)
         node.attribute.extend(self._pending_refs)
@@ -209,7 +270,9 @@ class FunctionBuilder(GraphBuilder):
             self._dtypes[name] = dtype
         return [_Value(n) for n in names]
 
-    def _result_dtype(self, op_type: str, inputs: Sequence[Any], attrs: list[AttrValue]) -> torch.dtype | None:
+    def _result_dtype(
+        self, op_type: str, inputs: Sequence[Any], attrs: list[AttrValue]
+    ) -> torch.dtype | None:
         if op_type == "Cast":
             return _torch_dtype(next(a.value for a in attrs if a.name == "to"))
         if op_type in ("Shape", "Size"):
@@ -222,7 +285,9 @@ class FunctionBuilder(GraphBuilder):
         return self.dtype(inputs[source])
 
     def _constant(self, array: np.ndarray) -> Any:
-        (value,) = self._add_node("", "Constant", [], [AttrValue("value", AttrKind.TENSOR, array)], 1)
+        (value,) = self._add_node(
+            "", "Constant", [], [AttrValue("value", AttrKind.TENSOR, array)], 1
+        )
         self._dtypes[value.name] = _torch_dtype(helper.np_dtype_to_tensor_dtype(array.dtype))
         return value
 
@@ -252,18 +317,23 @@ class FunctionBuilder(GraphBuilder):
         results = list(body(sub, iteration, state))
         if len(results) != len(carried) + scans:
             raise SymbolicError(
-                f"{self.target}: a loop body returned {len(results)} values for {len(carried)} carried "
-                f"and {scans} scanned."
+                f"{self.target}: a loop body returned {len(results)} values for {len(carried)}"
+                f" carried and {scans} scanned."
             )
         keep = sub.op("Identity", condition)
-        results = [sub.op("Identity", r) if r.name in {v.name for v in state} else r for r in results]
+        results = [
+            sub.op("Identity", r) if r.name in {v.name for v in state} else r for r in results
+        ]
         graph = helper.make_graph(
-            sub.nodes, f"{sub._prefix}_body",
-            [helper.make_tensor_value_info(iteration.name, onnx.TensorProto.INT64, []),
-             helper.make_tensor_value_info(condition.name, onnx.TensorProto.BOOL, []),
-             *(onnx.ValueInfoProto(name=v.name) for v in state)],
+            sub.nodes,
+            f"{sub._prefix}_body",
+            [
+                helper.make_tensor_value_info(iteration.name, onnx.TensorProto.INT64, []),
+                helper.make_tensor_value_info(condition.name, onnx.TensorProto.BOOL, []),
+                *(onnx.ValueInfoProto(name=v.name) for v in state),
+            ],
             [onnx.ValueInfoProto(name=v.name) for v in (keep, *results)],
-        )  # fmt: skip
+        )
         # an explicit (true) condition: onnx.reference's Loop runs no iteration without one
         true = super().constant(np.asarray(True))
         outs = self._add_node("", "Loop", [trip_count, true, *carried], [], len(results))
@@ -288,19 +358,29 @@ class FunctionBuilder(GraphBuilder):
     def _reference_constant(self, value: Any) -> Any:
         if isinstance(value, AttrRef):
             if value.kind not in _CONSTANT_DTYPES:
-                raise SymbolicError(f"{self.target}: attribute {value.name!r} ({value.kind}) cannot become a numeric constant.")
+                raise SymbolicError(
+                    f"{self.target}: attribute {value.name!r} ({value.kind}) cannot become a"
+                    " numeric constant."
+                )
             if self.opset < _CONSTANT_REF_OPSET:
                 return self._read_attribute_before_12(value)
             (out,) = self._add_node("", "Constant", [], [], 1)
             self.nodes[-1].attribute.append(
-                AttributeProto(name=f"value_{value.kind}", type=_ATTR_TYPES[value.kind], ref_attr_name=value.name)
+                AttributeProto(
+                    name=f"value_{value.kind}",
+                    type=_ATTR_TYPES[value.kind],
+                    ref_attr_name=value.name,
+                )
             )
             self._dtypes[out.name] = _as_torch(_CONSTANT_DTYPES[value.kind])
             return out
         pieces = [self._piece(v) for v in value]
         kinds = {self.dtype(p) for p in pieces}
         if len(kinds) > 1:
-            raise SymbolicError(f"{self.target}: a constant list mixes {sorted(map(str, kinds))}; keep it all ints or all floats.")
+            raise SymbolicError(
+                f"{self.target}: a constant list mixes {sorted(map(str, kinds))}; keep it all ints"
+                " or all floats."
+            )
         return pieces[0] if len(pieces) == 1 else self.op("Concat", *pieces, axis=0)
 
     def _read_attribute_before_12(self, ref: AttrRef) -> Any:
@@ -316,13 +396,18 @@ class FunctionBuilder(GraphBuilder):
                     f"below opset 12, which needs opset >= 9; the model is at opset {self.opset}; "
                     "fix: export at opset >= 9 (>= 12 for any value)."
                 )
-            row = self.op("ConstantOfShape", super().constant(np.asarray([1, INT_ATTRIBUTE_LIMIT], dtype=np.int64)))
+            row = self.op(
+                "ConstantOfShape",
+                super().constant(np.asarray([1, INT_ATTRIBUTE_LIMIT], dtype=np.int64)),
+            )
             self.decoded_ints.add(ref.name)
             column = self.op("ArgMax", self.op("EyeLike", row, k=ref), axis=1, keepdims=0)
             return self.op("Reshape", column, scalar_shape)
         if ref.kind == "float":
             one = super().constant(np.ones((1, 1), dtype=np.float32))
-            zero = super().constant(np.zeros((1, 1), dtype=np.float32))  # C is optional only from 11
+            zero = super().constant(
+                np.zeros((1, 1), dtype=np.float32)
+            )  # C is optional only from 11
             return self.op("Reshape", self.op("Gemm", one, one, zero, alpha=ref), scalar_shape)
         raise SymbolicError(
             f"{self.target}: a function body reads list attribute {ref.name!r} ({ref.kind}) only "
@@ -341,18 +426,24 @@ class FunctionBuilder(GraphBuilder):
         return super().constant(array.astype(np.int64 if array.dtype.kind in "iub" else np.float32))
 
     # -- outputs ----------------------------------------------------------------------------
-    def bind_outputs(self, values: Sequence[Any], names: Sequence[str], inputs: Iterable[str]) -> None:
+    def bind_outputs(
+        self, values: Sequence[Any], names: Sequence[str], inputs: Iterable[str]
+    ) -> None:
         """Name the body's outputs: rename their producers, or add Identity where that can't be."""
         renames: dict[str, str] = {}
         produced = {o for n in self.nodes for o in n.output}
         taken = set(inputs)
         for value, name in zip(values, names, strict=True):
             if not isinstance(value, _Value):
-                raise SymbolicError(f"{self.target}: output {name!r} is {value!r}; expected a graph value.")
+                raise SymbolicError(
+                    f"{self.target}: output {name!r} is {value!r}; expected a graph value."
+                )
             if value.name in produced and value.name not in renames and value.name not in taken:
                 renames[value.name] = name
             else:
-                self.nodes.append(helper.make_node("Identity", [renames.get(value.name, value.name)], [name]))
+                self.nodes.append(
+                    helper.make_node("Identity", [renames.get(value.name, value.name)], [name])
+                )
         for node in self.nodes:
             node.input[:] = [renames.get(n, n) for n in node.input]
             node.output[:] = [renames.get(n, n) for n in node.output]
@@ -365,8 +456,14 @@ def _as_torch(dtype: Any) -> torch.dtype | None:
 def _attribute_proto(attr: AttrValue) -> AttributeProto:
     if attr.kind is AttrKind.TENSOR:
         # not np.ascontiguousarray: it turns a 0-d array (a scalar constant) into shape (1,)
-        return helper.make_attribute(attr.name, numpy_helper.from_array(np.asarray(attr.value, order="C")))
-    kind = {AttrKind.INTS: AttributeProto.INTS, AttrKind.FLOATS: AttributeProto.FLOATS, AttrKind.STRINGS: AttributeProto.STRINGS}
+        return helper.make_attribute(
+            attr.name, numpy_helper.from_array(np.asarray(attr.value, order="C"))
+        )
+    kind = {
+        AttrKind.INTS: AttributeProto.INTS,
+        AttrKind.FLOATS: AttributeProto.FLOATS,
+        AttrKind.STRINGS: AttributeProto.STRINGS,
+    }
     value = list(attr.value) if isinstance(attr.value, tuple) else attr.value
     return helper.make_attribute(attr.name, value, attr_type=kind.get(attr.kind))
 
@@ -385,7 +482,10 @@ def _resolve(translation: Callable[..., Any] | str) -> Callable[..., Any]:
     for part in qualname.split("."):
         obj = getattr(obj, part, None)
     if not callable(obj):
-        raise KernelError(f"function body {translation!r}: {qualname!r} is not a callable in module {module_name!r}.")
+        raise KernelError(
+            f"function body {translation!r}: {qualname!r} is not a callable in module"
+            f" {module_name!r}."
+        )
     return obj  # type: ignore[no-any-return]
 
 
@@ -398,14 +498,17 @@ class TranslationBody:
     min_opset: int = 1
 
     def build(
-        self, spec: KernelSpec, opset: int, dtypes: Mapping[str, torch.dtype] | None = None,
+        self,
+        spec: KernelSpec,
+        opset: int,
+        dtypes: Mapping[str, torch.dtype] | None = None,
         nodes: Sequence[onnx.NodeProto] = (),
     ) -> onnx.FunctionProto:
         if opset < self.min_opset:
             raise KernelError(
-                f"the function body of {spec.name} needs opset >= {self.min_opset}, but the model "
-                f"imports opset {opset}; fix: export at opset >= {self.min_opset}, or run the model "
-                "with the op's kernel instead of its function body."
+                f"the function body of {spec.name} needs opset >= {self.min_opset}, but the model"
+                f" imports opset {opset}; fix: export at opset >= {self.min_opset}, or run the"
+                " model with the op's kernel instead of its function body."
             )
         return build_function(_resolve(self.translation), spec, opset, dtypes, nodes)
 
@@ -444,15 +547,24 @@ def build_function(
         )
     g.bind_outputs(values, [p.name for p in spec.outputs], [p.name for p in spec.inputs])
     _check_readable(spec, g.decoded_ints, nodes)
-    imports = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in sorted(g.custom_domains)]
+    imports = [helper.make_opsetid("", opset)] + [
+        helper.make_opsetid(d, 1) for d in sorted(g.custom_domains)
+    ]
     defaults = [
         helper.make_attribute(a.name, a.default, attr_type=_ATTR_TYPES[a.type])
-        for a in spec.attrs if not a.required and a.default is not None
+        for a in spec.attrs
+        if not a.required and a.default is not None
     ]
     required = [a.name for a in spec.attrs if a.required or a.default is None]
     return helper.make_function(
-        spec.domain, spec.op_type, [p.name for p in spec.inputs], [p.name for p in spec.outputs],
-        g.nodes, opset_imports=imports, attributes=required, attribute_protos=defaults,
+        spec.domain,
+        spec.op_type,
+        [p.name for p in spec.inputs],
+        [p.name for p in spec.outputs],
+        g.nodes,
+        opset_imports=imports,
+        attributes=required,
+        attribute_protos=defaults,
         doc_string=f"{spec.name} in standard ONNX ops (opset {opset}), from {_name(translation)}",
     )
 

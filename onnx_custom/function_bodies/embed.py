@@ -40,8 +40,8 @@ def _to_proto(obj: Any) -> onnx.FunctionProto | None:
     if callable(obj):
         return _to_proto(obj())
     raise KernelError(
-        f"function= must be an onnx.FunctionProto, an onnxscript function, a zero-argument "
-        f"callable returning one, or a TranslationBody / 'module:function' translation; received "
+        "function= must be an onnx.FunctionProto, an onnxscript function, a zero-argument "
+        "callable returning one, or a TranslationBody / 'module:function' translation; received "
         f"{type(obj).__name__}."
     )
 
@@ -65,7 +65,9 @@ def function_proto(
         try:
             proto = body.build(spec, at, dtypes, nodes)
         except SymbolicError as exc:
-            raise KernelError(f"cannot build the function body of {spec.name} at opset {at}: {exc}") from exc
+            raise KernelError(
+                f"cannot build the function body of {spec.name} at opset {at}: {exc}"
+            ) from exc
     else:
         proto = _to_proto(body)
     if proto is None:
@@ -79,7 +81,10 @@ def function_proto(
 def _default_opset(model: onnx.ModelProto) -> int:
     versions = [o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS]
     if not versions:
-        raise KernelError("the model imports no default ONNX opset (opset_import has no '' domain); fix: re-export it.")
+        raise KernelError(
+            "the model imports no default ONNX opset (opset_import has no '' domain); fix:"
+            " re-export it."
+        )
     return versions[0]
 
 
@@ -102,7 +107,9 @@ def _value_types(model: onnx.ModelProto) -> dict[str, int]:
     return types
 
 
-def _input_dtypes(spec: KernelSpec, nodes: list[onnx.NodeProto], types: dict[str, int]) -> dict[str, torch.dtype]:
+def _input_dtypes(
+    spec: KernelSpec, nodes: list[onnx.NodeProto], types: dict[str, int]
+) -> dict[str, torch.dtype]:
     """Input name -> dtype fed by every node of ``spec``'s op type; KernelError when they differ."""
     found: dict[str, torch.dtype] = {}
     for node in nodes:
@@ -121,7 +128,9 @@ def _input_dtypes(spec: KernelSpec, nodes: list[onnx.NodeProto], types: dict[str
 
 def _check_fixed_body(spec: KernelSpec, body: onnx.FunctionProto, model_opset: int) -> None:
     """A fixed body imported at another opset must mean the same at the model's (ORT inlines it there)."""
-    body_opset = next((o.version for o in body.opset_import if o.domain in _DEFAULT_DOMAINS), model_opset)
+    body_opset = next(
+        (o.version for o in body.opset_import if o.domain in _DEFAULT_DOMAINS), model_opset
+    )
     if body_opset == model_opset:
         return
     for node in body.node:
@@ -136,14 +145,16 @@ def _check_fixed_body(spec: KernelSpec, body: onnx.FunctionProto, model_opset: i
             same = False
         if not same:
             raise KernelError(
-                f"the function body of {spec.name} is written for opset {body_opset}, but its "
-                f"{node.op_type} differs at the model's opset {model_opset} (ONNX Runtime inlines "
-                f"the body at the model's opset); fix: export at opset {body_opset}, or declare the "
-                "body as a TranslationBody so it is built at the model's opset."
+                f"the function body of {spec.name} is written for opset {body_opset}, but its"
+                f" {node.op_type} differs at the model's opset {model_opset} (ONNX Runtime inlines"
+                f" the body at the model's opset); fix: export at opset {body_opset}, or declare"
+                " the body as a TranslationBody so it is built at the model's opset."
             )
 
 
-def _call_types(spec: KernelSpec, nodes: list[onnx.NodeProto], types: dict[str, int]) -> tuple[int, ...]:
+def _call_types(
+    spec: KernelSpec, nodes: list[onnx.NodeProto], types: dict[str, int]
+) -> tuple[int, ...]:
     """The element type the calls feed each body input (0: absent or unknown). At float16/bfloat16
     the body is specialised for those types, so every call must agree on them."""
     width = max(len(node.input) for node in nodes)
@@ -152,7 +163,9 @@ def _call_types(spec: KernelSpec, nodes: list[onnx.NodeProto], types: dict[str, 
         for index, name in enumerate(node.input):
             if name and types.get(name):
                 merged[index].add(types[name])
-    if any(len(found) > 1 for found in merged) and any(t in HALF_TYPES for found in merged for t in found):
+    if any(len(found) > 1 for found in merged) and any(
+        t in HALF_TYPES for found in merged for t in found
+    ):
         raise HalfPrecisionError(
             f"{spec.name} nodes feed their inputs different types ({[sorted(f) for f in merged]}), "
             "and at float16/bfloat16 its function body is specialised for one (ONNX Runtime's CPU "
@@ -164,10 +177,16 @@ def _call_types(spec: KernelSpec, nodes: list[onnx.NodeProto], types: dict[str, 
 
 def _sometimes_absent(body: onnx.FunctionProto, nodes: list[onnx.NodeProto]) -> list[str]:
     """Body inputs that at least one call leaves out."""
-    return [name for index, name in enumerate(body.input) if any(index >= len(n.input) or not n.input[index] for n in nodes)]
+    return [
+        name
+        for index, name in enumerate(body.input)
+        if any(index >= len(n.input) or not n.input[index] for n in nodes)
+    ]
 
 
-def embed_functions(model: ModelSource, kernels: KernelRegistry | None = None, *, half_precision: str = DEFAULT_MODE) -> onnx.ModelProto:
+def embed_functions(
+    model: ModelSource, kernels: KernelRegistry | None = None, *, half_precision: str = DEFAULT_MODE
+) -> onnx.ModelProto:
     """Copy of ``model`` with a ``FunctionProto`` for each custom op whose kernel has a body.
 
     A body called with float16/bfloat16 inputs is passed through
@@ -192,12 +211,16 @@ def embed_functions(model: ModelSource, kernels: KernelRegistry | None = None, *
             continue
         dtypes = None
         generic = model_opset >= _GENERIC_FROM_OPSET
-        if isinstance(spec.function, (str, TranslationBody)) and not (generic and half_precision == "off"):
+        if isinstance(spec.function, (str, TranslationBody)) and not (
+            generic and half_precision == "off"
+        ):
             types = _value_types(out) if types is None else types
             # Specialised below opset 15 (no CastLike), and for float16/bfloat16 calls, so that
             # a translation can pick its compute dtype (e.g. float32 inside a Loop, which
             # widen_function leaves as it is).
-            half = half_precision != "off" and any(t in HALF_TYPES for t in _call_types(spec, nodes, types))
+            half = half_precision != "off" and any(
+                t in HALF_TYPES for t in _call_types(spec, nodes, types)
+            )
             if not generic or half:
                 dtypes = _input_dtypes(spec, nodes, types)
         body = function_proto(spec, opset=model_opset, dtypes=dtypes, nodes=nodes)
@@ -206,7 +229,13 @@ def embed_functions(model: ModelSource, kernels: KernelRegistry | None = None, *
         _check_fixed_body(spec, body, model_opset)
         if half_precision != "off":
             types = _value_types(out) if types is None else types
-            widen_function(body, _call_types(spec, nodes, types), nodes[0], half_precision, maybe_absent=_sometimes_absent(body, nodes))
+            widen_function(
+                body,
+                _call_types(spec, nodes, types),
+                nodes[0],
+                half_precision,
+                maybe_absent=_sometimes_absent(body, nodes),
+            )
         for op in body.opset_import:
             if op.domain in imports and op.domain != spec.domain:
                 op.version = imports[op.domain]

@@ -9,4 +9,9 @@ scriptable), backed by ``onnx_custom::deform_conv2d``. ``MultiScaleDeformableAtt
 from onnx_custom.ops.deform_conv import DeformConv2d, deform_conv2d
 from onnx_custom.ops.msda import MultiScaleDeformableAttention, multi_scale_deformable_attn
 
-__all__ = ["DeformConv2d", "MultiScaleDeformableAttention", "deform_conv2d", "multi_scale_deformable_attn"]
+__all__ = [
+    "DeformConv2d",
+    "MultiScaleDeformableAttention",
+    "deform_conv2d",
+    "multi_scale_deformable_attn",
+]

@@ -78,10 +78,25 @@ BEV_POOL_V2 = OpSpec(
     inputs=[
         Input("depth", FLOATS, format="(B, N, D, fH, fW)"),
         Input("feat", FLOATS, format="(B, N, fH, fW, C)"),
-        *(Input(name, INDEX) for name in ("ranks_depth", "ranks_feat", "ranks_bev", "interval_starts", "interval_lengths")),
+        *(
+            Input(name, INDEX)
+            for name in (
+                "ranks_depth",
+                "ranks_feat",
+                "ranks_bev",
+                "interval_starts",
+                "interval_lengths",
+            )
+        ),
     ],
     attributes=[Attribute("bev_feat_shape", "int[]", after="ranks_bev", doc="[B, Z, Y, X, C]")],
-    outputs=[Output("bev", dtype="like:feat", shape="[bev_feat_shape.0, bev_feat_shape.4, *bev_feat_shape[1:4]]")],
+    outputs=[
+        Output(
+            "bev",
+            dtype="like:feat",
+            shape="[bev_feat_shape.0, bev_feat_shape.4, *bev_feat_shape[1:4]]",
+        )
+    ],
     impl=f"{_OPS}:bev_pool_v2_forward",
     check=f"{_OPS}:check_bev_pool_inputs",
     backward=f"{_OPS}:bev_pool_v2_grads",
@@ -90,7 +105,9 @@ BEV_POOL_V2 = OpSpec(
     kernel="onnx_custom.ort_kernels.bev_pool:bev_pool_v2",
     native=True,  # ort_kernels/native/bev_pool.cpp
     function=TranslationBody(f"{_BEV}:bev_pool_v2", min_opset=16),
-    translations={16: {"default": f"{_BEV}:bev_pool_v2", "custom": "node"}},  # ScatterND reduction: 16
+    translations={
+        16: {"default": f"{_BEV}:bev_pool_v2", "custom": "node"}
+    },  # ScatterND reduction: 16
 )
 SPECS = (BEV_POOL_V2,)
 _SOURCE = Path(__file__).parent / "csrc" / "bev_pool.cpp"
@@ -104,7 +121,9 @@ def _cflags() -> list[str]:
 
 
 _KERNELS = KernelModule(_EXTENSION, _SOURCE, _cflags)
-build_directory = _KERNELS.directory  # the C++ kernels' build-cache folder (the zoo announces a build)
+build_directory = (
+    _KERNELS.directory
+)  # the C++ kernels' build-cache folder (the zoo announces a build)
 load_extension = _KERNELS.load  # build (first call, ~30 s) or load the cached C++ kernels
 
 
@@ -113,7 +132,12 @@ def _extension_or_none() -> ModuleType | None:
     try:
         return load_extension()
     except ExtensionBuildError as exc:
-        warnings.warn(f"onnx_custom::bev_pool_v2: C++ kernels unavailable, using the slower PyTorch path ({exc})", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            "onnx_custom::bev_pool_v2: C++ kernels unavailable, using the slower PyTorch path"
+            f" ({exc})",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return None
 
 
@@ -156,7 +180,16 @@ def check_bev_pool_inputs(args: Any) -> None:
         raise ValueError(f"{op} expects positive bev_feat_shape, got {list(bev_feat_shape)}")
     ranks_depth, ranks_feat, ranks_bev = args.ranks_depth, args.ranks_feat, args.ranks_bev
     interval_starts, interval_lengths = args.interval_starts, args.interval_lengths
-    named = {name: getattr(args, name) for name in ("ranks_depth", "ranks_feat", "ranks_bev", "interval_starts", "interval_lengths")}
+    named = {
+        name: getattr(args, name)
+        for name in (
+            "ranks_depth",
+            "ranks_feat",
+            "ranks_bev",
+            "interval_starts",
+            "interval_lengths",
+        )
+    }
     for name, t in named.items():
         if t.dim() != 1 or t.dtype not in _INDEX_DTYPES:
             raise TypeError(
@@ -229,7 +262,15 @@ def bev_pool_v2_math(a: Any) -> torch.Tensor:
 
 def _run_native(a: Any, out: torch.Tensor | None) -> torch.Tensor | None:
     """The C++ forward (into ``out`` when given); None when it cannot run here."""
-    tensors = (a.depth, a.feat, a.ranks_depth, a.ranks_feat, a.ranks_bev, a.interval_starts, a.interval_lengths)
+    tensors = (
+        a.depth,
+        a.feat,
+        a.ranks_depth,
+        a.ranks_feat,
+        a.ranks_bev,
+        a.interval_starts,
+        a.interval_lengths,
+    )
     native = _native(*tensors, *(() if out is None else (out,)))
     if native is None:
         return None
@@ -314,7 +355,13 @@ def _bev_pool_v2_backward_fake(
 
 
 def bev_pool_v2_save(ctx: Any, inputs: Any, output: Any) -> None:
-    ranks = (inputs.ranks_depth, inputs.ranks_feat, inputs.ranks_bev, inputs.interval_starts, inputs.interval_lengths)
+    ranks = (
+        inputs.ranks_depth,
+        inputs.ranks_feat,
+        inputs.ranks_bev,
+        inputs.interval_starts,
+        inputs.interval_lengths,
+    )
     ctx.save_for_backward(inputs.depth, inputs.feat, *ranks)
 
 
@@ -357,10 +404,13 @@ def prepare_bev_ranks(
     batch = torch.arange(b, device=device).repeat_interleave(num_points // b)
     gx, gy, gz = (int(s) for s in grid_size)
     kept = (
-        (voxel[:, 0] >= 0) & (voxel[:, 0] < gx)
-        & (voxel[:, 1] >= 0) & (voxel[:, 1] < gy)
-        & (voxel[:, 2] >= 0) & (voxel[:, 2] < gz)
-    )  # fmt: skip
+        (voxel[:, 0] >= 0)
+        & (voxel[:, 0] < gx)
+        & (voxel[:, 1] >= 0)
+        & (voxel[:, 1] < gy)
+        & (voxel[:, 2] >= 0)
+        & (voxel[:, 2] < gz)
+    )
     voxel, batch = voxel[kept], batch[kept]
     ranks_depth, ranks_feat = ranks_depth[kept], ranks_feat[kept]
     ranks_bev = batch * (gz * gy * gx) + voxel[:, 2] * (gy * gx) + voxel[:, 1] * gx + voxel[:, 0]

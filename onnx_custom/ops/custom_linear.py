@@ -39,7 +39,13 @@ CUSTOM_LINEAR = OpSpec(
     function=TranslationBody(f"{_LINEAR}:linear_any_rank_gemm", min_opset=11),
     # every variant from opset 11 (optional Gemm C): the registry picks the highest opset first
     # and the preferred variant only among the entries at that opset
-    translations={11: {"default": f"{_LINEAR}:custom_linear", "gemm": f"{_LINEAR}:custom_linear_gemm", "custom": "node"}},
+    translations={
+        11: {
+            "default": f"{_LINEAR}:custom_linear",
+            "gemm": f"{_LINEAR}:custom_linear_gemm",
+            "custom": "node",
+        }
+    },
 )
 SPECS = (CUSTOM_LINEAR,)
 
@@ -54,10 +60,13 @@ def check_linear_inputs(args: Any) -> None:
     """Shared by the eager and fake kernels; messages name the shapes."""
     x, weight, bias = args.x, args.weight, args.bias
     if x.dim() < 1:
-        raise ValueError("onnx_custom::custom_linear expects x with at least 1 dimension, got a 0-d tensor")
+        raise ValueError(
+            "onnx_custom::custom_linear expects x with at least 1 dimension, got a 0-d tensor"
+        )
     if weight.dim() != 2:
         raise ValueError(
-            f"onnx_custom::custom_linear expects a 2-D weight [out, in], got shape {list(weight.shape)}"
+            "onnx_custom::custom_linear expects a 2-D weight [out, in], got shape"
+            f" {list(weight.shape)}"
         )
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(
@@ -66,12 +75,13 @@ def check_linear_inputs(args: Any) -> None:
         )
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
         raise ValueError(
-            f"onnx_custom::custom_linear expects bias of shape [{weight.shape[0]}], got {list(bias.shape)}"
+            f"onnx_custom::custom_linear expects bias of shape [{weight.shape[0]}], got"
+            f" {list(bias.shape)}"
         )
     dtypes = {t.dtype for t in (x, weight, bias) if t is not None}
     if len(dtypes) != 1:
         raise TypeError(
-            f"onnx_custom::custom_linear expects x, weight and bias of one dtype, got "
+            "onnx_custom::custom_linear expects x, weight and bias of one dtype, got "
             f"x {x.dtype}, weight {weight.dtype}, bias {None if bias is None else bias.dtype}"
         )
     if not x.dtype.is_floating_point:

@@ -73,8 +73,16 @@ DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 _FLOATS = tuple(str(d).removeprefix("torch.") for d in DTYPES)
 _VISION = "onnx_custom.symbolics.deform_conv"
 # What a custom node without the attribute means (the torch schema, torchvision's, has no defaults).
-_NODE_DEFAULTS = {"stride_h": 1, "stride_w": 1, "pad_h": 0, "pad_w": 0, "dilation_h": 1,
-                  "dilation_w": 1, "groups": 1, "offset_groups": 1}  # fmt: skip
+_NODE_DEFAULTS = {
+    "stride_h": 1,
+    "stride_w": 1,
+    "pad_h": 0,
+    "pad_w": 0,
+    "dilation_h": 1,
+    "dilation_w": 1,
+    "groups": 1,
+    "offset_groups": 1,
+}
 
 DEFORM_CONV2D = OpSpec(
     "onnx_custom::deform_conv2d",
@@ -105,9 +113,15 @@ DEFORM_CONV2D = OpSpec(
 # torchvision's op has the same schema and its own fake kernel and autograd: adopted, exported
 # the same way, its node served by the kernel above.
 TORCHVISION_DEFORM_CONV2D = dataclasses.replace(
-    DEFORM_CONV2D, name="torchvision::deform_conv2d", impl=None, check=None, backward=None,
-    setup_context=None, kernel="onnx_custom.ort_kernels.deform_conv:kernels", function=None,
-)  # fmt: skip
+    DEFORM_CONV2D,
+    name="torchvision::deform_conv2d",
+    impl=None,
+    check=None,
+    backward=None,
+    setup_context=None,
+    kernel="onnx_custom.ort_kernels.deform_conv:kernels",
+    function=None,
+)
 
 
 def torchvision_unavailable_reason() -> str | None:
@@ -119,13 +133,17 @@ def torchvision_unavailable_reason() -> str | None:
     except ImportError as exc:
         return f"torchvision is not installed ({exc.name or exc})"
     except Exception as exc:  # a broken install fails at import in other ways
-        return f"torchvision fails to import: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        return (
+            f"torchvision fails to import: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        )
     try:
         torch.ops.torchvision.deform_conv2d.default  # noqa: B018  (raises if the op is missing)
     except Exception as exc:
         version = getattr(torchvision, "__version__", "?")
-        return (f"torchvision {version} is installed but its compiled ops do not load with torch "
-                f"{torch.__version__} ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})")
+        return (
+            f"torchvision {version} is installed but its compiled ops do not load with torch "
+            f"{torch.__version__} ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
+        )
     return None
 
 
@@ -155,7 +173,9 @@ def _headers() -> list[Path]:
 
 
 _KERNELS = KernelModule(_EXTENSION, _SOURCE, _cflags, headers=_headers)
-build_directory = _KERNELS.directory  # the C++ kernels' build-cache folder (the zoo announces a build)
+build_directory = (
+    _KERNELS.directory
+)  # the C++ kernels' build-cache folder (the zoo announces a build)
 load_extension = _KERNELS.load  # build (first call, ~30 s) or load the cached C++ kernels
 
 
@@ -199,14 +219,13 @@ def validate_deform_conv2d(args: Any) -> tuple[Any, Any, Any, Any]:
         named["mask"] = mask
     if input.dtype not in DTYPES:
         raise DeformConv2dDtypeError(
-            f"deform_conv2d supports {_dtype_names()} input, got {input.dtype}; cast with "
-            ".float()."
+            f"deform_conv2d supports {_dtype_names()} input, got {input.dtype}; cast with .float()."
         )
     for name, t in named.items():
         if t.dtype != input.dtype:
             raise DeformConv2dDtypeError(
                 f"deform_conv2d: {name} has dtype {t.dtype} but input has {input.dtype}; all "
-                f"tensors must share one dtype (float16/bfloat16 already accumulate in float32): "
+                "tensors must share one dtype (float16/bfloat16 already accumulate in float32): "
                 f"cast with {name}.to({input.dtype}), or run the op in {t.dtype} throughout."
             )
     for name, value in (
@@ -218,7 +237,9 @@ def validate_deform_conv2d(args: Any) -> tuple[Any, Any, Any, Any]:
         ("offset_groups", offset_groups),
     ):
         if value <= 0:
-            raise DeformConv2dError(f"deform_conv2d: {name} must be positive, got {value}; fix: pass 1 or more.")
+            raise DeformConv2dError(
+                f"deform_conv2d: {name} must be positive, got {value}; fix: pass 1 or more."
+            )
     if pad_h < 0 or pad_w < 0:
         raise DeformConv2dError(
             f"deform_conv2d: padding must be non-negative, got ({pad_h}, {pad_w})."
@@ -226,8 +247,8 @@ def validate_deform_conv2d(args: Any) -> tuple[Any, Any, Any, Any]:
     for name in ("input", "weight", "offset") + (("mask",) if use_mask else ()):
         if named[name].dim() != 4:
             raise DeformConv2dError(
-                f"deform_conv2d: {name} must be 4-D (N, C, H, W), got shape {_shape(named[name])}; fix: "
-                f"add the batch dim with {name}.unsqueeze(0), or reshape it."
+                f"deform_conv2d: {name} must be 4-D (N, C, H, W), got shape {_shape(named[name])};"
+                f" fix: add the batch dim with {name}.unsqueeze(0), or reshape it."
             )
     if bias.dim() != 1:
         raise DeformConv2dError(f"deform_conv2d: bias must be 1-D, got shape {_shape(bias)}.")
@@ -249,8 +270,8 @@ def validate_deform_conv2d(args: Any) -> tuple[Any, Any, Any, Any]:
         )
     if bias.shape[0] != cout:
         raise DeformConv2dError(
-            f"deform_conv2d: bias shape {_shape(bias)} does not match out channels {cout}; fix: pass "
-            f"a bias of shape ({cout},) (weight.shape[0]), or bias=None."
+            f"deform_conv2d: bias shape {_shape(bias)} does not match out channels {cout}; fix:"
+            f" pass a bias of shape ({cout},) (weight.shape[0]), or bias=None."
         )
     ho = output_size(h, kh, stride_h, pad_h, dilation_h)
     wo = output_size(w, kw, stride_w, pad_w, dilation_w)
@@ -263,19 +284,20 @@ def validate_deform_conv2d(args: Any) -> tuple[Any, Any, Any, Any]:
     expected = (n, 2 * offset_groups * kh * kw, ho, wo)
     if _shape(offset) != expected:
         raise DeformConv2dError(
-            f"deform_conv2d: the shape of the offset tensor is not valid: offset must have shape (N, 2*offset_groups*kh*kw, Ho, Wo) = "
-            f"{expected}, got {_shape(offset)} (input {_shape(input)}, weight {_shape(weight)}); fix: "
-            f"produce the offset with {expected[1]} channels at the output size {expected[2:]}."
+            "deform_conv2d: the shape of the offset tensor is not valid: offset must have shape"
+            f" (N, 2*offset_groups*kh*kw, Ho, Wo) = {expected}, got {_shape(offset)} (input"
+            f" {_shape(input)}, weight {_shape(weight)}); fix: produce the offset with"
+            f" {expected[1]} channels at the output size {expected[2:]}."
             + _layout_hint(offset, expected)
         )
     if use_mask:
         expected = (n, offset_groups * kh * kw, ho, wo)
         if _shape(mask) != expected:
             raise DeformConv2dError(  # torchvision's words: "mask.shape[1] is not valid"
-                f"deform_conv2d: mask.shape[1] is not valid: mask must have shape (N, offset_groups*kh*kw, Ho, Wo) = "
-                f"{expected}, got {_shape(mask)} (offset {_shape(offset)}); fix: produce the mask "
-                f"with {expected[1]} channels (half the offset's), or pass mask=None."
-                + _layout_hint(mask, expected)
+                "deform_conv2d: mask.shape[1] is not valid: mask must have shape (N,"
+                f" offset_groups*kh*kw, Ho, Wo) = {expected}, got {_shape(mask)} (offset"
+                f" {_shape(offset)}); fix: produce the mask with {expected[1]} channels (half the"
+                " offset's), or pass mask=None." + _layout_hint(mask, expected)
             )
     for name, t in named.items():
         if t.device != input.device:
@@ -317,9 +339,22 @@ def _deform_conv2d_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients for (input, weight, offset, mask, bias); mask's is zero unless ``use_mask``."""
     grads = load_extension().backward(
-        grad, input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
-        dilation_h, dilation_w, groups, offset_groups, use_mask,
-    )  # fmt: skip
+        grad,
+        input,
+        weight,
+        offset,
+        mask,
+        bias,
+        stride_h,
+        stride_w,
+        pad_h,
+        pad_w,
+        dilation_h,
+        dilation_w,
+        groups,
+        offset_groups,
+        use_mask,
+    )
     return tuple(grads)
 
 
@@ -337,7 +372,13 @@ def deform_conv2d_save(ctx: Any, inputs: Any, output: torch.Tensor) -> None:
 
 def deform_conv2d_backward(ctx: Any, grad: torch.Tensor) -> dict[str, torch.Tensor | None]:
     gi, gw, go, gm, gb = _deform_conv2d_backward(grad, *ctx.saved_tensors, *ctx.params)
-    return {"input": gi, "weight": gw, "offset": go, "mask": gm if ctx.use_mask else None, "bias": gb}
+    return {
+        "input": gi,
+        "weight": gw,
+        "offset": go,
+        "mask": gm if ctx.use_mask else None,
+        "bias": gb,
+    }
 
 
 deform_conv2d_op = define_op(DEFORM_CONV2D)
@@ -369,14 +410,14 @@ def deform_conv2d(
     for name, value in (("input", input), ("offset", offset), ("weight", weight)):
         if not isinstance(value, torch.Tensor):
             raise DeformConv2dError(
-                f"deform_conv2d: {name} must be a torch.Tensor, got {type(value).__name__}; fix: pass "
-                f"the {name} tensor."
+                f"deform_conv2d: {name} must be a torch.Tensor, got {type(value).__name__}; fix:"
+                f" pass the {name} tensor."
             )
     if input.dim() != 4 or weight.dim() != 4 or offset.dim() != 4:
         raise DeformConv2dError(
-            f"deform_conv2d: input, weight and offset must be 4-D, got input "
-            f"{list(input.shape)}, weight {list(weight.shape)}, offset {list(offset.shape)}; fix: add "
-            f"the batch dim with .unsqueeze(0) (input and offset are (N, C, H, W))."
+            f"deform_conv2d: input, weight and offset must be 4-D, got input {list(input.shape)},"
+            f" weight {list(weight.shape)}, offset {list(offset.shape)}; fix: add the batch dim"
+            " with .unsqueeze(0) (input and offset are (N, C, H, W))."
         )
     stride_h, stride_w = _pair(stride)
     pad_h, pad_w = _pair(padding)
@@ -386,9 +427,10 @@ def deform_conv2d(
     if not torch.jit.is_tracing():  # static channel counts: no TracerWarnings while tracing
         if offset.shape[1] == 0 or offset.shape[1] % taps != 0:
             raise DeformConv2dError(  # torchvision's words: "the shape of the offset"
-                f"deform_conv2d: the shape of the offset tensor is not valid: offset channels {offset.shape[1]} (offset "
-                f"{list(offset.shape)}) must be a positive multiple of 2*kh*kw = {taps} (weight "
-                f"{list(weight.shape)}): one (dy, dx) pair per kernel tap and offset group."
+                "deform_conv2d: the shape of the offset tensor is not valid: offset channels"
+                f" {offset.shape[1]} (offset {list(offset.shape)}) must be a positive multiple of"
+                f" 2*kh*kw = {taps} (weight {list(weight.shape)}): one (dy, dx) pair per kernel tap"
+                " and offset group."
             )
         if weight.shape[1] == 0 or input.shape[1] % weight.shape[1] != 0:
             raise DeformConv2dError(
@@ -404,9 +446,22 @@ def deform_conv2d(
         mask = torch.zeros((input.shape[0], 1), device=input.device, dtype=input.dtype)
     if bias is None:
         bias = torch.zeros(weight.shape[0], device=input.device, dtype=input.dtype)
-    return torch.ops.onnx_custom.deform_conv2d(input, weight, offset, mask, bias, stride_h,
-                                               stride_w, pad_h, pad_w, dil_h, dil_w, groups,
-                                               offset_groups, use_mask)  # fmt: skip
+    return torch.ops.onnx_custom.deform_conv2d(
+        input,
+        weight,
+        offset,
+        mask,
+        bias,
+        stride_h,
+        stride_w,
+        pad_h,
+        pad_w,
+        dil_h,
+        dil_w,
+        groups,
+        offset_groups,
+        use_mask,
+    )
 
 
 class DeformConv2d(nn.Module):
@@ -425,13 +480,19 @@ class DeformConv2d(nn.Module):
         bias: bool = True,
     ) -> None:
         super().__init__()
-        sizes = {"in_channels": in_channels, "out_channels": out_channels, "groups": groups,
-                 "kernel_size": _pair(kernel_size), "stride": _pair(stride), "dilation": _pair(dilation)}
+        sizes = {
+            "in_channels": in_channels,
+            "out_channels": out_channels,
+            "groups": groups,
+            "kernel_size": _pair(kernel_size),
+            "stride": _pair(stride),
+            "dilation": _pair(dilation),
+        }
         bad = {k: v for k, v in sizes.items() if min(v if isinstance(v, tuple) else (v,)) <= 0}
         if bad:
             raise DeformConv2dError(
                 f"DeformConv2d: {', '.join(f'{k}={v}' for k, v in bad.items())}; expected positive "
-                f"sizes. Fix: pass 1 or more (e.g. kernel_size=3)."
+                "sizes. Fix: pass 1 or more (e.g. kernel_size=3)."
             )
         if in_channels % groups != 0 or out_channels % groups != 0:
             raise DeformConv2dError(
@@ -446,9 +507,10 @@ class DeformConv2d(nn.Module):
         self.dilation = _pair(dilation)
         self.groups = groups
         self.weight = nn.Parameter(
-            torch.empty(out_channels, in_channels // groups, self.kernel_size[0],
-                        self.kernel_size[1])
-        )  # fmt: skip
+            torch.empty(
+                out_channels, in_channels // groups, self.kernel_size[0], self.kernel_size[1]
+            )
+        )
         self.bias: nn.Parameter | None
         if bias:
             self.bias = nn.Parameter(torch.empty(out_channels))
@@ -467,10 +529,20 @@ class DeformConv2d(nn.Module):
     def forward(self, input: Tensor, offset: Tensor, mask: Tensor | None = None) -> Tensor:
         """``offset``: (N, 2*offset_groups*kh*kw, Ho, Wo); ``mask``: (N, offset_groups*kh*kw,
         Ho, Wo) or None (DCNv1)."""
-        return deform_conv2d(input, offset, self.weight, self.bias, stride=self.stride,
-                             padding=self.padding, dilation=self.dilation, mask=mask)  # fmt: skip
+        return deform_conv2d(
+            input,
+            offset,
+            self.weight,
+            self.bias,
+            stride=self.stride,
+            padding=self.padding,
+            dilation=self.dilation,
+            mask=mask,
+        )
 
     def extra_repr(self) -> str:
-        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-                f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}, "
-                f"groups={self.groups}, bias={self.bias is not None}")  # fmt: skip
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+            f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}, "
+            f"groups={self.groups}, bias={self.bias is not None}"
+        )

@@ -88,12 +88,13 @@ def check_my_add_inputs(args: Any) -> None:
         )
     if a.dtype != b.dtype:
         raise TypeError(
-            f"onnx_custom_ext::my_add expects a and b of the same dtype, got a {a.dtype} and b {b.dtype}"
+            f"onnx_custom_ext::my_add expects a and b of the same dtype, got a {a.dtype} and b"
+            f" {b.dtype}"
         )
     if str(a.dtype).removeprefix("torch.") not in MY_ADD.inputs[0].dtypes:
         raise TypeError(
-            "onnx_custom_ext::my_add expects tensors of float32, float64, float16, bfloat16, int8, int16, "
-            f"int32, int64 or uint8, got {a.dtype}"
+            "onnx_custom_ext::my_add expects tensors of float32, float64, float16, bfloat16, int8,"
+            f" int16, int32, int64 or uint8, got {a.dtype}"
         )
 
 
@@ -110,7 +111,11 @@ def build_directory() -> Path:
 
 
 def _build(verbose: bool) -> str:
-    return str(build_torch_extension(EXTENSION_NAME, SOURCE, extra_cflags=_CFLAGS, is_python_module=False, verbose=verbose))
+    return str(
+        build_torch_extension(
+            EXTENSION_NAME, SOURCE, extra_cflags=_CFLAGS, is_python_module=False, verbose=verbose
+        )
+    )
 
 
 def load_my_ops(verbose: bool = False) -> str:

@@ -89,13 +89,24 @@ _OPS = "onnx_custom.ops.msda"
 
 MSDA = OpSpec(
     "onnx_custom::multi_scale_deformable_attn",
-    doc="multi-scale deformable attention (mmcv semantics): bilinear samples of each level, weighted",
+    doc=(
+        "multi-scale deformable attention (mmcv semantics): bilinear samples of each level,"
+        " weighted"
+    ),
     inputs=[
         Input("value", _FLOATS, format="(bs, num_keys, num_heads, head_dim)"),
         Input("spatial_shapes", ("int64",), format="(num_levels, 2)"),
         Input("level_start_index", ("int64",), format="(num_levels,)"),
-        Input("sampling_locations", _FLOATS, format="(bs, num_queries, num_heads, num_levels, num_points, 2)"),
-        Input("attention_weights", _FLOATS, format="(bs, num_queries, num_heads, num_levels, num_points)"),
+        Input(
+            "sampling_locations",
+            _FLOATS,
+            format="(bs, num_queries, num_heads, num_levels, num_points, 2)",
+        ),
+        Input(
+            "attention_weights",
+            _FLOATS,
+            format="(bs, num_queries, num_heads, num_levels, num_points)",
+        ),
     ],
     attributes=[Attribute("im2col_step", "int", node_default=64)],
     outputs=[Output("output", shape="[value.0, sampling_locations.1, value.2 * value.3]")],
@@ -119,10 +130,17 @@ MSDA = OpSpec(
     # is declared again at 16, where the GridSample form starts (the node is re-placed there).
     # "gather": the gather form at every opset (for backends that mishandle GridSample).
     translations={
-        1: {"default": NODE, "mmdeploy": f"{_SYMBOLICS}:msda_mmdeploy", "standard": f"{_SYMBOLICS}:msda_gather",
-            "gather": f"{_SYMBOLICS}:msda_gather"},
-        16: {"mmdeploy": f"{_SYMBOLICS}:msda_mmdeploy", "standard": f"{_SYMBOLICS}:msda_grid_sample",
-             "gather": f"{_SYMBOLICS}:msda_gather"},
+        1: {
+            "default": NODE,
+            "mmdeploy": f"{_SYMBOLICS}:msda_mmdeploy",
+            "standard": f"{_SYMBOLICS}:msda_gather",
+            "gather": f"{_SYMBOLICS}:msda_gather",
+        },
+        16: {
+            "mmdeploy": f"{_SYMBOLICS}:msda_mmdeploy",
+            "standard": f"{_SYMBOLICS}:msda_grid_sample",
+            "gather": f"{_SYMBOLICS}:msda_gather",
+        },
     },
 )
 SPECS = (MSDA,)
@@ -134,10 +152,16 @@ def _compiler_is_gcc() -> bool:
     from torch.utils.cpp_extension import get_cxx_compiler
 
     try:
-        banner = subprocess.run([get_cxx_compiler(), "--version"], capture_output=True, text=True, timeout=30).stdout
+        banner = subprocess.run(
+            [get_cxx_compiler(), "--version"], capture_output=True, text=True, timeout=30
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return False
-    return "clang" not in banner.lower() and ("gcc" in banner.lower() or "g++" in banner.lower() or "free software foundation" in banner.lower())
+    return "clang" not in banner.lower() and (
+        "gcc" in banner.lower()
+        or "g++" in banner.lower()
+        or "free software foundation" in banner.lower()
+    )
 
 
 def _cflags() -> list[str]:
@@ -194,7 +218,7 @@ def validate_msda(args: Any) -> None:
             raise MultiScaleDeformableAttnDtypeError(
                 f"multi_scale_deformable_attn: {name} has dtype {t.dtype} but value has "
                 f"{value.dtype}; the float tensors share one dtype. Fix: {name}.type_as(value) "
-                f"(onnx_custom.ops.multi_scale_deformable_attn casts them, as mmcv does)."
+                "(onnx_custom.ops.multi_scale_deformable_attn casts them, as mmcv does)."
             )
     for name in ("spatial_shapes", "level_start_index"):
         t = getattr(args, name)
@@ -208,15 +232,23 @@ def validate_msda(args: Any) -> None:
         if t.dim() != rank:
             raise _fail(
                 f"{name} must be {rank}-D {layout}, got shape {_shape(t)}. Fix: reshape it, e.g. "
-                + ("sampling_offsets.view(bs, num_queries, num_heads, num_levels, num_points, 2)."
-                   if name == "sampling_locations" else f"{name}.view{layout}.")
+                + (
+                    "sampling_offsets.view(bs, num_queries, num_heads, num_levels, num_points, 2)."
+                    if name == "sampling_locations"
+                    else f"{name}.view{layout}."
+                )
             )
     shapes, starts = args.spatial_shapes, args.level_start_index
     bs, _, heads, _ = value.shape
     if shapes.shape[1] != 2:
-        raise _fail(f"spatial_shapes must be (num_levels, 2) holding (H, W) per level, got shape {_shape(shapes)}.")
+        raise _fail(
+            "spatial_shapes must be (num_levels, 2) holding (H, W) per level, got shape"
+            f" {_shape(shapes)}."
+        )
     if loc.shape[5] != 2:
-        raise _fail(f"sampling_locations' last dim holds (x, y) and must be 2, got shape {_shape(loc)}.")
+        raise _fail(
+            f"sampling_locations' last dim holds (x, y) and must be 2, got shape {_shape(loc)}."
+        )
     levels = shapes.shape[0]
     expected = (bs, loc.shape[1], heads, levels, loc.shape[4])
     if _shape(loc)[:5] != expected:
@@ -227,7 +259,7 @@ def validate_msda(args: Any) -> None:
         )
     if _shape(attn) != expected:
         raise _fail(
-            f"attention_weights must have shape (bs, num_queries, num_heads, num_levels, "
+            "attention_weights must have shape (bs, num_queries, num_heads, num_levels, "
             f"num_points) = {expected} (sampling_locations {_shape(loc)}), got {_shape(attn)}."
         )
     if _shape(starts) != (levels,):
@@ -236,11 +268,16 @@ def validate_msda(args: Any) -> None:
             f"{_shape(shapes)}, got {_shape(starts)}."
         )
     if args.im2col_step <= 0:
-        raise _fail(f"im2col_step must be positive, got {args.im2col_step}. Fix: pass 64 (mmcv's default).")
+        raise _fail(
+            f"im2col_step must be positive, got {args.im2col_step}. Fix: pass 64 (mmcv's default)."
+        )
     for name in ("spatial_shapes", "level_start_index", "sampling_locations", "attention_weights"):
         t = getattr(args, name)
         if t.device != value.device:
-            raise _fail(f"{name} is on {t.device} but value on {value.device}. Fix: .to({str(value.device)!r}).")
+            raise _fail(
+                f"{name} is on {t.device} but value on {value.device}. Fix:"
+                f" .to({str(value.device)!r})."
+            )
 
 
 def check_level_layout(spatial_shapes: Any, level_start_index: Any, num_keys: int | None) -> None:
@@ -257,7 +294,7 @@ def check_level_layout(spatial_shapes: Any, level_start_index: Any, num_keys: in
         raise _fail(
             f"spatial_shapes {hw} cover sum(H*W) = {sum(sizes)} keys but value has num_keys = "
             f"{num_keys}. Fix: value must be the levels' (H*W) features concatenated, in the order "
-            f"of spatial_shapes."
+            "of spatial_shapes."
         )
     if level_start_index is None:
         return
@@ -265,8 +302,9 @@ def check_level_layout(spatial_shapes: Any, level_start_index: Any, num_keys: in
     expected = [sum(sizes[:i]) for i in range(len(sizes))]
     if starts != expected:
         raise _fail(
-            f"level_start_index {starts} does not match spatial_shapes {hw}: expected {expected}. "
-            f"Fix: torch.cat((spatial_shapes.new_zeros((1,)), spatial_shapes.prod(1).cumsum(0)[:-1]))."
+            f"level_start_index {starts} does not match spatial_shapes {hw}: expected {expected}."
+            " Fix: torch.cat((spatial_shapes.new_zeros((1,)),"
+            " spatial_shapes.prod(1).cumsum(0)[:-1]))."
         )
 
 
@@ -274,7 +312,10 @@ def check_level_layout(spatial_shapes: Any, level_start_index: Any, num_keys: in
 def msda_forward(args: Any) -> torch.Tensor:
     """The eager math: the C++ kernel, after the checks that read the level tensors' values."""
     if args.value.device.type != "cpu":
-        raise _fail(f"only CPU tensors are supported, got {args.value.device}. Fix: move the tensors with .cpu().")
+        raise _fail(
+            f"only CPU tensors are supported, got {args.value.device}. Fix: move the tensors with"
+            " .cpu()."
+        )
     check_level_layout(args.spatial_shapes, args.level_start_index, args.value.shape[1])
     return load_extension().forward(*args)
 
@@ -287,14 +328,31 @@ def _torch_view(a: Any) -> torch.Tensor:
     return torch.from_numpy(a)
 
 
-def msda_ort_kernel(value: Any, spatial_shapes: Any, level_start_index: Any, sampling_locations: Any,
-                    attention_weights: Any, *, im2col_step: int = 64, out: tuple[Any, ...]) -> None:
+def msda_ort_kernel(
+    value: Any,
+    spatial_shapes: Any,
+    level_start_index: Any,
+    sampling_locations: Any,
+    attention_weights: Any,
+    *,
+    im2col_step: int = 64,
+    out: tuple[Any, ...],
+) -> None:
     """Python kernel of ``onnx_custom::MultiScaleDeformableAttn`` (and mmdeploy's node): the eager
     op's checks (`validate_msda`, `check_level_layout`), then its C++ forward writing into ONNX
     Runtime's output buffer ``out[0]`` (no result tensor to allocate and copy back)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # ORT's inputs are read-only views; nothing writes them
-        args = [_torch_view(a) for a in (value, spatial_shapes, level_start_index, sampling_locations, attention_weights)]
+        args = [
+            _torch_view(a)
+            for a in (
+                value,
+                spatial_shapes,
+                level_start_index,
+                sampling_locations,
+                attention_weights,
+            )
+        ]
     validate_msda(*args, im2col_step)
     check_level_layout(args[1], args[2], args[0].shape[1])
     load_extension().forward_out(*args, im2col_step, _torch_view(out[0]))
@@ -311,20 +369,40 @@ def _msda_backward(
     im2col_step: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients for (value, sampling_locations, attention_weights)."""
-    grads = load_extension().backward(grad, value, spatial_shapes, level_start_index,
-                                      sampling_locations, attention_weights, im2col_step)  # fmt: skip
+    grads = load_extension().backward(
+        grad,
+        value,
+        spatial_shapes,
+        level_start_index,
+        sampling_locations,
+        attention_weights,
+        im2col_step,
+    )
     return tuple(grads)
 
 
 @_msda_backward.register_fake
-def _(grad, value, spatial_shapes, level_start_index, sampling_locations, attention_weights, im2col_step):
+def _(
+    grad,
+    value,
+    spatial_shapes,
+    level_start_index,
+    sampling_locations,
+    attention_weights,
+    im2col_step,
+):
     # Dense like the C++ kernel's results, whatever the inputs' strides.
     return tuple(t.new_empty(t.shape) for t in (value, sampling_locations, attention_weights))
 
 
 def msda_save(ctx: Any, inputs: Any, output: torch.Tensor) -> None:
-    ctx.save_for_backward(inputs.value, inputs.spatial_shapes, inputs.level_start_index,
-                          inputs.sampling_locations, inputs.attention_weights)  # fmt: skip
+    ctx.save_for_backward(
+        inputs.value,
+        inputs.spatial_shapes,
+        inputs.level_start_index,
+        inputs.sampling_locations,
+        inputs.attention_weights,
+    )
     ctx.im2col_step = inputs.im2col_step
 
 
@@ -350,9 +428,13 @@ def multi_scale_deformable_attn(
     first (mixed precision: value float16, locations float32).
     """
     return torch.ops.onnx_custom.multi_scale_deformable_attn(
-        value, value_spatial_shapes, value_level_start_index,
-        sampling_locations.type_as(value), attention_weights.type_as(value), im2col_step,
-    )  # fmt: skip
+        value,
+        value_spatial_shapes,
+        value_level_start_index,
+        sampling_locations.type_as(value),
+        attention_weights.type_as(value),
+        im2col_step,
+    )
 
 
 class MultiScaleDeformableAttention(nn.Module):
@@ -380,19 +462,25 @@ class MultiScaleDeformableAttention(nn.Module):
         value_proj_ratio: float = 1.0,
     ) -> None:
         super().__init__()
-        sizes = {"embed_dims": embed_dims, "num_heads": num_heads, "num_levels": num_levels,
-                 "num_points": num_points, "im2col_step": im2col_step}  # fmt: skip
+        sizes = {
+            "embed_dims": embed_dims,
+            "num_heads": num_heads,
+            "num_levels": num_levels,
+            "num_points": num_points,
+            "im2col_step": im2col_step,
+        }
         bad = {k: v for k, v in sizes.items() if not isinstance(v, int) or v <= 0}
         if bad:
             raise MultiScaleDeformableAttnError(
-                f"MultiScaleDeformableAttention: {', '.join(f'{k}={v!r}' for k, v in bad.items())}; "
-                f"expected positive ints. Fix: e.g. embed_dims=256, num_heads=8, num_levels=4, num_points=4."
+                f"MultiScaleDeformableAttention: {', '.join(f'{k}={v!r}' for k, v in bad.items())};"
+                " expected positive ints. Fix: e.g. embed_dims=256, num_heads=8, num_levels=4,"
+                " num_points=4."
             )
         if embed_dims % num_heads != 0:
             raise MultiScaleDeformableAttnError(
-                f"MultiScaleDeformableAttention: embed_dims must be divisible by num_heads, but got "
-                f"{embed_dims} and {num_heads}. Fix: pick num_heads dividing embed_dims (e.g. "
-                f"{math.gcd(embed_dims, num_heads)})."
+                "MultiScaleDeformableAttention: embed_dims must be divisible by num_heads, but got"
+                f" {embed_dims} and {num_heads}. Fix: pick num_heads dividing embed_dims (e.g."
+                f" {math.gcd(embed_dims, num_heads)})."
             )
         value_proj_size = int(embed_dims * value_proj_ratio)
         if value_proj_size <= 0 or value_proj_size % num_heads != 0:
@@ -404,8 +492,9 @@ class MultiScaleDeformableAttention(nn.Module):
         dim_per_head = embed_dims // num_heads
         if dim_per_head & (dim_per_head - 1) != 0:
             warnings.warn(
-                "You'd better set embed_dims in MultiScaleDeformAttention to make the dimension of "
-                "each attention head a power of 2 which is more efficient in our CUDA implementation.",
+                "You'd better set embed_dims in MultiScaleDeformAttention to make the dimension of"
+                " each attention head a power of 2 which is more efficient in our CUDA"
+                " implementation.",
                 stacklevel=2,
             )  # mmcv's warning, kept for parity
         self.norm_cfg = norm_cfg
@@ -427,7 +516,9 @@ class MultiScaleDeformableAttention(nn.Module):
         """mmcv's initialization: zero offsets' weights, offsets' bias on a ring of head
         directions scaled by point index, zero attention weights, Xavier-uniform projections."""
         nn.init.zeros_(self.sampling_offsets.weight)
-        thetas = torch.arange(self.num_heads, dtype=torch.float32) * (2.0 * math.pi / self.num_heads)
+        thetas = torch.arange(self.num_heads, dtype=torch.float32) * (
+            2.0 * math.pi / self.num_heads
+        )
         grid = torch.stack([thetas.cos(), thetas.sin()], -1)
         grid = (grid / grid.abs().max(-1, keepdim=True)[0]).view(self.num_heads, 1, 1, 2)
         grid = grid.repeat(1, self.num_levels, self.num_points, 1)
@@ -478,23 +569,33 @@ class MultiScaleDeformableAttention(nn.Module):
             value = value.masked_fill(key_padding_mask[..., None], 0.0)
         value = value.view(bs, num_value, self.num_heads, -1)
         offsets = self.sampling_offsets(query).view(
-            bs, num_query, self.num_heads, self.num_levels, self.num_points, 2)  # fmt: skip
-        weights = self.attention_weights(query).view(
-            bs, num_query, self.num_heads, self.num_levels * self.num_points).softmax(-1)  # fmt: skip
+            bs, num_query, self.num_heads, self.num_levels, self.num_points, 2
+        )
+        weights = (
+            self.attention_weights(query)
+            .view(bs, num_query, self.num_heads, self.num_levels * self.num_points)
+            .softmax(-1)
+        )
         weights = weights.view(bs, num_query, self.num_heads, self.num_levels, self.num_points)
         if reference_points.shape[-1] == 2:
             normalizer = spatial_shapes.flip(-1)  # (W, H) per level; mmcv stacks two selects
-            locations = reference_points[:, :, None, :, None, :] + offsets / normalizer[None, None, None, :, None, :]
+            locations = (
+                reference_points[:, :, None, :, None, :]
+                + offsets / normalizer[None, None, None, :, None, :]
+            )
         elif reference_points.shape[-1] == 4:
-            locations = (reference_points[:, :, None, :, None, :2]
-                         + offsets / self.num_points * reference_points[:, :, None, :, None, 2:] * 0.5)  # fmt: skip
+            locations = (
+                reference_points[:, :, None, :, None, :2]
+                + offsets / self.num_points * reference_points[:, :, None, :, None, 2:] * 0.5
+            )
         else:
             raise MultiScaleDeformableAttnError(
-                f"MultiScaleDeformableAttention: last dim of reference_points must be 2 (x, y) or "
+                "MultiScaleDeformableAttention: last dim of reference_points must be 2 (x, y) or "
                 f"4 (x, y, w, h), but got shape {tuple(reference_points.shape)}."
             )
-        output = multi_scale_deformable_attn(value, spatial_shapes, level_start_index, locations,
-                                             weights, self.im2col_step)  # fmt: skip
+        output = multi_scale_deformable_attn(
+            value, spatial_shapes, level_start_index, locations, weights, self.im2col_step
+        )
         output = self.output_proj(output)
         if not self.batch_first:
             output = output.permute(1, 0, 2)

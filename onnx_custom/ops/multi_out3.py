@@ -54,7 +54,9 @@ MULTI_OUT3 = OpSpec(
     native=True,  # ort_kernels/native/multi_out3.cpp
     # list attributes are readable in a body from opset 12 (Constant value_ints)
     function=TranslationBody("onnx_custom.symbolics.multi_out3:multi_out3_onnx", min_opset=12),
-    translations={7: {"default": "onnx_custom.symbolics.multi_out3:multi_out3_onnx", "custom": "node"}},
+    translations={
+        7: {"default": "onnx_custom.symbolics.multi_out3:multi_out3_onnx", "custom": "node"}
+    },
 )
 SPECS = (MULTI_OUT3,)
 
@@ -66,11 +68,13 @@ def check_multi_out3_inputs(args: Any) -> None:
     if not x.dtype.is_floating_point:
         raise TypeError(f"onnx_custom::multi_out3 expects a floating-point x, got {x.dtype}")
     if x.dim() < 1:
-        raise ValueError("onnx_custom::multi_out3 expects x with at least 1 dimension, got a 0-d tensor")
+        raise ValueError(
+            "onnx_custom::multi_out3 expects x with at least 1 dimension, got a 0-d tensor"
+        )
     if len(repeats) != x.dim():
         # ONNX Tile needs one repeat per axis; torch.tile would silently pad.
         raise ValueError(
-            f"onnx_custom::multi_out3 expects one repeat per dimension of x: x has shape "
+            "onnx_custom::multi_out3 expects one repeat per dimension of x: x has shape "
             f"{list(x.shape)} ({x.dim()} dims) but repeats is {list(repeats)}"
         )
     if any(int(r) < 1 for r in repeats):

@@ -37,9 +37,14 @@ def check_my_add(args: Any) -> None:
     """a and b of one shape and dtype (shared by the eager and fake kernels)."""
     a, b = args.a, args.b
     if a.shape != b.shape:
-        raise ValueError(f"onnx_custom::my_add: expected a and b of the same shape, got {tuple(a.shape)} and {tuple(b.shape)}.")
+        raise ValueError(
+            f"onnx_custom::my_add: expected a and b of the same shape, got {tuple(a.shape)} and"
+            f" {tuple(b.shape)}."
+        )
     if a.dtype != b.dtype:
-        raise TypeError(f"onnx_custom::my_add: expected a and b of the same dtype, got {a.dtype} and {b.dtype}.")
+        raise TypeError(
+            f"onnx_custom::my_add: expected a and b of the same dtype, got {a.dtype} and {b.dtype}."
+        )
 
 
 def alpha_a_plus_b(a: torch.Tensor, b: torch.Tensor, *, alpha: float) -> torch.Tensor:
@@ -51,7 +56,9 @@ def my_add_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return 2 * grad, grad
 
 
-def scale_and_shift(x: torch.Tensor, *, scale: float, shift: float) -> tuple[torch.Tensor, torch.Tensor]:
+def scale_and_shift(
+    x: torch.Tensor, *, scale: float, shift: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(x * scale, x + shift), the constants from seed.yaml (node_attr_desc)."""
     return x * _exact(scale, x), x + _exact(shift, x)
 
@@ -64,7 +71,9 @@ def _exact(constant: float, like: torch.Tensor) -> float | int:
     return int(constant)
 
 
-def multi_out_backward(ctx: Any, grad_scaled: torch.Tensor, grad_shifted: torch.Tensor) -> torch.Tensor:
+def multi_out_backward(
+    ctx: Any, grad_scaled: torch.Tensor, grad_shifted: torch.Tensor
+) -> torch.Tensor:
     return 2 * grad_scaled + grad_shifted
 
 

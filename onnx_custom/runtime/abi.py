@@ -30,7 +30,15 @@ CHAR_REQUIRED, CHAR_OPTIONAL, CHAR_VARIADIC = 0, 1, 2
 RULE_LIKE, RULE_BROADCAST, RULE_PY, RULE_UNKNOWN = 0, 1, 2, 3
 
 # attribute type name -> OrtOpAttrType value (the shim reads attributes by this kind)
-ATTR_KINDS: dict[str, int] = {"int": 1, "ints": 2, "float": 3, "floats": 4, "string": 5, "strings": 6, "tensor": 8}
+ATTR_KINDS: dict[str, int] = {
+    "int": 1,
+    "ints": 2,
+    "float": 3,
+    "floats": 4,
+    "string": 5,
+    "strings": 6,
+    "tensor": 8,
+}
 ATTR_PROTO_TYPES: dict[str, int] = {
     "int": AttributeProto.INT,
     "ints": AttributeProto.INTS,
@@ -60,7 +68,8 @@ ELEM_TO_NAME: dict[int, str] = {v: k for k, v in NAME_TO_ELEM.items()}
 DTYPE_NAMES: tuple[str, ...] = tuple(NAME_TO_ELEM)
 
 _NUMPY: dict[int, np.dtype] = {
-    e: np.dtype(ml_dtypes.bfloat16) if n == "bfloat16" else np.dtype(n) for n, e in NAME_TO_ELEM.items()
+    e: np.dtype(ml_dtypes.bfloat16) if n == "bfloat16" else np.dtype(n)
+    for n, e in NAME_TO_ELEM.items()
 }
 
 

@@ -27,7 +27,8 @@ _ERROR_SEVERITY = 4  # FATAL only: the probe's refusals are expected, never show
 _MAX_PROBE_ELEMENTS = 1 << 16  # static sizes above this are probed at size 1 instead
 _REFUSED = re.compile(
     r"Could not find an implementation|Type Error: Type '[^']*' of (?:input|output) parameter"
-    r"|data type is not supported|type is not supported|not supported for type|Unsupported data type",
+    r"|data type is not supported|type is not supported|not supported for type|Unsupported data"
+    r" type",
     re.IGNORECASE,
 )
 
@@ -72,7 +73,9 @@ def _probe(key: tuple[object, ...], node_bytes: bytes, inputs: tuple[TypedInput,
     return True
 
 
-def _one_node_model(node: onnx.NodeProto, opset: int, inputs: tuple[TypedInput, ...]) -> onnx.ModelProto:
+def _one_node_model(
+    node: onnx.NodeProto, opset: int, inputs: tuple[TypedInput, ...]
+) -> onnx.ModelProto:
     probe = onnx.NodeProto()
     probe.CopyFrom(node)
     probe.name = "probe"
@@ -103,7 +106,10 @@ def _feeds(inputs: tuple[TypedInput, ...]) -> dict[str, object]:
         if not elem_type:
             continue
         np_type = helper.tensor_dtype_to_np_dtype(elem_type)
-        zeros = np.zeros(_probe_shape(shape), dtype=np.uint16 if elem_type == onnx.TensorProto.BFLOAT16 else np_type)
+        zeros = np.zeros(
+            _probe_shape(shape),
+            dtype=np.uint16 if elem_type == onnx.TensorProto.BFLOAT16 else np_type,
+        )
         feeds[f"in{index}"] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(zeros, elem_type)
     return feeds
 

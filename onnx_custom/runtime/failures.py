@@ -33,8 +33,16 @@ class KernelRunError(KernelError, _OrtFail):  # type: ignore[misc,valid-type]
     ``__cause__``). Still an ``onnxruntime`` ``Fail`` for code written against plain ORT.
     """
 
-    def __init__(self, message: str, *, kernel: str, node: str, cause_type: str | None = None,
-                 traceback: str = "", cause: BaseException | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        kernel: str,
+        node: str,
+        cause_type: str | None = None,
+        traceback: str = "",
+        cause: BaseException | None = None,
+    ) -> None:
         super().__init__(message)
         self.kernel = kernel
         self.node = node
@@ -61,34 +69,48 @@ def raise_typed(exc: Exception, when: str) -> NoReturn:
     found_kernel = _OUR_KERNEL.search(text)
     found_node = _ORT_NODE.search(text)
     kernel = failure.kernel if failure else found_kernel.group(1) if found_kernel else "?"
-    node = (failure.node if failure and failure.node else found_node.group(1) if found_node else "")
+    node = failure.node if failure and failure.node else found_node.group(1) if found_node else ""
     where = f"node {node!r}" if node else "an unnamed node"
     if failure is not None:
         cause = failure.exception
         if isinstance(cause, KernelError):  # the host's own check, message already has the fix
             detail = str(cause)
         else:
-            detail = (f"{type(cause).__name__}: {cause}\n\nkernel traceback:\n{failure.traceback}"
-                      f"fix: the error comes from the kernel's own code (traceback above): "
-                      f"correct the kernel, or the inputs/attributes the node gives it.")
+            detail = (
+                f"{type(cause).__name__}: {cause}\n\nkernel traceback:\n{failure.traceback}"
+                "fix: the error comes from the kernel's own code (traceback above): "
+                "correct the kernel, or the inputs/attributes the node gives it."
+            )
         raise KernelRunError(
             f"kernel {kernel} failed while ONNX Runtime {when} {where}: {detail}",
-            kernel=kernel, node=node, cause_type=type(cause).__name__, traceback=failure.traceback,
+            kernel=kernel,
+            node=node,
+            cause_type=type(cause).__name__,
+            traceback=failure.traceback,
             cause=cause,
         ) from cause
     status = _ORT_STATUS.search(text)
     detail = (status.group(1) if status else text).replace(f"{_OUR_TEXT}{kernel}: ", "")
-    raise KernelRunError(f"kernel {kernel} failed while ONNX Runtime {when} {where}: {detail}",
-                         kernel=kernel, node=node) from None
+    raise KernelRunError(
+        f"kernel {kernel} failed while ONNX Runtime {when} {where}: {detail}",
+        kernel=kernel,
+        node=node,
+    ) from None
 
 
-_ORT_BAD_INPUT = re.compile(r"Type '(tensor\((\w+)\))' of input parameter \((.*?)\) of operator \((\w+)\) "
-                            r"in node \((.*?)\) is invalid")
-_ORT_BAD_OUTPUT = re.compile(r"Type \((tensor\((\w+)\))\) of output arg \((.*?)\) of node \((.*?)\) does not "
-                             r"match expected type \((tensor\((\w+)\))\)")
+_ORT_BAD_INPUT = re.compile(
+    r"Type '(tensor\((\w+)\))' of input parameter \((.*?)\) of operator \((\w+)\) "
+    r"in node \((.*?)\) is invalid"
+)
+_ORT_BAD_OUTPUT = re.compile(
+    r"Type \((tensor\((\w+)\))\) of output arg \((.*?)\) of node \((.*?)\) does not "
+    r"match expected type \((tensor\((\w+)\))\)"
+)
 
 
-def raise_for_type_error(exc: Exception, specs: Sequence[KernelSpec], nodes: Sequence[onnx.NodeProto]) -> None:
+def raise_for_type_error(
+    exc: Exception, specs: Sequence[KernelSpec], nodes: Sequence[onnx.NodeProto]
+) -> None:
     """ORT's type errors about our nodes, retold with the declaration and the fix."""
     text = str(exc)
     ours = {s.op_type: s for s in specs}
@@ -97,20 +119,22 @@ def raise_for_type_error(exc: Exception, specs: Sequence[KernelSpec], nodes: Seq
         spec = ours[bad_in.group(4)]
         declared = "; ".join(f"{p.name}: {', '.join(p.dtypes)}" for p in spec.inputs)
         raise KernelError(
-            f"node {bad_in.group(5)!r} ({spec.name}) gives input {bad_in.group(3)!r} of dtype "
-            f"{bad_in.group(2)}, outside the kernel's declared input dtypes ({declared}); fix: cast "
-            f"the input (a Cast node) or widen dtypes= at registration."
+            f"node {bad_in.group(5)!r} ({spec.name}) gives input {bad_in.group(3)!r} of dtype"
+            f" {bad_in.group(2)}, outside the kernel's declared input dtypes ({declared}); fix:"
+            " cast the input (a Cast node) or widen dtypes= at registration."
         ) from exc
     bad_out = _ORT_BAD_OUTPUT.search(text)
     if bad_out:
-        producer = next((n for n in nodes if bad_out.group(3) in n.output and n.op_type in ours), None)
+        producer = next(
+            (n for n in nodes if bad_out.group(3) in n.output and n.op_type in ours), None
+        )
         if producer is not None:
             spec = ours[producer.op_type]
             raise KernelError(
-                f"node {producer.name!r} ({spec.name}) output {bad_out.group(3)!r}: the model states "
-                f"{bad_out.group(2)} but the kernel produces {bad_out.group(6)} (its shape_fn or "
-                f"declared dtypes); fix: correct the model's type for {bad_out.group(3)!r}, or the "
-                f"kernel's dtypes=/shape_fn."
+                f"node {producer.name!r} ({spec.name}) output {bad_out.group(3)!r}: the model"
+                f" states {bad_out.group(2)} but the kernel produces {bad_out.group(6)} (its"
+                " shape_fn or declared dtypes); fix: correct the model's type for"
+                f" {bad_out.group(3)!r}, or the kernel's dtypes=/shape_fn."
             ) from exc
 
 

@@ -67,9 +67,10 @@ class Refusal:
 def check_mode(mode: Any) -> str:
     if mode not in HALF_PRECISION_MODES:
         raise InvalidArgumentError(
-            f"half_precision= expects one of {list(HALF_PRECISION_MODES)}; received {mode!r}. Fix: "
-            f"half_precision='float32-compute' (default: compute in float32 what ONNX Runtime's CPU "
-            f"provider lacks at float16/bfloat16), 'strict' (raise instead) or 'off' (no check)."
+            f"half_precision= expects one of {list(HALF_PRECISION_MODES)}; received {mode!r}. Fix:"
+            " half_precision='float32-compute' (default: compute in float32 what ONNX Runtime's"
+            " CPU provider lacks at float16/bfloat16), 'strict' (raise instead) or 'off' (no"
+            " check)."
         )
     return str(mode)
 
@@ -78,23 +79,29 @@ def refusal_message(refusals: Sequence[Refusal], where: str, mode: str) -> str:
     lines = [
         f"ONNX Runtime's {PROVIDER} cannot run these half-precision nodes of {where}:",
         *(
-            f"  - {r.op_type} (opset {r.opset}, node {r.node!r}) at {r.dtype}; {r.why}" for r in refusals
+            f"  - {r.op_type} (opset {r.opset}, node {r.node!r}) at {r.dtype}; {r.why}"
+            for r in refusals
         ),
     ]
     if any("needs opset 13+" in r.why for r in refusals):
-        lines.append("Fix: export at opset 13 or later (ONNX has bfloat16 from opset 13 on), or in float16/float32.")
+        lines.append(
+            "Fix: export at opset 13 or later (ONNX has bfloat16 from opset 13 on), or in"
+            " float16/float32."
+        )
     elif mode == "strict" and all(r.rescued_by_float32 for r in refusals):
         lines.append(
-            "Fix: export with half_precision='float32-compute' (the default) to compute these nodes "
-            "in float32 with Casts around them, or export the model in float32 (model.float())."
+            "Fix: export with half_precision='float32-compute' (the default) to compute these nodes"
+            " in float32 with Casts around them, or export the model in float32 (model.float())."
         )
     else:
         lines.append(
             "Fix: export the model in float32 (model.float()) or in a dtype these ops support, or "
             "change the translation so it uses ops the provider implements at this dtype"
             + (
-                "; or embed no function bodies (functions=False) and run the file with onnx-custom's kernels."
-                if where.startswith("the function body") else "."
+                "; or embed no function bodies (functions=False) and run the file with"
+                " onnx-custom's kernels."
+                if where.startswith("the function body")
+                else "."
             )
         )
     return "\n".join(lines)
@@ -208,31 +215,60 @@ def _widen_nodes(
     for node, probe in zip(nodes, probes, strict=True):
         inputs = [types.get(name, (0, None)) if name else (0, None) for name in node.input]
         half = sorted({t for t, _ in inputs if t in HALF_TYPES})
-        if node.domain not in _DEFAULT_DOMAINS or node.op_type in _NEVER_WIDEN or not half or _has_subgraph(node):
+        if (
+            node.domain not in _DEFAULT_DOMAINS
+            or node.op_type in _NEVER_WIDEN
+            or not half
+            or _has_subgraph(node)
+        ):
             out.append(node)
             continue
         if any(name and name not in types for name in node.input) or cpu_runs(probe, opset, inputs):
             out.append(node)  # an input of unknown type: leave it to the runtime to judge
             continue
         as_float = [(TensorProto.FLOAT if t in HALF_TYPES else t, s) for t, s in inputs]
-        why = _why_not_float32(probe, opset, as_float, half, [types.get(name) for name in node.output if name])
-        absent = [name for name in node.input if name in maybe_absent and types[name][0] in HALF_TYPES]
+        why = _why_not_float32(
+            probe, opset, as_float, half, [types.get(name) for name in node.output if name]
+        )
+        absent = [
+            name for name in node.input if name in maybe_absent and types[name][0] in HALF_TYPES
+        ]
         if absent and not why:
-            why = f"its optional input {absent[0]!r} is absent in some calls, and an absent value cannot be cast to float32"
+            why = (
+                f"its optional input {absent[0]!r} is absent in some calls, and an absent value"
+                " cannot be cast to float32"
+            )
         if mode == "strict" or why:
             rescued = not why
-            refusals.append(Refusal(node.op_type, node.name, HALF_TYPES[half[0]], opset, why or "it runs in float32", rescued))
+            refusals.append(
+                Refusal(
+                    node.op_type,
+                    node.name,
+                    HALF_TYPES[half[0]],
+                    opset,
+                    why or "it runs in float32",
+                    rescued,
+                )
+            )
             out.append(node)
             continue
         out.extend(_widened(node, types, widened, names))
     return out, refusals
 
 
-def _why_not_float32(probe: onnx.NodeProto, opset: int, as_float: list[TypedInput], half: list[int], outputs: list[Any]) -> str:
+def _why_not_float32(
+    probe: onnx.NodeProto,
+    opset: int,
+    as_float: list[TypedInput],
+    half: list[int],
+    outputs: list[Any],
+) -> str:
     """Why computing ``probe`` in float32 cannot work ("" when it can)."""
     for t in half:
         if not _casts_run(t, opset):
-            return f"Cast cannot convert {HALF_TYPES[t]} at opset {opset} (bfloat16 needs opset 13+)"
+            return (
+                f"Cast cannot convert {HALF_TYPES[t]} at opset {opset} (bfloat16 needs opset 13+)"
+            )
     if not cpu_runs(probe, opset, as_float):
         return "no float32 kernel either"
     if any(o is None for o in outputs):
@@ -244,14 +280,20 @@ def _casts_run(half: int, opset: int) -> bool:
     """Can the CPU provider cast ``half`` to float32 and back at ``opset`` (bfloat16 Cast: 13+)?"""
     there = helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)
     back = helper.make_node("Cast", ["x"], ["y"], to=half)
-    return cpu_runs(there, opset, [(half, (1,))]) and cpu_runs(back, opset, [(TensorProto.FLOAT, (1,))])
+    return cpu_runs(there, opset, [(half, (1,))]) and cpu_runs(
+        back, opset, [(TensorProto.FLOAT, (1,))]
+    )
 
 
 def _has_subgraph(node: onnx.NodeProto) -> bool:
-    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+    return any(
+        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute
+    )
 
 
-def _widened(node: onnx.NodeProto, types: dict[str, TypedInput], widened: dict[str, str], names: _Names) -> Iterator[onnx.NodeProto]:
+def _widened(
+    node: onnx.NodeProto, types: dict[str, TypedInput], widened: dict[str, str], names: _Names
+) -> Iterator[onnx.NodeProto]:
     """Casts to float32 for the node's half inputs, the node on float32, Casts back."""
     label = node.name or node.op_type
     computed = onnx.NodeProto()
@@ -261,19 +303,35 @@ def _widened(node: onnx.NodeProto, types: dict[str, TypedInput], widened: dict[s
             continue
         if name not in widened:
             widened[name] = names.fresh(f"{name}_float32")
-            yield helper.make_node("Cast", [name], [widened[name]], name=names.fresh(f"{label}_widen{index}"), to=TensorProto.FLOAT)
+            yield helper.make_node(
+                "Cast",
+                [name],
+                [widened[name]],
+                name=names.fresh(f"{label}_widen{index}"),
+                to=TensorProto.FLOAT,
+            )
         computed.input[index] = widened[name]
     narrow = []
     for index, name in enumerate(node.output):
         if name and types[name][0] in HALF_TYPES:
             computed.output[index] = names.fresh(f"{name}_float32")
-            narrow.append(helper.make_node("Cast", [computed.output[index]], [name], name=names.fresh(f"{label}_narrow{index}"), to=types[name][0]))
+            narrow.append(
+                helper.make_node(
+                    "Cast",
+                    [computed.output[index]],
+                    [name],
+                    name=names.fresh(f"{label}_narrow{index}"),
+                    to=types[name][0],
+                )
+            )
     yield computed
     yield from narrow
 
 
 def _all_names(graph: onnx.GraphProto) -> set[str]:
-    used = {v.name for v in (*graph.input, *graph.output, *graph.value_info)} | {t.name for t in graph.initializer}
+    used = {v.name for v in (*graph.input, *graph.output, *graph.value_info)} | {
+        t.name for t in graph.initializer
+    }
     for node in graph.node:
         used.update(node.input)
         used.update(node.output)
@@ -281,7 +339,13 @@ def _all_names(graph: onnx.GraphProto) -> set[str]:
     return used
 
 
-def widen_model(model: onnx.ModelProto, mode: str = DEFAULT_MODE, *, where: str = "the exported model", census: ModelCensus | None = None) -> onnx.ModelProto:
+def widen_model(
+    model: onnx.ModelProto,
+    mode: str = DEFAULT_MODE,
+    *,
+    where: str = "the exported model",
+    census: ModelCensus | None = None,
+) -> onnx.ModelProto:
     """Apply the pass to ``model``'s main graph in place (see the module doc); returns ``model``.
 
     Raises `HalfPrecisionError` listing every node the CPU provider refuses that ``mode`` does
@@ -293,7 +357,14 @@ def widen_model(model: onnx.ModelProto, mode: str = DEFAULT_MODE, *, where: str 
     if mode == "off" or not _has_half(graph, None if census is None else census.half_attributes):
         return model
     types = value_types(model)
-    nodes, refusals = _widen_nodes(list(graph.node), list(graph.node), types, _opset_of(model.opset_import), mode, _Names(_all_names(graph)))
+    nodes, refusals = _widen_nodes(
+        list(graph.node),
+        list(graph.node),
+        types,
+        _opset_of(model.opset_import),
+        mode,
+        _Names(_all_names(graph)),
+    )
     if refusals:
         raise HalfPrecisionError(refusal_message(refusals, where, mode))
     if len(nodes) != len(graph.node):
@@ -322,17 +393,35 @@ def widen_function(
         return function
     resolved = [_resolve(node, function, call) for node in function.node]
     types = _function_types(function, resolved, input_types)
-    used = set(function.input) | set(function.output) | {n for node in function.node for n in (*node.input, *node.output, node.name)}
-    nodes, refusals = _widen_nodes(list(function.node), resolved, types, _opset_of(function.opset_import), mode, _Names(used), frozenset(maybe_absent))
+    used = (
+        set(function.input)
+        | set(function.output)
+        | {n for node in function.node for n in (*node.input, *node.output, node.name)}
+    )
+    nodes, refusals = _widen_nodes(
+        list(function.node),
+        resolved,
+        types,
+        _opset_of(function.opset_import),
+        mode,
+        _Names(used),
+        frozenset(maybe_absent),
+    )
     if refusals:
-        raise HalfPrecisionError(refusal_message(refusals, f"the function body of {function.domain}::{function.name}", mode))
+        raise HalfPrecisionError(
+            refusal_message(
+                refusals, f"the function body of {function.domain}::{function.name}", mode
+            )
+        )
     if len(nodes) != len(function.node):
         del function.node[:]
         function.node.extend(nodes)
     return function
 
 
-def _resolve(node: onnx.NodeProto, function: onnx.FunctionProto, call: onnx.NodeProto) -> onnx.NodeProto:
+def _resolve(
+    node: onnx.NodeProto, function: onnx.FunctionProto, call: onnx.NodeProto
+) -> onnx.NodeProto:
     """``node`` with attribute references replaced by the call's values (or the body's defaults)."""
     given = {a.name: a for a in (*function.attribute_proto, *call.attribute)}
     out = onnx.NodeProto()
@@ -349,8 +438,16 @@ def _resolve(node: onnx.NodeProto, function: onnx.FunctionProto, call: onnx.Node
     return out
 
 
-def _function_types(function: onnx.FunctionProto, resolved: list[onnx.NodeProto], input_types: Sequence[int]) -> dict[str, TypedInput]:
-    inputs = [helper.make_tensor_value_info(name, t, None) for name, t in zip(function.input, input_types, strict=False) if t]
-    graph = helper.make_graph(resolved, "body", inputs, [helper.make_empty_tensor_value_info(o) for o in function.output])
+def _function_types(
+    function: onnx.FunctionProto, resolved: list[onnx.NodeProto], input_types: Sequence[int]
+) -> dict[str, TypedInput]:
+    inputs = [
+        helper.make_tensor_value_info(name, t, None)
+        for name, t in zip(function.input, input_types, strict=False)
+        if t
+    ]
+    graph = helper.make_graph(
+        resolved, "body", inputs, [helper.make_empty_tensor_value_info(o) for o in function.output]
+    )
     model = helper.make_model(graph, opset_imports=list(function.opset_import), ir_version=10)
     return value_types(model)

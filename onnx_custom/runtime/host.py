@@ -43,7 +43,11 @@ __all__ = [
     "thread_state_counts",
 ]
 
-_CHAR = {"required": abi.CHAR_REQUIRED, "optional": abi.CHAR_OPTIONAL, "variadic": abi.CHAR_VARIADIC}
+_CHAR = {
+    "required": abi.CHAR_REQUIRED,
+    "optional": abi.CHAR_OPTIONAL,
+    "variadic": abi.CHAR_VARIADIC,
+}
 _initialised = False
 _shutting_down = False
 _init_lock = threading.Lock()
@@ -95,7 +99,10 @@ def format_error(qualname: str, node: str, exc: BaseException) -> str:
         while len(_failures) > _MAX_FAILURES:
             _failures.popitem(last=False)
     where = f" (node {node!r})" if node else ""
-    return f"onnx-custom kernel {qualname}{where} raised {type(exc).__name__}: {exc} [onnx-custom error #{token}]\n{tb}"
+    return (
+        f"onnx-custom kernel {qualname}{where} raised {type(exc).__name__}: {exc} [onnx-custom"
+        f" error #{token}]\n{tb}"
+    )
 
 
 def take_failure(message: str) -> KernelFailure | None:
@@ -205,7 +212,9 @@ def _dtype_of(elem: int) -> TensorInfo | None:
     return TensorInfo(abi.elem_to_numpy(elem)) if elem in abi.ELEM_TO_NAME else None
 
 
-def _check_output_dtypes(spec: KernelSpec, inputs: list[TensorInfo | None], out_elems: list[int]) -> None:
+def _check_output_dtypes(
+    spec: KernelSpec, inputs: list[TensorInfo | None], out_elems: list[int]
+) -> None:
     """ORT types an output whose shape we leave unknown by its own guess (the last input's
     dtype); when that differs from the kernel's dtype rule, say so now, not at run time."""
     if callable(spec.shape_fn):
@@ -219,8 +228,9 @@ def _check_output_dtypes(spec: KernelSpec, inputs: list[TensorInfo | None], out_
         raise KernelError(
             f"kernel {spec.name}: ONNX Runtime typed output {j} ({name!r}) as {got_name}, but the "
             f"kernel's dtype rule gives {want_name}; ONNX Runtime cannot be told a dtype without a "
-            f"shape; fix: declare the output's dtype (dtypes={{{name!r}: {want_name!r}}}) or a shape "
-            f"rule (shape_fn=\"like:{src}\" or a callable), or correct the model's types."
+            f"shape; fix: declare the output's dtype (dtypes={{{name!r}: {want_name!r}}}) or a"
+            " shape "
+            f'rule (shape_fn="like:{src}" or a callable), or correct the model\'s types.'
         )
 
 
@@ -237,16 +247,16 @@ def _make_bind(spec: KernelSpec) -> Callable[..., tuple[Any, dict[str, Any], Any
         unknown = [e for e in elems if e and e not in abi.ELEM_TO_NAME]
         if unknown:
             raise KernelError(
-                f"kernel {spec.name}: input element type(s) {unknown} (ONNX TensorProto.DataType) "
-                f"cannot be passed to Python kernels; expected one of {', '.join(abi.DTYPE_NAMES)}; "
-                f"fix: cast the inputs in the model."
+                f"kernel {spec.name}: input element type(s) {unknown} (ONNX TensorProto.DataType)"
+                " cannot be passed to Python kernels; expected one of"
+                f" {', '.join(abi.DTYPE_NAMES)}; fix: cast the inputs in the model."
             )
         required = [m for m in missing if m not in defaults]
         if required:
             decl = ", ".join(f"{m} ({types[m]})" for m in required)
             raise KernelError(
                 f"node of {spec.name} lacks required attribute(s) {decl} (absent, or set with "
-                f"another type); fix: set them on the node or declare defaults at registration."
+                "another type); fix: set them on the node or declare defaults at registration."
             )
         _check_output_dtypes(spec, inputs, out_elems)
         kwargs = {**{m: defaults[m] for m in missing}, **attrs}
@@ -254,13 +264,17 @@ def _make_bind(spec: KernelSpec) -> Callable[..., tuple[Any, dict[str, Any], Any
         shape_fn = None
         user_shape_fn = spec.shape_fn
         if spec.out_mode and callable(user_shape_fn):
+
             def shape_fn(arrays: tuple[Any, ...]) -> list[tuple[int, ...]]:
                 # concrete shapes for preallocation; dtypes were checked when the kernel was made
                 infos = [None if a is None else TensorInfo(a.dtype, a.shape) for a in arrays]
                 res = user_shape_fn(infos, kwargs)
                 items = [res] if isinstance(res, TensorInfo) else list(res)
-                return [concrete_shape(None if r is None else r.shape, f"{spec.name} output shape")
-                        for r in items]
+                return [
+                    concrete_shape(None if r is None else r.shape, f"{spec.name} output shape")
+                    for r in items
+                ]
+
         return fn, kwargs, shape_fn
 
     return bind
@@ -296,8 +310,14 @@ def _make_infer(spec: KernelSpec) -> Callable[[list[Any], dict[str, Any]], list[
             infos.append(TensorInfo(dt, shape if shape != () else None))
         values = {k: _strings_value(v) if isinstance(v, bytes) else v for k, v in attrs.items()}
         # an output whose shape is unknown is left to ORT (it cannot take a dtype alone)
-        return [None if r is None or r.shape is None else (abi.numpy_to_elem(r.dtype), _named_unknowns(r.shape))
-                for r in spec.infer(infos, values)]
+        return [
+            (
+                None
+                if r is None or r.shape is None
+                else (abi.numpy_to_elem(r.dtype), _named_unknowns(r.shape))
+            )
+            for r in spec.infer(infos, values)
+        ]
 
     return infer
 
@@ -305,7 +325,9 @@ def _make_infer(spec: KernelSpec) -> Callable[[list[Any], dict[str, Any]], list[
 # ---- op lifetime ----------------------------------------------------------------------------
 @dataclass
 class _HostOp:
-    addrs: tuple[int, ...]  # one OrtCustomOp per dtype variant (see _type_variants); [0] names the op
+    addrs: tuple[
+        int, ...
+    ]  # one OrtCustomOp per dtype variant (see _type_variants); [0] names the op
     spec_ref: weakref.ref[KernelSpec]
     spec: KernelSpec | None  # strong only while some SessionOptions use the op
     users: int = 0
@@ -314,7 +336,9 @@ class _HostOp:
 _lock = threading.Lock()
 _ops: dict[int, _HostOp] = {}  # id(spec) -> op
 _by_addr: dict[int, _HostOp] = {}  # first address -> op
-_dead_specs: list[tuple[int, int]] = []  # (id, first address) of collected specs (weakref callbacks)
+_dead_specs: list[
+    tuple[int, int]
+] = []  # (id, first address) of collected specs (weakref callbacks)
 _pending_releases: list[tuple[tuple[int, ...], tuple[int, ...]]] = []  # finalizers append
 
 
@@ -344,23 +368,37 @@ def _type_variants(spec: KernelSpec) -> list[tuple[list[int], list[int]]]:
 
 def _new_op(shim: Any, spec: KernelSpec) -> _HostOp:
     like = spec.like_index
-    rule = (abi.RULE_UNKNOWN if spec.shape_fn is None else abi.RULE_PY if callable(spec.shape_fn)
-            else abi.RULE_BROADCAST if like is None else abi.RULE_LIKE)
+    rule = (
+        abi.RULE_UNKNOWN
+        if spec.shape_fn is None
+        else (
+            abi.RULE_PY
+            if callable(spec.shape_fn)
+            else abi.RULE_BROADCAST
+            if like is None
+            else abi.RULE_LIKE
+        )
+    )
     bind, infer = _make_bind(spec), _make_infer(spec)
-    addrs = tuple(int(shim.make_op(
-        spec.op_type,
-        spec.name,
-        [_CHAR[p.kind] for p in spec.inputs],
-        [_CHAR[p.kind] for p in spec.outputs],
-        in_types,
-        out_types,
-        [(a.name, abi.ATTR_KINDS[a.type]) for a in spec.attrs],
-        rule,
-        like or 0,
-        spec.out_mode,
-        bind,
-        infer,
-    )) for in_types, out_types in _type_variants(spec))
+    addrs = tuple(
+        int(
+            shim.make_op(
+                spec.op_type,
+                spec.name,
+                [_CHAR[p.kind] for p in spec.inputs],
+                [_CHAR[p.kind] for p in spec.outputs],
+                in_types,
+                out_types,
+                [(a.name, abi.ATTR_KINDS[a.type]) for a in spec.attrs],
+                rule,
+                like or 0,
+                spec.out_mode,
+                bind,
+                infer,
+            )
+        )
+        for in_types, out_types in _type_variants(spec)
+    )
     key, first = id(spec), addrs[0]
     ref = weakref.ref(spec, lambda _ref: _dead_specs.append((key, first)))
     return _HostOp(addrs, ref, spec)

@@ -72,7 +72,9 @@ def node_implementations(
         if domain in native:
             found.append(Implementation(name, "native", native[domain].path.name, count))
         elif (domain, op_type) in kernels:
-            found.append(Implementation(name, "python", _function_name(kernels[(domain, op_type)].fn), count))
+            found.append(
+                Implementation(name, "python", _function_name(kernels[(domain, op_type)].fn), count)
+            )
         elif (domain, op_type) in local:
             found.append(Implementation(name, "function", name, count))
         else:

@@ -17,14 +17,33 @@ from onnx_custom.errors import KernelError, SymbolicError
 from onnx_custom.runtime.abi import DTYPE_NAMES
 from onnx_custom.runtime.types import TensorInfo, broadcast_shapes
 
-__all__ = ["RESERVED_DOMAINS", "AttrSpec", "KernelSpec", "ParamSpec", "make_spec", "split_name", "tensor_attribute_value"]
+__all__ = [
+    "RESERVED_DOMAINS",
+    "AttrSpec",
+    "KernelSpec",
+    "ParamSpec",
+    "make_spec",
+    "split_name",
+    "tensor_attribute_value",
+]
 
 # Domains ONNX Runtime serves itself; kernels may not be registered there.
-RESERVED_DOMAINS = frozenset({
-    "", "ai.onnx", "ai.onnx.ml", "ai.onnx.training", "ai.onnx.preview.training", "com.microsoft",
-    "com.microsoft.nchwc", "com.microsoft.experimental", "com.ms.internal.nhwc",
-    "com.microsoft.mlfeaturizers", "com.microsoft.dml", "org.pytorch.aten",
-})
+RESERVED_DOMAINS = frozenset(
+    {
+        "",
+        "ai.onnx",
+        "ai.onnx.ml",
+        "ai.onnx.training",
+        "ai.onnx.preview.training",
+        "com.microsoft",
+        "com.microsoft.nchwc",
+        "com.microsoft.experimental",
+        "com.ms.internal.nhwc",
+        "com.microsoft.mlfeaturizers",
+        "com.microsoft.dml",
+        "org.pytorch.aten",
+    }
+)
 _IDENT = r"[A-Za-z_][A-Za-z0-9_\-]*"
 _NAME_RE = re.compile(rf"^({_IDENT}(?:\.{_IDENT})*)::([A-Za-z_][A-Za-z0-9_]*)$")
 _PARAM_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)([?*]?)$")
@@ -38,7 +57,7 @@ def split_name(name: str) -> tuple[str, str]:
     m = _NAME_RE.match(name) if isinstance(name, str) else None
     if not m:
         raise SymbolicError(
-            f"kernel name must look like 'domain::OpType' (domain may contain dots, e.g. "
+            "kernel name must look like 'domain::OpType' (domain may contain dots, e.g. "
             f"'com.example::Foo'); received {name!r}; fix: qualify the op type with its domain."
         )
     domain, op_type = m.group(1), m.group(2)
@@ -113,7 +132,9 @@ class KernelSpec:
         dtypes = self.outputs[output].dtypes
         return np.dtype(_numpy_dtype(dtypes[0])) if len(dtypes) == 1 else None
 
-    def infer(self, inputs: Sequence[TensorInfo | None], attrs: Mapping[str, Any]) -> list[TensorInfo | None]:
+    def infer(
+        self, inputs: Sequence[TensorInfo | None], attrs: Mapping[str, Any]
+    ) -> list[TensorInfo | None]:
         """Output types/shapes from input types/shapes (dims may be symbolic).
 
         An output's shape is None when the rule does not know it, and the whole entry is None
@@ -131,7 +152,7 @@ class KernelSpec:
                 raise KernelError(
                     f"kernel {self.name}: shape_fn must return TensorInfo objects (one per output, "
                     f"None for an unknown one); received {type(r).__name__}; fix: return "
-                    f"TensorInfo(dtype, shape)."
+                    "TensorInfo(dtype, shape)."
                 )
         return res_list
 
@@ -162,9 +183,9 @@ class KernelSpec:
             name = _dtype_name(info.dtype)
             if name not in param.dtypes:
                 raise KernelError(
-                    f"kernel {self.name}: input {i} ({param.name!r}) has dtype {name}; expected one "
-                    f"of {', '.join(param.dtypes)}; fix: cast the input or widen dtypes= at "
-                    f"registration."
+                    f"kernel {self.name}: input {i} ({param.name!r}) has dtype {name}; expected one"
+                    f" of {', '.join(param.dtypes)}; fix: cast the input or widen dtypes= at"
+                    " registration."
                 )
 
 
@@ -192,21 +213,22 @@ def _parse_params(names: Sequence[str], what: str, qual: str) -> list[ParamSpec]
         m = _PARAM_RE.match(n) if isinstance(n, str) else None
         if not m:
             raise SymbolicError(
-                f"kernel {qual}: bad {what[:-1]} name {n!r}; expected an identifier, optionally "
-                f"suffixed with '?' (optional) or '*' (variadic, last only). Fix: e.g. 'x', 'mask?', 'rest*'."
+                f"kernel {qual}: bad {what[:-1]} name {n!r}; expected an identifier, optionally"
+                " suffixed with '?' (optional) or '*' (variadic, last only). Fix: e.g. 'x',"
+                " 'mask?', 'rest*'."
             )
         kind = {"": "required", "?": "optional", "*": "variadic"}[m.group(2)]
         if kind == "variadic" and i != len(names) - 1:
             raise SymbolicError(
-                f"kernel {qual}: variadic {what[:-1]} {n!r} must be the last one; received it at position {i} "
-                f"of {list(names)}. Fix: move it to the end."
+                f"kernel {qual}: variadic {what[:-1]} {n!r} must be the last one; received it at"
+                f" position {i} of {list(names)}. Fix: move it to the end."
             )
         out.append(ParamSpec(m.group(1), kind))
     if len({p.name for p in out}) != len(out):
         dupes = sorted({p.name for p in out if [q.name for q in out].count(p.name) > 1})
         raise SymbolicError(
-            f"kernel {qual}: duplicate {what} names {dupes} in {list(names)}; expected unique names. "
-            f"Fix: give each of the {what} its own name."
+            f"kernel {qual}: duplicate {what} names {dupes} in {list(names)}; expected unique"
+            f" names. Fix: give each of the {what} its own name."
         )
     return out
 
@@ -232,8 +254,12 @@ def _check_default(qual: str, name: str, typ: str, value: Any) -> Any:
         "int": lambda v: isinstance(v, (int, np.integer)),
         "float": lambda v: isinstance(v, (int, float, np.floating, np.integer)),
         "string": lambda v: isinstance(v, str),
-        "ints": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, (int, np.integer)) for x in v),
-        "floats": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) for x in v),
+        "ints": lambda v: (
+            isinstance(v, (list, tuple)) and all(isinstance(x, (int, np.integer)) for x in v)
+        ),
+        "floats": lambda v: (
+            isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) for x in v)
+        ),
         "strings": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v),
         "tensor": _is_tensor_value,
     }[typ]
@@ -269,13 +295,14 @@ def _parse_attrs(attrs: Mapping[str, Any] | None, qual: str) -> list[AttrSpec]:
     for name, decl in (attrs or {}).items():
         if not isinstance(name, str) or not _PARAM_RE.match(name) or name.endswith(("?", "*")):
             raise SymbolicError(
-                f"kernel {qual}: attribute names must be identifiers (the kernel's keyword arguments); "
-                f"received {name!r}. Fix: rename it, e.g. {'_'.join(str(name).split()) or 'alpha'!r}."
+                f"kernel {qual}: attribute names must be identifiers (the kernel's keyword"
+                f" arguments); received {name!r}. Fix: rename it, e.g."
+                f" {'_'.join(str(name).split()) or 'alpha'!r}."
             )
         if name == "out":
             raise SymbolicError(
-                f"kernel {qual}: attribute names must not be 'out'; received attrs with 'out', which is "
-                f"reserved for preallocated outputs. Fix: rename the attribute."
+                f"kernel {qual}: attribute names must not be 'out'; received attrs with 'out',"
+                " which is reserved for preallocated outputs. Fix: rename the attribute."
             )
         if isinstance(decl, tuple) and len(decl) == 2:
             typ, default = decl
@@ -284,9 +311,9 @@ def _parse_attrs(attrs: Mapping[str, Any] | None, qual: str) -> list[AttrSpec]:
             typ, default, required = decl, None, True
         if typ not in _ATTR_TYPES:
             raise SymbolicError(
-                f"kernel {qual}: attribute {name!r} has type {typ!r}; expected one of "
-                f"{', '.join(_ATTR_TYPES)} (or a (type, default) tuple). Fix: e.g. attrs={{{name!r}: "
-                f"'float'}} or attrs={{{name!r}: ('float', 1.0)}}."
+                f"kernel {qual}: attribute {name!r} has type {typ!r}; expected one of"
+                f" {', '.join(_ATTR_TYPES)} (or a (type, default) tuple). Fix: e.g."
+                f" attrs={{{name!r}: 'float'}} or attrs={{{name!r}: ('float', 1.0)}}."
             )
         if not required:
             default = _check_default(qual, name, typ, default)
@@ -309,8 +336,10 @@ def _apply_dtypes(params: list[ParamSpec], dtypes: Any, qual: str) -> list[Param
         return seq
 
     if isinstance(dtypes, Mapping):
-        return [dataclasses.replace(p, dtypes=check(dtypes[p.name])) if p.name in dtypes else p
-                for p in params]
+        return [
+            dataclasses.replace(p, dtypes=check(dtypes[p.name])) if p.name in dtypes else p
+            for p in params
+        ]
     common = check(dtypes)
     return [dataclasses.replace(p, dtypes=common) for p in params]
 
@@ -324,7 +353,9 @@ def _accepts_out(fn: Callable[..., Any]) -> bool:
     return p is not None and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
 
 
-def _check_signature(fn: Callable[..., Any], attrs: list[AttrSpec], qual: str, ins: Sequence[ParamSpec] = ()) -> None:
+def _check_signature(
+    fn: Callable[..., Any], attrs: list[AttrSpec], qual: str, ins: Sequence[ParamSpec] = ()
+) -> None:
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -336,29 +367,42 @@ def _check_signature(fn: Callable[..., Any], attrs: list[AttrSpec], qual: str, i
     missing = [a.name for a in attrs if a.name not in params]
     if missing:
         raise SymbolicError(
-            f"kernel {qual}: function {getattr(fn, '__name__', fn)!r} does not accept attribute "
-            f"keyword(s) {missing}; expected e.g. `def f(a, b, *, {', '.join(missing)})`. Fix: add them "
-            f"to its signature (or **attrs), or remove them from attrs=."
+            f"kernel {qual}: function {getattr(fn, '__name__', fn)!r} does not accept attribute"
+            f" keyword(s) {missing}; expected e.g. `def f(a, b, *, {', '.join(missing)})`. Fix: add"
+            " them to its signature (or **attrs), or remove them from attrs=."
         )
 
 
-def _check_positional(fn: Callable[..., Any], params: Mapping[str, inspect.Parameter], attrs: list[AttrSpec],
-                      qual: str, ins: Sequence[ParamSpec]) -> None:
+def _check_positional(
+    fn: Callable[..., Any],
+    params: Mapping[str, inspect.Parameter],
+    attrs: list[AttrSpec],
+    qual: str,
+    ins: Sequence[ParamSpec],
+) -> None:
     """The kernel receives one positional argument per declared input: its function must take them."""
-    if not ins or any(p.kind == "variadic" for p in ins) or any(p.kind == p.VAR_POSITIONAL for p in params.values()):
+    if (
+        not ins
+        or any(p.kind == "variadic" for p in ins)
+        or any(p.kind == p.VAR_POSITIONAL for p in params.values())
+    ):
         return
     keywords = {a.name for a in attrs} | {"out"}
-    positional = [p for p in params.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in keywords]
+    positional = [
+        p
+        for p in params.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in keywords
+    ]
     required = [p for p in positional if p.default is p.empty]
     if len(positional) >= len(ins) and len(required) <= len(ins):
         return
     declared = [p.name for p in ins]
     takes = [p.name for p in (required if len(required) > len(ins) else positional)]
     raise SymbolicError(
-        f"kernel {qual}: declares {len(ins)} input(s) {declared}, passed positionally, but function "
-        f"{getattr(fn, '__name__', fn)!r} takes {len(takes)} positional argument(s) {takes}. Fix: "
-        f"def {getattr(fn, '__name__', 'kernel')}({', '.join(declared)}, *, <attributes>), or correct inputs=."
+        f"kernel {qual}: declares {len(ins)} input(s) {declared}, passed positionally, but function"
+        f" {getattr(fn, '__name__', fn)!r} takes {len(takes)} positional argument(s) {takes}. Fix:"
+        f" def {getattr(fn, '__name__', 'kernel')}({', '.join(declared)}, *, <attributes>), or"
+        " correct inputs=."
     )
 
 
@@ -379,20 +423,23 @@ def make_spec(
     split_name(name)
     if not callable(fn):
         raise SymbolicError(
-            f"kernel {name}: expected a callable computing the outputs from the inputs; received "
-            f"{type(fn).__name__} ({fn!r:.60}). Fix: decorate a function: @kernel({name!r}, ...) above "
-            f"def my_kernel(x): ..."
+            f"kernel {name}: expected a callable computing the outputs from the inputs; received"
+            f" {type(fn).__name__} ({fn!r:.60}). Fix: decorate a function: @kernel({name!r}, ...)"
+            " above def my_kernel(x): ..."
         )
     ins = _parse_params(inputs, "inputs", name)
     outs = _parse_params(outputs, "outputs", name)
     if not outs:
-        raise SymbolicError(f"kernel {name}: expected at least one output; received outputs={list(outputs)!r}. Fix: e.g. outputs=['y'].")
+        raise SymbolicError(
+            f"kernel {name}: expected at least one output; received outputs={list(outputs)!r}. Fix:"
+            " e.g. outputs=['y']."
+        )
     if isinstance(dtypes, Mapping):
         unknown = set(dtypes) - {p.name for p in ins + outs}
         if unknown:
             raise SymbolicError(
-                f"kernel {name}: dtypes= names {sorted(unknown)} are not inputs/outputs (expected among "
-                f"{[p.name for p in ins + outs]}). Fix: key dtypes= by those names."
+                f"kernel {name}: dtypes= names {sorted(unknown)} are not inputs/outputs (expected"
+                f" among {[p.name for p in ins + outs]}). Fix: key dtypes= by those names."
             )
     ins, outs = _apply_dtypes(ins, dtypes, name), _apply_dtypes(outs, dtypes, name)
     attr_specs = _parse_attrs(attrs, name)
@@ -400,13 +447,20 @@ def make_spec(
     if tensor_type not in ("numpy", "torch"):
         raise SymbolicError(
             f"kernel {name}: tensor_type must be 'numpy' or 'torch'; received {tensor_type!r}; "
-            f"fix: pass tensor_type='numpy' (arrays) or 'torch' (tensors)."
+            "fix: pass tensor_type='numpy' (arrays) or 'torch' (tensors)."
         )
     out_mode = _accepts_out(fn) if out is None else bool(out)
     _check_shape_rule(name, shape_fn, ins, out_mode)
     return KernelSpec(
-        name=name, fn=fn, inputs=tuple(ins), outputs=tuple(outs), attrs=tuple(attr_specs),
-        shape_fn=shape_fn, function=function, tensor_type=tensor_type, out_mode=out_mode,
+        name=name,
+        fn=fn,
+        inputs=tuple(ins),
+        outputs=tuple(outs),
+        attrs=tuple(attr_specs),
+        shape_fn=shape_fn,
+        function=function,
+        tensor_type=tensor_type,
+        out_mode=out_mode,
         doc=inspect.getdoc(fn) or "",
     )
 
@@ -417,8 +471,9 @@ def _check_shape_rule(name: str, rule: Any, ins: Sequence[ParamSpec], out_mode: 
         if out_mode:
             raise SymbolicError(
                 f"kernel {name}: writes into preallocated outputs (out=) but declares no shape_fn, "
-                f"so its output shapes are unknown; fix: pass shape_fn=\"like:{names[0] if names else 'x'}\", "
-                f"\"broadcast\" or a callable returning TensorInfo per output."
+                "so its output shapes are unknown; fix: pass"
+                f' shape_fn="like:{names[0] if names else "x"}", '
+                f'"broadcast" or a callable returning TensorInfo per output.'
             )
         return
     if callable(rule):
@@ -434,10 +489,10 @@ def _check_shape_rule(name: str, rule: Any, ins: Sequence[ParamSpec], out_mode: 
         raise SymbolicError(
             f"kernel {name}: shape_fn={rule!r}; expected a callable, 'broadcast', 'like0' or "
             f"'like:<input name>' with one of the declared inputs ({known}); fix: name a declared "
-            f"input or pass a callable."
+            "input or pass a callable."
         )
     if not ins:
         raise SymbolicError(
             f"kernel {name}: shape_fn={rule!r} expects a declared input to copy from; received "
-            f"inputs=[]; fix: pass a callable shape_fn."
+            "inputs=[]; fix: pass a callable shape_fn."
         )

@@ -71,10 +71,18 @@ LIBRARY_NAME = "libonnx_custom_ops.so"
 _FLAGS: dict[str, tuple[str, ...]] = {
     "release": ("-std=c++17", "-O3", "-fPIC", "-fvisibility=hidden", "-pthread"),
     # for fuzzing under AddressSanitizer/UBSan (tests): same code, checks on
-    "sanitize": ("-std=c++17", "-O1", "-g", "-fPIC", "-fvisibility=hidden", "-pthread",
-                 "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
-                 "-fno-sanitize-recover=undefined"),
-}  # fmt: skip
+    "sanitize": (
+        "-std=c++17",
+        "-O1",
+        "-g",
+        "-fPIC",
+        "-fvisibility=hidden",
+        "-pthread",
+        "-fsanitize=address,undefined",
+        "-fno-omit-frame-pointer",
+        "-fno-sanitize-recover=undefined",
+    ),
+}
 _LINK = ("-shared", "-Wl,-z,nodelete")  # never unmapped: ORT threads may outlive a dlclose
 ONE_LINE = (
     "c++ -std=c++17 -O3 -fPIC -shared -fvisibility=hidden -pthread -Wl,-z,nodelete "
@@ -96,8 +104,9 @@ def sources_dir() -> Path:
         if (Path(location) / "native").is_dir():
             return Path(location) / "native"
     raise ExtensionBuildError(
-        "the native kernel sources are missing: expected the folder ort_kernels/native inside the "
-        "onnx_custom package, found none; fix: reinstall onnx-custom (the sources ship as package data)."
+        "the native kernel sources are missing: expected the folder ort_kernels/native inside the"
+        " onnx_custom package, found none; fix: reinstall onnx-custom (the sources ship as package"
+        " data)."
     )
 
 
@@ -113,25 +122,42 @@ def _sources() -> list[Path]:
 
 
 def _compiler() -> str:
-    return find_compiler("CXX", ("c++", "g++", "clang++"), language="C++17", needed_for=f"building {LIBRARY_NAME}", package="g++")
+    return find_compiler(
+        "CXX",
+        ("c++", "g++", "clang++"),
+        language="C++17",
+        needed_for=f"building {LIBRARY_NAME}",
+        package="g++",
+    )
 
 
 @functools.cache
 def _compiler_identity(cxx: str) -> str:
     try:
-        proc = subprocess.run([*cxx.split(), "--version"], capture_output=True, text=True, timeout=60,
-                              check=False)  # fmt: skip
+        proc = subprocess.run(
+            [*cxx.split(), "--version"], capture_output=True, text=True, timeout=60, check=False
+        )
     except OSError as exc:
-        raise ExtensionBuildError(f"the C++ compiler {cxx!r} cannot run ({exc}); fix: set CXX to a working compiler.") from exc
+        raise ExtensionBuildError(
+            f"the C++ compiler {cxx!r} cannot run ({exc}); fix: set CXX to a working compiler."
+        ) from exc
     return f"{shutil.which(cxx.split()[0])}|{proc.stdout.strip()}"
 
 
-def _build_key(cxx: str, flags: Sequence[str], files: Sequence[Path] | None = None, defines: Sequence[str] = ()) -> str:
+def _build_key(
+    cxx: str, flags: Sequence[str], files: Sequence[Path] | None = None, defines: Sequence[str] = ()
+) -> str:
     h = hashlib.sha256()
     for path in _shipped_inputs() if files is None else files:
         h.update(path.name.encode())
         h.update(path.read_bytes())
-    for part in (_compiler_identity(cxx), " ".join(flags), " ".join(_LINK), " ".join(defines), sys.platform):
+    for part in (
+        _compiler_identity(cxx),
+        " ".join(flags),
+        " ".join(_LINK),
+        " ".join(defines),
+        sys.platform,
+    ):
         h.update(part.encode())
     return h.hexdigest()[:16]
 
@@ -145,33 +171,50 @@ def _shipped_inputs() -> list[Path]:
 
 def _run(cmd: list[str], what: str, cwd: Path | None = None) -> subprocess.Popen[str]:
     try:
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
+        return subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd
+        )
     except OSError as exc:
-        raise ExtensionBuildError(f"cannot run the C++ compiler for {what} ({exc}); command: {' '.join(cmd)}") from exc
+        raise ExtensionBuildError(
+            f"cannot run the C++ compiler for {what} ({exc}); command: {' '.join(cmd)}"
+        ) from exc
 
 
 def _finish(proc: subprocess.Popen[str], cmd: list[str], what: str) -> None:
     _, err = proc.communicate()
     if proc.returncode != 0:
         raise NativeCompileError(
-            f"compiling {what} failed (exit {proc.returncode}).\ncommand: {' '.join(cmd)}\n{err[-4000:]}",
-            file=what, output=err,
+            f"compiling {what} failed (exit {proc.returncode}).\ncommand:"
+            f" {' '.join(cmd)}\n{err[-4000:]}",
+            file=what,
+            output=err,
         )
 
 
-def _compile(cxx: str, flags: Sequence[str], target: Path, sources: Sequence[Path],
-             includes: Sequence[Path] = (), defines: Sequence[str] = (),
-             cached: Sequence[Path | None] = ()) -> None:  # fmt: skip
+def _compile(
+    cxx: str,
+    flags: Sequence[str],
+    target: Path,
+    sources: Sequence[Path],
+    includes: Sequence[Path] = (),
+    defines: Sequence[str] = (),
+    cached: Sequence[Path | None] = (),
+) -> None:
     """Objects in parallel (one compiler per source, as many at once as CPUs), then one link.
     ``cached[i]``: where source i's object is kept between builds (reused when present)."""
     include = [f"-I{abi_include_dir()}", *(f"-I{d}" for d in includes)]
     macros = [f"-D{d}" for d in defines]
     keep = list(cached) or [None] * len(sources)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        objects = [kept if kept is not None and kept.exists() else Path(tmp) / f"{i:02d}-{src.stem}.o"
-                   for i, (src, kept) in enumerate(zip(sources, keep, strict=True))]  # fmt: skip
-        jobs = [([*cxx.split(), *flags, *include, *macros, "-c", str(src), "-o", str(obj)], src.name)
-                for src, obj in zip(sources, objects, strict=True) if obj.parent == Path(tmp)]  # fmt: skip
+        objects = [
+            kept if kept is not None and kept.exists() else Path(tmp) / f"{i:02d}-{src.stem}.o"
+            for i, (src, kept) in enumerate(zip(sources, keep, strict=True))
+        ]
+        jobs = [
+            ([*cxx.split(), *flags, *include, *macros, "-c", str(src), "-o", str(obj)], src.name)
+            for src, obj in zip(sources, objects, strict=True)
+            if obj.parent == Path(tmp)
+        ]
         width = max(1, os.cpu_count() or 1)
         running: list[tuple[subprocess.Popen[str], list[str], str]] = []
         try:
@@ -197,8 +240,15 @@ def _compile(cxx: str, flags: Sequence[str], target: Path, sources: Sequence[Pat
         os.replace(out, target)  # atomic: readers see no file or the whole library
 
 
-def compile_library(name: str, sources: Sequence[Path], *, includes: Sequence[Path] = (),
-                    defines: Sequence[str] = (), hashed: Sequence[Path] = (), sanitize: bool = False) -> Path:  # fmt: skip
+def compile_library(
+    name: str,
+    sources: Sequence[Path],
+    *,
+    includes: Sequence[Path] = (),
+    defines: Sequence[str] = (),
+    hashed: Sequence[Path] = (),
+    sanitize: bool = False,
+) -> Path:
     """Compile ``sources`` into the shared library ``name`` in the build cache, keyed by the
     content of ``sources`` and ``hashed`` (headers they include), the defines, the compiler and
     the flags; a second call with the same inputs returns the cached file without compiling.
@@ -215,18 +265,31 @@ def compile_library(name: str, sources: Sequence[Path], *, includes: Sequence[Pa
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ExtensionBuildError(f"cannot create the build cache {folder} ({exc}); fix: set ONNX_CUSTOM_CACHE_DIR to a writable folder.") from exc
+        raise ExtensionBuildError(
+            f"cannot create the build cache {folder} ({exc}); fix: set ONNX_CUSTOM_CACHE_DIR to a"
+            " writable folder."
+        ) from exc
     # Our own sources do not see the user's files: their objects are shared by every library
     # built with the same flags and defines (a user library then compiles only its own code).
     # Only library.cpp reads the library's name macros (OC_LIBRARY_NAME, OC_DOMAINS_KEY).
     own, shipped = sources_dir().resolve(), _shipped_inputs()
 
     def object_key(src: Path) -> str:
-        used = defines if src.name == "library.cpp" else [d for d in defines if not d.startswith(_NAME_MACROS)]
+        used = (
+            defines
+            if src.name == "library.cpp"
+            else [d for d in defines if not d.startswith(_NAME_MACROS)]
+        )
         return _build_key(cxx, flags, shipped, [*used, *map(str, includes[:1])])
 
-    cached = [cache_root() / "native" / "objects" / f"{variant}-{src.stem}-{object_key(src)}.o"
-              if src.resolve().parent == own else None for src in sources]  # fmt: skip
+    cached = [
+        (
+            cache_root() / "native" / "objects" / f"{variant}-{src.stem}-{object_key(src)}.o"
+            if src.resolve().parent == own
+            else None
+        )
+        for src in sources
+    ]
     with process_lock(folder):
         if not target.exists():  # another process may have built it while we waited
             with announce_build(f"{name} (the native kernel library, {variant} build)", "15-45 s"):
@@ -243,8 +306,8 @@ def library_path(*, sanitize: bool = False) -> Path:
     """
     if not isinstance(sanitize, bool):
         raise InvalidArgumentError(
-            f"sanitize must be True or False; received {sanitize!r}. Fix: pass sanitize=True for the "
-            "AddressSanitizer build, or leave it out."
+            f"sanitize must be True or False; received {sanitize!r}. Fix: pass sanitize=True for"
+            " the AddressSanitizer build, or leave it out."
         )
     variant = "sanitize" if sanitize else "release"
     with _lock:
@@ -267,7 +330,10 @@ def build_library(output_dir: str | os.PathLike[str] | None = None) -> Path:
             if not os.access(folder, os.W_OK):
                 raise PermissionError(f"{folder} is not writable")
         except OSError as exc:
-            raise ExtensionBuildError(f"cannot write {LIBRARY_NAME} into {folder}: expected a writable folder ({exc}); fix: pass a writable folder.") from exc
+            raise ExtensionBuildError(
+                f"cannot write {LIBRARY_NAME} into {folder}: expected a writable folder ({exc});"
+                " fix: pass a writable folder."
+            ) from exc
     built = library_path()
     if folder is None:
         return built
@@ -278,7 +344,10 @@ def build_library(output_dir: str | os.PathLike[str] | None = None) -> Path:
         os.chmod(tmp, 0o755)
         os.replace(tmp, folder / LIBRARY_NAME)
     except OSError as exc:
-        raise ExtensionBuildError(f"cannot write {LIBRARY_NAME} into {folder}: expected a writable folder ({exc}); fix: pass a writable folder.") from exc
+        raise ExtensionBuildError(
+            f"cannot write {LIBRARY_NAME} into {folder}: expected a writable folder ({exc}); fix:"
+            " pass a writable folder."
+        ) from exc
     return (folder / LIBRARY_NAME).resolve()
 
 
@@ -300,14 +369,24 @@ class NativeLibrary:
         """Describe the library at ``path`` (its op list comes from the library itself)."""
         file = Path(path)
         if not file.is_file():
-            raise KernelError(f"native library {str(file)!r} does not exist; expected the .so that build_native_library or `onnx-custom build-library --spec` wrote; fix: build it first.")
+            raise KernelError(
+                f"native library {str(file)!r} does not exist; expected the .so that"
+                " build_native_library or `onnx-custom build-library --spec` wrote; fix: build it"
+                " first."
+            )
         try:
             lib = ctypes.CDLL(str(file.resolve()))
             lib.OnnxCustomNativeOps.restype = ctypes.c_char_p
             names = lib.OnnxCustomNativeOps().decode()
         except (OSError, AttributeError) as exc:
-            raise KernelError(f"{str(file)!r} is not an onnx-custom native library ({exc}); expected a library built by onnx-custom (it exports OnnxCustomNativeOps).") from exc
-        key = domains_key or f"onnx_custom.native.{file.name.removeprefix('lib').removesuffix('.so')}.domains"
+            raise KernelError(
+                f"{str(file)!r} is not an onnx-custom native library ({exc}); expected a library"
+                " built by onnx-custom (it exports OnnxCustomNativeOps)."
+            ) from exc
+        key = (
+            domains_key
+            or f"onnx_custom.native.{file.name.removeprefix('lib').removesuffix('.so')}.domains"
+        )
         return cls(file.resolve(), key, tuple(n for n in names.split(",") if n))
 
 
@@ -331,8 +410,11 @@ _REGISTERED_KEY = "onnx_custom.native_library"
 DOMAINS_KEY = "onnx_custom.native.domains"  # read by the library's RegisterCustomOps
 
 
-def register_library(so: ort.SessionOptions, domains: Iterable[str] | None = None,
-                     library: NativeLibrary | None = None) -> ort.SessionOptions:  # fmt: skip
+def register_library(
+    so: ort.SessionOptions,
+    domains: Iterable[str] | None = None,
+    library: NativeLibrary | None = None,
+) -> ort.SessionOptions:
     """Load a native library (default: the shipped one) into ``so``: all its domains, or only
     ``domains``.
 
@@ -357,15 +439,20 @@ def _config(so: ort.SessionOptions, key: str) -> str | None:
         return None
 
 
-def plan_kernels(model: onnx.ModelProto, kernels: KernelRegistry | None = None) -> tuple[frozenset[str], list[KernelSpec]]:
+def plan_kernels(
+    model: onnx.ModelProto, kernels: KernelRegistry | None = None
+) -> tuple[frozenset[str], list[KernelSpec]]:
     """``(domains served natively, Python kernels for the rest)`` for the model's custom nodes,
     with the shipped library (see `plan_native`)."""
     chosen, specs = plan_native(model, kernels)
     return frozenset(chosen), specs
 
 
-def plan_native(model: onnx.ModelProto, kernels: KernelRegistry | None = None,
-                libraries: Sequence[NativeLibrary] = ()) -> tuple[dict[str, NativeLibrary], list[KernelSpec]]:  # fmt: skip
+def plan_native(
+    model: onnx.ModelProto,
+    kernels: KernelRegistry | None = None,
+    libraries: Sequence[NativeLibrary] = (),
+) -> tuple[dict[str, NativeLibrary], list[KernelSpec]]:
     """``({domain: library serving it natively}, Python kernels for the rest)``.
 
     A domain runs natively when one library serves every one of the model's node types in it
@@ -380,8 +467,11 @@ def plan_native(model: onnx.ModelProto, kernels: KernelRegistry | None = None,
     registry = default_kernel_registry() if kernels is None else kernels
     candidates = [*libraries, shipped_library()]
     local = {(f.domain, f.name) for f in model.functions}
-    nodes = [n for n in iter_nodes(model)
-             if n.domain not in RESERVED_DOMAINS and (n.domain, n.op_type) not in local]  # fmt: skip
+    nodes = [
+        n
+        for n in iter_nodes(model)
+        if n.domain not in RESERVED_DOMAINS and (n.domain, n.op_type) not in local
+    ]
     by_domain: dict[str, set[str]] = {}
     for node in nodes:
         by_domain.setdefault(node.domain, set()).add(node.op_type)
@@ -407,8 +497,8 @@ def plan_native(model: onnx.ModelProto, kernels: KernelRegistry | None = None,
         raise KernelError(
             f"{len(missing)} custom op type(s) in the model have neither a native nor a Python "
             f"kernel: {', '.join(missing)}; the native libraries serve {', '.join(served)}; fix: "
-            f"build a library for them (onnx-custom build-library --spec), register Python kernels "
-            f"(@onnx_custom.runtime.kernel) or embed function bodies (export(..., functions=True))."
+            "build a library for them (onnx-custom build-library --spec), register Python kernels "
+            "(@onnx_custom.runtime.kernel) or embed function bodies (export(..., functions=True))."
         )
     fallback = sorted({f"{n.domain}::{n.op_type}" for n in nodes if n.domain not in chosen})
     if fallback:

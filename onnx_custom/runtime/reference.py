@@ -17,16 +17,22 @@ from onnx_custom.runtime.types import TensorInfo, concrete_shape
 __all__ = ["make_op_run", "reference_evaluator", "run_kernel"]
 
 
-def run_kernel(spec: KernelSpec, inputs: list[Any], attrs: dict[str, Any]) -> tuple[np.ndarray, ...]:
+def run_kernel(
+    spec: KernelSpec, inputs: list[Any], attrs: dict[str, Any]
+) -> tuple[np.ndarray, ...]:
     """Call ``spec``'s kernel eagerly on numpy arrays, the way the ORT host does."""
     kwargs = {**spec.attr_defaults(), **{k: v for k, v in attrs.items() if v is not None}}
     fn = _torch_wrapper(spec.fn, spec.out_mode) if spec.tensor_type == "torch" else spec.fn
     arrays = [None if x is None else np.ascontiguousarray(x) for x in inputs]
     if spec.out_mode:
         infos = [None if a is None else TensorInfo(a.dtype, a.shape) for a in arrays]
-        outs = tuple(np.empty(concrete_shape(None if r is None else r.shape, f"{spec.name} output shape"),
-                              None if r is None else r.dtype)
-                     for r in spec.infer(infos, kwargs))
+        outs = tuple(
+            np.empty(
+                concrete_shape(None if r is None else r.shape, f"{spec.name} output shape"),
+                None if r is None else r.dtype,
+            )
+            for r in spec.infer(infos, kwargs)
+        )
         res = fn(*arrays, out=outs, **kwargs)
         if res is None:
             return outs

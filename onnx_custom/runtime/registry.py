@@ -29,7 +29,11 @@ def _defined_at(fn: Any) -> str:
     """``module.qualname (file.py:12)``: which function, and where (two lambdas differ by line)."""
     name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
     code = getattr(inspect.unwrap(fn), "__code__", None)
-    return name if code is None else f"{name} at {code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno}"
+    return (
+        name
+        if code is None
+        else f"{name} at {code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno}"
+    )
 
 
 class KernelRegistry:
@@ -76,8 +80,18 @@ class KernelRegistry:
         """
 
         def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-            spec = make_spec(name, fn, inputs=inputs, outputs=outputs, attrs=attrs, dtypes=dtypes,
-                             shape_fn=shape_fn, function=function, tensor_type=tensor_type, out=out)
+            spec = make_spec(
+                name,
+                fn,
+                inputs=inputs,
+                outputs=outputs,
+                attrs=attrs,
+                dtypes=dtypes,
+                shape_fn=shape_fn,
+                function=function,
+                tensor_type=tensor_type,
+                out=out,
+            )
             self.add(spec, replace=replace)
             return fn
 
@@ -86,8 +100,9 @@ class KernelRegistry:
     def add(self, spec: KernelSpec, *, replace: bool = False) -> KernelSpec:
         if not isinstance(spec, KernelSpec):
             raise KernelError(
-                f"expected a KernelSpec, received {type(spec).__name__}. Fix: register a function with "
-                f"@registry.kernel('domain::Op', inputs=[...], outputs=[...]), or add another registry's spec."
+                f"expected a KernelSpec, received {type(spec).__name__}. Fix: register a function"
+                " with @registry.kernel('domain::Op', inputs=[...], outputs=[...]), or add another"
+                " registry's spec."
             )
         split_name(spec.name)
         with self._lock:
@@ -96,8 +111,8 @@ class KernelRegistry:
                 raise KernelError(
                     f"kernel {spec.name!r} is already registered ({_defined_at(existing.fn)}); "
                     f"received another one ({_defined_at(spec.fn)}); expected one kernel per "
-                    f"'domain::OpType'; fix: pass replace=True to override it, or register under "
-                    f"another 'domain::OpType'."
+                    "'domain::OpType'; fix: pass replace=True to override it, or register under "
+                    "another 'domain::OpType'."
                 )
             self._specs[spec.name] = spec
         return spec
@@ -130,8 +145,9 @@ class KernelRegistry:
         if spec is None:
             known = ", ".join(sorted(self._specs)) or "(none)"
             raise KernelError(
-                f"no kernel registered for {name!r}; expected one of the registered names: {known}. "
-                f"Fix: register it first with @registry.kernel({name!r}, ...), or correct the name."
+                f"no kernel registered for {name!r}; expected one of the registered names: {known}."
+                f" Fix: register it first with @registry.kernel({name!r}, ...), or correct the"
+                " name."
             )
         return spec
 
@@ -155,7 +171,9 @@ class KernelRegistry:
             out._specs = dict(self._specs)
         return out
 
-    def update(self, other: KernelRegistry | Iterable[KernelSpec], *, replace: bool = False) -> KernelRegistry:
+    def update(
+        self, other: KernelRegistry | Iterable[KernelSpec], *, replace: bool = False
+    ) -> KernelRegistry:
         """Add every kernel of ``other`` (raises on a clash unless ``replace``); returns self."""
         for spec in other:
             self.add(spec, replace=replace)
@@ -183,8 +201,8 @@ def _builtin_registry() -> KernelRegistry:
                 kernels = getattr(mod, "kernels", None)
                 if not isinstance(kernels, KernelRegistry):
                     raise KernelError(
-                        f"{mod_name} is listed in onnx_custom.common.builtins.KERNEL_MODULES but defines no "
-                        f"`kernels: KernelRegistry`."
+                        f"{mod_name} is listed in onnx_custom.common.builtins.KERNEL_MODULES but"
+                        " defines no `kernels: KernelRegistry`."
                     )
                 reg.update(kernels)
             _builtin = reg
@@ -226,8 +244,17 @@ def kernel(
             raise KernelError(
                 f"kernel {name!r} is a built-in kernel; fix: pass replace=True to override it."
             )
-        return _user.kernel(name, inputs=inputs, outputs=outputs, attrs=attrs, dtypes=dtypes,
-                            shape_fn=shape_fn, function=function, tensor_type=tensor_type,
-                            out=out, replace=replace)(fn)
+        return _user.kernel(
+            name,
+            inputs=inputs,
+            outputs=outputs,
+            attrs=attrs,
+            dtypes=dtypes,
+            shape_fn=shape_fn,
+            function=function,
+            tensor_type=tensor_type,
+            out=out,
+            replace=replace,
+        )(fn)
 
     return deco

@@ -18,7 +18,9 @@ from onnx_custom.runtime.types import TensorInfo
 __all__ = ["make_schema", "register_schema", "register_schemas"]
 
 _lock = threading.Lock()
-_ours: dict[tuple[str, str], weakref.ref[KernelSpec]] = {}  # (domain, op_type) -> spec we registered
+_ours: dict[
+    tuple[str, str], weakref.ref[KernelSpec]
+] = {}  # (domain, op_type) -> spec we registered
 
 _OPTION = {
     "required": OpSchema.FormalParameterOption.Single,
@@ -80,7 +82,11 @@ def _inference(spec: KernelSpec) -> Any:
             attrs[a.name] = helper.get_attribute_value(proto) if proto is not None else None
             if isinstance(attrs[a.name], bytes):
                 attrs[a.name] = attrs[a.name].decode()
-            elif isinstance(attrs[a.name], list) and attrs[a.name] and isinstance(attrs[a.name][0], bytes):
+            elif (
+                isinstance(attrs[a.name], list)
+                and attrs[a.name]
+                and isinstance(attrs[a.name][0], bytes)
+            ):
                 attrs[a.name] = [s.decode() for s in attrs[a.name]]
         outputs = spec.infer(inputs, attrs)
         for j, info in enumerate(outputs[: ctx.get_num_outputs()]):
@@ -98,9 +104,15 @@ def make_schema(spec: KernelSpec) -> OpSchema:
     for prefix, params, target in (("T", spec.inputs, inputs), ("O", spec.outputs, outputs)):
         for i, p in enumerate(params):
             tname = f"{prefix}{i}"
-            target.append(OpSchema.FormalParameter(
-                p.name, tname, param_option=_OPTION[p.kind], is_homogeneous=False, min_arity=1,
-            ))
+            target.append(
+                OpSchema.FormalParameter(
+                    p.name,
+                    tname,
+                    param_option=_OPTION[p.kind],
+                    is_homogeneous=False,
+                    min_arity=1,
+                )
+            )
             constraints.append((tname, [_onnx_type_str(d) for d in p.dtypes], ""))
     attributes = []
     for a in spec.attrs:
@@ -111,8 +123,14 @@ def make_schema(spec: KernelSpec) -> OpSchema:
             default = helper.make_attribute(a.name, value, attr_type=abi.ATTR_PROTO_TYPES[a.type])
             attributes.append(OpSchema.Attribute(a.name, default, ""))
     schema = OpSchema(
-        spec.op_type, spec.domain, 1, spec.doc or f"Python kernel {spec.name} (onnx-custom).",
-        inputs=inputs, outputs=outputs, type_constraints=constraints, attributes=attributes,
+        spec.op_type,
+        spec.domain,
+        1,
+        spec.doc or f"Python kernel {spec.name} (onnx-custom).",
+        inputs=inputs,
+        outputs=outputs,
+        type_constraints=constraints,
+        attributes=attributes,
     )
     schema.set_type_and_shape_inference_function(_inference(spec))
     return schema

@@ -68,7 +68,9 @@ def parse_model(model: ModelSource, *, with_data: bool = False) -> onnx.ModelPro
     return load_model(model, with_data=with_data)[0]
 
 
-def load_model(model: ModelSource, *, with_data: bool = False) -> tuple[onnx.ModelProto, bytes | str]:
+def load_model(
+    model: ModelSource, *, with_data: bool = False
+) -> tuple[onnx.ModelProto, bytes | str]:
     """``(ModelProto, what to hand ORT)``; paths stay paths so external data keeps resolving.
 
     A file's external data is checked (present, long enough, from the same export: else
@@ -87,19 +89,26 @@ def load_model(model: ModelSource, *, with_data: bool = False) -> tuple[onnx.Mod
         path = Path(model)
         if not path.exists():
             raise ModelNotFoundError(
-                f"ONNX model file {str(path)!r} does not exist (not found); fix: export it first "
-                f"(onnx-custom export ... -o {path}), or pass the model's bytes or an onnx.ModelProto."
+                f"ONNX model file {str(path)!r} does not exist (not found); fix: export it first"
+                f" (onnx-custom export ... -o {path}), or pass the model's bytes or an"
+                " onnx.ModelProto."
             )
         if not path.is_file():
-            raise ModelLoadError(f"{str(path)!r} is not a file; expected an .onnx model file. Fix: pass the path of the .onnx file inside it.")
+            raise ModelLoadError(
+                f"{str(path)!r} is not a file; expected an .onnx model file. Fix: pass the path of"
+                " the .onnx file inside it."
+            )
         parsed = _parse(path.read_bytes(), repr(str(path)))
         check_external_data(parsed, path.resolve().parent, f"the model {str(path)!r}")
         if with_data and external_tensors(parsed):
-            onnx.external_data_helper.load_external_data_for_model(parsed, str(path.resolve().parent))
+            onnx.external_data_helper.load_external_data_for_model(
+                parsed, str(path.resolve().parent)
+            )
         return parsed, str(path.resolve())
     raise ModelLoadError(
-        f"expected an onnx.ModelProto, bytes or a file path; received {type(model).__name__} ({model!r:.60}). "
-        "Fix: pass onnx_custom.export(...)'s result, open(path, 'rb').read() or the path itself."
+        f"expected an onnx.ModelProto, bytes or a file path; received {type(model).__name__}"
+        f" ({model!r:.60}). Fix: pass onnx_custom.export(...)'s result, open(path, 'rb').read() or"
+        " the path itself."
     )
 
 
@@ -109,9 +118,9 @@ def _refuse_detached(model: onnx.ModelProto, what: str) -> None:
     tensors = external_tensors(model)
     if tensors:
         raise ModelLoadError(
-            f"{what} keeps {len(tensors)} tensor(s) (e.g. {tensors[0].name!r}) in external data files, "
-            "which can only be found relative to the model's file. Fix: pass the model's path, or "
-            "load it with onnx.load(path) (which reads the data in)."
+            f"{what} keeps {len(tensors)} tensor(s) (e.g. {tensors[0].name!r}) in external data"
+            " files, which can only be found relative to the model's file. Fix: pass the model's"
+            " path, or load it with onnx.load(path) (which reads the data in)."
         )
 
 
@@ -121,11 +130,14 @@ def _parse(data: bytes, what: str) -> onnx.ModelProto:
         m.ParseFromString(data)
     except (DecodeError, ValueError) as exc:
         raise ModelLoadError(
-            f"{what} is not a valid ONNX model (corrupt or truncated; protobuf decoding failed: {exc}); fix: re-export "
-            f"the model or check that the file is not truncated."
+            f"{what} is not a valid ONNX model (corrupt or truncated; protobuf decoding failed:"
+            f" {exc}); fix: re-export the model or check that the file is not truncated."
         ) from exc
     if not m.HasField("graph"):
-        raise ModelLoadError(f"{what} is not a valid ONNX model (corrupt or not an ONNX file: no graph); fix: re-export the model.")
+        raise ModelLoadError(
+            f"{what} is not a valid ONNX model (corrupt or not an ONNX file: no graph); fix:"
+            " re-export the model."
+        )
     return m
 
 
@@ -139,9 +151,10 @@ def _registry(kernels: KernelRegistry | None) -> KernelRegistry:
         return default_kernel_registry()
     if not isinstance(kernels, KernelRegistry):
         raise KernelError(
-            f"kernels= expects an onnx_custom.runtime.KernelRegistry or None; received "
-            f"{type(kernels).__name__} ({kernels!r:.60}). Fix: pass onnx_custom.runtime.KernelRegistry() "
-            "with your kernels registered, or leave it out for the default kernels."
+            "kernels= expects an onnx_custom.runtime.KernelRegistry or None; received"
+            f" {type(kernels).__name__} ({kernels!r:.60}). Fix: pass"
+            " onnx_custom.runtime.KernelRegistry() with your kernels registered, or leave it out"
+            " for the default kernels."
         )
     return kernels
 
@@ -150,7 +163,9 @@ def _as_model(model: ModelSource) -> onnx.ModelProto:
     return model if isinstance(model, onnx.ModelProto) else parse_model(model)
 
 
-def missing_kernels(model: ModelSource, kernels: KernelRegistry | None = None) -> list[tuple[str, str]]:
+def missing_kernels(
+    model: ModelSource, kernels: KernelRegistry | None = None
+) -> list[tuple[str, str]]:
     """``(domain, op_type)`` of custom nodes with neither a kernel nor a model-local function."""
     m = _as_model(model)
     reg = _registry(kernels)
@@ -176,16 +191,16 @@ def required_kernels(model: ModelSource, kernels: KernelRegistry | None = None) 
             if key in missing:
                 where.setdefault(key, []).append(node.name or "<unnamed>")
         lines = "\n".join(
-            f"  {d}::{t} (node{'s' if len(where[(d, t)]) > 1 else ''} {', '.join(where[(d, t)][:5])}"
-            f"{', ...' if len(where[(d, t)]) > 5 else ''})"
+            f"  {d}::{t} (node{'s' if len(where[(d, t)]) > 1 else ''}"
+            f" {', '.join(where[(d, t)][:5])}{', ...' if len(where[(d, t)]) > 5 else ''})"
             for d, t in missing
         )
         known = ", ".join(reg.names()) or "(none)"
         raise KernelError(
             f"{len(missing)} custom op(s) in the model have no Python kernel:\n{lines}\n"
             f"registered kernels: {known}\n"
-            f"fix: register them with @onnx_custom.runtime.kernel('domain::OpType', ...) (or pass "
-            f"kernels=...), or embed function bodies with embed_functions()."
+            "fix: register them with @onnx_custom.runtime.kernel('domain::OpType', ...) (or pass "
+            "kernels=...), or embed function bodies with embed_functions()."
         )
     seen: dict[str, KernelSpec] = {}
     for node in custom_nodes(m):
@@ -223,8 +238,9 @@ def _check_options(options: object, argument: str) -> None:
     """Named after the caller's own parameter (``sess_options=`` of InferenceSession, ``base=`` here)."""
     if options is not None and not isinstance(options, ort.SessionOptions):
         raise InvalidArgumentError(
-            f"{argument}= expects onnxruntime.SessionOptions or None; received {type(options).__name__} "
-            f"({options!r:.60}). Fix: pass onnxruntime.SessionOptions() with your settings, or leave it out."
+            f"{argument}= expects onnxruntime.SessionOptions or None; received"
+            f" {type(options).__name__} ({options!r:.60}). Fix: pass onnxruntime.SessionOptions()"
+            " with your settings, or leave it out."
         )
 
 
@@ -245,7 +261,7 @@ def _options_for(
         raise KernelError(
             f"these SessionOptions already carry onnx-custom kernels ({', '.join(sorted(have))}) "
             f"and cannot take more ({', '.join(sorted(need - have))}); fix: pass fresh "
-            f"onnxruntime.SessionOptions()."
+            "onnxruntime.SessionOptions()."
         )
     register_kernels(so, specs)
     so.add_session_config_entry(_REGISTERED_KEY, ",".join(sorted(s.name for s in specs)))
@@ -257,13 +273,18 @@ def _native_libraries(kernels: Any) -> tuple[NativeLibrary, ...] | None:
     if isinstance(kernels, str):
         if kernels != "native":
             raise KernelError(
-                f"kernels= expects a KernelRegistry, None or 'native' (or NativeLibrary objects); received {kernels!r}. Fix: pass "
-                "kernels='native' (the compiled library), a KernelRegistry, or leave it out."
+                "kernels= expects a KernelRegistry, None or 'native' (or NativeLibrary objects);"
+                f" received {kernels!r}. Fix: pass kernels='native' (the compiled library), a"
+                " KernelRegistry, or leave it out."
             )
         return ()
     if isinstance(kernels, NativeLibrary):
         return (kernels,)
-    if isinstance(kernels, (list, tuple)) and kernels and all(isinstance(k, NativeLibrary) for k in kernels):
+    if (
+        isinstance(kernels, (list, tuple))
+        and kernels
+        and all(isinstance(k, NativeLibrary) for k in kernels)
+    ):
         return tuple(kernels)
     return None
 
@@ -312,16 +333,27 @@ class InferenceSession(ort.InferenceSession):
             self.kernel_specs = tuple(required_kernels(model, kernels))  # type: ignore[arg-type]  # _registry checks it
         validate_model(model, self.kernel_specs)
         # what serves each non-standard node type (verify's report names it)
-        self.implementations: tuple[Implementation, ...] = tuple(node_implementations(model, self.kernel_specs, native))
+        self.implementations: tuple[Implementation, ...] = tuple(
+            node_implementations(model, self.kernel_specs, native)
+        )
         so = _options_for(self.kernel_specs, sess_options)
-        for lib in dict.fromkeys(native.values()):  # each library once, with the domains it serves here
-            register_library(so, [d for d, chosen in native.items() if chosen is lib], None if lib == shipped_library() else lib)
+        for lib in dict.fromkeys(
+            native.values()
+        ):  # each library once, with the domains it serves here
+            register_library(
+                so,
+                [d for d, chosen in native.items() if chosen is lib],
+                None if lib == shipped_library() else lib,
+            )
         quiet_session_options(so)  # ORT's log lines would repeat what our typed errors say
         try:
             with source as model_source:
                 super().__init__(
-                    model_source, sess_options=so,
-                    providers=list(providers) if providers is not None else ["CPUExecutionProvider"],
+                    model_source,
+                    sess_options=so,
+                    providers=(
+                        list(providers) if providers is not None else ["CPUExecutionProvider"]
+                    ),
                     **kwargs,
                 )
         except OnnxCustomError:
@@ -344,7 +376,9 @@ class InferenceSession(ort.InferenceSession):
             feeds = half_feeds(self, input_feed) if self._half_io else None
             if feeds is not None:
                 names = list(output_names) if output_names else [o.name for o in self.get_outputs()]
-                return [from_ort_value(v) for v in self.run_with_ort_values(names, feeds, run_options)]
+                return [
+                    from_ort_value(v) for v in self.run_with_ort_values(names, feeds, run_options)
+                ]
             return self._typed_run(output_names, input_feed, run_options)
         except OnnxCustomError:
             raise

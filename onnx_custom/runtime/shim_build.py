@@ -56,14 +56,24 @@ def _build_key(source: bytes, header: bytes) -> str:
 
     h = hashlib.sha256(source)
     h.update(hashlib.sha256(header).digest())  # a changed slot or layout rebuilds the shim
-    for part in (sys.version, sysconfig.get_config_var("EXT_SUFFIX") or "", numpy.__version__,
-                 onnxruntime.__version__):
+    for part in (
+        sys.version,
+        sysconfig.get_config_var("EXT_SUFFIX") or "",
+        numpy.__version__,
+        onnxruntime.__version__,
+    ):
         h.update(part.encode())
     return h.hexdigest()[:16]
 
 
 def _compiler() -> str:
-    return find_compiler("CC", ("cc", "gcc", "clang"), language="C", needed_for="building the ONNX Runtime kernel shim", package="gcc")
+    return find_compiler(
+        "CC",
+        ("cc", "gcc", "clang"),
+        language="C",
+        needed_for="building the ONNX Runtime kernel shim",
+        package="gcc",
+    )
 
 
 def _compile(source: Path, include_dir: Path, target: Path) -> None:
@@ -79,8 +89,20 @@ def _compile(source: Path, include_dir: Path, target: Path) -> None:
         )
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    cmd = [*cc.split(), "-shared", "-fPIC", "-O2", "-std=c11", "-D_GNUSOURCE",
-           f"-I{py_inc}", f"-I{numpy.get_include()}", f"-I{include_dir}", str(source), "-o", tmp]
+    cmd = [
+        *cc.split(),
+        "-shared",
+        "-fPIC",
+        "-O2",
+        "-std=c11",
+        "-D_GNUSOURCE",
+        f"-I{py_inc}",
+        f"-I{numpy.get_include()}",
+        f"-I{include_dir}",
+        str(source),
+        "-o",
+        tmp,
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:

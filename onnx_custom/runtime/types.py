@@ -70,6 +70,6 @@ def concrete_shape(shape: Shape, what: str = "shape") -> tuple[int, ...]:
     if shape is None or not all(isinstance(d, int) and d >= 0 for d in shape):
         raise ValueError(
             f"{what} must be concrete non-negative ints at run time; received {shape!r}; fix: "
-            f"compute output dims from the input shapes the shape function receives."
+            "compute output dims from the input shapes the shape function receives."
         )
     return tuple(int(d) for d in shape)  # type: ignore[arg-type]

@@ -22,15 +22,33 @@ from onnx_custom.runtime.kernel_spec import RESERVED_DOMAINS, AttrSpec, KernelSp
 if TYPE_CHECKING:
     from onnx_custom.runtime.registry import KernelRegistry
 
-__all__ = ["NodeDeclarationError", "graph_value_types", "node_problems", "validate_model", "validate_nodes", "validate_registered"]
+__all__ = [
+    "NodeDeclarationError",
+    "graph_value_types",
+    "node_problems",
+    "validate_model",
+    "validate_nodes",
+    "validate_registered",
+]
 
 _MAX_LISTED = 10
-_EXAMPLE = {"int": "1", "float": "1.0", "string": "'text'", "ints": "[1, 2]", "floats": "[1.0, 2.0]",
-            "strings": "['a', 'b']", "tensor": "numpy.array([1.0, 2.0])"}
+_EXAMPLE = {
+    "int": "1",
+    "float": "1.0",
+    "string": "'text'",
+    "ints": "[1, 2]",
+    "floats": "[1.0, 2.0]",
+    "strings": "['a', 'b']",
+    "tensor": "numpy.array([1.0, 2.0])",
+}
 
 
 def _label(node: onnx.NodeProto) -> str:
-    return f"node {node.name!r}" if node.name else f"unnamed {node.op_type} node (outputs {list(node.output)})"
+    return (
+        f"node {node.name!r}"
+        if node.name
+        else f"unnamed {node.op_type} node (outputs {list(node.output)})"
+    )
 
 
 def _declared(params: Sequence[ParamSpec]) -> str:
@@ -49,7 +67,13 @@ def _arity_problems(what: str, names: Sequence[str], params: Sequence[ParamSpec]
         count -= 1
     problems = []
     if count < needed or (most is not None and count > most):
-        want = f"{needed}" if most == needed else f"{needed} to {most}" if most is not None else f"{needed} or more"
+        want = (
+            f"{needed}"
+            if most == needed
+            else f"{needed} to {most}"
+            if most is not None
+            else f"{needed} or more"
+        )
         problems.append(
             f"has {len(names)} {what}(s) {list(names)} but the kernel declares {want}: "
             f"{_declared(params)}"
@@ -67,14 +91,20 @@ def _attr_value_problem(attr: AttributeProto, decl: AttrSpec) -> str | None:
         return None
     if attr.type != expected:
         got = AttributeProto.AttributeType.Name(attr.type).lower()
-        return (f"sets attribute {attr.name!r} as {got} but the kernel declares {decl.type}; "
-                f"fix: set it as a {decl.type}, e.g. {attr.name}={_EXAMPLE[decl.type]}")
-    raw = [attr.s] if decl.type == "string" else list(attr.strings) if decl.type == "strings" else []
+        return (
+            f"sets attribute {attr.name!r} as {got} but the kernel declares {decl.type}; "
+            f"fix: set it as a {decl.type}, e.g. {attr.name}={_EXAMPLE[decl.type]}"
+        )
+    raw = (
+        [attr.s] if decl.type == "string" else list(attr.strings) if decl.type == "strings" else []
+    )
     try:
         texts = [b.decode() for b in raw]
     except UnicodeDecodeError:
-        return (f"sets {decl.type} attribute {attr.name!r} to bytes that are not valid UTF-8; "
-                f"fix: store UTF-8 text (Python kernels receive str)")
+        return (
+            f"sets {decl.type} attribute {attr.name!r} to bytes that are not valid UTF-8; "
+            "fix: store UTF-8 text (Python kernels receive str)"
+        )
     if decl.type == "strings":
         note_exact_strings(texts)
     return None
@@ -90,8 +120,8 @@ def _attr_problems(node: onnx.NodeProto, spec: KernelSpec) -> list[str]:
         if decl is None:
             names = ", ".join(f"{a.name} ({a.type})" for a in spec.attrs) or "none"
             problems.append(
-                f"sets attribute {attr.name!r}, which the kernel does not declare (declared: {names}); "
-                f"fix: rename it to a declared attribute, or declare it at registration"
+                f"sets attribute {attr.name!r}, which the kernel does not declare (declared:"
+                f" {names}); fix: rename it to a declared attribute, or declare it at registration"
             )
             continue
         problem = _attr_value_problem(attr, decl)
@@ -120,7 +150,7 @@ def _dtype_problems(node: onnx.NodeProto, spec: KernelSpec, known: Mapping[str, 
             problems.append(
                 f"gives input {i} ({param.name!r}) {name!r} of dtype {got}; expected one of "
                 f"{', '.join(param.dtypes)}; fix: cast the input (a Cast node) or widen dtypes= at "
-                f"registration"
+                "registration"
             )
     return problems
 
@@ -134,17 +164,22 @@ def graph_value_types(graph: onnx.GraphProto) -> dict[str, int]:
     return known
 
 
-def node_problems(node: onnx.NodeProto, spec: KernelSpec, known: Mapping[str, int] | None = None) -> list[str]:
+def node_problems(
+    node: onnx.NodeProto, spec: KernelSpec, known: Mapping[str, int] | None = None
+) -> list[str]:
     """Every way ``node`` disagrees with ``spec`` (empty when it matches); ``known`` maps value
     names to the element types the model states for them."""
-    return (_arity_problems("input", list(node.input), spec.inputs)
-            + _arity_problems("output", list(node.output), spec.outputs)
-            + _attr_problems(node, spec)
-            + _dtype_problems(node, spec, known or {}))
+    return (
+        _arity_problems("input", list(node.input), spec.inputs)
+        + _arity_problems("output", list(node.output), spec.outputs)
+        + _attr_problems(node, spec)
+        + _dtype_problems(node, spec, known or {})
+    )
 
 
-def _problem_lines(nodes: Sequence[onnx.NodeProto], specs: Sequence[KernelSpec],
-                   known: Mapping[str, int] | None) -> list[str]:
+def _problem_lines(
+    nodes: Sequence[onnx.NodeProto], specs: Sequence[KernelSpec], known: Mapping[str, int] | None
+) -> list[str]:
     by_key = {(s.domain, s.op_type): s for s in specs}
     lines: list[str] = []
     for node in nodes:
@@ -162,14 +197,17 @@ def _raise_for(lines: list[str]) -> None:
     raise NodeDeclarationError(
         f"{len(lines)} custom node problem(s) against the kernel declarations (checked before "
         f"ONNX Runtime loads the model):\n{shown}{more}\n"
-        f"fix: make the nodes match the declarations (see each line), or register kernels that "
-        f"declare what the nodes use.",
+        "fix: make the nodes match the declarations (see each line), or register kernels that "
+        "declare what the nodes use.",
         lines,
     )
 
 
-def validate_nodes(nodes: Sequence[onnx.NodeProto], specs: Sequence[KernelSpec],
-                   known: Mapping[str, int] | None = None) -> None:
+def validate_nodes(
+    nodes: Sequence[onnx.NodeProto],
+    specs: Sequence[KernelSpec],
+    known: Mapping[str, int] | None = None,
+) -> None:
     """Raise :class:`NodeDeclarationError` listing every node that disagrees with its kernel."""
     _raise_for(_problem_lines(nodes, specs, known))
 
@@ -178,7 +216,9 @@ def _subgraph_nodes(nodes: Sequence[onnx.NodeProto]) -> list[onnx.NodeProto]:
     found: list[onnx.NodeProto] = []
     for node in nodes:
         for attr in node.attribute:
-            for graph in ([attr.g] if attr.type == AttributeProto.GRAPH else []) + list(attr.graphs):
+            for graph in ([attr.g] if attr.type == AttributeProto.GRAPH else []) + list(
+                attr.graphs
+            ):
                 found += list(graph.node) + _subgraph_nodes(graph.node)
     return found
 
@@ -192,22 +232,30 @@ def _nested_nodes(model: onnx.ModelProto, *, subgraphs: bool = True) -> list[onn
     return found
 
 
-def validate_model(model: onnx.ModelProto, specs: Sequence[KernelSpec], *, census: ModelCensus | None = None) -> None:
+def validate_model(
+    model: onnx.ModelProto, specs: Sequence[KernelSpec], *, census: ModelCensus | None = None
+) -> None:
     """:func:`validate_nodes` for every custom node of ``model``; input dtypes are checked where
     the main graph states them (subgraphs and functions have their own value names). ``census``:
     the model's; without subgraphs its nodes with a domain are the main graph's custom nodes, in
     order, and the graph is not walked twice more (a cold walk costs tens of microseconds)."""
     if census is not None and len(census.graphs) == 1:
         top = [n for n in census.domain_nodes if n.domain not in RESERVED_DOMAINS]
-        nested = [n for n in _nested_nodes(model, subgraphs=False) if n.domain not in RESERVED_DOMAINS]
+        nested = [
+            n for n in _nested_nodes(model, subgraphs=False) if n.domain not in RESERVED_DOMAINS
+        ]
     else:
         top = [n for n in model.graph.node if n.domain not in RESERVED_DOMAINS]
         nested = [n for n in _nested_nodes(model) if n.domain not in RESERVED_DOMAINS]
-    _raise_for(_problem_lines(top, specs, graph_value_types(model.graph))
-               + _problem_lines(nested, specs, None))
+    _raise_for(
+        _problem_lines(top, specs, graph_value_types(model.graph))
+        + _problem_lines(nested, specs, None)
+    )
 
 
-def validate_registered(model: onnx.ModelProto, registry: KernelRegistry, *, census: ModelCensus | None = None) -> None:
+def validate_registered(
+    model: onnx.ModelProto, registry: KernelRegistry, *, census: ModelCensus | None = None
+) -> None:
     """:func:`validate_model` against the kernels ``registry`` holds for ``model``'s custom nodes;
     nodes without a registered kernel are left alone (a file may be meant for another runtime).
     The export calls it before writing, so a mismatch never reaches a file. ``census``: the

@@ -37,14 +37,25 @@ Ref = str | Callable[..., Any]
 
 # torch schema type -> ONNX attribute type (the kernel registry's names); bool travels as INT.
 ATTRIBUTE_TYPES: dict[str, str] = {
-    "int": "int", "float": "float", "bool": "int", "str": "string",
-    "int[]": "ints", "float[]": "floats", "str[]": "strings",
+    "int": "int",
+    "float": "float",
+    "bool": "int",
+    "str": "string",
+    "int[]": "ints",
+    "float[]": "floats",
+    "str[]": "strings",
 }
 # Types a node constant (`OpSpec.node_attributes`) may have beyond those: no torch schema type
 # expresses them, so torch arguments cannot.
 NODE_ONLY_TYPES: dict[str, str] = {"tensor": "tensor"}
 # The op-plugin YAML style spells some types differently.
-_TYPE_ALIASES = {"listInt": "int[]", "listFloat": "float[]", "listStr": "str[]", "string": "str", "double": "float"}
+_TYPE_ALIASES = {
+    "listInt": "int[]",
+    "listFloat": "float[]",
+    "listStr": "str[]",
+    "string": "str",
+    "double": "float",
+}
 _NOT_ATTRIBUTES = {
     "Tensor": "make it an input (input_desc) instead",
     "Tensor?": "make it an optional input ('name?') instead",
@@ -54,17 +65,17 @@ _NOT_ATTRIBUTES = {
     "complex": "use two float attributes",
 }
 
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    name: getattr(torch, name) for name in DTYPE_NAMES
-}
+TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _REF = re.compile(r"^[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
 # Input and attribute names become parameters of translations (g, ...), kernels (out=) and
 # keywords of g.op(node_type, ..., outputs=n, **attributes); output names never do.
 _RESERVED_NAMES = {
-    "g": "the translation's graph builder", "out": "kernels' preallocated outputs",
-    "outputs": "g.op's output count", "node_type": "g.op's first parameter",
+    "g": "the translation's graph builder",
+    "out": "kernels' preallocated outputs",
+    "outputs": "g.op's output count",
+    "node_type": "g.op's first parameter",
     "output_types": "g.op's declared output types",
 }
 # Spellings of the default ONNX domain, where only standard ops live.
@@ -144,19 +155,38 @@ def _fail(op: str, key: tuple[Any, ...], message: str) -> SpecError:
 
 def _check_name(op: str, key: tuple[Any, ...], what: str, name: Any) -> str:
     if not isinstance(name, str) or not _IDENT.match(name) or keyword.iskeyword(name):
-        raise _fail(op, key, f"{what} name {name!r} is not a Python identifier; expected e.g. 'x' or 'weight'; fix: rename it.")
+        raise _fail(
+            op,
+            key,
+            f"{what} name {name!r} is not a Python identifier; expected e.g. 'x' or 'weight'; fix:"
+            " rename it.",
+        )
     if name in _RESERVED_NAMES and what != "output":
-        raise _fail(op, key, f"{what} name {name!r} is reserved for {_RESERVED_NAMES[name]}; fix: rename it.")
+        raise _fail(
+            op,
+            key,
+            f"{what} name {name!r} is reserved for {_RESERVED_NAMES[name]}; fix: rename it.",
+        )
     return name
 
 
 def _check_dtypes(op: str, key: tuple[Any, ...], value: Any) -> tuple[str, ...]:
     items = (value,) if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)) or not items:
-        raise _fail(op, key, f"dtype must be a non-empty list of dtype names such as [float32, float16]; received {value!r}.")
+        raise _fail(
+            op,
+            key,
+            "dtype must be a non-empty list of dtype names such as [float32, float16]; received"
+            f" {value!r}.",
+        )
     unknown = [d for d in items if d not in DTYPE_NAMES]
     if unknown:
-        raise _fail(op, key, f"unknown dtype(s) {unknown}; expected names from {', '.join(DTYPE_NAMES)}; fix: spell them as listed.")
+        raise _fail(
+            op,
+            key,
+            f"unknown dtype(s) {unknown}; expected names from {', '.join(DTYPE_NAMES)}; fix: spell"
+            " them as listed.",
+        )
     if len(set(items)) != len(items):
         raise _fail(op, key, f"dtype list {list(items)} repeats a dtype; fix: list each once.")
     return tuple(items)
@@ -167,14 +197,20 @@ def _check_ref(op: str, key: tuple[Any, ...], value: Any, what: str) -> Ref | No
         return value
     if isinstance(value, str) and _REF.match(value):
         return value
-    raise _fail(op, key, f"{what} must be 'package.module:function' or a callable; received {value!r}; fix: write e.g. 'my_ops:scale_add'.")
+    raise _fail(
+        op,
+        key,
+        f"{what} must be 'package.module:function' or a callable; received {value!r}; fix: write"
+        " e.g. 'my_ops:scale_add'.",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class Input:
     """A tensor input. ``name`` may end in ``?`` (optional: ``Tensor?``) or ``*`` (variadic:
     ``Tensor[]``, last input only). ``dtype``: allowed dtype names (default: all). ``format`` is
-    the op-plugin layout label (``ND``, ``NCHW``...), one or one per dtype, kept as documentation."""
+    the op-plugin layout label (``ND``, ``NCHW``...), one or one per dtype, kept as documentation.
+    """
 
     name: str
     dtype: tuple[str, ...] | None = None
@@ -189,7 +225,9 @@ class Input:
             object.__setattr__(self, "variadic", self.variadic or self.name.endswith("*"))
             object.__setattr__(self, "name", self.name[:-1])
         if isinstance(self.dtype, (list, str)):
-            object.__setattr__(self, "dtype", tuple([self.dtype] if isinstance(self.dtype, str) else self.dtype))
+            object.__setattr__(
+                self, "dtype", tuple([self.dtype] if isinstance(self.dtype, str) else self.dtype)
+            )
         if isinstance(self.format, list):  # frozen: the op-plugin YAML's list becomes a tuple
             object.__setattr__(self, "format", tuple(self.format))
 
@@ -252,18 +290,30 @@ class Attribute:
         return NODE_ONLY_TYPES.get(self.type) or ATTRIBUTE_TYPES[self.type]
 
 
-def _normalize_default(op: str, key: tuple[Any, ...], attr: Attribute, value: Any = NO_DEFAULT) -> Any:
+def _normalize_default(
+    op: str, key: tuple[Any, ...], attr: Attribute, value: Any = NO_DEFAULT
+) -> Any:
     """The default as the Python value torch hands the op (lists become tuples: specs are frozen)."""
     value, typ = (attr.default if value is NO_DEFAULT else value), attr.type
     if typ == "tensor":
         try:
             return TensorValue.of(value)
         except (TypeError, ValueError) as exc:
-            raise _fail(op, key, f"attribute {attr.name!r} (tensor) has value {value!r:.80}, which is not a tensor ({exc}); expected a numpy array, a torch tensor or a nested list of numbers; fix: e.g. numpy.array([1.0, 2.0], dtype='float32').") from None
+            raise _fail(
+                op,
+                key,
+                f"attribute {attr.name!r} (tensor) has value {value!r:.80}, which is not a tensor"
+                f" ({exc}); expected a numpy array, a torch tensor or a nested list of numbers;"
+                " fix: e.g. numpy.array([1.0, 2.0], dtype='float32').",
+            ) from None
     scalar = typ.removesuffix("[]")
     items = value if typ.endswith("[]") else [value]
     if typ.endswith("[]") and not isinstance(value, (list, tuple)):
-        raise _fail(op, key, f"attribute {attr.name!r} ({typ}) has default {value!r}; expected a list of {scalar}s.")
+        raise _fail(
+            op,
+            key,
+            f"attribute {attr.name!r} ({typ}) has default {value!r}; expected a list of {scalar}s.",
+        )
     checks: dict[str, Callable[[Any], bool]] = {
         "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
         "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
@@ -272,11 +322,22 @@ def _normalize_default(op: str, key: tuple[Any, ...], attr: Attribute, value: An
     }
     bad = [v for v in items if not checks[scalar](v)]
     if bad:
-        raise _fail(op, key, f"attribute {attr.name!r} ({typ}) has default {value!r}; expected {'a list of ' + scalar + 's' if typ.endswith('[]') else 'a ' + scalar}; fix: change the default or the type.")
+        raise _fail(
+            op,
+            key,
+            f"attribute {attr.name!r} ({typ}) has default {value!r}; expected"
+            f" {'a list of ' + scalar + 's' if typ.endswith('[]') else 'a ' + scalar}; fix: change"
+            " the default or the type.",
+        )
     if scalar == "float":
         items = [float(v) for v in items]
         if not all(math.isfinite(v) for v in items):
-            raise _fail(op, key, f"attribute {attr.name!r}: default {value!r} is not finite; the torch schema cannot express inf/nan defaults; fix: use a finite default or none.")
+            raise _fail(
+                op,
+                key,
+                f"attribute {attr.name!r}: default {value!r} is not finite; the torch schema cannot"
+                " express inf/nan defaults; fix: use a finite default or none.",
+            )
     return tuple(items) if typ.endswith("[]") else items[0]
 
 
@@ -291,25 +352,66 @@ def _normalize_translations(op: str, value: Any) -> tuple[tuple[int, str, Any], 
     out: list[tuple[int, str, Any]] = []
     try:
         # (opset, variant, ref) triples too: a normalized spec goes through dataclasses.replace
-        pairs = [(k[0], {k[1]: k[2]}) if len(k) == 3 else (k[0], k[1]) for k in (tuple(i) for i in items)]
+        pairs = [
+            (k[0], {k[1]: k[2]}) if len(k) == 3 else (k[0], k[1]) for k in (tuple(i) for i in items)
+        ]
     except (TypeError, ValueError, IndexError):
-        raise _fail(op, ("translations",), f"translations must map opset -> translation (or -> {{variant: translation}}), e.g. {{13: 'my_onnx:scale_add_13'}}; received {value!r}.") from None
+        raise _fail(
+            op,
+            ("translations",),
+            "translations must map opset -> translation (or -> {variant: translation}), e.g."
+            f" {{13: 'my_onnx:scale_add_13'}}; received {value!r}.",
+        ) from None
     for opset, ref in pairs:
         if not isinstance(opset, int) or isinstance(opset, bool) or opset < 1:
-            raise _fail(op, ("translations", opset), f"translation opset {opset!r} must be a positive int (the first opset it is valid for).")
+            raise _fail(
+                op,
+                ("translations", opset),
+                f"translation opset {opset!r} must be a positive int (the first opset it is valid"
+                " for).",
+            )
         by_variant = ref if isinstance(ref, Mapping) else {DEFAULT_VARIANT: ref}
         if not by_variant:
-            raise _fail(op, ("translations", opset), "maps to an empty {variant: translation} mapping; fix: name at least one translation.")
+            raise _fail(
+                op,
+                ("translations", opset),
+                "maps to an empty {variant: translation} mapping; fix: name at least one"
+                " translation.",
+            )
         for variant, fn in by_variant.items():
             if not isinstance(variant, str) or not _VARIANT.match(variant):
-                raise _fail(op, ("translations", opset, variant), f"variant {variant!r} is not a variant name; expected an identifier such as 'default', 'custom' or 'gemm'.")
-            checked = fn if fn == NODE else _check_ref(op, ("translations", opset, variant), fn, f"translation for opset {opset} (variant {variant!r})")
+                raise _fail(
+                    op,
+                    ("translations", opset, variant),
+                    f"variant {variant!r} is not a variant name; expected an identifier such as"
+                    " 'default', 'custom' or 'gemm'.",
+                )
+            checked = (
+                fn
+                if fn == NODE
+                else _check_ref(
+                    op,
+                    ("translations", opset, variant),
+                    fn,
+                    f"translation for opset {opset} (variant {variant!r})",
+                )
+            )
             out.append((opset, variant, checked))
     if len({(o, v) for o, v, _ in out}) != len(out):
-        raise _fail(op, ("translations",), "two translations for one opset and variant; fix: keep one per opset and variant.")
+        raise _fail(
+            op,
+            ("translations",),
+            "two translations for one opset and variant; fix: keep one per opset and variant.",
+        )
     if sum(ref == NODE for _, _, ref in out) > 1:
-        raise _fail(op, ("translations",), f"places the custom node ({NODE!r}) more than once; fix: name it once, at its first opset (it is re-registered where later translations start).")
+        raise _fail(
+            op,
+            ("translations",),
+            f"places the custom node ({NODE!r}) more than once; fix: name it once, at its first"
+            " opset (it is re-registered where later translations start).",
+        )
     return tuple(sorted(out, key=lambda item: (item[0], item[1])))
+
 
 def _has_schema_default(item: Input | Attribute) -> bool:
     return item.optional if isinstance(item, Input) else item.has_default
@@ -320,8 +422,15 @@ _DEVICE = re.compile(r"^[a-z][a-z0-9_]*$")
 
 def _check_devices(op: str, value: Any) -> tuple[str, ...]:
     items = (value,) if isinstance(value, str) else value
-    if not isinstance(items, (list, tuple)) or not all(isinstance(d, str) and _DEVICE.match(d) for d in items):
-        raise _fail(op, ("devices",), f"devices must be a list of torch device types such as ['cpu', 'cuda']; received {value!r}.")
+    if not isinstance(items, (list, tuple)) or not all(
+        isinstance(d, str) and _DEVICE.match(d) for d in items
+    ):
+        raise _fail(
+            op,
+            ("devices",),
+            "devices must be a list of torch device types such as ['cpu', 'cuda']; received"
+            f" {value!r}.",
+        )
     return tuple(items)
 
 
@@ -333,12 +442,16 @@ def _is_code_object(value: Any) -> bool:
     from onnx_custom.runtime.kernel_spec import KernelSpec
     from onnx_custom.runtime.registry import KernelRegistry
 
-    return callable(value) or isinstance(value, (KernelSpec, KernelRegistry, TranslationBody, onnx.FunctionProto))
+    return callable(value) or isinstance(
+        value, (KernelSpec, KernelRegistry, TranslationBody, onnx.FunctionProto)
+    )
 
 
 def _as_list(op: str, field: str, value: Any) -> list[Any]:
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise _fail(op, (field,), f"{field} must be a list; received {type(value).__name__} {value!r}.")
+        raise _fail(
+            op, (field,), f"{field} must be a list; received {type(value).__name__} {value!r}."
+        )
     return list(value)
 
 

@@ -80,8 +80,18 @@ def _open_scopes() -> list[list[SpecRegistration]]:
 def _torch_side(spec: OpSpec) -> tuple[Any, ...]:
     """What the torch op is made from: two specs equal here share one torch op (they may differ
     on the ONNX side, e.g. a custom node in another domain)."""
-    return (spec.name, spec.inputs, spec.outputs, spec.attributes, spec.impl, spec.check,
-            spec.backward, spec.setup_context, spec.shape, spec.devices)  # fmt: skip
+    return (
+        spec.name,
+        spec.inputs,
+        spec.outputs,
+        spec.attributes,
+        spec.impl,
+        spec.check,
+        spec.backward,
+        spec.setup_context,
+        spec.shape,
+        spec.devices,
+    )
 
 
 class _Parts:
@@ -111,7 +121,10 @@ class _Parts:
         check = self._get("check", "check")
         if check is not None:
             signatures.check_check_signature(spec, check, spec.check)
-        backward, setup_context = self._get("backward", "backward"), self._get("setup_context", "setup_context")
+        backward, setup_context = (
+            self._get("backward", "backward"),
+            self._get("setup_context", "setup_context"),
+        )
         signatures.check_backward(spec, backward, setup_context)
         return impl, meta, check, backward, setup_context
 
@@ -122,7 +135,11 @@ class _Parts:
         for opset, variant, ref in self.spec.translation_refs:
             if ref == NODE:
                 continue
-            key = ("translations", opset) if variant == DEFAULT_VARIANT else ("translations", opset, variant)
+            key = (
+                ("translations", opset)
+                if variant == DEFAULT_VARIANT
+                else ("translations", opset, variant)
+            )
             fn = signatures.resolve(self.spec, key, ref, f"translation for opset {opset}")
             signatures.check_math_signature(self.spec, fn, "translation", key, ref)
             out.append((opset, variant, fn))
@@ -132,11 +149,16 @@ class _Parts:
     def entries(self) -> tuple[SymbolicEntry, ...]:
         """The registry entries: standard translations and the custom node where placed."""
         spec, target = self.spec, normalize_target(self.spec.name)
-        entries = [SymbolicEntry(target, opset, onnx_side.with_node_constants(spec, fn), variant)
-                   for opset, variant, fn in self.translations]  # fmt: skip
+        entries = [
+            SymbolicEntry(target, opset, onnx_side.with_node_constants(spec, fn), variant)
+            for opset, variant, fn in self.translations
+        ]
         if spec.node_type is not None:
             node = onnx_side.custom_node_translation(spec)
-            entries += [SymbolicEntry(target, opset, node, variant, (spec.node_type,)) for opset, variant in spec.node_placements()]
+            entries += [
+                SymbolicEntry(target, opset, node, variant, (spec.node_type,))
+                for opset, variant in spec.node_placements()
+            ]
         return tuple(sorted(entries, key=lambda e: e.key))
 
     @functools.cached_property
@@ -160,12 +182,16 @@ class _Parts:
         if isinstance(kernel, (KernelSpec, KernelRegistry)):
             declared = onnx_side.check_kernel_spec(spec, kernel)
             if self.function is not None:
-                onnx_side.check_function_body(spec, dataclasses.replace(declared, function=self.function))
+                onnx_side.check_function_body(
+                    spec, dataclasses.replace(declared, function=self.function)
+                )
             return declared, declared
         if kernel is not None and kernel != EAGER:
             signatures.check_math_signature(spec, kernel, "kernel", ("kernel",), spec.kernel)
         meta = self.torch_refs[1] if spec.shape is not None else None
-        declaration = onnx_side.kernel_spec(spec, kernel, meta, self.function, check=self._get("check", "check"))
+        declaration = onnx_side.kernel_spec(
+            spec, kernel, meta, self.function, check=self._get("check", "check")
+        )
         if self.function is not None:
             onnx_side.check_function_body(spec, declaration)
         return (declaration if kernel is not None else None), declaration
@@ -196,7 +222,10 @@ def _is_translation(fn: Any) -> bool:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return False
-    return bool(params) and params[0].kind in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD)
+    return bool(params) and params[0].kind in (
+        params[0].POSITIONAL_ONLY,
+        params[0].POSITIONAL_OR_KEYWORD,
+    )
 
 
 def define_op(spec: OpSpec) -> Any:
@@ -208,16 +237,29 @@ def define_op(spec: OpSpec) -> Any:
     same name raises `SpecError`.
     """
     if not isinstance(spec, OpSpec):
-        raise SpecError(f"define_op expects an onnx_custom.OpSpec; received {type(spec).__name__}; fix: build one with OpSpec(...).")
+        raise SpecError(
+            f"define_op expects an onnx_custom.OpSpec; received {type(spec).__name__}; fix: build"
+            " one with OpSpec(...)."
+        )
     with _lock:
         made = _ops.get(spec.name)
         if made is not None:
             if made[0] != _torch_side(spec):
-                raise SpecError(f"op {spec.name} is already defined from a different spec; fix: give the new op another name.", op=spec.name, key=("name",))
+                raise SpecError(
+                    f"op {spec.name} is already defined from a different spec; fix: give the new op"
+                    " another name.",
+                    op=spec.name,
+                    key=("name",),
+                )
             return made[1].callable
         user = _registered.get(spec.name)
         if user is not None:
-            raise SpecError(f"op {spec.name} is registered with register_spec ({user.spec.source or 'Python'}); fix: use that registration's op (handle.op), or unregister it first.", op=spec.name, key=("name",))
+            raise SpecError(
+                f"op {spec.name} is registered with register_spec ({user.spec.source or 'Python'});"
+                " fix: use that registration's op (handle.op), or unregister it first.",
+                op=spec.name,
+                key=("name",),
+            )
         parts = _built_parts(spec)
         op = torch_op.make_op(spec, *_torch_args(parts))
         _ops[spec.name] = (_torch_side(spec), op)
@@ -259,7 +301,9 @@ class SpecRegistration:
     spec: OpSpec
     op: Any  # the torch OpOverload (ns::op.default)
     kernel: KernelSpec | None  # the Python kernel served to InferenceSession (None: none declared)
-    declaration: KernelSpec | None  # the node's declaration (schema, function body), if it has a node
+    declaration: (
+        KernelSpec | None
+    )  # the node's declaration (schema, function body), if it has a node
     translations: tuple[SymbolicEntry, ...]
     owned: bool = True
     _undo: list[Callable[[], None]] = dataclasses.field(default_factory=list, repr=False)
@@ -284,7 +328,11 @@ class SpecRegistration:
         try:  # the block's error wins; a failure while undoing becomes a warning
             self.unregister()
         except Exception as error:
-            warnings.warn(f"onnx-custom: undoing the registration of {self.spec.name} failed: {error!r}", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"onnx-custom: undoing the registration of {self.spec.name} failed: {error!r}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
 
 def _run_undo(steps: list[Callable[[], None]]) -> None:
@@ -299,7 +347,11 @@ def _run_undo(steps: list[Callable[[], None]]) -> None:
 
 
 def _difference(old: OpSpec, new: OpSpec) -> str:
-    fields = [f.name for f in dataclasses.fields(OpSpec) if f.compare and getattr(old, f.name) != getattr(new, f.name)]
+    fields = [
+        f.name
+        for f in dataclasses.fields(OpSpec)
+        if f.compare and getattr(old, f.name) != getattr(new, f.name)
+    ]
     return ", ".join(f"{f}: {getattr(old, f)!r} -> {getattr(new, f)!r}" for f in fields)
 
 
@@ -322,7 +374,10 @@ def register_spec(spec: OpSpec) -> SpecRegistration:
     by its family) registers what is not yet in the default registries and owns only that.
     """
     if not isinstance(spec, OpSpec):
-        raise SpecError(f"register_spec expects an onnx_custom.OpSpec; received {type(spec).__name__}; fix: build one with OpSpec(...) or load_specs(path).")
+        raise SpecError(
+            f"register_spec expects an onnx_custom.OpSpec; received {type(spec).__name__}; fix:"
+            " build one with OpSpec(...) or load_specs(path)."
+        )
     # Assemble the default registries *before* taking _lock: building them imports the family
     # modules, which take _lock (define_op) while holding the registries' own lock; taking the two
     # locks in the other order here would deadlock against a first export in another thread.
@@ -334,14 +389,21 @@ def register_spec(spec: OpSpec) -> SpecRegistration:
             if current.spec == spec:
                 return dataclasses.replace(current, owned=False, _undo=[])
             raise SpecError(
-                f"op {spec.name} is already registered from a different spec ({current.spec.source or 'Python'}); "
-                f"differences: {_difference(current.spec, spec)}; fix: unregister the first "
-                "(onnx_custom.spec.unregister_spec) or give the new op another name.",
-                op=spec.name, key=("name",),
+                f"op {spec.name} is already registered from a different spec"
+                f" ({current.spec.source or 'Python'}); differences:"
+                f" {_difference(current.spec, spec)}; fix: unregister the first"
+                " (onnx_custom.spec.unregister_spec) or give the new op another name.",
+                op=spec.name,
+                key=("name",),
             )
         made = _ops.get(spec.name)
         if made is not None and made[0] != _torch_side(spec):
-            raise SpecError(f"op {spec.name} is a built-in op defined from a different spec; fix: give your op another name.", op=spec.name, key=("name",))
+            raise SpecError(
+                f"op {spec.name} is a built-in op defined from a different spec; fix: give your op"
+                " another name.",
+                op=spec.name,
+                key=("name",),
+            )
         # A built-in spec reuses what its family generated (the objects in the default
         # registries); anything else is resolved afresh, so edited user modules are seen.
         parts = _built_parts(spec) if made is not None else _Parts(spec)
@@ -359,18 +421,31 @@ def register_spec(spec: OpSpec) -> SpecRegistration:
         return registration
 
 
-def _register(spec: OpSpec, parts: _Parts, made: torch_op.TorchOp | None, undo: list[Callable[[], None]]) -> SpecRegistration:
+def _register(
+    spec: OpSpec, parts: _Parts, made: torch_op.TorchOp | None, undo: list[Callable[[], None]]
+) -> SpecRegistration:
     served, declaration = parts.kernels
     present = None if served is None else default_kernel_registry().get(served.name)
-    if served is not None and present is not None and present.fn is not served.fn:  # same fn: the built-in one
-        raise SpecError(f"op {spec.name}: a kernel for {served.name} is already registered ({present.fn!r}); fix: pick another op_type/domain, or drop the other kernel.", op=spec.name, key=("op_type",))
+    if (
+        served is not None and present is not None and present.fn is not served.fn
+    ):  # same fn: the built-in one
+        raise SpecError(
+            f"op {spec.name}: a kernel for {served.name} is already registered ({present.fn!r});"
+            " fix: pick another op_type/domain, or drop the other kernel.",
+            op=spec.name,
+            key=("op_type",),
+        )
     op = made
     if op is None:
         op = torch_op.make_op(spec, *_torch_args(parts))
         undo.append(op.undo)
     registry = default_registry()
     for entry in parts.entries:
-        same = [e for e in registry.entries_for(entry.target) if (e.opset, e.variant) == (entry.opset, entry.variant)]
+        same = [
+            e
+            for e in registry.entries_for(entry.target)
+            if (e.opset, e.variant) == (entry.opset, entry.variant)
+        ]
         if any(e is entry or same_definition(e.fn, entry.fn) for e in same):
             continue  # already there (built in, or registered by its author): not ours to undo
         try:
@@ -378,7 +453,11 @@ def _register(spec: OpSpec, parts: _Parts, made: torch_op.TorchOp | None, undo: 
         except SymbolicError as exc:
             key = ("translations", entry.opset) if not entry.emits else ("op_type",)
             raise SpecError(f"op {spec.name}: {exc}", op=spec.name, key=key) from None
-        undo.append(functools.partial(registry.remove, str(entry.target), opset=entry.opset, variant=entry.variant))
+        undo.append(
+            functools.partial(
+                registry.remove, str(entry.target), opset=entry.opset, variant=entry.variant
+            )
+        )
     if served is not None and present is None:
         _user_kernels().add(served)
         undo.append(functools.partial(_user_kernels().remove, served.name))
@@ -395,7 +474,11 @@ def unregister_spec(spec: OpSpec | str) -> None:
     with _lock:
         registration = _registered.get(name)
         if registration is None:
-            raise SpecError(f"no spec is registered under {name!r}; registered: {sorted(_registered) or 'none'}.", op=str(name))
+            raise SpecError(
+                f"no spec is registered under {name!r}; registered:"
+                f" {sorted(_registered) or 'none'}.",
+                op=str(name),
+            )
         registration.unregister()
 
 
@@ -420,7 +503,11 @@ def spec_scope() -> Iterator[None]:
     except BaseException:
         stack.remove(mine)
         for error in _unregister_all(mine):
-            warnings.warn(f"onnx-custom: undoing a spec registration failed: {error!r}", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"onnx-custom: undoing a spec registration failed: {error!r}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         raise
     stack.remove(mine)
     errors = _unregister_all(mine)

@@ -29,22 +29,42 @@ from onnx_custom.spec.native_source import NativeKernel
 from onnx_custom.spec.shape_rules import BroadcastRule, ExpressionRule, LikeRule
 from onnx_custom.spec.spec import NO_DEFAULT, Attribute, OpSpec
 
-__all__ = ["CPP_TYPES", "GeneratedOp", "GeneratedSource", "check_sources", "expected_signature", "generate_source", "user_ops_source"]
+__all__ = [
+    "CPP_TYPES",
+    "GeneratedOp",
+    "GeneratedSource",
+    "check_sources",
+    "expected_signature",
+    "generate_source",
+    "user_ops_source",
+]
 
 # dtype name -> (C++ storage type, ONNX element constant of onnx_custom_ort_abi.h)
 CPP_TYPES: dict[str, tuple[str, str]] = {
-    "float32": ("float", "OC_ELEM_FLOAT"), "float64": ("double", "OC_ELEM_DOUBLE"),
-    "float16": ("onnx_custom::float16", "OC_ELEM_FLOAT16"), "bfloat16": ("onnx_custom::bfloat16", "OC_ELEM_BFLOAT16"),
-    "int8": ("int8_t", "OC_ELEM_INT8"), "int16": ("int16_t", "OC_ELEM_INT16"), "int32": ("int32_t", "OC_ELEM_INT32"),
-    "int64": ("int64_t", "OC_ELEM_INT64"), "uint8": ("uint8_t", "OC_ELEM_UINT8"), "uint16": ("uint16_t", "OC_ELEM_UINT16"),
-    "uint32": ("uint32_t", "OC_ELEM_UINT32"), "uint64": ("uint64_t", "OC_ELEM_UINT64"), "bool": ("bool", "OC_ELEM_BOOL"),
-}  # fmt: skip
+    "float32": ("float", "OC_ELEM_FLOAT"),
+    "float64": ("double", "OC_ELEM_DOUBLE"),
+    "float16": ("onnx_custom::float16", "OC_ELEM_FLOAT16"),
+    "bfloat16": ("onnx_custom::bfloat16", "OC_ELEM_BFLOAT16"),
+    "int8": ("int8_t", "OC_ELEM_INT8"),
+    "int16": ("int16_t", "OC_ELEM_INT16"),
+    "int32": ("int32_t", "OC_ELEM_INT32"),
+    "int64": ("int64_t", "OC_ELEM_INT64"),
+    "uint8": ("uint8_t", "OC_ELEM_UINT8"),
+    "uint16": ("uint16_t", "OC_ELEM_UINT16"),
+    "uint32": ("uint32_t", "OC_ELEM_UINT32"),
+    "uint64": ("uint64_t", "OC_ELEM_UINT64"),
+    "bool": ("bool", "OC_ELEM_BOOL"),
+}
 # spec attribute type -> (C++ type of the kernel parameter, binding reader)
 _ATTR_CPP: dict[str, tuple[str, str]] = {
-    "int": ("int64_t", "attr_int"), "bool": ("bool", "attr_bool"), "float": ("float", "attr_float"),
-    "str": ("std::string", "attr_string"), "int[]": ("std::vector<int64_t>", "attr_ints"),
-    "float[]": ("std::vector<float>", "attr_floats"), "str[]": ("std::vector<std::string>", "attr_strings"),
-}  # fmt: skip
+    "int": ("int64_t", "attr_int"),
+    "bool": ("bool", "attr_bool"),
+    "float": ("float", "attr_float"),
+    "str": ("std::string", "attr_string"),
+    "int[]": ("std::vector<int64_t>", "attr_ints"),
+    "float[]": ("std::vector<float>", "attr_floats"),
+    "str[]": ("std::vector<std::string>", "attr_strings"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +90,11 @@ class GeneratedSource:
 
 
 def _fail(spec: OpSpec, key: tuple[Any, ...], message: str) -> SpecError:
-    return SpecError(f"op {spec.name}{f' ({spec.source})' if spec.source else ''}: {message}", op=spec.name, key=key)
+    return SpecError(
+        f"op {spec.name}{f' ({spec.source})' if spec.source else ''}: {message}",
+        op=spec.name,
+        key=key,
+    )
 
 
 def _groups(spec: OpSpec) -> list[tuple[list[int], tuple[str, ...]]]:
@@ -115,10 +139,18 @@ def expected_signature(spec: OpSpec, dtypes: Sequence[str] = ()) -> str:
     out_types = [bound.get(t, t) for t in _output_types(spec, _input_types(spec, groups))]
     params = []
     for item, typ in zip(spec.inputs, in_types, strict=True):
-        params.append(f"const std::vector<Tensor<{typ}>>& {item.name}" if item.variadic else f"const Tensor<{typ}>& {item.name}")
+        params.append(
+            f"const std::vector<Tensor<{typ}>>& {item.name}"
+            if item.variadic
+            else f"const Tensor<{typ}>& {item.name}"
+        )
     params += [f"Tensor<{typ}>& {o.name}" for o, typ in zip(spec.outputs, out_types, strict=True)]
     params += [f"{_ATTR_CPP[a.type][0]} {a.name}" for a in _attributes(spec)]
-    head = "" if dtypes or not groups else "template <" + ", ".join(f"typename T{g}" for g in range(len(groups))) + "> "
+    head = (
+        ""
+        if dtypes or not groups
+        else "template <" + ", ".join(f"typename T{g}" for g in range(len(groups))) + "> "
+    )
     return f"{head}void {spec.native.function}({', '.join(params)})"
 
 
@@ -134,8 +166,12 @@ def _float(value: float) -> str:
 
 def _literal(attr: Attribute, value: Any) -> str:
     scalar = attr.type.removesuffix("[]")
-    one = {"int": lambda v: f"int64_t{{{int(v)}}}", "bool": lambda v: "true" if v else "false",
-           "float": _float, "str": lambda v: json.dumps(v)}[scalar]  # fmt: skip
+    one = {
+        "int": lambda v: f"int64_t{{{int(v)}}}",
+        "bool": lambda v: "true" if v else "false",
+        "float": _float,
+        "str": lambda v: json.dumps(v),
+    }[scalar]
     if attr.type.endswith("[]"):
         return f"{_ATTR_CPP[attr.type][0]}{{{', '.join(one(v) for v in value)}}}"
     return "std::string(" + one(value) + ")" if scalar == "str" else one(value)
@@ -150,7 +186,15 @@ class _RuleTranslator:
         self.text = json.dumps(rule.text)
 
     def unsupported(self, what: str) -> SpecError:
-        return _fail(self.spec, ("outputs", self.index, "shape"), f"the native binding cannot translate {what} in shape rule {self.rule.text!r} of output {self.spec.outputs[self.index].name!r} to C++; it translates input shapes, int/bool/int[] attributes, x.0 / x[-1] / x[a:b] with literal indices, [..] with *unpacking, + - * // %, len, max, min; fix: simplify the rule, or drop it and allocate the output in the kernel (out.allocate(shape)).")
+        return _fail(
+            self.spec,
+            ("outputs", self.index, "shape"),
+            f"the native binding cannot translate {what} in shape rule {self.rule.text!r} of output"
+            f" {self.spec.outputs[self.index].name!r} to C++; it translates input shapes,"
+            " int/bool/int[] attributes, x.0 / x[-1] / x[a:b] with literal indices, [..] with"
+            " *unpacking, + - * // %, len, max, min; fix: simplify the rule, or drop it and"
+            " allocate the output in the kernel (out.allocate(shape)).",
+        )
 
     def literal_int(self, node: ast.AST) -> int | None:
         if isinstance(node, ast.Constant) and type(node.value) is int:
@@ -212,7 +256,13 @@ class _RuleTranslator:
             (lk, left), (rk, right) = self.visit(node.left), self.visit(node.right)
             if isinstance(node.op, ast.Add) and lk == rk == "S":
                 return "S", f"oc::binding::cat<S>({{{left}, {right}}})"
-            names = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.FloorDiv: "floordiv", ast.Mod: "mod"}
+            names = {
+                ast.Add: "add",
+                ast.Sub: "sub",
+                ast.Mult: "mul",
+                ast.FloorDiv: "floordiv",
+                ast.Mod: "mod",
+            }
             if lk == rk == "V" and type(node.op) in names:
                 return "V", f"oc::binding::{names[type(node.op)]}<V>({left}, {right})"
             raise self.unsupported(f"{type(node.op).__name__} of a shape")
@@ -260,7 +310,13 @@ class _OpWriter:
             rule = self.spec.shape_rule(index)
             if not isinstance(rule, ExpressionRule):
                 if isinstance(rule, LikeRule) and self.spec.input(rule.input).variadic:
-                    raise _RuleTranslator(self.spec, index, ExpressionRule(str(rule), ast.Expression(body=ast.Constant(0)), frozenset())).unsupported(f"like:{rule.input} (a variadic input)")
+                    raise _RuleTranslator(
+                        self.spec,
+                        index,
+                        ExpressionRule(
+                            str(rule), ast.Expression(body=ast.Constant(0)), frozenset()
+                        ),
+                    ).unsupported(f"like:{rule.input} (a variadic input)")
                 continue
             translator = _RuleTranslator(self.spec, index, rule)
             kind, body = translator.visit(rule.tree.body)
@@ -274,37 +330,70 @@ class _OpWriter:
         return out
 
     def _is_shape(self, name: str) -> bool:
-        return name in {i.name for i in self.spec.inputs} or self.spec.attribute(name).type == "int[]"
+        return (
+            name in {i.name for i in self.spec.inputs} or self.spec.attribute(name).type == "int[]"
+        )
 
     def write(self) -> None:
         spec, k = self.spec, self.k
         attrs = _attributes(spec)
-        self.emit(f"// ---- {spec.name} -> node {spec.node_type}{f' ({spec.source})' if spec.source else ''}")
+        self.emit(
+            f"// ---- {spec.name} -> node"
+            f" {spec.node_type}{f' ({spec.source})' if spec.source else ''}"
+        )
         rules = self.rule_functions()
         for a in attrs:
             if a.onnx_default is not NO_DEFAULT:
-                self.emit(f"const {_ATTR_CPP[a.type][0]} {k}_default_{a.name} = {_literal(a, a.onnx_default)};")
+                self.emit(
+                    f"const {_ATTR_CPP[a.type][0]} {k}_default_{a.name} ="
+                    f" {_literal(a, a.onnx_default)};"
+                )
                 if a.type in ("bool",):
-                    self.emit(f"const int64_t {k}_default_int_{a.name} = {int(bool(a.onnx_default))};")
+                    self.emit(
+                        f"const int64_t {k}_default_int_{a.name} = {int(bool(a.onnx_default))};"
+                    )
         self.emit(f"\nclass {k} final : public oc::Kernel {{\n public:")
         inits = []
         for a in attrs:
             reader = _ATTR_CPP[a.type][1]
-            fallback = "nullptr" if a.onnx_default is NO_DEFAULT else (f"{k}_default_{a.name}.c_str()" if a.type == "str" else f"&{k}_default_{a.name}")
-            inits.append(f"m_{a.name}(oc::binding::{reader}(attrs, {json.dumps(a.name)}, {fallback}))")
-        self.emit(f"  explicit {k}(const oc::Attributes& attrs)" + (f"\n      : {', '.join(inits)}" if inits else "") + " {" + ("" if inits else " (void)attrs;") + "}")
+            fallback = (
+                "nullptr"
+                if a.onnx_default is NO_DEFAULT
+                else (
+                    f"{k}_default_{a.name}.c_str()" if a.type == "str" else f"&{k}_default_{a.name}"
+                )
+            )
+            inits.append(
+                f"m_{a.name}(oc::binding::{reader}(attrs, {json.dumps(a.name)}, {fallback}))"
+            )
+        self.emit(
+            f"  explicit {k}(const oc::Attributes& attrs)"
+            + (f"\n      : {', '.join(inits)}" if inits else "")
+            + " {"
+            + ("" if inits else " (void)attrs;")
+            + "}"
+        )
         # compute: dtype dispatch
         self.emit("\n  void compute(oc::Context& ctx) override {")
-        self.emit(f"    const oc::binding::Inputs in(ctx, {self.names(spec.inputs)}, {str(self.variadic).lower()});")
+        self.emit(
+            f"    const oc::binding::Inputs in(ctx, {self.names(spec.inputs)},"
+            f" {str(self.variadic).lower()});"
+        )
         for g, (members, dtypes) in enumerate(self.groups):
             allowed = ", ".join(CPP_TYPES[d][1] for d in dtypes)
-            self.emit(f"    const int e{g} = in.group_elem({{{', '.join(map(str, members))}}}, {{{allowed}}});")
+            self.emit(
+                f"    const int e{g} = in.group_elem({{{', '.join(map(str, members))}}},"
+                f" {{{allowed}}});"
+            )
         combos = list(itertools.product(*(d for _, d in self.groups)))
         for combo in combos:
             cond = " && ".join(f"e{g} == {CPP_TYPES[d][1]}" for g, d in enumerate(combo)) or "true"
             targs = ", ".join(CPP_TYPES[d][0] for d in combo)
             self.dispatch.append((len(self.lines) + 1, combo))  # 1-based within this op's block
-            self.emit(f"    if ({cond}) return run<{targs}>(ctx, in);  // {', '.join(combo) or 'fixed dtypes'}")
+            self.emit(
+                f"    if ({cond}) return run<{targs}>(ctx, in);  //"
+                f" {', '.join(combo) or 'fixed dtypes'}"
+            )
         if self.groups:
             self.emit('    oc::fail("internal: no kernel instantiation for these dtypes");')
         self.emit("  }")
@@ -316,20 +405,35 @@ class _OpWriter:
         self.emit("  void run(oc::Context& ctx, const oc::binding::Inputs& in) {")
         for index, (item, typ) in enumerate(zip(spec.inputs, self.in_types, strict=True)):
             if item.variadic:
-                self.emit(f"    const std::vector<onnx_custom::Tensor<{typ}>> a_{item.name} = in.variadic<{typ}>({index});")
+                self.emit(
+                    f"    const std::vector<onnx_custom::Tensor<{typ}>> a_{item.name} ="
+                    f" in.variadic<{typ}>({index});"
+                )
             else:
-                self.emit(f"    const onnx_custom::Tensor<{typ}> a_{item.name} = in.tensor<{typ}>({index});")
+                self.emit(
+                    f"    const onnx_custom::Tensor<{typ}> a_{item.name} ="
+                    f" in.tensor<{typ}>({index});"
+                )
         elems = ", ".join(self.elem_of(t) for t in self.out_types)
         self.emit(f"    oc::binding::Outputs outs(ctx, {self.names(spec.outputs)}, {{{elems}}});")
         for index, (output, typ) in enumerate(zip(spec.outputs, self.out_types, strict=True)):
-            self.emit(f"    onnx_custom::Tensor<{typ}> a_{output.name} = outs.tensor<{typ}>({index});")
+            self.emit(
+                f"    onnx_custom::Tensor<{typ}> a_{output.name} = outs.tensor<{typ}>({index});"
+            )
         for index, output in enumerate(spec.outputs):
             shape = self.runtime_shape(index, rules)
             if shape is not None:
                 self.emit(f"    a_{output.name}.allocate({shape});")
-        args = [f"a_{i.name}" for i in spec.inputs] + [f"a_{o.name}" for o in spec.outputs] + [f"m_{a.name}" for a in attrs]
+        args = (
+            [f"a_{i.name}" for i in spec.inputs]
+            + [f"a_{o.name}" for o in spec.outputs]
+            + [f"m_{a.name}" for a in attrs]
+        )
         self.emit("    {")
-        self.emit("      oc::binding::Scope scope(ctx);  // onnx_custom::parallel_for uses this node's thread pool")
+        self.emit(
+            "      oc::binding::Scope scope(ctx);  // onnx_custom::parallel_for uses this node's"
+            " thread pool"
+        )
         self.call_line = len(self.lines) + 1
         self.emit(f"      {self.kernel.function}({', '.join(args)});")
         self.emit("    }")
@@ -362,10 +466,16 @@ class _OpWriter:
         spec, k = self.spec, self.k
         names = [i.name for i in spec.inputs]
         self.emit("\n  static void infer(const oc::InferContext& ictx) {")
-        self.emit(f"    const oc::binding::Infer inf(ictx, {self.names(spec.inputs)}, {str(self.variadic).lower()});")
+        self.emit(
+            f"    const oc::binding::Infer inf(ictx, {self.names(spec.inputs)},"
+            f" {str(self.variadic).lower()});"
+        )
         for g, (members, dtypes) in enumerate(self.groups):
             allowed = ", ".join(CPP_TYPES[d][1] for d in dtypes)
-            self.emit(f"    const int e{g} = inf.group_elem({{{', '.join(map(str, members))}}}, {{{allowed}}});")
+            self.emit(
+                f"    const int e{g} = inf.group_elem({{{', '.join(map(str, members))}}},"
+                f" {{{allowed}}});"
+            )
         for index, item in enumerate(spec.inputs):
             if len(item.dtypes) == 1:
                 self.emit(f"    inf.require_elem({index}, {CPP_TYPES[item.dtypes[0]][1]});")
@@ -389,20 +499,38 @@ class _OpWriter:
                         a = spec.attribute(n)
                         has = a.onnx_default is not NO_DEFAULT
                         if a.type == "int[]":
-                            values.append(f"oc::binding::ints_to<std::vector<oc::Dim>>(inf.attr_ints({json.dumps(n)}, {f'&{k}_default_{n}' if has else 'nullptr'}))")
+                            values.append(
+                                f"oc::binding::ints_to<std::vector<oc::Dim>>(inf.attr_ints({json.dumps(n)},"
+                                f" {f'&{k}_default_{n}' if has else 'nullptr'}))"
+                            )
                         else:
-                            default = (f"&{k}_default_int_{n}" if a.type == "bool" else f"&{k}_default_{n}") if has else "nullptr"
-                            values.append(f"oc::Dim::known(inf.attr_int({json.dumps(n)}, {default}))")
+                            default = (
+                                (
+                                    f"&{k}_default_int_{n}"
+                                    if a.type == "bool"
+                                    else f"&{k}_default_{n}"
+                                )
+                                if has
+                                else "nullptr"
+                            )
+                            values.append(
+                                f"oc::Dim::known(inf.attr_int({json.dumps(n)}, {default}))"
+                            )
                 dims = f"{fn}<oc::Dim, std::vector<oc::Dim>>({', '.join(values)})"
             known = f"inf.ranks_known({{{', '.join(str(i) for i in needs)}}})"
             if isinstance(rule, BroadcastRule):
                 known = "true"
-            self.emit(f"    if ({elem} != OC_ELEM_UNDEFINED && {known}) inf.set({index}, {elem}, {dims});")
+            self.emit(
+                f"    if ({elem} != OC_ELEM_UNDEFINED && {known}) inf.set({index}, {elem}, {dims});"
+            )
             rank = _fixed_rank(rule)
             if rank is not None and known != "true":
                 # an input of unknown rank: the rule still fixes the output's rank, and ORT must
                 # learn the dtype from us (its own guess may be another input's)
-                self.emit(f"    else if ({elem} != OC_ELEM_UNDEFINED) inf.set({index}, {elem}, std::vector<oc::Dim>({rank}));")
+                self.emit(
+                    f"    else if ({elem} != OC_ELEM_UNDEFINED) inf.set({index}, {elem},"
+                    f" std::vector<oc::Dim>({rank}));"
+                )
         self.emit("  }")
 
 
@@ -419,19 +547,40 @@ def _check_source(spec: OpSpec) -> Path:
     assert isinstance(kernel, NativeKernel)
     path = kernel.path()
     if not path.is_file():
-        raise _fail(spec, ("native", "source"), f"native.source {kernel.source!r} does not exist (not found); expected the C++ file holding {kernel.function}; fix: check the path (relative paths resolve against the YAML file's folder).")
+        raise _fail(
+            spec,
+            ("native", "source"),
+            f"native.source {kernel.source!r} does not exist (not found); expected the C++ file"
+            f" holding {kernel.function}; fix: check the path (relative paths resolve against the"
+            " YAML file's folder).",
+        )
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
-        raise _fail(spec, ("native", "source"), f"cannot read native.source {str(path)!r} ({exc}).") from None
+        raise _fail(
+            spec, ("native", "source"), f"cannot read native.source {str(path)!r} ({exc})."
+        ) from None
     short = kernel.function.split("::")[-1]
     if not re.search(rf"\b{re.escape(short)}\b", text):
-        raise _fail(spec, ("native", "function"), f"native.function {kernel.function!r} does not appear in {path.name}; expected a function such as: {expected_signature(spec)}; fix: name the function the file defines.")
+        raise _fail(
+            spec,
+            ("native", "function"),
+            f"native.function {kernel.function!r} does not appear in {path.name}; expected a"
+            f" function such as: {expected_signature(spec)}; fix: name the function the file"
+            " defines.",
+        )
     return path
 
 
-def generate_source(source: Path, specs: Sequence[OpSpec], ordinal: int, *, filename: str | None = None,
-                    adder: str | None = None, aliases: Mapping[str, Sequence[str]] | None = None) -> GeneratedSource:  # fmt: skip
+def generate_source(
+    source: Path,
+    specs: Sequence[OpSpec],
+    ordinal: int,
+    *,
+    filename: str | None = None,
+    adder: str | None = None,
+    aliases: Mapping[str, Sequence[str]] | None = None,
+) -> GeneratedSource:
     """The binding file of the ops whose kernels live in ``source``.
 
     ``filename`` and ``adder`` (the C++ function adding the ops) default to ordinal-numbered names;
@@ -440,10 +589,16 @@ def generate_source(source: Path, specs: Sequence[OpSpec], ordinal: int, *, file
     stem = re.sub(r"\W", "_", source.stem)
     filename = filename or f"binding_{ordinal:02d}_{stem}.cpp"
     header = [
-        f"// Generated by onnx-custom from op specs; kernels in {source.name}. Regenerate instead of editing.",
+        (
+            f"// Generated by onnx-custom from op specs; kernels in {source.name}. Regenerate"
+            " instead of editing."
+        ),
         '#include "binding.h"',
         "",
-        "// The user's kernels, compiled in this unit so template kernels instantiate at the spec's dtypes.",
+        (
+            "// The user's kernels, compiled in this unit so template kernels instantiate at the"
+            " spec's dtypes."
+        ),
         f'#include "{source.name}"',
         "",
         "namespace {",
@@ -455,15 +610,30 @@ def generate_source(source: Path, specs: Sequence[OpSpec], ordinal: int, *, file
         writer = _OpWriter(spec, ordinal * 100 + i)
         writer.write()
         first = len(lines) + 1
-        ops.append(GeneratedOp(spec, first, first + len(writer.lines) - 1,
-                               tuple((first + line - 1, combo) for line, combo in writer.dispatch),
-                               first + writer.call_line - 1))  # fmt: skip
+        ops.append(
+            GeneratedOp(
+                spec,
+                first,
+                first + len(writer.lines) - 1,
+                tuple((first + line - 1, combo) for line, combo in writer.dispatch),
+                first + writer.call_line - 1,
+            )
+        )
         lines += writer.lines
     adder = adder or f"add_user_ops_{ordinal:02d}"
     lines += ["}  // namespace", "", "namespace oc {", f"void {adder}(std::vector<OpDef>& ops) {{"]
     for i, spec in enumerate(specs):
         k = f"Op{ordinal * 100 + i}"
-        kinds = ", ".join("OC_IO_VARIADIC" if item.variadic else "OC_IO_OPTIONAL" if item.optional else "OC_IO_REQUIRED" for item in spec.inputs)
+        kinds = ", ".join(
+            (
+                "OC_IO_VARIADIC"
+                if item.variadic
+                else "OC_IO_OPTIONAL"
+                if item.optional
+                else "OC_IO_REQUIRED"
+            )
+            for item in spec.inputs
+        )
         outs = ", ".join("OC_IO_REQUIRED" for _ in spec.outputs)
         # Single-dtype inputs and outputs declare their type to ORT: its graph-time type guess for
         # the others (where our shape inference cannot run) then follows the right input (ORT
@@ -471,22 +641,47 @@ def generate_source(source: Path, specs: Sequence[OpSpec], ordinal: int, *, file
         # one is left undeclared instead (the guess is unchanged): a wrong dtype there then reaches
         # our shape inference, whose error names the input and the fix (a Cast), where ORT's own
         # type check only says "invalid".
-        last_multi = max((n for n, item in enumerate(spec.inputs) if len(item.dtypes) != 1), default=-1)
-        in_types = ", ".join(CPP_TYPES[item.dtypes[0]][1] if len(item.dtypes) == 1 and n > last_multi else "OC_ELEM_UNDEFINED"
-                             for n, item in enumerate(spec.inputs))
-        out_types = ", ".join(CPP_TYPES[d[0]][1] if len(d := spec.output_dtypes(o)) == 1 else "OC_ELEM_UNDEFINED" for o in range(len(spec.outputs)))
+        last_multi = max(
+            (n for n, item in enumerate(spec.inputs) if len(item.dtypes) != 1), default=-1
+        )
+        in_types = ", ".join(
+            (
+                CPP_TYPES[item.dtypes[0]][1]
+                if len(item.dtypes) == 1 and n > last_multi
+                else "OC_ELEM_UNDEFINED"
+            )
+            for n, item in enumerate(spec.inputs)
+        )
+        out_types = ", ".join(
+            CPP_TYPES[d[0]][1] if len(d := spec.output_dtypes(o)) == 1 else "OC_ELEM_UNDEFINED"
+            for o in range(len(spec.outputs))
+        )
         for node in [f"{spec.domain}::{spec.op_type}", *(aliases or {}).get(spec.name, ())]:
             domain, _, op_type = node.rpartition("::")
-            lines.append(f"  ops.push_back({{{json.dumps(domain)}, {json.dumps(op_type)}, {{{kinds}}}, {{{outs}}}, create_kernel<{k}>, {k}::infer, {{{in_types}}}, {{{out_types}}}}});")
+            lines.append(
+                f"  ops.push_back({{{json.dumps(domain)}, {json.dumps(op_type)}, {{{kinds}}},"
+                f" {{{outs}}}, create_kernel<{k}>, {k}::infer, {{{in_types}}}, {{{out_types}}}}});"
+            )
     lines += ["}", "}  // namespace oc", ""]
     return GeneratedSource(filename, "\n".join(lines), source, adder, tuple(ops))
 
 
 def user_ops_source(generated: Sequence[GeneratedSource]) -> str:
     """``add_user_ops``: the entry library.cpp calls (OC_WITH_USER_OPS)."""
-    lines = ["// Generated by onnx-custom: every user op of this library.", '#include "common.h"', "", "namespace oc {"]
+    lines = [
+        "// Generated by onnx-custom: every user op of this library.",
+        '#include "common.h"',
+        "",
+        "namespace oc {",
+    ]
     lines += [f"void {g.adder}(std::vector<OpDef>& ops);" for g in generated]
-    lines += ["void add_user_ops(std::vector<OpDef>& ops) {", *(f"  {g.adder}(ops);" for g in generated), "}", "}  // namespace oc", ""]
+    lines += [
+        "void add_user_ops(std::vector<OpDef>& ops) {",
+        *(f"  {g.adder}(ops);" for g in generated),
+        "}",
+        "}  // namespace oc",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -499,7 +694,11 @@ def check_sources(specs: Sequence[OpSpec]) -> dict[Path, list[OpSpec]]:
     for path in by_source:
         if path.name in names and names[path.name] != path:
             spec = by_source[path][0]
-            raise _fail(spec, ("native", "source"), f"two kernel sources share the file name {path.name!r} ({names[path.name]} and {path}); the generated code includes them by name; fix: rename one.")
+            raise _fail(
+                spec,
+                ("native", "source"),
+                f"two kernel sources share the file name {path.name!r} ({names[path.name]} and"
+                f" {path}); the generated code includes them by name; fix: rename one.",
+            )
         names[path.name] = path
     return by_source
-

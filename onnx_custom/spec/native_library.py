@@ -56,21 +56,42 @@ def _selected(specs: Sequence[OpSpec], include_shipped: bool) -> list[OpSpec]:
     if isinstance(specs, OpSpec):
         specs = [specs]
     if not isinstance(specs, (list, tuple)) or not all(isinstance(s, OpSpec) for s in specs):
-        raise SpecError(f"build_native_library expects a list of OpSpec (e.g. parse_specs('acme.yaml')); received {type(specs).__name__}.")
+        raise SpecError(
+            "build_native_library expects a list of OpSpec (e.g. parse_specs('acme.yaml'));"
+            f" received {type(specs).__name__}."
+        )
     user = [s for s in specs if isinstance(s.native, NativeKernel)]
-    if include_shipped:  # shipped ops declared with native: {source, function} are in the shipped set already
+    if (
+        include_shipped
+    ):  # shipped ops declared with native: {source, function} are in the shipped set already
         own = sources_dir().resolve()
         user = [s for s in user if not _is_shipped(s.native, own)]
-    others = [s.name for s in specs if not isinstance(s.native, NativeKernel) and not (s.native and include_shipped)]
+    others = [
+        s.name
+        for s in specs
+        if not isinstance(s.native, NativeKernel) and not (s.native and include_shipped)
+    ]
     if others:
-        raise SpecError(f"op(s) {', '.join(others)} have no C++ kernel: expected native: {{source: file.cpp, function: name}} in each spec (native: true ops need include_shipped=True); fix: add native: to them or leave them out.", op=others[0])
+        raise SpecError(
+            f"op(s) {', '.join(others)} have no C++ kernel: expected native: {{source: file.cpp,"
+            " function: name} in each spec (native: true ops need include_shipped=True); fix: add"
+            " native: to them or leave them out.",
+            op=others[0],
+        )
     if not user and not include_shipped:
-        raise SpecError("no op spec with a C++ kernel (native: {source, function}) was given; fix: pass the specs whose kernels the library should hold.")
+        raise SpecError(
+            "no op spec with a C++ kernel (native: {source, function}) was given; fix: pass the"
+            " specs whose kernels the library should hold."
+        )
     nodes: dict[str, str] = {}
     for spec in user:
         node = str(spec.node_type)
         if node in nodes:
-            raise SpecError(f"ops {nodes[node]} and {spec.name} both emit node {node}; one library serves a node once; fix: give them different op_type.", op=spec.name)
+            raise SpecError(
+                f"ops {nodes[node]} and {spec.name} both emit node {node}; one library serves a"
+                " node once; fix: give them different op_type.",
+                op=spec.name,
+            )
         nodes[node] = spec.name
     return user
 
@@ -82,7 +103,10 @@ def _is_shipped(kernel: bool | str | NativeKernel, own: Path) -> bool:
 def _library_name(name: str | None, specs: Sequence[OpSpec]) -> str:
     value = name if name is not None else (specs[0].namespace if specs else "onnx_custom_user")
     if not isinstance(value, str) or not _NAME.match(value):
-        raise SpecError(f"library name {value!r} is not an identifier; expected e.g. 'acme' (gives libacme_ops.so).")
+        raise SpecError(
+            f"library name {value!r} is not an identifier; expected e.g. 'acme' (gives"
+            " libacme_ops.so)."
+        )
     return value
 
 
@@ -90,7 +114,9 @@ def _headers_beside(sources: Sequence[Path]) -> list[Path]:
     """Headers next to the user's sources (they may include them): part of the cache key."""
     found: set[Path] = set()
     for source in sources:
-        found |= {p for p in source.parent.iterdir() if p.suffix in _HEADER_SUFFIXES and p.is_file()}
+        found |= {
+            p for p in source.parent.iterdir() if p.suffix in _HEADER_SUFFIXES and p.is_file()
+        }
     return sorted(found)
 
 
@@ -102,7 +128,10 @@ def _runtime_files(include_shipped: bool) -> list[Path]:
 
 
 def _defines(name: str, include_shipped: bool, has_user_ops: bool) -> list[str]:
-    out = [f'OC_LIBRARY_NAME="lib{name}_ops"', f'OC_DOMAINS_KEY="{library_domains_key(name + "_ops")}"']
+    out = [
+        f'OC_LIBRARY_NAME="lib{name}_ops"',
+        f'OC_DOMAINS_KEY="{library_domains_key(name + "_ops")}"',
+    ]
     if has_user_ops:
         out.append("OC_WITH_USER_OPS")
     if not include_shipped:
@@ -116,11 +145,17 @@ def _generate(user: Sequence[OpSpec]) -> tuple[list[GeneratedSource], str]:
     return generated, user_ops_source(generated)
 
 
-_DIAGNOSTIC = re.compile(r"^(?P<file>[^:\n]+):(?P<line>\d+):(?:(?P<col>\d+):)? (?P<kind>fatal error|error): (?P<msg>.*)$", re.M)
+_DIAGNOSTIC = re.compile(
+    r"^(?P<file>[^:\n]+):(?P<line>\d+):(?:(?P<col>\d+):)? (?P<kind>fatal error|error):"
+    r" (?P<msg>.*)$",
+    re.M,
+)
 _CONTEXT = re.compile(r"^(?P<file>[^:\n]+):(?P<line>\d+):(?:\d+:)? ", re.M)
 
 
-def _attribute_error(exc: NativeCompileError, generated: Sequence[GeneratedSource]) -> NativeCompileError:
+def _attribute_error(
+    exc: NativeCompileError, generated: Sequence[GeneratedSource]
+) -> NativeCompileError:
     """The compiler's first error, attributed to the op spec (and dtype) it belongs to."""
     output = exc.output or str(exc)
     first = _DIAGNOSTIC.search(output)
@@ -131,17 +166,29 @@ def _attribute_error(exc: NativeCompileError, generated: Sequence[GeneratedSourc
     gen = next((g for g in generated if g.filename == file), None)
     if gen is None and any(g.source.name == file for g in generated):  # in the user's source
         gen = next(g for g in generated if g.source.name == file)
-        file_lines = [int(m["line"]) for m in _CONTEXT.finditer(output) if Path(m["file"]).name == gen.filename]
+        file_lines = [
+            int(m["line"])
+            for m in _CONTEXT.finditer(output)
+            if Path(m["file"]).name == gen.filename
+        ]
     elif gen is None:  # in a header: find the op through the notes naming generated lines
         for match in _CONTEXT.finditer(output):
             gen = next((g for g in generated if g.filename == Path(match["file"]).name), None)
             if gen is not None:
-                file_lines = [int(m["line"]) for m in _CONTEXT.finditer(output) if Path(m["file"]).name == gen.filename]
+                file_lines = [
+                    int(m["line"])
+                    for m in _CONTEXT.finditer(output)
+                    if Path(m["file"]).name == gen.filename
+                ]
                 break
         else:
             file_lines = []
     else:
-        file_lines = [line] + [int(m["line"]) for m in _CONTEXT.finditer(output) if Path(m["file"]).name == gen.filename]
+        file_lines = [line] + [
+            int(m["line"])
+            for m in _CONTEXT.finditer(output)
+            if Path(m["file"]).name == gen.filename
+        ]
     op = None
     dtypes: tuple[str, ...] | None = None
     if gen is not None:
@@ -151,24 +198,47 @@ def _attribute_error(exc: NativeCompileError, generated: Sequence[GeneratedSourc
                 dtypes = next((combo for n, combo in candidate.dispatch if n in file_lines), None)
                 break
         if op is None and file == gen.source.name:
-            op = _defined_before(gen, line)  # an error in a kernel's own code (no instantiation note)
+            op = _defined_before(
+                gen, line
+            )  # an error in a kernel's own code (no instantiation note)
         if op is None and len(gen.ops) == 1:
             op = gen.ops[0]
     errors = [m.group(0) for m in _DIAGNOSTIC.finditer(output)]
-    shown = "\n".join(f"  {e}" for e in errors[:5]) + (f"\n  ... {len(errors) - 5} more errors" if len(errors) > 5 else "")
+    shown = "\n".join(f"  {e}" for e in errors[:5]) + (
+        f"\n  ... {len(errors) - 5} more errors" if len(errors) > 5 else ""
+    )
     if op is None:
-        return NativeCompileError(f"the native kernel library does not compile: {where}: {first['msg']}\n{shown}\n(full compiler output: .output)", file=file, line=line, output=output)
+        return NativeCompileError(
+            f"the native kernel library does not compile: {where}: {first['msg']}\n{shown}\n(full"
+            " compiler output: .output)",
+            file=file,
+            line=line,
+            output=output,
+        )
     spec = op.spec
     assert isinstance(spec.native, NativeKernel)
     label = f"op {spec.name}{f' ({spec.source})' if spec.source else ''}"
     dtype_text = f" at dtype {', '.join(dtypes)}" if dtypes else ""
-    if gen is not None and file == gen.filename and (line == op.call_line or "no matching function" in first["msg"]):
-        detail = (f"the C++ function {spec.native.function} in {Path(spec.native.source).name} cannot be called as the spec declares "
-                  f"it{dtype_text}; expected {expected_signature(spec, dtypes or ())}; fix: change the function's signature "
-                  f"(or make it a template) or the spec's inputs, outputs, attributes and dtype lists.")
+    if (
+        gen is not None
+        and file == gen.filename
+        and (line == op.call_line or "no matching function" in first["msg"])
+    ):
+        detail = (
+            f"the C++ function {spec.native.function} in {Path(spec.native.source).name} cannot be"
+            f" called as the spec declares it{dtype_text}; expected"
+            f" {expected_signature(spec, dtypes or ())}; fix: change the function's signature (or"
+            " make it a template) or the spec's inputs, outputs, attributes and dtype lists."
+        )
     else:
         detail = f"its C++ kernel{dtype_text} does not compile: {where}: {first['msg']}"
-    return NativeCompileError(f"{label}: {detail}\ncompiler errors:\n{shown}\n(full compiler output: .output)", op=spec.name, file=file, line=line, output=output)
+    return NativeCompileError(
+        f"{label}: {detail}\ncompiler errors:\n{shown}\n(full compiler output: .output)",
+        op=spec.name,
+        file=file,
+        line=line,
+        output=output,
+    )
 
 
 def _defined_before(gen: GeneratedSource, line: int) -> GeneratedOp:
@@ -184,8 +254,14 @@ def _defined_before(gen: GeneratedSource, line: int) -> GeneratedOp:
     return best
 
 
-def build_native_library(specs: Sequence[OpSpec], output_dir: str | os.PathLike[str] | None = None, *,
-                         name: str | None = None, include_shipped: bool = False, sanitize: bool = False) -> NativeLibrary:  # fmt: skip
+def build_native_library(
+    specs: Sequence[OpSpec],
+    output_dir: str | os.PathLike[str] | None = None,
+    *,
+    name: str | None = None,
+    include_shipped: bool = False,
+    sanitize: bool = False,
+) -> NativeLibrary:
     """Build ``lib<name>_ops.so`` holding the C++ kernels of ``specs`` (and, with
     ``include_shipped``, every shipped native kernel); cached by content. With ``output_dir``,
     the library is copied there (atomically). ``name`` defaults to the first spec's namespace.
@@ -211,12 +287,19 @@ def build_native_library(specs: Sequence[OpSpec], output_dir: str | os.PathLike[
             files.append(folder / "user_ops.cpp")
         includes = [sources_dir(), *dict.fromkeys(p.parent for p in user_sources)]
         try:
-            built = compile_library(f"lib{lib_name}_ops.so", [*files, *_runtime_files(include_shipped)], includes=includes,
-                                    defines=_defines(lib_name, include_shipped, bool(user)),
-                                    hashed=[*user_sources, *_headers_beside(user_sources)], sanitize=sanitize)  # fmt: skip
+            built = compile_library(
+                f"lib{lib_name}_ops.so",
+                [*files, *_runtime_files(include_shipped)],
+                includes=includes,
+                defines=_defines(lib_name, include_shipped, bool(user)),
+                hashed=[*user_sources, *_headers_beside(user_sources)],
+                sanitize=sanitize,
+            )
         except NativeCompileError as exc:
             raise _attribute_error(exc, generated) from None
-    ops = [str(s.node_type) for s in user] + (list(shipped_library().ops) if include_shipped else [])
+    ops = [str(s.node_type) for s in user] + (
+        list(shipped_library().ops) if include_shipped else []
+    )
     library = NativeLibrary(built, library_domains_key(f"{lib_name}_ops"), tuple(ops))
     if output_dir is None:
         return library
@@ -233,7 +316,10 @@ def _copy_into(built: Path, folder: Path) -> Path:
         os.chmod(tmp, 0o755)
         os.replace(tmp, target)
     except OSError as exc:
-        raise ExtensionBuildError(f"cannot write {built.name} into {folder}: expected a writable folder ({exc}); fix: pass a writable folder.") from exc
+        raise ExtensionBuildError(
+            f"cannot write {built.name} into {folder}: expected a writable folder ({exc}); fix:"
+            " pass a writable folder."
+        ) from exc
     return target.resolve()
 
 
@@ -259,8 +345,13 @@ target_link_libraries({name}_ops PRIVATE Threads::Threads "-Wl,-z,nodelete")
 """
 
 
-def write_cmake_project(specs: Sequence[OpSpec], folder: str | os.PathLike[str], *, name: str | None = None,
-                        include_shipped: bool = False) -> Path:  # fmt: skip
+def write_cmake_project(
+    specs: Sequence[OpSpec],
+    folder: str | os.PathLike[str],
+    *,
+    name: str | None = None,
+    include_shipped: bool = False,
+) -> Path:
     """Write a standalone CMake project building the same library as `build_native_library`:
     ``kernels/`` (the user's sources and the headers beside them), ``generated/`` (registration
     code), ``runtime/`` (our runtime and, with ``include_shipped``, the shipped kernels) and
@@ -284,8 +375,12 @@ def write_cmake_project(specs: Sequence[OpSpec], folder: str | os.PathLike[str],
     include = abi_include_dir()
     for path in sorted(include.rglob("*.h")):
         copies[root / "include" / path.relative_to(include)] = path.read_bytes()
-    defines = " ".join('"' + d.replace('"', '\\"') + '"' for d in _defines(lib_name, include_shipped, bool(user)))
-    copies[root / "CMakeLists.txt"] = _CMAKE.format(name=lib_name, lib=f"lib{lib_name}_ops", defines=defines).encode()
+    defines = " ".join(
+        '"' + d.replace('"', '\\"') + '"' for d in _defines(lib_name, include_shipped, bool(user))
+    )
+    copies[root / "CMakeLists.txt"] = _CMAKE.format(
+        name=lib_name, lib=f"lib{lib_name}_ops", defines=defines
+    ).encode()
     try:
         for path, data in copies.items():
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -293,5 +388,8 @@ def write_cmake_project(specs: Sequence[OpSpec], folder: str | os.PathLike[str],
             tmp.write_bytes(data)
             os.replace(tmp, path)
     except OSError as exc:
-        raise ExtensionBuildError(f"cannot write the CMake project into {root}: expected a writable folder ({exc}); fix: pass a writable folder.") from exc
+        raise ExtensionBuildError(
+            f"cannot write the CMake project into {root}: expected a writable folder ({exc}); fix:"
+            " pass a writable folder."
+        ) from exc
     return root

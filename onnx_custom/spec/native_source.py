@@ -21,7 +21,20 @@ __all__ = ["NativeKernel", "native_field"]
 
 # A C++ function name, optionally qualified by namespaces (acme::kernels::scale_add).
 _FUNCTION = re.compile(r"^(?:[A-Za-z_]\w*::)*[A-Za-z_]\w*$")
-_CPP_KEYWORDS = {"int", "float", "double", "void", "class", "struct", "template", "namespace", "return", "new", "delete", "operator"}
+_CPP_KEYWORDS = {
+    "int",
+    "float",
+    "double",
+    "void",
+    "class",
+    "struct",
+    "template",
+    "namespace",
+    "return",
+    "new",
+    "delete",
+    "operator",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +50,9 @@ class NativeKernel:
         return Path(self.source).expanduser().absolute()
 
 
-def native_field(op: str, value: Any, base: str | os.PathLike[str] | None = None) -> bool | str | NativeKernel:
+def native_field(
+    op: str, value: Any, base: str | os.PathLike[str] | None = None
+) -> bool | str | NativeKernel:
     """``native`` normalized: bools and node names as given, a ``{source, function}`` mapping as a
     `NativeKernel` (relative ``source`` against ``base``). Raises `SpecError` naming the key."""
     if isinstance(value, (bool, str)):
@@ -47,18 +62,46 @@ def native_field(op: str, value: Any, base: str | os.PathLike[str] | None = None
     elif isinstance(value, Mapping):
         unknown = sorted(set(value) - {"source", "function"})
         if unknown:
-            raise SpecError(f"op {op}: native has unknown key(s) {unknown}; expected {{source: my_kernels.cpp, function: my_kernel}}.", op=op, key=("native", unknown[0]))
+            raise SpecError(
+                f"op {op}: native has unknown key(s) {unknown}; expected {{source: my_kernels.cpp,"
+                " function: my_kernel}.",
+                op=op,
+                key=("native", unknown[0]),
+            )
         fields = dict(value)
     else:
-        raise SpecError(f"op {op}: native must be true/false, 'domain::OpType' or {{source: file.cpp, function: name}}; received {type(value).__name__} {value!r}.", op=op, key=("native",))
+        raise SpecError(
+            f"op {op}: native must be true/false, 'domain::OpType' or {{source: file.cpp, function:"
+            f" name}}; received {type(value).__name__} {value!r}.",
+            op=op,
+            key=("native",),
+        )
     for key in ("source", "function"):
         if key not in fields:
-            raise SpecError(f"op {op}: native names no {key}; expected {{source: my_kernels.cpp, function: my_kernel}}; fix: add {key}:.", op=op, key=("native",))
+            raise SpecError(
+                f"op {op}: native names no {key}; expected {{source: my_kernels.cpp, function:"
+                f" my_kernel}}; fix: add {key}:.",
+                op=op,
+                key=("native",),
+            )
     source, function = fields["source"], fields["function"]
     if not isinstance(source, (str, os.PathLike)) or not str(source).strip():
-        raise SpecError(f"op {op}: native.source must be the path of a C++ file; received {source!r}.", op=op, key=("native", "source"))
-    if not isinstance(function, str) or not _FUNCTION.match(function) or function.split("::")[-1] in _CPP_KEYWORDS:
-        raise SpecError(f"op {op}: native.function {function!r} is not a C++ function name; expected e.g. 'scale_add' or 'acme::scale_add'.", op=op, key=("native", "function"))
+        raise SpecError(
+            f"op {op}: native.source must be the path of a C++ file; received {source!r}.",
+            op=op,
+            key=("native", "source"),
+        )
+    if (
+        not isinstance(function, str)
+        or not _FUNCTION.match(function)
+        or function.split("::")[-1] in _CPP_KEYWORDS
+    ):
+        raise SpecError(
+            f"op {op}: native.function {function!r} is not a C++ function name; expected e.g."
+            " 'scale_add' or 'acme::scale_add'.",
+            op=op,
+            key=("native", "function"),
+        )
     path = Path(source).expanduser()
     if not path.is_absolute() and base is not None:
         path = Path(base) / path

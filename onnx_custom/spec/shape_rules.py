@@ -28,7 +28,14 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["ExpressionRule", "LikeRule", "ShapeRule", "UnknownShape", "broadcast_rule", "parse_shape_rule"]
+__all__ = [
+    "ExpressionRule",
+    "LikeRule",
+    "ShapeRule",
+    "UnknownShape",
+    "broadcast_rule",
+    "parse_shape_rule",
+]
 
 # `x.0` is not Python: rewrite it to `x[0]` before parsing (a name, a dot, digits).
 _DOT_INDEX = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\.(\d+)\b")
@@ -89,10 +96,16 @@ class ExpressionRule:
         """The output shape: ``env`` maps input names to shapes (lists) and attributes to values."""
         result = _Evaluator(env, arith, self.text).visit(self.tree.body)
         if not isinstance(result, list):
-            raise RuleError(f"shape rule {self.text!r} gave {result!r}; expected a list of dims, e.g. [x.0, w.0].")
+            raise RuleError(
+                f"shape rule {self.text!r} gave {result!r}; expected a list of dims, e.g. [x.0,"
+                " w.0]."
+            )
         for dim in result:
             if isinstance(dim, list):
-                raise RuleError(f"shape rule {self.text!r} gave a nested list {result!r}; use + or * to splice shapes.")
+                raise RuleError(
+                    f"shape rule {self.text!r} gave a nested list {result!r}; use + or * to splice"
+                    " shapes."
+                )
         return result
 
 
@@ -115,7 +128,10 @@ def parse_shape_rule(text: str) -> ShapeRule:
     try:
         tree = ast.parse(source, mode="eval")
     except SyntaxError as exc:
-        raise RuleError(f"shape rule {text!r} is not a valid expression ({exc.msg}); expected 'like:x', 'broadcast' or an expression such as '[x.0, w.0]'.") from None
+        raise RuleError(
+            f"shape rule {text!r} is not a valid expression ({exc.msg}); expected 'like:x',"
+            " 'broadcast' or an expression such as '[x.0, w.0]'."
+        ) from None
     names = _check_syntax(tree, text)
     return ExpressionRule(stripped, tree, frozenset(names))
 
@@ -137,20 +153,38 @@ def _check_syntax(tree: ast.Expression, text: str) -> set[str]:
             if len(node.generators) != 1:
                 raise RuleError(f"shape rule {text!r}: use one 'for' per comprehension.")
         elif isinstance(node, ast.Call):
-            if not isinstance(node.func, ast.Name) or node.func.id not in _FUNCTIONS or node.keywords:
+            if (
+                not isinstance(node.func, ast.Name)
+                or node.func.id not in _FUNCTIONS
+                or node.keywords
+            ):
                 called = ast.unparse(node.func)
-                raise RuleError(f"shape rule {text!r}: calling {called!r} is not allowed; allowed functions: {', '.join(_FUNCTIONS)}.")
+                raise RuleError(
+                    f"shape rule {text!r}: calling {called!r} is not allowed; allowed functions:"
+                    f" {', '.join(_FUNCTIONS)}."
+                )
         elif isinstance(node, ast.Constant):
             if type(node.value) is not int:
-                raise RuleError(f"shape rule {text!r}: literal {node.value!r} is not an integer; only integer literals are allowed.")
+                raise RuleError(
+                    f"shape rule {text!r}: literal {node.value!r} is not an integer; only integer"
+                    " literals are allowed."
+                )
         elif isinstance(node, ast.BinOp):
             if not isinstance(node.op, tuple(_BINARY)):
-                raise RuleError(f"shape rule {text!r}: operator {type(node.op).__name__} is not allowed (use + - * // %).")
+                raise RuleError(
+                    f"shape rule {text!r}: operator {type(node.op).__name__} is not allowed (use +"
+                    " - * // %)."
+                )
         elif isinstance(node, ast.UnaryOp):
             if not isinstance(node.op, (ast.USub, ast.UAdd)):
-                raise RuleError(f"shape rule {text!r}: operator {type(node.op).__name__} is not allowed.")
+                raise RuleError(
+                    f"shape rule {text!r}: operator {type(node.op).__name__} is not allowed."
+                )
         elif not isinstance(node, _NODES):
-            raise RuleError(f"shape rule {text!r}: {type(node).__name__} syntax is not allowed; allowed: {_ALLOWED_SYNTAX}.")
+            raise RuleError(
+                f"shape rule {text!r}: {type(node).__name__} syntax is not allowed; allowed:"
+                f" {_ALLOWED_SYNTAX}."
+            )
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in bound:
             is_function = node.id in _FUNCTIONS and _is_called(tree, node)
@@ -164,9 +198,28 @@ def _is_called(tree: ast.AST, name: ast.Name) -> bool:
 
 
 _NODES = (
-    ast.Expression, ast.Name, ast.Load, ast.Store, ast.List, ast.Tuple, ast.Starred, ast.Subscript,
-    ast.Slice, ast.BinOp, ast.UnaryOp, ast.USub, ast.UAdd, ast.Call, ast.ListComp, ast.comprehension,
-    ast.Constant, ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod,
+    ast.Expression,
+    ast.Name,
+    ast.Load,
+    ast.Store,
+    ast.List,
+    ast.Tuple,
+    ast.Starred,
+    ast.Subscript,
+    ast.Slice,
+    ast.BinOp,
+    ast.UnaryOp,
+    ast.USub,
+    ast.UAdd,
+    ast.Call,
+    ast.ListComp,
+    ast.comprehension,
+    ast.Constant,
+    ast.Add,
+    ast.Sub,
+    ast.Mult,
+    ast.FloorDiv,
+    ast.Mod,
 )
 
 
@@ -289,7 +342,10 @@ class _Evaluator:
     def visit_Subscript(self, node: ast.Subscript) -> Any:
         value = self._sequence(self.visit(node.value), "indexing")
         if isinstance(node.slice, ast.Slice):
-            bounds = [None if part is None else self._int(self.visit(part)) for part in (node.slice.lower, node.slice.upper, node.slice.step)]
+            bounds = [
+                None if part is None else self._int(self.visit(part))
+                for part in (node.slice.lower, node.slice.upper, node.slice.step)
+            ]
             return value[slice(*bounds)]
         index = self._int(self.visit(node.slice))
         if not -len(value) <= index < len(value):
@@ -301,7 +357,9 @@ class _Evaluator:
         if isinstance(left, list) or isinstance(right, list):
             if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
                 return left + right
-            raise self.fail(f"{type(node.op).__name__} of {left!r} and {right!r}; only + joins two lists")
+            raise self.fail(
+                f"{type(node.op).__name__} of {left!r} and {right!r}; only + joins two lists"
+            )
         return self.arith.binary(type(node.op), left, right)
 
     def visit_UnaryOp(self, node: ast.UnaryOp) -> Any:
@@ -353,7 +411,9 @@ class _Evaluator:
 
     def _sequence(self, value: Any, what: str) -> list[Any]:
         if not isinstance(value, (list, tuple)):
-            raise self.fail(f"{what} needs a list (an input's shape or a list attribute), got {value!r}")
+            raise self.fail(
+                f"{what} needs a list (an input's shape or a list attribute), got {value!r}"
+            )
         return list(value)
 
     def _int(self, value: Any) -> int:

@@ -17,7 +17,16 @@ from typing import Any
 from onnx_custom.spec.fields import TensorValue
 from onnx_custom.spec.spec import OpSpec, SpecError
 
-__all__ = ["check_backward", "check_check_signature", "check_math_signature", "expected_signature", "in_schema_order", "inputs_first", "resolve", "with_taken_constants"]
+__all__ = [
+    "check_backward",
+    "check_check_signature",
+    "check_math_signature",
+    "expected_signature",
+    "in_schema_order",
+    "inputs_first",
+    "resolve",
+    "with_taken_constants",
+]
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
@@ -41,9 +50,11 @@ def resolve(spec: OpSpec, key: tuple[Any, ...], ref: Any, what: str) -> Any:
     except ModuleNotFoundError as exc:
         if exc.name is not None and module_name.startswith(exc.name):
             raise SpecError(
-                f"op {spec.name}: {what} {ref!r}: module {module_name!r} is not importable (no module "
-                f"named {exc.name!r}); fix: put its folder on sys.path / PYTHONPATH or install it.",
-                op=spec.name, key=key,
+                f"op {spec.name}: {what} {ref!r}: module {module_name!r} is not importable (no"
+                f" module named {exc.name!r}); fix: put its folder on sys.path / PYTHONPATH or"
+                " install it.",
+                op=spec.name,
+                key=key,
             ) from None
         raise _import_failed(spec, key, ref, what, exc) from exc
     except Exception as exc:
@@ -56,17 +67,21 @@ def resolve(spec: OpSpec, key: tuple[Any, ...], ref: Any, what: str) -> Any:
             raise SpecError(
                 f"op {spec.name}: {what} {ref!r}: {getattr(obj, '__name__', module_name)!r} has no "
                 f"attribute {part!r}.{hint} Fix: name a function defined there.",
-                op=spec.name, key=key,
+                op=spec.name,
+                key=key,
             )
         obj = getattr(obj, part)
     return obj
 
 
-def _import_failed(spec: OpSpec, key: tuple[Any, ...], ref: str, what: str, exc: BaseException) -> SpecError:
+def _import_failed(
+    spec: OpSpec, key: tuple[Any, ...], ref: str, what: str, exc: BaseException
+) -> SpecError:
     return SpecError(
         f"op {spec.name}: {what} {ref!r}: importing {ref.partition(':')[0]!r} raised "
         f"{type(exc).__name__}: {exc}; fix: the module must import cleanly.",
-        op=spec.name, key=key,
+        op=spec.name,
+        key=key,
     )
 
 
@@ -108,7 +123,11 @@ def _attributes(spec: OpSpec, node: bool) -> tuple[Any, ...]:
 def check_check_signature(spec: OpSpec, fn: Any, ref: Any) -> None:
     """A validator takes the op's arguments in schema order (or ``*args``)."""
     if not callable(fn):
-        raise SpecError(f"op {spec.name}: check {ref!r} is a {type(fn).__name__}; expected a function.", op=spec.name, key=("check",))
+        raise SpecError(
+            f"op {spec.name}: check {ref!r} is a {type(fn).__name__}; expected a function.",
+            op=spec.name,
+            key=("check",),
+        )
     signature = _signature(fn)
     if signature is None:
         return
@@ -117,12 +136,14 @@ def check_check_signature(spec: OpSpec, fn: Any, ref: Any) -> None:
         signature.bind(*names)
     except TypeError as exc:
         raise SpecError(
-            f"op {spec.name}: check {_label(fn, ref)} cannot take the op's {len(names)} arguments "
-            f"({exc}); expected `def {getattr(fn, '__name__', 'check')}{expected_signature(spec, 'check')}` "
-            f"(the op's arguments in schema order, as the torch op takes them) or a function decorated "
-            f"with @onnx_custom.spec.op_arguments(spec); received `{signature}`; fix: take the "
-            "arguments in that order.",
-            op=spec.name, key=("check",),
+            f"op {spec.name}: check {_label(fn, ref)} cannot take the op's {len(names)} arguments"
+            f" ({exc}); expected `def"
+            f" {getattr(fn, '__name__', 'check')}{expected_signature(spec, 'check')}` (the op's"
+            " arguments in schema order, as the torch op takes them) or a function decorated with"
+            f" @onnx_custom.spec.op_arguments(spec); received `{signature}`; fix: take the"
+            " arguments in that order.",
+            op=spec.name,
+            key=("check",),
         ) from None
 
 
@@ -162,7 +183,11 @@ def check_math_signature(spec: OpSpec, fn: Any, role: str, key: tuple[Any, ...],
     attributes as keywords (``**kwargs`` accepted); eager math (``impl``, ``shape``) may instead
     take every argument in the torch schema's order. `SpecError` naming the parameter otherwise."""
     if not callable(fn):
-        raise SpecError(f"op {spec.name}: {key[0]} {ref!r} is a {type(fn).__name__}; expected a function.", op=spec.name, key=key)
+        raise SpecError(
+            f"op {spec.name}: {key[0]} {ref!r} is a {type(fn).__name__}; expected a function.",
+            op=spec.name,
+            key=key,
+        )
     signature = _signature(fn)
     if signature is None:
         return
@@ -174,10 +199,12 @@ def check_math_signature(spec: OpSpec, fn: Any, role: str, key: tuple[Any, ...],
 
     def fail(problem: str) -> SpecError:
         return SpecError(
-            f"op {spec.name}: {key[0]} {label} {problem}; expected `def {getattr(fn, '__name__', 'fn')}{want}` "
-            f"(inputs positional in declaration order, attributes as keywords); received "
-            f"`{signature}`; fix: rename or reorder its parameters to match the spec.",
-            op=spec.name, key=key,
+            f"op {spec.name}: {key[0]} {label} {problem}; expected `def"
+            f" {getattr(fn, '__name__', 'fn')}{want}` (inputs positional in declaration order,"
+            f" attributes as keywords); received `{signature}`; fix: rename or reorder its"
+            " parameters to match the spec.",
+            op=spec.name,
+            key=key,
         )
 
     params = list(signature.parameters.values())
@@ -193,11 +220,14 @@ def check_math_signature(spec: OpSpec, fn: Any, role: str, key: tuple[Any, ...],
             break
         got = positional[index].name
         if index >= len(lead) and got != name:
-            raise fail(f"takes parameter {got!r} where input {name!r} (position {index - len(lead)}) is expected")
+            raise fail(
+                f"takes parameter {got!r} where input {name!r} (position {index - len(lead)}) is"
+                " expected"
+            )
     if spread is not None and var_positional is None:
         raise fail(f"has no *{spread} parameter for the variadic input {spread!r}")
     attributes = _attributes(spec, node)
-    declared = set(wanted[len(lead):]) | {a.name for a in attributes} | set(extra)
+    declared = set(wanted[len(lead) :]) | {a.name for a in attributes} | set(extra)
     if role == "impl":  # eager math may take the node's constants too (`with_taken_constants`)
         declared |= {a.name for a in spec.node_attributes}
     declared |= {p.name for p in positional[: len(lead)]}  # `g` may have any name
@@ -211,20 +241,32 @@ def check_math_signature(spec: OpSpec, fn: Any, role: str, key: tuple[Any, ...],
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD) or param.name in declared:
             continue
         if param.default is param.empty:
-            raise fail(f"requires parameter {param.name!r}, which is neither an input nor an attribute of the spec")
+            raise fail(
+                f"requires parameter {param.name!r}, which is neither an input nor an attribute of"
+                " the spec"
+            )
 
 
 def check_backward(spec: OpSpec, backward: Any, setup_context: Any) -> None:
     """``backward(ctx, *grads)`` takes one gradient per output; ``setup_context(ctx, inputs, output)``."""
     n = len(spec.outputs)
     for fn, key, count, shape in (
-        (backward, ("backward",), 1 + n, f"(ctx, {', '.join('grad_' + o.name for o in spec.outputs)})"),
+        (
+            backward,
+            ("backward",),
+            1 + n,
+            f"(ctx, {', '.join('grad_' + o.name for o in spec.outputs)})",
+        ),
         (setup_context, ("setup_context",), 3, "(ctx, inputs, output)"),
     ):
         if fn is None:
             continue
         if not callable(fn):
-            raise SpecError(f"op {spec.name}: {key[0]} is a {type(fn).__name__}; expected a function {shape}.", op=spec.name, key=key)
+            raise SpecError(
+                f"op {spec.name}: {key[0]} is a {type(fn).__name__}; expected a function {shape}.",
+                op=spec.name,
+                key=key,
+            )
         signature = _signature(fn)
         if signature is None:
             continue
@@ -232,10 +274,12 @@ def check_backward(spec: OpSpec, backward: Any, setup_context: Any) -> None:
             signature.bind(*range(count))
         except TypeError as exc:
             raise SpecError(
-                f"op {spec.name}: {key[0]} {_label(fn, fn)} cannot be called with {count} positional "
-                f"arguments ({exc}); expected `def {getattr(fn, '__name__', key[0])}{shape}` for an op "
-                f"with {n} output(s); received `{signature}`; fix: take one gradient per output.",
-                op=spec.name, key=key,
+                f"op {spec.name}: {key[0]} {_label(fn, fn)} cannot be called with {count}"
+                f" positional arguments ({exc}); expected `def"
+                f" {getattr(fn, '__name__', key[0])}{shape}` for an op with {n} output(s); received"
+                f" `{signature}`; fix: take one gradient per output.",
+                op=spec.name,
+                key=key,
             ) from None
 
 
@@ -247,8 +291,11 @@ def with_taken_constants(spec: OpSpec, fn: Any) -> Any:
     signature = None if fn is None else _signature(fn)
     if signature is None or not spec.node_attributes:
         return fn
-    taken = {a.name: a.default.torch() if isinstance(a.default, TensorValue) else a.default
-             for a in spec.node_attributes if a.name in signature.parameters}
+    taken = {
+        a.name: a.default.torch() if isinstance(a.default, TensorValue) else a.default
+        for a in spec.node_attributes
+        if a.name in signature.parameters
+    }
     if not taken:
         return fn
 

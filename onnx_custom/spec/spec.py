@@ -126,7 +126,9 @@ class OpSpec:
     # Each output's parsed shape rule (None: no rule), parsed once here when the spec is made:
     # the eager op and the fake kernel evaluate them on every call (re-parsing with `ast` cost
     # ~0.3 ms per call, a fifth of a small op's forward).
-    _shape_rules: tuple[ShapeRule | None, ...] = dataclasses.field(default=(), init=False, repr=False, compare=False)
+    _shape_rules: tuple[ShapeRule | None, ...] = dataclasses.field(
+        default=(), init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         op = self.name if isinstance(self.name, str) else ""
@@ -135,12 +137,29 @@ class OpSpec:
         except SymbolicError as exc:
             raise _fail(op, ("name",), str(exc)) from None
         if qualified.overload:
-            raise _fail(op, ("name",), f"name {self.name!r} has an overload; expected 'namespace::op' (specs define the default overload); fix: drop '.{qualified.overload}'.")
+            raise _fail(
+                op,
+                ("name",),
+                f"name {self.name!r} has an overload; expected 'namespace::op' (specs define the"
+                f" default overload); fix: drop '.{qualified.overload}'.",
+            )
+
         def set_(field: str, value: Any) -> None:  # normalize a field of this frozen instance
             object.__setattr__(self, field, value)
 
-        set_("inputs", tuple(i if isinstance(i, Input) else Input(i) for i in _as_list(op, "inputs", self.inputs)))
-        set_("outputs", tuple(o if isinstance(o, Output) else Output(o) for o in _as_list(op, "outputs", self.outputs)))
+        set_(
+            "inputs",
+            tuple(
+                i if isinstance(i, Input) else Input(i) for i in _as_list(op, "inputs", self.inputs)
+            ),
+        )
+        set_(
+            "outputs",
+            tuple(
+                o if isinstance(o, Output) else Output(o)
+                for o in _as_list(op, "outputs", self.outputs)
+            ),
+        )
         set_("attributes", tuple(_as_list(op, "attributes", self.attributes)))
         set_("node_attributes", tuple(_as_list(op, "node_attributes", self.node_attributes)))
         set_("devices", _check_devices(op, self.devices))
@@ -149,8 +168,20 @@ class OpSpec:
         if self.domain is None:
             set_("domain", qualified.namespace)
         self._check_signature(op)
-        set_("attributes", tuple(self._checked_attribute(op, ("attributes", i), a) for i, a in enumerate(self.attributes)))
-        set_("node_attributes", tuple(self._checked_attribute(op, ("node_attributes", i), a) for i, a in enumerate(self.node_attributes)))
+        set_(
+            "attributes",
+            tuple(
+                self._checked_attribute(op, ("attributes", i), a)
+                for i, a in enumerate(self.attributes)
+            ),
+        )
+        set_(
+            "node_attributes",
+            tuple(
+                self._checked_attribute(op, ("node_attributes", i), a)
+                for i, a in enumerate(self.node_attributes)
+            ),
+        )
         self._check_positions(op)
         self._check_node(op)
         for field in ("kernel", "function"):
@@ -163,73 +194,179 @@ class OpSpec:
         for field in ("impl", "backward", "setup_context", "shape", "check"):
             _check_ref(op, (field,), getattr(self, field), field)
         if self.setup_context is not None and self.backward is None:
-            raise _fail(op, ("setup_context",), "setup_context is given without backward; fix: add backward or drop setup_context.")
+            raise _fail(
+                op,
+                ("setup_context",),
+                "setup_context is given without backward; fix: add backward or drop setup_context.",
+            )
         if self.devices and self.impl is None:
-            raise _fail(op, ("devices",), f"devices {list(self.devices)} are given without impl: they say which devices the eager math serves; fix: add impl or drop devices.")
+            raise _fail(
+                op,
+                ("devices",),
+                f"devices {list(self.devices)} are given without impl: they say which devices the"
+                " eager math serves; fix: add impl or drop devices.",
+            )
         self._check_schema_round_trip(op)
 
     # -- checks ------------------------------------------------------------------------
     def _check_signature(self, op: str) -> None:
         if not self.inputs:
-            raise _fail(op, ("inputs",), "declares no tensor input; expected at least one (ops without tensor inputs are not supported by specs).")
+            raise _fail(
+                op,
+                ("inputs",),
+                "declares no tensor input; expected at least one (ops without tensor inputs are not"
+                " supported by specs).",
+            )
         if not self.outputs:
-            raise _fail(op, ("outputs",), "declares no output; expected at least one. Fix: e.g. outputs=[Output('y')].")
+            raise _fail(
+                op,
+                ("outputs",),
+                "declares no output; expected at least one. Fix: e.g. outputs=[Output('y')].",
+            )
         seen: dict[str, tuple[Any, ...]] = {}
-        groups: list[tuple[str, str, Sequence[Any]]] = [("inputs", "input", self.inputs), ("attributes", "attribute", self.attributes), ("node_attributes", "node attribute", self.node_attributes), ("outputs", "output", self.outputs)]
-        classes: dict[str, type] = {"inputs": Input, "outputs": Output, "attributes": Attribute, "node_attributes": Attribute}
+        groups: list[tuple[str, str, Sequence[Any]]] = [
+            ("inputs", "input", self.inputs),
+            ("attributes", "attribute", self.attributes),
+            ("node_attributes", "node attribute", self.node_attributes),
+            ("outputs", "output", self.outputs),
+        ]
+        classes: dict[str, type] = {
+            "inputs": Input,
+            "outputs": Output,
+            "attributes": Attribute,
+            "node_attributes": Attribute,
+        }
         for field, what, items in groups:
             for index, item in enumerate(items):
                 if not isinstance(item, classes[field]):
-                    raise _fail(op, (field, index), f"{what} {index} is a {type(item).__name__}; expected onnx_custom.spec.{classes[field].__name__}.")
+                    raise _fail(
+                        op,
+                        (field, index),
+                        f"{what} {index} is a {type(item).__name__}; expected"
+                        f" onnx_custom.spec.{classes[field].__name__}.",
+                    )
                 assert isinstance(item, (Input, Output, Attribute))
                 name = _check_name(op, (field, index, "name"), what, item.name)
                 if name in seen:
                     other_field, other_index = seen[name]
                     other = dict((f, w) for f, w, _ in groups)[other_field]
-                    raise _fail(op, (field, index, "name"), f"duplicate name {name!r} ({what} {index} and {other} {other_index}); names must be unique across inputs, attributes and outputs; fix: rename one.")
+                    raise _fail(
+                        op,
+                        (field, index, "name"),
+                        f"duplicate name {name!r} ({what} {index} and {other} {other_index}); names"
+                        " must be unique across inputs, attributes and outputs; fix: rename one.",
+                    )
                 seen[name] = (field, index)
         for index, item in enumerate(self.inputs):
             if item.dtype is not None:
                 _check_dtypes(op, ("inputs", index, "dtype"), item.dtype)
             if item.variadic and index != len(self.inputs) - 1:
-                raise _fail(op, ("inputs", index, "name"), f"variadic input {item.name!r} must be the last input (ONNX allows only a trailing variadic input); fix: move it last.")
+                raise _fail(
+                    op,
+                    ("inputs", index, "name"),
+                    f"variadic input {item.name!r} must be the last input (ONNX allows only a"
+                    " trailing variadic input); fix: move it last.",
+                )
             if item.variadic and item.optional:
-                raise _fail(op, ("inputs", index, "name"), f"input {item.name!r} cannot be both optional and variadic; fix: pass an empty list instead.")
-        tensors: list[tuple[str, Sequence[Input | Output]]] = [("inputs", self.inputs), ("outputs", self.outputs)]
+                raise _fail(
+                    op,
+                    ("inputs", index, "name"),
+                    f"input {item.name!r} cannot be both optional and variadic; fix: pass an empty"
+                    " list instead.",
+                )
+        tensors: list[tuple[str, Sequence[Input | Output]]] = [
+            ("inputs", self.inputs),
+            ("outputs", self.outputs),
+        ]
         for field, items in tensors:
             for index, item in enumerate(items):
                 fmt = item.format
-                if fmt is not None and not isinstance(fmt, str) and not (isinstance(fmt, tuple) and fmt and all(isinstance(f, str) for f in fmt)):
-                    raise _fail(op, (field, index, "format"), f"{field[:-1]} {item.name!r} has format {fmt!r}; expected a layout label such as 'ND' or a list of them (one per dtype); fix: write e.g. format=['ND', 'ND'] or drop it.")
+                if (
+                    fmt is not None
+                    and not isinstance(fmt, str)
+                    and not (
+                        isinstance(fmt, tuple) and fmt and all(isinstance(f, str) for f in fmt)
+                    )
+                ):
+                    raise _fail(
+                        op,
+                        (field, index, "format"),
+                        f"{field[:-1]} {item.name!r} has format {fmt!r}; expected a layout label"
+                        " such as 'ND' or a list of them (one per dtype); fix: write e.g."
+                        " format=['ND', 'ND'] or drop it.",
+                    )
         for index, output in enumerate(self.outputs):
             if output.name[-1:] in ("?", "*"):
-                raise _fail(op, ("outputs", index, "name"), "outputs cannot be optional or variadic.")
+                raise _fail(
+                    op, ("outputs", index, "name"), "outputs cannot be optional or variadic."
+                )
 
     def _checked_attribute(self, op: str, key: tuple[Any, ...], attr: Attribute) -> Attribute:
         typ = _TYPE_ALIASES.get(attr.type, attr.type) if isinstance(attr.type, str) else attr.type
         if typ in NODE_ONLY_TYPES and key[0] != "node_attributes":
-            raise _fail(op, (*key, "type"), f"attribute {attr.name!r} has type {typ!r}, which a torch op cannot take as an argument; expected one of {', '.join(ATTRIBUTE_TYPES)}; fix: make it an input, or a node attribute (node_attributes / node_attr_desc) if it is a constant every node carries.")
+            raise _fail(
+                op,
+                (*key, "type"),
+                f"attribute {attr.name!r} has type {typ!r}, which a torch op cannot take as an"
+                f" argument; expected one of {', '.join(ATTRIBUTE_TYPES)}; fix: make it an input,"
+                " or a node attribute (node_attributes / node_attr_desc) if it is a constant every"
+                " node carries.",
+            )
         if typ not in ATTRIBUTE_TYPES and typ not in NODE_ONLY_TYPES:
             hint = _NOT_ATTRIBUTES.get(str(typ).removesuffix("?"), "")
             if isinstance(typ, str) and typ.endswith("?") and typ[:-1] in ATTRIBUTE_TYPES:
                 hint = "give it a default value instead of making it optional"
-            raise _fail(op, (*key, "type"), f"attribute {attr.name!r} has type {attr.type!r}, which an op-spec attribute cannot express; expected one of {', '.join(ATTRIBUTE_TYPES)}; fix: {hint or 'use one of those types'}.")
+            raise _fail(
+                op,
+                (*key, "type"),
+                f"attribute {attr.name!r} has type {attr.type!r}, which an op-spec attribute cannot"
+                f" express; expected one of {', '.join(ATTRIBUTE_TYPES)}; fix:"
+                f" {hint or 'use one of those types'}.",
+            )
         if attr.type != typ:
             attr = dataclasses.replace(attr, type=typ)
         node_only = key[0] == "node_attributes"
         if node_only:
             if not attr.has_default:
-                raise _fail(op, (*key, "default"), f"node attribute {attr.name!r} has no value; expected the constant every node carries as its default (e.g. Attribute('alpha', 'float', 2.0)).")
+                raise _fail(
+                    op,
+                    (*key, "default"),
+                    f"node attribute {attr.name!r} has no value; expected the constant every node"
+                    " carries as its default (e.g. Attribute('alpha', 'float', 2.0)).",
+                )
             if attr.after is not None or attr.node_default is not NO_DEFAULT:
-                raise _fail(op, (*key, "after" if attr.after is not None else "node_default"), f"node attribute {attr.name!r} is not a torch argument: it has no position (after) and its value is its default; fix: drop after/node_default.")
+                raise _fail(
+                    op,
+                    (*key, "after" if attr.after is not None else "node_default"),
+                    f"node attribute {attr.name!r} is not a torch argument: it has no position"
+                    " (after) and its value is its default; fix: drop after/node_default.",
+                )
         elif attr.has_default and typ == "str[]":
-            raise _fail(op, (*key, "default"), f"attribute {attr.name!r}: the torch schema cannot express a default for str[] attributes (received {attr.default!r}); fix: drop the default (make it required).")
+            raise _fail(
+                op,
+                (*key, "default"),
+                f"attribute {attr.name!r}: the torch schema cannot express a default for str[]"
+                f" attributes (received {attr.default!r}); fix: drop the default (make it"
+                " required).",
+            )
         if attr.has_default:
-            attr = dataclasses.replace(attr, default=_normalize_default(op, (*key, "default"), attr))
+            attr = dataclasses.replace(
+                attr, default=_normalize_default(op, (*key, "default"), attr)
+            )
         if attr.node_default is not NO_DEFAULT:
             if attr.has_default:
-                raise _fail(op, (*key, "node_default"), f"attribute {attr.name!r} has a torch default ({attr.default!r}), which is also what a node without it means; fix: drop node_default.")
-            attr = dataclasses.replace(attr, node_default=_normalize_default(op, (*key, "node_default"), attr, attr.node_default))
+                raise _fail(
+                    op,
+                    (*key, "node_default"),
+                    f"attribute {attr.name!r} has a torch default ({attr.default!r}), which is also"
+                    " what a node without it means; fix: drop node_default.",
+                )
+            attr = dataclasses.replace(
+                attr,
+                node_default=_normalize_default(
+                    op, (*key, "node_default"), attr, attr.node_default
+                ),
+            )
         return attr
 
     def _check_positions(self, op: str) -> None:
@@ -237,59 +374,131 @@ class OpSpec:
         names = [i.name for i in self.inputs]
         for index, attr in enumerate(self.attributes):
             if attr.after is not None and attr.after not in names:
-                raise _fail(op, ("attributes", index, "after"), f"attribute {attr.name!r} comes after {attr.after!r}, which is not an input; expected one of {names}; fix: name an input (or drop after: to place it after every input).")
+                raise _fail(
+                    op,
+                    ("attributes", index, "after"),
+                    f"attribute {attr.name!r} comes after {attr.after!r}, which is not an input;"
+                    f" expected one of {names}; fix: name an input (or drop after: to place it"
+                    " after every input).",
+                )
         defaulted: Attribute | None = None
         for item in self.arguments:
             if isinstance(item, Attribute) and item.has_default:
                 defaulted = item
             elif defaulted is not None and not (isinstance(item, Input) and item.optional):
                 if isinstance(item, Attribute):
-                    key, fix = ("attributes", self.attributes.index(item), "default"), f"give {item.name!r} a default or move it before {defaulted.name!r}"
+                    key, fix = (
+                        ("attributes", self.attributes.index(item), "default"),
+                        f"give {item.name!r} a default or move it before {defaulted.name!r}",
+                    )
                 else:
-                    key, fix = ("inputs", self.inputs.index(item), "name"), f"move {defaulted.name!r} after it (after: {item.name})"
-                raise _fail(op, key, f"{'attribute' if isinstance(item, Attribute) else 'input'} {item.name!r} has no default but follows {defaulted.name!r}, which has one; torch schemas need defaults last; fix: {fix}.")
+                    key, fix = (
+                        ("inputs", self.inputs.index(item), "name"),
+                        f"move {defaulted.name!r} after it (after: {item.name})",
+                    )
+                raise _fail(
+                    op,
+                    key,
+                    f"{'attribute' if isinstance(item, Attribute) else 'input'} {item.name!r} has"
+                    f" no default but follows {defaulted.name!r}, which has one; torch schemas need"
+                    f" defaults last; fix: {fix}.",
+                )
 
     def _check_node(self, op: str) -> None:
         node_placed = any(ref == NODE for _, _, ref in self.translations)
         if self.op_type is None:
             for field in ("kernel", "native", "function", "node_attributes"):
                 if getattr(self, field):
-                    raise _fail(op, (field,), f"{field} is given but op_type is not: it belongs to a custom node; fix: add op_type (the ONNX node type).")
+                    raise _fail(
+                        op,
+                        (field,),
+                        f"{field} is given but op_type is not: it belongs to a custom node; fix:"
+                        " add op_type (the ONNX node type).",
+                    )
             if node_placed:
-                raise _fail(op, ("translations",), f"places the custom node ({NODE!r}) but op_type is not given; fix: add op_type or drop {NODE!r}.")
+                raise _fail(
+                    op,
+                    ("translations",),
+                    f"places the custom node ({NODE!r}) but op_type is not given; fix: add op_type"
+                    f" or drop {NODE!r}.",
+                )
             if not self.translations:
-                raise _fail(op, ("op_type",), "has neither op_type (a custom node) nor translations (standard ops); fix: declare at least one.")
+                raise _fail(
+                    op,
+                    ("op_type",),
+                    "has neither op_type (a custom node) nor translations (standard ops); fix:"
+                    " declare at least one.",
+                )
             return
         if not isinstance(self.op_type, str) or not _IDENT.match(self.op_type):
-            raise _fail(op, ("op_type",), f"op_type {self.op_type!r} is not an ONNX node type; expected an identifier such as 'ScaleAdd'.")
+            raise _fail(
+                op,
+                ("op_type",),
+                f"op_type {self.op_type!r} is not an ONNX node type; expected an identifier such as"
+                " 'ScaleAdd'.",
+            )
         domain = self.domain
-        if not isinstance(domain, str) or (domain and not re.match(r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*$", domain)):
-            raise _fail(op, ("domain",), f"domain {domain!r} is not an ONNX domain; expected e.g. 'acme' or 'com.acme'.")
+        if not isinstance(domain, str) or (
+            domain and not re.match(r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*$", domain)
+        ):
+            raise _fail(
+                op,
+                ("domain",),
+                f"domain {domain!r} is not an ONNX domain; expected e.g. 'acme' or 'com.acme'.",
+            )
         if domain in _DEFAULT_DOMAINS:
             import onnx.defs
 
             clash = onnx.defs.has(self.op_type, "")
-            what = f"collides with the standard ONNX op {self.op_type!r}" if clash else "would sit in the default ONNX domain, where runtimes only serve standard ops"
-            raise _fail(op, ("domain",), f"node {self.op_type!r} in domain {domain!r} {what}; expected a custom domain; fix: drop domain: (it defaults to {self.name.split('::')[0]!r}) or name your own.")
+            what = (
+                f"collides with the standard ONNX op {self.op_type!r}"
+                if clash
+                else "would sit in the default ONNX domain, where runtimes only serve standard ops"
+            )
+            raise _fail(
+                op,
+                ("domain",),
+                f"node {self.op_type!r} in domain {domain!r} {what}; expected a custom domain; fix:"
+                f" drop domain: (it defaults to {self.name.split('::')[0]!r}) or name your own.",
+            )
         from onnx_custom.runtime.kernel_spec import RESERVED_DOMAINS
 
         if domain in RESERVED_DOMAINS:
-            raise _fail(op, ("domain",), f"domain {domain!r} belongs to ONNX Runtime; expected your own domain, e.g. {self.name.split('::')[0]!r}.")
+            raise _fail(
+                op,
+                ("domain",),
+                f"domain {domain!r} belongs to ONNX Runtime; expected your own domain, e.g."
+                f" {self.name.split('::')[0]!r}.",
+            )
         if isinstance(self.native, str) and self.native != self.node_type:
-            raise _fail(op, ("native",), f"native is {self.native!r}; expected true or this spec's node {self.node_type!r} (the native library serves the node the spec emits).")
+            raise _fail(
+                op,
+                ("native",),
+                f"native is {self.native!r}; expected true or this spec's node {self.node_type!r}"
+                " (the native library serves the node the spec emits).",
+            )
 
     def _check_outputs(self, op: str) -> None:
         inputs = {i.name: i for i in self.inputs}
         attrs = {a.name for a in self.attributes}
         if self.shape is not None and any(o.shape is not None for o in self.outputs):
-            raise _fail(op, ("shape",), "has both a meta function (shape) and per-output shape rules; fix: keep one.")
+            raise _fail(
+                op,
+                ("shape",),
+                "has both a meta function (shape) and per-output shape rules; fix: keep one.",
+            )
         rules: list[ShapeRule | None] = []
         for index, output in enumerate(self.outputs):
             key = ("outputs", index)
             rules.append(None)
             if isinstance(output.dtype, str):
                 if not output.dtype.startswith("like:") or output.dtype[5:] not in inputs:
-                    raise _fail(op, (*key, "dtype"), f"output {output.name!r} has dtype {output.dtype!r}; expected a dtype list or 'like:<input>' with an input from {sorted(inputs)}.")
+                    raise _fail(
+                        op,
+                        (*key, "dtype"),
+                        f"output {output.name!r} has dtype {output.dtype!r}; expected a dtype list"
+                        f" or 'like:<input>' with an input from {sorted(inputs)}.",
+                    )
             elif output.dtype is not None:
                 _check_dtypes(op, (*key, "dtype"), output.dtype)
                 self.dtype_source(index)  # ambiguous lists fail here, at declaration
@@ -302,11 +511,26 @@ class OpSpec:
             rules[index] = rule
             unknown = sorted(rule.names - set(inputs) - attrs)
             if unknown:
-                raise _fail(op, (*key, "shape"), f"output {output.name!r}: shape rule {output.shape!r} names {unknown}, which are neither inputs {sorted(inputs)} nor attributes {sorted(attrs)}; fix: use those names.")
+                raise _fail(
+                    op,
+                    (*key, "shape"),
+                    f"output {output.name!r}: shape rule {output.shape!r} names {unknown}, which"
+                    f" are neither inputs {sorted(inputs)} nor attributes {sorted(attrs)}; fix: use"
+                    " those names.",
+                )
             if isinstance(rule, ExpressionRule):
-                bad = sorted(n for n in rule.names if n in attrs and self.attribute(n).type in ("str", "str[]", "float", "float[]"))
+                bad = sorted(
+                    n
+                    for n in rule.names
+                    if n in attrs and self.attribute(n).type in ("str", "str[]", "float", "float[]")
+                )
                 if bad:
-                    raise _fail(op, (*key, "shape"), f"output {output.name!r}: shape rule {output.shape!r} uses non-integer attribute(s) {bad}; expected int, bool or int[] attributes.")
+                    raise _fail(
+                        op,
+                        (*key, "shape"),
+                        f"output {output.name!r}: shape rule {output.shape!r} uses non-integer"
+                        f" attribute(s) {bad}; expected int, bool or int[] attributes.",
+                    )
         object.__setattr__(self, "_shape_rules", tuple(rules))
 
     def _check_schema_round_trip(self, op: str) -> None:
@@ -314,14 +538,25 @@ class OpSpec:
         try:
             parsed = torch._C.parse_schema(f"{self.name}{self.schema}")
         except RuntimeError as exc:
-            raise _fail(op, ("attributes",), f"the generated torch schema {self.schema!r} does not parse: {str(exc).strip().splitlines()[0]}.") from None
+            raise _fail(
+                op,
+                ("attributes",),
+                f"the generated torch schema {self.schema!r} does not parse:"
+                f" {str(exc).strip().splitlines()[0]}.",
+            ) from None
         for item, arg in zip(self.arguments, parsed.arguments, strict=True):
             if not isinstance(item, Attribute) or not item.has_default:
                 continue
             got = arg.default_value
             want = list(item.default) if isinstance(item.default, tuple) else item.default
             if got != want or type(got) is not type(want):
-                raise _fail(op, ("attributes", self.attributes.index(item), "default"), f"attribute {item.name!r}: the torch schema cannot express the default {item.default!r} (it reads back as {got!r}); fix: use a plainer default or none.")
+                raise _fail(
+                    op,
+                    ("attributes", self.attributes.index(item), "default"),
+                    f"attribute {item.name!r}: the torch schema cannot express the default"
+                    f" {item.default!r} (it reads back as {got!r}); fix: use a plainer default or"
+                    " none.",
+                )
 
     # -- derived -----------------------------------------------------------------------
     @property
@@ -356,14 +591,20 @@ class OpSpec:
             if isinstance(item, Input):
                 text = f"{item.torch_type} {item.name}"
                 # `Tensor? b=None` only when everything after it has a default (torch's rule).
-                if item.optional and all(_has_schema_default(later) for later in arguments[index + 1:]):
+                if item.optional and all(
+                    _has_schema_default(later) for later in arguments[index + 1 :]
+                ):
                     text += "=None"
             else:
                 text = f"{item.type} {item.name}"
                 if item.has_default:
                     text += f"={_schema_literal(item.default)}"
             parts.append(text)
-        returns = "Tensor" if len(self.outputs) == 1 else "(" + ", ".join("Tensor" for _ in self.outputs) + ")"
+        returns = (
+            "Tensor"
+            if len(self.outputs) == 1
+            else "(" + ", ".join("Tensor" for _ in self.outputs) + ")"
+        )
         return f"({', '.join(parts)}) -> {returns}"
 
     @property
@@ -409,15 +650,23 @@ class OpSpec:
         if output.dtype is None:
             return ("like", self.inputs[0].name)
         if isinstance(output.dtype, str):
-            return ("like", output.dtype[len("like:"):])
+            return ("like", output.dtype[len("like:") :])
         if len(output.dtype) == 1:
             return ("fixed", output.dtype[0])
         rule = self.shape_rule(index)
-        candidates = ([rule.input] if isinstance(rule, LikeRule) else []) + [i.name for i in self.inputs]
+        candidates = ([rule.input] if isinstance(rule, LikeRule) else []) + [
+            i.name for i in self.inputs
+        ]
         for name in candidates:
             if set(self.input(name).dtypes) == set(output.dtype):
                 return ("like", name)
-        raise _fail(self.name, ("outputs", index, "dtype"), f"output {output.name!r} may be any of {list(output.dtype)}, but no input has that dtype list, so its dtype is ambiguous; fix: write dtype: 'like:<input>' or a single dtype.")
+        raise _fail(
+            self.name,
+            ("outputs", index, "dtype"),
+            f"output {output.name!r} may be any of {list(output.dtype)}, but no input has that"
+            " dtype list, so its dtype is ambiguous; fix: write dtype: 'like:<input>' or a single"
+            " dtype.",
+        )
 
     def output_dtypes(self, index: int) -> tuple[str, ...]:
         """Dtypes output ``index`` can have (for the ONNX schema's type constraint)."""

@@ -17,7 +17,16 @@ import torch
 
 from onnx_custom.errors import SymbolicError
 
-__all__ = ["AttrKind", "AttrValue", "TypedList", "c_contiguous", "convert_attribute", "floats", "ints", "strings"]
+__all__ = [
+    "AttrKind",
+    "AttrValue",
+    "TypedList",
+    "c_contiguous",
+    "convert_attribute",
+    "floats",
+    "ints",
+    "strings",
+]
 
 
 class AttrKind(enum.Enum):
@@ -45,7 +54,9 @@ def ints(values: Sequence[int]) -> TypedList:
 
 def floats(values: Sequence[float]) -> TypedList:
     """A FLOATS attribute, also when empty."""
-    return _typed_list(AttrKind.FLOATS, values, lambda v: _is_int(v) or _is_float(v), float, "[0.5, 1.0]")
+    return _typed_list(
+        AttrKind.FLOATS, values, lambda v: _is_int(v) or _is_float(v), float, "[0.5, 1.0]"
+    )
 
 
 def strings(values: Sequence[str]) -> TypedList:
@@ -53,14 +64,29 @@ def strings(values: Sequence[str]) -> TypedList:
     return _typed_list(AttrKind.STRINGS, values, lambda v: isinstance(v, str), str, "['a', 'b']")
 
 
-def _typed_list(kind: AttrKind, values: Any, ok: Callable[[Any], bool], convert: Callable[[Any], Any], example: str) -> TypedList:
+def _typed_list(
+    kind: AttrKind,
+    values: Any,
+    ok: Callable[[Any], bool],
+    convert: Callable[[Any], Any],
+    example: str,
+) -> TypedList:
     # A bare string is a sequence too: attr.ints("12") would silently become [1, 2].
-    items = None if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)) else list(values)
-    bad = [v for v in items if not ok(v.item() if isinstance(v, np.generic) else v)] if items is not None else [values]
+    items = (
+        None
+        if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray))
+        else list(values)
+    )
+    bad = (
+        [v for v in items if not ok(v.item() if isinstance(v, np.generic) else v)]
+        if items is not None
+        else [values]
+    )
     if bad:
         raise SymbolicError(
-            f"attr.{kind.value}() expects a list of {kind.value[:-1]}s; received {values!r:.80} "
-            f"({bad[0]!r:.40} is a {type(bad[0]).__name__}). Fix: pass e.g. attr.{kind.value}({example})."
+            f"attr.{kind.value}() expects a list of {kind.value[:-1]}s; received {values!r:.80}"
+            f" ({bad[0]!r:.40} is a {type(bad[0]).__name__}). Fix: pass e.g."
+            f" attr.{kind.value}({example})."
         )
     return TypedList(kind, tuple(convert(v) for v in items))  # type: ignore[union-attr]
 
@@ -99,9 +125,9 @@ def _check_int(name: str, value: int, where: str) -> int:
 def _check_float(name: str, value: float, where: str) -> float:
     if np.isfinite(value) and abs(value) > _FLOAT32_MAX:
         raise SymbolicError(
-            f"{where}Attribute {name!r} is {value!r}, beyond the float32 range ONNX float "
-            f"attributes hold (|x| <= {_FLOAT32_MAX:.4g}); it would silently become inf. Fix: "
-            "pass a smaller value, float('inf') if infinity is meant, or a float64 tensor attribute."
+            f"{where}Attribute {name!r} is {value!r}, beyond the float32 range ONNX float"
+            f" attributes hold (|x| <= {_FLOAT32_MAX:.4g}); it would silently become inf. Fix: pass"
+            " a smaller value, float('inf') if infinity is meant, or a float64 tensor attribute."
         )
     return value
 
@@ -144,7 +170,9 @@ def convert_attribute(name: str, value: Any, *, where: str = "") -> AttrValue:
     if isinstance(value, TypedList):
         return AttrValue(name, value.kind, _checked_items(name, value.kind, value.values, where))
     if isinstance(value, torch.Tensor):
-        return AttrValue(name, AttrKind.TENSOR, _check_tensor(name, value.detach().cpu().numpy(), where))
+        return AttrValue(
+            name, AttrKind.TENSOR, _check_tensor(name, value.detach().cpu().numpy(), where)
+        )
     if isinstance(value, np.ndarray):
         return AttrValue(name, AttrKind.TENSOR, _check_tensor(name, value, where))
     if _is_int(value):
@@ -161,23 +189,37 @@ def convert_attribute(name: str, value: Any, *, where: str = "") -> AttrValue:
                 "Wrap it: onnx_custom.attr.ints([]), floats([]) or strings([])."
             )
         if all(_is_int(v) for v in items):
-            return AttrValue(name, AttrKind.INTS, _checked_items(name, AttrKind.INTS, [int(v) for v in items], where))
+            return AttrValue(
+                name,
+                AttrKind.INTS,
+                _checked_items(name, AttrKind.INTS, [int(v) for v in items], where),
+            )
         if all(_is_int(v) or _is_float(v) for v in items):
-            return AttrValue(name, AttrKind.FLOATS, _checked_items(name, AttrKind.FLOATS, [float(v) for v in items], where))
+            return AttrValue(
+                name,
+                AttrKind.FLOATS,
+                _checked_items(name, AttrKind.FLOATS, [float(v) for v in items], where),
+            )
         if all(isinstance(v, str) for v in items):
-            return AttrValue(name, AttrKind.STRINGS, _checked_items(name, AttrKind.STRINGS, items, where))
+            return AttrValue(
+                name, AttrKind.STRINGS, _checked_items(name, AttrKind.STRINGS, items, where)
+            )
         kinds = sorted({type(v).__name__ for v in items})
         raise SymbolicError(
             f"{where}Attribute {name!r} is a list mixing {kinds}: expected a list of ints, floats "
             "or strings. Fix: make every element the same kind (e.g. all floats)."
         )
     raise SymbolicError(
-        f"{where}Attribute {name!r} has unsupported type {type(value).__name__} ({value!r}): expected "
-        "int/bool, float, str, numpy array / torch tensor, or a list of ints, floats or strings. "
-        "Fix: convert it to one of those."
+        f"{where}Attribute {name!r} has unsupported type {type(value).__name__} ({value!r}):"
+        " expected int/bool, float, str, numpy array / torch tensor, or a list of ints, floats or"
+        " strings. Fix: convert it to one of those."
     )
 
 
 def _checked_items(name: str, kind: AttrKind, items: Sequence[Any], where: str) -> tuple[Any, ...]:
-    check: Callable[[str, Any, str], Any] = {AttrKind.INTS: _check_int, AttrKind.FLOATS: _check_float, AttrKind.STRINGS: _check_string}[kind]  # type: ignore[assignment]
+    check: Callable[[str, Any, str], Any] = {
+        AttrKind.INTS: _check_int,
+        AttrKind.FLOATS: _check_float,
+        AttrKind.STRINGS: _check_string,
+    }[kind]  # type: ignore[assignment]
     return tuple(check(f"{name}[{i}]", v, where) for i, v in enumerate(items))

@@ -28,17 +28,35 @@ from onnx_custom.translate.standard_ops import check_standard_node
 from onnx_custom.translate.torch_errors import translation_error
 from onnx_custom.translate.type_check import NodeInput, check_node_types, half_precision_deferred
 
-__all__ = ["GraphBuilder", "NodeRecord", "OutputMeta", "call_translation", "numpy_dtype", "onnx_dtype", "record_nodes", "register_value_check"]
+__all__ = [
+    "GraphBuilder",
+    "NodeRecord",
+    "OutputMeta",
+    "call_translation",
+    "numpy_dtype",
+    "onnx_dtype",
+    "record_nodes",
+    "register_value_check",
+]
 
 DimValue = int | str | None
 
 
 # torch's g.op attribute suffix -> the attribute kinds it means (torch_style reads them).
-_TORCH_SUFFIX_KINDS = {"i": {"int", "ints"}, "is": {"ints"}, "f": {"float", "floats"}, "fs": {"floats"},
-                       "s": {"string", "strings"}, "ss": {"strings"}, "t": {"tensor"}}  # fmt: skip
+_TORCH_SUFFIX_KINDS = {
+    "i": {"int", "ints"},
+    "is": {"ints"},
+    "f": {"float", "floats"},
+    "fs": {"floats"},
+    "s": {"string", "strings"},
+    "ss": {"strings"},
+    "t": {"tensor"},
+}
 
 
-def _refuse_torch_suffixes(where: str, domain: str, op_type: str, attrs: Sequence[AttrValue]) -> None:
+def _refuse_torch_suffixes(
+    where: str, domain: str, op_type: str, attrs: Sequence[AttrValue]
+) -> None:
     """A custom node's attribute written torch's way (``keep_topk_i=8``) in a translation whose
     ``g`` types attributes from values would carry the literal name ``keep_topk_i``: no kernel or
     TensorRT plugin reads it, and nothing fails until one runs. Standard nodes are checked
@@ -47,17 +65,20 @@ def _refuse_torch_suffixes(where: str, domain: str, op_type: str, attrs: Sequenc
         base, sep, suffix = attr.name.rpartition("_")
         if not sep or not base or attr.kind.value not in _TORCH_SUFFIX_KINDS.get(suffix, ()):
             continue
-        if onnx.defs.has(op_type, domain) and attr.name in onnx.defs.get_schema(op_type, domain=domain).attributes:
+        if (
+            onnx.defs.has(op_type, domain)
+            and attr.name in onnx.defs.get_schema(op_type, domain=domain).attributes
+        ):
             continue
         raise SymbolicError(
-            f"{where}attribute {attr.name!r} ends in torch's type suffix _{suffix}, but this g names "
-            f"attributes as written (their types come from the values), so the node would carry an "
-            f"attribute named {attr.name!r} where torch's g.op writes {base!r}. Fix: write "
-            f"{base}=..., or make the function torch-style (@symbolic_helper.parse_args, or every "
-            "argument positional, registered with onnx_custom.register_custom_op_symbolic) so g.op "
-            f"reads suffixes as torch does. If the attribute really is named {attr.name!r}, a "
-            "registered schema for the node that declares it allows the name (an op spec, or "
-            "onnx_custom.runtime.register_schemas(kernels) for the node's kernel)."
+            f"{where}attribute {attr.name!r} ends in torch's type suffix _{suffix}, but this g"
+            " names attributes as written (their types come from the values), so the node would"
+            f" carry an attribute named {attr.name!r} where torch's g.op writes {base!r}. Fix:"
+            f" write {base}=..., or make the function torch-style (@symbolic_helper.parse_args, or"
+            " every argument positional, registered with onnx_custom.register_custom_op_symbolic)"
+            " so g.op reads suffixes as torch does. If the attribute really is named"
+            f" {attr.name!r}, a registered schema for the node that declares it allows the name (an"
+            " op spec, or onnx_custom.runtime.register_schemas(kernels) for the node's kernel)."
         )
 
 
@@ -90,7 +111,9 @@ class NodeRecord:
     outputs: int
 
 
-_recorder: contextvars.ContextVar[list[NodeRecord] | None] = contextvars.ContextVar("onnx_custom_recorder", default=None)
+_recorder: contextvars.ContextVar[list[NodeRecord] | None] = contextvars.ContextVar(
+    "onnx_custom_recorder", default=None
+)
 
 
 @contextlib.contextmanager
@@ -115,7 +138,9 @@ class GraphBuilder(abc.ABC):
 
     exporter: str = ""
 
-    def __init__(self, opset: int, target: str, outputs: Sequence[OutputMeta] | None = None) -> None:
+    def __init__(
+        self, opset: int, target: str, outputs: Sequence[OutputMeta] | None = None
+    ) -> None:
         self.opset = opset
         self.target = target  # the torch op being translated, for error messages
         self.custom_domains: set[str] = set()
@@ -157,10 +182,17 @@ class GraphBuilder(abc.ABC):
         """
         domain, op_type = parse_node_type(node_type)
         if not isinstance(outputs, int) or isinstance(outputs, bool) or outputs < 1:
-            raise SymbolicError(f"{self.target}: outputs= must be a positive int; received {outputs!r}. Fix: pass outputs=1 or more.")
+            raise SymbolicError(
+                f"{self.target}: outputs= must be a positive int; received {outputs!r}. Fix: pass"
+                " outputs=1 or more."
+            )
         types = self._output_types(node_type, outputs, output_types, custom=bool(domain))
         where = f"{self.target}: g.op({node_type!r}): "
-        attrs = [convert_attribute(name, value, where=where) for name, value in attributes.items() if value is not None]
+        attrs = [
+            convert_attribute(name, value, where=where)
+            for name, value in attributes.items()
+            if value is not None
+        ]
         if domain:
             _refuse_torch_suffixes(where, domain, op_type, attrs)
         converted = [self._input(domain, op_type, i, value) for i, value in enumerate(inputs)]
@@ -188,11 +220,17 @@ class GraphBuilder(abc.ABC):
 
     def _check_types(self, domain: str, op_type: str, inputs: list[Any]) -> None:
         check_node_types(
-            self.target, f"the translation's node {self._nodes},", domain, op_type, self.opset,
+            self.target,
+            f"the translation's node {self._nodes},",
+            domain,
+            op_type,
+            self.opset,
             [None if v is None else NodeInput(self.dtype(v), self._is_constant(v)) for v in inputs],
         )
 
-    def _checked_standard(self, where: str, op_type: str, inputs: list[Any], attrs: list[AttrValue], outputs: int) -> tuple[list[Any], list[AttrValue]]:
+    def _checked_standard(
+        self, where: str, op_type: str, inputs: list[Any], attrs: list[AttrValue], outputs: int
+    ) -> tuple[list[Any], list[AttrValue]]:
         """A standard node's inputs promoted (`_promote`) and checked against its schema
         (`check_standard_node`, `check_node_types`). A signature whose checks passed with nothing
         to change is remembered (`_PASSED`) and skips them next time: the verdicts are functions
@@ -205,16 +243,30 @@ class GraphBuilder(abc.ABC):
             self._nodes += 1
             return inputs, attrs
         promoted = self._promote(op_type, inputs)
-        checked = check_standard_node(where, op_type, self.opset, len(promoted), outputs, attrs, list(referenced))
+        checked = check_standard_node(
+            where, op_type, self.opset, len(promoted), outputs, attrs, list(referenced)
+        )
         self._nodes += 1
         self._check_types("", op_type, promoted)
-        if key is not None and promoted is inputs and len(checked) == len(attrs) and all(a is b for a, b in zip(checked, attrs, strict=True)):
+        if (
+            key is not None
+            and promoted is inputs
+            and len(checked) == len(attrs)
+            and all(a is b for a, b in zip(checked, attrs, strict=True))
+        ):
             if len(_PASSED) >= _PASSED_LIMIT:
                 _PASSED.clear()
             _PASSED.add(key)
         return promoted, checked
 
-    def _signature(self, op_type: str, inputs: list[Any], attrs: list[AttrValue], outputs: int, referenced: tuple[str, ...]) -> Hashable | None:
+    def _signature(
+        self,
+        op_type: str,
+        inputs: list[Any],
+        attrs: list[AttrValue],
+        outputs: int,
+        referenced: tuple[str, ...],
+    ) -> Hashable | None:
         """Everything the standard-node checks read: per input its dtype, whether it is a Constant
         and a 0-d one (torch's promotion treats those as Python scalars); the attributes' names
         and kinds (values matter only where a kind is widened, which is never remembered)."""
@@ -229,7 +281,16 @@ class GraphBuilder(abc.ABC):
             constant = self._is_constant(value)
             sig.append((dtype, constant, constant and self.shape(value) == ()))
         kinds = tuple((a.name, a.kind) for a in attrs)
-        return (type(self), op_type, self.opset, outputs, kinds, referenced, tuple(sig), half_precision_deferred())
+        return (
+            type(self),
+            op_type,
+            self.opset,
+            outputs,
+            kinds,
+            referenced,
+            tuple(sig),
+            half_precision_deferred(),
+        )
 
     def _promote(self, op_type: str, inputs: list[Any]) -> list[Any]:
         """Inputs of an op that promotes types (Add, Mul, Where, ...) converted to the dtype torch
@@ -251,16 +312,18 @@ class GraphBuilder(abc.ABC):
                 converted[index] = self.op("Cast", inputs[index], to=onnx_dtype(target))
         return converted
 
-    def _upgrade_attributes(self, where: str, op_type: str, inputs: list[Any], attrs: list[AttrValue], outputs: int) -> list[AttrValue]:
+    def _upgrade_attributes(
+        self, where: str, op_type: str, inputs: list[Any], attrs: list[AttrValue], outputs: int
+    ) -> list[AttrValue]:
         """Attributes this opset takes as inputs (a symbolic written for an older opset) become
         constant inputs, in ``inputs`` in place; returns the attributes left (`opset_upgrade`)."""
         kept, moved = attributes_moved_to_inputs(op_type, self.opset, attrs)
         for move in moved:
             if move.index < len(inputs) and inputs[move.index] is not None:
                 raise SymbolicError(
-                    f"{where}{op_type} (opset {self.opset}) takes {move.attribute.name!r} as input "
-                    f"{move.index}; received it both as that input and as an attribute. Fix: pass it "
-                    "once (as the input from opset 13/18 on)."
+                    f"{where}{op_type} (opset {self.opset}) takes {move.attribute.name!r} as input"
+                    f" {move.index}; received it both as that input and as an attribute. Fix: pass"
+                    " it once (as the input from opset 13/18 on)."
                 )
             if move.dtype is not None:
                 value = self.constant(move.value, dtype=move.dtype)
@@ -268,17 +331,24 @@ class GraphBuilder(abc.ABC):
                 value = self.constant(move.value, like=inputs[0])
             else:
                 raise SymbolicError(
-                    f"{where}{op_type} (opset {self.opset}) takes {move.attribute.name!r} as an input "
-                    f"typed like input 0, whose dtype this export does not know. Fix: pass it as "
-                    f"input {move.index}: g.constant(value, dtype=...)."
+                    f"{where}{op_type} (opset {self.opset}) takes {move.attribute.name!r} as an"
+                    " input typed like input 0, whose dtype this export does not know. Fix: pass"
+                    f" it as input {move.index}: g.constant(value, dtype=...)."
                 )
             inputs.extend([None] * (move.index + 1 - len(inputs)))
             inputs[move.index] = value
-        extra = split_outputs_attribute(op_type, self.opset, sum(v is not None for v in inputs), kept, outputs)
+        extra = split_outputs_attribute(
+            op_type, self.opset, sum(v is not None for v in inputs), kept, outputs
+        )
         return kept if extra is None else [*kept, extra]
 
     def _output_types(
-        self, node_type: str, outputs: int, given: Sequence[OutputMeta | torch.dtype] | None, *, custom: bool
+        self,
+        node_type: str,
+        outputs: int,
+        given: Sequence[OutputMeta | torch.dtype] | None,
+        *,
+        custom: bool,
     ) -> tuple[OutputMeta, ...] | None:
         if given is None:
             # A custom node's outputs are invisible to ONNX shape inference: when the node stands
@@ -297,8 +367,9 @@ class GraphBuilder(abc.ABC):
                 item = OutputMeta(item, None)
             if not isinstance(item, OutputMeta):
                 raise SymbolicError(
-                    f"{self.target}: output_types= entries must be onnx_custom.translate.builder.OutputMeta "
-                    f"or torch dtypes, got {item!r} ({type(item).__name__})."
+                    f"{self.target}: output_types= entries must be"
+                    f" onnx_custom.translate.builder.OutputMeta or torch dtypes, got {item!r}"
+                    f" ({type(item).__name__})."
                 )
             metas.append(item)
         return tuple(metas)
@@ -311,15 +382,15 @@ class GraphBuilder(abc.ABC):
             return values
         if len(values) != len(self._outputs):
             raise SymbolicError(
-                f"The translation for {self.target} returned {len(values)} output(s) but the torch "
-                f"op has {len(self._outputs)} (per torch's fake kernel; a Tensor[] return counts each "
-                "element). Return one value per torch output (a tuple for several)."
+                f"The translation for {self.target} returned {len(values)} output(s) but the torch"
+                f" op has {len(self._outputs)} (per torch's fake kernel; a Tensor[] return counts"
+                " each element). Return one value per torch output (a tuple for several)."
             )
         for index, (value, meta) in enumerate(zip(values, self._outputs, strict=True)):
             if not self.is_value(value):
                 raise SymbolicError(
-                    f"The translation for {self.target} returned {type(value).__name__} ({value!r}) "
-                    f"as output {index}; expected a graph value from g.op(...) or an input."
+                    f"The translation for {self.target} returned {type(value).__name__} ({value!r})"
+                    f" as output {index}; expected a graph value from g.op(...) or an input."
                 )
             self._check_claim(index, value, meta)
         return values
@@ -331,16 +402,27 @@ class GraphBuilder(abc.ABC):
             problem = f"dtype {dtype}, but torch computes {meta.dtype}"
         elif shape is not None and meta.shape is not None:
             if len(shape) != len(meta.shape):
-                problem = f"rank {len(shape)} (shape {list(shape)}), but torch computes rank {len(meta.shape)} ({list(meta.shape)})"
+                problem = (
+                    f"rank {len(shape)} (shape {list(shape)}), but torch computes rank"
+                    f" {len(meta.shape)} ({list(meta.shape)})"
+                )
             else:
-                clash = [i for i, (a, b) in enumerate(zip(shape, meta.shape, strict=True)) if isinstance(a, int) and isinstance(b, int) and a != b]
+                clash = [
+                    i
+                    for i, (a, b) in enumerate(zip(shape, meta.shape, strict=True))
+                    if isinstance(a, int) and isinstance(b, int) and a != b
+                ]
                 if clash:
-                    problem = f"shape {list(shape)}, but torch computes {list(meta.shape)} (axis {clash[0]})"
+                    problem = (
+                        f"shape {list(shape)}, but torch computes {list(meta.shape)} (axis"
+                        f" {clash[0]})"
+                    )
         if problem:
             raise SymbolicError(
-                f"The translation for {self.target} returns output {index} with {problem} (its fake "
-                "kernel). Fix the translation (e.g. a Cast, or output_types= on a custom node), or "
-                "the op's fake kernel (register_fake, or an OpSpec's shape= meta function) if that is what is wrong."
+                f"The translation for {self.target} returns output {index} with {problem} (its fake"
+                " kernel). Fix the translation (e.g. a Cast, or output_types= on a custom node),"
+                " or the op's fake kernel (register_fake, or an OpSpec's shape= meta function) if"
+                " that is what is wrong."
             )
 
     def _input(self, domain: str, op_type: str, index: int, value: Any) -> Any:
@@ -349,10 +431,14 @@ class GraphBuilder(abc.ABC):
         if isinstance(value, (np.ndarray, torch.Tensor, np.generic)):
             return self.constant(value)
         kind = type(value).__name__
-        hint = " Use g.constant(value, like=x) so the dtype is explicit." if isinstance(value, numbers.Number) else ""
+        hint = (
+            " Use g.constant(value, like=x) so the dtype is explicit."
+            if isinstance(value, numbers.Number)
+            else ""
+        )
         raise SymbolicError(
-            f"{self.target}: input {index} of {domain + '::' if domain else ''}{op_type} is a {kind} "
-            f"({value!r}); expected a graph value, a numpy array or a torch tensor.{hint}"
+            f"{self.target}: input {index} of {domain + '::' if domain else ''}{op_type} is a"
+            f" {kind} ({value!r}); expected a graph value, a numpy array or a torch tensor.{hint}"
         )
 
     def constant(self, value: Any, *, dtype: Any = None, like: Any = None) -> Any:
@@ -360,7 +446,10 @@ class GraphBuilder(abc.ABC):
         if like is not None:
             dtype = self.dtype(like)
             if dtype is None:
-                raise SymbolicError(f"{self.target}: g.constant(like=...) got a value with unknown dtype; pass dtype= explicitly.")
+                raise SymbolicError(
+                    f"{self.target}: g.constant(like=...) got a value with unknown dtype; pass"
+                    " dtype= explicitly."
+                )
         if isinstance(value, torch.Tensor):
             array = value.detach().cpu().numpy()
         else:
@@ -368,7 +457,9 @@ class GraphBuilder(abc.ABC):
             array = np.asarray(value)
         if dtype is not None:
             array = array.astype(numpy_dtype(dtype))
-        elif array.dtype == np.float64 and not isinstance(value, (np.ndarray, torch.Tensor, np.generic)):
+        elif array.dtype == np.float64 and not isinstance(
+            value, (np.ndarray, torch.Tensor, np.generic)
+        ):
             array = array.astype(np.float32)  # a bare Python float means float32, as in torch
         array = c_contiguous(array)  # keeps a 0-d constant 0-d
         self._nodes += 1
@@ -386,11 +477,12 @@ class GraphBuilder(abc.ABC):
                 self._check_constant_items(item)
             elif not isinstance(item, (numbers.Number, np.generic)) and self.is_value(item):
                 raise SymbolicError(
-                    f"{self.target}: g.constant got a graph value at index {index} of a list; "
-                    "expected numbers only. A size traced from a dynamic dim (an int[]/SymInt[] "
-                    "argument such as [y.shape[0], 4]) arrives as a 0-d int64 graph value. Fix: "
-                    "build the list in the graph, e.g. g.op('Concat', *[g.op('Reshape', v, "
-                    "g.constant([1])) if g.is_value(v) else g.constant([v]) for v in size], axis=0)."
+                    f"{self.target}: g.constant got a graph value at index {index} of a list;"
+                    " expected numbers only. A size traced from a dynamic dim (an int[]/SymInt[]"
+                    " argument such as [y.shape[0], 4]) arrives as a 0-d int64 graph value. Fix:"
+                    " build the list in the graph, e.g. g.op('Concat', *[g.op('Reshape', v,"
+                    " g.constant([1])) if g.is_value(v) else g.constant([v]) for v in size],"
+                    " axis=0)."
                 )
 
     @abc.abstractmethod
@@ -415,7 +507,9 @@ class GraphBuilder(abc.ABC):
         """The shape of a graph value (None for a dynamic dim), or None when the rank is unknown."""
 
     @abc.abstractmethod
-    def _add_node(self, domain: str, op_type: str, inputs: Sequence[Any], attrs: list[AttrValue], outputs: int) -> list[Any]: ...
+    def _add_node(
+        self, domain: str, op_type: str, inputs: Sequence[Any], attrs: list[AttrValue], outputs: int
+    ) -> list[Any]: ...
 
     @abc.abstractmethod
     def _constant(self, array: np.ndarray) -> Any: ...
@@ -428,10 +522,16 @@ class GraphBuilder(abc.ABC):
     def _record_constant(self, array: np.ndarray) -> None:
         log = _recorder.get()
         if log is not None:
-            log.append(NodeRecord(self.target, "", "Constant", (("value", "tensor", _freeze(array)),), 0, 1))
+            log.append(
+                NodeRecord(
+                    self.target, "", "Constant", (("value", "tensor", _freeze(array)),), 0, 1
+                )
+            )
 
 
-_NUMPY_DTYPES: dict[torch.dtype, np.dtype] = {}  # torch dtype -> numpy's (one 0-d tensor each, once)
+_NUMPY_DTYPES: dict[
+    torch.dtype, np.dtype
+] = {}  # torch dtype -> numpy's (one 0-d tensor each, once)
 
 
 def numpy_dtype(dtype: Any) -> np.dtype:
@@ -475,7 +575,13 @@ def register_value_check(target: str, fn: Callable[..., None]) -> None:
 
 
 def call_translation(
-    entry: Any, g: GraphBuilder, inputs: Sequence[Any], attrs: dict[str, Any], *, outputs: int | None = None, schema_args: Sequence[str] | None = None
+    entry: Any,
+    g: GraphBuilder,
+    inputs: Sequence[Any],
+    attrs: dict[str, Any],
+    *,
+    outputs: int | None = None,
+    schema_args: Sequence[str] | None = None,
 ) -> tuple[Any, ...]:
     """Run a `SymbolicEntry` for an exporter adapter: its result checked (`SymbolicEntry.call`:
     None, a number, an eager tensor or a wrong count -> `SymbolicError` naming the op) and any

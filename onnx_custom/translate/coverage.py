@@ -12,7 +12,13 @@ import torch
 from onnx_custom.translate.names import QualifiedName, Target
 from onnx_custom.translate.registry import Registry, resolve_registry
 
-__all__ = ["MissingOp", "format_missing", "missing_fix", "missing_ops_dynamo", "missing_ops_torchscript"]
+__all__ = [
+    "MissingOp",
+    "format_missing",
+    "missing_fix",
+    "missing_ops_dynamo",
+    "missing_ops_torchscript",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +30,11 @@ class MissingOp:
     available: tuple[int, ...] = ()
 
     def describe(self) -> str:
-        where = f"translations exist from opset {list(self.available)}" if self.available else "no translation registered"
+        where = (
+            f"translations exist from opset {list(self.available)}"
+            if self.available
+            else "no translation registered"
+        )
         return f"{self.name} (x{self.count}): {where}"
 
 
@@ -36,16 +46,21 @@ def missing_fix(missing: list[MissingOp], opset: int) -> str:
     if custom is not None:  # a user op can also stay opaque: a custom node their own code runs
         ns, _, op = custom.removesuffix(".default").partition("::")
         node = (
-            f" For code ONNX cannot express (numpy, C++), the translation can emit a custom node, "
+            " For code ONNX cannot express (numpy, C++), the translation can emit a custom node, "
             f"g.op('{ns}::{op.split('.')[0]}', ...), run by your kernel: @onnx_custom.kernel "
             "(Python) or a spec's native: (C++), README 'Running custom nodes' / 'Op specs'."
         )
     other = ", or pick an opset listed above" if any(m.available for m in missing) else ""
-    return f"Fix: register a translation, e.g. @onnx_custom.symbolic('{name}', opset={opset}){other}.{node}"
+    return (
+        f"Fix: register a translation, e.g. @onnx_custom.symbolic('{name}',"
+        f" opset={opset}){other}.{node}"
+    )
 
 
 def format_missing(missing: list[MissingOp], exporter: str, opset: int) -> str:
-    lines = [f"{len(missing)} op(s) cannot be exported with the {exporter} exporter at opset {opset}:"]
+    lines = [
+        f"{len(missing)} op(s) cannot be exported with the {exporter} exporter at opset {opset}:"
+    ]
     lines += [f"  - {m.describe()}" for m in missing]
     lines.append(missing_fix(missing, opset))
     return "\n".join(lines)
@@ -62,7 +77,12 @@ def _torchlib_supported(opset: int) -> frozenset[Any]:
 
 
 # Assertion nodes the exporter erases before translating (torch's remove_assertion_nodes).
-_ERASED = {"_assert_async", "_assert_scalar", "_assert_tensor_metadata", "sym_constrain_range_for_size"}
+_ERASED = {
+    "_assert_async",
+    "_assert_scalar",
+    "_assert_tensor_metadata",
+    "sym_constrain_range_for_size",
+}
 
 
 def _lowered_by_exporter(op: torch._ops.OpOverload) -> bool:
@@ -97,7 +117,9 @@ def _functional_twin(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
     return twin if isinstance(twin, torch._ops.OpOverload) else None
 
 
-def missing_ops_dynamo(exported_program: torch.export.ExportedProgram, opset: int, registry: Registry | None = None) -> list[MissingOp]:
+def missing_ops_dynamo(
+    exported_program: torch.export.ExportedProgram, opset: int, registry: Registry | None = None
+) -> list[MissingOp]:
     """Ops of an ExportedProgram that neither torchlib nor ``registry`` translates at ``opset``.
 
     ``torch.export`` keeps ATen's in-place ops (``y[:, 0] = v`` is ``copy_``, ``torch.tensor(n)``
@@ -129,7 +151,14 @@ def missing_ops_dynamo(exported_program: torch.export.ExportedProgram, opset: in
 
 # Scalar conversions the TorchScript exporter erases before translating (torch's
 # _jit_pass_erase_number_types replaces them by their input): no symbolic needed.
-_TS_ERASED = {"aten::Int", "aten::Float", "aten::Bool", "aten::IntImplicit", "aten::FloatImplicit", "aten::ScalarImplicit"}
+_TS_ERASED = {
+    "aten::Int",
+    "aten::Float",
+    "aten::Bool",
+    "aten::IntImplicit",
+    "aten::FloatImplicit",
+    "aten::ScalarImplicit",
+}
 
 
 def _ts_has_symbolic(kind: str, opset: int) -> bool:
@@ -140,7 +169,9 @@ def _ts_has_symbolic(kind: str, opset: int) -> bool:
     return registration.registry.is_registered_op(kind, opset)
 
 
-def missing_ops_torchscript(model: torch.nn.Module, args: tuple[Any, ...], opset: int, registry: Registry | None = None) -> list[MissingOp]:
+def missing_ops_torchscript(
+    model: torch.nn.Module, args: tuple[Any, ...], opset: int, registry: Registry | None = None
+) -> list[MissingOp]:
     """Ops in the traced TorchScript graph with no torch symbolic and no ``registry`` entry."""
     reg = resolve_registry(registry)
     with torch.no_grad():

@@ -47,7 +47,9 @@ def implicit_dtype(operands: Sequence[tuple[torch.dtype, bool]]) -> torch.dtype:
     return _DEFAULT[top] if top > _category(result) else result
 
 
-def promoted_inputs(op_type: str, dtypes: Sequence[torch.dtype | None], scalars: Sequence[bool]) -> tuple[torch.dtype, list[int]] | None:
+def promoted_inputs(
+    op_type: str, dtypes: Sequence[torch.dtype | None], scalars: Sequence[bool]
+) -> tuple[torch.dtype, list[int]] | None:
     """``(dtype, indices to convert)`` when ``op_type`` promotes and its inputs' known dtypes
     differ; None when there is nothing to do (or a dtype is unknown: the type check decides)."""
     span = PROMOTING_OPS.get(op_type)

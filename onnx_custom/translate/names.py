@@ -30,7 +30,8 @@ class QualifiedName:
     def parse(cls, text: str) -> QualifiedName:
         if not isinstance(text, str):
             raise SymbolicError(
-                f"Expected a qualified op name string like 'aten::asinh', got {type(text).__name__} {text!r}."
+                f"Expected a qualified op name string like 'aten::asinh', got {type(text).__name__}"
+                f" {text!r}."
             )
         match = _QUALIFIED.match(text.strip())
         if match is None:
@@ -40,8 +41,9 @@ class QualifiedName:
             elif "::" not in text:
                 hint = f" Did you mean 'aten::{text}' or '<your_namespace>::{text}'?"
             raise SymbolicError(
-                f"Ill-formed op name {text!r}: expected 'namespace::op' or 'namespace::op.overload' "
-                f"(e.g. 'aten::asinh', 'torchvision::deform_conv2d', 'onnx_custom::my_add.default').{hint}"
+                f"Ill-formed op name {text!r}: expected 'namespace::op' or 'namespace::op.overload'"
+                " (e.g. 'aten::asinh', 'torchvision::deform_conv2d',"
+                f" 'onnx_custom::my_add.default').{hint}"
             )
         return cls(match["ns"], match["op"], match["overload"] or "")
 
@@ -89,8 +91,9 @@ def normalize_target(target: Any) -> Target:
     if isinstance(target, str):
         return Target(QualifiedName.parse(target))
     raise SymbolicError(
-        f"Unsupported translation target {target!r} of type {type(target).__name__}: expected a "
-        "qualified name 'ns::op[.overload]', a torch OpOverload, or a torch.autograd.Function subclass."
+        f"Unsupported translation target {target!r} of type {type(target).__name__}: expected a"
+        " qualified name 'ns::op[.overload]', a torch OpOverload, or a torch.autograd.Function"
+        " subclass."
     )
 
 

@@ -69,7 +69,9 @@ def _layout(op_type: str, opset: int) -> _Layout | None:
         schema = onnx.defs.get_schema(op_type, opset, "")
     except onnx.defs.SchemaError:
         return None
-    return _Layout(schema.since_version, frozenset(schema.attributes), tuple(f.name for f in schema.inputs))
+    return _Layout(
+        schema.since_version, frozenset(schema.attributes), tuple(f.name for f in schema.inputs)
+    )
 
 
 @functools.cache
@@ -94,12 +96,18 @@ def attributes_moved_to_inputs(
     moved: list[MovedAttribute] = []
     for attr in attrs:
         name = _RENAMED.get((op_type, attr.name), attr.name)
-        if attr.name in layout.attributes or name not in layout.inputs or attr.name not in _older_attributes(op_type, layout.since):
+        if (
+            attr.name in layout.attributes
+            or name not in layout.inputs
+            or attr.name not in _older_attributes(op_type, layout.since)
+        ):
             kept.append(attr)
             continue
         index = layout.inputs.index(name)
         one_element = (op_type, name) in _ONE_ELEMENT
-        moved.append(MovedAttribute(index, attr, input_constant_dtype(op_type, opset, index), one_element))
+        moved.append(
+            MovedAttribute(index, attr, input_constant_dtype(op_type, opset, index), one_element)
+        )
     return kept, moved
 
 

@@ -64,7 +64,9 @@ class SymbolicEntry:
         variant = "" if self.variant == DEFAULT_VARIANT else f", variant={self.variant!r}"
         return f"{self.target} (opset>={self.opset}{variant}) -> {self.source}"
 
-    def call(self, g: Any, inputs: Sequence[Any], attrs: Mapping[str, Any], *, outputs: int | None = None) -> tuple[Any, ...]:
+    def call(
+        self, g: Any, inputs: Sequence[Any], attrs: Mapping[str, Any], *, outputs: int | None = None
+    ) -> tuple[Any, ...]:
         """Run the translation as the exporter adapters do and check what it returned.
 
         ``fn(g, *inputs, **attrs)``; the result (one value or a tuple) comes back as a tuple of
@@ -98,10 +100,16 @@ def _describe_bad_value(value: Any) -> tuple[str, str] | None:
 def _defined_at(fn: Any) -> str:
     """`` (file.py:12)`` for a function (two lambdas share a name; their lines tell them apart)."""
     code = getattr(inspect.unwrap(fn), "__code__", None)
-    return f" ({code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno})" if code is not None else ""
+    return (
+        f" ({code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno})"
+        if code is not None
+        else ""
+    )
 
 
-def check_translation_result(entry: SymbolicEntry, g: Any, result: Any, outputs: int | None = None) -> tuple[Any, ...]:
+def check_translation_result(
+    entry: SymbolicEntry, g: Any, result: Any, outputs: int | None = None
+) -> tuple[Any, ...]:
     """``result`` of ``entry.fn`` as a tuple of graph values; `SymbolicError` naming the op else.
 
     Refuses None, Python numbers, eager tensors and arrays (alone or inside the tuple), anything
@@ -112,8 +120,15 @@ def check_translation_result(entry: SymbolicEntry, g: Any, result: Any, outputs:
     for index, value in enumerate(values):
         if g.is_value(value):
             continue
-        what, fix = _describe_bad_value(value) or (f"a {type(value).__name__}", "return graph values made by g.op(...)")
-        position = "" if len(values) == 1 and not isinstance(result, (tuple, list)) else f" as output {index}"
+        what, fix = _describe_bad_value(value) or (
+            f"a {type(value).__name__}",
+            "return graph values made by g.op(...)",
+        )
+        position = (
+            ""
+            if len(values) == 1 and not isinstance(result, (tuple, list))
+            else f" as output {index}"
+        )
         raise SymbolicError(
             f"{where} returned {what}{position}; expected a graph value for each of the op's "
             f"{outputs if outputs is not None else len(values)} output(s); fix: {fix}."
@@ -169,13 +184,14 @@ def check_translation_signature(entry: SymbolicEntry, schema: Any) -> None:
         listed = ", ".join(f"{a.name}: {a.type}" for a in schema.arguments)
         expected = ", ".join(["g", *tensors] + (["*", *others] if others else []))
         raise SymbolicError(
-            f"The translation of {entry.target} ({entry.source}) does not match the op's torch "
-            f"schema: {_signature_problem(signature, tensors, others) or exc}. The schema's arguments are [{listed}]; expected `def "
-            f"{getattr(entry.fn, '__name__', 'fn')}({expected})` (tensor arguments positional in "
-            f"schema order, other arguments keyword-named as in the schema, or **kwargs); received "
-            f"`{getattr(entry.fn, '__name__', 'fn')}{signature}`. Fix: rename or reorder the "
-            "translation's parameters (or, for a function written for torch's API, take all "
-            f"{len(schema.arguments)} arguments positionally after g)."
+            f"The translation of {entry.target} ({entry.source}) does not match the op's torch"
+            f" schema: {_signature_problem(signature, tensors, others) or exc}. The schema's"
+            f" arguments are [{listed}]; expected `def"
+            f" {getattr(entry.fn, '__name__', 'fn')}({expected})` (tensor arguments positional in"
+            " schema order, other arguments keyword-named as in the schema, or **kwargs); received"
+            f" `{getattr(entry.fn, '__name__', 'fn')}{signature}`. Fix: rename or reorder the"
+            " translation's parameters (or, for a function written for torch's API, take all"
+            f" {len(schema.arguments)} arguments positionally after g)."
         ) from None
 
 
@@ -183,19 +199,33 @@ def _signature_problem(signature: inspect.Signature, tensors: list[str], others:
     """What exactly does not fit, in the schema's terms ('' when it is not that simple)."""
     params = list(signature.parameters.values())
     kinds = inspect.Parameter
-    positional = [p for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
+    positional = [
+        p for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
+    ]
     var_positional = any(p.kind == kinds.VAR_POSITIONAL for p in params)
     var_keyword = any(p.kind == kinds.VAR_KEYWORD for p in params)
     problems: list[str] = []
     takes = len(positional) - 1  # after g
     if takes < len(tensors) and not var_positional:
-        problems.append(f"it takes {max(takes, 0)} tensor input(s) after g, the schema has {len(tensors)} ({', '.join(tensors)})")
+        problems.append(
+            f"it takes {max(takes, 0)} tensor input(s) after g, the schema has {len(tensors)}"
+            f" ({', '.join(tensors)})"
+        )
     filled = {p.name for p in positional[: 1 + len(tensors)]}
-    keywords = {p.name for p in params if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)} - filled
+    keywords = {
+        p.name for p in params if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)
+    } - filled
     unaccepted = [name for name in others if name not in keywords and not var_keyword]
     if unaccepted:
         problems.append(f"it does not accept the schema argument(s) {unaccepted} as keywords")
-    extra = [p.name for p in params if p.name not in filled and p.name not in others and p.default is p.empty and p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)]
+    extra = [
+        p.name
+        for p in params
+        if p.name not in filled
+        and p.name not in others
+        and p.default is p.empty
+        and p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)
+    ]
     if extra:
         problems.append(f"it requires {extra}, which the schema does not have")
     return "; ".join(problems)
@@ -211,10 +241,10 @@ def _check_torch_style(entry: SymbolicEntry, fn: Any, schema: Any) -> None:
     if not binds_torch_style(fn, len(arguments)):
         listed = ", ".join(f"{n}: {t}" for n, t in arguments)
         raise SymbolicError(
-            f"The torch-style symbolic for {entry.target} ({entry.source}{_defined_at(fn)}) cannot "
-            f"take the op's {len(arguments)} argument(s) [{listed}] positionally after g, as torch "
-            f"calls it; received `{getattr(fn, '__name__', 'fn')}{inspect.signature(fn)}`. Fix: one "
-            "parameter per argument (any names), or defaults for trailing ones."
+            f"The torch-style symbolic for {entry.target} ({entry.source}{_defined_at(fn)}) cannot"
+            f" take the op's {len(arguments)} argument(s) [{listed}] positionally after g, as torch"
+            f" calls it; received `{getattr(fn, '__name__', 'fn')}{inspect.signature(fn)}`. Fix:"
+            " one parameter per argument (any names), or defaults for trailing ones."
         )
 
 
@@ -222,7 +252,9 @@ def _check_torch_style(entry: SymbolicEntry, fn: Any, schema: Any) -> None:
 
 
 def _code_key(code: Any) -> tuple[Any, ...]:
-    consts = tuple(_code_key(c) if inspect.iscode(c) else (type(c).__name__, repr(c)) for c in code.co_consts)
+    consts = tuple(
+        _code_key(c) if inspect.iscode(c) else (type(c).__name__, repr(c)) for c in code.co_consts
+    )
     return (code.co_code, consts, code.co_names, code.co_varnames, code.co_freevars)
 
 
@@ -239,7 +271,10 @@ def same_definition(a: Translation, b: Translation) -> bool:
     """Re-importing a module re-runs its decorators with new function objects: the same module,
     qualname, code (bytecode and constants), defaults and closure values is the same definition.
     Two different lambdas share module and qualname but not their code, so they differ."""
-    if getattr(a, TORCH_STYLE_MARK, None) is not None and getattr(b, TORCH_STYLE_MARK, None) is not None:
+    if (
+        getattr(a, TORCH_STYLE_MARK, None) is not None
+        and getattr(b, TORCH_STYLE_MARK, None) is not None
+    ):
         # Torch-style: the user's functions under our wrapper and torch's @parse_args wrapper
         # (whose closure holds the function, a new object on every import), and their codes.
         a, b = getattr(a, TORCH_STYLE_MARK), getattr(b, TORCH_STYLE_MARK)
@@ -252,13 +287,14 @@ def same_definition(a: Translation, b: Translation) -> bool:
     if code_a is None or code_b is None:
         return False
     if (getattr(a, "__module__", None), getattr(a, "__qualname__", None)) != (
-        getattr(b, "__module__", None), getattr(b, "__qualname__", None)
+        getattr(b, "__module__", None),
+        getattr(b, "__qualname__", None),
     ):
         return False
     if _code_key(code_a) != _code_key(code_b):
         return False
-    cells_a = [c.cell_contents for c in (getattr(a, "__closure__", None) or ())]
-    cells_b = [c.cell_contents for c in (getattr(b, "__closure__", None) or ())]
+    cells_a = [c.cell_contents for c in getattr(a, "__closure__", None) or ()]
+    cells_b = [c.cell_contents for c in getattr(b, "__closure__", None) or ()]
     return (
         _same_value(getattr(a, "__defaults__", None), getattr(b, "__defaults__", None))
         and _same_value(getattr(a, "__kwdefaults__", None), getattr(b, "__kwdefaults__", None))
@@ -275,7 +311,12 @@ class Registry:
     wins (at any opset, even below the default variant's newest), then the default variant.
     """
 
-    def __init__(self, entries: Iterator[SymbolicEntry] | list[SymbolicEntry] = (), *, prefer: tuple[str, ...] = ()) -> None:  # type: ignore[assignment]
+    def __init__(
+        self,
+        entries: Iterator[SymbolicEntry] | list[SymbolicEntry] = (),  # type: ignore[assignment]
+        *,
+        prefer: tuple[str, ...] = (),
+    ) -> None:
         self._entries: dict[tuple[str, int, str], SymbolicEntry] = {}
         # Entries whose signature matched the torch schema (checked once: at registration when
         # the op exists, else at the first lookup after its library loaded).
@@ -294,25 +335,32 @@ class Registry:
     def add(self, entry: SymbolicEntry, *, replace: bool = False) -> SymbolicEntry:
         if not isinstance(entry.opset, int) or isinstance(entry.opset, bool) or entry.opset < 1:
             raise SymbolicError(
-                f"opset must be a positive int (the first opset the translation for {entry.target} "
-                f"serves); received {entry.opset!r}. Fix: pass e.g. opset=9 (it then serves 9 and up)."
+                f"opset must be a positive int (the first opset the translation for {entry.target}"
+                f" serves); received {entry.opset!r}. Fix: pass e.g. opset=9 (it then serves 9 and"
+                " up)."
             )
         if not callable(entry.fn):
             raise SymbolicError(
-                f"The translation for {entry.target} must be callable (a function taking g and the op's "
-                f"inputs); received {type(entry.fn).__name__} ({entry.fn!r:.60}). Fix: decorate a function: "
-                f"@registry.symbolic(...) above def my_translation(g, x): ..."
+                f"The translation for {entry.target} must be callable (a function taking g and the"
+                f" op's inputs); received {type(entry.fn).__name__} ({entry.fn!r:.60}). Fix:"
+                " decorate a function: @registry.symbolic(...) above def my_translation(g, x): ..."
             )
-        if getattr(entry.fn, TORCH_STYLE_MARK, None) is None and parse_args_codes(entry.fn) is not None:
-            entry = dataclasses.replace(entry, fn=torch_style_translation(entry.fn))  # @parse_args: torch's API
+        if (
+            getattr(entry.fn, TORCH_STYLE_MARK, None) is None
+            and parse_args_codes(entry.fn) is not None
+        ):
+            entry = dataclasses.replace(
+                entry, fn=torch_style_translation(entry.fn)
+            )  # @parse_args: torch's API
         with self._lock:
             existing = self._entries.get(entry.key)
             if existing is not None and not replace and not same_definition(existing.fn, entry.fn):
                 raise SymbolicError(
-                    f"A different translation for {entry.target} at opset {entry.opset} (variant "
-                    f"{entry.variant!r}) is already registered: {existing.source}{_defined_at(existing.fn)}; "
-                    f"received {entry.source}{_defined_at(entry.fn)}. Fix: pass replace=True to override "
-                    "it, or register at another opset/variant."
+                    f"A different translation for {entry.target} at opset {entry.opset} (variant"
+                    f" {entry.variant!r}) is already registered:"
+                    f" {existing.source}{_defined_at(existing.fn)}; received"
+                    f" {entry.source}{_defined_at(entry.fn)}. Fix: pass replace=True to override"
+                    " it, or register at another opset/variant."
                 )
             entry = self._check_signature(entry)
             self._entries[entry.key] = entry
@@ -369,8 +417,9 @@ class Registry:
             if key not in self._entries:
                 have = sorted(e.opset for e in self.entries_for(target) if e.variant == variant)
                 raise SymbolicError(
-                    f"No translation registered for {key[0]} at opset {opset} (variant {variant!r}); "
-                    f"expected one of the registered opsets {have}. Fix: pass the opset it was registered with."
+                    f"No translation registered for {key[0]} at opset {opset} (variant"
+                    f" {variant!r}); expected one of the registered opsets {have}. Fix: pass the"
+                    " opset it was registered with."
                 )
             entry = self._entries.pop(key)
             self._sorted = None
@@ -390,8 +439,9 @@ class Registry:
         unknown = [v for v in variants if v not in known]
         if unknown:
             raise SymbolicError(
-                f"Unknown variant(s) {unknown}; expected variants this registry has: {sorted(known)}. "
-                "Fix: pick one of those, or register translations with variant=<name> first."
+                f"Unknown variant(s) {unknown}; expected variants this registry has:"
+                f" {sorted(known)}. Fix: pick one of those, or register translations with"
+                " variant=<name> first."
             )
         out = self.copy()
         out.prefer = tuple(variants)
@@ -457,7 +507,10 @@ class Registry:
                     f"translation with @symbolic({str(tgt)!r}, opset={opset})."
                 )
             else:
-                msg = f"No translation registered for {tgt}{where}. Register one with @onnx_custom.symbolic({str(tgt)!r})."
+                msg = (
+                    f"No translation registered for {tgt}{where}. Register one with"
+                    f" @onnx_custom.symbolic({str(tgt)!r})."
+                )
             raise UnsupportedOpError(msg, missing=(tgt.key,))
         # One rule for variants: each variant's own best entry (its highest opset <= the export
         # opset); the first preferred variant that has one wins, then the default variant, then
@@ -491,8 +544,9 @@ def resolve_registry(registry: Registry | None) -> Registry:
         return default_registry()
     if not isinstance(registry, Registry):
         raise InvalidArgumentError(
-            f"registry must be an onnx_custom.Registry or None; received {type(registry).__name__}. "
-            "Fix: build one with onnx_custom.Registry() or default_registry().copy(), or leave it out."
+            f"registry must be an onnx_custom.Registry or None; received {type(registry).__name__}."
+            " Fix: build one with onnx_custom.Registry() or default_registry().copy(), or leave it"
+            " out."
         )
     return registry
 

@@ -27,7 +27,8 @@ def real_type(argument: Any) -> str:
 
 def dtype_argument(value: Any, argument: Any) -> Any:
     """``value`` as a ``torch.dtype`` when the schema ``argument`` is a ScalarType and it is
-    torch's ScalarType index; any other value unchanged (``None``, a ``torch.dtype``, other types)."""
+    torch's ScalarType index; any other value unchanged (``None``, a ``torch.dtype``, other types).
+    """
     if (
         real_type(argument) not in SCALAR_TYPES
         or isinstance(value, bool)

@@ -18,18 +18,31 @@ from typing import Any
 
 from onnx_custom.errors import OnnxCustomError, SymbolicError, UnsupportedOpError
 
-__all__ = ["chain", "check_functional", "mutated_arguments", "translation_error", "unwrap_dynamo_error", "unwrap_torchscript_error", "useful_line"]
+__all__ = [
+    "chain",
+    "check_functional",
+    "mutated_arguments",
+    "translation_error",
+    "unwrap_dynamo_error",
+    "unwrap_torchscript_error",
+    "useful_line",
+]
 
 _OCCURRED = re.compile(r"\(Occurred when translating (?P<op>[\w:.]+)\)")
 _CONTAINING = re.compile(r"The containing node has kind '(?P<op>[\w:]+)'")
 _NODE = re.compile(r"Error when translating node %(?P<node>[\w.]+) : .*?target=(?P<target>[\w.:]+)")
 _ATTRIBUTE = re.compile(r"serialize_attribute_into with: Attr\('(?P<name>[^']+)'")
-_SERDE_NODE = re.compile(r"serialize_node_into with: Node\(name='(?P<name>[^']*)', domain='(?P<domain>[^']*)', op_type='(?P<op>[^']+)'")
+_SERDE_NODE = re.compile(
+    r"serialize_node_into with: Node\(name='(?P<name>[^']*)', domain='(?P<domain>[^']*)',"
+    r" op_type='(?P<op>[^']+)'"
+)
 
 
 def mutated_arguments(schema: Any) -> list[str]:
     """Names of the arguments a torch op schema writes into (``Tensor(a!) out``)."""
-    return [a.name for a in getattr(schema, "arguments", ()) if getattr(a.alias_info, "is_write", False)]
+    return [
+        a.name for a in getattr(schema, "arguments", ()) if getattr(a.alias_info, "is_write", False)
+    ]
 
 
 def check_functional(op: str, schema: Any) -> None:
@@ -86,16 +99,29 @@ def _binding_failed(exc: BaseException) -> bool:
     return tb.tb_frame.f_code is SymbolicEntry.call.__code__
 
 
-def translation_error(entry: Any, exc: BaseException, inputs: int, attrs: Sequence[str], schema_args: Sequence[str] | None = None) -> SymbolicError:
+def translation_error(
+    entry: Any,
+    exc: BaseException,
+    inputs: int,
+    attrs: Sequence[str],
+    schema_args: Sequence[str] | None = None,
+) -> SymbolicError:
     """A `SymbolicError` for an exception a translation raised (or its call signature caused)."""
     where = f"The translation of {entry.target} ({entry.source}, opset>={entry.opset})"
     if _binding_failed(exc):
-        call = ", ".join(["g", *(f"<input {i}>" for i in range(inputs)), *(f"{a}=..." for a in attrs)])
-        listed = f" The op's arguments are [{', '.join(schema_args)}]." if schema_args is not None else ""
+        call = ", ".join(
+            ["g", *(f"<input {i}>" for i in range(inputs)), *(f"{a}=..." for a in attrs)]
+        )
+        listed = (
+            f" The op's arguments are [{', '.join(schema_args)}]."
+            if schema_args is not None
+            else ""
+        )
         return SymbolicError(
-            f"{where} cannot be called as the exporter calls it, fn({call}): {exc}.{listed} Expected "
-            "tensor inputs positional after g and the other arguments by keyword under their "
-            "schema names. Fix: rename the translation's parameters to match (or accept **kwargs)."
+            f"{where} cannot be called as the exporter calls it, fn({call}): {exc}.{listed}"
+            " Expected tensor inputs positional after g and the other arguments by keyword under"
+            " their schema names. Fix: rename the translation's parameters to match (or accept"
+            " **kwargs)."
         )
     return SymbolicError(
         f"{where} raised {type(exc).__name__}: {useful_line(str(exc)) or '(no message)'}"
@@ -111,7 +137,11 @@ def unwrap_dynamo_error(exc: BaseException) -> OnnxCustomError | None:
     attribute = next((m for link in links if (m := _ATTRIBUTE.search(str(link)))), None)
     if attribute is not None:
         node = next((m for link in links if (m := _SERDE_NODE.search(str(link)))), None)
-        op = f"{node['domain'] + '::' if node and node['domain'] else ''}{node['op']}" if node else "a node"
+        op = (
+            f"{node['domain'] + '::' if node and node['domain'] else ''}{node['op']}"
+            if node
+            else "a node"
+        )
         return SymbolicError(
             f"The dynamo exporter could not write attribute {attribute['name']!r} of {op}: "
             f"{type(root).__name__}: {useful_line(str(root))}. Expected a value ONNX can hold (an "
@@ -155,16 +185,20 @@ def unwrap_torchscript_error(exc: BaseException) -> OnnxCustomError | None:
         )
     if _OPTIONAL_TENSOR_LIST in text:
         return UnsupportedOpError(
-            "The TorchScript exporter's tracer cannot record an op taking a list of optional tensors "
-            "(Tensor?[]): torch.onnx.ops.symbolic / symbolic_multi_out, or a custom op with such an "
-            "argument. Fix: export with exporter='dynamo' (the default), or declare the op with "
-            "@onnx_custom.symbolic, which serves both exporters."
+            "The TorchScript exporter's tracer cannot record an op taking a list of optional"
+            " tensors (Tensor?[]): torch.onnx.ops.symbolic / symbolic_multi_out, or a custom op"
+            " with such an argument. Fix: export with exporter='dynamo' (the default), or declare"
+            " the op with @onnx_custom.symbolic, which serves both exporters."
         )
     match = _OCCURRED.search(text) or _CONTAINING.search(text)
     if match is None:
         return None
     op = match["op"]
-    register = f"@onnx_custom.symbolic({op!r})" if "::" in op else f"@onnx_custom.symbolic('<namespace>::{op}')"
+    register = (
+        f"@onnx_custom.symbolic({op!r})"
+        if "::" in op
+        else f"@onnx_custom.symbolic('<namespace>::{op}')"
+    )
     return SymbolicError(
         f"The TorchScript exporter could not translate {op}: {type(exc).__name__}: "
         f"{useful_line(text)}. Expected a symbolic that handles these arguments. Fix: register "

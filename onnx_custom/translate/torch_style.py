@@ -54,14 +54,25 @@ Builder = Any
 TORCH_STYLE_MARK = "__onnx_custom_torch_style__"  # on a wrapper: the user's function
 
 _CODES = {
-    "v": "a value, unconverted", "i": "an int", "f": "a float", "b": "a bool", "s": "a str",
-    "t": "a torch.Tensor", "is": "a list of ints", "fs": "a list of floats", "none": "unused",
+    "v": "a value, unconverted",
+    "i": "an int",
+    "f": "a float",
+    "b": "a bool",
+    "s": "a str",
+    "t": "a torch.Tensor",
+    "is": "a list of ints",
+    "fs": "a list of floats",
+    "none": "unused",
 }
 _ATTR = re.compile(r"^(?P<name>.+)_(?P<kind>is|fs|ss|ty|[ifstgz])$")
 
 
 def _is_tensor_type(type_text: str) -> bool:
-    return type_text.startswith("Tensor") or type_text in ("Optional[Tensor]", "List[Tensor]", "List[Optional[Tensor]]")
+    return type_text.startswith("Tensor") or type_text in (
+        "Optional[Tensor]",
+        "List[Tensor]",
+        "List[Optional[Tensor]]",
+    )
 
 
 def _code_for(type_text: str) -> str:
@@ -69,7 +80,16 @@ def _code_for(type_text: str) -> str:
     inner = type_text[len("Optional[") : -1] if type_text.startswith("Optional[") else type_text
     if _is_tensor_type(inner):
         return "v"
-    return {"int": "i", "SymInt": "i", "float": "f", "bool": "b", "str": "s", "List[int]": "is", "List[SymInt]": "is", "List[float]": "fs"}.get(inner, "v")
+    return {
+        "int": "i",
+        "SymInt": "i",
+        "float": "f",
+        "bool": "b",
+        "str": "s",
+        "List[int]": "is",
+        "List[SymInt]": "is",
+        "List[float]": "fs",
+    }.get(inner, "v")
 
 
 def parse_args_codes(fn: Any) -> tuple[str, ...] | None:
@@ -109,24 +129,28 @@ def binds_torch_style(fn: Any, count: int) -> bool:
     return True
 
 
-def check_codes(target: str, fn: Any, codes: Sequence[str], arguments: Sequence[tuple[str, str]]) -> None:
+def check_codes(
+    target: str, fn: Any, codes: Sequence[str], arguments: Sequence[tuple[str, str]]
+) -> None:
     """`SymbolicError` when ``parse_args`` codes cannot fit the op's schema arguments."""
     names = _parameter_names(fn, len(arguments))
     unknown = [c for c in codes if c not in _CODES]
     if unknown:
         raise SymbolicError(
-            f"{target}: the torch-style symbolic {_name_of(fn)} uses @parse_args code(s) {unknown}; "
-            f"expected codes from {sorted(_CODES)}. Fix: use the code for each argument's type "
-            f"({_codes_hint(arguments)})."
+            f"{target}: the torch-style symbolic {_name_of(fn)} uses @parse_args code(s) {unknown};"
+            f" expected codes from {sorted(_CODES)}. Fix: use the code for each argument's type"
+            f" ({_codes_hint(arguments)})."
         )
     if len(codes) < len(arguments):
         raise SymbolicError(
-            f"{target}: the torch-style symbolic {_name_of(fn)} is decorated @parse_args"
-            f"{tuple(codes)!r} ({len(codes)} code(s)) but the op passes {len(arguments)} argument(s) "
-            f"[{', '.join(f'{n}: {t}' for n, t in arguments)}]. Expected one code per argument. Fix: "
-            f"@parse_args({_codes_hint(arguments)})."
+            f"{target}: the torch-style symbolic {_name_of(fn)} is decorated"
+            f" @parse_args{tuple(codes)!r} ({len(codes)} code(s)) but the op passes"
+            f" {len(arguments)} argument(s) [{', '.join(f'{n}: {t}' for n, t in arguments)}]."
+            f" Expected one code per argument. Fix: @parse_args({_codes_hint(arguments)})."
         )
-    for index, (code, (name, type_text), param) in enumerate(zip(codes, arguments, names, strict=False)):
+    for index, (code, (name, type_text), param) in enumerate(
+        zip(codes, arguments, names, strict=False)
+    ):
         problem = _static_mismatch(code, type_text)
         if problem:
             raise SymbolicError(
@@ -149,24 +173,30 @@ def _static_mismatch(code: str, type_text: str) -> str:
     if _is_tensor_type(inner):
         return f"a tensor ({type_text}), which stays a graph value"
     fits = {
-        "i": ("int", "SymInt", "bool"), "b": ("bool", "int"), "f": ("float", "int", "SymInt"),
-        "s": ("str",), "is": ("List[int]", "List[SymInt]"), "fs": ("List[float]", "List[int]"),
+        "i": ("int", "SymInt", "bool"),
+        "b": ("bool", "int"),
+        "f": ("float", "int", "SymInt"),
+        "s": ("str",),
+        "is": ("List[int]", "List[SymInt]"),
+        "fs": ("List[float]", "List[int]"),
         "t": ("int", "float", "bool", "List[int]", "List[float]", "Scalar", "number"),
     }[code]
     return "" if inner in fits or inner in ("Any",) else f"a {type_text}"
 
 
-def _convert(target: str, fn: Any, index: int, param: str, code: str, value: Any, type_text: str) -> Any:
+def _convert(
+    target: str, fn: Any, index: int, param: str, code: str, value: Any, type_text: str
+) -> Any:
     """``value`` as torch's ``_parse_arg`` would hand it over for ``code``; SymbolicError else."""
     if value is None or code in ("v", "none"):
         return value
 
     def refuse(expected: str) -> SymbolicError:
         return SymbolicError(
-            f"{target}: the torch-style symbolic {_name_of(fn)} declares @parse_args code {code!r} "
-            f"for argument {index} ({param!r}; schema type {type_text}) and expects {expected}, but "
-            f"the op passes {type(value).__name__} {value!r:.60}. Fix: use {_code_for(type_text)!r} "
-            "for it (or convert inside the function)."
+            f"{target}: the torch-style symbolic {_name_of(fn)} declares @parse_args code {code!r}"
+            f" for argument {index} ({param!r}; schema type {type_text}) and expects {expected},"
+            f" but the op passes {type(value).__name__} {value!r:.60}. Fix: use"
+            f" {_code_for(type_text)!r} for it (or convert inside the function)."
         )
 
     if code in ("i", "b"):
@@ -367,7 +397,9 @@ class _TensorListType:
         return torch._C.TensorType.get()
 
     def isSubtypeOf(self, other: Any) -> bool:
-        return isinstance(other, torch._C.ListType) and isinstance(other.getElementType(), torch._C.TensorType)
+        return isinstance(other, torch._C.ListType) and isinstance(
+            other.getElementType(), torch._C.TensorType
+        )
 
     def kind(self) -> str:
         return "ListType"
@@ -455,7 +487,11 @@ class TorchStyleGraph:
     def wrap(self, value: Any, type_text: str = "") -> Any:
         if isinstance(value, list):
             values = [self.wrap(v) for v in value]
-            return TorchStyleList(values, self._builder.target) if _is_tensor_type(type_text) else values
+            return (
+                TorchStyleList(values, self._builder.target)
+                if _is_tensor_type(type_text)
+                else values
+            )
         if self._wrap and value is not None and self._builder.is_value(value):
             return TorchStyleValue(self._builder, value)
         return value
@@ -471,23 +507,29 @@ class TorchStyleGraph:
     def op(self, opname: str, *raw_args: Any, outputs: int = 1, **kwargs: Any) -> Any:
         """``g.op`` as torch's symbolic functions call it."""
         if not isinstance(opname, str):
-            raise SymbolicError(f"{self._builder.target}: g.op expects an op name string like 'Add' or 'mydomain::Foo'; received {opname!r}.")
+            raise SymbolicError(
+                f"{self._builder.target}: g.op expects an op name string like 'Add' or"
+                f" 'mydomain::Foo'; received {opname!r}."
+            )
         node_type = opname.removeprefix("onnx::")
         if node_type.startswith(("aten::", "prim::")):
             raise SymbolicError(
-                f"{self._builder.target}: g.op({opname!r}) adds a TorchScript {node_type.split('::')[0]} "
-                "node, which is not ONNX (the dynamo exporter has none, and ONNX Runtime cannot run "
-                "it). Fix: build the computation from ONNX ops, or a custom-domain node with a kernel."
+                f"{self._builder.target}: g.op({opname!r}) adds a TorchScript"
+                f" {node_type.split('::')[0]} node, which is not ONNX (the dynamo exporter has"
+                " none, and ONNX Runtime cannot run it). Fix: build the computation from ONNX ops,"
+                " or a custom-domain node with a kernel."
             )
-        if node_type in ("If", "Loop") and not any(k.split("_")[0] in ("then", "else", "body") for k in kwargs):
+        if node_type in ("If", "Loop") and not any(
+            k.split("_")[0] in ("then", "else", "body") for k in kwargs
+        ):
             raise SymbolicError(
-                f"{self._builder.target}: g.op({opname!r}) without its subgraph attributes: torch's "
-                "helpers add the branches afterwards as TorchScript blocks "
-                "(jit_utils.add_op_with_blocks; torch's own symbolic_opset11.squeeze does so for a "
-                "dim whose size is not known at export), which a translation here cannot build. "
-                "Fix: avoid the control flow (e.g. g.op('Squeeze', x, axes) when the dim is known "
-                "to be 1, or compute the condition with Where), or export this op with "
-                "exporter='torchscript' and torch.onnx's own registration."
+                f"{self._builder.target}: g.op({opname!r}) without its subgraph attributes: torch's"
+                " helpers add the branches afterwards as TorchScript blocks"
+                " (jit_utils.add_op_with_blocks; torch's own symbolic_opset11.squeeze does so for"
+                " a dim whose size is not known at export), which a translation here cannot build."
+                " Fix: avoid the control flow (e.g. g.op('Squeeze', x, axes) when the dim is known"
+                " to be 1, or compute the condition with Where), or export this op with"
+                " exporter='torchscript' and torch.onnx's own registration."
             )
         attrs = {}
         for key, value in kwargs.items():
@@ -497,8 +539,13 @@ class TorchStyleGraph:
             attrs[name] = converted
         if node_type == "Constant" and not raw_args and len(attrs) == 1 and "value" in attrs:
             value = attrs["value"]
-            if isinstance(value, TypedList) and value.kind in (AttrKind.INTS, AttrKind.FLOATS):  # value_i=[1, 2]
-                value = np.array(value.values, dtype=np.int64 if value.kind is AttrKind.INTS else np.float32)
+            if isinstance(value, TypedList) and value.kind in (
+                AttrKind.INTS,
+                AttrKind.FLOATS,
+            ):  # value_i=[1, 2]
+                value = np.array(
+                    value.values, dtype=np.int64 if value.kind is AttrKind.INTS else np.float32
+                )
             return self.wrap(self._builder.constant(value))
         inputs = [self._input(value, raw_args) for value in raw_args]
         result = self._builder.op(node_type, *inputs, outputs=outputs, **attrs)
@@ -506,9 +553,9 @@ class TorchStyleGraph:
 
     def aten_op(self, operator: str, *args: Any, overload_name: str = "", **kwargs: Any) -> Any:
         raise SymbolicError(
-            f"{self._builder.target}: g.at/g.aten_op({operator!r}) emits an ATen fallback node, which "
-            "ONNX Runtime cannot run and the dynamo exporter does not have. Fix: express it with "
-            "ONNX ops, or a custom-domain node with a kernel (onnx_custom.kernel)."
+            f"{self._builder.target}: g.at/g.aten_op({operator!r}) emits an ATen fallback node,"
+            " which ONNX Runtime cannot run and the dynamo exporter does not have. Fix: express it"
+            " with ONNX ops, or a custom-domain node with a kernel (onnx_custom.kernel)."
         )
 
     at = aten_op
@@ -525,9 +572,10 @@ class TorchStyleGraph:
         if ctx is not None and not name.startswith("__"):  # TorchScript: torch's own context
             return getattr(ctx, name)
         raise SymbolicError(
-            f"{self._builder.target}: a torch-style symbolic used g.{name}, part of the TorchScript "
-            f"graph API, which the {self._builder.exporter} exporter does not have. Expected only "
-            "g.op(...) and g.opset. Fix: build nodes with g.op, or export with exporter='torchscript'."
+            f"{self._builder.target}: a torch-style symbolic used g.{name}, part of the TorchScript"
+            f" graph API, which the {self._builder.exporter} exporter does not have. Expected only"
+            " g.op(...) and g.opset. Fix: build nodes with g.op, or export with"
+            " exporter='torchscript'."
         )
 
     # -- conversions --------------------------------------------------------------------------
@@ -545,10 +593,18 @@ class TorchStyleGraph:
                 "(_i int(s), _f float(s), _s str(s), _t tensor)."
             )
 
-        if isinstance(value, torch.Tensor) and kind in ("i", "f") and value.numel() == 1 and value.dim() <= 1:
+        if (
+            isinstance(value, torch.Tensor)
+            and kind in ("i", "f")
+            and value.numel() == 1
+            and value.dim() <= 1
+        ):
             value = value.item()
         many = isinstance(value, (list, tuple))
-        if kind in ("i", "is"):  # torch's own helpers write Cast(to_i=TensorProtoDataType.INT64), a pybind enum
+        if kind in (
+            "i",
+            "is",
+        ):  # torch's own helpers write Cast(to_i=TensorProtoDataType.INT64), a pybind enum
             value = [_enum_int(v) for v in value] if many else _enum_int(value)
         if kind in ("i", "is"):
             items = list(value) if many else [value]
@@ -559,9 +615,14 @@ class TorchStyleGraph:
             items = list(value) if many else [value]
             if not all(isinstance(v, numbers.Real) for v in items):
                 raise bad("float(s)")
-            return name, (floats([float(v) for v in items]) if many or kind == "fs" else float(value))
+            return name, (
+                floats([float(v) for v in items]) if many or kind == "fs" else float(value)
+            )
         if kind in ("s", "ss"):
-            items = [v.decode() if isinstance(v, bytes) else v for v in (list(value) if many else [value])]
+            items = [
+                v.decode() if isinstance(v, bytes) else v
+                for v in (list(value) if many else [value])
+            ]
             if not all(isinstance(v, str) for v in items):
                 raise bad("str(s)")
             return name, (strings(items) if many or kind == "ss" else items[0])
@@ -585,8 +646,14 @@ class TorchStyleGraph:
             return value
         if isinstance(value, (bool, numbers.Number)):
             # torch's scalar type analysis: a Python number takes the type of the tensor it meets.
-            like = next((builder.dtype(self.unwrap(s)) for s in siblings if self._is_graph_value(s)), None)
-            if like is not None and (like.is_floating_point or not isinstance(value, float)) and not isinstance(value, bool):
+            like = next(
+                (builder.dtype(self.unwrap(s)) for s in siblings if self._is_graph_value(s)), None
+            )
+            if (
+                like is not None
+                and (like.is_floating_point or not isinstance(value, float))
+                and not isinstance(value, bool)
+            ):
                 return builder.constant(value, dtype=like)
             return builder.constant(value)
         if isinstance(value, (list, tuple)) and all(isinstance(v, numbers.Number) for v in value):
@@ -594,7 +661,9 @@ class TorchStyleGraph:
         return value  # tensors and arrays: g.op makes constants, anything else it refuses
 
     def _is_graph_value(self, value: Any) -> bool:
-        return isinstance(value, TorchStyleValue) or (value is not None and self._builder.is_value(value))
+        return isinstance(value, TorchStyleValue) or (
+            value is not None and self._builder.is_value(value)
+        )
 
 
 def torch_style_translation(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -606,23 +675,31 @@ def torch_style_translation(fn: Callable[..., Any]) -> Callable[..., Any]:
     def translate(g: Builder, *inputs: Any, **attrs: Any) -> Any:
         arguments = g.arguments
         if arguments is None:  # no schema known: inputs, then the other arguments
-            arguments = tuple((f"input{i}", "Tensor") for i in range(len(inputs))) + tuple((k, "Any") for k in attrs)
+            arguments = tuple((f"input{i}", "Tensor") for i in range(len(inputs))) + tuple(
+                (k, "Any") for k in attrs
+            )
         pending = iter(inputs)
         # a dtype argument as torch.onnx hands it over: its ScalarType index, not a torch.dtype
-        values = [next(pending, None) if _is_tensor_type(t) else scalar_type_index(attrs.get(n)) for n, t in arguments]
+        values = [
+            next(pending, None) if _is_tensor_type(t) else scalar_type_index(attrs.get(n))
+            for n, t in arguments
+        ]
         if codes is not None:
             check_codes(g.target, fn, codes, arguments)
             names = _parameter_names(fn, len(values))
             values = [
                 _convert(g.target, fn, i, names[i], code, value, t)
-                for i, (code, value, (_, t)) in enumerate(zip(codes, values, arguments, strict=False))
+                for i, (code, value, (_, t)) in enumerate(
+                    zip(codes, values, arguments, strict=False)
+                )
             ]
         if not binds_torch_style(fn, len(values)):
             raise SymbolicError(
-                f"{g.target}: the torch-style symbolic {_name_of(fn)}{_signature(fn)} cannot take "
-                f"the op's {len(values)} argument(s) [{', '.join(f'{n}: {t}' for n, t in arguments)}] "
-                "positionally after g, as torch calls it. Fix: give it one parameter per argument "
-                "(any names), or defaults for trailing ones."
+                f"{g.target}: the torch-style symbolic {_name_of(fn)}{_signature(fn)} cannot take"
+                f" the op's {len(values)} argument(s)"
+                f" [{', '.join(f'{n}: {t}' for n, t in arguments)}] positionally after g, as torch"
+                " calls it. Fix: give it one parameter per argument (any names), or defaults for"
+                " trailing ones."
             )
         adapter = TorchStyleGraph(g)
         wrapped = (adapter.wrap(v, t) for v, (_, t) in zip(values, arguments, strict=False))

@@ -30,16 +30,18 @@ _OURS = "onnx_custom_symbolic["
 def _target(symbolic_name: Any) -> Target:
     if not isinstance(symbolic_name, str):
         raise SymbolicError(
-            f"symbolic_name must be a string '<namespace>::<op>' (as for torch.onnx."
-            f"register_custom_op_symbolic); received {type(symbolic_name).__name__} {symbolic_name!r:.60}. "
-            "Fix: pass e.g. 'mmcv::roi_align', or '::grid_sampler' for an ATen op."
+            "symbolic_name must be a string '<namespace>::<op>' (as for"
+            f" torch.onnx.register_custom_op_symbolic); received {type(symbolic_name).__name__}"
+            f" {symbolic_name!r:.60}. Fix: pass e.g. 'mmcv::roi_align', or '::grid_sampler' for an"
+            " ATen op."
         )
     name = f"aten{symbolic_name}" if symbolic_name.startswith("::") else symbolic_name
     target = normalize_target(name)
     if target.name is not None and target.name.overload:
         raise SymbolicError(
-            f"symbolic_name {symbolic_name!r} names an overload; torch's symbolic table (and this "
-            f"call) is keyed by '<namespace>::<op>' for every overload. Fix: pass {target.name.op!r}."
+            f"symbolic_name {symbolic_name!r} names an overload; torch's symbolic table (and this"
+            " call) is keyed by '<namespace>::<op>' for every overload. Fix: pass"
+            f" {target.name.op!r}."
         )
     return target
 
@@ -48,14 +50,18 @@ def _opset(opset_version: Any, symbolic_name: str) -> int:
     if isinstance(opset_version, bool) or not isinstance(opset_version, int) or opset_version < 1:
         raise SymbolicError(
             f"opset_version for {symbolic_name!r} must be a positive int (the first opset the "
-            f"symbolic serves, as in torch.onnx.register_custom_op_symbolic); received "
+            "symbolic serves, as in torch.onnx.register_custom_op_symbolic); received "
             f"{opset_version!r}. Fix: pass e.g. 11 (it then serves opsets 11 and up)."
         )
     return opset_version
 
 
 def register_custom_op_symbolic(
-    symbolic_name: str, symbolic_fn: Callable[..., Any], opset_version: int, *, registry: Registry | None = None
+    symbolic_name: str,
+    symbolic_fn: Callable[..., Any],
+    opset_version: int,
+    *,
+    registry: Registry | None = None,
 ) -> SymbolicEntry:
     """Register ``symbolic_fn``, written for ``torch.onnx.register_custom_op_symbolic``, unchanged.
 
@@ -69,15 +75,18 @@ def register_custom_op_symbolic(
     opset = _opset(opset_version, symbolic_name)
     if not callable(symbolic_fn):
         raise SymbolicError(
-            f"symbolic_fn for {symbolic_name!r} must be callable (a function taking g and the op's "
-            f"arguments); received {type(symbolic_fn).__name__} {symbolic_fn!r:.60}. Fix: pass the "
-            "symbolic function itself, e.g. register_custom_op_symbolic('mmcv::nms', nms_symbolic, 11)."
+            f"symbolic_fn for {symbolic_name!r} must be callable (a function taking g and the op's"
+            f" arguments); received {type(symbolic_fn).__name__} {symbolic_fn!r:.60}. Fix: pass the"
+            " symbolic function itself, e.g. register_custom_op_symbolic('mmcv::nms',"
+            " nms_symbolic, 11)."
         )
     reg = resolve_registry(registry)
     return reg.add(SymbolicEntry(target, opset, torch_style_translation(symbolic_fn)), replace=True)
 
 
-def unregister_custom_op_symbolic(symbolic_name: str, opset_version: int, *, registry: Registry | None = None) -> None:
+def unregister_custom_op_symbolic(
+    symbolic_name: str, opset_version: int, *, registry: Registry | None = None
+) -> None:
     """Remove what `register_custom_op_symbolic` registered for ``symbolic_name`` at ``opset_version``."""
     target = _target(symbolic_name)
     resolve_registry(registry).remove(str(target), opset=_opset(opset_version, symbolic_name))
@@ -94,13 +103,19 @@ def _torch_custom_symbolics() -> dict[str, dict[int, Callable[..., Any]]]:
             # one: not an op a user registered, and not a name an export can target
             continue
         overrides = dict(getattr(group._functions, "_overrides", {}))
-        user = {v: fn for v, fn in overrides.items() if not getattr(fn, "__qualname__", "").startswith(_OURS)}
+        user = {
+            v: fn
+            for v, fn in overrides.items()
+            if not getattr(fn, "__qualname__", "").startswith(_OURS)
+        }
         if user:
             found[name] = user
     return found
 
 
-def import_torch_symbolics(*names: str, registry: Registry | None = None, replace: bool = False) -> list[SymbolicEntry]:
+def import_torch_symbolics(
+    *names: str, registry: Registry | None = None, replace: bool = False
+) -> list[SymbolicEntry]:
     """Copy symbolics registered with ``torch.onnx.register_custom_op_symbolic`` into our registry.
 
     Without ``names`` every one torch holds is copied; with names (``"mmcv::roi_align"``,
@@ -127,5 +142,10 @@ def import_torch_symbolics(*names: str, registry: Registry | None = None, replac
     added = []
     for name, by_opset in sorted(chosen.items()):
         for opset, fn in sorted(by_opset.items()):
-            added.append(reg.add(SymbolicEntry(normalize_target(name), opset, torch_style_translation(fn)), replace=replace))
+            added.append(
+                reg.add(
+                    SymbolicEntry(normalize_target(name), opset, torch_style_translation(fn)),
+                    replace=replace,
+                )
+            )
     return added

@@ -31,10 +31,19 @@ import torch
 
 from onnx_custom.errors import SymbolicError
 
-__all__ = ["NodeInput", "check_node_types", "deferring_half_precision", "half_precision_deferred", "input_constant_dtype", "onnx_type_name"]
+__all__ = [
+    "NodeInput",
+    "check_node_types",
+    "deferring_half_precision",
+    "half_precision_deferred",
+    "input_constant_dtype",
+    "onnx_type_name",
+]
 
 _HALF = frozenset({"float16", "bfloat16"})
-_HALF_DEFERRED: contextvars.ContextVar[bool] = contextvars.ContextVar("onnx_custom_half_deferred", default=False)
+_HALF_DEFERRED: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "onnx_custom_half_deferred", default=False
+)
 
 
 @contextlib.contextmanager
@@ -53,10 +62,20 @@ def half_precision_deferred() -> bool:
     depend on it: `GraphBuilder.op` keys the checks it remembers with it)."""
     return _HALF_DEFERRED.get()
 
+
 _TORCH_TO_ONNX_NAME = {
-    torch.float32: "float", torch.float64: "double", torch.float16: "float16", torch.bfloat16: "bfloat16",
-    torch.int8: "int8", torch.int16: "int16", torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8",
-    torch.bool: "bool", torch.complex64: "complex64", torch.complex128: "complex128",
+    torch.float32: "float",
+    torch.float64: "double",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.int8: "int8",
+    torch.int16: "int16",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.uint8: "uint8",
+    torch.bool: "bool",
+    torch.complex64: "complex64",
+    torch.complex128: "complex128",
 }
 _FROM_ONNX_NAME = {v: k for k, v in _TORCH_TO_ONNX_NAME.items()}
 
@@ -91,11 +110,18 @@ class _Digest:
 
 def _digest(schema: Any) -> _Digest:
     formals = tuple(
-        _Formal(f.name, f.type_str, f.option == onnx.defs.OpSchema.FormalParameterOption.Variadic, bool(f.is_homogeneous))
+        _Formal(
+            f.name,
+            f.type_str,
+            f.option == onnx.defs.OpSchema.FormalParameterOption.Variadic,
+            bool(f.is_homogeneous),
+        )
         for f in schema.inputs
     )
     allowed = {
-        c.type_param_str: frozenset(t[len("tensor(") : -1] for t in c.allowed_type_strs if t.startswith("tensor("))
+        c.type_param_str: frozenset(
+            t[len("tensor(") : -1] for t in c.allowed_type_strs if t.startswith("tensor(")
+        )
         for c in schema.type_constraints
     }
     return _Digest(formals, allowed)
@@ -151,7 +177,14 @@ def _name(dtype: torch.dtype | None) -> str:
     return "unknown" if dtype is None else (onnx_type_name(dtype) or str(dtype))
 
 
-def check_node_types(target: str, node: str, domain: str, op_type: str, opset: int, inputs: Sequence[NodeInput | None]) -> None:
+def check_node_types(
+    target: str,
+    node: str,
+    domain: str,
+    op_type: str,
+    opset: int,
+    inputs: Sequence[NodeInput | None],
+) -> None:
     """`SymbolicError` when the inputs' element types break the node's schema: a type outside a
     constraint's allowed set, or two inputs bound to one type parameter with different types.
     ``node`` names the node before its type (e.g. ``"the translation's node 2,"``); unknown
@@ -173,17 +206,23 @@ def check_node_types(target: str, node: str, domain: str, op_type: str, opset: i
             wanted = formal.type_str[len("tensor(") : -1]
             if name != wanted:
                 raise SymbolicError(
-                    f"{_where(target, node, domain, op_type, opset)}: {_label(index, formal, item)} must be {wanted}; received {name}. "
-                    f"Fix: {_fix(item, wanted)}."
+                    f"{_where(target, node, domain, op_type, opset)}: {_label(index, formal, item)}"
+                    f" must be {wanted}; received {name}. Fix: {_fix(item, wanted)}."
                 )
             continue
         allowed = digest.allowed.get(formal.type_str)
-        deferred = not domain and name in _HALF and allowed is not None and "float" in allowed and _HALF_DEFERRED.get()
+        deferred = (
+            not domain
+            and name in _HALF
+            and allowed is not None
+            and "float" in allowed
+            and _HALF_DEFERRED.get()
+        )
         if allowed is not None and name not in allowed and not deferred:
             raise SymbolicError(
-                f"{_where(target, node, domain, op_type, opset)}: {_label(index, formal, item)} has type {name}, which {op_type} does not "
-                f"accept for {formal.type_str}; expected one of {sorted(allowed)}. Fix: "
-                f"{_fix(item, _preferred(allowed))}."
+                f"{_where(target, node, domain, op_type, opset)}: {_label(index, formal, item)} has"
+                f" type {name}, which {op_type} does not accept for {formal.type_str}; expected one"
+                f" of {sorted(allowed)}. Fix: {_fix(item, _preferred(allowed))}."
             )
         if not formal.homogeneous and formal.variadic:
             continue
@@ -194,14 +233,19 @@ def check_node_types(target: str, node: str, domain: str, op_type: str, opset: i
         first_index, first_formal, first_item = first
         if first_item.dtype != item.dtype:
             # Fix the input that is a constant (or else the later one) to match the other.
-            fixed, other, other_index = (first_item, item, index) if first_item.constant and not item.constant else (item, first_item, first_index)
+            fixed, other, other_index = (
+                (first_item, item, index)
+                if first_item.constant and not item.constant
+                else (item, first_item, first_index)
+            )
             raise SymbolicError(
-                f"{_where(target, node, domain, op_type, opset)}: {_label(first_index, first_formal, first_item)} and "
-                f"{_label(index, formal, item)} share type {formal.type_str} and must have the same "
-                f"element type; received {_name(first_item.dtype)} and {_name(item.dtype)}. Under the "
-                "dynamo exporter this file would be invalid (ONNX Runtime refuses it), under "
-                f"TorchScript it depends on torch's implicit casts. Fix: "
-                f"{_fix(fixed, _name(other.dtype), like=f'<input {other_index}>')}."
+                f"{_where(target, node, domain, op_type, opset)}:"
+                f" {_label(first_index, first_formal, first_item)} and"
+                f" {_label(index, formal, item)} share type {formal.type_str} and must have the"
+                f" same element type; received {_name(first_item.dtype)} and {_name(item.dtype)}."
+                " Under the dynamo exporter this file would be invalid (ONNX Runtime refuses it),"
+                " under TorchScript it depends on torch's implicit casts. Fix:"
+                f" {_fix(fixed, _name(other.dtype), like=f'<input {other_index}>')}."
             )
 
 
@@ -216,8 +260,15 @@ def _preferred(allowed: frozenset[str]) -> str:
 def _fix(item: NodeInput, wanted: str, like: str | None = None) -> str:
     cast = f"g.op('Cast', value, to=onnx.TensorProto.{wanted.upper()})"
     if item.constant:
-        hint = f"g.constant(value, like={like})" if like else f"g.constant(value, dtype=torch.{_torch_name(wanted)})"
-        return f"cast the constant: `{hint}` (or in torch style g.op('Constant', value_t=torch.tensor(value, dtype=...))), or insert `{cast}`"
+        hint = (
+            f"g.constant(value, like={like})"
+            if like
+            else f"g.constant(value, dtype=torch.{_torch_name(wanted)})"
+        )
+        return (
+            f"cast the constant: `{hint}` (or in torch style g.op('Constant',"
+            f" value_t=torch.tensor(value, dtype=...))), or insert `{cast}`"
+        )
     return f"insert `{cast}` before the node"
 
 

@@ -143,10 +143,16 @@ def flatten_outputs(value: Any, prefix: str = "output") -> list[tuple[str, Any]]
     return [(prefix, value)]
 
 
-def tolerances(dtype: torch.dtype, rtol: float | None, atol: float | None) -> tuple[float, float, str]:
+def tolerances(
+    dtype: torch.dtype, rtol: float | None, atol: float | None
+) -> tuple[float, float, str]:
     default_rtol, default_atol = default_tolerances(dtype)
     if rtol is None and atol is None:
-        return default_rtol, default_atol, f"torch.testing default for {str(dtype).removeprefix('torch.')}"
+        return (
+            default_rtol,
+            default_atol,
+            f"torch.testing default for {str(dtype).removeprefix('torch.')}",
+        )
     check_tolerances(rtol, atol)
     return float(rtol), float(atol), "user override"  # type: ignore[arg-type]
 
@@ -175,13 +181,15 @@ def check_tolerances(rtol: float | None, atol: float | None) -> None:
     if rtol is None or atol is None:
         given, missing = ("rtol", "atol") if atol is None else ("atol", "rtol")
         raise InvalidArgumentError(
-            f"rtol and atol go together; received {given}={rtol if atol is None else atol!r} without {missing}. "
-            f"Fix: pass both (e.g. rtol=1e-4, atol=1e-5), or neither for the per-dtype defaults."
+            f"rtol and atol go together; received {given}={rtol if atol is None else atol!r}"
+            f" without {missing}. Fix: pass both (e.g. rtol=1e-4, atol=1e-5), or neither for the"
+            " per-dtype defaults."
         )
     for name, value in (("rtol", rtol), ("atol", atol)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
             raise InvalidArgumentError(
-                f"{name} must be a non-negative number; received {value!r}. Fix: pass e.g. {name}=1e-5."
+                f"{name} must be a non-negative number; received {value!r}. Fix: pass e.g."
+                f" {name}=1e-5."
             )
 
 
@@ -193,7 +201,9 @@ def to_tensor(array: Any) -> torch.Tensor:
     """
     arr = np.asarray(array)
     if arr.dtype.name == "bfloat16":
-        return torch.from_numpy(np.ascontiguousarray(arr.view(np.int16)).reshape(arr.shape)).view(torch.bfloat16)
+        return torch.from_numpy(np.ascontiguousarray(arr.view(np.int16)).reshape(arr.shape)).view(
+            torch.bfloat16
+        )
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
     if any(s < 0 for s in arr.strides) or not arr.flags.writeable:
@@ -229,10 +239,29 @@ def compare_arrays(
     half_default = rtol is None and atol is None and exp.dtype in _HALF
     if half_default and reference is None:
         a, source = _half_atol(exp, a, source)
-    common = dict(trial=trial, name=name, shape=tuple(exp.shape), dtype=str(exp.dtype).removeprefix("torch."), rtol=r, atol=a, tolerance_source=source, backend=backend)
+    common = dict(
+        trial=trial,
+        name=name,
+        shape=tuple(exp.shape),
+        dtype=str(exp.dtype).removeprefix("torch."),
+        rtol=r,
+        atol=a,
+        tolerance_source=source,
+        backend=backend,
+    )
     if tuple(act.shape) != tuple(exp.shape) or act.dtype != exp.dtype:
-        why = f"shape {list(act.shape)} vs {list(exp.shape)}" if tuple(act.shape) != tuple(exp.shape) else f"dtype {act.dtype} vs {exp.dtype}"
-        return OutputComparison(max_abs_diff=float("inf"), max_rel_diff=float("inf"), mismatched=max(exp.numel(), 1), total=max(exp.numel(), 1), **common | {"tolerance_source": f"{source}; ONNX {why}"})  # type: ignore[arg-type]
+        why = (
+            f"shape {list(act.shape)} vs {list(exp.shape)}"
+            if tuple(act.shape) != tuple(exp.shape)
+            else f"dtype {act.dtype} vs {exp.dtype}"
+        )
+        return OutputComparison(
+            max_abs_diff=float("inf"),
+            max_rel_diff=float("inf"),
+            mismatched=max(exp.numel(), 1),
+            total=max(exp.numel(), 1),
+            **common | {"tolerance_source": f"{source}; ONNX {why}"},  # type: ignore[arg-type]
+        )
     total = exp.numel()
     if total == 0:
         return OutputComparison(max_abs_diff=0.0, max_rel_diff=0.0, mismatched=0, total=0, **common)  # type: ignore[arg-type]
@@ -243,32 +272,64 @@ def compare_arrays(
         point = reference() if callable(reference) else reference
         if point is not None and tuple(point.value.shape) == tuple(exp.shape):
             budget = _half_budget(exp, point)
-            source = f"{source}, plus {HALF_BUDGET:g} x each element's half-precision budget (float32 reference)"
+            source = (
+                f"{source}, plus {HALF_BUDGET:g} x each element's half-precision budget (float32"
+                " reference)"
+            )
         else:
             a, source = _half_atol(exp, a, source)
         common |= {"atol": a, "tolerance_source": source}
         stats, diffs = _stats(exp, act, r, a, budget, keep_diffs, name, trial)
-    worst = _worst_element(exp, act, r, a, budget) if stats.mismatched and exp.is_floating_point() else ""
+    worst = (
+        _worst_element(exp, act, r, a, budget)
+        if stats.mismatched and exp.is_floating_point()
+        else ""
+    )
     return OutputComparison(
-        max_abs_diff=stats.max_abs_diff, max_rel_diff=stats.max_rel_diff, mismatched=stats.mismatched, total=total,
-        nonfinite_mismatch=stats.nonfinite_mismatch, worst=worst, abs_diffs=diffs, **common,  # type: ignore[arg-type]
+        max_abs_diff=stats.max_abs_diff,
+        max_rel_diff=stats.max_rel_diff,
+        mismatched=stats.mismatched,
+        total=total,
+        nonfinite_mismatch=stats.nonfinite_mismatch,
+        worst=worst,
+        abs_diffs=diffs,
+        **common,  # type: ignore[arg-type]
     )
 
 
 def _stats(
-    exp: torch.Tensor, act: torch.Tensor, r: float, a: float, budget: torch.Tensor | None, keep_diffs: bool, name: str, trial: int
+    exp: torch.Tensor,
+    act: torch.Tensor,
+    r: float,
+    a: float,
+    budget: torch.Tensor | None,
+    keep_diffs: bool,
+    name: str,
+    trial: int,
 ) -> tuple[_Stats, np.ndarray | DiffsThunk | None]:
     """Statistics of a same-shape, same-dtype, non-empty pair, and its differences (kept or lazy)."""
     total = exp.numel()
     if exp.dtype == torch.bool or not (exp.is_floating_point() or exp.is_complex()):
         stats = _exact_stats(exp, act)
-        return stats, (_zeros(total) if stats.mismatched == 0 else _exact_diffs(exp, act)) if keep_diffs else None
+        return stats, (
+            (_zeros(total) if stats.mismatched == 0 else _exact_diffs(exp, act))
+            if keep_diffs
+            else None
+        )
     fast = _float_stats(exp, act, r, a) if exp.is_floating_point() and budget is None else None
     if fast is None:
         stats, all_diffs = _general_float_stats(exp, act, r, a, budget)
         return stats, all_diffs if keep_diffs else None
     # Failing outputs keep their differences now; passing ones compute them when a report asks.
-    return fast, (_finite_diffs(exp, act) if fast.mismatched else _guarded_diffs(exp, act, fast.checksum, name, trial)) if keep_diffs else None
+    return fast, (
+        (
+            _finite_diffs(exp, act)
+            if fast.mismatched
+            else _guarded_diffs(exp, act, fast.checksum, name, trial)
+        )
+        if keep_diffs
+        else None
+    )
 
 
 def _half_budget(exp: torch.Tensor, reference: ReferencePoint) -> torch.Tensor:
@@ -279,7 +340,9 @@ def _half_budget(exp: torch.Tensor, reference: ReferencePoint) -> torch.Tensor:
     return HALF_BUDGET * (spread + own)
 
 
-def _worst_element(exp: torch.Tensor, act: torch.Tensor, rtol: float, atol: float, budget: torch.Tensor | None) -> str:
+def _worst_element(
+    exp: torch.Tensor, act: torch.Tensor, rtol: float, atol: float, budget: torch.Tensor | None
+) -> str:
     """The failing element furthest past its tolerance (or the first NaN/Inf mismatch): its
     index, expected and received values and the tolerance used there."""
     e64, a64 = exp.to(torch.float64).reshape(-1), act.to(torch.float64).reshape(-1)
@@ -288,7 +351,9 @@ def _worst_element(exp: torch.Tensor, act: torch.Tensor, rtol: float, atol: floa
         tol = tol + budget.reshape(-1)
     with torch.no_grad():
         both = torch.isfinite(e64) & torch.isfinite(a64)
-        excess = torch.where(both, (e64 - a64).abs() - tol, torch.tensor(-float("inf"), dtype=torch.float64))
+        excess = torch.where(
+            both, (e64 - a64).abs() - tol, torch.tensor(-float("inf"), dtype=torch.float64)
+        )
         same = (e64 == a64) | (torch.isnan(e64) & torch.isnan(a64))
         if bool((excess > 0).any()):
             flat = int(excess.argmax())
@@ -299,8 +364,8 @@ def _worst_element(exp: torch.Tensor, act: torch.Tensor, rtol: float, atol: floa
     if budget is not None:
         parts += f" + budget {float(budget.reshape(-1)[flat]):.3g}"
     return (
-        f"element {index}: expected {float(e64[flat]):.6g}, received {float(a64[flat]):.6g}, "
-        f"|diff| {float((e64[flat] - a64[flat]).abs()):.3g} > tolerance {float(tol[flat]):.3g} ({parts})"
+        f"element {index}: expected {float(e64[flat]):.6g}, received {float(a64[flat]):.6g}, |diff|"
+        f" {float((e64[flat] - a64[flat]).abs()):.3g} > tolerance {float(tol[flat]):.3g} ({parts})"
     )
 
 
@@ -308,7 +373,9 @@ def _zeros(total: int) -> DiffsThunk:
     return lambda: np.zeros(total)
 
 
-def _guarded_diffs(exp: torch.Tensor, act: torch.Tensor, checksum: float, name: str, trial: int) -> DiffsThunk:
+def _guarded_diffs(
+    exp: torch.Tensor, act: torch.Tensor, checksum: float, name: str, trial: int
+) -> DiffsThunk:
     """Differences computed on first read from the compared tensors themselves (no copy: copying
     would cost more than the comparison). A tensor modified since is detected (torch's version
     counter, and the float32 sum of |exp - act|) and refused rather than histogrammed."""
@@ -317,9 +384,10 @@ def _guarded_diffs(exp: torch.Tensor, act: torch.Tensor, checksum: float, name: 
     def diffs() -> np.ndarray:
         if exp._version != version or _abs_diff_sum(exp, act) != checksum:
             raise OnnxCustomError(
-                f"abs_diffs of output {name!r} (trial {trial}): the compared tensors were modified in "
-                "place after compare_arrays, so their differences are no longer the compared ones. "
-                "Fix: read abs_diffs (or write the report) before modifying them, or compare copies."
+                f"abs_diffs of output {name!r} (trial {trial}): the compared tensors were modified"
+                " in place after compare_arrays, so their differences are no longer the compared"
+                " ones. Fix: read abs_diffs (or write the report) before modifying them, or"
+                " compare copies."
             )
         return _finite_diffs(exp, act)
 
@@ -360,7 +428,9 @@ def _exact_stats(exp: torch.Tensor, act: torch.Tensor) -> _Stats:
 def _work_arrays(exp: torch.Tensor, act: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """NumPy views (float32 and float64 as they are; float16/bfloat16 widened to float32, exactly)."""
     work = torch.float64 if exp.dtype == torch.float64 else torch.float32
-    return np.atleast_1d(exp.to(work).numpy()), np.atleast_1d(act.to(work).numpy())  # 0-d: ufuncs return scalars
+    return np.atleast_1d(exp.to(work).numpy()), np.atleast_1d(
+        act.to(work).numpy()
+    )  # 0-d: ufuncs return scalars
 
 
 def _float_stats(exp: torch.Tensor, act: torch.Tensor, rtol: float, atol: float) -> _Stats | None:
@@ -371,7 +441,9 @@ def _float_stats(exp: torch.Tensor, act: torch.Tensor, rtol: float, atol: float)
         return _float_stats_unchecked(exp, act, rtol, atol)
 
 
-def _float_stats_unchecked(exp: torch.Tensor, act: torch.Tensor, rtol: float, atol: float) -> _Stats | None:
+def _float_stats_unchecked(
+    exp: torch.Tensor, act: torch.Tensor, rtol: float, atol: float
+) -> _Stats | None:
     e, x = _work_arrays(exp, act)
     d = np.subtract(e, x)
     np.abs(d, out=d)
@@ -396,7 +468,9 @@ def _float_stats_unchecked(exp: torch.Tensor, act: torch.Tensor, rtol: float, at
             np.multiply(tol, np.float32((1 + _MARGIN) / (1 - _MARGIN)), out=tol)
             surely_bad = d > tol
             mismatched = int(np.count_nonzero(surely_bad))
-            if mismatched != int(np.count_nonzero(maybe_bad)):  # else the band is empty (surely_bad <= maybe_bad)
+            if mismatched != int(
+                np.count_nonzero(maybe_bad)
+            ):  # else the band is empty (surely_bad <= maybe_bad)
                 np.logical_and(maybe_bad, np.logical_not(surely_bad, out=surely_bad), out=maybe_bad)
                 e64, x64 = e[maybe_bad].astype(np.float64), x[maybe_bad].astype(np.float64)
                 mismatched += int(np.count_nonzero(np.abs(e64 - x64) > atol + rtol * np.abs(e64)))
@@ -405,7 +479,9 @@ def _float_stats_unchecked(exp: torch.Tensor, act: torch.Tensor, rtol: float, at
     max_abs = _max64(e, x, d >= dmax * (1 - _MARGIN), relative=False)
     q = np.divide(d, ae, out=ae)  # 0/0 -> NaN (skipped by fmax); x/0 -> inf (a candidate)
     qmax = float(np.fmax.reduce(q, axis=None))
-    near_max = q >= min(qmax, _FLOAT32_MAX) * (1 - _MARGIN) if qmax >= _SMALLEST_SAFE_ATOL else d > 0
+    near_max = (
+        q >= min(qmax, _FLOAT32_MAX) * (1 - _MARGIN) if qmax >= _SMALLEST_SAFE_ATOL else d > 0
+    )
     return _Stats(max_abs, _max64(e, x, near_max, relative=True), mismatched, checksum=checksum)
 
 
@@ -418,14 +494,18 @@ def _max64(e: np.ndarray, x: np.ndarray, where: np.ndarray, *, relative: bool) -
     return float(diff.max())
 
 
-def _general_float_stats(exp: torch.Tensor, act: torch.Tensor, r: float, a: float, budget: torch.Tensor | None = None) -> tuple[_Stats, np.ndarray]:
+def _general_float_stats(
+    exp: torch.Tensor, act: torch.Tensor, r: float, a: float, budget: torch.Tensor | None = None
+) -> tuple[_Stats, np.ndarray]:
     """Float64 over the whole tensor: NaN/Inf positions, complex values, tiny tolerances, and the
     per-element ``budget`` of a half output (added to ``a + r * |expected|``)."""
     e64 = exp.to(torch.complex128 if exp.is_complex() else torch.float64)
     a64 = act.to(e64.dtype)
     finite_e, finite_a = torch.isfinite(e64), torch.isfinite(a64)
     # Non-finite values must agree exactly (same NaN positions, same signed infinities).
-    nonfinite_bad = (finite_e != finite_a) | (~finite_e & ~finite_a & ~((e64 == a64) | (torch.isnan(e64) & torch.isnan(a64))))
+    nonfinite_bad = (finite_e != finite_a) | (
+        ~finite_e & ~finite_a & ~((e64 == a64) | (torch.isnan(e64) & torch.isnan(a64)))
+    )
     both = finite_e & finite_a
     diff = torch.zeros_like(e64.real if e64.is_complex() else e64)
     diff[both] = (e64[both] - a64[both]).abs()

@@ -24,6 +24,7 @@ from onnx_custom.verification.runner import STANDARD_DOMAINS, graph_inputs
 
 __all__ = ["DeclaredTypes", "TypeMismatch", "evaluate_dim"]
 
+
 @dataclasses.dataclass(frozen=True)
 class TypeMismatch:
     """One value whose declared type disagrees with the runtime value of one trial."""
@@ -39,8 +40,8 @@ class TypeMismatch:
     def describe(self) -> str:
         returned = "ONNX Runtime" if self.backend == "onnxruntime" else f"backend {self.backend}"
         return (
-            f"trial {self.trial}: {self.value!r} ({self.producer}) is declared {self.declared} but {returned} "
-            f"returned {self.actual}: {self.problem}"
+            f"trial {self.trial}: {self.value!r} ({self.producer}) is declared {self.declared} but"
+            f" {returned} returned {self.actual}: {self.problem}"
         )
 
 
@@ -61,7 +62,10 @@ def _dims(info: onnx.ValueInfoProto) -> list[int | str | None] | None:
     tensor_type = info.type.tensor_type
     if not tensor_type.HasField("shape"):
         return None
-    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor_type.shape.dim]
+    return [
+        d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+        for d in tensor_type.shape.dim
+    ]
 
 
 def _describe(elem_type: int, dims: list[int | str | None] | None) -> str:
@@ -69,7 +73,13 @@ def _describe(elem_type: int, dims: list[int | str | None] | None) -> str:
     return f"{dtype}{dims if dims is not None else '[rank unknown]'}".replace("None", "?")
 
 
-_OPS: dict[type, Any] = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
+_OPS: dict[type, Any] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+}
 _CALLS: dict[str, Any] = {"max": max, "Max": max, "min": min, "Min": min}
 
 
@@ -83,7 +93,11 @@ def evaluate_dim(expression: str, env: Mapping[str, int]) -> int | None:
     def ev(node: ast.AST) -> int:
         if isinstance(node, ast.Expression):
             return ev(node.body)
-        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, int)
+            and not isinstance(node.value, bool)
+        ):
             return node.value
         if isinstance(node, ast.Name) and node.id in env:
             return env[node.id]
@@ -91,7 +105,12 @@ def evaluate_dim(expression: str, env: Mapping[str, int]) -> int | None:
             return int(_OPS[type(node.op)](ev(node.left), ev(node.right)))
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             return -ev(node.operand)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _CALLS and not node.keywords:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in _CALLS
+            and not node.keywords
+        ):
             return int(_CALLS[node.func.id](*(ev(a) for a in node.args)))
         raise ValueError(expression)
 
@@ -122,7 +141,11 @@ class DeclaredTypes:
         typed = {v.name: v for v in graph.value_info}
         self.producers = producers
         self.declared: dict[str, onnx.ValueInfoProto] = dict(outputs)
-        self.extra_outputs = [name for name in custom if name not in outputs and name in typed and typed[name].type.HasField("tensor_type")]
+        self.extra_outputs = [
+            name
+            for name in custom
+            if name not in outputs and name in typed and typed[name].type.HasField("tensor_type")
+        ]
         for name in self.extra_outputs:
             self.declared[name] = typed[name]
         self._proto = proto
@@ -147,7 +170,12 @@ class DeclaredTypes:
                     env.setdefault(dim, size)
         return env
 
-    def check(self, trial: int, values: Mapping[str, np.ndarray], input_shapes: Mapping[str, tuple[int, ...]]) -> list[TypeMismatch]:
+    def check(
+        self,
+        trial: int,
+        values: Mapping[str, np.ndarray],
+        input_shapes: Mapping[str, tuple[int, ...]],
+    ) -> list[TypeMismatch]:
         """Mismatches between the declared types and ``values`` (ORT's outputs by name)."""
         env = self._environment(input_shapes)
         seen: dict[str, tuple[int, str]] = {}
@@ -161,11 +189,27 @@ class DeclaredTypes:
             actual = f"{_dtype_name(_elem_type(array)) if _elem_type(array) else array.dtype}{list(array.shape)}"
             problem = self._problem(elem_type, dims, array, env, seen, name)
             if problem:
-                found.append(TypeMismatch(trial, name, self.producers.get(name, "graph input"), _describe(elem_type, dims), actual, problem))
+                found.append(
+                    TypeMismatch(
+                        trial,
+                        name,
+                        self.producers.get(name, "graph input"),
+                        _describe(elem_type, dims),
+                        actual,
+                        problem,
+                    )
+                )
         return found
 
     @staticmethod
-    def _problem(elem_type: int, dims: list[int | str | None] | None, array: np.ndarray, env: Mapping[str, int], seen: dict[str, tuple[int, str]], name: str) -> str:
+    def _problem(
+        elem_type: int,
+        dims: list[int | str | None] | None,
+        array: np.ndarray,
+        env: Mapping[str, int],
+        seen: dict[str, tuple[int, str]],
+        name: str,
+    ) -> str:
         actual_type = _elem_type(array)
         if elem_type and actual_type and elem_type != actual_type:
             return f"element type {_dtype_name(elem_type)} vs {_dtype_name(actual_type)}"
@@ -180,9 +224,14 @@ class DeclaredTypes:
             elif isinstance(dim, str):
                 expected = evaluate_dim(dim, env)
                 if expected is not None and expected != size:
-                    problems.append(f"dim {axis} is {dim!r} = {expected} from the inputs but {size} at run time")
+                    problems.append(
+                        f"dim {axis} is {dim!r} = {expected} from the inputs but {size} at run time"
+                    )
                 elif expected is None:
                     other = seen.setdefault(dim, (size, f"{name}[{axis}]"))
                     if other[0] != size:
-                        problems.append(f"dim {axis} is {dim!r}, which is {other[0]} at {other[1]}, but {size} here")
+                        problems.append(
+                            f"dim {axis} is {dim!r}, which is {other[0]} at {other[1]}, but {size}"
+                            " here"
+                        )
         return "; ".join(problems)

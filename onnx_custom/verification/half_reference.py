@@ -109,7 +109,10 @@ class HalfReference:
             if not made:
                 found = self.outputs(args, eager)
                 if isinstance(found, str):
-                    note = f"half-precision outputs compared without a float32 reference: {found}; atol is one ulp of max|expected| instead"
+                    note = (
+                        f"half-precision outputs compared without a float32 reference: {found};"
+                        " atol is one ulp of max|expected| instead"
+                    )
                     if note not in notes:
                         notes.append(note)
                     found = [None] * len(eager)

@@ -42,11 +42,13 @@ class InitializerMismatch:
     max_abs_diff: float
 
     def describe(self) -> str:
-        how = "same name" if self.matched_by == "name" else "matched by shape and order, names differ"
+        how = (
+            "same name" if self.matched_by == "name" else "matched by shape and order, names differ"
+        )
         return (
-            f"initializer {self.initializer!r} differs from the model's {self.parameter!r} ({how}, shape "
-            f"{list(self.shape)}, max abs diff {self.max_abs_diff:.3g}): the file was exported from other "
-            "weights (seed the model, or export and verify the same instance)"
+            f"initializer {self.initializer!r} differs from the model's {self.parameter!r} ({how},"
+            f" shape {list(self.shape)}, max abs diff {self.max_abs_diff:.3g}): the file was"
+            " exported from other weights (seed the model, or export and verify the same instance)"
         )
 
 
@@ -79,9 +81,13 @@ def _equal(a: np.ndarray, b: np.ndarray) -> bool:
 
 # ONNX element types whose raw_data numpy can view as is (little-endian machines).
 _VIEWABLE: dict[int, type[np.generic]] = {
-    onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.float64,
-    onnx.TensorProto.FLOAT16: np.float16, onnx.TensorProto.INT64: np.int64,
-    onnx.TensorProto.INT32: np.int32, onnx.TensorProto.INT8: np.int8, onnx.TensorProto.UINT8: np.uint8,
+    onnx.TensorProto.FLOAT: np.float32,
+    onnx.TensorProto.DOUBLE: np.float64,
+    onnx.TensorProto.FLOAT16: np.float16,
+    onnx.TensorProto.INT64: np.int64,
+    onnx.TensorProto.INT32: np.int32,
+    onnx.TensorProto.INT8: np.int8,
+    onnx.TensorProto.UINT8: np.uint8,
 }
 
 
@@ -89,7 +95,12 @@ def _initializer_array(init: onnx.TensorProto) -> np.ndarray:
     """The initializer's values: a read-only array over ``raw_data`` when possible (no further
     copy or byte-order pass), else `numpy_helper.to_array`."""
     dtype = _VIEWABLE.get(init.data_type)
-    if dtype is not None and sys.byteorder == "little" and init.HasField("raw_data") and init.data_location != onnx.TensorProto.EXTERNAL:
+    if (
+        dtype is not None
+        and sys.byteorder == "little"
+        and init.HasField("raw_data")
+        and init.data_location != onnx.TensorProto.EXTERNAL
+    ):
         shape = tuple(init.dims)
         raw = init.raw_data  # protobuf hands out a copy per access: read it once
         if int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize == len(raw):
@@ -110,7 +121,9 @@ def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
     return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
 
-def compare_initializers(model: Any, proto: onnx.ModelProto, *, warn: bool = True) -> list[InitializerMismatch]:
+def compare_initializers(
+    model: Any, proto: onnx.ModelProto, *, warn: bool = True
+) -> list[InitializerMismatch]:
     """Parameters/buffers of ``model`` whose values differ from the file's (module doc)."""
     if not isinstance(model, torch.nn.Module):
         return []
@@ -118,7 +131,11 @@ def compare_initializers(model: Any, proto: onnx.ModelProto, *, warn: bool = Tru
     # derived constant (an index table, a grid) that exporters fold or rename freely, and pairing
     # it by shape and order with an unrelated constant reported weights that were never wrong.
     state = set(model.state_dict(keep_vars=True))
-    params = {n: _to_numpy(t) for n, t in (*model.named_parameters(), *model.named_buffers()) if t is not None and n in state}
+    params = {
+        n: _to_numpy(t)
+        for n, t in (*model.named_parameters(), *model.named_buffers())
+        if t is not None and n in state
+    }
     inits: dict[str, np.ndarray] = {}
     for init in proto.graph.initializer:
         try:
@@ -134,17 +151,31 @@ def compare_initializers(model: Any, proto: onnx.ModelProto, *, warn: bool = Tru
             continue
         diff = _difference(param, inits[name])
         if diff is None or not _same(param, diff):
-            found.append(InitializerMismatch(name, name, "name", tuple(param.shape), float("inf") if diff is None else diff))
+            found.append(
+                InitializerMismatch(
+                    name, name, "name", tuple(param.shape), float("inf") if diff is None else diff
+                )
+            )
     for name in unmatched:
         param = params[name]
         diffs = {n: _difference(param, inits[n]) for n in unclaimed}
-        fitting = [n for n, d in diffs.items() if d is not None and inits[n].dtype.kind == param.dtype.kind]
+        fitting = [
+            n for n, d in diffs.items() if d is not None and inits[n].dtype.kind == param.dtype.kind
+        ]
         equal = [n for n in fitting if _same(param, diffs[n])]  # type: ignore[arg-type]
         if equal:
             unclaimed.remove(equal[0])
         elif fitting:
             unclaimed.remove(fitting[0])
-            found.append(InitializerMismatch(name, fitting[0], "shape+order", tuple(param.shape), diffs[fitting[0]]))  # type: ignore[arg-type]
+            found.append(
+                InitializerMismatch(
+                    name,
+                    fitting[0],
+                    "shape+order",
+                    tuple(param.shape),
+                    diffs[fitting[0]],  # type: ignore[arg-type]
+                )
+            )
     if warn:
         for mismatch in found:
             warnings.warn(mismatch.describe(), InitializerMismatchWarning, stacklevel=3)

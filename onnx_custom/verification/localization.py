@@ -45,8 +45,8 @@ class ValueDiff:
         state = "ok" if self.passed else f"DIFF {self.mismatched}/{self.total}"
         extra = f"; {self.note}" if self.note else ""
         return (
-            f"{self.name} -> {self.onnx_name} {list(self.shape)} {self.dtype}: max_abs={self.max_abs_diff:.3g} "
-            f"max_rel={self.max_rel_diff:.3g} [{state}{extra}]"
+            f"{self.name} -> {self.onnx_name} {list(self.shape)} {self.dtype}:"
+            f" max_abs={self.max_abs_diff:.3g} max_rel={self.max_rel_diff:.3g} [{state}{extra}]"
         )
 
 
@@ -77,7 +77,10 @@ class NodeLocalization:
         return self.diverges and all(i.passed for i in self.inputs if i.observed)
 
     def describe(self) -> str:
-        lines = [f"#{self.index} {self.fx_name} = {self.torch_op}" + (f"   ({self.stack})" if self.stack else "")]
+        lines = [
+            f"#{self.index} {self.fx_name} = {self.torch_op}"
+            + (f"   ({self.stack})" if self.stack else "")
+        ]
         lines.append(f"    ONNX node(s): {', '.join(self.onnx_nodes) or '(none found)'}")
         lines.append(f"    translation: {self.translation}")
         lines += [f"    input  {v.describe()}" for v in self.inputs]
@@ -120,39 +123,49 @@ class Localization:
         observed = sum(n.observed for n in self.nodes)
         if first is None and self.method == "probe":
             return (
-                f"Localization ({self.method}, {self.exporter}, opset {self.opset}, trial {self.trial}): "
-                f"all {observed} observed intermediate node(s) of the re-export agree. If the file "
-                "still mismatches, it was not made by this exporter/opset/registry (another variant "
-                "or registry?), was edited after export, or the fault is in an autograd.Function "
-                "translation (inlined by torch.export, so not re-exported)."
+                f"Localization ({self.method}, {self.exporter}, opset {self.opset}, trial"
+                f" {self.trial}): all {observed} observed intermediate node(s) of the re-export"
+                " agree. If the file still mismatches, it was not made by this"
+                " exporter/opset/registry (another variant or registry?), was edited after export,"
+                " or the fault is in an autograd.Function translation (inlined by torch.export, so"
+                " not re-exported)."
             )
         if first is None:
             return (
-                f"Localization ({self.method}, {self.exporter}, opset {self.opset}, trial {self.trial}): "
-                f"all {observed} observed intermediate node(s) agree. If the outputs still mismatch, "
-                "the divergence is in a part this comparison cannot observe (nodes fused away, the "
-                "translation of an autograd.Function, or edits made to the file after export)."
+                f"Localization ({self.method}, {self.exporter}, opset {self.opset}, trial"
+                f" {self.trial}): all {observed} observed intermediate node(s) agree. If the"
+                " outputs still mismatch, the divergence is in a part this comparison cannot"
+                " observe (nodes fused away, the translation of an autograd.Function, or edits"
+                " made to the file after export)."
             )
         worst = max((o for o in first.outputs if o.observed), key=lambda o: o.max_abs_diff)
         text = (
-            f"First diverging node: #{first.index} {first.fx_name} = {first.torch_op} -> ONNX "
-            f"{', '.join(first.onnx_nodes) or '(none found)'}; output max_abs={worst.max_abs_diff:.3g} "
-            f"max_rel={worst.max_rel_diff:.3g}; translation: {first.translation}"
+            f"First diverging node: #{first.index} {first.fx_name} = {first.torch_op} -> ONNX"
+            f" {', '.join(first.onnx_nodes) or '(none found)'}; output"
+            f" max_abs={worst.max_abs_diff:.3g} max_rel={worst.max_rel_diff:.3g}; translation:"
+            f" {first.translation}"
         )
-        parameters = [i for i in first.inputs if i.observed and not i.passed and i.note.startswith(PARAMETER_NOTE)]
+        parameters = [
+            i
+            for i in first.inputs
+            if i.observed and not i.passed and i.note.startswith(PARAMETER_NOTE)
+        ]
         if parameters:
             text += (
-                f". Its input {parameters[0].name} (a model parameter) already differs from the file's "
-                f"initializer {parameters[0].onnx_name!r}: the file was not exported from these weights"
+                f". Its input {parameters[0].name} (a model parameter) already differs from the"
+                f" file's initializer {parameters[0].onnx_name!r}: the file was not exported from"
+                " these weights"
             )
         return text
 
     def __str__(self) -> str:
         observed = sum(n.observed for n in self.nodes)
         lines = [
-            f"Localization ({self.method}, {self.exporter}, opset {self.opset}, trial {self.trial}): "
-            f"{observed}/{len(self.nodes)} torch node(s) observed in ONNX, "
-            f"{len(self.diverging)} diverge, {len(self.origins)} origin(s)",
+            (
+                f"Localization ({self.method}, {self.exporter}, opset {self.opset}, trial"
+                f" {self.trial}): {observed}/{len(self.nodes)} torch node(s) observed in ONNX,"
+                f" {len(self.diverging)} diverge, {len(self.origins)} origin(s)"
+            ),
             self.summary(),
         ]
         if self.note:
@@ -162,7 +175,9 @@ class Localization:
             lines.append("Diverging nodes in topological order (origins first are the suspects):")
             lines += [("[ORIGIN] " if n.origin else "") + n.describe() for n in shown]
             if len(self.diverging) > len(shown):
-                lines.append(f"... and {len(self.diverging) - len(shown)} more diverging node(s) downstream")
+                lines.append(
+                    f"... and {len(self.diverging) - len(shown)} more diverging node(s) downstream"
+                )
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:

@@ -63,7 +63,12 @@ from onnx_custom.verification.runner import (
 )
 from onnx_custom.verification.segmented import SegmentedRun
 
-__all__ = ["Localization", "NodeLocalization", "ValueDiff", "localize"]  # the records re-exported from .localization
+__all__ = [
+    "Localization",
+    "NodeLocalization",
+    "ValueDiff",
+    "localize",
+]  # the records re-exported from .localization
 
 _FX_NODE = re.compile(r"^%(?P<name>[\w.]+) :")
 
@@ -79,7 +84,9 @@ class _TorchProgram:
     reused: bool = False  # the exporter's own program (`program_cache`), not traced here
 
 
-def _trace_torch(model: torch.nn.Module, args: tuple[Any, ...], *, reuse: bool = True) -> _TorchProgram:
+def _trace_torch(
+    model: torch.nn.Module, args: tuple[Any, ...], *, reuse: bool = True
+) -> _TorchProgram:
     """The model's torch.export program: the one the dynamo exporter traced for the file when it
     is still valid (`onnx_custom.exporter.program_cache`), else a fresh trace."""
     flat_args = tuple(torch.utils._pytree.tree_leaves(args))
@@ -92,14 +99,16 @@ def _trace_torch(model: torch.nn.Module, args: tuple[Any, ...], *, reuse: bool =
             exported = torch.export.export(model, args, strict=False)
     except Exception as exc:
         raise OnnxCustomError(
-            f"Localization needs a torch.export program of the model, but torch.export failed: "
+            "Localization needs a torch.export program of the model, but torch.export failed: "
             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}. Fix: make the "
             "model exportable (register_fake for custom ops) or verify without localize."
         ) from exc
     return _TorchProgram(exported.module(), flat_args, exported)
 
 
-_modules: weakref.WeakKeyDictionary[torch.export.ExportedProgram, torch.fx.GraphModule] = weakref.WeakKeyDictionary()
+_modules: weakref.WeakKeyDictionary[torch.export.ExportedProgram, torch.fx.GraphModule] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _module_of(exported: torch.export.ExportedProgram) -> torch.fx.GraphModule:
@@ -114,11 +123,15 @@ def _module_of(exported: torch.export.ExportedProgram) -> torch.fx.GraphModule:
 def _outputs_agree(program_outputs: Any, expected: Sequence[torch.Tensor]) -> bool:
     """Does the program compute what eager computed? (A reused program whose model's code
     changed after export would not.)"""
-    mine = [t for t in torch.utils._pytree.tree_leaves(program_outputs) if isinstance(t, torch.Tensor)]
+    mine = [
+        t for t in torch.utils._pytree.tree_leaves(program_outputs) if isinstance(t, torch.Tensor)
+    ]
     if len(mine) != len(expected):
         return False
     return all(
-        a.shape == b.shape and a.dtype == b.dtype and torch.allclose(a.double(), b.detach().double(), rtol=1e-4, atol=1e-5, equal_nan=True)
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and torch.allclose(a.double(), b.detach().double(), rtol=1e-4, atol=1e-5, equal_nan=True)
         for a, b in zip(mine, expected, strict=True)
     )
 
@@ -146,7 +159,9 @@ def _torch_op_name(node: torch.fx.Node) -> str:
     return getattr(target, "__name__", str(target))
 
 
-def _op_nodes(module: torch.fx.GraphModule, is_tensor: Callable[[torch.fx.Node], bool]) -> list[tuple[torch.fx.Node, list[torch.fx.Node]]]:
+def _op_nodes(
+    module: torch.fx.GraphModule, is_tensor: Callable[[torch.fx.Node], bool]
+) -> list[tuple[torch.fx.Node, list[torch.fx.Node]]]:
     """(op node, its tensor-valued output nodes) in topological order; getitems fold into parents."""
     result = []
     for node in module.graph.nodes:
@@ -174,7 +189,9 @@ def _source_of(node: torch.fx.Node) -> str:
     return f"{where}: {code}" if code else where
 
 
-def _translation_describer(registry: Registry, opset: int, exporter: str) -> Callable[[torch.fx.Node], str]:
+def _translation_describer(
+    registry: Registry, opset: int, exporter: str
+) -> Callable[[torch.fx.Node], str]:
     """node -> the translation it used, memoized per op for one localization (a registry lookup
     scans its entries, ~1 ms, and a model repeats a few ops many times; the registry is mutable,
     so nothing is kept across calls)."""
@@ -199,23 +216,41 @@ def _translation_of(node: torch.fx.Node, registry: Registry, opset: int, exporte
     op = rest.split(".")[0]
     entry = None
     with contextlib.suppress(Exception):
-        entry = registry.lookup(Target(QualifiedName(ns, op, target._overloadname)), opset, exporter=exporter)
+        entry = registry.lookup(
+            Target(QualifiedName(ns, op, target._overloadname)), opset, exporter=exporter
+        )
     if entry is not None:
         return entry.describe()
-    builtin = "torchlib (torch.onnx built-in)" if exporter == "dynamo" else "torch.onnx TorchScript symbolic (built-in)"
+    builtin = (
+        "torchlib (torch.onnx built-in)"
+        if exporter == "dynamo"
+        else "torch.onnx TorchScript symbolic (built-in)"
+    )
     return f"{ns}::{op} -> {builtin}"
 
 
 # -- comparing, one value at a time ------------------------------------------------------------
 
 
-def _compare(name: str, onnx_name: str, expected: torch.Tensor, actual: np.ndarray | None, rtol: float | None, atol: float | None, note: str = "") -> ValueDiff:
+def _compare(
+    name: str,
+    onnx_name: str,
+    expected: torch.Tensor,
+    actual: np.ndarray | None,
+    rtol: float | None,
+    atol: float | None,
+    note: str = "",
+) -> ValueDiff:
     shape, dtype = tuple(expected.shape), str(expected.dtype).removeprefix("torch.")
     if actual is None:
         return ValueDiff(name, onnx_name, shape, dtype, 0.0, 0.0, 0, 0, observed=False, note=note)
     notes = [note] if note else []
     actual = np.asarray(actual)
-    expected_np = torch.empty((), dtype=expected.dtype).numpy().dtype if expected.dtype != torch.bfloat16 else None
+    expected_np = (
+        torch.empty((), dtype=expected.dtype).numpy().dtype
+        if expected.dtype != torch.bfloat16
+        else None
+    )
     if expected_np is not None and actual.dtype != expected_np and tuple(actual.shape) == shape:
         # Intermediates may legitimately differ in dtype (e.g. int32 vs int64 indices): compare values.
         notes.append(f"ONNX dtype {actual.dtype}")
@@ -224,14 +259,33 @@ def _compare(name: str, onnx_name: str, expected: torch.Tensor, actual: np.ndarr
     _, separator, mismatch = c.tolerance_source.partition("; ONNX ")
     if separator:  # a shape/dtype mismatch replaces the dtype note
         notes = [*([note] if note else []), f"ONNX {mismatch}"]
-    return ValueDiff(name, onnx_name, shape, dtype, c.max_abs_diff, c.max_rel_diff, c.mismatched, c.total, note="; ".join(notes))
+    return ValueDiff(
+        name,
+        onnx_name,
+        shape,
+        dtype,
+        c.max_abs_diff,
+        c.max_rel_diff,
+        c.mismatched,
+        c.total,
+        note="; ".join(notes),
+    )
 
 
-def _compare_parameter(node: torch.fx.Node, value: torch.Tensor, initializers: dict[str, onnx.TensorProto], rtol: float | None, atol: float | None) -> ValueDiff:
+def _compare_parameter(
+    node: torch.fx.Node,
+    value: torch.Tensor,
+    initializers: dict[str, onnx.TensorProto],
+    rtol: float | None,
+    atol: float | None,
+) -> ValueDiff:
     """A parameter/buffer against the ONNX initializer of the same name, for real."""
     target = str(node.target)
     if target not in initializers:
-        note = f"{PARAMETER_NOTE}; the ONNX file has no initializer {target!r} to compare it with (folded or renamed by the exporter)"
+        note = (
+            f"{PARAMETER_NOTE}; the ONNX file has no initializer {target!r} to compare it with"
+            " (folded or renamed by the exporter)"
+        )
         return _compare(node.name, "", value, None, rtol, atol, note=note)
     array = onnx.numpy_helper.to_array(initializers[target])
     return _compare(node.name, target, value, array, rtol, atol, note=PARAMETER_NOTE)
@@ -285,10 +339,26 @@ class _StreamingComparison(torch.fx.Interpreter):
 
     def _diff(self, node: torch.fx.Node, value: torch.Tensor) -> ValueDiff:
         if node.op == "placeholder":
-            return ValueDiff(node.name, node.name, tuple(value.shape), str(value.dtype).removeprefix("torch."), 0.0, 0.0, 0, 0, note=INPUT_NOTE)
+            return ValueDiff(
+                node.name,
+                node.name,
+                tuple(value.shape),
+                str(value.dtype).removeprefix("torch."),
+                0.0,
+                0.0,
+                0,
+                0,
+                note=INPUT_NOTE,
+            )
         if node.op == "get_attr":
             diff = _compare_parameter(node, value, self._initializers, self._rtol, self._atol)
-            in_file = diff if self._file_initializers is self._initializers else _compare_parameter(node, value, self._file_initializers, self._rtol, self._atol)
+            in_file = (
+                diff
+                if self._file_initializers is self._initializers
+                else _compare_parameter(
+                    node, value, self._file_initializers, self._rtol, self._atol
+                )
+            )
             if in_file.observed and not in_file.passed:
                 self.differing_parameters.append(in_file)
             return diff
@@ -301,7 +371,10 @@ class _StreamingComparison(torch.fx.Interpreter):
 
 def _onnx_feeds(proto: onnx.ModelProto, flat_args: tuple[Any, ...]) -> dict[str, Any]:
     """The graph inputs as OrtValues (bfloat16-safe), fed by position like ``run_onnx``."""
-    return {n: _to_ort_value(t) for n, t in zip(input_names(proto, flat_args), tensor_inputs(flat_args), strict=True)}
+    return {
+        n: _to_ort_value(t)
+        for n, t in zip(input_names(proto, flat_args), tensor_inputs(flat_args), strict=True)
+    }
 
 
 # -- the ONNX side ---------------------------------------------------------------------------
@@ -322,7 +395,9 @@ class _Cones:
     def __init__(self, graph: onnx.GraphProto) -> None:
         self._nodes = list(graph.node)
         self._index = {id(n): i for i, n in enumerate(self._nodes)}
-        self._producer = {out: i for i, node in enumerate(self._nodes) for out in node.output if out}
+        self._producer = {
+            out: i for i, node in enumerate(self._nodes) for out in node.output if out
+        }
         self._claimed: set[int] = set()
 
     def mark(self, nodes: list[onnx.NodeProto]) -> tuple[str, ...]:
@@ -340,8 +415,14 @@ class _Cones:
                 continue
             self._claimed.add(i)
             found.append(i)
-            stack.extend(self._producer[n] for n in self._nodes[i].input if n in self._producer and n not in stop)
-        return tuple(_label(self._nodes[i]) for i in sorted(found) if self._nodes[i].op_type != "Constant")
+            stack.extend(
+                self._producer[n]
+                for n in self._nodes[i].input
+                if n in self._producer and n not in stop
+            )
+        return tuple(
+            _label(self._nodes[i]) for i in sorted(found) if self._nodes[i].op_type != "Constant"
+        )
 
 
 def _nodes_by_fx_name(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
@@ -355,14 +436,18 @@ def _nodes_by_fx_name(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]
     return found
 
 
-def _run(proto: onnx.ModelProto, flat_args: tuple[Any, ...], kernels: Any = None) -> dict[str, np.ndarray]:
+def _run(
+    proto: onnx.ModelProto, flat_args: tuple[Any, ...], kernels: Any = None
+) -> dict[str, np.ndarray]:
     session = make_session(proto, kernels)
     values = run_onnx(session, proto, flat_args)
     return {o.name: v for o, v in zip(proto.graph.output, values, strict=True)}
 
 
 def _graph_value_names(graph: onnx.GraphProto) -> set[str]:
-    return {out for node in graph.node for out in node.output if out} | {i.name for i in graph.input}
+    return {out for node in graph.node for out in node.output if out} | {
+        i.name for i in graph.input
+    }
 
 
 def _initializers(proto: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
@@ -376,20 +461,40 @@ def _parameter_warning(differing: list[ValueDiff]) -> str:
     shown = ", ".join(f"{d.onnx_name} (max_abs={d.max_abs_diff:.3g})" for d in differing[:3])
     more = f" and {len(differing) - 3} more" if len(differing) > 3 else ""
     return (
-        f"WARNING: the file's initializers differ from the model's parameters: {shown}{more}; was the "
-        "file exported from this model's weights (same seed, same checkpoint)?"
+        f"WARNING: the file's initializers differ from the model's parameters: {shown}{more}; was"
+        " the file exported from this model's weights (same seed, same checkpoint)?"
     )
 
 
-def _localize_by_names(program: _TorchProgram, proto: onnx.ModelProto, registry: Registry, opset: int, rtol: float | None, atol: float | None, trial: int, kernels: Any = None) -> tuple[Localization, Any]:
+def _localize_by_names(
+    program: _TorchProgram,
+    proto: onnx.ModelProto,
+    registry: Registry,
+    opset: int,
+    rtol: float | None,
+    atol: float | None,
+    trial: int,
+    kernels: Any = None,
+) -> tuple[Localization, Any]:
     graph = proto.graph
     available = _graph_value_names(graph)
     initializers = _initializers(proto)
     produced = {out for node in graph.node for out in node.output if out} - set(initializers)
-    wanted = [n.name for n in program.module.graph.nodes if n.op == "call_function" and n.name in produced]
-    onnx_values = SegmentedRun(proto, _onnx_feeds(proto, program.flat_args), wanted, kernels=kernels)
+    wanted = [
+        n.name for n in program.module.graph.nodes if n.op == "call_function" and n.name in produced
+    ]
+    onnx_values = SegmentedRun(
+        proto, _onnx_feeds(proto, program.flat_args), wanted, kernels=kernels
+    )
     observed = set(wanted)
-    result = _StreamingComparison(program, onnx_values, lambda n: n.name if n.name in observed else None, initializers, rtol, atol).compare_all()
+    result = _StreamingComparison(
+        program,
+        onnx_values,
+        lambda n: n.name if n.name in observed else None,
+        initializers,
+        rtol,
+        atol,
+    ).compare_all()
     by_fx = _nodes_by_fx_name(graph)
     cones = _Cones(graph)
     ops = _op_nodes(program.module, result.is_tensor)
@@ -399,9 +504,32 @@ def _localize_by_names(program: _TorchProgram, proto: onnx.ModelProto, registry:
     for index, (node, outs) in enumerate(ops):
         inputs = tuple(result.diffs[i.name] for i in _fx_inputs(node) if result.is_tensor(i))
         outputs = tuple(result.diffs[o.name] for o in outs)
-        onnx_nodes = annotated.get(node.name) or cones.claim([o.name for o in outs if o.name in available], [i.name for i in _fx_inputs(node)])
-        nodes.append(NodeLocalization(index, node.name, _torch_op_name(node), onnx_nodes, inputs, outputs, translation(node), _source_of(node)))
-    return Localization("names", "dynamo", opset, trial, tuple(nodes), note=_parameter_warning(result.differing_parameters)), result.outputs
+        onnx_nodes = annotated.get(node.name) or cones.claim(
+            [o.name for o in outs if o.name in available], [i.name for i in _fx_inputs(node)]
+        )
+        nodes.append(
+            NodeLocalization(
+                index,
+                node.name,
+                _torch_op_name(node),
+                onnx_nodes,
+                inputs,
+                outputs,
+                translation(node),
+                _source_of(node),
+            )
+        )
+    return (
+        Localization(
+            "names",
+            "dynamo",
+            opset,
+            trial,
+            tuple(nodes),
+            note=_parameter_warning(result.differing_parameters),
+        ),
+        result.outputs,
+    )
 
 
 def _probe_module(program: _TorchProgram, outs: list[torch.fx.Node]) -> torch.fx.GraphModule:
@@ -420,10 +548,18 @@ def _probe_module(program: _TorchProgram, outs: list[torch.fx.Node]) -> torch.fx
 
 def _final_nodes(program: _TorchProgram) -> list[torch.fx.Node]:
     output_node = next(n for n in program.module.graph.nodes if n.op == "output")
-    return [n for n in torch.utils._pytree.tree_leaves(output_node.args) if isinstance(n, torch.fx.Node)]
+    return [
+        n for n in torch.utils._pytree.tree_leaves(output_node.args) if isinstance(n, torch.fx.Node)
+    ]
 
 
-def _file_vs_probe(program: _TorchProgram, file: onnx.ModelProto, probe_finals: dict[str, np.ndarray], kernels: Any = None, file_outputs: Sequence[np.ndarray] | None = None) -> str:
+def _file_vs_probe(
+    program: _TorchProgram,
+    file: onnx.ModelProto,
+    probe_finals: dict[str, np.ndarray],
+    kernels: Any = None,
+    file_outputs: Sequence[np.ndarray] | None = None,
+) -> str:
     """Does the given file compute what the re-export computes? (If not, the probe proves little.)
     ``file_outputs``: the file's outputs on these inputs when the caller (verify) has them."""
     finals = _final_nodes(program)
@@ -438,36 +574,69 @@ def _file_vs_probe(program: _TorchProgram, file: onnx.ModelProto, probe_finals: 
             return f"the given file could not be run for comparison ({type(exc).__name__})"
     for node, value in zip(finals, from_file, strict=True):
         probe = probe_finals[node.name]
-        if probe.shape != value.shape or not np.allclose(probe, value, rtol=1e-4, atol=1e-5, equal_nan=True):
+        if probe.shape != value.shape or not np.allclose(
+            probe, value, rtol=1e-4, atol=1e-5, equal_nan=True
+        ):
             return (
-                f"WARNING: the given file's output for {node.name} differs from this re-export's: the file "
-                "was made with another registry/variant/opset or edited, so these per-node results "
-                "describe the re-export, not the file"
+                f"WARNING: the given file's output for {node.name} differs from this re-export's:"
+                " the file was made with another registry/variant/opset or edited, so these"
+                " per-node results describe the re-export, not the file"
             )
     return "the given file's outputs equal the re-export's"
 
 
-def _localize_by_probe(program: _TorchProgram, exporter: str, registry: Registry, opset: int, rtol: float | None, atol: float | None, trial: int, file: onnx.ModelProto | None = None, kernels: Any = None, file_outputs: Sequence[np.ndarray] | None = None) -> tuple[Localization, Any]:
+def _localize_by_probe(
+    program: _TorchProgram,
+    exporter: str,
+    registry: Registry,
+    opset: int,
+    rtol: float | None,
+    atol: float | None,
+    trial: int,
+    file: onnx.ModelProto | None = None,
+    kernels: Any = None,
+    file_outputs: Sequence[np.ndarray] | None = None,
+) -> tuple[Localization, Any]:
     outs = [o for _, node_outs in _op_nodes(program.module, _traced_tensor) for o in node_outs]
     if not outs:
-        return Localization("probe", exporter, opset, trial, (), note="the program has no intermediate tensors"), None
+        return (
+            Localization(
+                "probe", exporter, opset, trial, (), note="the program has no intermediate tensors"
+            ),
+            None,
+        )
     probe = _probe_module(program, outs)
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            proto = export_model(probe, program.flat_args, exporter=exporter, opset=opset, registry=registry)
+            proto = export_model(
+                probe, program.flat_args, exporter=exporter, opset=opset, registry=registry
+            )
         except Exception as exc:
             raise OnnxCustomError(
-                f"Localization re-exports the program with every intermediate as an output, and that "
-                f"export ({exporter}, opset {opset}) failed: {type(exc).__name__}: {exc}"
+                "Localization re-exports the program with every intermediate as an output, and"
+                f" that export ({exporter}, opset {opset}) failed: {type(exc).__name__}: {exc}"
             ) from exc
     if len(proto.graph.output) != len(outs):
-        raise OnnxCustomError(f"The probe export has {len(proto.graph.output)} outputs, expected {len(outs)}.")
+        raise OnnxCustomError(
+            f"The probe export has {len(proto.graph.output)} outputs, expected {len(outs)}."
+        )
     by_name = {o.name: proto.graph.output[i].name for i, o in enumerate(outs)}
-    onnx_values = SegmentedRun(proto, _onnx_feeds(proto, program.flat_args), by_name.values(), kernels=kernels)
+    onnx_values = SegmentedRun(
+        proto, _onnx_feeds(proto, program.flat_args), by_name.values(), kernels=kernels
+    )
     finals = {n.name for n in _final_nodes(program)}
     file_initializers = _initializers(file) if file is not None else None
-    result = _StreamingComparison(program, onnx_values, lambda n: by_name.get(n.name), _initializers(proto), rtol, atol, keep=finals, file_initializers=file_initializers).compare_all()
+    result = _StreamingComparison(
+        program,
+        onnx_values,
+        lambda n: by_name.get(n.name),
+        _initializers(proto),
+        rtol,
+        atol,
+        keep=finals,
+        file_initializers=file_initializers,
+    ).compare_all()
     graph_inputs = [i.name for i in proto.graph.input]
     cones = _Cones(proto.graph)
     nodes = []
@@ -477,21 +646,44 @@ def _localize_by_probe(program: _TorchProgram, exporter: str, registry: Registry
         inputs = tuple(result.diffs[i.name] for i in fx_inputs)
         outputs = tuple(result.diffs[o.name] for o in node_outs)
         input_values = [by_name[i.name] for i in fx_inputs if i.name in by_name] + graph_inputs
-        onnx_nodes = cones.claim([by_name[o.name] for o in node_outs if o.name in by_name], input_values)
-        nodes.append(NodeLocalization(index, node.name, _torch_op_name(node), onnx_nodes, inputs, outputs, translation(node), _source_of(node)))
+        onnx_nodes = cones.claim(
+            [by_name[o.name] for o in node_outs if o.name in by_name], input_values
+        )
+        nodes.append(
+            NodeLocalization(
+                index,
+                node.name,
+                _torch_op_name(node),
+                onnx_nodes,
+                inputs,
+                outputs,
+                translation(node),
+                _source_of(node),
+            )
+        )
     notes = [
-        f"the {exporter} exporter's value names do not map to torch ops, so the program was re-exported "
-        "with every intermediate as an output (same exporter, opset and registry)"
+        f"the {exporter} exporter's value names do not map to torch ops, so the program was"
+        " re-exported with every intermediate as an output (same exporter, opset and registry)"
     ]
     if file is not None:
-        notes += [_file_vs_probe(program, file, result.kept, kernels, file_outputs), _parameter_warning(result.differing_parameters)]
-    return Localization("probe", exporter, opset, trial, tuple(nodes), note="; ".join(n for n in notes if n)), result.outputs
+        notes += [
+            _file_vs_probe(program, file, result.kept, kernels, file_outputs),
+            _parameter_warning(result.differing_parameters),
+        ]
+    return (
+        Localization(
+            "probe", exporter, opset, trial, tuple(nodes), note="; ".join(n for n in notes if n)
+        ),
+        result.outputs,
+    )
 
 
 def _named_after(program: _TorchProgram, proto: onnx.ModelProto) -> bool:
     """Does the file name its values after the program's FX nodes (a dynamo export of it)?"""
     fx_names = {o.name for _, outs in _op_nodes(program.module, _traced_tensor) for o in outs}
-    return bool(fx_names) and len(fx_names & _graph_value_names(proto.graph)) >= max(1, len(fx_names) // 4)
+    return bool(fx_names) and len(fx_names & _graph_value_names(proto.graph)) >= max(
+        1, len(fx_names) // 4
+    )
 
 
 def _default_opset(proto: onnx.ModelProto | None) -> int:
@@ -534,25 +726,36 @@ def localize(
     if isinstance(args, torch.Tensor):
         args = (args,)
     if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"localize needs a torch.nn.Module (torch.export traces it), got {type(model).__name__}.")
+        raise TypeError(
+            "localize needs a torch.nn.Module (torch.export traces it), got"
+            f" {type(model).__name__}."
+        )
     if exporter is not None and exporter not in EXPORTERS:
         raise OnnxCustomError(f"exporter must be one of {EXPORTERS}, got {exporter!r}.")
     proto = load_model(onnx_model) if onnx_model is not None else None
     reg = registry if registry is not None else default_registry()
     opset = opset if opset is not None else _default_opset(proto)
+
     def run(program: _TorchProgram) -> tuple[Localization, Any]:
         if proto is not None and exporter in (None, "dynamo") and _named_after(program, proto):
             return _localize_by_names(program, proto, reg, opset, rtol, atol, trial, kernels)
         chosen = exporter or ("torchscript" if proto is not None else "dynamo")
-        return _localize_by_probe(program, chosen, reg, opset, rtol, atol, trial, proto, kernels, file_outputs)
+        return _localize_by_probe(
+            program, chosen, reg, opset, rtol, atol, trial, proto, kernels, file_outputs
+        )
 
     program = _trace_torch(model, args)
     result, outputs = run(program)
     if program.reused:
         if eager_outputs is None:
             with torch.no_grad():
-                eager_outputs = [t for t in torch.utils._pytree.tree_leaves(model(*args)) if isinstance(t, torch.Tensor)]
-        if not _outputs_agree(outputs, eager_outputs):  # the model changed since export: trace it now
+                eager_outputs = [
+                    t
+                    for t in torch.utils._pytree.tree_leaves(model(*args))
+                    if isinstance(t, torch.Tensor)
+                ]
+        if not _outputs_agree(
+            outputs, eager_outputs
+        ):  # the model changed since export: trace it now
             result, _ = run(_trace_torch(model, args, reuse=False))
     return result
-

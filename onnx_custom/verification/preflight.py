@@ -51,7 +51,10 @@ class MissingKernel:
     emitted_by: tuple[str, ...]
 
     def describe(self) -> str:
-        return f"{self.node_type}: no runtime kernel and no ONNX schema (emitted by {'; '.join(self.emitted_by)})"
+        return (
+            f"{self.node_type}: no runtime kernel and no ONNX schema (emitted by"
+            f" {'; '.join(self.emitted_by)})"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,10 +78,15 @@ class CoverageReport:
 
     @property
     def missing_names(self) -> tuple[str, ...]:
-        return tuple(m.name for m in self.missing) + tuple(k.node_type for k in self.missing_kernels)
+        return tuple(m.name for m in self.missing) + tuple(
+            k.node_type for k in self.missing_kernels
+        )
 
     def __str__(self) -> str:
-        head = f"Coverage for the {self.exporter} exporter at opset {self.opset}: {len(self.ops)} distinct op(s)"
+        head = (
+            f"Coverage for the {self.exporter} exporter at opset {self.opset}: {len(self.ops)}"
+            " distinct op(s)"
+        )
         lines = [f"{head} — {'OK' if self.ok else 'PROBLEMS FOUND'}"]
         for problem in self.problems:
             lines.append(f"  ! {problem}")
@@ -92,13 +100,17 @@ class CoverageReport:
         if self.emitted:
             lines.append(f"Custom node types emitted: {', '.join(self.emitted)}")
         if not self.kernels_checked and self.emitted:
-            lines.append("  (the kernel host onnx_custom.runtime is unavailable: no custom kernel can run)")
+            lines.append(
+                "  (the kernel host onnx_custom.runtime is unavailable: no custom kernel can run)"
+            )
         if self.missing_kernels:
-            lines.append(f"{len(self.missing_kernels)} custom node type(s) that ONNX Runtime cannot run:")
+            lines.append(
+                f"{len(self.missing_kernels)} custom node type(s) that ONNX Runtime cannot run:"
+            )
             lines += [f"  - {k.describe()}" for k in self.missing_kernels]
             lines.append(
-                "  Fix: register a kernel with @onnx_custom.kernel('<domain>::<Op>', ...), or prefer a "
-                "translation variant that emits standard ops."
+                "  Fix: register a kernel with @onnx_custom.kernel('<domain>::<Op>', ...), or"
+                " prefer a translation variant that emits standard ops."
             )
         return "\n".join(lines)
 
@@ -163,7 +175,9 @@ def _entry(registry: Registry, target: Any, opset: int, exporter: str) -> Symbol
         return None
 
 
-def _export_program(model: torch.nn.Module, args: tuple[Any, ...], registry: Registry) -> torch.export.ExportedProgram:
+def _export_program(
+    model: torch.nn.Module, args: tuple[Any, ...], registry: Registry
+) -> torch.export.ExportedProgram:
     from onnx_custom.exporter.pipeline import trace_program
 
     try:
@@ -174,13 +188,19 @@ def _export_program(model: torch.nn.Module, args: tuple[Any, ...], registry: Reg
         raise
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise OnnxCustomError(f"torch.export could not trace the model: {type(exc).__name__}: {first}") from exc
+        raise OnnxCustomError(
+            f"torch.export could not trace the model: {type(exc).__name__}: {first}"
+        ) from exc
 
 
-_Ops = tuple[list[str], list[SymbolicEntry], list[MissingOp], Any]  # ..., what the dry export exports
+_Ops = tuple[
+    list[str], list[SymbolicEntry], list[MissingOp], Any
+]  # ..., what the dry export exports
 
 
-def _dynamo_ops(model: torch.nn.Module, args: tuple[Any, ...], opset: int, registry: Registry) -> _Ops:
+def _dynamo_ops(
+    model: torch.nn.Module, args: tuple[Any, ...], opset: int, registry: Registry
+) -> _Ops:
     program = _export_program(model, args, registry)
     ops: dict[str, None] = {}
     used: dict[tuple[str, int, str], SymbolicEntry] = {}
@@ -194,10 +214,17 @@ def _dynamo_ops(model: torch.nn.Module, args: tuple[Any, ...], opset: int, regis
         entry = _entry(registry, target, opset, "dynamo")
         if entry is not None:
             used[entry.key] = entry
-    return list(ops), list(used.values()), missing_ops_dynamo(program, opset, registry), program  # traced once
+    return (
+        list(ops),
+        list(used.values()),
+        missing_ops_dynamo(program, opset, registry),
+        program,
+    )  # traced once
 
 
-def _torchscript_ops(model: torch.nn.Module, args: tuple[Any, ...], opset: int, registry: Registry) -> _Ops:
+def _torchscript_ops(
+    model: torch.nn.Module, args: tuple[Any, ...], opset: int, registry: Registry
+) -> _Ops:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         graph, *_ = torch.jit._get_trace_graph(model, args)
@@ -216,7 +243,12 @@ def _torchscript_ops(model: torch.nn.Module, args: tuple[Any, ...], opset: int, 
             entry = _entry(registry, kind, opset, "torchscript")
         if entry is not None:
             used[entry.key] = entry
-    return list(ops), list(used.values()), missing_ops_torchscript(model, args, opset, registry), model
+    return (
+        list(ops),
+        list(used.values()),
+        missing_ops_torchscript(model, args, opset, registry),
+        model,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,7 +261,13 @@ class _DryExport:
     problem: str = ""
 
 
-def _dry_export(model: torch.nn.Module | torch.export.ExportedProgram, args: tuple[Any, ...], exporter: str, opset: int, registry: Registry) -> _DryExport:
+def _dry_export(
+    model: torch.nn.Module | torch.export.ExportedProgram,
+    args: tuple[Any, ...],
+    exporter: str,
+    opset: int,
+    registry: Registry,
+) -> _DryExport:
     from onnx_custom.exporter.pipeline import export_model
     from onnx_custom.translate.builder import record_nodes
 
@@ -240,7 +278,11 @@ def _dry_export(model: torch.nn.Module | torch.export.ExportedProgram, args: tup
             emitted[node_type].append(by)
 
     outcome: dict[str, Any] = {"succeeded": False}
-    with record_nodes() as log, warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+    with (
+        record_nodes() as log,
+        warnings.catch_warnings(),
+        contextlib.redirect_stdout(io.StringIO()),
+    ):
         warnings.simplefilter("ignore")
         try:
             proto = export_model(model, args, exporter=exporter, opset=opset, registry=registry)
@@ -248,7 +290,9 @@ def _dry_export(model: torch.nn.Module | torch.export.ExportedProgram, args: tup
             outcome["missing"] = tuple(exc.missing)
         except Exception as exc:  # tracing or translating a user model can fail in many ways
             text = str(exc).strip()
-            outcome["problem"] = f"Exporting failed: {type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+            outcome["problem"] = (
+                f"Exporting failed: {type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+            )
         else:
             outcome["succeeded"] = True
     for record in log:
@@ -308,10 +352,15 @@ def check(
         from onnx_custom.exporter.torchscript import TS_MAX_OPSET, TS_MIN_OPSET
 
         if not TS_MIN_OPSET <= opset <= TS_MAX_OPSET:
-            problems.append(f"The TorchScript exporter supports opsets {TS_MIN_OPSET}..{TS_MAX_OPSET}, got {opset}.")
+            problems.append(
+                f"The TorchScript exporter supports opsets {TS_MIN_OPSET}..{TS_MAX_OPSET}, got"
+                f" {opset}."
+            )
     try:
         collect = _dynamo_ops if exporter == "dynamo" else _torchscript_ops
-        with quiet_torch():  # torch's exporter chatter ("torchvision is not installed ...") is not ours to print
+        with (
+            quiet_torch()
+        ):  # torch's exporter chatter ("torchvision is not installed ...") is not ours to print
             ops, entries, missing, source = collect(model, args, opset, reg)
     except OnnxCustomError as exc:
         problems.append(str(exc))

@@ -117,11 +117,16 @@ class OutputSummary:
     def line(self) -> str:
         first = self.comparisons[0]
         shapes = ", ".join(str(list(s)) for s in self.shapes)
-        trials = f"{len(self.comparisons)} trial(s)" if self.passed else f"failed in {len(self.failing)} of {len(self.comparisons)} trial(s)"
+        trials = (
+            f"{len(self.comparisons)} trial(s)"
+            if self.passed
+            else f"failed in {len(self.failing)} of {len(self.comparisons)} trial(s)"
+        )
         backend = "" if self.backend == "onnxruntime" else f" [{self.backend}]"
         return (
-            f"{'PASS' if self.passed else 'FAIL'} {self.label}{backend}: {self.dtype} {shapes}; max abs diff "
-            f"{self.max_abs_diff:.3g}, {trials}; rtol {first.rtol:.2g}, atol {first.atol:.2g} ({first.tolerance_source})"
+            f"{'PASS' if self.passed else 'FAIL'} {self.label}{backend}: {self.dtype} {shapes}; max"
+            f" abs diff {self.max_abs_diff:.3g}, {trials}; rtol {first.rtol:.2g}, atol"
+            f" {first.atol:.2g} ({first.tolerance_source})"
         )
 
 
@@ -139,10 +144,16 @@ def summarize_outputs(report: VerificationReport) -> list[OutputSummary]:
         position[(c.trial, c.backend)] = index + 1
         groups.setdefault((c.backend, index), []).append(c)
     summaries = []
-    for (backend, index), comparisons in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    for (backend, index), comparisons in sorted(
+        groups.items(), key=lambda kv: (kv[0][1], kv[0][0])
+    ):
         path, onnx_name = _split_name(comparisons[0].name)
         shapes = tuple(dict.fromkeys(c.shape for c in comparisons))
-        summaries.append(OutputSummary(index, path, onnx_name, backend, comparisons[0].dtype, shapes, tuple(comparisons)))
+        summaries.append(
+            OutputSummary(
+                index, path, onnx_name, backend, comparisons[0].dtype, shapes, tuple(comparisons)
+            )
+        )
     return summaries
 
 
@@ -172,7 +183,10 @@ def summary_text(report: VerificationReport) -> str:
         lines.append(f"  {summary.line()}")
         for c in summary.failing:
             worst = f"; worst {c.worst}" if c.worst else ""
-            lines.append(f"      trial {c.trial}: shape {list(c.shape)}, {c.mismatched}/{c.total} mismatched, max abs {c.max_abs_diff:.3g}, max rel {c.max_rel_diff:.3g}{worst}")
+            lines.append(
+                f"      trial {c.trial}: shape {list(c.shape)}, {c.mismatched}/{c.total}"
+                f" mismatched, max abs {c.max_abs_diff:.3g}, max rel {c.max_rel_diff:.3g}{worst}"
+            )
     if report.shapes_tried:
         lines.append("Shapes tried:")
         lines += [f"  {line}" for line in _shape_lines(report)]
@@ -197,13 +211,20 @@ def _comparison_dict(c: OutputComparison) -> dict[str, Any]:
 
 def _summary_dict(s: OutputSummary) -> dict[str, Any]:
     data: dict[str, Any] = {
-        "index": s.index, "path": s.path, "onnx_name": s.onnx_name, "backend": s.backend,
-        "dtype": s.dtype, "shapes": [list(shape) for shape in s.shapes], "passed": s.passed,
-        "trials": len(s.comparisons), "max_abs_diff": s.max_abs_diff,
+        "index": s.index,
+        "path": s.path,
+        "onnx_name": s.onnx_name,
+        "backend": s.backend,
+        "dtype": s.dtype,
+        "shapes": [list(shape) for shape in s.shapes],
+        "passed": s.passed,
+        "trials": len(s.comparisons),
+        "max_abs_diff": s.max_abs_diff,
         "max_rel_diff": max(c.max_rel_diff for c in s.comparisons),
-        "rtol": s.comparisons[0].rtol, "atol": s.comparisons[0].atol,
+        "rtol": s.comparisons[0].rtol,
+        "atol": s.comparisons[0].atol,
         "tolerance_source": s.comparisons[0].tolerance_source,
-    }  # fmt: skip
+    }
     if not s.passed:
         data["failing_trials"] = [_comparison_dict(c) for c in s.failing]
     return data
@@ -228,7 +249,9 @@ def _zoo_row_dict(r: Any) -> dict[str, Any]:
     }
 
 
-def report_to_dict(report: VerificationReport | Sequence[Any], *, title: str = "") -> dict[str, Any]:
+def report_to_dict(
+    report: VerificationReport | Sequence[Any], *, title: str = ""
+) -> dict[str, Any]:
     """A JSON-ready dict of a `VerificationReport` or of zoo results (``list[ZooResult]``)."""
     data: dict[str, Any] = {"title": title, "environment": environment()}
     if isinstance(report, VerificationReport):
@@ -236,7 +259,9 @@ def report_to_dict(report: VerificationReport | Sequence[Any], *, title: str = "
     rows = list(report)
     data["kind"] = "zoo"
     data["passed"] = all(r.status != "fail" for r in rows)
-    data["counts"] = {status: sum(r.status == status for r in rows) for status in ("pass", "fail", "skip")}
+    data["counts"] = {
+        status: sum(r.status == status for r in rows) for status in ("pass", "fail", "skip")
+    }
     data["results"] = [_zoo_row_dict(r) for r in rows]
     return data
 
@@ -256,41 +281,69 @@ def _markdown_histogram(hist: dict[str, int]) -> list[str]:
 
 def _markdown_failing(summary: OutputSummary) -> list[str]:
     lines = [
-        f"#### {summary.label} — FAIL", "",
-        "| trial | shape | max abs | max rel | mismatched | rtol | atol | tolerance source | worst element |",
+        f"#### {summary.label} — FAIL",
+        "",
+        (
+            "| trial | shape | max abs | max rel | mismatched | rtol | atol | tolerance source |"
+            " worst element |"
+        ),
         "|---:|---|---:|---:|---:|---:|---:|---|---|",
-    ]  # fmt: skip
+    ]
     for c in summary.failing:
         lines.append(
-            f"| {c.trial} | {list(c.shape)} | {c.max_abs_diff:.3g} | {c.max_rel_diff:.3g} | "
-            f"{c.mismatched}/{c.total} | {c.rtol:.2g} | {c.atol:.2g} | {c.tolerance_source} | {_cell(c.worst)} |"
+            f"| {c.trial} | {list(c.shape)} | {c.max_abs_diff:.3g} | {c.max_rel_diff:.3g} |"
+            f" {c.mismatched}/{c.total} | {c.rtol:.2g} | {c.atol:.2g} | {c.tolerance_source} |"
+            f" {_cell(c.worst)} |"
         )
-    lines += ["", f"`|torch - onnx|` over the failing trial(s) {', '.join(str(c.trial) for c in summary.failing)}:", ""]
+    lines += [
+        "",
+        (
+            "`|torch - onnx|` over the failing trial(s)"
+            f" {', '.join(str(c.trial) for c in summary.failing)}:"
+        ),
+        "",
+    ]
     return [*lines, *_markdown_histogram(_failing_histogram(summary)), ""]
 
 
 def _failing_histogram(summary: OutputSummary) -> dict[str, int]:
     diffs = [c.abs_diffs for c in summary.failing if c.abs_diffs is not None]
-    return histogram(np.concatenate(diffs) if diffs else None, sum(c.nonfinite_mismatch for c in summary.failing))
+    return histogram(
+        np.concatenate(diffs) if diffs else None, sum(c.nonfinite_mismatch for c in summary.failing)
+    )
 
 
 def _markdown_verification(report: VerificationReport, heading: str = "##") -> list[str]:
     summaries = summarize_outputs(report)
-    lines = [f"{heading} Outputs", "", f"{report.trials} trial(s), backends: {', '.join(report.backends)}.", ""]
+    lines = [
+        f"{heading} Outputs",
+        "",
+        f"{report.trials} trial(s), backends: {', '.join(report.backends)}.",
+        "",
+    ]
     lines += [f"- {s.line()}" for s in summaries]
     lines.append("")
     if report.shapes_tried:
-        lines += [f"{heading} Shapes tried", "", *[f"- {line}" for line in _shape_lines(report)], ""]
+        lines += [
+            f"{heading} Shapes tried",
+            "",
+            *[f"- {line}" for line in _shape_lines(report)],
+            "",
+        ]
     findings = _other_findings(report)
     if findings:
         lines += [f"{heading} Findings", "", "```", *findings, "```", ""]
     failing = [s for s in summaries if not s.passed]
     if failing:
         lines += [
-            f"{heading} Failing outputs", "",
-            "Tolerances: `|torch - onnx| <= atol + rtol * |torch|` per element; NaN/Inf must sit at "
-            "the same positions; integers and bools compare exactly.", "",
-        ]  # fmt: skip
+            f"{heading} Failing outputs",
+            "",
+            (
+                "Tolerances: `|torch - onnx| <= atol + rtol * |torch|` per element; NaN/Inf must"
+                " sit at the same positions; integers and bools compare exactly."
+            ),
+            "",
+        ]
         for s in failing:
             lines += _markdown_failing(s)
     if report.diagnosis():
@@ -320,7 +373,8 @@ def _zoo_shapes(r: Any) -> str:
     exported = next((dict(t.sizes) for t in verification.shapes_tried if t.kind == "example"), {})
     names = sorted({k for s in sizes for k in s})
     return "; ".join(
-        f"{n}: {', '.join(str(s[n]) for s in sizes if n in s)}" + (f" (export {exported[n]})" if n in exported else "")
+        f"{n}: {', '.join(str(s[n]) for s in sizes if n in s)}"
+        + (f" (export {exported[n]})" if n in exported else "")
         for n in names
     )
 
@@ -339,20 +393,38 @@ def render_markdown(report: VerificationReport | Sequence[Any], *, title: str = 
     verdict = "PASSED" if not counts["fail"] else f"{counts['fail']} FAILED"
     lines = [f"# {title or 'onnx-custom zoo'}: {verdict}", ""]
     lines += [f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped.", ""]
-    lines += ["| model | case | status | time | other sizes tried | max abs diff | nodes | detail |", "|---|---|---|---:|---|---:|---|---|"]
+    lines += [
+        "| model | case | status | time | other sizes tried | max abs diff | nodes | detail |",
+        "|---|---|---|---:|---|---:|---|---|",
+    ]
     for r in rows:
         verification = getattr(r, "report", None)
-        worst = f"{max((c.max_abs_diff for c in verification.comparisons), default=0.0):.2g}" if verification is not None else ""
+        worst = (
+            f"{max((c.max_abs_diff for c in verification.comparisons), default=0.0):.2g}"
+            if verification is not None
+            else ""
+        )
         # a verified PASS needs no words; a skip, a failure or a documented refusal does
-        first = r.detail.splitlines()[0] if r.detail and (r.status != "pass" or verification is None) else ""
-        lines.append(f"| {r.model} | {r.case.label} | {r.status.upper()} | {r.seconds:.1f}s | {_zoo_shapes(r)} | {worst} | {_cell(r.nodes)} | {_cell(first)} |")
+        first = (
+            r.detail.splitlines()[0]
+            if r.detail and (r.status != "pass" or verification is None)
+            else ""
+        )
+        lines.append(
+            f"| {r.model} | {r.case.label} | {r.status.upper()} | {r.seconds:.1f}s |"
+            f" {_zoo_shapes(r)} | {worst} | {_cell(r.nodes)} | {_cell(first)} |"
+        )
     lines.append("")
     for r in rows:
         if r.status != "fail":
             continue
         lines += [f"## FAIL: {r.model} {r.case.label}", ""]
         verification = getattr(r, "report", None)
-        lines += _markdown_verification(verification, "###") if verification is not None else ["```", r.detail, "```", ""]
+        lines += (
+            _markdown_verification(verification, "###")
+            if verification is not None
+            else ["```", r.detail, "```", ""]
+        )
     lines += _markdown_environment(env)
     return "\n".join(lines)
 
@@ -360,14 +432,24 @@ def render_markdown(report: VerificationReport | Sequence[Any], *, title: str = 
 # ---------------------------------------------------------------------------- files
 
 
-def write_report(path: str | os.PathLike[str], report: VerificationReport | Sequence[Any], *, title: str = "") -> str:
+def write_report(
+    path: str | os.PathLike[str], report: VerificationReport | Sequence[Any], *, title: str = ""
+) -> str:
     """Write ``report`` to ``path``: Markdown for ``.md``, JSON for ``.json``. Returns the path."""
     target = os.fspath(path)
     extension = os.path.splitext(target)[1].lower()
     if extension not in (".md", ".json"):
-        raise OnnxCustomError(f"Report path {target!r} must end in .md (Markdown) or .json (JSON), got {extension or 'no extension'!r}.")
+        raise OnnxCustomError(
+            f"Report path {target!r} must end in .md (Markdown) or .json (JSON), got"
+            f" {extension or 'no extension'!r}."
+        )
     if extension == ".json":
-        text = json.dumps(_finite(report_to_dict(report, title=title)), indent=2, default=_json_default, allow_nan=False)
+        text = json.dumps(
+            _finite(report_to_dict(report, title=title)),
+            indent=2,
+            default=_json_default,
+            allow_nan=False,
+        )
     else:
         text = render_markdown(report, title=title)
     directory = os.path.dirname(target)

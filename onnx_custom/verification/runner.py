@@ -80,7 +80,11 @@ def input_names(proto: onnx.ModelProto, args: tuple[Any, ...]) -> list[str]:
     """The ONNX input names fed by the tensors of ``args`` in order (no name matching)."""
     names = [i.name for i in graph_inputs(proto)]
     if len(names) != len(tensor_inputs(args)):
-        raise _arity_error(graph_inputs(proto), [f"input_{i}" for i in range(len(tensor_inputs(args)))], "their counts differ")
+        raise _arity_error(
+            graph_inputs(proto),
+            [f"input_{i}" for i in range(len(tensor_inputs(args)))],
+            "their counts differ",
+        )
     return names
 
 
@@ -136,10 +140,15 @@ def input_leaves(model: Any, args: tuple[Any, ...]) -> list[tuple[str, Any]]:
     if names is None:
         fn = model.forward if isinstance(model, torch.nn.Module) else model
         raise VerificationError(
-            f"the example arguments ({len(args)} argument(s)) do not fit {getattr(fn, '__qualname__', 'the model')}{inspect.signature(fn)}. Fix: pass the "
-            "same example inputs used for export."
+            f"the example arguments ({len(args)} argument(s)) do not fit"
+            f" {getattr(fn, '__qualname__', 'the model')}{inspect.signature(fn)}. Fix: pass the"
+            " same example inputs used for export."
         )
-    return [leaf for name, value in zip(names, args, strict=True) for leaf in _flatten_named(name, value)]
+    return [
+        leaf
+        for name, value in zip(names, args, strict=True)
+        for leaf in _flatten_named(name, value)
+    ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,10 +170,17 @@ class InputBinding:
         return {name: tensors[p] for name, p in zip(self.onnx_names, self.positions, strict=True)}
 
     def describe(self) -> str:
-        how = "by name" if self.matched_by == "name" else "by position (the file's input names are not forward's parameter names)"
+        how = (
+            "by name"
+            if self.matched_by == "name"
+            else "by position (the file's input names are not forward's parameter names)"
+        )
         text = f"inputs matched {how}"
         if self.pruned:
-            text += f"; not inputs of the file (pruned by the exporter, unused by the graph): {', '.join(self.pruned)}"
+            text += (
+                "; not inputs of the file (pruned by the exporter, unused by the graph):"
+                f" {', '.join(self.pruned)}"
+            )
         return text
 
 
@@ -175,10 +191,13 @@ def _declared_fits(info: onnx.ValueInfoProto, tensor: torch.Tensor) -> bool:
     return not tensor_type.HasField("shape") or len(tensor_type.shape.dim) == tensor.dim()
 
 
-def _arity_error(file_inputs: list[onnx.ValueInfoProto], names: list[str], why: str) -> VerificationError:
+def _arity_error(
+    file_inputs: list[onnx.ValueInfoProto], names: list[str], why: str
+) -> VerificationError:
     return VerificationError(
-        f"The ONNX model takes {len(file_inputs)} input(s) {[i.name for i in file_inputs]} but the example "
-        f"arguments hold {len(names)} tensor(s) {names}; {why}. Fix: pass the same example inputs used for export."
+        f"The ONNX model takes {len(file_inputs)} input(s) {[i.name for i in file_inputs]} but the"
+        f" example arguments hold {len(names)} tensor(s) {names}; {why}. Fix: pass the same example"
+        " inputs used for export."
     )
 
 
@@ -188,18 +207,34 @@ def bind_inputs(proto: onnx.ModelProto, args: tuple[Any, ...], model: Any = None
     named = [(f"input_{i}", t) for i, t in enumerate(tensor_inputs(args))]
     if model is not None:
         try:
-            named = [(n, leaf) for n, leaf in input_leaves(model, args) if isinstance(leaf, torch.Tensor)]
+            named = [
+                (n, leaf) for n, leaf in input_leaves(model, args) if isinstance(leaf, torch.Tensor)
+            ]
         except VerificationError as exc:
-            raise _arity_error(file_inputs, [n for n, _ in named], str(exc).removesuffix(" Fix: pass the same example inputs used for export.").removesuffix(".")) from exc
+            raise _arity_error(
+                file_inputs,
+                [n for n, _ in named],
+                str(exc)
+                .removesuffix(" Fix: pass the same example inputs used for export.")
+                .removesuffix("."),
+            ) from exc
     names = [n for n, _ in named]
     tensors = [t for _, t in named]
     index = {n: i for i, n in enumerate(names)}
     onnx_names = tuple(i.name for i in file_inputs)
     if all(n in index for n in onnx_names) and len(set(onnx_names)) == len(onnx_names):
         positions = tuple(index[n] for n in onnx_names)
-        return InputBinding(onnx_names, positions, tuple(names), tuple(n for n in names if index[n] not in positions), "name")
+        return InputBinding(
+            onnx_names,
+            positions,
+            tuple(names),
+            tuple(n for n in names if index[n] not in positions),
+            "name",
+        )
     if len(file_inputs) > len(tensors):
-        raise _arity_error(file_inputs, names, "the file has more inputs than the arguments have tensors")
+        raise _arity_error(
+            file_inputs, names, "the file has more inputs than the arguments have tensors"
+        )
     # Align in order: exact names and ``input_<i>`` anchor; the rest take the next tensor whose
     # dtype and rank fit the declared type (a pruned tensor is skipped).
     chosen: list[int] = []
@@ -211,12 +246,20 @@ def bind_inputs(proto: onnx.ModelProto, args: tuple[Any, ...], model: Any = None
             anchor = int(match[1])
         if anchor is not None:
             if anchor < start:
-                raise _arity_error(file_inputs, names, f"input {info.name!r} would take tensor {names[anchor]!r} out of order")
+                raise _arity_error(
+                    file_inputs,
+                    names,
+                    f"input {info.name!r} would take tensor {names[anchor]!r} out of order",
+                )
             chosen.append(anchor)
             continue
         fitting = [i for i in range(start, len(tensors)) if _declared_fits(info, tensors[i])]
         if not fitting:
-            raise _arity_error(file_inputs, names, f"no remaining tensor fits input {info.name!r} ({_describe_type(info)})")
+            raise _arity_error(
+                file_inputs,
+                names,
+                f"no remaining tensor fits input {info.name!r} ({_describe_type(info)})",
+            )
         chosen.append(fitting[0])
     pruned = tuple(n for i, n in enumerate(names) if i not in chosen)
     return InputBinding(onnx_names, tuple(chosen), tuple(names), pruned, "position")
@@ -224,10 +267,19 @@ def bind_inputs(proto: onnx.ModelProto, args: tuple[Any, ...], model: Any = None
 
 def _describe_type(info: onnx.ValueInfoProto) -> str:
     tensor_type = info.type.tensor_type
-    dtype = onnx.helper.tensor_dtype_to_string(tensor_type.elem_type).removeprefix("TensorProto.").lower() if tensor_type.elem_type else "?"
+    dtype = (
+        onnx.helper.tensor_dtype_to_string(tensor_type.elem_type)
+        .removeprefix("TensorProto.")
+        .lower()
+        if tensor_type.elem_type
+        else "?"
+    )
     if not tensor_type.HasField("shape"):
         return f"{dtype}, rank unknown"
-    dims = [d.dim_param or (d.dim_value if d.HasField("dim_value") else "?") for d in tensor_type.shape.dim]
+    dims = [
+        d.dim_param or (d.dim_value if d.HasField("dim_value") else "?")
+        for d in tensor_type.shape.dim
+    ]
     return f"{dtype}{dims}"
 
 
@@ -239,13 +291,18 @@ def _to_ort_value(tensor: torch.Tensor) -> Any:
 
     array = to_numpy(tensor)
     if tensor.dtype == torch.bfloat16:  # ORT's Python API has no numpy type for bfloat16
-        return onnxruntime.OrtValue.ortvalue_from_numpy_with_onnx_type(array.view(np.uint16), onnx.TensorProto.BFLOAT16)
+        return onnxruntime.OrtValue.ortvalue_from_numpy_with_onnx_type(
+            array.view(np.uint16), onnx.TensorProto.BFLOAT16
+        )
     return onnxruntime.OrtValue.ortvalue_from_numpy(array)
 
 
 def _from_ort_value(value: Any, name: str) -> np.ndarray:
     if not value.is_tensor():
-        raise VerificationError(f"ONNX output {name!r} is not a tensor ({value.data_type()}); only tensor outputs can be compared.")
+        raise VerificationError(
+            f"ONNX output {name!r} is not a tensor ({value.data_type()}); only tensor outputs can"
+            " be compared."
+        )
     if value.element_type() != onnx.TensorProto.BFLOAT16:
         return np.array(value.numpy(), copy=True)  # detach from ORT's buffer
     import ml_dtypes
@@ -256,7 +313,9 @@ def _from_ort_value(value: Any, name: str) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint16).view(ml_dtypes.bfloat16).reshape(shape).copy()
 
 
-def run_onnx(session: Any, proto: onnx.ModelProto, args: tuple[Any, ...], binding: InputBinding | None = None) -> list[np.ndarray]:
+def run_onnx(
+    session: Any, proto: onnx.ModelProto, args: tuple[Any, ...], binding: InputBinding | None = None
+) -> list[np.ndarray]:
     """Every graph output of ``proto`` (in order) for ``args``.
 
     Without ``binding`` the tensors of ``args`` feed the ONNX inputs in order (they must be as
@@ -269,9 +328,13 @@ def run_onnx(session: Any, proto: onnx.ModelProto, args: tuple[Any, ...], bindin
         feeds = binding.feeds(tensors)
     output_names = [o.name for o in proto.graph.output]
     if hasattr(session, "run_with_ort_values"):
-        values = session.run_with_ort_values(output_names, {n: _to_ort_value(t) for n, t in feeds.items()})
+        values = session.run_with_ort_values(
+            output_names, {n: _to_ort_value(t) for n, t in feeds.items()}
+        )
         return [_from_ort_value(v, n) for v, n in zip(values, output_names, strict=True)]
-    return [np.asarray(v) for v in session.run(output_names, {n: to_numpy(t) for n, t in feeds.items()})]
+    return [
+        np.asarray(v) for v in session.run(output_names, {n: to_numpy(t) for n, t in feeds.items()})
+    ]
 
 
 def _session_options(as_written: bool) -> Any:
@@ -286,17 +349,27 @@ def _session_options(as_written: bool) -> Any:
     return options
 
 
-def plain_session(proto: onnx.ModelProto, data: bytes | None = None, *, as_written: bool = False) -> Any:
+def plain_session(
+    proto: onnx.ModelProto, data: bytes | None = None, *, as_written: bool = False
+) -> Any:
     """Plain ONNX Runtime (nothing registered); ``data``: ``proto`` already serialized.
     ``as_written``: graph optimizations off (`make_session`)."""
     import onnxruntime
 
     # past 2 GiB the proto cannot be serialized: ORT reads a temporary model + data pair
     with session_source(proto) if data is None else contextlib.nullcontext(data) as source:
-        return onnxruntime.InferenceSession(source, _session_options(as_written), providers=["CPUExecutionProvider"])
+        return onnxruntime.InferenceSession(
+            source, _session_options(as_written), providers=["CPUExecutionProvider"]
+        )
 
 
-def make_session(proto: onnx.ModelProto, kernels: Any = None, data: bytes | None = None, *, as_written: bool = False) -> Any:
+def make_session(
+    proto: onnx.ModelProto,
+    kernels: Any = None,
+    data: bytes | None = None,
+    *,
+    as_written: bool = False,
+) -> Any:
     """An ORT session with our custom kernels loaded (plain ORT when the kernel host is unavailable);
     ``data``: ``proto`` already serialized (parsing it back is cheaper than serializing again).
 
@@ -309,7 +382,9 @@ def make_session(proto: onnx.ModelProto, kernels: Any = None, data: bytes | None
     except ImportError:  # the kernel host is optional for models without custom nodes
         return plain_session(proto, data, as_written=as_written)
     try:
-        options = _session_options(True) if as_written else None  # None: the session's own quiet defaults
+        options = (
+            _session_options(True) if as_written else None
+        )  # None: the session's own quiet defaults
         return InferenceSession(proto if data is None else data, options, kernels=kernels)
     except ExtensionBuildError:
         # The native shim could not be built: only models with custom nodes need it.
@@ -341,7 +416,11 @@ def release_session(session: Any) -> None:
 
 
 def custom_node_types(proto: onnx.ModelProto) -> list[str]:
-    found = {f"{n.domain}::{n.op_type}": None for n in iter_nodes(proto, functions=False) if n.domain not in STANDARD_DOMAINS}
+    found = {
+        f"{n.domain}::{n.op_type}": None
+        for n in iter_nodes(proto, functions=False)
+        if n.domain not in STANDARD_DOMAINS
+    }
     return list(found)
 
 
@@ -356,9 +435,8 @@ def make_reference(proto: onnx.ModelProto, kernels: Any = None) -> Any:
         from onnx_custom.runtime import reference_evaluator
     except ImportError as exc:
         raise VerificationError(
-            f"The model has custom nodes {custom}; the reference backend needs their kernels as "
-            f"OpRun classes (onnx_custom.runtime.reference_evaluator), which is unavailable: {exc}. "
-            "Fix: install/build the kernel host or verify with backends=('onnxruntime',)."
+            f"The model has custom nodes {custom}; the reference backend needs their kernels as"
+            " OpRun classes (onnx_custom.runtime.reference_evaluator), which is unavailable:"
+            f" {exc}. Fix: install/build the kernel host or verify with backends=('onnxruntime',)."
         ) from exc
     return reference_evaluator(proto, kernels=kernels)
-

@@ -41,7 +41,9 @@ def _subgraph_reads(node: onnx.NodeProto) -> list[str]:
         for inner in graph.node:
             found.extend(n for n in inner.input if n and n not in bound)
             for attr in inner.attribute:
-                for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else []) + list(attr.graphs):
+                for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else []) + list(
+                    attr.graphs
+                ):
                     visit(sub, bound)
             bound |= set(inner.output)
 
@@ -90,7 +92,8 @@ def _session(model: onnx.ModelProto, kernels: Any) -> ort.InferenceSession:
 
 class _OrtValueArray:
     """Exposes an ``OrtValue``'s CPU buffer to NumPy and owns the value: ``np.asarray`` of it is a
-    zero-copy array whose base keeps the OrtValue (and so its buffer) alive, by NumPy's own rules."""
+    zero-copy array whose base keeps the OrtValue (and so its buffer) alive, by NumPy's own rules.
+    """
 
     def __init__(self, value: ort.OrtValue) -> None:
         self.value = value
@@ -103,7 +106,12 @@ class _OrtValueArray:
 def _array_of(value: ort.OrtValue, name: str) -> np.ndarray:
     """``value`` as a NumPy array without copying when it is a plain CPU tensor (a wanted value is
     read once, so a copy would only double the segment's memory); else `_from_ort_value`'s copy."""
-    if value.is_tensor() and value.element_type() != onnx.TensorProto.BFLOAT16 and value.tensor_size_in_bytes() > 0 and value.device_name().lower() == "cpu":
+    if (
+        value.is_tensor()
+        and value.element_type() != onnx.TensorProto.BFLOAT16
+        and value.tensor_size_in_bytes() > 0
+        and value.device_name().lower() == "cpu"
+    ):
         return np.asarray(_OrtValueArray(value))
     return _from_ort_value(value, name)
 
@@ -136,12 +144,24 @@ class SegmentedRun:
         self._nodes = list(graph.node)
         self._initializers = {i.name: i for i in graph.initializer}
         self._reads = [_reads(n) for n in self._nodes]
-        self._producer = {out: i for i, node in enumerate(self._nodes) for out in node.output if out}
+        self._producer = {
+            out: i for i, node in enumerate(self._nodes) for out in node.output if out
+        }
         wanted = list(wanted)
         self._wanted = Counter(w for w in wanted if w in self._producer)
-        self._direct = {w: _from_ort_value(feeds[w], w) for w in wanted if w in feeds and w not in self._producer}
-        self._direct |= {w: onnx.numpy_helper.to_array(self._initializers[w]) for w in wanted if w in self._initializers and w not in self._direct}
-        self._segments = self._cut(graph, DEFAULT_BUDGET_BYTES if budget_bytes is None else budget_bytes)
+        self._direct = {
+            w: _from_ort_value(feeds[w], w)
+            for w in wanted
+            if w in feeds and w not in self._producer
+        }
+        self._direct |= {
+            w: onnx.numpy_helper.to_array(self._initializers[w])
+            for w in wanted
+            if w in self._initializers and w not in self._direct
+        }
+        self._segments = self._cut(
+            graph, DEFAULT_BUDGET_BYTES if budget_bytes is None else budget_bytes
+        )
         self._segment_of_node = [0] * len(self._nodes)
         for s, (start, end) in enumerate(self._segments):
             for i in range(start, end):
@@ -193,17 +213,24 @@ class SegmentedRun:
         nodes = self._nodes[start:end]
         made = {out for node in nodes for out in node.output if out}
         reads = list(dict.fromkeys(name for i in range(start, end) for name in self._reads[i]))
-        inputs = [n for n in reads if n not in made and n not in self._initializers and n in self._carried]
-        initializers = [self._initializers[n] for n in reads if n not in made and n in self._initializers]
+        inputs = [
+            n for n in reads if n not in made and n not in self._initializers and n in self._carried
+        ]
+        initializers = [
+            self._initializers[n] for n in reads if n not in made and n in self._initializers
+        ]
         outputs = [o for o in made if o in self._wanted or self._last_read.get(o, -1) > s]
         if outputs:
             graph = onnx.helper.make_graph(
-                nodes, f"{self._proto.graph.name or 'graph'}_segment{s}",
+                nodes,
+                f"{self._proto.graph.name or 'graph'}_segment{s}",
                 [_input_info(n, self._carried[n]) for n in inputs],
                 [onnx.ValueInfoProto(name=o) for o in outputs],  # ORT types untyped outputs itself
                 initializer=initializers,
-            )  # fmt: skip
-            model = onnx.helper.make_model(graph, opset_imports=self._proto.opset_import, ir_version=self._proto.ir_version)
+            )
+            model = onnx.helper.make_model(
+                graph, opset_imports=self._proto.opset_import, ir_version=self._proto.ir_version
+            )
             model.functions.extend(self._proto.functions)
             session = _session(model, self._kernels)
             values = session.run_with_ort_values(outputs, {n: self._carried[n] for n in inputs})
@@ -213,6 +240,8 @@ class SegmentedRun:
                 if self._last_read.get(name, -1) > s:
                     self._carried[name] = value
                 if name in self._wanted:
-                    self._ready[name] = _array_of(value, name)  # the OrtValue's own buffer; bfloat16-safe
+                    self._ready[name] = _array_of(
+                        value, name
+                    )  # the OrtValue's own buffer; bfloat16-safe
         for name in [n for n in self._carried if self._last_read.get(n, -1) <= s]:
             del self._carried[name]  # no later segment reads it

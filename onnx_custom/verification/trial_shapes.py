@@ -122,7 +122,9 @@ def _bound(value: Any) -> int | None:
     return bound if abs(bound) < _UNBOUNDED else None
 
 
-def _metadata_ranges(proto: onnx.ModelProto, notes: list[str]) -> dict[str, tuple[int | None, int | None]]:
+def _metadata_ranges(
+    proto: onnx.ModelProto, notes: list[str]
+) -> dict[str, tuple[int | None, int | None]]:
     text = next((p.value for p in proto.metadata_props if p.key == METADATA_KEY), None)
     if text is None:
         return {}
@@ -134,7 +136,11 @@ def _metadata_ranges(proto: onnx.ModelProto, notes: list[str]) -> dict[str, tupl
     if not isinstance(data, dict):
         notes.append(f"metadata {METADATA_KEY} is not a JSON object; dim ranges ignored")
         return {}
-    return {str(k): (_bound(v.get("min")), _bound(v.get("max"))) for k, v in data.items() if isinstance(v, dict)}
+    return {
+        str(k): (_bound(v.get("min")), _bound(v.get("max")))
+        for k, v in data.items()
+        if isinstance(v, dict)
+    }
 
 
 def _dim_spec(value: Any) -> tuple[str | None, int | None, int | None] | None:
@@ -150,12 +156,14 @@ def _dim_spec(value: Any) -> tuple[str | None, int | None, int | None] | None:
     if name is not None and hasattr(value, "min"):
         return (name, _bound(value.min), _bound(value.max))
     raise ShapeSpecError(
-        f"dynamic_shapes: expected a torch.export.Dim, a dim name (str), Dim.AUTO/DYNAMIC/STATIC or "
-        f"None per axis, got {value!r}. Fix: pass the dynamic_shapes given to export."
+        "dynamic_shapes: expected a torch.export.Dim, a dim name (str), Dim.AUTO/DYNAMIC/STATIC or"
+        f" None per axis, got {value!r}. Fix: pass the dynamic_shapes given to export."
     )
 
 
-def _axes_spec(spec: Any, where: str, rank: int) -> dict[int, tuple[str | None, int | None, int | None]]:
+def _axes_spec(
+    spec: Any, where: str, rank: int
+) -> dict[int, tuple[str | None, int | None, int | None]]:
     if spec is None:
         return {}
     items: list[tuple[Any, Any]]
@@ -164,18 +172,26 @@ def _axes_spec(spec: Any, where: str, rank: int) -> dict[int, tuple[str | None, 
     elif isinstance(spec, (tuple, list)):
         items = list(enumerate(spec))
     else:
-        raise ShapeSpecError(f"dynamic_shapes[{where}]: expected {{axis: Dim}} or a per-axis list for a tensor, got {spec!r}.")
+        raise ShapeSpecError(
+            f"dynamic_shapes[{where}]: expected {{axis: Dim}} or a per-axis list for a tensor, got"
+            f" {spec!r}."
+        )
     out = {}
     for axis, value in items:
         if not isinstance(axis, int) or not -rank <= axis < rank:
-            raise ShapeSpecError(f"dynamic_shapes[{where}]: axis {axis!r} does not exist in a rank-{rank} tensor. Fix: use axes 0..{rank - 1}.")
+            raise ShapeSpecError(
+                f"dynamic_shapes[{where}]: axis {axis!r} does not exist in a rank-{rank} tensor."
+                f" Fix: use axes 0..{rank - 1}."
+            )
         dim = _dim_spec(value)
         if dim is not None:
             out[axis % rank] = dim
     return out
 
 
-def _leaf_specs(model: Any, args: tuple[Any, ...], dynamic_shapes: Any) -> dict[int, dict[int, tuple[str | None, int | None, int | None]]]:
+def _leaf_specs(
+    model: Any, args: tuple[Any, ...], dynamic_shapes: Any
+) -> dict[int, dict[int, tuple[str | None, int | None, int | None]]]:
     """``dynamic_shapes`` (torch.export style) -> {tensor position: {axis: (name, min, max)}}."""
     if dynamic_shapes is None:
         return {}
@@ -190,10 +206,16 @@ def _leaf_specs(model: Any, args: tuple[Any, ...], dynamic_shapes: Any) -> dict[
         specs = [dynamic_shapes.get(p) for p in params]
     elif isinstance(dynamic_shapes, (tuple, list)):
         if len(dynamic_shapes) > len(args):
-            raise ShapeSpecError(f"dynamic_shapes has {len(dynamic_shapes)} entries for {len(args)} argument(s). Fix: one entry per argument.")
+            raise ShapeSpecError(
+                f"dynamic_shapes has {len(dynamic_shapes)} entries for {len(args)} argument(s)."
+                " Fix: one entry per argument."
+            )
         specs = list(dynamic_shapes) + [None] * (len(args) - len(dynamic_shapes))
     else:
-        raise ShapeSpecError(f"dynamic_shapes: expected a dict keyed by forward's parameter names or a tuple, got {type(dynamic_shapes).__name__}.")
+        raise ShapeSpecError(
+            "dynamic_shapes: expected a dict keyed by forward's parameter names or a tuple, got"
+            f" {type(dynamic_shapes).__name__}."
+        )
     out: dict[int, dict[int, tuple[str | None, int | None, int | None]]] = {}
     position = 0
 
@@ -209,7 +231,11 @@ def _leaf_specs(model: Any, args: tuple[Any, ...], dynamic_shapes: Any) -> dict[
                 walk(v, spec.get(k) if isinstance(spec, Mapping) else None, f"{where}.{k}")
         elif isinstance(value, (tuple, list)):
             for i, v in enumerate(value):
-                walk(v, spec[i] if isinstance(spec, (tuple, list)) and i < len(spec) else None, f"{where}[{i}]")
+                walk(
+                    v,
+                    spec[i] if isinstance(spec, (tuple, list)) and i < len(spec) else None,
+                    f"{where}[{i}]",
+                )
 
     for name, value, spec in zip(params, args, specs, strict=True):
         walk(value, spec, name)
@@ -224,7 +250,14 @@ def _top_level_names(model: Any, args: tuple[Any, ...]) -> list[str]:
 # ----------------------------------------------------------------------------- the plan
 
 
-def plan_dims(proto: onnx.ModelProto, binding: InputBinding, args: tuple[Any, ...], *, model: Any = None, dynamic_shapes: Any = None) -> DimPlan:
+def plan_dims(
+    proto: onnx.ModelProto,
+    binding: InputBinding,
+    args: tuple[Any, ...],
+    *,
+    model: Any = None,
+    dynamic_shapes: Any = None,
+) -> DimPlan:
     """The dynamic dims of ``proto``'s inputs, with export sizes from ``args`` and their ranges."""
     tensors = tensor_inputs(args)
     notes: list[str] = []
@@ -269,16 +302,23 @@ def plan_dims(proto: onnx.ModelProto, binding: InputBinding, args: tuple[Any, ..
     dims: dict[str, DynamicDim] = {}
     for key, found in slots.items():
         if len(sizes[key]) > 1:
-            notes.append(f"dim {key!r} has different sizes {sorted(sizes[key])} in the example ({', '.join(where[key])}); it is not varied")
+            notes.append(
+                f"dim {key!r} has different sizes {sorted(sizes[key])} in the example"
+                f" ({', '.join(where[key])}); it is not varied"
+            )
             continue
         (export_size,) = sizes[key]
         names = [key, *(a for a, k in aliases.items() if k == key)]
-        lo, hi, source = ranges.get(key) or next(((*metadata[n], f"metadata {METADATA_KEY}") for n in names if n in metadata), (None, None, "no range given"))
+        lo, hi, source = ranges.get(key) or next(
+            ((*metadata[n], f"metadata {METADATA_KEY}") for n in names if n in metadata),
+            (None, None, "no range given"),
+        )
         dim = DynamicDim(key, export_size, lo, hi, source, tuple(found), tuple(where[key]))
         if not dim.admits(export_size):
             raise ShapeSpecError(
-                f"Dynamic dim {key!r} ({', '.join(dim.where)}) has the export size {export_size}, outside its "
-                f"range {dim.describe_range()}. Fix: give a range that includes the example's size."
+                f"Dynamic dim {key!r} ({', '.join(dim.where)}) has the export size {export_size},"
+                f" outside its range {dim.describe_range()}. Fix: give a range that includes the"
+                " example's size."
             )
         dims[key] = dim
     return DimPlan(dims, aliases, axes, tuple(notes))
@@ -306,7 +346,10 @@ class ApartCase:
 
     def describe_groups(self, plan: DimPlan) -> str:
         """``"h (x[2]) and w (x[3])"``, groups separated by ``"; "``."""
-        return "; ".join(" and ".join(f"{k} ({', '.join(plan.dims[k].where)})" for k in group) for group in self.groups)
+        return "; ".join(
+            " and ".join(f"{k} ({', '.join(plan.dims[k].where)})" for k in group)
+            for group in self.groups
+        )
 
 
 def apart_case(plan: DimPlan) -> ApartCase | None:
@@ -330,13 +373,20 @@ def _apart_sizes(dim: DynamicDim, count: int) -> list[int]:
     e = dim.export_size
     found: list[int] = []
     # bounded search: multiples first, then e + k, then downwards (a range capped near e)
-    for size in (2 * e, 3 * e, *range(e + 1, e + count + 3), *range(e - 1, max(1, e - count - 3), -1)):
+    for size in (
+        2 * e,
+        3 * e,
+        *range(e + 1, e + count + 3),
+        *range(e - 1, max(1, e - count - 3), -1),
+    ):
         if len(found) == count:
             break
         if size >= 2 and size != e and size not in found and dim.admits(size):
             found.append(size)
     if len(found) < count and e >= 2:
-        found.append(e)  # too narrow a range: one dim keeps the export size, the others still differ
+        found.append(
+            e
+        )  # too narrow a range: one dim keeps the export size, the others still differ
     if len(set(found)) < 2:
         return []
     return [found[i % len(found)] for i in range(count)]
@@ -365,7 +415,12 @@ def _candidates(dim: DynamicDim, count: int) -> list[int]:
 
 
 def _fix_hint(plan: DimPlan) -> str:
-    dims = ", ".join(f"{k} ({', '.join(d.where)}, range {d.describe_range()})" for k, d in plan.dims.items()) or "none"
+    dims = (
+        ", ".join(
+            f"{k} ({', '.join(d.where)}, range {d.describe_range()})" for k, d in plan.dims.items()
+        )
+        or "none"
+    )
     return f"dynamic dims of the file: {dims}; inputs: {list(plan.axes)}"
 
 
@@ -378,8 +433,8 @@ def resolve_cases(shapes: Sequence[Mapping[str, Any]], plan: DimPlan) -> list[di
     """
     if isinstance(shapes, Mapping) or not isinstance(shapes, Sequence):
         raise ShapeSpecError(
-            f"shapes= expects a list of dicts such as [{{'batch': 5}}, {{'x': (7, 3)}}], got {type(shapes).__name__}. "
-            "Fix: wrap a single case in a list."
+            "shapes= expects a list of dicts such as [{'batch': 5}, {'x': (7, 3)}], got"
+            f" {type(shapes).__name__}. Fix: wrap a single case in a list."
         )
     return [_resolve_case(i, case, plan) for i, case in enumerate(shapes)]
 
@@ -387,7 +442,9 @@ def resolve_cases(shapes: Sequence[Mapping[str, Any]], plan: DimPlan) -> list[di
 def _resolve_case(index: int, case: Any, plan: DimPlan) -> dict[str, int]:
     where = f"shapes[{index}]"
     if not isinstance(case, Mapping):
-        raise ShapeSpecError(f"{where}: expected a dict of dim name -> size or input name -> shape, got {case!r}.")
+        raise ShapeSpecError(
+            f"{where}: expected a dict of dim name -> size or input name -> shape, got {case!r}."
+        )
     sizes: dict[str, int] = {}
 
     def assign(key: str, size: Any, origin: str) -> None:
@@ -396,11 +453,14 @@ def _resolve_case(index: int, case: Any, plan: DimPlan) -> dict[str, int]:
         dim = plan.dims[key]
         if not dim.admits(size):
             raise ShapeSpecError(
-                f"{where}: {origin} = {size} is outside the range {dim.describe_range()} of dim {key!r} "
-                f"({', '.join(dim.where)}). Fix: pick a size inside the range."
+                f"{where}: {origin} = {size} is outside the range {dim.describe_range()} of dim"
+                f" {key!r} ({', '.join(dim.where)}). Fix: pick a size inside the range."
             )
         if sizes.get(key, size) != size:
-            raise ShapeSpecError(f"{where}: dim {key!r} ({', '.join(dim.where)}) gets both {sizes[key]} and {size} ({origin}). Fix: give it one size.")
+            raise ShapeSpecError(
+                f"{where}: dim {key!r} ({', '.join(dim.where)}) gets both {sizes[key]} and {size}"
+                f" ({origin}). Fix: give it one size."
+            )
         sizes[key] = size
 
     for name, value in case.items():
@@ -412,11 +472,16 @@ def _resolve_case(index: int, case: Any, plan: DimPlan) -> dict[str, int]:
         else:
             static = _static_axis(name, plan)
             if static:
-                raise ShapeSpecError(f"{where}: {name!r} {static}; only dynamic dims can change. Fix: leave it out. {_fix_hint(plan)}.")
+                raise ShapeSpecError(
+                    f"{where}: {name!r} {static}; only dynamic dims can change. Fix: leave it out."
+                    f" {_fix_hint(plan)}."
+                )
             raise ShapeSpecError(
-                f"{where}: unknown name {name!r} (with {value!r}); expected a dynamic dim name -> size or an ONNX "
-                f"input name -> full shape. {_fix_hint(plan)}. Fix: use one of those names, e.g. "
-                f"shapes=[{{{next(iter(plan.dims), next(iter(plan.axes), 'batch'))!r}: {value!r}}}]."
+                f"{where}: unknown name {name!r} (with {value!r}); expected a dynamic dim name ->"
+                f" size or an ONNX input name -> full shape. {_fix_hint(plan)}. Fix: use one of"
+                " those names, e.g."
+                f" shapes=[{{{next(iter(plan.dims), next(iter(plan.axes), 'batch'))!r}:"
+                f" {value!r}}}]."
             )
     return sizes
 
@@ -429,16 +494,25 @@ def _static_axis(name: Any, plan: DimPlan) -> str:
     return ""
 
 
-def _assign_shape(where: str, name: str, shape: tuple[Any, ...], plan: DimPlan, assign: Callable[[str, Any, str], None]) -> None:
+def _assign_shape(
+    where: str,
+    name: str,
+    shape: tuple[Any, ...],
+    plan: DimPlan,
+    assign: Callable[[str, Any, str], None],
+) -> None:
     entries = plan.axes[name]
     if len(shape) != len(entries):
-        raise ShapeSpecError(f"{where}: input {name!r} has rank {len(entries)} in the file, got shape {list(shape)}. Fix: give {len(entries)} sizes.")
+        raise ShapeSpecError(
+            f"{where}: input {name!r} has rank {len(entries)} in the file, got shape {list(shape)}."
+            f" Fix: give {len(entries)} sizes."
+        )
     for axis, (size, entry) in enumerate(zip(shape, entries, strict=True)):
         if isinstance(entry, int):
             if size != entry:
                 raise ShapeSpecError(
-                    f"{where}: input {name!r} axis {axis} is static ({entry}) in the file, got {size}. Fix: keep "
-                    f"{entry} there, or re-export with that dim dynamic."
+                    f"{where}: input {name!r} axis {axis} is static ({entry}) in the file, got"
+                    f" {size}. Fix: keep {entry} there, or re-export with that dim dynamic."
                 )
         else:
             assign(entry, size, f"{name}[{axis}]")
@@ -447,7 +521,9 @@ def _assign_shape(where: str, name: str, shape: tuple[Any, ...], plan: DimPlan, 
 # ----------------------------------------------------------------------------- new inputs
 
 
-def _map_tensors(value: Any, fn: Callable[[int, torch.Tensor], torch.Tensor], counter: list[int]) -> Any:
+def _map_tensors(
+    value: Any, fn: Callable[[int, torch.Tensor], torch.Tensor], counter: list[int]
+) -> Any:
     if isinstance(value, torch.Tensor):
         counter[0] += 1
         return fn(counter[0] - 1, value)
@@ -458,7 +534,9 @@ def _map_tensors(value: Any, fn: Callable[[int, torch.Tensor], torch.Tensor], co
     return value
 
 
-def resize_inputs(args: tuple[Any, ...], sizes: Mapping[str, int], plan: DimPlan, generator: torch.Generator) -> tuple[Any, ...]:
+def resize_inputs(
+    args: tuple[Any, ...], sizes: Mapping[str, int], plan: DimPlan, generator: torch.Generator
+) -> tuple[Any, ...]:
     """``args`` with the dims in ``sizes`` changed, values drawn as the module doc says."""
     targets: dict[int, dict[int, int]] = {}
     for key, size in sizes.items():
@@ -476,6 +554,8 @@ def resize_inputs(args: tuple[Any, ...], sizes: Mapping[str, int], plan: DimPlan
         if tensor.numel() == 0:
             return torch.zeros(shape, dtype=tensor.dtype)
         lo, hi = int(tensor.min()), int(tensor.max())
-        return torch.randint(lo, hi + 1, shape, generator=generator, dtype=torch.int64).to(tensor.dtype)
+        return torch.randint(lo, hi + 1, shape, generator=generator, dtype=torch.int64).to(
+            tensor.dtype
+        )
 
     return tuple(_map_tensors(args, redraw, [0]))

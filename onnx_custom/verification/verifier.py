@@ -113,7 +113,10 @@ class TrialRecord:
 
     def describe(self) -> str:
         inputs = ", ".join(f"{n}{list(s)}" for n, s in self.input_shapes)
-        text = f"trial {self.trial} ({self.kind}) {describe_sizes(dict(self.sizes))}: {inputs} -> {self.status.upper()}"
+        text = (
+            f"trial {self.trial} ({self.kind}) {describe_sizes(dict(self.sizes))}: {inputs} ->"
+            f" {self.status.upper()}"
+        )
         return f"{text}: {self.reason}" if self.reason else text
 
 
@@ -141,7 +144,11 @@ class VerificationReport:
 
     @property
     def passed(self) -> bool:
-        return all(c.passed for c in self.comparisons) and not self.type_mismatches and not self.failed_trials()
+        return (
+            all(c.passed for c in self.comparisons)
+            and not self.type_mismatches
+            and not self.failed_trials()
+        )
 
     def failures(self) -> list[OutputComparison]:
         return [c for c in self.comparisons if not c.passed]
@@ -153,13 +160,17 @@ class VerificationReport:
         return [r for r in self.shapes_tried if r.status == "skipped"]
 
     def table(self) -> str:
-        header = f"{'trial':>5} {'backend':<12} {'output':<24} {'shape':<18} {'dtype':<9} {'max_abs':>10} {'max_rel':>10} {'mismatch':>16} {'rtol':>8} {'atol':>8}  tolerance"
+        header = (
+            f"{'trial':>5} {'backend':<12} {'output':<24} {'shape':<18} {'dtype':<9}"
+            f" {'max_abs':>10} {'max_rel':>10} {'mismatch':>16} {'rtol':>8} {'atol':>8}  tolerance"
+        )
         rows = [header]
         for c in self.comparisons:
             mism = f"{c.mismatched}/{c.total} ({c.mismatched_percent:.2f}%)"
             rows.append(
-                f"{c.trial:>5} {c.backend:<12} {c.name[:24]:<24} {str(list(c.shape))[:18]:<18} {c.dtype:<9} "
-                f"{c.max_abs_diff:>10.3g} {c.max_rel_diff:>10.3g} {mism:>16} {c.rtol:>8.2g} {c.atol:>8.2g}  {c.tolerance_source}"
+                f"{c.trial:>5} {c.backend:<12} {c.name[:24]:<24} {str(list(c.shape))[:18]:<18}"
+                f" {c.dtype:<9} {c.max_abs_diff:>10.3g} {c.max_rel_diff:>10.3g} {mism:>16}"
+                f" {c.rtol:>8.2g} {c.atol:>8.2g}  {c.tolerance_source}"
             )
             if c.worst:
                 rows.append(f"{'':>5} worst {c.worst}")
@@ -203,13 +214,17 @@ class VerificationReport:
         good = [b for b, ok in by_backend.items() if ok]
         bad = [b for b, ok in by_backend.items() if not ok]
         return (
-            f"Backends disagree: {', '.join(bad)} mismatch PyTorch but {', '.join(good)} match(es) it. "
-            "The translation is likely right; suspect the runtime or a custom kernel of the failing backend."
+            f"Backends disagree: {', '.join(bad)} mismatch PyTorch but {', '.join(good)} match(es)"
+            " it. The translation is likely right; suspect the runtime or a custom kernel of the"
+            " failing backend."
         )
 
     def __str__(self) -> str:
         status = "PASSED" if self.passed else "FAILED"
-        text = f"Verification {status}: {len(self.comparisons)} comparison(s) over {self.trials} trial(s)\n{self.table()}"
+        text = (
+            f"Verification {status}: {len(self.comparisons)} comparison(s) over {self.trials}"
+            f" trial(s)\n{self.table()}"
+        )
         findings = self.findings()
         if findings:
             text += "\n" + "\n".join(findings)
@@ -226,18 +241,33 @@ class VerificationReport:
             "trials": self.trials,
             "backends": list(self.backends),
             "outputs": [
-                {k: v for k, v in dataclasses.asdict(c).items() if k != "abs_diffs"} | {"passed": c.passed}
+                {k: v for k, v in dataclasses.asdict(c).items() if k != "abs_diffs"}
+                | {"passed": c.passed}
                 for c in self.comparisons
             ],
-            "shapes_tried": [dataclasses.asdict(r) | {"sizes": dict(r.sizes), "input_shapes": {n: list(s) for n, s in r.input_shapes}} for r in self.shapes_tried],
+            "shapes_tried": [
+                dataclasses.asdict(r)
+                | {
+                    "sizes": dict(r.sizes),
+                    "input_shapes": {n: list(s) for n, s in r.input_shapes},
+                }
+                for r in self.shapes_tried
+            ],
             "type_mismatches": [dataclasses.asdict(m) for m in self.type_mismatches],
             "pruned_inputs": list(self.pruned_inputs),
             "input_matching": self.input_matching,
             "initializer_mismatches": [dataclasses.asdict(m) for m in self.initializer_mismatches],
             "notes": list(self.notes),
-            "implementations": {b: [dataclasses.asdict(i) | {"describe": i.describe()} for i in found] for b, found in self.implementations.items()},
+            "implementations": {
+                b: [dataclasses.asdict(i) | {"describe": i.describe()} for i in found]
+                for b, found in self.implementations.items()
+            },
             "diagnosis": self.diagnosis(),
-            "localization": self.localization.to_dict() if hasattr(self.localization, "to_dict") else (None if self.localization is None else str(self.localization)),
+            "localization": (
+                self.localization.to_dict()
+                if hasattr(self.localization, "to_dict")
+                else (None if self.localization is None else str(self.localization))
+            ),
         }
 
 
@@ -254,25 +284,39 @@ def _random_like(example: tuple[Any, ...], generator: torch.Generator) -> tuple[
     return tuple(redraw(x) for x in example)
 
 
-def _make_backend(name: str, proto: onnx.ModelProto, kernels: Any = None, *, as_written: bool = False) -> Any:
+def _make_backend(
+    name: str, proto: onnx.ModelProto, kernels: Any = None, *, as_written: bool = False
+) -> Any:
     """A session of backend ``name``. ``as_written`` (the size trials): ONNX Runtime with its
     graph optimizations off (`make_session`), not shared: those trials check the file's shape
     computations as every runtime reads them, not as ORT's optimizer may have rewritten them."""
     try:
         if name == BODIES_BACKEND:
-            return plain_session(proto, as_written=True) if as_written else shared_session(proto, plain=True)
+            return (
+                plain_session(proto, as_written=True)
+                if as_written
+                else shared_session(proto, plain=True)
+            )
         if name == NATIVE_BACKEND:
             return make_session(proto, "native", as_written=as_written)
         if name == "onnxruntime":
-            return make_session(proto, kernels, as_written=True) if as_written else shared_session(proto, kernels)
+            return (
+                make_session(proto, kernels, as_written=True)
+                if as_written
+                else shared_session(proto, kernels)
+            )
         return make_reference(proto, kernels)
     except OnnxCustomError:
         raise
     except Exception as exc:
-        raise VerificationError(f"Could not load the ONNX model in backend {name!r}: {type(exc).__name__}: {exc}") from exc
+        raise VerificationError(
+            f"Could not load the ONNX model in backend {name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
-def _implementations(name: str, session: Any, proto: onnx.ModelProto, kernels: Any) -> tuple[Any, ...]:
+def _implementations(
+    name: str, session: Any, proto: onnx.ModelProto, kernels: Any
+) -> tuple[Any, ...]:
     """What ``session`` (of backend ``name``) runs each non-standard node type with."""
     from onnx_custom.runtime.implementations import node_implementations
 
@@ -292,7 +336,9 @@ def _runs_on_bodies(proto: onnx.ModelProto) -> bool:
     return bool(bodies) and set(custom_node_types(proto)) <= bodies
 
 
-def _localize_safely(model: Any, args: tuple[Any, ...], proto: onnx.ModelProto, trial: int, **options: Any) -> Any:
+def _localize_safely(
+    model: Any, args: tuple[Any, ...], proto: onnx.ModelProto, trial: int, **options: Any
+) -> Any:
     """A `Localization`, or a one-line reason why none could be made (never raises)."""
     if not isinstance(model, torch.nn.Module):
         return f"Localization unavailable: it needs a torch.nn.Module, got {type(model).__name__}."
@@ -328,7 +374,15 @@ class _DeclaredCheck:
         self._augmented: onnx.ModelProto | None = None
         self._sessions: dict[str, Any] = {}  # backend -> session of the augmented file
 
-    def run(self, backend: str, trial: int, args: tuple[Any, ...], binding: InputBinding, outputs: dict[str, np.ndarray], input_shapes: dict[str, tuple[int, ...]]) -> list[TypeMismatch]:
+    def run(
+        self,
+        backend: str,
+        trial: int,
+        args: tuple[Any, ...],
+        binding: InputBinding,
+        outputs: dict[str, np.ndarray],
+        input_shapes: dict[str, tuple[int, ...]],
+    ) -> list[TypeMismatch]:
         key = (backend, tuple(sorted(input_shapes.items())))
         if key in self.seen:
             return []
@@ -340,11 +394,25 @@ class _DeclaredCheck:
             augmented = self._augmented
             if backend not in self._sessions:
                 self._sessions[backend] = _make_backend(backend, augmented, self.kernels)
-            values = dict(zip([o.name for o in augmented.graph.output], run_onnx(self._sessions[backend], augmented, args, binding), strict=True))
-        return [dataclasses.replace(m, backend=backend) for m in self.declared.check(trial, values, input_shapes)]
+            values = dict(
+                zip(
+                    [o.name for o in augmented.graph.output],
+                    run_onnx(self._sessions[backend], augmented, args, binding),
+                    strict=True,
+                )
+            )
+        return [
+            dataclasses.replace(m, backend=backend)
+            for m in self.declared.check(trial, values, input_shapes)
+        ]
 
 
-def _trial_plan(trials: int, cases: list[dict[str, int]], sign_trial: bool = False, apart: ApartCase | None = None) -> list[_Trial]:
+def _trial_plan(
+    trials: int,
+    cases: list[dict[str, int]],
+    sign_trial: bool = False,
+    apart: ApartCase | None = None,
+) -> list[_Trial]:
     plan = [_Trial(t, "example" if t == 0 else "values", {}) for t in range(trials)]
     if sign_trial:
         plan.append(_Trial(trials, "values", {}, optional=True))
@@ -354,23 +422,33 @@ def _trial_plan(trials: int, cases: list[dict[str, int]], sign_trial: bool = Fal
     return plan
 
 
-def _run_failure(backend: str, trial: _Trial, input_shapes: Mapping[str, tuple[int, ...]], exc: Exception) -> str:
+def _run_failure(
+    backend: str, trial: _Trial, input_shapes: Mapping[str, tuple[int, ...]], exc: Exception
+) -> str:
     """A backend's failure to run a trial, naming the trial's sizes and input shapes."""
     shape = f" at {describe_sizes(trial.sizes)}" if trial.kind in OTHER_SIZES else ""
     # a default ORT session may still run it: its optimizer can rewrite a wrong shape computation
     # (a custom kernel's own error is not about that)
     optimizable = shape and backend != "reference" and not isinstance(exc, KernelRunError)
-    written = ", with graph optimizations off (the file as written, as other runtimes read it)" if optimizable else ""
+    written = (
+        ", with graph optimizations off (the file as written, as other runtimes read it)"
+        if optimizable
+        else ""
+    )
     inputs = ", ".join(f"{n}{list(s)}" for n, s in input_shapes.items())
-    return f"Backend {backend!r} failed to run the ONNX model on trial {trial.index}{shape} ({inputs}){written}: {type(exc).__name__}: {exc}"
+    return (
+        f"Backend {backend!r} failed to run the ONNX model on trial {trial.index}{shape}"
+        f" ({inputs}){written}: {type(exc).__name__}: {exc}"
+    )
 
 
 def _apart_note(apart: ApartCase, plan: DimPlan, trial: int) -> str:
     """Said when eager refuses the apart trial: the file and the model disagree about the dims."""
     return (
-        f"the file names {apart.describe_groups(plan)} apart, so a deployment may feed them different "
-        f"sizes, but the model refused different sizes (trial {trial} skipped). If they must agree, "
-        "give them one name (one Dim in dynamic_shapes, or a shape rule that ties them) so the file says so."
+        f"the file names {apart.describe_groups(plan)} apart, so a deployment may feed them"
+        f" different sizes, but the model refused different sizes (trial {trial} skipped). If they"
+        " must agree, give them one name (one Dim in dynamic_shapes, or a shape rule that ties"
+        " them) so the file says so."
     )
 
 
@@ -380,16 +458,21 @@ def _one_signed_inputs(feeds: Mapping[str, torch.Tensor]) -> list[str]:
     invisible. Single values are left out (a positive scale is not a sign-blind sample)."""
     found = []
     for name, tensor in feeds.items():
-        if tensor.is_floating_point() and tensor.numel() >= 2 and (bool(tensor.min() >= 0) or bool(tensor.max() <= 0)):
+        if (
+            tensor.is_floating_point()
+            and tensor.numel() >= 2
+            and (bool(tensor.min() >= 0) or bool(tensor.max() <= 0))
+        ):
             found.append(name)
     return found
 
 
 def _sign_note(names: list[str], trial: int) -> str:
     return (
-        f"the example values of {', '.join(names)} all have one sign, which hides sign bugs, so trial {trial} "
-        "draws N(0, 1) values (as trials=2 would). If the model takes only one sign, pass input_generator= "
-        "to draw valid values, or shapes=() (--no-shape-trials) for the example inputs only."
+        f"the example values of {', '.join(names)} all have one sign, which hides sign bugs, so"
+        f" trial {trial} draws N(0, 1) values (as trials=2 would). If the model takes only one"
+        " sign, pass input_generator= to draw valid values, or shapes=() (--no-shape-trials) for"
+        " the example inputs only."
     )
 
 
@@ -403,13 +486,18 @@ def _training_note(model: Any) -> str | None:
     a failure: a file exported in training mode can match such a model)."""
     if not isinstance(model, torch.nn.Module):
         return None
-    found = [name or type(m).__name__ for name, m in model.named_modules() if m.training and isinstance(m, _TRAINING_SENSITIVE)]
+    found = [
+        name or type(m).__name__
+        for name, m in model.named_modules()
+        if m.training and isinstance(m, _TRAINING_SENSITIVE)
+    ]
     if not found:
         return None
     more = f" and {len(found) - 3} more" if len(found) > 3 else ""
     return (
-        f"the model is in training mode: {', '.join(found[:3])}{more} (dropout, batch norm) give a different "
-        "result in each eager call, not what the file computes. Fix: call model.eval() before export and verify."
+        f"the model is in training mode: {', '.join(found[:3])}{more} (dropout, batch norm) give a"
+        " different result in each eager call, not what the file computes. Fix: call model.eval()"
+        " before export and verify."
     )
 
 
@@ -419,9 +507,9 @@ def _native_fallback_note(found: Sequence[Any]) -> str | None:
     if not python:
         return None
     return (
-        f"backend {NATIVE_BACKEND} ran {', '.join(python)} with Python kernels (no native kernel serves "
-        "them): a deployment loading only libonnx_custom_ops.so cannot run this file. Fix: give the op a "
-        "native kernel (its spec's native:) or a function body (embed_functions)."
+        f"backend {NATIVE_BACKEND} ran {', '.join(python)} with Python kernels (no native kernel"
+        " serves them): a deployment loading only libonnx_custom_ops.so cannot run this file. Fix:"
+        " give the op a native kernel (its spec's native:) or a function body (embed_functions)."
     )
 
 
@@ -429,7 +517,9 @@ def _eager_copies(value: Any) -> Any:
     """``value`` with every tensor copied (layout kept): eager runs on the copies, so a model that
     writes into its inputs (``x.mul_(2)``) changes neither what ONNX Runtime is fed afterwards
     (the file computes from the values before the call) nor the caller's tensors."""
-    if isinstance(value, torch.Tensor):  # a leaf like the original (no autograd history of the copy)
+    if isinstance(
+        value, torch.Tensor
+    ):  # a leaf like the original (no autograd history of the copy)
         return value.detach().clone().requires_grad_(value.requires_grad)
     if isinstance(value, Mapping):
         return type(value)({k: _eager_copies(v) for k, v in value.items()})  # type: ignore[call-arg]
@@ -444,11 +534,19 @@ def _written_inputs(names: Sequence[str], copies: tuple[Any, ...]) -> list[str]:
     return [n for n, t in zip(names, tensors, strict=False) if t._version != 0]
 
 
-def _trial_args(trial: _Trial, args: tuple[Any, ...], plan: DimPlan, generator: torch.Generator, input_generator: InputGenerator | None) -> tuple[Any, ...]:
+def _trial_args(
+    trial: _Trial,
+    args: tuple[Any, ...],
+    plan: DimPlan,
+    generator: torch.Generator,
+    input_generator: InputGenerator | None,
+) -> tuple[Any, ...]:
     if trial.kind == "example":
         return args
     if trial.kind == "values":
-        return input_generator(trial.index, args) if input_generator else _random_like(args, generator)
+        return (
+            input_generator(trial.index, args) if input_generator else _random_like(args, generator)
+        )
     # "shape", "apart"
     resized = resize_inputs(args, trial.sizes, plan, generator)
     return input_generator(trial.index, resized) if input_generator else resized
@@ -524,44 +622,67 @@ def verify(
     _check_callable_model(model)
     args = check_args(args)
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
-        raise InvalidArgumentError(f"trials must be a positive int; received {trials!r}. Fix: pass trials=1 (the example inputs) or more.")
+        raise InvalidArgumentError(
+            f"trials must be a positive int; received {trials!r}. Fix: pass trials=1 (the example"
+            " inputs) or more."
+        )
     check_tolerances(rtol, atol)
     backends = (backends,) if isinstance(backends, str) else tuple(backends)
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown or not backends:
         raise InvalidArgumentError(
-            f"backends must be a non-empty subset of {BACKENDS}; received {list(backends)!r}. "
-            "Fix: pass backends=('onnxruntime',) (and/or 'reference', onnx's reference evaluator, or "
-            "'onnxruntime-native', the native kernel library a C++ deployment loads)."
+            f"backends must be a non-empty subset of {BACKENDS}; received {list(backends)!r}. Fix:"
+            " pass backends=('onnxruntime',) (and/or 'reference', onnx's reference evaluator, or"
+            " 'onnxruntime-native', the native kernel library a C++ deployment loads)."
         )
     proto = load_model(onnx_model)
     if "onnxruntime" in backends and BODIES_BACKEND not in backends and _runs_on_bodies(proto):
         backends += (BODIES_BACKEND,)  # a file meant for plain ONNX Runtime must pass there too
-    binding = bind_inputs(proto, args, model)  # fails on inputs that cannot fit before running anything
+    binding = bind_inputs(
+        proto, args, model
+    )  # fails on inputs that cannot fit before running anything
     plan = plan_dims(proto, binding, args, model=model, dynamic_shapes=dynamic_shapes)
     cases = default_cases(plan) if shapes is None else resolve_cases(shapes, plan)
-    apart = apart_case(plan) if shapes is None else None  # explicit shapes= replace every default trial
+    apart = (
+        apart_case(plan) if shapes is None else None
+    )  # explicit shapes= replace every default trial
     mismatched_weights = compare_initializers(model, proto)
     sessions: dict[str, Any] = {name: _make_backend(name, proto, kernels) for name in backends}
-    as_written: dict[str, Any] = dict.fromkeys(backends)  # the size trials' sessions, made when first needed
+    as_written: dict[str, Any] = dict.fromkeys(
+        backends
+    )  # the size trials' sessions, made when first needed
     declared = _DeclaredCheck(proto, kernels)
     generator = torch.Generator().manual_seed(seed)
     onnx_names = [o.name for o in proto.graph.output]
     export_sizes = {k: d.export_size for k, d in plan.dims.items()}
     report = VerificationReport(
-        [], 0, backends, pruned_inputs=binding.pruned, input_matching=binding.describe(),
-        initializer_mismatches=mismatched_weights, notes=list(plan.notes),
-        implementations={name: _implementations(name, session, proto, kernels) for name, session in sessions.items()},
+        [],
+        0,
+        backends,
+        pruned_inputs=binding.pruned,
+        input_matching=binding.describe(),
+        initializer_mismatches=mismatched_weights,
+        notes=list(plan.notes),
+        implementations={
+            name: _implementations(name, session, proto, kernels)
+            for name, session in sessions.items()
+        },
     )
     fallback = _native_fallback_note(report.implementations.get(NATIVE_BACKEND, ()))
     if fallback:
         report.notes.append(fallback)
-    one_signed = _one_signed_inputs(binding.feeds(tensor_inputs(args))) if trials == 1 and shapes is None and not cases and input_generator is None else []
+    one_signed = (
+        _one_signed_inputs(binding.feeds(tensor_inputs(args)))
+        if trials == 1 and shapes is None and not cases and input_generator is None
+        else []
+    )
     if one_signed:
         report.notes.append(_sign_note(one_signed, trials))
     schedule = _trial_plan(trials, cases, sign_trial=bool(one_signed), apart=apart)
     written_noted = False
-    kernel_error: KernelRunError | None = None  # the first one at other sizes: the VerificationError's cause
+    kernel_error: KernelRunError | None = (
+        None  # the first one at other sizes: the VerificationError's cause
+    )
     # half outputs at default tolerances get a per-element budget from the model in float32
     half = HalfReference(model, flatten_outputs) if rtol is None and atol is None else None
     for trial in schedule:
@@ -570,15 +691,25 @@ def verify(
             where = f" ({describe_sizes(trial.sizes)})" if trial.kind in OTHER_SIZES else ""
             progress(f"verify: trial {trial.index + 1}/{len(schedule)}{where}")
         trial_args = _trial_args(trial, args, plan, generator, input_generator)
-        input_shapes = {n: tuple(t.shape) for n, t in binding.feeds(tensor_inputs(trial_args)).items()}
-        record = dict(trial=trial.index, kind=trial.kind, sizes=tuple(sizes.items()), input_shapes=tuple(input_shapes.items()))
+        input_shapes = {
+            n: tuple(t.shape) for n, t in binding.feeds(tensor_inputs(trial_args)).items()
+        }
+        record = dict(
+            trial=trial.index,
+            kind=trial.kind,
+            sizes=tuple(sizes.items()),
+            input_shapes=tuple(input_shapes.items()),
+        )
         eager_args = _eager_copies(trial_args)
         try:
             with torch.no_grad():
                 expected = model(*eager_args)
         except Exception as exc:
             if trial.kind not in OTHER_SIZES and not trial.optional:
-                raise VerificationError(f"The PyTorch model raised in eager mode on trial {trial.index}: {type(exc).__name__}: {exc}") from exc
+                raise VerificationError(
+                    f"The PyTorch model raised in eager mode on trial {trial.index}:"
+                    f" {type(exc).__name__}: {exc}"
+                ) from exc
             taken = "N(0, 1) values" if trial.optional else describe_sizes(trial.sizes)
             reason = f"the model cannot take {taken}: {_first_line(exc)}"
             report.shapes_tried.append(TrialRecord(**record, status="skipped", reason=reason))  # type: ignore[arg-type]
@@ -589,13 +720,17 @@ def verify(
         if written:
             written_noted = True
             report.notes.append(
-                f"the model writes into its input(s) {', '.join(written)} in place; ONNX Runtime was fed the values "
-                "before the call (what the file computes from), and the caller's tensors were left unchanged."
+                f"the model writes into its input(s) {', '.join(written)} in place; ONNX Runtime"
+                " was fed the values before the call (what the file computes from), and the"
+                " caller's tensors were left unchanged."
             )
         flat = flatten_outputs(expected)
         non_tensor = [name for name, leaf in flat if not isinstance(leaf, torch.Tensor)]
         if non_tensor:
-            raise VerificationError(f"Model outputs {non_tensor} are not tensors; only tensor outputs can be compared with ONNX.")
+            raise VerificationError(
+                f"Model outputs {non_tensor} are not tensors; only tensor outputs can be compared"
+                " with ONNX."
+            )
         if len(onnx_names) != len(flat):
             raise VerificationError(
                 f"Output structure mismatch: the PyTorch model returns {len(flat)} tensor(s) "
@@ -605,15 +740,28 @@ def verify(
         references = half.for_trial(trial_args, flat, report.notes) if half is not None else None
         problems: list[str] = []
         compared_bad = False
-        ort_outputs: list[Any] | None = None  # handed to localize, which then need not run the file again
+        ort_outputs: list[Any] | None = (
+            None  # handed to localize, which then need not run the file again
+        )
         # the export shape runs what a default ORT session runs; other sizes run the file as written
         pool = as_written if trial.kind in OTHER_SIZES else sessions
         for backend, session in pool.items():
             try:
-                if session is None:  # not needed yet, or dropped before an earlier trial's localization
-                    session = pool[backend] = _make_backend(backend, proto, kernels, as_written=pool is as_written)
+                if (
+                    session is None
+                ):  # not needed yet, or dropped before an earlier trial's localization
+                    session = pool[backend] = _make_backend(
+                        backend, proto, kernels, as_written=pool is as_written
+                    )
                 actual = run_onnx(session, proto, tuple(trial_args), binding)
-                mismatches = declared.run(backend, trial.index, tuple(trial_args), binding, dict(zip(onnx_names, actual, strict=True)), input_shapes)
+                mismatches = declared.run(
+                    backend,
+                    trial.index,
+                    tuple(trial_args),
+                    binding,
+                    dict(zip(onnx_names, actual, strict=True)),
+                    input_shapes,
+                )
                 if backend == "onnxruntime":
                     ort_outputs = list(actual)
             except KernelRunError as exc:
@@ -631,14 +779,30 @@ def verify(
                 continue
             if mismatches:
                 report.type_mismatches += mismatches
-                problems.append(f"{len(mismatches)} declared type(s) contradicted: {', '.join(repr(m.value) for m in mismatches)}")
-            for i, ((path, exp), act, onnx_name) in enumerate(zip(flat, actual, onnx_names, strict=True)):
+                problems.append(
+                    f"{len(mismatches)} declared type(s) contradicted:"
+                    f" {', '.join(repr(m.value) for m in mismatches)}"
+                )
+            for i, ((path, exp), act, onnx_name) in enumerate(
+                zip(flat, actual, onnx_names, strict=True)
+            ):
                 reference = references[i] if references else None
-                comparison = compare_arrays(exp, act, name=f"{path}={onnx_name}", trial=trial.index, rtol=rtol, atol=atol, backend=backend, reference=reference)
+                comparison = compare_arrays(
+                    exp,
+                    act,
+                    name=f"{path}={onnx_name}",
+                    trial=trial.index,
+                    rtol=rtol,
+                    atol=atol,
+                    backend=backend,
+                    reference=reference,
+                )
                 compared_bad |= not comparison.passed
                 report.comparisons.append(comparison)
         if compared_bad:
-            bad = sorted({c.name for c in report.comparisons if c.trial == trial.index and not c.passed})
+            bad = sorted(
+                {c.name for c in report.comparisons if c.trial == trial.index and not c.passed}
+            )
             problems.append(f"outputs mismatch PyTorch: {', '.join(bad)}")
         status = "failed" if problems else "passed"
         report.shapes_tried.append(TrialRecord(**record, status=status, reason="; ".join(problems)))  # type: ignore[arg-type]
@@ -651,11 +815,23 @@ def verify(
                 release_session(dropped)
             sessions, as_written = dict.fromkeys(sessions), dict.fromkeys(as_written)
             report.localization = _localize_safely(
-                model, tuple(trial_args), proto, trial.index, exporter=exporter, opset=opset, registry=registry, rtol=rtol, atol=atol,
-                kernels=kernels, eager_outputs=[leaf for _, leaf in flat], file_outputs=ort_outputs,
-            )  # fmt: skip
+                model,
+                tuple(trial_args),
+                proto,
+                trial.index,
+                exporter=exporter,
+                opset=opset,
+                registry=registry,
+                rtol=rtol,
+                atol=atol,
+                kernels=kernels,
+                eager_outputs=[leaf for _, leaf in flat],
+                file_outputs=ort_outputs,
+            )
     report.trials = len(report.shapes_tried)
-    training = None if report.passed else _training_note(model)  # a file exported in training mode may pass
+    training = (
+        None if report.passed else _training_note(model)
+    )  # a file exported in training mode may pass
     if training:
         report.notes.append(training)
     if raise_on_mismatch and not report.passed:

@@ -31,21 +31,63 @@ def _run(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str
 
 def test_export_verify_prints_the_summary_then_writes(tmp_path: Path, capsys: Any) -> None:
     out = tmp_path / "asinh.onnx"
-    assert main(["export", "models/asinh.py:Model", "--exporter", "torchscript", "--opset", "9", "-o", str(out), "--verify"]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "models/asinh.py:Model",
+                "--exporter",
+                "torchscript",
+                "--opset",
+                "9",
+                "-o",
+                str(out),
+                "--verify",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
-    assert "Verification PASSED" in printed and "#0 output (ONNX " in printed and f"wrote {out}" in printed
-    assert [n.op_type for n in onnx.load(str(out)).graph.node if n.op_type != "Constant"] == ["Asinh", "Mul"]
+    assert (
+        "Verification PASSED" in printed
+        and "#0 output (ONNX " in printed
+        and f"wrote {out}" in printed
+    )
+    assert [n.op_type for n in onnx.load(str(out)).graph.node if n.op_type != "Constant"] == [
+        "Asinh",
+        "Mul",
+    ]
     made = {p.key: p.value for p in onnx.load(str(out)).metadata_props}["onnx_custom.cli"]
-    assert json.loads(made) == {"model": "models/asinh.py:Model", "seed": 0, "exporter": "torchscript", "variants": []}
+    assert json.loads(made) == {
+        "model": "models/asinh.py:Model",
+        "seed": 0,
+        "exporter": "torchscript",
+        "variants": [],
+    }
     assert main(["verify", "asinh", str(out), "--trials", "3"]) == 0
     assert "Verification PASSED" in capsys.readouterr().out
 
 
 def test_export_custom_variant_with_input_specs(tmp_path: Path) -> None:
     out = tmp_path / "my_add.onnx"
-    code = main(["export", "onnx_custom.models.my_add:Model", "--input", "2x4:float32", "--input", "2x4", "--variant", "custom", "-o", str(out)])
+    code = main(
+        [
+            "export",
+            "onnx_custom.models.my_add:Model",
+            "--input",
+            "2x4:float32",
+            "--input",
+            "2x4",
+            "--variant",
+            "custom",
+            "-o",
+            str(out),
+        ]
+    )
     assert code == 0
-    assert ("onnx_custom", "my_add") in {(n.domain, n.op_type) for n in onnx.load(str(out)).graph.node}
+    assert ("onnx_custom", "my_add") in {
+        (n.domain, n.op_type) for n in onnx.load(str(out)).graph.node
+    }
 
 
 @pytest.fixture(scope="module")
@@ -64,15 +106,22 @@ def test_verify_tries_three_other_batch_sizes_by_default(dynamic_asinh: Path, ca
 
 
 def test_verify_shape_flags(dynamic_asinh: Path, capsys: Any) -> None:
-    assert main(["verify", "asinh", str(dynamic_asinh), "--shape", "batch=5", "--shape", "x=9x4"]) == 0
+    assert (
+        main(["verify", "asinh", str(dynamic_asinh), "--shape", "batch=5", "--shape", "x=9x4"]) == 0
+    )
     shapes = [line.strip() for line in capsys.readouterr().out.splitlines() if "(shape)" in line]
-    assert [s.split(":")[0] for s in shapes] == ["trial 1 (shape) batch=5", "trial 2 (shape) batch=9"], shapes
+    assert [s.split(":")[0] for s in shapes] == [
+        "trial 1 (shape) batch=5",
+        "trial 2 (shape) batch=9",
+    ], shapes
     assert main(["verify", "asinh", str(dynamic_asinh), "--no-shape-trials"]) == 0
     out = capsys.readouterr().out
     assert "(shape)" not in out and "0 at other sizes" in out
 
 
-def test_verify_report_flag_writes_markdown(dynamic_asinh: Path, tmp_path: Path, capsys: Any) -> None:
+def test_verify_report_flag_writes_markdown(
+    dynamic_asinh: Path, tmp_path: Path, capsys: Any
+) -> None:
     report = tmp_path / "r.md"
     assert main(["verify", "asinh", str(dynamic_asinh), "--report", str(report)]) == 0
     text = report.read_text()
@@ -149,11 +198,15 @@ def user_ops(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("user_ops")
     (root / "user_ops.py").write_text(USER_OPS)
     graph = onnx.helper.make_graph(
-        [onnx.helper.make_node("Twice", ["x"], ["y"], domain="userdomain")], "g",
+        [onnx.helper.make_node("Twice", ["x"], ["y"], domain="userdomain")],
+        "g",
         [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
         [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])],
-    )  # fmt: skip
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18), onnx.helper.make_opsetid("userdomain", 1)])
+    )
+    model = onnx.helper.make_model(
+        graph,
+        opset_imports=[onnx.helper.make_opsetid("", 18), onnx.helper.make_opsetid("userdomain", 1)],
+    )
     onnx.save(model, str(root / "twice.onnx"))
     return root
 
@@ -182,9 +235,14 @@ def test_import_yaml_op_specs(tmp_path: Path) -> None:
     (tmp_path / "specs" / "ops.yaml").write_text(SPEC_YAML)
     listed = _run("ops", "--import", "specs/ops.yaml", cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
-    assert any(line.startswith("ytest::scale_add") for line in listed.stdout.splitlines()), listed.stdout
+    assert any(line.startswith("ytest::scale_add") for line in listed.stdout.splitlines()), (
+        listed.stdout
+    )
     broken = _run("ops", "--import", "specs/missing.yaml", cwd=tmp_path)
-    assert broken.returncode == 2 and "op-spec file 'specs/missing.yaml' does not exist" in broken.stderr
+    assert (
+        broken.returncode == 2
+        and "op-spec file 'specs/missing.yaml' does not exist" in broken.stderr
+    )
 
 
 # ---------------------------------------------------------------------------- the parser
@@ -216,8 +274,13 @@ def test_version(capsys: Any) -> None:
 
 def test_help_imports_no_torch() -> None:
     """`onnx-custom --help` must not pay for torch (it took 2-4 s): every import is lazy."""
-    code = "import sys, onnx_custom, onnx_custom.cli; onnx_custom.cli.build_parser().format_help(); print(sorted(m for m in ('torch', 'onnx', 'onnxruntime', 'numpy') if m in sys.modules))"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    code = (
+        "import sys, onnx_custom, onnx_custom.cli; onnx_custom.cli.build_parser().format_help();"
+        " print(sorted(m for m in ('torch', 'onnx', 'onnxruntime', 'numpy') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0 and result.stdout.strip() == "[]", result
 
 
@@ -234,7 +297,10 @@ def test_lazy_package_attributes() -> None:
     importlib.import_module("onnx_custom.api")
     importlib.import_module("onnx_custom.verification.verifier")
     assert callable(onnx_custom.export) and onnx_custom.export.__module__ == "onnx_custom.api"
-    assert callable(onnx_custom.verify) and onnx_custom.verify.__module__ == "onnx_custom.verification.verifier"
+    assert (
+        callable(onnx_custom.verify)
+        and onnx_custom.verify.__module__ == "onnx_custom.verification.verifier"
+    )
     for name in onnx_custom.__all__:
         assert getattr(onnx_custom, name) is not None
     assert set(onnx_custom.__all__) <= set(dir(onnx_custom))
@@ -260,21 +326,35 @@ def test_zoo_list(capsys: Any) -> None:
 def test_zoo_subset(capsys: Any) -> None:
     assert main(["zoo", "asinh"]) == 0
     out = capsys.readouterr().out
-    assert "[1/6] asinh" in out and "torchscript-opset9" in out and "6 passed, 0 failed, 0 skipped in " in out  # 4 export + 2 compile rows
+    assert (
+        "[1/6] asinh" in out
+        and "torchscript-opset9" in out
+        and "6 passed, 0 failed, 0 skipped in " in out
+    )  # 4 export + 2 compile rows
 
 
 def test_zoo_run_is_quiet_and_streams() -> None:
     """A real zoo run with dynamo rows (they used to log 4 torchvision lines per export) prints no
     torch, torchvision or ONNX Runtime warning line; rows stream with [n/N], progress has an ETA."""
     env = dict(os.environ, PYTHONWARNINGS="default")
-    result = subprocess.run([EXE, "zoo", "asinh"], capture_output=True, text=True, timeout=600, env=env)
+    result = subprocess.run(
+        [EXE, "zoo", "asinh"], capture_output=True, text=True, timeout=600, env=env
+    )
     assert result.returncode == 0, result.stdout + result.stderr
-    noise = [line for line in result.stderr.splitlines() if any(w in line.lower() for w in ("warn", "torchvision", "onnxruntime", "[w:", "[e:"))]
+    noise = [
+        line
+        for line in result.stderr.splitlines()
+        if any(w in line.lower() for w in ("warn", "torchvision", "onnxruntime", "[w:", "[e:"))
+    ]
     assert noise == [], noise
     rows = [line for line in result.stdout.splitlines() if line.startswith("[")]
-    assert [r[:5] for r in rows] == [f"[{i}/6]" for i in range(1, 7)], result.stdout  # incl. the 2 compile rows
+    assert [r[:5] for r in rows] == [f"[{i}/6]" for i in range(1, 7)], (
+        result.stdout
+    )  # incl. the 2 compile rows
     progress = [line for line in result.stderr.splitlines() if line.startswith("[")]
-    assert len(progress) == 6 and all("elapsed" in line and "ETA" in line for line in progress), result.stderr
+    assert len(progress) == 6 and all("elapsed" in line and "ETA" in line for line in progress), (
+        result.stderr
+    )
 
 
 # ---------------------------------------------------------------------------- one-time builds
@@ -284,10 +364,19 @@ def test_zoo_run_is_quiet_and_streams() -> None:
 def test_build_library_announces_a_fresh_build(tmp_path: Path) -> None:
     """A real compile into an empty cache (~15-45 s), then the cache hit says nothing of building."""
     env = dict(os.environ, ONNX_CUSTOM_CACHE_DIR=str(tmp_path))
-    fresh = subprocess.run([EXE, "build-library"], capture_output=True, text=True, env=env, timeout=600)
+    fresh = subprocess.run(
+        [EXE, "build-library"], capture_output=True, text=True, env=env, timeout=600
+    )
     assert fresh.returncode == 0, fresh.stderr
-    assert fresh.stderr.startswith("onnx-custom: building libonnx_custom_ops.so (the native kernel library, release build) (one time"), fresh.stderr
+    assert fresh.stderr.startswith(
+        "onnx-custom: building libonnx_custom_ops.so (the native kernel library, release build)"
+        " (one time"
+    ), fresh.stderr
     assert "onnx-custom: built libonnx_custom_ops.so" in fresh.stderr
     assert Path(fresh.stdout.strip()).is_relative_to(tmp_path)
-    cached = subprocess.run([EXE, "build-library"], capture_output=True, text=True, env=env, timeout=600)
-    assert cached.returncode == 0 and "building" not in cached.stderr and cached.stdout == fresh.stdout
+    cached = subprocess.run(
+        [EXE, "build-library"], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert (
+        cached.returncode == 0 and "building" not in cached.stderr and cached.stdout == fresh.stdout
+    )

@@ -19,7 +19,14 @@ def _export(tmp_path: Any, variant: str | None) -> Any:
     if variant:
         registry = registry.with_variants(variant)
     path = tmp_path / f"my_add_{variant or 'std'}.onnx"
-    onnx_custom.export(my_add.Model().eval(), my_add.example_inputs(), path, exporter="torchscript", opset=13, registry=registry)
+    onnx_custom.export(
+        my_add.Model().eval(),
+        my_add.example_inputs(),
+        path,
+        exporter="torchscript",
+        opset=13,
+        registry=registry,
+    )
     return path
 
 

@@ -35,17 +35,31 @@ def _kernels() -> Iterator[None]:
 
 
 def _model() -> object:
-    nodes = [helper.make_node(op, [src], [dst], domain="inspect_test") for op, src, dst in
-             (("Shaped", "x", "a"), ("Unshaped", "a", "b"), ("Unknown", "b", "y"))]  # fmt: skip
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])  # fmt: skip
-    return helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("inspect_test", 1)])
+    nodes = [
+        helper.make_node(op, [src], [dst], domain="inspect_test")
+        for op, src, dst in (("Shaped", "x", "a"), ("Unshaped", "a", "b"), ("Unknown", "b", "y"))
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    return helper.make_model(
+        graph,
+        ir_version=10,
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("inspect_test", 1)],
+    )
 
 
 @pytest.mark.usefixtures("_kernels")
 @pytest.mark.parametrize(
     ("node_type", "kernel", "schema"),
-    [("inspect_test::Shaped", True, True), ("inspect_test::Unshaped", True, False), ("inspect_test::Unknown", False, False)],
+    [
+        ("inspect_test::Shaped", True, True),
+        ("inspect_test::Unshaped", True, False),
+        ("inspect_test::Unknown", False, False),
+    ],
     ids=["shape_fn", "no-shape_fn", "no-kernel"],
 )
 def test_schema_column_is_truthful(node_type: str, kernel: bool, schema: bool) -> None:

@@ -48,14 +48,26 @@ def test_packaged_external_data_runs_without_the_original(exporter: str, tmp_pat
     source = tmp_path / "export"
     source.mkdir()
     registry = onnx_custom.default_registry().with_variants("custom")
-    onnx_custom.export(model, (x,), source / "m.onnx", exporter=exporter, registry=registry, external_data=True)
-    assert onnx.load(str(source / "m.onnx"), load_external_data=False).graph.initializer[0].external_data  # really external
+    onnx_custom.export(
+        model, (x,), source / "m.onnx", exporter=exporter, registry=registry, external_data=True
+    )
+    assert (
+        onnx.load(str(source / "m.onnx"), load_external_data=False)
+        .graph.initializer[0]
+        .external_data
+    )  # really external
     written = package_model(source / "m.onnx", tmp_path / "pkg")
     data = [p for p in written if p.name.endswith(".data")]
     assert len(data) == 1 and data[0].parent == tmp_path / "pkg", written
     shutil.rmtree(source)  # the package must not lean on the original folder
     np.save(tmp_path / "pkg" / "x.npy", x.numpy())
-    proc = subprocess.run([sys.executable, "-c", RUN, "m.onnx"], cwd=tmp_path / "pkg", capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN, "m.onnx"],
+        cwd=tmp_path / "pkg",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     expected = model(x).detach()
     torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "pkg" / "out.npy")), expected)
@@ -68,7 +80,13 @@ def test_data_outside_the_models_folder_is_refused(tmp_path: Path) -> None:
     proto = onnx_custom.export(model, (x,), exporter="torchscript", registry=registry)
     (tmp_path / "sub").mkdir()
     # onnx.save refuses '..' itself; hand-written files (or other tools) can still point there
-    onnx.save(proto, str(tmp_path / "sub" / "m.onnx"), save_as_external_data=True, location="outside.bin", size_threshold=0)
+    onnx.save(
+        proto,
+        str(tmp_path / "sub" / "m.onnx"),
+        save_as_external_data=True,
+        location="outside.bin",
+        size_threshold=0,
+    )
     (tmp_path / "sub" / "outside.bin").rename(tmp_path / "outside.bin")
     pointer = onnx.load(str(tmp_path / "sub" / "m.onnx"), load_external_data=False)
     for tensor in pointer.graph.initializer:

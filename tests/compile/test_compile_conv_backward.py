@@ -25,7 +25,9 @@ CASES = {
 
 @pytest.mark.parametrize("input_grad", [True, False], ids=["input-grad", "no-input-grad"])
 @pytest.mark.parametrize(("cls", "kwargs", "shape"), CASES.values(), ids=CASES.keys())
-def test_convolution_backward_matches_autograd(cls: Any, kwargs: dict[str, Any], shape: tuple[int, ...], input_grad: bool) -> None:
+def test_convolution_backward_matches_autograd(
+    cls: Any, kwargs: dict[str, Any], shape: tuple[int, ...], input_grad: bool
+) -> None:
     torch.manual_seed(0)
     conv = cls(4, 6, 3, **kwargs)
     reference = copy.deepcopy(conv)
@@ -36,8 +38,12 @@ def test_convolution_backward_matches_autograd(cls: Any, kwargs: dict[str, Any],
     reference(xs[1]).square().sum().backward()
     if input_grad:
         torch.testing.assert_close(xs[0].grad, xs[1].grad)
-    for (name, p), (_, q) in zip(conv.named_parameters(), reference.named_parameters(), strict=True):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"grad of {n}: {m}")
+    for (name, p), (_, q) in zip(
+        conv.named_parameters(), reference.named_parameters(), strict=True
+    ):
+        torch.testing.assert_close(
+            p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"grad of {n}: {m}"
+        )
     assert not [f for r in backend.records for f in r.fallbacks]
     assert all(len(r.partitions) == 1 for r in backend.records)
 

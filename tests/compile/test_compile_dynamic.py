@@ -44,13 +44,17 @@ def test_dynamic_batch_sweep_one_graph_one_session(name: str) -> None:
     with torch.no_grad(), torch._dynamo.config.patch(error_on_recompile=True):
         for batch in CONV_SWEEP if name == "deform_conv" else SWEEP:
             args = _resized(module, batch, seed=batch)
-            torch.testing.assert_close(compiled(*args), model(*args), msg=lambda m, b=batch: f"batch {b}: {m}")
+            torch.testing.assert_close(
+                compiled(*args), model(*args), msg=lambda m, b=batch: f"batch {b}: {m}"
+            )
     assert [r.kind for r in backend.records] == ["inference"], "recompiled"
     assert backend.sessions.created == len(backend.records[0].partitions) == 1
 
 
 def test_full_sweep_2_to_64_no_recompile() -> None:
-    mlp = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).eval()
+    mlp = torch.nn.Sequential(
+        torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
+    ).eval()
     backend = onnx_custom.compile_backend()
     compiled = torch.compile(mlp, backend=backend, dynamic=True)
     with torch.no_grad(), torch._dynamo.config.patch(error_on_recompile=True):
@@ -67,15 +71,21 @@ def test_static_compiles_share_an_lru_session_cache() -> None:
         for batch in (3, 4, 5):
             torch._dynamo.reset()  # a static compile per size (no automatic dynamic)
             x = torch.randn(batch, 8)
-            torch.testing.assert_close(torch.compile(model, backend=backend, dynamic=False)(x), model(x))
+            torch.testing.assert_close(
+                torch.compile(model, backend=backend, dynamic=False)(x), model(x)
+            )
         assert backend.sessions.created == 3 and len(backend.sessions) == 2
         torch._dynamo.reset()
         x = torch.randn(5, 8)  # still cached (most recent): the recompiled graph reuses its session
-        torch.testing.assert_close(torch.compile(model, backend=backend, dynamic=False)(x), model(x))
+        torch.testing.assert_close(
+            torch.compile(model, backend=backend, dynamic=False)(x), model(x)
+        )
         assert backend.sessions.created == 3
         torch._dynamo.reset()
         x = torch.randn(3, 8)  # evicted (least recently used): a new session
-        torch.testing.assert_close(torch.compile(model, backend=backend, dynamic=False)(x), model(x))
+        torch.testing.assert_close(
+            torch.compile(model, backend=backend, dynamic=False)(x), model(x)
+        )
         assert backend.sessions.created == 4 and len(backend.sessions) == 2
 
 
@@ -148,7 +158,10 @@ def test_output_plan_inputs_none_duplicates_and_symints() -> None:
     backend = OnnxCustomBackend()
     compiled = backend._compile(gm, [x, y], kind="forward", index=0)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    real = [4 if isinstance(p.meta["val"], torch.SymInt) else t for p, t in zip(placeholders, [x, y], strict=False)]
+    real = [
+        4 if isinstance(p.meta["val"], torch.SymInt) else t
+        for p, t in zip(placeholders, [x, y], strict=False)
+    ]
     got = compiled(*real)
     assert got[0] is x and got[1] is None and got[4] == 4 and isinstance(got[4], int)
     torch.testing.assert_close(got[2], x * y + 1)
@@ -167,7 +180,10 @@ ODD_INPUTS = {
     "zero-size": (torch.randn(0, 5, generator=_ODD), torch.randn(0, 5, generator=_ODD)),
     "0-d": (torch.tensor(1.5), torch.tensor(-2.0)),
     "float16": (torch.randn(3, 4, generator=_ODD).half(), torch.randn(3, 4, generator=_ODD).half()),
-    "float64": (torch.randn(3, 4, generator=_ODD, dtype=torch.float64), torch.randn(3, 4, generator=_ODD, dtype=torch.float64)),
+    "float64": (
+        torch.randn(3, 4, generator=_ODD, dtype=torch.float64),
+        torch.randn(3, 4, generator=_ODD, dtype=torch.float64),
+    ),
 }
 
 
@@ -179,7 +195,9 @@ def test_zero_size_0d_and_other_dtypes_in_ort(x: torch.Tensor, y: torch.Tensor) 
     assert got.dtype == want.dtype and got.shape == want.shape
     # float16: ORT and eager both round after Sin, Mul and Add, but their Sin may differ by an
     # ulp of the intermediate; allow one ulp of the largest output (the verifier's fp16 rule).
-    ulp = float(want.abs().max()) * 2.0**-10 if want.dtype == torch.float16 and want.numel() else 0.0
+    ulp = (
+        float(want.abs().max()) * 2.0**-10 if want.dtype == torch.float16 and want.numel() else 0.0
+    )
     torch.testing.assert_close(got, want, **({"rtol": 1e-3, "atol": max(1e-5, ulp)} if ulp else {}))
     assert not [f for r in backend.records for f in r.fallbacks]
 

@@ -86,7 +86,9 @@ def test_explain_names_a_backward_op_without_translation() -> None:
 
 def test_explain_forward_only_uses_the_inference_graph() -> None:
     module = load_zoo("custom_linear")
-    explanation = onnx_custom.explain_compile(module.Model(), *module.example_inputs(), variants=("custom",))
+    explanation = onnx_custom.explain_compile(
+        module.Model(), *module.example_inputs(), variants=("custom",)
+    )
     (graph,) = explanation.graphs
     assert graph.kind == "inference" and graph.ort_nodes == graph.nodes
     assert "onnx_custom.custom_linear.default" in graph.partitions[0].custom_ops

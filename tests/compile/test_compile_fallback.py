@@ -32,7 +32,10 @@ def _shifted_tanh_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, 
     return grad * (1 - torch.tanh(x) ** 2), None
 
 
-shifted_tanh.register_autograd(_shifted_tanh_backward, setup_context=lambda ctx, inputs, output: ctx.save_for_backward(inputs[0]))
+shifted_tanh.register_autograd(
+    _shifted_tanh_backward,
+    setup_context=lambda ctx, inputs, output: ctx.save_for_backward(inputs[0]),
+)
 
 
 class UsesUntranslated(torch.nn.Module):
@@ -83,7 +86,9 @@ def test_translation_that_raises_falls_back_with_reason() -> None:
     assert "eager compile_test::shifted_tanh" in text and "ORT" in text
 
 
-@pytest.mark.parametrize("registry", [None, _raising_registry()], ids=["no-translation", "translation-raises"])
+@pytest.mark.parametrize(
+    "registry", [None, _raising_registry()], ids=["no-translation", "translation-raises"]
+)
 def test_fallback_error_raises_compile_error(registry: Registry | None) -> None:
     backend = onnx_custom.compile_backend(fallback="error", registry=registry)
     with pytest.raises(Exception) as info, torch.no_grad():
@@ -117,7 +122,9 @@ def test_save_dir_writes_each_partition(tmp_path: Path) -> None:
 
 
 def test_options_are_validated_before_compiling() -> None:
-    good = onnx_custom.compile_backend(opset=17, kernels="native", fallback="error", verify=True, cache_size=4)
+    good = onnx_custom.compile_backend(
+        opset=17, kernels="native", fallback="error", verify=True, cache_size=4
+    )
     assert good.options.opset == 17 and good.options.cache_size == 4
 
 
@@ -139,8 +146,14 @@ BAD_OPTIONS = [
 ]
 
 
-@pytest.mark.parametrize(("options", "error", "text"), BAD_OPTIONS, ids=[next(iter(o)) + "=" + repr(next(iter(o.values()))) for o, _, _ in BAD_OPTIONS])
-def test_bad_option_raises_typed_error(options: dict[str, Any], error: type[Exception], text: str) -> None:
+@pytest.mark.parametrize(
+    ("options", "error", "text"),
+    BAD_OPTIONS,
+    ids=[next(iter(o)) + "=" + repr(next(iter(o.values()))) for o, _, _ in BAD_OPTIONS],
+)
+def test_bad_option_raises_typed_error(
+    options: dict[str, Any], error: type[Exception], text: str
+) -> None:
     with pytest.raises(error, match=None) as info:
         onnx_custom.compile_backend(**options)
     assert text in str(info.value)
@@ -186,5 +199,11 @@ def test_console_stays_quiet(capfd: pytest.CaptureFixture[str]) -> None:
     with torch.no_grad():
         torch.compile(model, backend=onnx_custom.compile_backend())(X)
     captured = capfd.readouterr()
-    noise = [line for line in (captured.err + captured.out).splitlines() if "nn_module_stack" in line or "torchvision is not installed" in line or "onnxruntime" in line.lower()]
+    noise = [
+        line
+        for line in (captured.err + captured.out).splitlines()
+        if "nn_module_stack" in line
+        or "torchvision is not installed" in line
+        or "onnxruntime" in line.lower()
+    ]
     assert not noise, noise[:5]

@@ -42,11 +42,15 @@ def test_gradients_match_eager(name: str, variants: tuple[str, ...]) -> None:
     ref_loss = _loss(reference(*ref_args))
     ref_loss.backward()
     torch.testing.assert_close(loss, ref_loss)
-    for (pname, p), (_, q) in zip(model.named_parameters(), reference.named_parameters(), strict=True):
+    for (pname, p), (_, q) in zip(
+        model.named_parameters(), reference.named_parameters(), strict=True
+    ):
         torch.testing.assert_close(p.grad, q.grad, msg=lambda m, n=pname: f"grad of {n}: {m}")
     for index, (a, r) in enumerate(zip(args, ref_args, strict=True)):
         if r.grad is not None:
-            torch.testing.assert_close(a.grad, r.grad, msg=lambda m, i=index: f"grad of input {i}: {m}")
+            torch.testing.assert_close(
+                a.grad, r.grad, msg=lambda m, i=index: f"grad of input {i}: {m}"
+            )
     kinds = [r.kind for r in backend.records]
     assert kinds == ["forward", "backward"], kinds
     forward = backend.records[0]
@@ -77,14 +81,26 @@ def test_training_batch_norm_running_stats_and_gradients(tmp_path: Path) -> None
         x = torch.randn(4, 3, 10, 10, generator=torch.Generator().manual_seed(step)) * 2 + 1
         _loss(compiled(x)).backward()
         _loss(reference(x)).backward()
-        torch.testing.assert_close(model.bn.running_mean, reference.bn.running_mean, msg=lambda m: f"running_mean: {m}")
-        torch.testing.assert_close(model.bn.running_var, reference.bn.running_var, msg=lambda m: f"running_var: {m}")
-        assert int(model.bn.num_batches_tracked) == int(reference.bn.num_batches_tracked) == step + 1
-    for (pname, p), (_, q) in zip(model.named_parameters(), reference.named_parameters(), strict=True):
+        torch.testing.assert_close(
+            model.bn.running_mean, reference.bn.running_mean, msg=lambda m: f"running_mean: {m}"
+        )
+        torch.testing.assert_close(
+            model.bn.running_var, reference.bn.running_var, msg=lambda m: f"running_var: {m}"
+        )
+        assert (
+            int(model.bn.num_batches_tracked) == int(reference.bn.num_batches_tracked) == step + 1
+        )
+    for (pname, p), (_, q) in zip(
+        model.named_parameters(), reference.named_parameters(), strict=True
+    ):
         torch.testing.assert_close(p.grad, q.grad, msg=lambda m, n=pname: f"grad of {n}: {m}")
     assert not [f for r in backend.records for f in r.fallbacks]  # convolution_backward: aten_extra
-    for path in tmp_path.glob("*.onnx"):  # decomposed: no BatchNormalization node in training graphs
-        assert "BatchNormalization" not in {n.op_type for n in onnx.load(path).graph.node}, path.name
+    for path in tmp_path.glob(
+        "*.onnx"
+    ):  # decomposed: no BatchNormalization node in training graphs
+        assert "BatchNormalization" not in {n.op_type for n in onnx.load(path).graph.node}, (
+            path.name
+        )
     # eval mode after training: the inference graph (torchlib's batch norm is right there)
     model.eval()
     reference.eval()
@@ -99,7 +115,9 @@ def test_dcn_optimizer_loop_tracks_eager() -> None:
     model = module.Model().train()
     reference = copy.deepcopy(model)
     compiled = torch.compile(model, backend=onnx_custom.compile_backend())
-    optimizers = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, reference)]
+    optimizers = [
+        torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, reference)
+    ]
     target = torch.randn(2, 32, 8, 8, generator=torch.Generator().manual_seed(3))
     losses: list[tuple[float, float]] = []
     for step in range(5):
@@ -146,7 +164,9 @@ def test_dcn_backward_one_partition_with_either_kernels(kernels: str) -> None:
     backend = onnx_custom.compile_backend(kernels=kernels)
     _loss(torch.compile(model, backend=backend)(x)).backward()
     _loss(reference(x)).backward()
-    for (pname, p), (_, q) in zip(model.named_parameters(), reference.named_parameters(), strict=True):
+    for (pname, p), (_, q) in zip(
+        model.named_parameters(), reference.named_parameters(), strict=True
+    ):
         torch.testing.assert_close(p.grad, q.grad, msg=lambda m, n=pname: f"grad of {n}: {m}")
     assert [len(r.partitions) for r in backend.records] == [1, 1]
     assert not [f for r in backend.records for f in r.fallbacks]

@@ -31,10 +31,14 @@ def test_batch_sizes(example: int, dims: list[Any], expected: list[int]) -> None
 
 
 def test_check_compiled_on_a_plain_mlp_runs_everything_in_ort() -> None:
-    mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
+    mlp = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)
+    ).eval()
     x = torch.randn(2, 8, generator=torch.Generator().manual_seed(0))
     check = check_compiled(mlp, (x,), dynamic_shapes=({0: Dim("batch")},))
     assert check.passed, check.describe()
     assert check.batches == (2, 3, 5) and check.graphs == 1 and check.partitions == 1
     assert check.ort_nodes == check.nodes > 0 and not check.fallbacks
-    assert len(check.comparisons) == 3 and {c.tolerance_source for c in check.comparisons} == {"torch.testing default for float32"}
+    assert len(check.comparisons) == 3 and {c.tolerance_source for c in check.comparisons} == {
+        "torch.testing default for float32"
+    }

@@ -34,7 +34,10 @@ CASES = {
     "contiguous": (torch.randn(4, 6, generator=_G), torch.randn(4, 6, generator=_G)),
     "transposed-view": (torch.randn(6, 4, generator=_G).t(), torch.randn(4, 6, generator=_G)),
     "sliced-view": (torch.randn(4, 12, generator=_G)[:, ::2], torch.randn(4, 6, generator=_G)),
-    "parameter": (torch.nn.Parameter(torch.randn(4, 6, generator=_G), requires_grad=False), torch.randn(4, 6, generator=_G)),
+    "parameter": (
+        torch.nn.Parameter(torch.randn(4, 6, generator=_G), requires_grad=False),
+        torch.randn(4, 6, generator=_G),
+    ),
 }
 
 
@@ -49,5 +52,7 @@ def test_partition_inputs_match_eager(name: str) -> None:
 def test_partition_refuses_a_dtype_it_cannot_wrap() -> None:
     runner = _partition()
     x = torch.randn(4, 6).to(torch.bfloat16)
-    with pytest.raises(OnnxCustomError, match=r"input dtype torch.bfloat16 cannot be handed to ONNX Runtime"):
+    with pytest.raises(
+        OnnxCustomError, match=r"input dtype torch.bfloat16 cannot be handed to ONNX Runtime"
+    ):
         runner.run([x, torch.randn(4, 6)])

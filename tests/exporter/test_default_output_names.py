@@ -44,12 +44,17 @@ CASES = [
     ("namedtuple", Annotated, ["total", "shifted"]),
     ("tuple-with-input-twice", Several, ["output_0", "output_1", "output_2", "output_3"]),
 ]
-ARGS = (torch.randn(2, 3, generator=torch.Generator().manual_seed(0)), torch.randn(2, 3, generator=torch.Generator().manual_seed(1)))
+ARGS = (
+    torch.randn(2, 3, generator=torch.Generator().manual_seed(0)),
+    torch.randn(2, 3, generator=torch.Generator().manual_seed(1)),
+)
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 @pytest.mark.parametrize(("model_type", "names"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_default_output_names(model_type: type[torch.nn.Module], names: list[str], exporter: str) -> None:
+def test_default_output_names(
+    model_type: type[torch.nn.Module], names: list[str], exporter: str
+) -> None:
     model = model_type()
     proto = onnx_custom.export(model, ARGS, exporter=exporter, opset=18)
     assert [o.name for o in proto.graph.output] == names
@@ -63,7 +68,9 @@ def test_default_output_names(model_type: type[torch.nn.Module], names: list[str
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 def test_given_output_names_are_kept(exporter: str) -> None:
-    proto = onnx_custom.export(Annotated(), ARGS, exporter=exporter, opset=18, output_names=["a", "b"])
+    proto = onnx_custom.export(
+        Annotated(), ARGS, exporter=exporter, opset=18, output_names=["a", "b"]
+    )
     assert [o.name for o in proto.graph.output] == ["a", "b"]
 
 
@@ -81,9 +88,17 @@ class Late(torch.nn.Module):
 def test_names_follow_a_changed_annotation(monkeypatch: pytest.MonkeyPatch) -> None:
     """The resolved annotation is remembered per forward (issue 25): replacing it, or defining
     the class a string annotation names after a first export, must show in the next export."""
-    assert [o.name for o in onnx_custom.export(Annotated(), ARGS, exporter="torchscript").graph.output] == ["total", "shifted"]
+    assert [
+        o.name for o in onnx_custom.export(Annotated(), ARGS, exporter="torchscript").graph.output
+    ] == ["total", "shifted"]
     monkeypatch.setitem(Annotated.forward.__annotations__, "return", Renamed)
-    assert [o.name for o in onnx_custom.export(Annotated(), ARGS, exporter="torchscript").graph.output] == ["first", "second"]
-    assert [o.name for o in onnx_custom.export(Late(), ARGS, exporter="torchscript").graph.output] == ["output_0", "output_1"]
+    assert [
+        o.name for o in onnx_custom.export(Annotated(), ARGS, exporter="torchscript").graph.output
+    ] == ["first", "second"]
+    assert [
+        o.name for o in onnx_custom.export(Late(), ARGS, exporter="torchscript").graph.output
+    ] == ["output_0", "output_1"]
     monkeypatch.setitem(globals(), "LateParts", Renamed)
-    assert [o.name for o in onnx_custom.export(Late(), ARGS, exporter="torchscript").graph.output] == ["first", "second"]
+    assert [
+        o.name for o in onnx_custom.export(Late(), ARGS, exporter="torchscript").graph.output
+    ] == ["first", "second"]

@@ -28,13 +28,22 @@ registry = onnx_custom.default_registry().copy()
 # What each translation received for the dtype arguments, per call (the last call is the test's).
 received: list[dict[str, Any]] = []
 
-_ONNX_TYPE = {torch.float16: onnx.TensorProto.FLOAT16, torch.float32: onnx.TensorProto.FLOAT, torch.float64: onnx.TensorProto.DOUBLE,
-              torch.int64: onnx.TensorProto.INT64}  # fmt: skip
+_ONNX_TYPE = {
+    torch.float16: onnx.TensorProto.FLOAT16,
+    torch.float32: onnx.TensorProto.FLOAT,
+    torch.float64: onnx.TensorProto.DOUBLE,
+    torch.int64: onnx.TensorProto.INT64,
+}
 
 
 @torch.library.custom_op("octdtype::cast_scale", mutates_args=())
-def cast_scale(x: torch.Tensor, dtype: torch.dtype = torch.float64, *, scale: float = 2.0,
-               out_dtype: torch.dtype | None = None) -> torch.Tensor:  # fmt: skip
+def cast_scale(
+    x: torch.Tensor,
+    dtype: torch.dtype = torch.float64,
+    *,
+    scale: float = 2.0,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
     y = (x * scale).to(dtype)
     return y if out_dtype is None else y.to(out_dtype)
 

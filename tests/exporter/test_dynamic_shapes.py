@@ -48,17 +48,23 @@ def _custom_outputs(proto: onnx.ModelProto) -> list[str]:
 # -- the zoo: every custom-variant model at batch sizes 1, 3 and 7 ----------------------------
 
 ZOO_ROWS = [
-    ("my_add", "torchscript", 13), ("my_add", "dynamo", 18),
-    ("multi_out", "torchscript", 13), ("multi_out", "dynamo", 18),
-    ("multi_out3", "torchscript", 13), ("multi_out3", "dynamo", 18),
-    ("my_add_ext", "torchscript", 17), ("my_add_ext", "dynamo", 18),
-    ("custom_linear", "torchscript", 17), ("custom_linear", "dynamo", 18),
+    ("my_add", "torchscript", 13),
+    ("my_add", "dynamo", 18),
+    ("multi_out", "torchscript", 13),
+    ("multi_out", "dynamo", 18),
+    ("multi_out3", "torchscript", 13),
+    ("multi_out3", "dynamo", 18),
+    ("my_add_ext", "torchscript", 17),
+    ("my_add_ext", "dynamo", 18),
+    ("custom_linear", "torchscript", 17),
+    ("custom_linear", "dynamo", 18),
     # autograd.Function translations are TorchScript-only (the dynamo exporter refuses them).
     ("autograd_fn", "torchscript", 17),
     # DeformConv2d is a custom node below opset 19; the dynamo exporter needs opset >= 18 for
     # dynamic shapes (its Shape nodes cannot be lowered to 11).
-    ("deform_conv", "torchscript", 11), ("deform_conv", "dynamo", 18),
-]  # fmt: skip
+    ("deform_conv", "torchscript", 11),
+    ("deform_conv", "dynamo", 18),
+]
 
 
 def _zoo_module(name: str) -> Any:
@@ -81,13 +87,21 @@ def _at_batch(module: Any, batch: int) -> tuple[torch.Tensor, ...]:
     return tuple(out)
 
 
-@pytest.mark.parametrize(("name", "exporter", "opset"), ZOO_ROWS, ids=[f"{n}-{e}-opset{o}" for n, e, o in ZOO_ROWS])
+@pytest.mark.parametrize(
+    ("name", "exporter", "opset"), ZOO_ROWS, ids=[f"{n}-{e}-opset{o}" for n, e, o in ZOO_ROWS]
+)
 def test_zoo_custom_nodes_run_at_other_batch_sizes(name: str, exporter: str, opset: int) -> None:
     module = _zoo_module(name)
     model = module.Model().eval()
     registry = onnx_custom.default_registry().with_variants("custom")
-    proto = onnx_custom.export(model, module.example_inputs(), exporter=exporter, opset=opset,
-                               registry=registry, dynamic_shapes=module.dynamic_shapes)  # fmt: skip
+    proto = onnx_custom.export(
+        model,
+        module.example_inputs(),
+        exporter=exporter,
+        opset=opset,
+        registry=registry,
+        dynamic_shapes=module.dynamic_shapes,
+    )
     custom = _custom_outputs(proto)
     assert custom, "the custom variant emits custom nodes"
     assert all(dims[0] == "batch" for dims in _inputs(proto).values())
@@ -125,10 +139,24 @@ def test_bev_pool_batch_is_fixed_by_bev_feat_shape(exporter: str, opset: int) ->
     registry = onnx_custom.default_registry().with_variants("custom")
     if exporter == "dynamo":
         with pytest.raises(DynamicShapesError, match=r"'batch'.*constant 1.*size >= 2"):
-            onnx_custom.export(bev.Model().eval(), bev.example_inputs(), exporter=exporter, opset=opset, registry=registry, dynamic_shapes=spec)
+            onnx_custom.export(
+                bev.Model().eval(),
+                bev.example_inputs(),
+                exporter=exporter,
+                opset=opset,
+                registry=registry,
+                dynamic_shapes=spec,
+            )
         return
     with pytest.warns(UserWarning, match=r"\['batch'\] were traced at size 0 or 1.*Fix"):
-        onnx_custom.export(bev.Model().eval(), bev.example_inputs(), exporter=exporter, opset=opset, registry=registry, dynamic_shapes=spec)
+        onnx_custom.export(
+            bev.Model().eval(),
+            bev.example_inputs(),
+            exporter=exporter,
+            opset=opset,
+            registry=registry,
+            dynamic_shapes=spec,
+        )
 
 
 # -- every form of dynamic_shapes, the same file from both exporters ---------------------------
@@ -146,35 +174,82 @@ def _two_inputs() -> tuple[torch.Tensor, torch.Tensor]:
 
 FORMS: list[tuple[str, dict[str, Any], dict[str, list[Any]], dict[str, Any]]] = [
     # (id, export kwargs, expected input dims, expected metadata)
-    ("dict-by-name-reordered-Dims", {"dynamic_shapes": {"b": {0: Dim("batch")}, "a": {1: Dim("feat")}}},
-     {"a": [2, "feat"], "b": ["batch", 5]}, {"batch": {"min": None, "max": None}, "feat": {"min": None, "max": None}}),
-    ("tuple-by-position-strings", {"dynamic_shapes": ({0: "batch"}, {0: "batch"})},
-     {"a": ["batch", 3], "b": ["batch", 5]}, {"batch": {"min": None, "max": None}}),
-    ("list-per-axis-name-with-space", {"dynamic_shapes": [["batch", None], [None, "seq len"]]},
-     {"a": ["batch", 3], "b": [2, "seq len"]}, {"batch": {"min": None, "max": None}, "seq len": {"min": None, "max": None}}),
-    ("Dim-with-range", {"dynamic_shapes": {"a": {0: Dim("n", min=2, max=64)}}},
-     {"a": ["n", 3], "b": [2, 5]}, {"n": {"min": 2, "max": 64}}),
-    ("negative-axis", {"dynamic_shapes": {"b": {-1: "seq"}}},
-     {"a": [2, 3], "b": [2, "seq"]}, {"seq": {"min": None, "max": None}}),
-    ("AUTO-STATIC-DYNAMIC", {"dynamic_shapes": {"a": {0: Dim.AUTO, 1: Dim.STATIC}, "b": {1: Dim.DYNAMIC}}},
-     {"a": ["a_dim0", 3], "b": [2, "b_dim1"]}, {"a_dim0": {"min": None, "max": None}, "b_dim1": {"min": None, "max": None}}),
-    ("torchscript-dynamic_axes", {"dynamic_axes": {"a": {0: "batch"}, "b": [1]}},
-     {"a": ["batch", 3], "b": [2, "b_dim1"]}, {"batch": {"min": None, "max": None}, "b_dim1": {"min": None, "max": None}}),
-    ("dynamic_axes-custom-input-names", {"input_names": ["lhs", "rhs"], "dynamic_axes": {"lhs": {0: "batch"}, "out": {0: "batch"}}, "output_names": ["out", "out2"]},
-     {"lhs": ["batch", 3], "rhs": [2, 5]}, {"batch": {"min": None, "max": None}}),
-]  # fmt: skip
+    (
+        "dict-by-name-reordered-Dims",
+        {"dynamic_shapes": {"b": {0: Dim("batch")}, "a": {1: Dim("feat")}}},
+        {"a": [2, "feat"], "b": ["batch", 5]},
+        {"batch": {"min": None, "max": None}, "feat": {"min": None, "max": None}},
+    ),
+    (
+        "tuple-by-position-strings",
+        {"dynamic_shapes": ({0: "batch"}, {0: "batch"})},
+        {"a": ["batch", 3], "b": ["batch", 5]},
+        {"batch": {"min": None, "max": None}},
+    ),
+    (
+        "list-per-axis-name-with-space",
+        {"dynamic_shapes": [["batch", None], [None, "seq len"]]},
+        {"a": ["batch", 3], "b": [2, "seq len"]},
+        {"batch": {"min": None, "max": None}, "seq len": {"min": None, "max": None}},
+    ),
+    (
+        "Dim-with-range",
+        {"dynamic_shapes": {"a": {0: Dim("n", min=2, max=64)}}},
+        {"a": ["n", 3], "b": [2, 5]},
+        {"n": {"min": 2, "max": 64}},
+    ),
+    (
+        "negative-axis",
+        {"dynamic_shapes": {"b": {-1: "seq"}}},
+        {"a": [2, 3], "b": [2, "seq"]},
+        {"seq": {"min": None, "max": None}},
+    ),
+    (
+        "AUTO-STATIC-DYNAMIC",
+        {"dynamic_shapes": {"a": {0: Dim.AUTO, 1: Dim.STATIC}, "b": {1: Dim.DYNAMIC}}},
+        {"a": ["a_dim0", 3], "b": [2, "b_dim1"]},
+        {"a_dim0": {"min": None, "max": None}, "b_dim1": {"min": None, "max": None}},
+    ),
+    (
+        "torchscript-dynamic_axes",
+        {"dynamic_axes": {"a": {0: "batch"}, "b": [1]}},
+        {"a": ["batch", 3], "b": [2, "b_dim1"]},
+        {"batch": {"min": None, "max": None}, "b_dim1": {"min": None, "max": None}},
+    ),
+    (
+        "dynamic_axes-custom-input-names",
+        {
+            "input_names": ["lhs", "rhs"],
+            "dynamic_axes": {"lhs": {0: "batch"}, "out": {0: "batch"}},
+            "output_names": ["out", "out2"],
+        },
+        {"lhs": ["batch", 3], "rhs": [2, 5]},
+        {"batch": {"min": None, "max": None}},
+    ),
+]
 
 
 @pytest.mark.parametrize(("exporter", "opset"), EXPORTERS, ids=[e for e, _ in EXPORTERS])
-@pytest.mark.parametrize(("kwargs", "dims", "metadata"), [f[1:] for f in FORMS], ids=[f[0] for f in FORMS])
-def test_dim_names_and_input_names_survive(kwargs: dict[str, Any], dims: dict[str, list[Any]], metadata: dict[str, Any], exporter: str, opset: int) -> None:
+@pytest.mark.parametrize(
+    ("kwargs", "dims", "metadata"), [f[1:] for f in FORMS], ids=[f[0] for f in FORMS]
+)
+def test_dim_names_and_input_names_survive(
+    kwargs: dict[str, Any],
+    dims: dict[str, list[Any]],
+    metadata: dict[str, Any],
+    exporter: str,
+    opset: int,
+) -> None:
     model, args = TwoInputs(), _two_inputs()
     proto = onnx_custom.export(model, args, exporter=exporter, opset=opset, **kwargs)
     assert _inputs(proto) == dims
     assert _metadata(proto) == metadata
     # The file really is dynamic along the named dims: run with those dims resized.
     sizes = {name: 4 + i for i, name in enumerate(metadata)}
-    resized = [torch.randn(*[sizes.get(d, d) if isinstance(d, str) else d for d in shape]) for shape in dims.values()]
+    resized = [
+        torch.randn(*[sizes.get(d, d) if isinstance(d, str) else d for d in shape])
+        for shape in dims.values()
+    ]
     session = onnx_custom.InferenceSession(proto)
     got = session.run(None, {n: t.numpy() for n, t in zip(dims, resized, strict=True)})
     for g, e in zip(got, model(*resized), strict=True):
@@ -189,7 +264,10 @@ class Nested(torch.nn.Module):
 @pytest.mark.parametrize(("exporter", "opset"), EXPORTERS, ids=[e for e, _ in EXPORTERS])
 def test_nested_inputs_named_like_torch_export(exporter: str, opset: int) -> None:
     g = torch.Generator().manual_seed(0)
-    args = (torch.randn(2, 3, generator=g), (torch.randn(2, 4, generator=g), torch.randn(2, 6, generator=g)))
+    args = (
+        torch.randn(2, 3, generator=g),
+        (torch.randn(2, 4, generator=g), torch.randn(2, 6, generator=g)),
+    )
     spec = {"x": {0: "batch"}, "pair": ({0: "batch", 1: "n"}, {0: "batch"})}
     proto = onnx_custom.export(Nested(), args, exporter=exporter, opset=opset, dynamic_shapes=spec)
     assert _inputs(proto) == {"x": ["batch", 3], "pair_0": ["batch", "n"], "pair_1": ["batch", 6]}
@@ -212,8 +290,13 @@ def test_auto_dim_the_model_fixes_is_static_in_both_files(exporter: str, opset: 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return x.reshape(2, -1)
 
-    proto = onnx_custom.export(FixesRows(), (torch.randn(2, 3),), exporter=exporter, opset=opset,
-                               dynamic_shapes={"x": {0: Dim.AUTO, 1: Dim.AUTO}})  # fmt: skip
+    proto = onnx_custom.export(
+        FixesRows(),
+        (torch.randn(2, 3),),
+        exporter=exporter,
+        opset=opset,
+        dynamic_shapes={"x": {0: Dim.AUTO, 1: Dim.AUTO}},
+    )
     assert _inputs(proto) == {"x": [2, "x_dim1"]}
     assert _metadata(proto) == {"x_dim1": {"min": None, "max": None}}
 
@@ -225,8 +308,13 @@ def test_derived_dim_keeps_its_expression(exporter: str, opset: int) -> None:
             return torch.cat([a, a]) + b
 
     n = Dim("n", min=2, max=50)
-    proto = onnx_custom.export(Doubles(), (torch.randn(4, 3), torch.randn(8, 3)), exporter=exporter, opset=opset,
-                               dynamic_shapes={"a": {0: n}, "b": {0: 2 * n}})  # fmt: skip
+    proto = onnx_custom.export(
+        Doubles(),
+        (torch.randn(4, 3), torch.randn(8, 3)),
+        exporter=exporter,
+        opset=opset,
+        dynamic_shapes={"a": {0: n}, "b": {0: 2 * n}},
+    )
     assert _inputs(proto) == {"a": ["n", 3], "b": ["2*n", 3]}
     assert _metadata(proto) == {"n": {"min": 2, "max": 50}}
     a, b = torch.randn(5, 3), torch.randn(10, 3)
@@ -242,7 +330,9 @@ def _multi_out3() -> tuple[Any, Any, tuple[torch.Tensor, ...]]:
     return module, module.Model().eval(), module.example_inputs()
 
 
-def _run_at_batches(proto: onnx.ModelProto, model: torch.nn.Module, batches: tuple[int, ...] = (1, 5, 7)) -> None:
+def _run_at_batches(
+    proto: onnx.ModelProto, model: torch.nn.Module, batches: tuple[int, ...] = (1, 5, 7)
+) -> None:
     session = onnx_custom.InferenceSession(proto)
     name = session.get_inputs()[0].name
     for batch in batches:
@@ -256,10 +346,20 @@ def test_users_own_torchscript_export_keeps_symbolic_dims() -> None:
     # The reproduction: export with a dynamic batch, run at batch 5.
     _, model, args = _multi_out3()
     buffer = io.BytesIO()
-    with onnx_custom.registered(onnx_custom.default_registry().with_variants("custom")), warnings.catch_warnings():
+    with (
+        onnx_custom.registered(onnx_custom.default_registry().with_variants("custom")),
+        warnings.catch_warnings(),
+    ):
         warnings.simplefilter("ignore", DeprecationWarning)
-        torch.onnx.export(model, args, buffer, dynamo=False, opset_version=13, input_names=["x"],
-                          dynamic_axes={"x": {0: "batch"}})  # fmt: skip
+        torch.onnx.export(
+            model,
+            args,
+            buffer,
+            dynamo=False,
+            opset_version=13,
+            input_names=["x"],
+            dynamic_axes={"x": {0: "batch"}},
+        )
     proto = onnx.load_from_string(buffer.getvalue())
     types = _value_types(proto)
     custom = _custom_outputs(proto)
@@ -270,11 +370,20 @@ def test_users_own_torchscript_export_keeps_symbolic_dims() -> None:
 
 def test_users_own_dynamo_export_keeps_symbolic_dims() -> None:
     _, model, args = _multi_out3()
-    table = onnx_custom.translation_table(opset=18, registry=onnx_custom.default_registry().with_variants("custom"))
+    table = onnx_custom.translation_table(
+        opset=18, registry=onnx_custom.default_registry().with_variants("custom")
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(model, args, dynamo=True, opset_version=18, custom_translation_table=table,
-                                    dynamic_shapes={"x": {0: "batch"}}, verbose=False)  # fmt: skip
+        program = torch.onnx.export(
+            model,
+            args,
+            dynamo=True,
+            opset_version=18,
+            custom_translation_table=table,
+            dynamic_shapes={"x": {0: "batch"}},
+            verbose=False,
+        )
     proto = program.model_proto
     types = _value_types(proto)
     dims = [_dims(types[o]) for o in _custom_outputs(proto) if o in types]
@@ -285,9 +394,14 @@ def test_users_own_dynamo_export_keeps_symbolic_dims() -> None:
 @pytest.mark.parametrize(("exporter", "opset"), [("torchscript", 13), ("dynamo", 18)])
 def test_derived_dims_named_alike_by_both_exporters(exporter: str, opset: int) -> None:
     module, model, args = _multi_out3()
-    proto = onnx_custom.export(model, args, exporter=exporter, opset=opset,
-                               registry=onnx_custom.default_registry().with_variants("custom"),
-                               dynamic_shapes=module.dynamic_shapes)  # fmt: skip
+    proto = onnx_custom.export(
+        model,
+        args,
+        exporter=exporter,
+        opset=opset,
+        registry=onnx_custom.default_registry().with_variants("custom"),
+        dynamic_shapes=module.dynamic_shapes,
+    )
     outputs = [_dims(o) for o in proto.graph.output]
     assert outputs == [["batch", 3, 4], ["2*batch", 3, 12], ["batch", 3]]
     assert not any(a.name == "onnx_custom_tag" for n in proto.graph.node for a in n.attribute)
@@ -312,40 +426,114 @@ def _pair(rows_b: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
 
 ERRORS: list[tuple[str, Any, Any, dict[str, Any], list[str]]] = [
     # (id, model, args, export kwargs, message fragments: what was expected/received and the fix)
-    ("unknown-key", TwoInputs(), _two_inputs(), {"dynamic_shapes": {"c": {0: "batch"}}},
-     ["['c']", "Valid keys: ['a', 'b']", "Fix"]),
-    ("tuple-too-short", TwoInputs(), _two_inputs(), {"dynamic_shapes": ({0: "batch"},)},
-     ["1 entries", "2 input(s) ['a', 'b']", "Fix"]),
-    ("axis-out-of-range", TwoInputs(), _two_inputs(), {"dynamic_shapes": {"a": {2: "batch"}}},
-     ["'a'", "axis 2", "2 dim(s) (shape [2, 3])", "Fix"]),
-    ("axis-list-wrong-length", TwoInputs(), _two_inputs(), {"dynamic_shapes": {"a": ["batch"]}},
-     ["'a'", "1 dim(s)", "has 2", "Fix"]),
-    ("unsupported-dim", TwoInputs(), _two_inputs(), {"dynamic_shapes": {"a": {0: 3.5}}},
-     ["'a'", "axis 0", "unsupported dim 3.5", "Expected"]),
-    ("unknown-dynamic_axes-input", TwoInputs(), _two_inputs(), {"dynamic_axes": {"z": [0]}},
-     ["'z'", "['a', 'b']", "Fix"]),
-    ("static-int-mismatch", TwoInputs(), _two_inputs(), {"dynamic_shapes": {"a": {0: 4}}},
-     ["'a'", "size 4", "size 2", "Fix"]),
-    ("range-excludes-example", TwoInputs(), _two_inputs(), {"dynamic_shapes": {"a": {0: Dim("batch", min=4, max=8)}}},
-     ["'batch'", "'a'", "axis 0", "[4, 8]", "size 2", "Fix"]),
-    ("one-name-two-sizes", TwoInputs(), _two_inputs(), {"dynamic_shapes": {"a": {0: "n"}, "b": {1: "n"}}},
-     ["'n'", "a[0]=2", "b[1]=5", "Fix"]),
-    ("one-name-two-ranges", Adds(), _pair(), {"dynamic_shapes": {"a": {0: Dim("n", max=8)}, "b": {0: Dim("n", max=9)}}},
-     ["'n'", "max=8", "max=9", "Fix"]),
-    ("specialized-by-the-model", Rows2(), (torch.randn(2, 3),), {"dynamic_shapes": {"x": {0: "batch"}}},
-     ["'batch'", "x[0]", "constant 2", "Fix"]),
-    ("dims-the-model-ties", Adds(), _pair(), {"dynamic_shapes": {"a": {0: "rows"}, "b": {0: "n"}}},
-     ["'rows'", "'n'", "a[0]", "b[0]", "must always be equal", "Fix: give them the same name"]),
-    ("both-forms", TwoInputs(), _two_inputs(), {"dynamic_shapes": {"a": {0: "b"}}, "dynamic_axes": {"a": [0]}},
-     ["dynamic_shapes or dynamic_axes, not both"]),
-    ("too-many-input-names", TwoInputs(), _two_inputs(), {"input_names": ["p", "q", "r"]},
-     ["3 names", "2 tensor input(s) ['a', 'b']", "Pass at most"]),
-]  # fmt: skip
+    (
+        "unknown-key",
+        TwoInputs(),
+        _two_inputs(),
+        {"dynamic_shapes": {"c": {0: "batch"}}},
+        ["['c']", "Valid keys: ['a', 'b']", "Fix"],
+    ),
+    (
+        "tuple-too-short",
+        TwoInputs(),
+        _two_inputs(),
+        {"dynamic_shapes": ({0: "batch"},)},
+        ["1 entries", "2 input(s) ['a', 'b']", "Fix"],
+    ),
+    (
+        "axis-out-of-range",
+        TwoInputs(),
+        _two_inputs(),
+        {"dynamic_shapes": {"a": {2: "batch"}}},
+        ["'a'", "axis 2", "2 dim(s) (shape [2, 3])", "Fix"],
+    ),
+    (
+        "axis-list-wrong-length",
+        TwoInputs(),
+        _two_inputs(),
+        {"dynamic_shapes": {"a": ["batch"]}},
+        ["'a'", "1 dim(s)", "has 2", "Fix"],
+    ),
+    (
+        "unsupported-dim",
+        TwoInputs(),
+        _two_inputs(),
+        {"dynamic_shapes": {"a": {0: 3.5}}},
+        ["'a'", "axis 0", "unsupported dim 3.5", "Expected"],
+    ),
+    (
+        "unknown-dynamic_axes-input",
+        TwoInputs(),
+        _two_inputs(),
+        {"dynamic_axes": {"z": [0]}},
+        ["'z'", "['a', 'b']", "Fix"],
+    ),
+    (
+        "static-int-mismatch",
+        TwoInputs(),
+        _two_inputs(),
+        {"dynamic_shapes": {"a": {0: 4}}},
+        ["'a'", "size 4", "size 2", "Fix"],
+    ),
+    (
+        "range-excludes-example",
+        TwoInputs(),
+        _two_inputs(),
+        {"dynamic_shapes": {"a": {0: Dim("batch", min=4, max=8)}}},
+        ["'batch'", "'a'", "axis 0", "[4, 8]", "size 2", "Fix"],
+    ),
+    (
+        "one-name-two-sizes",
+        TwoInputs(),
+        _two_inputs(),
+        {"dynamic_shapes": {"a": {0: "n"}, "b": {1: "n"}}},
+        ["'n'", "a[0]=2", "b[1]=5", "Fix"],
+    ),
+    (
+        "one-name-two-ranges",
+        Adds(),
+        _pair(),
+        {"dynamic_shapes": {"a": {0: Dim("n", max=8)}, "b": {0: Dim("n", max=9)}}},
+        ["'n'", "max=8", "max=9", "Fix"],
+    ),
+    (
+        "specialized-by-the-model",
+        Rows2(),
+        (torch.randn(2, 3),),
+        {"dynamic_shapes": {"x": {0: "batch"}}},
+        ["'batch'", "x[0]", "constant 2", "Fix"],
+    ),
+    (
+        "dims-the-model-ties",
+        Adds(),
+        _pair(),
+        {"dynamic_shapes": {"a": {0: "rows"}, "b": {0: "n"}}},
+        ["'rows'", "'n'", "a[0]", "b[0]", "must always be equal", "Fix: give them the same name"],
+    ),
+    (
+        "both-forms",
+        TwoInputs(),
+        _two_inputs(),
+        {"dynamic_shapes": {"a": {0: "b"}}, "dynamic_axes": {"a": [0]}},
+        ["dynamic_shapes or dynamic_axes, not both"],
+    ),
+    (
+        "too-many-input-names",
+        TwoInputs(),
+        _two_inputs(),
+        {"input_names": ["p", "q", "r"]},
+        ["3 names", "2 tensor input(s) ['a', 'b']", "Pass at most"],
+    ),
+]
 
 
 @pytest.mark.parametrize(("exporter", "opset"), EXPORTERS, ids=[e for e, _ in EXPORTERS])
-@pytest.mark.parametrize(("model", "args", "kwargs", "fragments"), [e[1:] for e in ERRORS], ids=[e[0] for e in ERRORS])
-def test_bad_dynamic_shapes_raise_a_typed_error(model: Any, args: Any, kwargs: dict[str, Any], fragments: list[str], exporter: str, opset: int) -> None:
+@pytest.mark.parametrize(
+    ("model", "args", "kwargs", "fragments"), [e[1:] for e in ERRORS], ids=[e[0] for e in ERRORS]
+)
+def test_bad_dynamic_shapes_raise_a_typed_error(
+    model: Any, args: Any, kwargs: dict[str, Any], fragments: list[str], exporter: str, opset: int
+) -> None:
     with pytest.raises(DynamicShapesError) as info:
         onnx_custom.export(model, args, exporter=exporter, opset=opset, **kwargs)
     for fragment in fragments:
@@ -354,5 +542,9 @@ def test_bad_dynamic_shapes_raise_a_typed_error(model: Any, args: Any, kwargs: d
 
 def test_exported_program_with_dynamic_shapes_is_refused() -> None:
     program = torch.export.export(TwoInputs(), _two_inputs(), strict=False)
-    with pytest.raises(DynamicShapesError, match=r"ExportedProgram.*Fix: pass them to torch.export.export"):
-        onnx_custom.export(program, _two_inputs(), exporter="dynamo", dynamic_shapes={"a": {0: "batch"}})
+    with pytest.raises(
+        DynamicShapesError, match=r"ExportedProgram.*Fix: pass them to torch.export.export"
+    ):
+        onnx_custom.export(
+            program, _two_inputs(), exporter="dynamo", dynamic_shapes={"a": {0: "batch"}}
+        )

@@ -21,7 +21,9 @@ class AsinhModel(torch.nn.Module):
 
 
 class SeedModel(torch.nn.Module):
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def forward(
+        self, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         s = torch.ops.onnx_custom.my_add(torch.relu(x), y)
         p, q = torch.ops.onnx_custom.multi_out(s)
         return p, {"q": q, "s": s}
@@ -34,9 +36,13 @@ def _args() -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_asinh_torchscript_opset9_fails_without_us_and_works_with_us(tmp_path) -> None:
     with pytest.raises(torch.onnx.errors.UnsupportedOperatorError):
-        torch.onnx.export(AsinhModel(), (torch.randn(3),), io.BytesIO(), dynamo=False, opset_version=9)
+        torch.onnx.export(
+            AsinhModel(), (torch.randn(3),), io.BytesIO(), dynamo=False, opset_version=9
+        )
     path = tmp_path / "asinh.onnx"
-    proto = onnx_custom.export(AsinhModel(), (torch.randn(3),), path, exporter="torchscript", opset=9, verify=True)
+    proto = onnx_custom.export(
+        AsinhModel(), (torch.randn(3),), path, exporter="torchscript", opset=9, verify=True
+    )
     assert [n.op_type for n in proto.graph.node] == ["Asinh"]
     assert onnx.load(str(path)).graph.node[0].op_type == "Asinh"
 
@@ -48,7 +54,9 @@ def test_seed_ops_export(exporter: str, opset: int, variant: str | None, tmp_pat
     if variant:
         reg = reg.with_variants(variant)
     path = tmp_path / "seed.onnx"
-    proto = onnx_custom.export(SeedModel(), _args(), path, exporter=exporter, opset=opset, registry=reg)
+    proto = onnx_custom.export(
+        SeedModel(), _args(), path, exporter=exporter, opset=opset, registry=reg
+    )
     types = {(n.domain, n.op_type) for n in proto.graph.node}
     if variant == "custom":
         assert {("onnx_custom", "my_add"), ("onnx_custom", "multi_out")} <= types
@@ -76,7 +84,13 @@ def test_verify_flag_and_file_object(exporter: str, opset: int) -> None:
 @pytest.mark.parametrize(("exporter", "opset"), EXPORTERS, ids=[e for e, _ in EXPORTERS])
 def test_dynamic_batch(exporter: str, opset: int) -> None:
     batch = torch.export.Dim("batch")
-    proto = onnx_custom.export(SeedModel(), _args(), exporter=exporter, opset=opset, dynamic_shapes=({0: batch}, {0: batch}))
+    proto = onnx_custom.export(
+        SeedModel(),
+        _args(),
+        exporter=exporter,
+        opset=opset,
+        dynamic_shapes=({0: batch}, {0: batch}),
+    )
     dim0 = proto.graph.input[0].type.tensor_type.shape.dim[0]
     assert dim0.dim_param and not dim0.dim_value
     bigger = (torch.randn(5, 3), torch.randn(5, 3))
@@ -87,7 +101,9 @@ def test_translation_scoped_to_the_call() -> None:
     from torch.onnx._internal.torchscript_exporter import registration
 
     onnx_custom.export(AsinhModel(), (torch.randn(3),), exporter="torchscript", opset=9)
-    assert registration.registry.get_function_group("aten::asinh") is None or not registration.registry.is_registered_op("aten::asinh", 9)
+    assert registration.registry.get_function_group(
+        "aten::asinh"
+    ) is None or not registration.registry.is_registered_op("aten::asinh", 9)
 
 
 class ReluMyAdd(torch.nn.Module):
@@ -108,7 +124,9 @@ def test_dynamo_lowering_refuses_ops_that_changed_meaning() -> None:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return torch.softmax(x, dim=0)
 
-    with pytest.raises(onnx_custom.OnnxCustomError, match=r"Softmax \(changed at opset 13\).*torchscript"):
+    with pytest.raises(
+        onnx_custom.OnnxCustomError, match=r"Softmax \(changed at opset 13\).*torchscript"
+    ):
         onnx_custom.export(Softmax(), (torch.randn(3, 4),), exporter="dynamo", opset=11)
 
 
@@ -130,15 +148,21 @@ def test_custom_node_named_like_its_torch_op(exporter: str, opset: int) -> None:
     reg = onnx_custom.Registry()
     reg.symbolic("octest_same::scale1", opset=1)(lambda g, x: g.op("octest_same::scale1", x))
     if KernelRegistry().lookup("octest_same", "scale1") is None:
-        kernel("octest_same::scale1", inputs=["x"], outputs=["y"], replace=True)(lambda x: x * 2 + 1)
+        kernel("octest_same::scale1", inputs=["x"], outputs=["y"], replace=True)(
+            lambda x: x * 2 + 1
+        )
 
     class M(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return _scale1(x)
 
-    proto = onnx_custom.export(M(), (torch.randn(3),), exporter=exporter, opset=opset, registry=reg, verify=True)
+    proto = onnx_custom.export(
+        M(), (torch.randn(3),), exporter=exporter, opset=opset, registry=reg, verify=True
+    )
     # (dynamo's outputs get an Identity to their predictable name, output_0)
-    assert [(n.domain, n.op_type) for n in proto.graph.node if n.op_type != "Identity"] == [("octest_same", "scale1")]
+    assert [(n.domain, n.op_type) for n in proto.graph.node if n.op_type != "Identity"] == [
+        ("octest_same", "scale1")
+    ]
 
 
 def test_dynamo_precheck_accepts_ops_the_exporter_lowers() -> None:

@@ -68,11 +68,19 @@ ARGS2 = (torch.randn(2, 3), torch.randn(2, 3))
 def test_every_missing_op_listed_at_once(exporter: str, opset: int) -> None:
     with pytest.raises(UnsupportedOpError) as info:
         onnx_custom.export(TwoMissing(), (torch.randn(3),), exporter=exporter, opset=opset)
-    assert set(info.value.missing) >= {"octest::no_translation_a", "octest::no_translation_b"} or set(info.value.missing) >= {"octest::no_translation_a.default", "octest::no_translation_b.default"}
+    assert set(info.value.missing) >= {
+        "octest::no_translation_a",
+        "octest::no_translation_b",
+    } or set(info.value.missing) >= {
+        "octest::no_translation_a.default",
+        "octest::no_translation_b.default",
+    }
     assert exporter in str(info.value) and f"opset {opset}" in str(info.value)
     # the fix is written out for the first op, and a user op also learns the custom-node route
     assert f"@onnx_custom.symbolic('octest::no_translation_a', opset={opset})" in str(info.value)
-    assert "g.op('octest::no_translation_a', ...)" in str(info.value) and "pick an opset" not in str(info.value)
+    assert "g.op('octest::no_translation_a', ...)" in str(
+        info.value
+    ) and "pick an opset" not in str(info.value)
 
 
 def test_missing_fake_under_dynamo() -> None:
@@ -88,7 +96,9 @@ def test_export_opset_below_every_translation() -> None:
     with pytest.raises(UnsupportedOpError, match=r"aten::asinh.*from opset \[9\]") as info:
         onnx_custom.export(Asinh(), (torch.randn(3),), exporter="torchscript", opset=8)
     assert "symbolic('aten::asinh', opset=8), or pick an opset listed above." in str(info.value)
-    assert "custom node" not in str(info.value)  # an ATen op is translated, not shipped as a custom node
+    assert "custom node" not in str(
+        info.value
+    )  # an ATen op is translated, not shipped as a custom node
 
 
 def _broken_registry(fn) -> Registry:  # type: ignore[no-untyped-def]
@@ -103,7 +113,9 @@ def test_wrong_number_of_outputs(exporter: str, opset: int) -> None:
         return g.op("Add", a, b), g.op("Sub", a, b)
 
     with pytest.raises(SymbolicError, match=r"returned 2 output\(s\) but the torch op has 1"):
-        onnx_custom.export(MyAdd(), ARGS2, exporter=exporter, opset=opset, registry=_broken_registry(two_outputs))
+        onnx_custom.export(
+            MyAdd(), ARGS2, exporter=exporter, opset=opset, registry=_broken_registry(two_outputs)
+        )
 
 
 @pytest.mark.parametrize(("exporter", "opset"), EXPORTERS, ids=[e for e, _ in EXPORTERS])
@@ -112,7 +124,9 @@ def test_unsupported_attribute_value(exporter: str, opset: int) -> None:
         return g.op("onnx_custom::my_add", a, b, alpha={"no": "dicts"})
 
     with pytest.raises(SymbolicError, match="Attribute 'alpha' has unsupported type dict"):
-        onnx_custom.export(MyAdd(), ARGS2, exporter=exporter, opset=opset, registry=_broken_registry(bad_attr))
+        onnx_custom.export(
+            MyAdd(), ARGS2, exporter=exporter, opset=opset, registry=_broken_registry(bad_attr)
+        )
 
 
 @pytest.mark.parametrize(("exporter", "opset"), EXPORTERS, ids=[e for e, _ in EXPORTERS])
@@ -121,7 +135,9 @@ def test_python_scalar_input_needs_constant(exporter: str, opset: int) -> None:
         return g.op("Add", a, 2.0)
 
     with pytest.raises(SymbolicError, match=r"g\.constant\(value, like=x\)"):
-        onnx_custom.export(MyAdd(), ARGS2, exporter=exporter, opset=opset, registry=_broken_registry(scalar_input))
+        onnx_custom.export(
+            MyAdd(), ARGS2, exporter=exporter, opset=opset, registry=_broken_registry(scalar_input)
+        )
 
 
 def test_autograd_function_under_dynamo_is_refused() -> None:
@@ -143,7 +159,14 @@ def test_autograd_function_under_dynamo_is_refused() -> None:
     with pytest.raises(SymbolicError, match=r"autograd.Function.*torch.library.custom_op"):
         onnx_custom.export(UsesFunction(), (torch.randn(3),), exporter="dynamo", registry=reg)
     # The same declaration works with the TorchScript exporter, and forward is restored.
-    proto = onnx_custom.export(UsesFunction(), (torch.randn(3),), exporter="torchscript", opset=13, registry=reg, verify=True)
+    proto = onnx_custom.export(
+        UsesFunction(),
+        (torch.randn(3),),
+        exporter="torchscript",
+        opset=13,
+        registry=reg,
+        verify=True,
+    )
     assert [n.op_type for n in proto.graph.node if n.op_type != "Constant"] == ["Mul"]
     assert torch.equal(Double.apply(torch.ones(2)), torch.full((2,), 2.0))
 
@@ -175,7 +198,13 @@ def test_verify_flag_raises_on_planted_mismatch() -> None:
         return g.op("Add", g.op("Mul", a, g.constant(3.0, like=a)), b)
 
     with pytest.raises(VerificationError, match="FAILED"):
-        onnx_custom.export(MyAdd(), ARGS2, exporter="dynamo", registry=_broken_registry(three_a_plus_b), verify=True)
+        onnx_custom.export(
+            MyAdd(),
+            ARGS2,
+            exporter="dynamo",
+            registry=_broken_registry(three_a_plus_b),
+            verify=True,
+        )
 
 
 def test_verify_structure_mismatch_and_bad_files(tmp_path) -> None:
@@ -210,7 +239,9 @@ def _(x, y, out):  # type: ignore[no-untyped-def]
     return None
 
 
-MUTATING = onnx_custom.default_registry().copy()  # not the default registry: other tests list its targets
+MUTATING = (
+    onnx_custom.default_registry().copy()
+)  # not the default registry: other tests list its targets
 
 
 @onnx_custom.symbolic("octest::add_into", opset=13, registry=MUTATING)
@@ -228,8 +259,20 @@ class WritesIntoABuffer(torch.nn.Module):
 
 
 def test_a_custom_op_writing_into_its_argument_is_refused_under_dynamo(tmp_path: Path) -> None:
-    with pytest.raises(SymbolicError, match=r"octest::add_into writes into its argument\(s\) \['out'\].*Fix: export a functional version"):
-        onnx_custom.export(WritesIntoABuffer(), (torch.randn(2, 3), torch.randn(2, 3)), tmp_path / "m.onnx", exporter="dynamo", registry=MUTATING)
+    with pytest.raises(
+        SymbolicError,
+        match=(
+            r"octest::add_into writes into its argument\(s\) \['out'\].*Fix: export a functional"
+            r" version"
+        ),
+    ):
+        onnx_custom.export(
+            WritesIntoABuffer(),
+            (torch.randn(2, 3), torch.randn(2, 3)),
+            tmp_path / "m.onnx",
+            exporter="dynamo",
+            registry=MUTATING,
+        )
     assert not (tmp_path / "m.onnx").exists()
 
 
@@ -271,9 +314,14 @@ def _scripted_loop(x: torch.Tensor) -> torch.Tensor:
     ],
     ids=["translated-2x3", "untranslated-2x3", "scripted-loop-2x3"],
 )
-def test_a_custom_op_writing_into_its_argument_is_refused_under_torchscript(tmp_path: Path, model: torch.nn.Module, args: tuple[torch.Tensor, ...], op: str) -> None:
+def test_a_custom_op_writing_into_its_argument_is_refused_under_torchscript(
+    tmp_path: Path, model: torch.nn.Module, args: tuple[torch.Tensor, ...], op: str
+) -> None:
     path = tmp_path / "m.onnx"
-    with pytest.raises(SymbolicError, match=rf"{op} writes into its argument\(s\) \['out'\].*Fix: export a functional version"):
+    with pytest.raises(
+        SymbolicError,
+        match=rf"{op} writes into its argument\(s\) \['out'\].*Fix: export a functional version",
+    ):
         onnx_custom.export(model, args, path, exporter="torchscript", registry=MUTATING)
     assert not path.exists()
     # the user's own TorchScript export inside registered() is refused the same way

@@ -44,7 +44,9 @@ def scale_shift_symbolic(g, x, alpha):  # type: ignore[no-untyped-def]
 
 
 registry = onnx_custom.default_registry().copy()
-onnx_custom.register_custom_op_symbolic("kdecl::scale_shift", scale_shift_symbolic, 9, registry=registry)
+onnx_custom.register_custom_op_symbolic(
+    "kdecl::scale_shift", scale_shift_symbolic, 9, registry=registry
+)
 
 
 class Model(torch.nn.Module):
@@ -64,17 +66,42 @@ class Mismatch:
 
 
 MISMATCHES = [
-    Mismatch("renamed-scale-vs-alpha", {"scale": "float"}, ("sets attribute 'alpha', which the kernel does not declare", "lacks required attribute 'scale'")),
-    Mismatch("type-int-vs-float", {"alpha": "int"}, ("sets attribute 'alpha' as float but the kernel declares int",)),
-    Mismatch("type-floats-vs-float", {"alpha": "floats"}, ("sets attribute 'alpha' as float but the kernel declares floats",)),
-    Mismatch("missing-required-beta", {"alpha": "float", "beta": "float"}, ("lacks required attribute 'beta'",)),
-    Mismatch("unknown-extra-alpha", {}, ("sets attribute 'alpha', which the kernel does not declare", "declared: none")),
+    Mismatch(
+        "renamed-scale-vs-alpha",
+        {"scale": "float"},
+        (
+            "sets attribute 'alpha', which the kernel does not declare",
+            "lacks required attribute 'scale'",
+        ),
+    ),
+    Mismatch(
+        "type-int-vs-float",
+        {"alpha": "int"},
+        ("sets attribute 'alpha' as float but the kernel declares int",),
+    ),
+    Mismatch(
+        "type-floats-vs-float",
+        {"alpha": "floats"},
+        ("sets attribute 'alpha' as float but the kernel declares floats",),
+    ),
+    Mismatch(
+        "missing-required-beta",
+        {"alpha": "float", "beta": "float"},
+        ("lacks required attribute 'beta'",),
+    ),
+    Mismatch(
+        "unknown-extra-alpha",
+        {},
+        ("sets attribute 'alpha', which the kernel does not declare", "declared: none"),
+    ),
 ]
 
 
 def _registry_with(attrs: dict[str, Any]) -> KernelRegistry:
     kernels = KernelRegistry()
-    kernels.kernel("mydomain::MyOp", inputs=["x"], outputs=["y"], attrs=attrs, shape_fn="like:x")(_kernel)
+    kernels.kernel("mydomain::MyOp", inputs=["x"], outputs=["y"], attrs=attrs, shape_fn="like:x")(
+        _kernel
+    )
     return kernels
 
 
@@ -84,7 +111,9 @@ def global_kernel() -> Iterator[Any]:
     added: list[str] = []
 
     def register(attrs: dict[str, Any]) -> None:
-        onnx_custom.runtime.kernel("mydomain::MyOp", inputs=["x"], outputs=["y"], attrs=attrs, shape_fn="like:x")(_kernel)
+        onnx_custom.runtime.kernel(
+            "mydomain::MyOp", inputs=["x"], outputs=["y"], attrs=attrs, shape_fn="like:x"
+        )(_kernel)
         added.append("mydomain::MyOp")
 
     yield register
@@ -93,12 +122,16 @@ def global_kernel() -> Iterator[Any]:
 
 
 # every mismatch with kernels=; the globally registered kernel with one of them
-ROWS = [pytest.param(c, "kernels-arg", id=f"{c.id}-kernels-arg") for c in MISMATCHES] + [pytest.param(MISMATCHES[0], "global-kernel", id=f"{MISMATCHES[0].id}-global-kernel")]
+ROWS = [pytest.param(c, "kernels-arg", id=f"{c.id}-kernels-arg") for c in MISMATCHES] + [
+    pytest.param(MISMATCHES[0], "global-kernel", id=f"{MISMATCHES[0].id}-global-kernel")
+]
 
 
 @pytest.mark.parametrize("exporter", EXPORTERS)
 @pytest.mark.parametrize(("case", "where"), ROWS)
-def test_mismatch_is_refused_before_writing(case: Mismatch, exporter: str, where: str, tmp_path: Path, global_kernel: Any) -> None:
+def test_mismatch_is_refused_before_writing(
+    case: Mismatch, exporter: str, where: str, tmp_path: Path, global_kernel: Any
+) -> None:
     target = tmp_path / "model.onnx"
     kernels = None
     if where == "kernels-arg":
@@ -106,7 +139,14 @@ def test_mismatch_is_refused_before_writing(case: Mismatch, exporter: str, where
     else:
         global_kernel(case.attrs)
     with pytest.raises(NodeDeclarationError) as info:
-        onnx_custom.export(Model(), (torch.randn(2, 3),), target, exporter=exporter, registry=registry, kernels=kernels)
+        onnx_custom.export(
+            Model(),
+            (torch.randn(2, 3),),
+            target,
+            exporter=exporter,
+            registry=registry,
+            kernels=kernels,
+        )
     message = str(info.value)
     assert "mydomain::MyOp" in message
     for words in case.says:
@@ -115,7 +155,13 @@ def test_mismatch_is_refused_before_writing(case: Mismatch, exporter: str, where
     assert not target.exists() and list(tmp_path.iterdir()) == []  # no half-written file either
 
     # the same error creating a session, which is where it used to surface (after the write)
-    proto = onnx_custom.export(Model(), (torch.randn(2, 3),), exporter=exporter, registry=registry, kernels=KernelRegistry())
+    proto = onnx_custom.export(
+        Model(),
+        (torch.randn(2, 3),),
+        exporter=exporter,
+        registry=registry,
+        kernels=KernelRegistry(),
+    )
     with pytest.raises(NodeDeclarationError) as at_session:
         InferenceSession(proto, kernels=kernels)
     assert all(words in str(at_session.value) for words in case.says)
@@ -129,8 +175,12 @@ def test_matching_declaration_exports_and_runs(exporter: str, tmp_path: Path) ->
     onnx_custom.export(Model(), (x,), target, exporter=exporter, registry=registry, kernels=kernels)
     model = onnx.load(target)
     assert [n.op_type for n in model.graph.node if n.domain == "mydomain"] == ["MyOp"]
-    (got,) = InferenceSession(str(target), kernels=kernels).run(None, {model.graph.input[0].name: x.numpy()})
-    np.testing.assert_allclose(got, (x * 0.5 + 1.0).numpy(), rtol=1.3e-6, atol=1e-5)  # independent of the kernel's code
+    (got,) = InferenceSession(str(target), kernels=kernels).run(
+        None, {model.graph.input[0].name: x.numpy()}
+    )
+    np.testing.assert_allclose(
+        got, (x * 0.5 + 1.0).numpy(), rtol=1.3e-6, atol=1e-5
+    )  # independent of the kernel's code
 
 
 @pytest.mark.parametrize("exporter", EXPORTERS)

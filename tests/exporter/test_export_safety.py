@@ -60,17 +60,29 @@ def _no_temporaries(folder: Path) -> list[str]:
 BAD_RESULTS = [
     (lambda g, a, b: None, "returned None", "a missing `return`?"),
     (lambda g, a, b: 2.0, "returned a Python float (2.0)", "g.constant(2.0, like=<an input>)"),
-    (lambda g, a, b: torch.ones(2, 3), "an eager torch.Tensor (shape [2, 3], torch.float32)", "compute it in the graph with g.op"),
+    (
+        lambda g, a, b: torch.ones(2, 3),
+        "an eager torch.Tensor (shape [2, 3], torch.float32)",
+        "compute it in the graph with g.op",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("exporter", "opset"), EXPORTERS, ids=IDS)
-@pytest.mark.parametrize(("fn", "received", "fix"), BAD_RESULTS, ids=["None", "float", "eager-tensor"])
-def test_translation_result_that_is_not_a_graph_value(exporter: str, opset: int, fn: Any, received: str, fix: str) -> None:
+@pytest.mark.parametrize(
+    ("fn", "received", "fix"), BAD_RESULTS, ids=["None", "float", "eager-tensor"]
+)
+def test_translation_result_that_is_not_a_graph_value(
+    exporter: str, opset: int, fn: Any, received: str, fix: str
+) -> None:
     with pytest.raises(SymbolicError) as info:
         onnx_custom.export(MyAdd(), ARGS2, exporter=exporter, opset=opset, registry=_registry(fn))
     message = str(info.value)
-    assert "The translation of onnx_custom::my_add" in message and received in message and fix in message
+    assert (
+        "The translation of onnx_custom::my_add" in message
+        and received in message
+        and fix in message
+    )
     assert "expected a graph value" in message
 
 
@@ -89,12 +101,18 @@ class UsesDouble(torch.nn.Module):
         return Double.apply(x)
 
 
-@pytest.mark.parametrize(("fn", "received", "fix"), [(lambda g, x: None, "returned None", "a missing `return`?")], ids=["None"])
+@pytest.mark.parametrize(
+    ("fn", "received", "fix"),
+    [(lambda g, x: None, "returned None", "a missing `return`?")],
+    ids=["None"],
+)
 def test_autograd_function_translation_result_is_checked(fn: Any, received: str, fix: str) -> None:
     reg = Registry()
     reg.symbolic(Double, opset=1)(fn)
     with pytest.raises(SymbolicError) as info:
-        onnx_custom.export(UsesDouble(), (torch.randn(3),), exporter="torchscript", opset=13, registry=reg)
+        onnx_custom.export(
+            UsesDouble(), (torch.randn(3),), exporter="torchscript", opset=13, registry=reg
+        )
     assert "Double" in str(info.value) and received in str(info.value) and fix in str(info.value)
 
 
@@ -104,7 +122,9 @@ def test_translation_exception_names_the_translation_and_line(exporter: str, ops
         return {}["missing key"]
 
     with pytest.raises(SymbolicError) as info:
-        onnx_custom.export(MyAdd(), ARGS2, exporter=exporter, opset=opset, registry=_registry(broken))
+        onnx_custom.export(
+            MyAdd(), ARGS2, exporter=exporter, opset=opset, registry=_registry(broken)
+        )
     message = str(info.value)
     assert "The translation of onnx_custom::my_add" in message and "broken" in message
     assert "raised KeyError: 'missing key'" in message and f"{Path(__file__).name}:" in message
@@ -134,7 +154,9 @@ def test_dynamo_maximum_opset_is_real() -> None:
 
 
 def test_torchscript_opset_above_its_maximum() -> None:
-    with pytest.raises(OpsetError, match=r"maximum 20\); received opset=21\. Fix: .*exporter='dynamo'"):
+    with pytest.raises(
+        OpsetError, match=r"maximum 20\); received opset=21\. Fix: .*exporter='dynamo'"
+    ):
         onnx_custom.export(MyAdd(), ARGS2, exporter="torchscript", opset=21)
 
 
@@ -145,16 +167,18 @@ def _model(values: np.ndarray) -> onnx.ModelProto:
     init = onnx.numpy_helper.from_array(values, "w")
     node = onnx.helper.make_node("Add", ["x", "w"], ["y"])
     graph = onnx.helper.make_graph(
-        [node], "g", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [values.size])],
-        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [values.size])], [init],
+        [node],
+        "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [values.size])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [values.size])],
+        [init],
     )
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
     model.ir_version = 10
     return model
 
 
-_FAILING_WRITE = textwrap.dedent(
-    """
+_FAILING_WRITE = textwrap.dedent("""
     import resource, signal, sys
     import numpy as np, onnx
     from onnx_custom.exporter.pipeline import save_model
@@ -170,8 +194,7 @@ _FAILING_WRITE = textwrap.dedent(
             print(name, "written")
         except OSError as exc:
             print(name, "failed", exc.errno)
-    """
-)
+    """)
 
 
 def test_a_write_failing_midway_keeps_the_previous_file(tmp_path: Path) -> None:
@@ -182,9 +205,16 @@ def test_a_write_failing_midway_keeps_the_previous_file(tmp_path: Path) -> None:
     save_model(_model(good), tmp_path / "external.onnx", external_data=True)
     assert referenced_data_files(tmp_path / "external.onnx")
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
-    result = subprocess.run([sys.executable, "-c", _FAILING_WRITE, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", _FAILING_WRITE, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
-    assert "single.onnx failed 27" in result.stdout and "external.onnx failed 27" in result.stdout  # EFBIG
+    assert (
+        "single.onnx failed 27" in result.stdout and "external.onnx failed 27" in result.stdout
+    )  # EFBIG
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
     for name in ("single.onnx", "external.onnx"):
         loaded = onnx.load(str(tmp_path / name))
@@ -200,9 +230,13 @@ def test_external_data_save_leaves_the_model_in_memory_whole(tmp_path: Path) -> 
     pointer = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
     assert pointer.graph.initializer[0].data_location == onnx.TensorProto.EXTERNAL
     (data,) = referenced_data_files(tmp_path / "m.onnx")
-    assert (tmp_path / data).stat().st_size == 4096 + 4096 * 4  # a 4 KiB header (the write's token), then the data
+    assert (
+        tmp_path / data
+    ).stat().st_size == 4096 + 4096 * 4  # a 4 KiB header (the write's token), then the data
     loaded = onnx.load(str(tmp_path / "m.onnx"))
-    np.testing.assert_array_equal(onnx.numpy_helper.to_array(loaded.graph.initializer[0]), np.arange(4096, dtype=np.float32))
+    np.testing.assert_array_equal(
+        onnx.numpy_helper.to_array(loaded.graph.initializer[0]), np.arange(4096, dtype=np.float32)
+    )
 
 
 @pytest.mark.parametrize("how", ["atomic_write", "atomic_open", "atomic_path"])
@@ -267,8 +301,18 @@ def test_verify_runs_before_writing(tmp_path: Path, exporter: str, opset: int) -
     onnx_custom.export(MyAdd(), ARGS2, path, exporter=exporter, opset=opset)
     before = path.read_bytes()
     with pytest.raises(VerificationError) as info:
-        onnx_custom.export(MyAdd(), ARGS2, path, exporter=exporter, opset=opset, registry=_registry(_three_a_plus_b), verify=True)
-    assert f"Nothing was written to {str(path)!r}" in str(info.value) and "keep_failed=" in str(info.value)
+        onnx_custom.export(
+            MyAdd(),
+            ARGS2,
+            path,
+            exporter=exporter,
+            opset=opset,
+            registry=_registry(_three_a_plus_b),
+            verify=True,
+        )
+    assert f"Nothing was written to {str(path)!r}" in str(info.value) and "keep_failed=" in str(
+        info.value
+    )
     assert path.read_bytes() == before and info.value.kept is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
 
@@ -276,12 +320,23 @@ def test_verify_runs_before_writing(tmp_path: Path, exporter: str, opset: int) -
 def test_keep_failed_keeps_the_failing_model_and_says_where(tmp_path: Path) -> None:
     path, failing = tmp_path / "model.onnx", tmp_path / "failing.onnx"
     with pytest.raises(VerificationError) as info:
-        onnx_custom.export(MyAdd(), ARGS2, path, registry=_registry(_three_a_plus_b), verify=True, keep_failed=failing)
+        onnx_custom.export(
+            MyAdd(),
+            ARGS2,
+            path,
+            registry=_registry(_three_a_plus_b),
+            verify=True,
+            keep_failed=failing,
+        )
     assert not path.exists() and info.value.kept == str(failing)
     assert f"The failing model was kept at {str(failing)!r}" in str(info.value)
     kept = onnx.load(str(failing))
-    (got,) = onnx_custom.InferenceSession(kept).run(None, {"x": ARGS2[0].numpy(), "y": ARGS2[1].numpy()})
-    torch.testing.assert_close(torch.from_numpy(got), 3 * ARGS2[0] + ARGS2[1])  # the planted bug, kept
+    (got,) = onnx_custom.InferenceSession(kept).run(
+        None, {"x": ARGS2[0].numpy(), "y": ARGS2[1].numpy()}
+    )
+    torch.testing.assert_close(
+        torch.from_numpy(got), 3 * ARGS2[0] + ARGS2[1]
+    )  # the planted bug, kept
 
 
 class CountsCalls(torch.nn.Module):
@@ -308,17 +363,41 @@ def _read_only_folder(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(
     ("make_f", "error", "fragments"),
     [
-        (lambda tmp: 123, OnnxCustomError, ["must be a file path", "received int (123)", "f='model.onnx'"]),
-        (lambda tmp: tmp / "missing" / "m.onnx", OutputPathError, ["does not exist", "expected an existing folder", "os.makedirs"]),
-        (lambda tmp: tmp, OutputPathError, ["is a folder", "expected a file path", "name a file inside it"]),
-        (lambda tmp: _read_only_folder(tmp) / "m.onnx", OutputPathError, ["cannot create files", "expected a writable folder", "choose a folder you can write to"]),
+        (
+            lambda tmp: 123,
+            OnnxCustomError,
+            ["must be a file path", "received int (123)", "f='model.onnx'"],
+        ),
+        (
+            lambda tmp: tmp / "missing" / "m.onnx",
+            OutputPathError,
+            ["does not exist", "expected an existing folder", "os.makedirs"],
+        ),
+        (
+            lambda tmp: tmp,
+            OutputPathError,
+            ["is a folder", "expected a file path", "name a file inside it"],
+        ),
+        (
+            lambda tmp: _read_only_folder(tmp) / "m.onnx",
+            OutputPathError,
+            [
+                "cannot create files",
+                "expected a writable folder",
+                "choose a folder you can write to",
+            ],
+        ),
     ],
     ids=["int", "missing-folder", "a-folder", "read-only-folder"],
 )
-def test_bad_f_is_refused_before_the_export_runs(tmp_path: Path, make_f: Any, error: type, fragments: list[str]) -> None:
+def test_bad_f_is_refused_before_the_export_runs(
+    tmp_path: Path, make_f: Any, error: type, fragments: list[str]
+) -> None:
     model = CountsCalls()
     with pytest.raises(error) as info:
-        onnx_custom.export(model, (torch.randn(2),), make_f(tmp_path), exporter="torchscript", opset=13)
+        onnx_custom.export(
+            model, (torch.randn(2),), make_f(tmp_path), exporter="torchscript", opset=13
+        )
     assert all(f in str(info.value) for f in fragments), str(info.value)
     assert model.calls == 0  # refused before tracing
 
@@ -342,19 +421,34 @@ def test_functions_use_the_given_kernel_registry() -> None:
     reg.symbolic("safety::triple", opset=1)(lambda g, x: g.op("safety::Triple", x))
     kernels = KernelRegistry()
     body = TranslationBody(lambda g, x: g.op("Mul", x, g.constant(3.0, like=x)))
-    kernels.kernel("safety::Triple", inputs=["x"], outputs=["y"], shape_fn="like0", function=body)(lambda x: 3 * x)
+    kernels.kernel("safety::Triple", inputs=["x"], outputs=["y"], shape_fn="like0", function=body)(
+        lambda x: 3 * x
+    )
     for exporter, opset in EXPORTERS:
-        proto = onnx_custom.export(Triple(), (torch.randn(4),), exporter=exporter, opset=opset, registry=reg, functions=True, kernels=kernels, verify=True)
+        proto = onnx_custom.export(
+            Triple(),
+            (torch.randn(4),),
+            exporter=exporter,
+            opset=opset,
+            registry=reg,
+            functions=True,
+            kernels=kernels,
+            verify=True,
+        )
         assert [(f.domain, f.name) for f in proto.functions] == [("safety", "Triple")]
         x = np.arange(4, dtype=np.float32)
-        plain = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])  # no kernels of ours
+        plain = ort.InferenceSession(
+            proto.SerializeToString(), providers=["CPUExecutionProvider"]
+        )  # no kernels of ours
         np.testing.assert_allclose(plain.run(None, {proto.graph.input[0].name: x})[0], 3 * x)
 
 
 # -- 0-d constants --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("exporter", "opset"), [("torchscript", 7), ("torchscript", 17), ("dynamo", 18)])
+@pytest.mark.parametrize(
+    ("exporter", "opset"), [("torchscript", 7), ("torchscript", 17), ("dynamo", 18)]
+)
 def test_scalar_constant_keeps_a_scalar_output_scalar(exporter: str, opset: int) -> None:
     """``g.constant(a)`` is 0-d: ``Mul(x0d, const)`` stays 0-d (np.ascontiguousarray made it [1]:
     the dynamo file then returned shape [1], the TorchScript export refused its own output)."""
@@ -372,9 +466,18 @@ def test_scalar_constant_keeps_a_scalar_output_scalar(exporter: str, opset: int)
             return scale0d(x, -1.5)
 
     reg = Registry()
-    reg.symbolic("safety::scale0d", opset=1)(lambda g, x, *, a: g.op("Mul", x, g.constant(a, like=x)))
-    proto = onnx_custom.export(Scale(), (torch.randn(()),), exporter=exporter, opset=opset, registry=reg)
-    constants = [onnx.numpy_helper.to_array(a.t) for n in proto.graph.node if n.op_type == "Constant" for a in n.attribute]
+    reg.symbolic("safety::scale0d", opset=1)(
+        lambda g, x, *, a: g.op("Mul", x, g.constant(a, like=x))
+    )
+    proto = onnx_custom.export(
+        Scale(), (torch.randn(()),), exporter=exporter, opset=opset, registry=reg
+    )
+    constants = [
+        onnx.numpy_helper.to_array(a.t)
+        for n in proto.graph.node
+        if n.op_type == "Constant"
+        for a in n.attribute
+    ]
     constants += [onnx.numpy_helper.to_array(t) for t in proto.graph.initializer]
     assert [c.shape for c in constants] == [()]
     assert [d for d in proto.graph.output[0].type.tensor_type.shape.dim] == []
@@ -393,7 +496,9 @@ class WarnsInForward(torch.nn.Module):
 
 
 @pytest.mark.parametrize(("exporter", "opset"), EXPORTERS, ids=IDS)
-def test_user_warnings_reach_the_user_and_torch_chatter_does_not(exporter: str, opset: int, capfd: pytest.CaptureFixture[str]) -> None:
+def test_user_warnings_reach_the_user_and_torch_chatter_does_not(
+    exporter: str, opset: int, capfd: pytest.CaptureFixture[str]
+) -> None:
     def warns(g: Any, a: Any, b: Any) -> Any:
         warnings.warn("user warning from a translation", UserWarning, stacklevel=1)
         return g.op("Add", g.op("Add", a, a), b)
@@ -401,17 +506,27 @@ def test_user_warnings_reach_the_user_and_torch_chatter_does_not(exporter: str, 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         onnx_custom.export(WarnsInForward(), (torch.randn(2),), exporter=exporter, opset=opset)
-        onnx_custom.export(MyAdd(), ARGS2, exporter=exporter, opset=opset, registry=_registry(warns))
+        onnx_custom.export(
+            MyAdd(), ARGS2, exporter=exporter, opset=opset, registry=_registry(warns)
+        )
     messages = [str(w.message) for w in caught]
     assert "user warning from forward" in messages and "user warning from a translation" in messages
-    assert all(w.category is UserWarning and "user warning" in str(w.message) for w in caught), messages
+    assert all(w.category is UserWarning and "user warning" in str(w.message) for w in caught), (
+        messages
+    )
     err = capfd.readouterr().err
     assert "is not installed. Skipping" not in err and "Torch IR graph" not in err
 
 
 def test_torchscript_error_prints_no_graph_dump(capfd: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SymbolicError):
-        onnx_custom.export(MyAdd(), ARGS2, exporter="torchscript", opset=13, registry=_registry(lambda g, a, b: None))
+        onnx_custom.export(
+            MyAdd(),
+            ARGS2,
+            exporter="torchscript",
+            opset=13,
+            registry=_registry(lambda g, a, b: None),
+        )
     assert "Torch IR graph at exception" not in capfd.readouterr().err
 
 

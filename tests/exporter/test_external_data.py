@@ -63,7 +63,9 @@ def small_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("exporter", EXPORTERS)
-def test_past_the_threshold_the_tensors_go_to_model_onnx_data(tmp_path: Path, small_threshold: None, exporter: str) -> None:
+def test_past_the_threshold_the_tensors_go_to_model_onnx_data(
+    tmp_path: Path, small_threshold: None, exporter: str
+) -> None:
     model, args = _net()
     path = tmp_path / "model.onnx"
     onnx_custom.export(model, args, path, exporter=exporter)
@@ -76,7 +78,12 @@ def test_past_the_threshold_the_tensors_go_to_model_onnx_data(tmp_path: Path, sm
     want = _expected(model, args)
     np.testing.assert_allclose(_run_plain(path, args), want, rtol=1.3e-6, atol=1e-5)
     session = onnx_custom.InferenceSession(path)
-    np.testing.assert_allclose(session.run(None, {session.get_inputs()[0].name: args[0].numpy()})[0], want, rtol=1.3e-6, atol=1e-5)
+    np.testing.assert_allclose(
+        session.run(None, {session.get_inputs()[0].name: args[0].numpy()})[0],
+        want,
+        rtol=1.3e-6,
+        atol=1e-5,
+    )
     assert onnx_custom.verify(model, args, path).passed
     reloaded = onnx.load(str(path))  # onnx's own loader reads the data back
     assert not external.external_tensors(reloaded)
@@ -98,16 +105,30 @@ def test_below_the_threshold_one_file(tmp_path: Path, exporter: str) -> None:
         (False, ["model.onnx"], SMALL),  # False wins over the (lowered) threshold
         (None, ["model.onnx", r"model\.onnx\.[0-9a-f]{16}\.data"], SMALL),
     ],
-    ids=["True", "a-file-name", "a-name-without-suffix", "False-over-threshold", "None-over-threshold"],
+    ids=[
+        "True",
+        "a-file-name",
+        "a-name-without-suffix",
+        "False-over-threshold",
+        "None-over-threshold",
+    ],
 )
-def test_external_data_option_is_honoured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, option: Any, files: list[str], env: str | None) -> None:
+def test_external_data_option_is_honoured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, option: Any, files: list[str], env: str | None
+) -> None:
     if env:
         monkeypatch.setenv(external.THRESHOLD_ENV, env)
     model, args = _net()
-    onnx_custom.export(model, args, tmp_path / "model.onnx", exporter="torchscript", external_data=option)
+    onnx_custom.export(
+        model, args, tmp_path / "model.onnx", exporter="torchscript", external_data=option
+    )
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert len(names) == len(files) and all(re.fullmatch(f, n) for f, n in zip(files, names, strict=True)), names
-    np.testing.assert_allclose(_run_plain(tmp_path / "model.onnx", args), _expected(model, args), rtol=1.3e-6, atol=1e-5)
+    assert len(names) == len(files) and all(
+        re.fullmatch(f, n) for f, n in zip(files, names, strict=True)
+    ), names
+    np.testing.assert_allclose(
+        _run_plain(tmp_path / "model.onnx", args), _expected(model, args), rtol=1.3e-6, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize(
@@ -121,7 +142,9 @@ def test_external_data_option_is_honoured(tmp_path: Path, monkeypatch: pytest.Mo
     ],
     ids=["file-object", "no-f", "folder-in-name", "empty-name", "int"],
 )
-def test_bad_external_data_arguments_are_refused_before_exporting(tmp_path: Path, f: Any, option: Any, match: str) -> None:
+def test_bad_external_data_arguments_are_refused_before_exporting(
+    tmp_path: Path, f: Any, option: Any, match: str
+) -> None:
     model, args = _net()
     target = tmp_path / f if isinstance(f, str) else f
     with pytest.raises(InvalidArgumentError, match=match):
@@ -147,7 +170,9 @@ def test_a_bad_threshold_variable_is_typed(tmp_path: Path, monkeypatch: pytest.M
 def _exported(folder: Path) -> tuple[Path, Path]:
     model, args = _net()
     folder.mkdir(exist_ok=True)
-    onnx_custom.export(model, args, folder / "model.onnx", exporter="torchscript", external_data=True)
+    onnx_custom.export(
+        model, args, folder / "model.onnx", exporter="torchscript", external_data=True
+    )
     (name,) = external.referenced_data_files(folder / "model.onnx")
     return folder / "model.onnx", folder / name
 
@@ -165,7 +190,10 @@ def _loaders(path: Path) -> list[Any]:
 def test_missing_data_file_is_a_model_load_error(tmp_path: Path, loader: int) -> None:
     path, data = _exported(tmp_path)
     data.unlink()
-    with pytest.raises(ModelLoadError, match=r"model.onnx.[0-9a-f]{16}.data.*missing.*Fix: keep the data file next to the model"):
+    with pytest.raises(
+        ModelLoadError,
+        match=r"model.onnx.[0-9a-f]{16}.data.*missing.*Fix: keep the data file next to the model",
+    ):
         _loaders(path)[loader]()
 
 
@@ -224,11 +252,15 @@ def session_sources(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Any
 
 def _from_files(seen: list[Any], tmp_path: Path) -> None:
     assert seen and all(isinstance(s, str) and s.endswith(".onnx") for s in seen), seen
-    assert not list((tmp_path / "tmp").glob("onnx_custom_session_*"))  # the temporary pairs are gone
+    assert not list(
+        (tmp_path / "tmp").glob("onnx_custom_session_*")
+    )  # the temporary pairs are gone
 
 
 @pytest.mark.parametrize("exporter", EXPORTERS)
-def test_export_verify_past_the_threshold_runs_sessions_from_files(tmp_path: Path, small_threshold: None, session_sources: list[Any], exporter: str) -> None:
+def test_export_verify_past_the_threshold_runs_sessions_from_files(
+    tmp_path: Path, small_threshold: None, session_sources: list[Any], exporter: str
+) -> None:
     """Past 2 GiB a proto cannot be serialized, so verify=True (which runs before ``f`` is
     written) and verify of an in-memory proto hand ORT a temporary model + data pair."""
     model, args = _net()
@@ -240,7 +272,9 @@ def test_export_verify_past_the_threshold_runs_sessions_from_files(tmp_path: Pat
 
 
 @pytest.mark.parametrize("source", ["path", "proto"])
-def test_verify_past_the_threshold_still_fails_a_wrong_model(tmp_path: Path, small_threshold: None, session_sources: list[Any], source: str) -> None:
+def test_verify_past_the_threshold_still_fails_a_wrong_model(
+    tmp_path: Path, small_threshold: None, session_sources: list[Any], source: str
+) -> None:
     """The file route must not make verify pass what it should fail: other weights are caught."""
     model, args = _net()
     path = tmp_path / "model.onnx"
@@ -248,12 +282,16 @@ def test_verify_past_the_threshold_still_fails_a_wrong_model(tmp_path: Path, sma
     with torch.no_grad():
         model.fc2.weight[0, 0] += 0.5
     with pytest.warns(InitializerMismatchWarning, match="fc2.weight"):
-        report = onnx_custom.verify(model, args, path if source == "path" else proto, raise_on_mismatch=False)
+        report = onnx_custom.verify(
+            model, args, path if source == "path" else proto, raise_on_mismatch=False
+        )
     assert not report.passed and report.failures
     _from_files(session_sources, tmp_path)
 
 
-def test_localize_past_the_threshold_runs_sessions_from_files(tmp_path: Path, small_threshold: None, session_sources: list[Any]) -> None:
+def test_localize_past_the_threshold_runs_sessions_from_files(
+    tmp_path: Path, small_threshold: None, session_sources: list[Any]
+) -> None:
     from onnx_custom.verification.localize import localize
 
     model, args = _net()
@@ -264,7 +302,9 @@ def test_localize_past_the_threshold_runs_sessions_from_files(tmp_path: Path, sm
     _from_files(session_sources, tmp_path)
 
 
-def test_an_inference_session_of_a_proto_past_the_threshold(tmp_path: Path, small_threshold: None, session_sources: list[Any]) -> None:
+def test_an_inference_session_of_a_proto_past_the_threshold(
+    tmp_path: Path, small_threshold: None, session_sources: list[Any]
+) -> None:
     model, args = _net()
     proto = onnx_custom.export(model, args, exporter="torchscript")
     session = onnx_custom.InferenceSession(proto)

@@ -28,7 +28,9 @@ class Big(torch.nn.Module):
         # ORT and verify agree to the bit); the output has a closed form (no 2 GB reference run),
         # and a transposed, shifted or zeroed weight would change it.
         rows, cols = (torch.arange(N) % 4).float(), (torch.arange(N) % 8).float()
-        self.weight = torch.nn.Parameter((rows[:, None] + cols[None, :]) * 2.0**-16, requires_grad=False)
+        self.weight = torch.nn.Parameter(
+            (rows[:, None] + cols[None, :]) * 2.0**-16, requires_grad=False
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.onnx_custom.my_add(x @ self.weight, x)  # 2 * (x @ W) + x
@@ -55,7 +57,12 @@ def test_a_model_over_2_gib_exports_reloads_and_runs(tmp_path: Path, exporter: s
     del session
     gc.collect()
     plain = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])  # nothing of ours
-    np.testing.assert_allclose(plain.run(None, {plain.get_inputs()[0].name: x.numpy()})[0], expected.astype(np.float32), rtol=0, atol=0)  # exact (see Big)
+    np.testing.assert_allclose(
+        plain.run(None, {plain.get_inputs()[0].name: x.numpy()})[0],
+        expected.astype(np.float32),
+        rtol=0,
+        atol=0,
+    )  # exact (see Big)
     del plain
     gc.collect()
     report = onnx_custom.verify(model, (x,), path)  # from the file: the loaded proto is > 2 GiB too

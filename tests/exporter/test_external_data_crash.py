@@ -38,29 +38,46 @@ CHOICES = [True, "weights.bin"]  # the default name and a user-chosen one
 def _old() -> tuple[onnx.ModelProto, np.ndarray]:
     w = np.random.default_rng(1).standard_normal((N, N)).astype(np.float32)
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])], "old",
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "old",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, N])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, N])],
         [numpy_helper.from_array(w, "w")],
     )
-    return helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 18)]), X @ w
+    return (
+        helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 18)]),
+        X @ w,
+    )
 
 
 def _new() -> tuple[onnx.ModelProto, np.ndarray]:
     """Another structure: a bias before the weight, so offsets into the data differ from _old's."""
     rng = np.random.default_rng(2)
     b = rng.standard_normal((N,)).astype(np.float32)  # 256 bytes: stays inside the model
-    c = rng.standard_normal((N, N)).astype(np.float32)  # a second big tensor, first in the data file
+    c = rng.standard_normal((N, N)).astype(
+        np.float32
+    )  # a second big tensor, first in the data file
     w = rng.standard_normal((N, N)).astype(np.float32)
     graph = helper.make_graph(
-        [helper.make_node("Add", ["x", "b"], ["xb"]), helper.make_node("MatMul", ["xb", "c"], ["t"]),
-         helper.make_node("MatMul", ["t", "w"], ["y"])], "new",
+        [
+            helper.make_node("Add", ["x", "b"], ["xb"]),
+            helper.make_node("MatMul", ["xb", "c"], ["t"]),
+            helper.make_node("MatMul", ["t", "w"], ["y"]),
+        ],
+        "new",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, N])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, N])],
-        [numpy_helper.from_array(c, "c"), numpy_helper.from_array(b, "b"), numpy_helper.from_array(w, "w")],
+        [
+            numpy_helper.from_array(c, "c"),
+            numpy_helper.from_array(b, "b"),
+            numpy_helper.from_array(w, "w"),
+        ],
     )
     expected = ((X.astype(np.float64) + b) @ c.astype(np.float64)) @ w.astype(np.float64)
-    return helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 18)]), expected
+    return (
+        helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 18)]),
+        expected,
+    )
 
 
 def _which_pair(path: Path) -> str:
@@ -74,7 +91,9 @@ def _which_pair(path: Path) -> str:
             found.append(name)
             want = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
             got = {t.name: numpy_helper.to_array(t) for t in loaded.graph.initializer}
-            assert want.keys() == got.keys() and all(np.array_equal(want[k], got[k]) for k in want), "onnx.load read a mix"
+            assert want.keys() == got.keys() and all(
+                np.array_equal(want[k], got[k]) for k in want
+            ), "onnx.load read a mix"
     assert len(found) == 1, f"plain ORT computed neither pair's output (a mix): {y[0, :4]}"
     InferenceSession(path)  # and our own loader accepts the pair
     return found[0]
@@ -82,11 +101,15 @@ def _which_pair(path: Path) -> str:
 
 def _data_files(folder: Path) -> list[str]:
     """Visible files other than the model: data files, current or stale."""
-    return sorted(p.name for p in folder.iterdir() if p.name != "model.onnx" and not p.name.startswith("."))
+    return sorted(
+        p.name for p in folder.iterdir() if p.name != "model.onnx" and not p.name.startswith(".")
+    )
 
 
 def _assert_one_pair(folder: Path) -> None:
-    assert _data_files(folder) == sorted(referenced_data_files(folder / "model.onnx")), _data_files(folder)
+    assert _data_files(folder) == sorted(referenced_data_files(folder / "model.onnx")), _data_files(
+        folder
+    )
 
 
 class Crash(BaseException):
@@ -114,8 +137,17 @@ STEPS = [("replace", 0, "old"), ("replace", 1, "old"), ("unlink", 0, "new")]
 
 
 @pytest.mark.parametrize("choice", CHOICES, ids=["default-name", "weights.bin"])
-@pytest.mark.parametrize(("function", "step", "pair"), STEPS, ids=["data-rename", "model-rename", "old-data-removal"])
-def test_an_interrupted_write_leaves_one_complete_pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, function: str, step: int, pair: str, choice: Any) -> None:
+@pytest.mark.parametrize(
+    ("function", "step", "pair"), STEPS, ids=["data-rename", "model-rename", "old-data-removal"]
+)
+def test_an_interrupted_write_leaves_one_complete_pair(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    function: str,
+    step: int,
+    pair: str,
+    choice: Any,
+) -> None:
     path = tmp_path / "model.onnx"
     save_model(_old()[0], path, external_data=choice)
     assert _which_pair(path) == "old"
@@ -124,14 +156,15 @@ def test_an_interrupted_write_leaves_one_complete_pair(tmp_path: Path, monkeypat
         save_model(_new()[0], path, external_data=choice)
     monkeypatch.undo()
     assert _which_pair(path) == pair
-    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # handlers removed temporaries
+    assert not [
+        p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")
+    ]  # handlers removed temporaries
     save_model(_new()[0], path, external_data=choice)  # the next write cleans whatever was left
     assert _which_pair(path) == "new"
     _assert_one_pair(tmp_path)
 
 
-_HARD_CRASH = textwrap.dedent(
-    """
+_HARD_CRASH = textwrap.dedent("""
     import os, sys
     from pathlib import Path
     sys.path.insert(0, sys.argv[4])
@@ -151,17 +184,30 @@ _HARD_CRASH = textwrap.dedent(
 
     setattr(os, function, die)
     save_model(_new()[0], path, external_data=True)
-    """
+    """)
+
+
+@pytest.mark.parametrize(
+    ("function", "step", "pair"), STEPS, ids=["data-rename", "model-rename", "old-data-removal"]
 )
-
-
-@pytest.mark.parametrize(("function", "step", "pair"), STEPS, ids=["data-rename", "model-rename", "old-data-removal"])
-def test_a_killed_write_leaves_one_complete_pair(tmp_path: Path, function: str, step: int, pair: str) -> None:
+def test_a_killed_write_leaves_one_complete_pair(
+    tmp_path: Path, function: str, step: int, pair: str
+) -> None:
     path = tmp_path / "model.onnx"
     save_model(_old()[0], path, external_data=True)
     proc = subprocess.run(
-        [sys.executable, "-c", _HARD_CRASH, function, str(step), str(path), str(Path(__file__).parent)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-c",
+            _HARD_CRASH,
+            function,
+            str(step),
+            str(path),
+            str(Path(__file__).parent),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert _which_pair(path) == pair
@@ -181,7 +227,9 @@ def test_repeated_writes_keep_exactly_one_data_file(tmp_path: Path, choice: Any)
         names |= referenced_data_files(path)
     assert len(names) == 4  # each write had a data file of its own
     assert _which_pair(path) == "old"
-    pattern = r"model\.onnx\.[0-9a-f]{16}\.data" if choice is True else r"weights\.[0-9a-f]{16}\.bin"
+    pattern = (
+        r"model\.onnx\.[0-9a-f]{16}\.data" if choice is True else r"weights\.[0-9a-f]{16}\.bin"
+    )
     assert all(re.fullmatch(pattern, n) for n in names), names
 
 
@@ -214,7 +262,10 @@ def test_data_swapped_in_by_hand_is_still_refused_by_our_loaders(tmp_path: Path)
     """The per-write token stays: a data file copied over another one (same name) is refused."""
     save_model(_old()[0], tmp_path / "a.onnx", external_data=True)
     save_model(_old()[0], tmp_path / "b.onnx", external_data=True)
-    (a_data,), (b_data,) = referenced_data_files(tmp_path / "a.onnx"), referenced_data_files(tmp_path / "b.onnx")
+    (a_data,), (b_data,) = (
+        referenced_data_files(tmp_path / "a.onnx"),
+        referenced_data_files(tmp_path / "b.onnx"),
+    )
     os.replace(tmp_path / b_data, tmp_path / a_data)
     with pytest.raises(ModelLoadError, match="different exports"):
         InferenceSession(tmp_path / "a.onnx")

@@ -36,18 +36,26 @@ def _pool_reference(x: np.ndarray, rois: np.ndarray, scale: float) -> np.ndarray
     return out
 
 
-def _ext_roi_pool_forward(x: torch.Tensor, rois: torch.Tensor, out: torch.Tensor, scale: float) -> None:
+def _ext_roi_pool_forward(
+    x: torch.Tensor, rois: torch.Tensor, out: torch.Tensor, scale: float
+) -> None:
     """A stand-in for mmcv's ``ext_module.roi_pool_forward``: writes into ``out``, outside torch."""
-    out.copy_(torch.from_numpy(_pool_reference(x.detach().numpy(), rois.numpy(), scale)).to(out.dtype))
+    out.copy_(
+        torch.from_numpy(_pool_reference(x.detach().numpy(), rois.numpy(), scale)).to(out.dtype)
+    )
 
 
 class RoIPoolFunction(torch.autograd.Function):
     @staticmethod
     def symbolic(g: Any, input: Any, rois: Any, spatial_scale: float) -> Any:
-        return g.op("mmfn::MMCVRoiPoolMean", input, rois, spatial_scale_f=spatial_scale, outputs=2)[0]
+        return g.op("mmfn::MMCVRoiPoolMean", input, rois, spatial_scale_f=spatial_scale, outputs=2)[
+            0
+        ]
 
     @staticmethod
-    def forward(ctx: Any, input: torch.Tensor, rois: torch.Tensor, spatial_scale: float) -> torch.Tensor:
+    def forward(
+        ctx: Any, input: torch.Tensor, rois: torch.Tensor, spatial_scale: float
+    ) -> torch.Tensor:
         out = input.new_zeros((rois.size(0), input.size(1)))
         _ext_roi_pool_forward(input, rois, out, spatial_scale)
         return out
@@ -57,7 +65,9 @@ class TracedMeanFunction(RoIPoolFunction):
     """Same symbolic, forward in plain torch ops: torch.export traces it."""
 
     @staticmethod
-    def forward(ctx: Any, input: torch.Tensor, rois: torch.Tensor, spatial_scale: float) -> torch.Tensor:
+    def forward(
+        ctx: Any, input: torch.Tensor, rois: torch.Tensor, spatial_scale: float
+    ) -> torch.Tensor:
         return input[rois[:, 0].long()].mean(dim=(2, 3)) * spatial_scale
 
 
@@ -65,7 +75,9 @@ class PlaceholderFunction(RoIPoolFunction):
     """mmdeploy's export-only Function (TRTBatchedNMSop): forward only makes the output shape."""
 
     @staticmethod
-    def forward(ctx: Any, input: torch.Tensor, rois: torch.Tensor, spatial_scale: float) -> torch.Tensor:
+    def forward(
+        ctx: Any, input: torch.Tensor, rois: torch.Tensor, spatial_scale: float
+    ) -> torch.Tensor:
         return torch.rand(rois.shape[0], input.shape[1])
 
 
@@ -78,10 +90,19 @@ class ExportBranch(torch.nn.Module):
         return TracedMeanFunction.apply(x, rois, 0.25)
 
 
-@kernels.kernel("mmfn::MMCVRoiPoolMean", inputs=["input", "rois"], outputs=["output", "argmax"], attrs={"spatial_scale": "float"},
-                dtypes={"argmax": ["int64"]})  # the unused second output has its own dtype
-def roi_pool_mean(input: np.ndarray, rois: np.ndarray, *, spatial_scale: float) -> tuple[np.ndarray, np.ndarray]:
-    return _pool_reference(input, rois, spatial_scale).astype(input.dtype), np.zeros(rois.shape[0], np.int64)
+@kernels.kernel(
+    "mmfn::MMCVRoiPoolMean",
+    inputs=["input", "rois"],
+    outputs=["output", "argmax"],
+    attrs={"spatial_scale": "float"},
+    dtypes={"argmax": ["int64"]},
+)  # the unused second output has its own dtype
+def roi_pool_mean(
+    input: np.ndarray, rois: np.ndarray, *, spatial_scale: float
+) -> tuple[np.ndarray, np.ndarray]:
+    return _pool_reference(input, rois, spatial_scale).astype(input.dtype), np.zeros(
+        rois.shape[0], np.int64
+    )
 
 
 @torch.library.custom_op("mmfn::roi_pool_mean", mutates_args=())
@@ -115,7 +136,9 @@ def _args(batch: int = 2, num_rois: int = 3, seed: int = 0) -> tuple[torch.Tenso
 
 
 def _inputs(trial: int, args: tuple[Any, ...]) -> tuple[Any, ...]:
-    return _args(args[0].shape[0], args[1].shape[0], seed=trial + 1)  # roi indices valid at every size
+    return _args(
+        args[0].shape[0], args[1].shape[0], seed=trial + 1
+    )  # roi indices valid at every size
 
 
 DYNAMIC = {"x": {0: "batch"}, "rois": {0: "num_rois"}}
@@ -130,14 +153,18 @@ def _export_and_verify(model: torch.nn.Module, exporter: str, path: Path) -> onn
     return onnx.load(path)
 
 
-@pytest.mark.parametrize("function", [RoIPoolFunction, TracedMeanFunction], ids=["ext-forward", "torch-forward"])
+@pytest.mark.parametrize(
+    "function", [RoIPoolFunction, TracedMeanFunction], ids=["ext-forward", "torch-forward"]
+)
 def test_torchscript_exports_the_functions_symbolic(function: type, tmp_path: Path) -> None:
     proto = _export_and_verify(Pool(function), "torchscript", tmp_path / "m.onnx")
     assert [n.op_type for n in proto.graph.node if n.domain == "mmfn"] == ["MMCVRoiPoolMean"]
 
 
 @pytest.mark.parametrize("route", ["export", "check"])
-def test_dynamo_names_the_function_whose_forward_cannot_be_traced(route: str, tmp_path: Path) -> None:
+def test_dynamo_names_the_function_whose_forward_cannot_be_traced(
+    route: str, tmp_path: Path
+) -> None:
     model, path = Pool(RoIPoolFunction), tmp_path / "m.onnx"
     if route == "export":
         with pytest.raises(onnx_custom.SymbolicError) as info:
@@ -146,15 +173,24 @@ def test_dynamo_names_the_function_whose_forward_cannot_be_traced(route: str, tm
         assert not path.exists()
     else:
         message = str(onnx_custom.check(model, _args(), exporter="dynamo"))
-    for phrase in ("RoIPoolFunction is a torch.autograd.Function with a `symbolic`", ".numpy()",
-                   "exporter='torchscript'", "register_custom_op_symbolic('ns::op', RoIPoolFunction.symbolic"):  # fmt: skip
+    for phrase in (
+        "RoIPoolFunction is a torch.autograd.Function with a `symbolic`",
+        ".numpy()",
+        "exporter='torchscript'",
+        "register_custom_op_symbolic('ns::op', RoIPoolFunction.symbolic",
+    ):
         assert phrase in message, (phrase, message)
 
 
 def test_dynamo_traces_a_plain_torch_forward_and_says_so(tmp_path: Path) -> None:
-    with pytest.warns(FunctionSymbolicIgnoredWarning, match="TracedMeanFunction: torch.autograd.Function with a `symbolic`"):
+    with pytest.warns(
+        FunctionSymbolicIgnoredWarning,
+        match="TracedMeanFunction: torch.autograd.Function with a `symbolic`",
+    ):
         proto = _export_and_verify(Pool(TracedMeanFunction), "dynamo", tmp_path / "m.onnx")
-    assert not [n for n in proto.graph.node if n.domain == "mmfn"]  # the forward's ops, not the symbolic
+    assert not [
+        n for n in proto.graph.node if n.domain == "mmfn"
+    ]  # the forward's ops, not the symbolic
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
@@ -167,16 +203,24 @@ def test_an_export_only_placeholder_function(exporter: str, tmp_path: Path) -> N
         return
     with pytest.warns(FunctionSymbolicIgnoredWarning, match="PlaceholderFunction.*placeholder"):
         onnx_custom.export(ExportBranch(), args, path, exporter=exporter, dynamic_shapes=DYNAMIC)
-    assert not onnx_custom.verify(ExportBranch(), args, path, kernels=kernels, raise_on_mismatch=False).passed
+    assert not onnx_custom.verify(
+        ExportBranch(), args, path, kernels=kernels, raise_on_mismatch=False
+    ).passed
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 def test_the_named_route_exports_with_both_exporters(exporter: str, tmp_path: Path) -> None:
     registry = onnx_custom.default_registry().copy()
-    onnx_custom.register_custom_op_symbolic("mmfn::roi_pool_mean", RoIPoolFunction.symbolic, 11, registry=registry)
+    onnx_custom.register_custom_op_symbolic(
+        "mmfn::roi_pool_mean", RoIPoolFunction.symbolic, 11, registry=registry
+    )
     args = _args()
     path = tmp_path / "m.onnx"
-    onnx_custom.export(Pool(None), args, path, exporter=exporter, registry=registry, dynamic_shapes=DYNAMIC)
-    assert [n.op_type for n in onnx.load(path).graph.node if n.domain == "mmfn"] == ["MMCVRoiPoolMean"]
+    onnx_custom.export(
+        Pool(None), args, path, exporter=exporter, registry=registry, dynamic_shapes=DYNAMIC
+    )
+    assert [n.op_type for n in onnx.load(path).graph.node if n.domain == "mmfn"] == [
+        "MMCVRoiPoolMean"
+    ]
     report = onnx_custom.verify(Pool(None), args, path, kernels=kernels, input_generator=_inputs)
     assert report.passed

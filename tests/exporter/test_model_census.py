@@ -56,11 +56,18 @@ def _nested() -> onnx.ModelProto:
     )
     other = helper.make_graph(
         [
-            helper.make_node("Constant", [], ["c"], value=helper.make_tensor("c", TensorProto.FLOAT16, [1], [1.0])),
+            helper.make_node(
+                "Constant",
+                [],
+                ["c"],
+                value=helper.make_tensor("c", TensorProto.FLOAT16, [1], [1.0]),
+            ),
             helper.make_node("Identity", ["a"], ["e"]),
         ],
-        "else", [], [_value("e")],
-    )  # fmt: skip
+        "else",
+        [],
+        [_value("e")],
+    )
     body = helper.make_graph(
         [
             helper.make_node("Baz", ["carried"], ["next"], domain="loop.ops"),
@@ -83,14 +90,19 @@ def _nested() -> onnx.ModelProto:
         helper.make_node("Fn", ["m"], ["y"], domain="fn.local"),
     ]
     graph = helper.make_graph(
-        nodes, "nested",
+        nodes,
+        "nested",
         [_value("x"), _value("flag", TensorProto.BOOL, []), _value("trips", TensorProto.INT64, [])],
         [_value("a"), _value("y", shape=["n", 2])],
-    )  # fmt: skip
+    )
     function = helper.make_function(
-        "fn.local", "Fn", ["u"], ["v"], [helper.make_node("Qux", ["u"], ["v"], domain="in.function")],
+        "fn.local",
+        "Fn",
+        ["u"],
+        ["v"],
+        [helper.make_node("Qux", ["u"], ["v"], domain="in.function")],
         [helper.make_opsetid("", 17), helper.make_opsetid("in.function", 1)],
-    )  # fmt: skip
+    )
     return helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 17)], functions=[function]
     )

@@ -43,31 +43,88 @@ class MadeInForward(torch.nn.Module):
 
 def _args(keys: int = 20) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(0)
-    return (torch.randn(1, keys, 2, 4, generator=g), torch.rand(1, 3, 2, 2, 2, 2, generator=g), torch.rand(1, 3, 2, 2, 2, generator=g))
+    return (
+        torch.randn(1, keys, 2, 4, generator=g),
+        torch.rand(1, 3, 2, 2, 2, 2, generator=g),
+        torch.rand(1, 3, 2, 2, 2, generator=g),
+    )
 
 
-BAD: list[tuple[str, torch.Tensor, torch.Tensor, int, str]] = [  # (id, shapes, starts, value's keys, message)
-    ("keys-mismatch", SHAPES, STARTS, 21, "cover sum(H*W) = 20 keys but value has num_keys = 21"),
-    ("starts-inconsistent", SHAPES, torch.tensor([0, 15]), 20, "level_start_index [0, 15] does not match spatial_shapes [(4, 4), (2, 2)]: expected [0, 16]"),
-    ("negative-size", torch.tensor([[4, 4], [-2, -2]]), STARTS, 20, "spatial_shapes holds a negative size"),
+BAD: list[
+    tuple[str, torch.Tensor, torch.Tensor, int, str]
+] = [  # (id, shapes, starts, value's keys, message)
+    (
+        "keys-mismatch",
+        SHAPES,
+        STARTS,
+        21,
+        "cover sum(H*W) = 20 keys but value has num_keys = 21",
+    ),
+    (
+        "starts-inconsistent",
+        SHAPES,
+        torch.tensor([0, 15]),
+        20,
+        (
+            "level_start_index [0, 15] does not match spatial_shapes [(4, 4), (2, 2)]: expected"
+            " [0, 16]"
+        ),
+    ),
+    (
+        "negative-size",
+        torch.tensor([[4, 4], [-2, -2]]),
+        STARTS,
+        20,
+        "spatial_shapes holds a negative size",
+    ),
 ]
-MODELS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.nn.Module]] = {"buffers": Buffers, "made-in-forward": MadeInForward}
-VARIANTS = {"default": (None, 17), "mmdeploy": ("mmdeploy", 17), "standard": ("standard", 16), "gather": ("gather", 17)}
+MODELS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.nn.Module]] = {
+    "buffers": Buffers,
+    "made-in-forward": MadeInForward,
+}
+VARIANTS = {
+    "default": (None, 17),
+    "mmdeploy": ("mmdeploy", 17),
+    "standard": ("standard", 16),
+    "gather": ("gather", 17),
+}
 
 
-@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")  # MadeInForward's constants: the point
+@pytest.mark.filterwarnings(
+    "ignore::torch.jit.TracerWarning"
+)  # MadeInForward's constants: the point
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("model", list(MODELS))
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
-@pytest.mark.parametrize(("shapes", "starts", "keys", "message"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
-def test_constant_level_values_are_checked_before_writing(tmp_path: Path, exporter: str, model: str, variant: str,
-                                                          shapes: torch.Tensor, starts: torch.Tensor, keys: int, message: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("shapes", "starts", "keys", "message"), [b[1:] for b in BAD], ids=[b[0] for b in BAD]
+)
+def test_constant_level_values_are_checked_before_writing(
+    tmp_path: Path,
+    exporter: str,
+    model: str,
+    variant: str,
+    shapes: torch.Tensor,
+    starts: torch.Tensor,
+    keys: int,
+    message: str,
+) -> None:
     name, opset = VARIANTS[variant]
-    registry = onnx_custom.default_registry() if name is None else onnx_custom.default_registry().with_variants(name)
+    registry = (
+        onnx_custom.default_registry()
+        if name is None
+        else onnx_custom.default_registry().with_variants(name)
+    )
     target = tmp_path / "m.onnx"
     with pytest.raises(MultiScaleDeformableAttnError, match=_re(message)):
-        onnx_custom.export(MODELS[model](shapes, starts), _args(keys), str(target), exporter=exporter,
-                           opset=max(opset, 18) if exporter == "dynamo" else opset, registry=registry)  # fmt: skip
+        onnx_custom.export(
+            MODELS[model](shapes, starts),
+            _args(keys),
+            str(target),
+            exporter=exporter,
+            opset=max(opset, 18) if exporter == "dynamo" else opset,
+            registry=registry,
+        )
     assert not target.exists() and not list(tmp_path.iterdir())  # no file, not even half of one
 
 
@@ -79,19 +136,38 @@ def test_good_constant_levels_still_export(tmp_path: Path, exporter: str) -> Non
 
 
 class LevelInputs(torch.nn.Module):
-    def forward(self, value: torch.Tensor, shapes: torch.Tensor, starts: torch.Tensor, loc: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        value: torch.Tensor,
+        shapes: torch.Tensor,
+        starts: torch.Tensor,
+        loc: torch.Tensor,
+        attn: torch.Tensor,
+    ) -> torch.Tensor:
         return multi_scale_deformable_attn(value, shapes, starts, loc, attn)
 
 
 @pytest.mark.parametrize("kernels", ["native", "python"])
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
-def test_level_inputs_are_checked_by_the_kernel_at_run_time(tmp_path: Path, exporter: str, kernels: str) -> None:
+def test_level_inputs_are_checked_by_the_kernel_at_run_time(
+    tmp_path: Path, exporter: str, kernels: str
+) -> None:
     value, loc, attn = _args()
     target = tmp_path / "m.onnx"
-    onnx_custom.export(LevelInputs(), (value, SHAPES, STARTS, loc, attn), str(target), exporter=exporter)
-    session = onnx_custom.InferenceSession(str(target), kernels="native" if kernels == "native" else None)
+    onnx_custom.export(
+        LevelInputs(), (value, SHAPES, STARTS, loc, attn), str(target), exporter=exporter
+    )
+    session = onnx_custom.InferenceSession(
+        str(target), kernels="native" if kernels == "native" else None
+    )
     names = [i.name for i in session.get_inputs()]
-    good = dict(zip(names, (value.numpy(), SHAPES.numpy(), STARTS.numpy(), loc.numpy(), attn.numpy()), strict=True))
+    good = dict(
+        zip(
+            names,
+            (value.numpy(), SHAPES.numpy(), STARTS.numpy(), loc.numpy(), attn.numpy()),
+            strict=True,
+        )
+    )
     assert session.run(None, good)[0].shape == (1, 3, 8)
     bad = {**good, names[2]: np.array([0, 15], dtype=np.int64)}
     with pytest.raises(Exception, match=_re("does not match spatial_shapes")):

@@ -63,20 +63,47 @@ def _float_shape(g, x):  # type: ignore[no-untyped-def]
 
 
 def _custom_node_int(g, x):  # type: ignore[no-untyped-def]
-    return g.op("Cast", g.op("tcheck::Twice", g.op("Cast", x, to=7), output_types=[torch.int64]), to=1)
+    return g.op(
+        "Cast", g.op("tcheck::Twice", g.op("Cast", x, to=7), output_types=[torch.int64]), to=1
+    )
 
 
 MISTAKES = [
-    pytest.param(_sin_of_int, "symbolic", r"Sin \(opset \d+\): input 0 \(input: int64\) has type int64, which Sin does not accept for T; expected one of \[.*'float'.*\]. Fix: insert `g.op\('Cast'", id="Sin-of-int64"),
-    pytest.param(_concat_mixed, "symbolic", r"Concat.*input 0 \(inputs: float\) and input 1 \(inputs: double\).*same element type", id="Concat-float-double"),
-    pytest.param(_float_shape, "symbolic", r"Reshape.*input 1 \(shape: float\) must be int64; received float.*Fix: insert `g.op\('Cast', value, to=onnx.TensorProto.INT64\)`", id="Reshape-float-shape"),
-    pytest.param(_custom_node_int, "symbolic", r"tcheck::Twice \(opset \d+\): input 0 \(x: int64\) has type int64, which Twice does not accept for T0; expected one of \['float'\]", id="custom-node-schema"),
+    pytest.param(
+        _sin_of_int,
+        "symbolic",
+        r"Sin \(opset \d+\): input 0 \(input: int64\) has type int64, which Sin does not accept for"
+        r" T; expected one of \[.*'float'.*\]. Fix: insert `g.op\('Cast'",
+        id="Sin-of-int64",
+    ),
+    pytest.param(
+        _concat_mixed,
+        "symbolic",
+        r"Concat.*input 0 \(inputs: float\) and input 1 \(inputs: double\).*same element type",
+        id="Concat-float-double",
+    ),
+    pytest.param(
+        _float_shape,
+        "symbolic",
+        r"Reshape.*input 1 \(shape: float\) must be int64; received float.*Fix: insert"
+        r" `g.op\('Cast', value, to=onnx.TensorProto.INT64\)`",
+        id="Reshape-float-shape",
+    ),
+    pytest.param(
+        _custom_node_int,
+        "symbolic",
+        r"tcheck::Twice \(opset \d+\): input 0 \(x: int64\) has type int64, which Twice does not"
+        r" accept for T0; expected one of \['float'\]",
+        id="custom-node-schema",
+    ),
 ]
 
 twice_kernels = KernelRegistry()
 
 
-@twice_kernels.kernel("tcheck::Twice", inputs=["x"], outputs=["y"], dtypes=["float32"], shape_fn="like:x")
+@twice_kernels.kernel(
+    "tcheck::Twice", inputs=["x"], outputs=["y"], dtypes=["float32"], shape_fn="like:x"
+)
 def twice(x):  # type: ignore[no-untyped-def]
     return 2 * x
 
@@ -98,12 +125,21 @@ def _registry(fn: Callable[..., Any], style: str) -> Registry:
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 @pytest.mark.parametrize(("fn", "style", "pattern"), MISTAKES)
-def test_ill_typed_nodes_are_refused_before_the_file_is_written(fn: Any, style: str, pattern: str, exporter: str, tmp_path: Path) -> None:
+def test_ill_typed_nodes_are_refused_before_the_file_is_written(
+    fn: Any, style: str, pattern: str, exporter: str, tmp_path: Path
+) -> None:
     path = tmp_path / "m.onnx"
     path.write_bytes(b"previous")
     with pytest.raises(SymbolicError, match=pattern) as info:
-        onnx_custom.export(Scale(), (torch.randn(2, 3),), path, exporter=exporter, opset=17 if exporter == "torchscript" else 18,
-                           registry=_registry(fn, style), dynamic_shapes={"x": {0: "batch"}})  # fmt: skip
+        onnx_custom.export(
+            Scale(),
+            (torch.randn(2, 3),),
+            path,
+            exporter=exporter,
+            opset=17 if exporter == "torchscript" else 18,
+            registry=_registry(fn, style),
+            dynamic_shapes={"x": {0: "batch"}},
+        )
     assert "tcheck::scale" in str(info.value)
     assert path.read_bytes() == b"previous"
 
@@ -118,10 +154,14 @@ def _python_scalar_torch_style(g, self):  # type: ignore[no-untyped-def]
 
 FIXED = [
     pytest.param(_typed_constant, "symbolic", lambda v: v * 2, id="g.constant-like"),
-    pytest.param(_python_scalar_torch_style, "torch", lambda v: v * 2, id="torch-style-python-scalars"),
+    pytest.param(
+        _python_scalar_torch_style, "torch", lambda v: v * 2, id="torch-style-python-scalars"
+    ),
     # promoted like torch (a 0-d constant counts as a scalar): no cast needed in the symbolic
     pytest.param(_int_constant, "symbolic", lambda v: v * 2, id="Mul-int64-constant"),
-    pytest.param(_int_constant_torch_style, "torch", lambda v: v * 2, id="Mul-torch-style-int64-value_t"),
+    pytest.param(
+        _int_constant_torch_style, "torch", lambda v: v * 2, id="Mul-torch-style-int64-value_t"
+    ),
     pytest.param(_constant_first, "symbolic", lambda v: 1 + v, id="Add-double-constant-first"),
 ]
 
@@ -129,11 +169,25 @@ FIXED = [
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64], ids=str)
 @pytest.mark.parametrize(("fn", "style", "expected"), FIXED)
-def test_the_fixes_export_and_run(fn: Any, style: str, expected: Callable[[torch.Tensor], torch.Tensor], dtype: torch.dtype, exporter: str, tmp_path: Path) -> None:
+def test_the_fixes_export_and_run(
+    fn: Any,
+    style: str,
+    expected: Callable[[torch.Tensor], torch.Tensor],
+    dtype: torch.dtype,
+    exporter: str,
+    tmp_path: Path,
+) -> None:
     x = torch.randn(3, 4, dtype=dtype)
     path = tmp_path / "m.onnx"
-    onnx_custom.export(Scale(), (x,), path, exporter=exporter, opset=17 if exporter == "torchscript" else 18,
-                       registry=_registry(fn, style), dynamic_shapes={"x": {0: "batch"}})  # fmt: skip
+    onnx_custom.export(
+        Scale(),
+        (x,),
+        path,
+        exporter=exporter,
+        opset=17 if exporter == "torchscript" else 18,
+        registry=_registry(fn, style),
+        dynamic_shapes={"x": {0: "batch"}},
+    )
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     for rows in (3, 5):  # another batch size too
         value = torch.randn(rows, 4, dtype=dtype)

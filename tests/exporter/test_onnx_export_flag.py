@@ -28,7 +28,9 @@ class Branching(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x + 1
         if torch.onnx.is_in_onnx_export():
-            return torch.onnx.ops.symbolic("flagtest::Triple", (y,), {"alpha": 3.0}, dtype=y.dtype, shape=y.shape, version=1)
+            return torch.onnx.ops.symbolic(
+                "flagtest::Triple", (y,), {"alpha": 3.0}, dtype=y.dtype, shape=y.shape, version=1
+            )
         return y * 3
 
 
@@ -44,7 +46,13 @@ class Recording(torch.nn.Module):
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 def test_the_model_sees_an_onnx_export(exporter: str, tmp_path: Path) -> None:
     SEEN.clear()
-    onnx_custom.export(Recording(), (torch.randn(2, 3),), tmp_path / "m.onnx", exporter=exporter, dynamic_shapes={"x": {0: "batch"}})
+    onnx_custom.export(
+        Recording(),
+        (torch.randn(2, 3),),
+        tmp_path / "m.onnx",
+        exporter=exporter,
+        dynamic_shapes={"x": {0: "batch"}},
+    )
     assert SEEN and all(SEEN), SEEN
     assert not torch.onnx.is_in_onnx_export()  # and not after it
 
@@ -52,9 +60,13 @@ def test_the_model_sees_an_onnx_export(exporter: str, tmp_path: Path) -> None:
 def test_the_export_branch_is_exported_and_verifies(tmp_path: Path) -> None:
     x = torch.randn(2, 3)
     path = tmp_path / "m.onnx"
-    onnx_custom.export(Branching(), (x,), path, exporter="dynamo", dynamic_shapes={"x": {0: "batch"}})
+    onnx_custom.export(
+        Branching(), (x,), path, exporter="dynamo", dynamic_shapes={"x": {0: "batch"}}
+    )
     assert "Triple" in {n.op_type for n in onnx.load(path).graph.node}
-    report = onnx_custom.verify(Branching(), (x,), path, kernels=kernels)  # eager branch vs the node
+    report = onnx_custom.verify(
+        Branching(), (x,), path, kernels=kernels
+    )  # eager branch vs the node
     assert report.passed
 
 
@@ -70,8 +82,15 @@ def test_the_flag_is_reset_after_a_failed_export(exporter: str, tmp_path: Path) 
     assert not torch.onnx.is_in_onnx_export()
 
 
-def test_torch_onnx_ops_symbolic_under_torchscript_is_a_typed_error_naming_the_fix(tmp_path: Path) -> None:
+def test_torch_onnx_ops_symbolic_under_torchscript_is_a_typed_error_naming_the_fix(
+    tmp_path: Path,
+) -> None:
     # torch's TorchScript tracer cannot record the Tensor?[] argument; say so, not "unsupported input list type"
-    with pytest.raises(onnx_custom.errors.UnsupportedOpError, match=r"torch\.onnx\.ops\.symbolic.*exporter='dynamo'"):
-        onnx_custom.export(Branching(), (torch.randn(2, 3),), tmp_path / "m.onnx", exporter="torchscript")
+    with pytest.raises(
+        onnx_custom.errors.UnsupportedOpError,
+        match=r"torch\.onnx\.ops\.symbolic.*exporter='dynamo'",
+    ):
+        onnx_custom.export(
+            Branching(), (torch.randn(2, 3),), tmp_path / "m.onnx", exporter="torchscript"
+        )
     assert not (tmp_path / "m.onnx").exists()

@@ -94,7 +94,14 @@ def test_annotated_and_plain_functions_pass_unchanged() -> None:
     assert with_output_count(plain) is plain
 
 
-@pytest.mark.parametrize("extra", [[(torch.ops.aten.add.Tensor, _add_default_domain)], _add_default_domain], ids=["list-of-pairs", "bare-function"])
+@pytest.mark.parametrize(
+    "extra",
+    [[(torch.ops.aten.add.Tensor, _add_default_domain)], _add_default_domain],
+    ids=["list-of-pairs", "bare-function"],
+)
 def test_extra_must_be_a_mapping(extra: object) -> None:
-    with pytest.raises(onnx_custom.errors.InvalidArgumentError, match=r"extra must be a mapping.*received (list|OnnxFunction).*Fix: pass e.g. extra="):
+    with pytest.raises(
+        onnx_custom.errors.InvalidArgumentError,
+        match=r"extra must be a mapping.*received (list|OnnxFunction).*Fix: pass e.g. extra=",
+    ):
         onnx_custom.translation_table(opset=18, extra=extra)  # type: ignore[arg-type]

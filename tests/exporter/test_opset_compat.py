@@ -37,14 +37,18 @@ def test_dynamo_pad_lowers_and_verifies(model: torch.nn.Module, opset: int) -> N
 
 def _pad_model(opset: int, *, axes: bool = False, mode: str = "constant") -> onnx.ModelProto:
     inputs = ["x", "pads", "", "axes"] if axes else ["x", "pads"]
-    inits = [onnx.numpy_helper.from_array(np.array([1, 1] if axes else [0, 1, 0, 1], np.int64), "pads")]
+    inits = [
+        onnx.numpy_helper.from_array(np.array([1, 1] if axes else [0, 1, 0, 1], np.int64), "pads")
+    ]
     if axes:
         inits.append(onnx.numpy_helper.from_array(np.array([1], np.int64), "axes"))
     graph = oh.make_graph(
-        [oh.make_node("Pad", inputs, ["y"], mode=mode)], "pad",
+        [oh.make_node("Pad", inputs, ["y"], mode=mode)],
+        "pad",
         [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
-        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 5])], inits,
-    )  # fmt: skip
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 5])],
+        inits,
+    )
     return oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
 
 
@@ -52,18 +56,27 @@ def _pad_model(opset: int, *, axes: bool = False, mode: str = "constant") -> onn
     ("kwargs", "built", "target", "changed"),
     [
         ({"axes": True}, 18, 13, "Pad (changed at opset 18)"),  # axes input did not exist before 18
-        ({"mode": "wrap"}, 19, 18, "Pad (changed at opset 19)"),  # mode 'wrap' did not exist before 19
+        (
+            {"mode": "wrap"},
+            19,
+            18,
+            "Pad (changed at opset 19)",
+        ),  # mode 'wrap' did not exist before 19
     ],
     ids=["axes-input", "wrap-mode"],
 )
-def test_pad_with_new_meaning_is_refused(kwargs: dict[str, object], built: int, target: int, changed: str) -> None:
+def test_pad_with_new_meaning_is_refused(
+    kwargs: dict[str, object], built: int, target: int, changed: str
+) -> None:
     with pytest.raises(OnnxCustomError, match="cannot be lowered") as info:
         lower_default_opset(_pad_model(built, **kwargs), target)  # type: ignore[arg-type]
     assert changed in str(info.value)
     assert "Fix:" in str(info.value)
 
 
-@pytest.mark.parametrize(("built", "target"), [(18, 13), (19, 18), (21, 11)], ids=["18to13", "19to18", "21to11"])
+@pytest.mark.parametrize(
+    ("built", "target"), [(18, 13), (19, 18), (21, 11)], ids=["18to13", "19to18", "21to11"]
+)
 def test_plain_pad_is_relabelled(built: int, target: int) -> None:
     lowered = lower_default_opset(_pad_model(built), target)
     assert lowered.opset_import[0].version == target

@@ -91,7 +91,9 @@ def _kernels() -> KernelRegistry:
         last = x.shape[-1] // 3 if isinstance(x.shape[-1], int) else None
         return [TensorInfo(x.dtype, (*x.shape[:-1], last))] * 3
 
-    @kernels.kernel("octest_meta::Chunk3", inputs=["x"], outputs=["a", "b", "c"], shape_fn=chunk_shapes)
+    @kernels.kernel(
+        "octest_meta::Chunk3", inputs=["x"], outputs=["a", "b", "c"], shape_fn=chunk_shapes
+    )
     def _chunk3(x: np.ndarray) -> tuple[np.ndarray, ...]:
         return tuple(np.ascontiguousarray(c) for c in np.split(x, 3, axis=-1))
 
@@ -100,9 +102,13 @@ def _kernels() -> KernelRegistry:
         assert x is not None and x.shape is not None
         return [TensorInfo(x.dtype, x.shape[:-1]), TensorInfo(np.int64, x.shape[:-1])]
 
-    @kernels.kernel("octest_meta::MaxIdx", inputs=["x"], outputs=["values", "indices"],
-                    dtypes={"x": ["float32"], "values": ["float32"], "indices": ["int64"]},
-                    shape_fn=maxidx_shapes)  # fmt: skip
+    @kernels.kernel(
+        "octest_meta::MaxIdx",
+        inputs=["x"],
+        outputs=["values", "indices"],
+        dtypes={"x": ["float32"], "values": ["float32"], "indices": ["int64"]},
+        shape_fn=maxidx_shapes,
+    )
     def _maxidx(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return x.max(-1), x.argmax(-1).astype(np.int64)
 
@@ -127,20 +133,34 @@ F32, I64 = torch.float32, torch.int64
 
 def _export(exporter: str, opset: int, dynamic: bool = True, **kwargs: Any) -> onnx.ModelProto:
     SEEN.pop(exporter, None)
-    return onnx_custom.export(Pipeline(), (torch.randn(2, 4, 6),), exporter=exporter, opset=opset,
-                              registry=kwargs.pop("registry", None) or _registry(),
-                              dynamic_shapes=DYNAMIC if dynamic else None, **kwargs)  # fmt: skip
+    return onnx_custom.export(
+        Pipeline(),
+        (torch.randn(2, 4, 6),),
+        exporter=exporter,
+        opset=opset,
+        registry=kwargs.pop("registry", None) or _registry(),
+        dynamic_shapes=DYNAMIC if dynamic else None,
+        **kwargs,
+    )
 
 
 @pytest.mark.parametrize(
     ("dynamic", "expected"),
     [
-        (True, [(OutputMeta(F32, ("batch", "seq", 2)),) * 3,
-                (OutputMeta(F32, ("batch", "seq")), OutputMeta(I64, ("batch", "seq")))]),
-        (False, [(OutputMeta(F32, (2, 4, 2)),) * 3, (OutputMeta(F32, (2, 4)), OutputMeta(I64, (2, 4)))]),
+        (
+            True,
+            [
+                (OutputMeta(F32, ("batch", "seq", 2)),) * 3,
+                (OutputMeta(F32, ("batch", "seq")), OutputMeta(I64, ("batch", "seq"))),
+            ],
+        ),
+        (
+            False,
+            [(OutputMeta(F32, (2, 4, 2)),) * 3, (OutputMeta(F32, (2, 4)), OutputMeta(I64, (2, 4)))],
+        ),
     ],
     ids=["dynamic-batch-seq", "static"],
-)  # fmt: skip
+)
 def test_g_outputs_identical_under_both_exporters(dynamic: bool, expected: list[Any]) -> None:
     for exporter, opset in EXPORTERS:
         _export(exporter, opset, dynamic)
@@ -160,9 +180,19 @@ def test_g_outputs_spell_derived_dims_alike() -> None:
         return original(g, x, **attrs)
 
     for exporter, opset in [("torchscript", 13), ("dynamo", 18)]:
-        onnx_custom.export(mo3.Model(), mo3.example_inputs(), exporter=exporter, opset=opset, registry=reg,
-                           dynamic_shapes=mo3.dynamic_shapes)  # fmt: skip
-    expected = (OutputMeta(F32, ("batch", 3, 4)), OutputMeta(F32, ("2*batch", 3, 12)), OutputMeta(F32, ("batch", 3)))
+        onnx_custom.export(
+            mo3.Model(),
+            mo3.example_inputs(),
+            exporter=exporter,
+            opset=opset,
+            registry=reg,
+            dynamic_shapes=mo3.dynamic_shapes,
+        )
+    expected = (
+        OutputMeta(F32, ("batch", 3, 4)),
+        OutputMeta(F32, ("2*batch", 3, 12)),
+        OutputMeta(F32, ("batch", 3)),
+    )
     assert seen == {"torchscript": expected, "dynamo": expected}
 
 
@@ -202,16 +232,29 @@ def test_output_types_declare_what_g_outputs_cannot(exporter: str, opset: int) -
         # Three node outputs for a two-output op: not the op's outputs, so untyped by default...
         *_, extra = g.op("octest_meta::MaxIdx3", x, outputs=3)
         # ...unless declared.
-        values, indices, _ = g.op("octest_meta::MaxIdx3", x, outputs=3,
-                                  output_types=[g.outputs[0], g.outputs[1], OutputMeta(F32, ("batch",))])  # fmt: skip
+        values, indices, _ = g.op(
+            "octest_meta::MaxIdx3",
+            x,
+            outputs=3,
+            output_types=[g.outputs[0], g.outputs[1], OutputMeta(F32, ("batch",))],
+        )
         seen.update(untyped=g.dtype(extra), values=g.dtype(values), indices=g.dtype(indices))
         return values, indices
 
-    proto = onnx_custom.export(MaxIdx(), (torch.randn(2, 4),), exporter=exporter, opset=opset, registry=reg,
-                               dynamic_shapes={"x": {0: "batch"}})  # fmt: skip
+    proto = onnx_custom.export(
+        MaxIdx(),
+        (torch.randn(2, 4),),
+        exporter=exporter,
+        opset=opset,
+        registry=reg,
+        dynamic_shapes={"x": {0: "batch"}},
+    )
     assert seen == {"untyped": None, "values": F32, "indices": I64}
     outputs = {o.name: o.type.tensor_type for o in proto.graph.output}
-    assert [t.elem_type for t in outputs.values()] == [onnx.TensorProto.FLOAT, onnx.TensorProto.INT64]
+    assert [t.elem_type for t in outputs.values()] == [
+        onnx.TensorProto.FLOAT,
+        onnx.TensorProto.INT64,
+    ]
     assert [[d.dim_param for d in t.shape.dim] for t in outputs.values()] == [["batch"], ["batch"]]
 
 
@@ -237,8 +280,12 @@ def test_output_count_is_checked_against_tensor_list_elements(exporter: str, ops
             a, b, c = torch.ops.octest_meta.chunk3(x)
             return a + b + c
 
-    with pytest.raises(SymbolicError, match=r"returned 2 output\(s\) but the torch op has 3 .*Tensor\[\] return"):
-        onnx_custom.export(Chunks(), (torch.randn(2, 6),), exporter=exporter, opset=opset, registry=reg)
+    with pytest.raises(
+        SymbolicError, match=r"returned 2 output\(s\) but the torch op has 3 .*Tensor\[\] return"
+    ):
+        onnx_custom.export(
+            Chunks(), (torch.randn(2, 6),), exporter=exporter, opset=opset, registry=reg
+        )
 
 
 # -- bfloat16 --------------------------------------------------------------------------------
@@ -251,7 +298,9 @@ def _bf16_registry() -> onnx_custom.Registry:
     def _halve(g: Any, x: Any) -> Any:
         # A bf16 Constant and a bf16 tensor attribute, both into a custom node (never folded).
         half = g.constant(np.array([0.5], dtype=ml_dtypes.bfloat16))
-        return g.op("octest_meta::Scale", x, half, unused=np.array([1.5, -2.0], dtype=ml_dtypes.bfloat16))
+        return g.op(
+            "octest_meta::Scale", x, half, unused=np.array([1.5, -2.0], dtype=ml_dtypes.bfloat16)
+        )
 
     return reg
 
@@ -263,11 +312,17 @@ class Halve(torch.nn.Module):
 
 @pytest.mark.parametrize(("exporter", "opset"), EXPORTERS, ids=[e for e, _ in EXPORTERS])
 def test_bfloat16_constant_and_tensor_attribute_export(exporter: str, opset: int) -> None:
-    proto = onnx_custom.export(Halve(), (torch.randn(3, 4),), exporter=exporter, opset=opset, registry=_bf16_registry())
-    tensors = [a.t for n in proto.graph.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR]
+    proto = onnx_custom.export(
+        Halve(), (torch.randn(3, 4),), exporter=exporter, opset=opset, registry=_bf16_registry()
+    )
+    tensors = [
+        a.t for n in proto.graph.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR
+    ]
     tensors += list(proto.graph.initializer)  # the dynamo exporter lifts constants
     bf16 = [t for t in tensors if t.data_type == onnx.TensorProto.BFLOAT16]
-    values = sorted(float(v) for t in bf16 for v in onnx.numpy_helper.to_array(t).astype(np.float32).ravel())
+    values = sorted(
+        float(v) for t in bf16 for v in onnx.numpy_helper.to_array(t).astype(np.float32).ravel()
+    )
     assert values == [-2.0, 0.5, 1.5]
     kernels = KernelRegistry()
 
@@ -297,8 +352,21 @@ def test_bfloat16_model_types_its_custom_outputs_bf16(exporter: str, opset: int)
         return g.op("octest_meta::MaxIdx", x, outputs=2)
 
     x = torch.randn(2, 4, dtype=torch.bfloat16)
-    proto = onnx_custom.export(MaxIdx(), (x,), exporter=exporter, opset=opset, registry=reg, dynamic_shapes={"x": {0: "batch"}})
-    types = [(o.type.tensor_type.elem_type, [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim]) for o in proto.graph.output]
+    proto = onnx_custom.export(
+        MaxIdx(),
+        (x,),
+        exporter=exporter,
+        opset=opset,
+        registry=reg,
+        dynamic_shapes={"x": {0: "batch"}},
+    )
+    types = [
+        (
+            o.type.tensor_type.elem_type,
+            [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim],
+        )
+        for o in proto.graph.output
+    ]
     assert types == [(onnx.TensorProto.BFLOAT16, ["batch"]), (onnx.TensorProto.INT64, ["batch"])]
 
 
@@ -329,11 +397,19 @@ def test_op_without_fake_kernel_gets_no_static_dims_under_torchscript() -> None:
     def _kernel(x: np.ndarray) -> np.ndarray:
         return x - 1
 
-    proto = onnx_custom.export(NoFake(), (torch.randn(2, 3),), exporter="torchscript", opset=17, registry=reg,
-                               dynamic_shapes={"x": {0: "batch"}})  # fmt: skip
+    proto = onnx_custom.export(
+        NoFake(),
+        (torch.randn(2, 3),),
+        exporter="torchscript",
+        opset=17,
+        registry=reg,
+        dynamic_shapes={"x": {0: "batch"}},
+    )
     assert seen == [(OutputMeta(F32, (None, None)),)]
     typed = [*proto.graph.value_info, *proto.graph.output]
-    assert typed and all(d.dim_param and not d.dim_value for v in typed for d in v.type.tensor_type.shape.dim)
+    assert typed and all(
+        d.dim_param and not d.dim_value for v in typed for d in v.type.tensor_type.shape.dim
+    )
     session = onnx_custom.InferenceSession(proto, kernels=kernels)
     for batch in BATCHES:
         x = torch.randn(batch, 3)
@@ -354,19 +430,32 @@ def test_dynamo_without_the_fx_node_runs_the_fake_kernel_on_onnx_types() -> None
     x = ir.Value(name="x")
     x.dtype, x.shape = ir.DataType.FLOAT, ir.Shape(["s1", 3, 4])
     with symbol_names({"s1": "batch"}):
-        found = value_outputs(torch.ops.onnx_custom.multi_out3.default, [x, [2, 1, 3], 0.25], {}, DynamoBuilder.dtype_of)
+        found = value_outputs(
+            torch.ops.onnx_custom.multi_out3.default,
+            [x, [2, 1, 3], 0.25],
+            {},
+            DynamoBuilder.dtype_of,
+        )
     assert found is not None
     outputs, spelled, names = found
     assert [names.meta(d) for d in flat_outputs(outputs)] == [
-        OutputMeta(F32, ("batch", 3, 4)), OutputMeta(F32, ("2*batch", 3, 12)), OutputMeta(F32, ("batch", 3)),
+        OutputMeta(F32, ("batch", 3, 4)),
+        OutputMeta(F32, ("2*batch", 3, 12)),
+        OutputMeta(F32, ("batch", 3)),
     ]
-    assert spelled == [["s1", 3, 4], ["2*s1", 3, 12], ["s1", 3]]  # torch's spelling, renamed after export
+    assert spelled == [
+        ["s1", 3, 4],
+        ["2*s1", 3, 12],
+        ["s1", 3],
+    ]  # torch's spelling, renamed after export
 
 
 def test_g_outputs_outside_an_export_is_a_clear_error() -> None:
     from onnx_custom.exporter.dynamo import DynamoBuilder
 
-    with pytest.raises(SymbolicError, match=r"g.outputs exists inside a translation.*Fix: add register_fake"):
+    with pytest.raises(
+        SymbolicError, match=r"g.outputs exists inside a translation.*Fix: add register_fake"
+    ):
         _ = DynamoBuilder(None, 18, "octest_meta::halve").outputs
 
 

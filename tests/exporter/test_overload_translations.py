@@ -114,9 +114,14 @@ def test_overloads_export_to_their_own_translation(
         torch.testing.assert_close(got, want)  # the eager ops are what the reference says
     path = tmp_path / "m.onnx"
     export = lambda: onnx_custom.export(  # noqa: E731
-        model, args, path, exporter=exporter, opset=18, registry=case.registry,
+        model,
+        args,
+        path,
+        exporter=exporter,
+        opset=18,
+        registry=case.registry,
         dynamic_shapes={"x": {0: "batch"}, "y": {0: "batch"}},
-    )  # fmt: skip
+    )
     if exporter == "torchscript" and case.torchscript_error is not None:
         with pytest.raises(SymbolicError, match=case.torchscript_error) as caught:
             export()

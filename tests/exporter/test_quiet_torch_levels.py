@@ -12,17 +12,28 @@ import pytest
 
 from onnx_custom.common.quiet import quiet_torch
 
-QUIETED = ["torch.onnx", "torch.onnx._internal.exporter._core", "onnxscript.optimizer", "onnx_ir.passes"]
+QUIETED = [
+    "torch.onnx",
+    "torch.onnx._internal.exporter._core",
+    "onnxscript.optimizer",
+    "onnx_ir.passes",
+]
 UNTOUCHED = ["torch._dynamo", "my_project.export", "onnx_custom"]
 
 
-@pytest.mark.parametrize("parent_level", [logging.NOTSET, logging.DEBUG, logging.CRITICAL], ids=["notset", "debug", "critical"])
+@pytest.mark.parametrize(
+    "parent_level",
+    [logging.NOTSET, logging.DEBUG, logging.CRITICAL],
+    ids=["notset", "debug", "critical"],
+)
 def test_levels_inside_and_after(parent_level: int) -> None:
     parent = logging.getLogger("torch.onnx")
     before = parent.level
     parent.setLevel(parent_level)
     try:
-        expected_after = {n: logging.getLogger(n).isEnabledFor(logging.WARNING) for n in QUIETED + UNTOUCHED}  # fills the caches
+        expected_after = {
+            n: logging.getLogger(n).isEnabledFor(logging.WARNING) for n in QUIETED + UNTOUCHED
+        }  # fills the caches
         with quiet_torch():
             for name in QUIETED:
                 assert not logging.getLogger(name).isEnabledFor(logging.WARNING), name
@@ -30,7 +41,9 @@ def test_levels_inside_and_after(parent_level: int) -> None:
             fresh = logging.getLogger("torch.onnx._internal.created_inside_the_block")
             assert not fresh.isEnabledFor(logging.WARNING)
             for name in UNTOUCHED:
-                assert logging.getLogger(name).isEnabledFor(logging.WARNING) == expected_after[name], name
+                assert (
+                    logging.getLogger(name).isEnabledFor(logging.WARNING) == expected_after[name]
+                ), name
         assert parent.level == parent_level
         for name, enabled in expected_after.items():
             assert logging.getLogger(name).isEnabledFor(logging.WARNING) == enabled, name
@@ -74,7 +87,9 @@ def _filterwarnings_result(before: list[object]) -> list[object]:
         warnings.filters[:] = before  # type: ignore[index]
         warnings.filterwarnings("ignore", module=LIBRARY_MODULES)
         warnings.filterwarnings("ignore", module=OUR_CALLERS)
-        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning, module=r"onnx_custom\.ops\.")
+        warnings.filterwarnings(
+            "ignore", category=torch.jit.TracerWarning, module=r"onnx_custom\.ops\."
+        )
         return list(warnings.filters)
 
 
@@ -101,7 +116,9 @@ def test_library_warning_silenced_inside_only() -> None:
     """A warning attributed to a torch module is dropped inside the block, shown outside."""
 
     def warn_as_torch() -> None:
-        warnings.warn_explicit("torch chatter", UserWarning, "torch/onnx/x.py", 1, module="torch.onnx.x", registry={})
+        warnings.warn_explicit(
+            "torch chatter", UserWarning, "torch/onnx/x.py", 1, module="torch.onnx.x", registry={}
+        )
 
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")

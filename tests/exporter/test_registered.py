@@ -24,7 +24,9 @@ ARGS = (torch.randn(2, 3), torch.randn(2, 3))
 def _snapshot() -> dict[str, object]:
     table = registration.registry._registry
     # Custom overrides only: torch registers its base symbolics lazily during any export.
-    return {name: dict(g._functions._overrides) for name, g in table.items() if g._functions._overrides}
+    return {
+        name: dict(g._functions._overrides) for name, g in table.items() if g._functions._overrides
+    }
 
 
 def test_registered_with_plain_torchscript_export() -> None:
@@ -33,7 +35,11 @@ def test_registered_with_plain_torchscript_export() -> None:
     with onnx_custom.registered():
         torch.onnx.export(Model(), ARGS, buffer, dynamo=False, opset_version=9)
     proto = onnx.load_from_string(buffer.getvalue())
-    assert [n.op_type for n in proto.graph.node if n.op_type != "Constant"] == ["Asinh", "Mul", "Add"]
+    assert [n.op_type for n in proto.graph.node if n.op_type != "Constant"] == [
+        "Asinh",
+        "Mul",
+        "Add",
+    ]
     onnx_custom.verify(Model(), ARGS, proto)
     assert _snapshot() == before
 
@@ -70,13 +76,19 @@ def test_translation_table_with_plain_dynamo_export() -> None:
     table = onnx_custom.translation_table(opset=18)
     assert torch.ops.onnx_custom.my_add.default in table
     assert all(isinstance(k, torch._ops.OpOverload) for k in table)
-    program = torch.onnx.export(Model(), ARGS, dynamo=True, opset_version=18, custom_translation_table=table, verbose=False)
+    program = torch.onnx.export(
+        Model(), ARGS, dynamo=True, opset_version=18, custom_translation_table=table, verbose=False
+    )
     onnx_custom.verify(Model(), ARGS, program.model_proto)
 
 
 def test_translation_table_custom_variant() -> None:
-    table = onnx_custom.translation_table(opset=18, registry=onnx_custom.default_registry().with_variants("custom"))
-    program = torch.onnx.export(Model(), ARGS, dynamo=True, opset_version=18, custom_translation_table=table, verbose=False)
+    table = onnx_custom.translation_table(
+        opset=18, registry=onnx_custom.default_registry().with_variants("custom")
+    )
+    program = torch.onnx.export(
+        Model(), ARGS, dynamo=True, opset_version=18, custom_translation_table=table, verbose=False
+    )
     assert "onnx_custom" in {n.domain for n in program.model_proto.graph.node}
 
 

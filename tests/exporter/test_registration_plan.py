@@ -20,7 +20,10 @@ from onnx_custom.exporter.torchscript import registered
 from onnx_custom.runtime import InferenceSession
 from onnx_custom.translate.registry import Registry
 
-ARGS = (torch.randn(2, 3, generator=torch.Generator().manual_seed(0)), torch.randn(2, 3, generator=torch.Generator().manual_seed(1)))
+ARGS = (
+    torch.randn(2, 3, generator=torch.Generator().manual_seed(0)),
+    torch.randn(2, 3, generator=torch.Generator().manual_seed(1)),
+)
 
 
 class AddModel(torch.nn.Module):
@@ -29,7 +32,9 @@ class AddModel(torch.nn.Module):
 
 
 def _ops(registry: Registry, opset: int = 17) -> list[str]:
-    proto = onnx_custom.export(AddModel(), ARGS, exporter="torchscript", opset=opset, registry=registry)
+    proto = onnx_custom.export(
+        AddModel(), ARGS, exporter="torchscript", opset=opset, registry=registry
+    )
     got = InferenceSession(proto).run(None, {"x": ARGS[0].numpy(), "y": ARGS[1].numpy()})[0]
     np.testing.assert_allclose(got, AddModel()(*ARGS).numpy(), rtol=1.3e-6, atol=1e-5)
     return [n.op_type for n in proto.graph.node]
@@ -62,13 +67,21 @@ def test_symbolic_table_restored_after_each_export() -> None:
     from torch.onnx._internal.torchscript_exporter import registration
 
     table = registration.registry._registry
-    before = {name: dict(group._functions._overrides) for name, group in table.items() if name.startswith("onnx_custom::")}
+    before = {
+        name: dict(group._functions._overrides)
+        for name, group in table.items()
+        if name.startswith("onnx_custom::")
+    }
     registry = onnx_custom.default_registry().copy()
     for _ in range(2):
         _ops(registry)
         with registered(registry, opset=17):
             assert "onnx_custom::my_add" in table
-    after = {name: dict(group._functions._overrides) for name, group in table.items() if name.startswith("onnx_custom::")}
+    after = {
+        name: dict(group._functions._overrides)
+        for name, group in table.items()
+        if name.startswith("onnx_custom::")
+    }
     assert after == before
 
 
@@ -79,6 +92,8 @@ class Doubled(torch.nn.Module):
 
 def test_translation_added_after_an_export_is_registered_by_the_next() -> None:
     registry = Registry()
-    onnx_custom.export(Doubled(), ARGS, exporter="torchscript", opset=17, registry=registry)  # planned without my_add
+    onnx_custom.export(
+        Doubled(), ARGS, exporter="torchscript", opset=17, registry=registry
+    )  # planned without my_add
     registry.symbolic("onnx_custom::my_add", opset=1)(_via_sub)
     assert {"Sub", "Neg"} <= set(_ops(registry))

@@ -28,22 +28,47 @@ import onnx_custom
 
 # kernel 1x1, 5x5, rectangular, dilation > 1, offset groups and groups both > 1 (OG < G, OG > G)
 STRESS = [
-    Config(2, 8, (10, 9), 8, (5, 3), stride=(1, 2), pad=(2, 1), dilation=(2, 2), groups=4, offset_groups=2),
+    Config(
+        2,
+        8,
+        (10, 9),
+        8,
+        (5, 3),
+        stride=(1, 2),
+        pad=(2, 1),
+        dilation=(2, 2),
+        groups=4,
+        offset_groups=2,
+    ),
     Config(1, 8, (9, 9), 4, (3, 3), pad=(1, 1), groups=2, offset_groups=4, offsets="far"),
-    Config(2, 6, (7, 8), 6, (1, 3), pad=(0, 3), dilation=(1, 3), groups=3, offset_groups=3, mask=False),
+    Config(
+        2, 6, (7, 8), 6, (1, 3), pad=(0, 3), dilation=(1, 3), groups=3, offset_groups=3, mask=False
+    ),
     Config(2, 4, (6, 7), 5, (1, 1), stride=(2, 2)),
-    Config(1, 6, (11, 12), 6, (5, 5), pad=(4, 4), dilation=(2, 2), groups=6, offset_groups=2),  # depthwise
+    Config(
+        1, 6, (11, 12), 6, (5, 5), pad=(4, 4), dilation=(2, 2), groups=6, offset_groups=2
+    ),  # depthwise
 ]
 
 
 def _ort_deformconv(cfg: Config, tensors: tuple[torch.Tensor, ...]) -> np.ndarray:
     """ONNX Runtime's built-in DeformConv (opset 19) on the same inputs."""
     names = ["x", "w", "offset", "bias"] + (["mask"] if cfg.mask else [])
-    node = helper.make_node("DeformConv", names, ["y"], kernel_shape=list(cfg.k), strides=list(cfg.stride),
-                            pads=[*cfg.pad, *cfg.pad], dilations=list(cfg.dilation), group=cfg.groups,
-                            offset_group=cfg.offset_groups)  # fmt: skip
+    node = helper.make_node(
+        "DeformConv",
+        names,
+        ["y"],
+        kernel_shape=list(cfg.k),
+        strides=list(cfg.stride),
+        pads=[*cfg.pad, *cfg.pad],
+        dilations=list(cfg.dilation),
+        group=cfg.groups,
+        offset_group=cfg.offset_groups,
+    )
     inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names]
-    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [node], "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    )
     model = helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 19)])
     x, w, offset, mask, bias = (t.numpy() for t in tensors)
     feeds = {"x": x, "w": w, "offset": offset, "bias": bias} | ({"mask": mask} if cfg.mask else {})
@@ -55,7 +80,9 @@ def _ort_deformconv(cfg: Config, tensors: tuple[torch.Tensor, ...]) -> np.ndarra
 @pytest.mark.parametrize("cfg", STRESS, ids=lambda c: c.id)
 def test_body_loop_matches_eager_and_ort_deformconv(cfg: Config, opset: int) -> None:
     model = body_model(cfg.params(), cfg.dtype, opset)
-    (loop,) = [n for n in model.functions[0].node if n.op_type == "Loop"]  # a chunk of pixels per iteration
+    (loop,) = [
+        n for n in model.functions[0].node if n.op_type == "Loop"
+    ]  # a chunk of pixels per iteration
     assert loop.attribute[0].name == "body"
     assert len(loop.input) == 2 and len(loop.output) == 1  # no carried sum: a stacked output
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -71,7 +98,9 @@ def test_body_loop_matches_eager_and_ort_deformconv(cfg: Config, opset: int) -> 
 
 @pytest.mark.parametrize("values", [1, 700, 5000], ids=lambda v: f"chunk_values{v}")
 @pytest.mark.parametrize("cfg", [STRESS[0], STRESS[1], STRESS[4]], ids=lambda c: c.id)
-def test_body_loop_chunks_match_eager(cfg: Config, values: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_body_loop_chunks_match_eager(
+    cfg: Config, values: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Small chunks (1 pixel; a few pixels that leave a ragged last chunk; more) against the eager
     op: chunk borders, the padded pixels dropped, a zero batch (no iteration)."""
     from onnx_custom.symbolics import deform_conv_decomposed
@@ -79,8 +108,13 @@ def test_body_loop_chunks_match_eager(cfg: Config, values: int, monkeypatch: pyt
     monkeypatch.setattr(deform_conv_decomposed, "CHUNK_VALUES", values)
     kh, kw = cfg.k
     per_pixel = 4 * kh * kw * cfg.c
-    assert values // per_pixel + 1 < cfg.n * cfg.out_hw(*cfg.hw)[0] * cfg.out_hw(*cfg.hw)[1]  # several chunks
-    session = ort.InferenceSession(body_model(cfg.params(), cfg.dtype, 18).SerializeToString(), providers=["CPUExecutionProvider"])
+    assert (
+        values // per_pixel + 1 < cfg.n * cfg.out_hw(*cfg.hw)[0] * cfg.out_hw(*cfg.hw)[1]
+    )  # several chunks
+    session = ort.InferenceSession(
+        body_model(cfg.params(), cfg.dtype, 18).SerializeToString(),
+        providers=["CPUExecutionProvider"],
+    )
     h, w = cfg.hw
     for seed, (n, hh, ww) in enumerate([(cfg.n, h, w), (cfg.n + 1, h + 1, w + 2), (0, h, w)]):
         tensors = cfg.tensors(n, hh, ww, seed)
@@ -96,14 +130,25 @@ def test_body_loop_in_onnx_reference() -> None:
     _assert_close(got[0], cfg.eager(tensors))
 
 
-def _export(cfg: Config, tensors: tuple[torch.Tensor, ...], exporter: str, opset: int, kernel_dims: bool) -> onnx.ModelProto:
+def _export(
+    cfg: Config, tensors: tuple[torch.Tensor, ...], exporter: str, opset: int, kernel_dims: bool
+) -> onnx.ModelProto:
     auto = torch.export.Dim.AUTO
     spatial = {0: auto, 2: auto, 3: auto}
     weight = {2: auto, 3: auto} if kernel_dims else None
-    taps = {**spatial, 1: auto} if kernel_dims else spatial  # offset and mask channels: 2*OG*K, OG*K
+    taps = (
+        {**spatial, 1: auto} if kernel_dims else spatial
+    )  # offset and mask channels: 2*OG*K, OG*K
     shapes = (spatial, weight, taps, taps if cfg.mask else {0: auto}, None)
-    return onnx_custom.export(_Op(cfg.params()), tensors, exporter=exporter, opset=opset, registry=STANDARD,
-                              input_names=NAMES, dynamic_shapes=shapes)  # fmt: skip
+    return onnx_custom.export(
+        _Op(cfg.params()),
+        tensors,
+        exporter=exporter,
+        opset=opset,
+        registry=STANDARD,
+        input_names=NAMES,
+        dynamic_shapes=shapes,
+    )
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
@@ -127,7 +172,9 @@ def test_standard_variant_dynamic_kernel_size_takes_all_taps_at_once(exporter: s
     cfg = STRESS[1]
     proto = _export(cfg, cfg.tensors(cfg.n + 1, *cfg.hw), exporter, 18, kernel_dims=True)
     assert sum(n.op_type == "MatMul" for n in proto.graph.node) == 2
-    other = Config(1, 8, (9, 9), 4, (5, 3), pad=(1, 1), groups=2, offset_groups=4)  # same attributes
+    other = Config(
+        1, 8, (9, 9), 4, (5, 3), pad=(1, 1), groups=2, offset_groups=4
+    )  # same attributes
     for case in (cfg, other):
         run = case.tensors(2, *case.hw, seed=3)
         _assert_close(_run_standard(proto, run), case.eager(run))
@@ -142,29 +189,55 @@ def test_function_builder_loop_runs_in_ort_and_onnx_reference() -> None:
     count = g.op("Reshape", steps, g.constant(np.zeros(0, np.int64)))
 
     def body(sub: Any, i: Any, state: list[Any]) -> list[Any]:
-        scaled = sub.op("Mul", x, sub.op("Cast", sub.op("Add", i, sub.constant(np.int64(1))), to=TensorProto.FLOAT))
+        scaled = sub.op(
+            "Mul",
+            x,
+            sub.op("Cast", sub.op("Add", i, sub.constant(np.int64(1))), to=TensorProto.FLOAT),
+        )
         return [sub.op("Add", state[0], scaled), state[1], scaled]
 
     total, same, stacked = g.loop(count, [x, x], body, scans=1)
     assert g.dtype(stacked) == torch.float32
     g.bind_outputs([total, same, stacked], ["y", "z", "s"], ["x", "steps"])
-    names = [o for n in g.nodes for o in n.output] + [o for n in g.nodes for a in n.attribute if a.g.node for m in a.g.node for o in m.output]
+    names = [o for n in g.nodes for o in n.output] + [
+        o for n in g.nodes for a in n.attribute if a.g.node for m in a.g.node for o in m.output
+    ]
     assert len(names) == len(set(names))
-    function = helper.make_function("test", "CumSum", ["x", "steps"], ["y", "z", "s"], g.nodes, [helper.make_opsetid("", 18)])
+    function = helper.make_function(
+        "test", "CumSum", ["x", "steps"], ["y", "z", "s"], g.nodes, [helper.make_opsetid("", 18)]
+    )
     node = helper.make_node("CumSum", ["x", "steps"], ["y", "z", "s"], domain="test")
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3]),
-                                            helper.make_tensor_value_info("steps", TensorProto.INT64, [1])],
-                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "z", "s")])  # fmt: skip
-    model = helper.make_model(graph, ir_version=9, functions=[function],
-                              opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("test", 1)])  # fmt: skip
-    feeds: dict[str, np.ndarray] = {"x": np.array([1.0, 2.0, -3.0], np.float32), "steps": np.array([4], np.int64)}
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [3]),
+            helper.make_tensor_value_info("steps", TensorProto.INT64, [1]),
+        ],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "z", "s")],
+    )
+    model = helper.make_model(
+        graph,
+        ir_version=9,
+        functions=[function],
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("test", 1)],
+    )
+    feeds: dict[str, np.ndarray] = {
+        "x": np.array([1.0, 2.0, -3.0], np.float32),
+        "steps": np.array([4], np.int64),
+    }
     expected = feeds["x"] * (1 + 1 + 2 + 3 + 4)
-    runners: list[Any] = [ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]), ReferenceEvaluator(model)]
+    runners: list[Any] = [
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]),
+        ReferenceEvaluator(model),
+    ]
     for runner in runners:
         y, z, stacked = runner.run(None, feeds)
         np.testing.assert_allclose(y, expected)
         np.testing.assert_array_equal(z, feeds["x"])
-        np.testing.assert_allclose(stacked, feeds["x"] * np.arange(1, 5, dtype=np.float32)[:, None])  # one row per iteration
+        np.testing.assert_allclose(
+            stacked, feeds["x"] * np.arange(1, 5, dtype=np.float32)[:, None]
+        )  # one row per iteration
 
 
 def test_function_builder_loop_refuses_a_body_returning_the_wrong_count() -> None:
@@ -174,7 +247,10 @@ def test_function_builder_loop_refuses_a_body_returning_the_wrong_count() -> Non
     g = FunctionBuilder(18, "test::bad_loop")
     x = g.input("x")
     count = g.constant(np.int64(2))
-    with pytest.raises(SymbolicError, match=r"test::bad_loop: a loop body returned 1 values for 2 carried and 0 scanned"):
+    with pytest.raises(
+        SymbolicError,
+        match=r"test::bad_loop: a loop body returned 1 values for 2 carried and 0 scanned",
+    ):
         g.loop(count, [x, x], lambda sub, i, state: [state[0]])
     with pytest.raises(SymbolicError, match=r"returned 2 values for 2 carried and 1 scanned"):
         g.loop(count, [x, x], lambda sub, i, state: state, scans=1)

@@ -24,8 +24,7 @@ from onnx.reference import ReferenceEvaluator
 import onnx_custom
 from onnx_custom.zoo import ZooCase, discover
 
-PLAIN_ORT = textwrap.dedent(
-    """
+PLAIN_ORT = textwrap.dedent("""
     import json, sys
     import numpy as np
     import onnxruntime as ort
@@ -39,8 +38,7 @@ PLAIN_ORT = textwrap.dedent(
     loaded = sorted({name.split(".")[0] for name in sys.modules})
     assert "torch" not in loaded and "onnx_custom" not in loaded, loaded
     print(json.dumps(loaded))
-    """
-)
+    """)
 
 
 def _rows() -> list[Any]:
@@ -49,7 +47,9 @@ def _rows() -> list[Any]:
         try:
             module = importlib.import_module(module_name)
         except Exception as exc:  # e.g. the C++ extension of my_add_ext cannot build here
-            rows.append(pytest.param(short, None, marks=pytest.mark.skip(reason=str(exc)[:200]), id=short))
+            rows.append(
+                pytest.param(short, None, marks=pytest.mark.skip(reason=str(exc)[:200]), id=short)
+            )
             continue
         for case in getattr(module, "ZOO", ()):
             wanted = case.variant == "custom" or (short == "deform_conv" and case.opset == 11)
@@ -67,7 +67,9 @@ def _trial_inputs(module: Any, case: ZooCase) -> list[tuple[torch.Tensor, ...]]:
     trials = [args]
     if case.dynamic:
         generator = torch.Generator().manual_seed(1)
-        trials.append(tuple(torch.randn(3 * a.shape[0] + 1, *a.shape[1:], generator=generator) for a in args))
+        trials.append(
+            tuple(torch.randn(3 * a.shape[0] + 1, *a.shape[1:], generator=generator) for a in args)
+        )
     return trials
 
 
@@ -91,11 +93,20 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         module = importlib.import_module(discover([short])[short])
         model = module.Model().eval()
         trials = _trial_inputs(module, case)
-        registry = onnx_custom.default_registry().with_variants(case.variant) if case.variant else None
+        registry = (
+            onnx_custom.default_registry().with_variants(case.variant) if case.variant else None
+        )
         dynamic = getattr(module, "dynamic_shapes", None) if case.dynamic else None
         try:
-            proto = onnx_custom.export(model, trials[0], exporter=case.exporter, opset=case.opset,
-                                       registry=registry, dynamic_shapes=dynamic, functions=True)  # fmt: skip
+            proto = onnx_custom.export(
+                model,
+                trials[0],
+                exporter=case.exporter,
+                opset=case.opset,
+                registry=registry,
+                dynamic_shapes=dynamic,
+                functions=True,
+            )
         except Exception as exc:
             results[key] = exc
             continue
@@ -108,19 +119,31 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             np.savez(feeds_path, **{n: a.numpy() for n, a in zip(names, args, strict=True)})
             pairs.append((str(feeds_path), str(out_path)))
         manifest.append({"model": str(path), "trials": pairs})
-        results[key] = {"proto": proto, "model": model, "trials": trials, "outputs": [p[1] for p in pairs]}
+        results[key] = {
+            "proto": proto,
+            "model": model,
+            "trials": trials,
+            "outputs": [p[1] for p in pairs],
+        }
     (root / "manifest.json").write_text(json.dumps(manifest))
     script = root / "plain_ort.py"
     script.write_text(PLAIN_ORT)
     # -I: isolated (no PYTHONPATH, no user site, no script-dir on sys.path); cwd away from the repo.
-    done = subprocess.run([sys.executable, "-I", str(script), str(root / "manifest.json")], cwd=root,
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-I", str(script), str(root / "manifest.json")],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     results["_subprocess"] = done
     return results
 
 
 @pytest.mark.parametrize(("short", "case"), ROWS)
-def test_zoo_file_runs_in_plain_onnxruntime(exported: dict[str, Any], short: str, case: ZooCase) -> None:
+def test_zoo_file_runs_in_plain_onnxruntime(
+    exported: dict[str, Any], short: str, case: ZooCase
+) -> None:
     done = exported["_subprocess"]
     assert done.returncode == 0, done.stderr[-3000:]
     loaded = json.loads(done.stdout.strip().splitlines()[-1])
@@ -142,7 +165,9 @@ def test_zoo_file_runs_in_plain_onnxruntime(exported: dict[str, Any], short: str
 
 
 @pytest.mark.parametrize(("short", "case"), ROWS)
-def test_zoo_function_bodies_in_onnx_reference(exported: dict[str, Any], short: str, case: ZooCase) -> None:
+def test_zoo_function_bodies_in_onnx_reference(
+    exported: dict[str, Any], short: str, case: ZooCase
+) -> None:
     row = exported[f"{short}-{case.label}"]
     if isinstance(row, Exception):
         raise row

@@ -61,43 +61,84 @@ _BF16_OPSET = r"Cast cannot convert bfloat16 at opset \d+ \(bfloat16 needs opset
 _ABSENT_BIAS = r"(?s)CPUExecutionProvider.*Gemm.*bfloat16.*'bias' is absent in some calls"
 
 ROWS = [
-    Row("asinh", "torchscript", 9, refused=_BF16_OPSET, only="bfloat16"), Row("asinh", "dynamo", 18),
-    Row("my_add", "torchscript", 13), Row("my_add", "dynamo", 18),
-    Row("my_add", "torchscript", 13, "custom"), Row("my_add", "dynamo", 18, "custom"),
-    Row("my_add", "torchscript", 13, "custom", bodies=True), Row("my_add", "dynamo", 18, "custom", bodies=True),
-    Row("multi_out", "torchscript", 13), Row("multi_out", "dynamo", 18),
-    Row("multi_out", "torchscript", 13, "custom"), Row("multi_out", "dynamo", 18, "custom"),
-    Row("multi_out", "torchscript", 13, "custom", bodies=True), Row("multi_out", "dynamo", 18, "custom", bodies=True),
-    Row("multi_out3", "torchscript", 11, refused=_BF16_OPSET, only="bfloat16"), Row("multi_out3", "torchscript", 13), Row("multi_out3", "dynamo", 18),
-    Row("multi_out3", "torchscript", 13, "custom"), Row("multi_out3", "dynamo", 18, "custom"),
-    Row("multi_out3", "torchscript", 13, "custom", bodies=True), Row("multi_out3", "dynamo", 18, "custom", bodies=True),
-    Row("numpy_sin", "torchscript", 13), Row("numpy_sin", "torchscript", 17), Row("numpy_sin", "dynamo", 18),
-    Row("custom_linear", "torchscript", 17), Row("custom_linear", "dynamo", 18),
-    Row("custom_linear", "torchscript", 17, "gemm"), Row("custom_linear", "dynamo", 18, "gemm"),
-    Row("custom_linear", "torchscript", 17, "custom"), Row("custom_linear", "dynamo", 18, "custom"),
-    Row("custom_linear", "torchscript", 17, "custom", bodies=True, refused=_ABSENT_BIAS, only="bfloat16"),
-    Row("custom_linear", "dynamo", 18, "custom", bodies=True, refused=_ABSENT_BIAS, only="bfloat16"),
-    Row("bev_pool", "torchscript", 17, slow=True), Row("bev_pool", "dynamo", 18, slow=True),
-    Row("bev_pool", "torchscript", 17, "custom", slow=True), Row("bev_pool", "dynamo", 18, "custom", slow=True),
+    Row("asinh", "torchscript", 9, refused=_BF16_OPSET, only="bfloat16"),
+    Row("asinh", "dynamo", 18),
+    Row("my_add", "torchscript", 13),
+    Row("my_add", "dynamo", 18),
+    Row("my_add", "torchscript", 13, "custom"),
+    Row("my_add", "dynamo", 18, "custom"),
+    Row("my_add", "torchscript", 13, "custom", bodies=True),
+    Row("my_add", "dynamo", 18, "custom", bodies=True),
+    Row("multi_out", "torchscript", 13),
+    Row("multi_out", "dynamo", 18),
+    Row("multi_out", "torchscript", 13, "custom"),
+    Row("multi_out", "dynamo", 18, "custom"),
+    Row("multi_out", "torchscript", 13, "custom", bodies=True),
+    Row("multi_out", "dynamo", 18, "custom", bodies=True),
+    Row("multi_out3", "torchscript", 11, refused=_BF16_OPSET, only="bfloat16"),
+    Row("multi_out3", "torchscript", 13),
+    Row("multi_out3", "dynamo", 18),
+    Row("multi_out3", "torchscript", 13, "custom"),
+    Row("multi_out3", "dynamo", 18, "custom"),
+    Row("multi_out3", "torchscript", 13, "custom", bodies=True),
+    Row("multi_out3", "dynamo", 18, "custom", bodies=True),
+    Row("numpy_sin", "torchscript", 13),
+    Row("numpy_sin", "torchscript", 17),
+    Row("numpy_sin", "dynamo", 18),
+    Row("custom_linear", "torchscript", 17),
+    Row("custom_linear", "dynamo", 18),
+    Row("custom_linear", "torchscript", 17, "gemm"),
+    Row("custom_linear", "dynamo", 18, "gemm"),
+    Row("custom_linear", "torchscript", 17, "custom"),
+    Row("custom_linear", "dynamo", 18, "custom"),
+    Row(
+        "custom_linear",
+        "torchscript",
+        17,
+        "custom",
+        bodies=True,
+        refused=_ABSENT_BIAS,
+        only="bfloat16",
+    ),
+    Row(
+        "custom_linear", "dynamo", 18, "custom", bodies=True, refused=_ABSENT_BIAS, only="bfloat16"
+    ),
+    Row("bev_pool", "torchscript", 17, slow=True),
+    Row("bev_pool", "dynamo", 18, slow=True),
+    Row("bev_pool", "torchscript", 17, "custom", slow=True),
+    Row("bev_pool", "dynamo", 18, "custom", slow=True),
     Row("bev_pool", "dynamo", 18, "custom", bodies=True, slow=True),
-    Row("my_add_ext", "torchscript", 17, slow=True), Row("my_add_ext", "dynamo", 18, slow=True),
-    Row("my_add_ext", "torchscript", 17, "custom", slow=True), Row("my_add_ext", "dynamo", 18, "custom", slow=True),
+    Row("my_add_ext", "torchscript", 17, slow=True),
+    Row("my_add_ext", "dynamo", 18, slow=True),
+    Row("my_add_ext", "torchscript", 17, "custom", slow=True),
+    Row("my_add_ext", "dynamo", 18, "custom", slow=True),
     Row("my_add_ext", "dynamo", 18, "custom", bodies=True, slow=True),
-    Row("autograd_fn", "torchscript", 17, slow=True), Row("autograd_fn", "torchscript", 17, "custom", slow=True),
+    Row("autograd_fn", "torchscript", 17, slow=True),
+    Row("autograd_fn", "torchscript", 17, "custom", slow=True),
     Row("autograd_fn", "dynamo", 18, refused=_AUTOGRAD_DYNAMO, slow=True),
     # opset 11 (the zoo's): ONNX has bfloat16 from opset 13 on, so bf16 is refused there
     Row("deform_conv", "torchscript", 11, refused=_BF16_OPSET, only="bfloat16", slow=True),
     Row("deform_conv", "dynamo", 11, refused=_BF16_OPSET, only="bfloat16", slow=True),
-    Row("deform_conv", "torchscript", 11, "standard", refused=_BF16_OPSET, only="bfloat16", slow=True),
+    Row(
+        "deform_conv",
+        "torchscript",
+        11,
+        "standard",
+        refused=_BF16_OPSET,
+        only="bfloat16",
+        slow=True,
+    ),
     Row("deform_conv", "dynamo", 11, "standard", refused=_BF16_OPSET, only="bfloat16", slow=True),
     Row("deform_conv", "dynamo", 11, bodies=True, refused=_BF16_OPSET, only="bfloat16", slow=True),
-    Row("deform_conv", "torchscript", 17, slow=True), Row("deform_conv", "dynamo", 18, slow=True),
+    Row("deform_conv", "torchscript", 17, slow=True),
+    Row("deform_conv", "dynamo", 18, slow=True),
     Row("deform_conv", "torchscript", 17, "standard", eager_rounding=True, slow=True),
     Row("deform_conv", "dynamo", 18, "standard", eager_rounding=True),
-    Row("deform_conv", "torchscript", 17, bodies=True, slow=True), Row("deform_conv", "dynamo", 18, bodies=True, slow=True),
+    Row("deform_conv", "torchscript", 17, bodies=True, slow=True),
+    Row("deform_conv", "dynamo", 18, bodies=True, slow=True),
     Row("deform_conv", "torchscript", 19, refused=_DEFORMCONV_BF16, only="bfloat16", slow=True),
     Row("deform_conv", "dynamo", 19, refused=_DEFORMCONV_BF16, only="bfloat16", slow=True),
-]  # fmt: skip
+]
 
 
 def _params() -> list[Any]:
@@ -120,7 +161,9 @@ def _load(name: str) -> Any:
 
 
 def _cast(value: Any, dtype: torch.dtype) -> Any:
-    return value.to(dtype) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+    return (
+        value.to(dtype) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+    )
 
 
 def _flat(out: Any) -> list[torch.Tensor]:
@@ -129,7 +172,9 @@ def _flat(out: Any) -> list[torch.Tensor]:
 
 def _run(proto: Any, args: tuple[Any, ...], bodies: bool) -> list[np.ndarray]:
     if bodies:  # nothing registered: ONNX Runtime itself must run every function body
-        session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(
+            proto.SerializeToString(), providers=["CPUExecutionProvider"]
+        )
     else:
         session = onnx_custom.InferenceSession(proto)
     return run_onnx(session, proto, args)
@@ -161,13 +206,16 @@ def test_half_precision_runs_in_onnxruntime(row: Row, dtype: str) -> None:
     assert len(got) == len(expected)
     for index, (value, want) in enumerate(zip(got, expected, strict=True)):
         value64 = torch.from_numpy(np.asarray(value).astype(np.float64))
-        assert value.dtype.name == dtype or not want.is_floating_point(), f"output {index} is {value.dtype}"
+        assert value.dtype.name == dtype or not want.is_floating_point(), (
+            f"output {index} is {value.dtype}"
+        )
         scale = float(want.abs().max()) if want.numel() else 0.0
         bound = ULPS * EPS[dtype] * (want.abs() + scale)
         excess = (value64 - want).abs() - bound
         assert bool((excess <= 0).all()), (
-            f"output {index}: max abs diff {float((value64 - want).abs().max()):.3g} over the bound "
-            f"(max {float(bound.max()):.3g}) at {int((excess > 0).sum())} of {want.numel()} elements"
+            f"output {index}: max abs diff {float((value64 - want).abs().max()):.3g} over the bound"
+            f" (max {float(bound.max()):.3g}) at {int((excess > 0).sum())} of {want.numel()}"
+            " elements"
         )
     if not row.bodies:  # verify runs our kernels: it must agree that the file runs and matches
         report = onnx_custom.verify(model, args, proto, raise_on_mismatch=False, shapes=())
@@ -190,7 +238,13 @@ def test_strict_refuses_naming_op_dtype_and_provider() -> None:
     model = module.Model().eval().to(torch.bfloat16)
     args = tuple(_cast(a, torch.bfloat16) for a in module.example_inputs())
     for exporter in ("torchscript", "dynamo"):
-        with pytest.raises(HalfPrecisionError, match=r"(?s)CPUExecutionProvider.*Sin \(opset \d+.*bfloat16.*half_precision='float32-compute'"):
+        with pytest.raises(
+            HalfPrecisionError,
+            match=(
+                r"(?s)CPUExecutionProvider.*Sin \(opset"
+                r" \d+.*bfloat16.*half_precision='float32-compute'"
+            ),
+        ):
             onnx_custom.export(model, args, exporter=exporter, half_precision="strict")
 
 
@@ -226,7 +280,9 @@ def test_verify_runs_function_bodies_in_plain_onnxruntime(exporter: str) -> None
     args = tuple(_cast(a, torch.bfloat16) for a in module.example_inputs())
     registry = onnx_custom.default_registry().with_variants("custom")
     opset = 18 if exporter == "dynamo" else 15
-    good = onnx_custom.export(model, args, exporter=exporter, opset=opset, registry=registry, functions=True)
+    good = onnx_custom.export(
+        model, args, exporter=exporter, opset=opset, registry=registry, functions=True
+    )
     report = onnx_custom.verify(model, args, good, shapes=())
     assert report.passed and "onnxruntime-bodies" in report.backends
     plain = onnx_custom.export(model, args, exporter=exporter, opset=opset, registry=registry)

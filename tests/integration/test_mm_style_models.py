@@ -39,7 +39,9 @@ class TopkHead(torch.nn.Module):
         super().__init__()
         self.pre_topk = pre_topk
 
-    def forward(self, scores: torch.Tensor, boxes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(
+        self, scores: torch.Tensor, boxes: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         batch, num, _ = scores.shape
         max_scores, labels = scores.max(-1)
         if torch.onnx.is_in_onnx_export():
@@ -81,7 +83,12 @@ class ClampMixedBounds(torch.nn.Module):
     which torch's dynamo exporter cannot re-dispatch after its type promotion."""
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return x.clamp(0, 1.5), torch.clamp(x, min=-1, max=0.5), x.clone().clamp_(0, 2.5), x.clip(-2, 1.5)
+        return (
+            x.clamp(0, 1.5),
+            torch.clamp(x, min=-1, max=0.5),
+            x.clone().clamp_(0, 2.5),
+            x.clip(-2, 1.5),
+        )
 
 
 # -- the table ---------------------------------------------------------------------------------
@@ -101,23 +108,43 @@ def _seeded(fn: Callable[[torch.Generator], tuple[Any, ...]]) -> Callable[[], tu
 
 
 CASES = [
-    Case("topk_head-scores[2,10,3]-boxes[2,10,4]", TopkHead,
-         _seeded(lambda g: (torch.rand(2, 10, 3, generator=g), torch.rand(2, 10, 4, generator=g))),
-         {"scores": {0: "batch", 1: "n"}, "boxes": {0: "batch", 1: "n"}},
-         ({"n": 3}, {"n": 20, "batch": 1}, {"n": 6})),
-    Case("clip_boxes-boxes[3,4]", ClipBoxes, _seeded(lambda g: (torch.randn(3, 4, generator=g) * 8,)),
-         {"boxes": {0: "n"}}, ({"n": 1}, {"n": 7})),
-    Case("scale_by_size-x[2,5]", ScaleBySize, _seeded(lambda g: (torch.randn(2, 5, generator=g),)),
-         {"x": {1: "n"}}, ({"n": 1}, {"n": 9})),
-    Case("clamp_mixed_bounds-x[3,4]", ClampMixedBounds, _seeded(lambda g: (torch.randn(3, 4, generator=g) * 3,)),
-         {"x": {0: "n"}}, ({"n": 1}, {"n": 5})),
+    Case(
+        "topk_head-scores[2,10,3]-boxes[2,10,4]",
+        TopkHead,
+        _seeded(lambda g: (torch.rand(2, 10, 3, generator=g), torch.rand(2, 10, 4, generator=g))),
+        {"scores": {0: "batch", 1: "n"}, "boxes": {0: "batch", 1: "n"}},
+        ({"n": 3}, {"n": 20, "batch": 1}, {"n": 6}),
+    ),
+    Case(
+        "clip_boxes-boxes[3,4]",
+        ClipBoxes,
+        _seeded(lambda g: (torch.randn(3, 4, generator=g) * 8,)),
+        {"boxes": {0: "n"}},
+        ({"n": 1}, {"n": 7}),
+    ),
+    Case(
+        "scale_by_size-x[2,5]",
+        ScaleBySize,
+        _seeded(lambda g: (torch.randn(2, 5, generator=g),)),
+        {"x": {1: "n"}},
+        ({"n": 1}, {"n": 9}),
+    ),
+    Case(
+        "clamp_mixed_bounds-x[3,4]",
+        ClampMixedBounds,
+        _seeded(lambda g: (torch.randn(3, 4, generator=g) * 3,)),
+        {"x": {0: "n"}},
+        ({"n": 1}, {"n": 5}),
+    ),
 ]
 IN_PLACE = [c for c in CASES if c.id.startswith(("clip_boxes", "scale_by_size"))]
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_mm_style_model_exports_and_verifies_at_other_sizes(case: Case, exporter: str, tmp_path: Path) -> None:
+def test_mm_style_model_exports_and_verifies_at_other_sizes(
+    case: Case, exporter: str, tmp_path: Path
+) -> None:
     model, args = case.model(), case.args()
     path = tmp_path / "m.onnx"
     onnx_custom.export(model, args, path, exporter=exporter, dynamic_shapes=case.dynamic)
@@ -133,7 +160,11 @@ def test_in_place_aten_ops_count_as_covered_by_their_functional_twin(case: Case)
     functionalizes them, so `check` and the export's pre-check must not list them as missing."""
     model, args = case.model(), case.args()
     program = torch.export.export(model, args, strict=False)
-    in_place = {str(n.target) for n in program.graph.nodes if n.op == "call_function" and str(n.target).split(".")[1].endswith("_")}
+    in_place = {
+        str(n.target)
+        for n in program.graph.nodes
+        if n.op == "call_function" and str(n.target).split(".")[1].endswith("_")
+    }
     assert in_place, "the case no longer exercises an in-place op"
     assert missing_ops_dynamo(program, 18) == []
     assert onnx_custom.check(model, args, exporter="dynamo").ok

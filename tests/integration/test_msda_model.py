@@ -22,8 +22,14 @@ OPSETS = {"torchscript": 17, "dynamo": 18}
 
 def _export(exporter: str, **kwargs: Any) -> onnx.ModelProto:
     model = msda.Model().eval()
-    return onnx_custom.export(model, msda.example_inputs(), exporter=exporter, opset=OPSETS[exporter],
-                              dynamic_shapes=msda.dynamic_shapes, **kwargs)  # fmt: skip
+    return onnx_custom.export(
+        model,
+        msda.example_inputs(),
+        exporter=exporter,
+        opset=OPSETS[exporter],
+        dynamic_shapes=msda.dynamic_shapes,
+        **kwargs,
+    )
 
 
 def _other_batch() -> tuple[tuple[torch.Tensor, ...], np.ndarray]:

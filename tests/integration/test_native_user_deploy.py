@@ -37,7 +37,7 @@ TOL = {"float32": (1.3e-6, 1e-5), "float16": (1e-3, 1e-5)}
 def readme_blocks() -> dict[str, tuple[str, str]]:
     """``{file name or "build": (language, text)}`` of the section's fenced blocks."""
     text = README.read_text(encoding="utf-8")
-    section = text[text.index("## Your own native kernel\n"):]
+    section = text[text.index("## Your own native kernel\n") :]
     section = section[: section.index("\n## ", 10)] if "\n## " in section[10:] else section
     section = section[: section.index("\n### ")] if "\n### " in section else section
     blocks: dict[str, tuple[str, str]] = {}
@@ -49,14 +49,23 @@ def readme_blocks() -> dict[str, tuple[str, str]]:
 
 
 def run(cmd: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    full = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": str(cwd), **env}
+    full = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": str(cwd),
+        **env,
+    }
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=900, env=full)
 
 
 def test_readme_section_has_the_contracts_blocks() -> None:
     blocks = readme_blocks()
     assert [(name, lang) for name, (lang, _) in blocks.items()] == [
-        ("acme_ops.py", "python"), ("acme_kernels.cpp", "cpp"), ("acme.yaml", "yaml"), ("build", "bash")]
+        ("acme_ops.py", "python"),
+        ("acme_kernels.cpp", "cpp"),
+        ("acme.yaml", "yaml"),
+        ("build", "bash"),
+    ]
     assert "native:" in blocks["acme.yaml"][1] and "dist/" in blocks["build"][1]
 
 
@@ -75,8 +84,7 @@ def user_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 COMBOS = [(d, e) for d in ("float32", "float16") for e in ("torchscript", "dynamo")]
 
-EXPORT = textwrap.dedent(
-    """
+EXPORT = textwrap.dedent("""
     import sys, numpy as np, torch, onnx_custom
     onnx_custom.load_specs("acme.yaml")
     class M(torch.nn.Module):
@@ -94,11 +102,9 @@ EXPORT = textwrap.dedent(
         y5 = torch.randn(5, 3, generator=g).to(dtype)
         np.save(f"x_{name}.npy", x5.contiguous().numpy()); np.save(f"y_{name}.npy", y5.numpy())
         np.save(f"eager_{name}.npy", M()(x5, y5).numpy())
-    """
-)
+    """)
 
-DEPLOY = textwrap.dedent(
-    """
+DEPLOY = textwrap.dedent("""
     import glob, sys
     import numpy as np, onnxruntime as ort
     libs = glob.glob("dist/*.so")
@@ -113,8 +119,7 @@ DEPLOY = textwrap.dedent(
         np.save(f"ort_{model}.npy", out)
     assert "torch" not in sys.modules and not any(m.startswith("onnx_custom") for m in sys.modules), sorted(sys.modules)
     print("modules ok")
-    """
-)
+    """)
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +134,9 @@ def exported(user_folder: Path) -> Path:
 
 
 @pytest.mark.parametrize(("dtype", "exporter"), COMBOS)
-def test_plain_onnxruntime_runs_the_exported_file(exported: Path, dtype: str, exporter: str) -> None:
+def test_plain_onnxruntime_runs_the_exported_file(
+    exported: Path, dtype: str, exporter: str
+) -> None:
     assert [p.name for p in (exported / "dist").iterdir()] == ["libacme_ops.so"]  # exactly one .so
     out = np.load(exported / f"ort_m_{dtype}_{exporter}.onnx.npy")
     eager = np.load(exported / f"eager_{dtype}.npy")
@@ -137,7 +144,9 @@ def test_plain_onnxruntime_runs_the_exported_file(exported: Path, dtype: str, ex
     rtol, atol = TOL[dtype]
     torch.testing.assert_close(torch.from_numpy(out), torch.from_numpy(eager), rtol=rtol, atol=atol)
     x, y = (np.load(exported / f"{n}_{dtype}.npy").astype(np.float64) for n in "xy")
-    np.testing.assert_allclose(out.astype(np.float64), (0.5 * x + y).astype(dtype), rtol=rtol, atol=atol)
+    np.testing.assert_allclose(
+        out.astype(np.float64), (0.5 * x + y).astype(dtype), rtol=rtol, atol=atol
+    )
 
 
 def test_c_program_runs_the_exported_file(exported: Path, tmp_path: Path) -> None:
@@ -151,17 +160,45 @@ def test_c_program_runs_the_exported_file(exported: Path, tmp_path: Path) -> Non
     if shutil.which(cc) is None:
         pytest.skip(f"C compiler {cc!r} not found")
     program = tmp_path / "run_model"
-    subprocess.run([cc, "-std=c11", "-O2", f"-I{REPO / 'onnx_custom' / 'runtime' / 'include'}", str(REPO / "examples" / "run_model.c"),
-                    "-ldl", "-o", str(program)], check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            cc,
+            "-std=c11",
+            "-O2",
+            f"-I{REPO / 'onnx_custom' / 'runtime' / 'include'}",
+            str(REPO / "examples" / "run_model.c"),
+            "-ldl",
+            "-o",
+            str(program),
+        ],
+        check=True,
+        capture_output=True,
+    )
     user_folder = exported
     x, y = np.load(user_folder / "x_float32.npy"), np.load(user_folder / "y_float32.npy")
     write_tensor(tmp_path / "x.tensor", x)
     write_tensor(tmp_path / "y.tensor", y)
-    proc = subprocess.run([str(program), str(ort_library()), str(user_folder / "dist" / "libacme_ops.so"),
-                           str(user_folder / "m_float32_torchscript.onnx"), str(tmp_path / "out.tensor"),
-                           str(tmp_path / "x.tensor"), str(tmp_path / "y.tensor")], capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [
+            str(program),
+            str(ort_library()),
+            str(user_folder / "dist" / "libacme_ops.so"),
+            str(user_folder / "m_float32_torchscript.onnx"),
+            str(tmp_path / "out.tensor"),
+            str(tmp_path / "x.tensor"),
+            str(tmp_path / "y.tensor"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
-    np.testing.assert_allclose(read_tensor(tmp_path / "out.tensor"), np.load(user_folder / "eager_float32.npy"), rtol=1.3e-6, atol=1e-5)
+    np.testing.assert_allclose(
+        read_tensor(tmp_path / "out.tensor"),
+        np.load(user_folder / "eager_float32.npy"),
+        rtol=1.3e-6,
+        atol=1e-5,
+    )
 
 
 @pytest.fixture
@@ -177,15 +214,27 @@ class ScaleAdd(torch.nn.Module):
         return torch.ops.acme.scale_add(x, y, 0.5)
 
 
-@pytest.mark.parametrize("exporter", ["torchscript", pytest.param("dynamo", marks=pytest.mark.slow)])
-def test_verify_runs_the_user_library_on_non_contiguous_inputs(user_folder: Path, acme_spec: onnx_custom.OpSpec, tmp_path: Path, exporter: str) -> None:
+@pytest.mark.parametrize(
+    "exporter", ["torchscript", pytest.param("dynamo", marks=pytest.mark.slow)]
+)
+def test_verify_runs_the_user_library_on_non_contiguous_inputs(
+    user_folder: Path, acme_spec: onnx_custom.OpSpec, tmp_path: Path, exporter: str
+) -> None:
     lib = NativeLibrary.load(user_folder / "dist" / "libacme_ops.so")
     assert lib.ops == ("acme::ScaleAdd",)
     g = torch.Generator().manual_seed(3)
     x = torch.randn(3, 6, generator=g).t()  # permuted
-    y = torch.randn(6, 8, generator=g)[:, ::2].contiguous(memory_format=torch.contiguous_format)[:, :3]  # sliced
+    y = torch.randn(6, 8, generator=g)[:, ::2].contiguous(memory_format=torch.contiguous_format)[
+        :, :3
+    ]  # sliced
     path = tmp_path / "m.onnx"
-    onnx_custom.export(ScaleAdd(), (x, y), path, exporter=exporter, dynamic_shapes={"x": {0: "batch"}, "y": {0: "batch"}})
+    onnx_custom.export(
+        ScaleAdd(),
+        (x, y),
+        path,
+        exporter=exporter,
+        dynamic_shapes={"x": {0: "batch"}, "y": {0: "batch"}},
+    )
     report = onnx_custom.verify(ScaleAdd(), (x, y), path, kernels=lib)
     assert report.passed, report
     sess = onnx_custom.InferenceSession(path, kernels=lib)
@@ -210,17 +259,28 @@ def test_check_op_exercises_the_native_kernel(acme_spec: onnx_custom.OpSpec) -> 
         assert sum("skipped" in s for s in case.shapes) == 1, case.shapes
 
 
-def test_native_case_fails_when_the_kernel_is_wrong(user_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_native_case_fails_when_the_kernel_is_wrong(
+    user_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A kernel that disagrees with eager must make check_op fail (a verifier that cannot fail is no test)."""
     for name in ("acme_ops.py", "acme.yaml"):
         shutil.copy(user_folder / name, tmp_path / name)
-    wrong = (user_folder / "acme_kernels.cpp").read_text().replace("alpha * float(x[i])", "alpha * float(x[i]) * 1.01f")
+    wrong = (
+        (user_folder / "acme_kernels.cpp")
+        .read_text()
+        .replace("alpha * float(x[i])", "alpha * float(x[i]) * 1.01f")
+    )
     (tmp_path / "acme_kernels.cpp").write_text(wrong)
     monkeypatch.syspath_prepend(str(tmp_path))
     with spec_scope():
         (spec,) = onnx_custom.load_specs(tmp_path / "acme.yaml")
-        report = onnx_custom.testing.check_op(spec, [(torch.randn(4, 3), torch.randn(4, 3), 0.5)],
-                                              exporters=("torchscript",), dtypes=False, raise_on_failure=False)  # fmt: skip
+        report = onnx_custom.testing.check_op(
+            spec,
+            [(torch.randn(4, 3), torch.randn(4, 3), 0.5)],
+            exporters=("torchscript",),
+            dtypes=False,
+            raise_on_failure=False,
+        )
     native = [c for c in report.cases if c.name.startswith("native kernel of")]
     assert native and not any(c.passed for c in native), report
 
@@ -230,42 +290,100 @@ def test_cmake_project_builds_with_cmake_alone(exported: Path, tmp_path: Path) -
     user_folder = exported
     if shutil.which("cmake") is None:
         pytest.skip("cmake not found")
-    proc = run(["onnx-custom", "build-library", "--spec", "acme.yaml", "-o", str(tmp_path / "ignored"), "--cmake", str(tmp_path / "project")], user_folder)
+    proc = run(
+        [
+            "onnx-custom",
+            "build-library",
+            "--spec",
+            "acme.yaml",
+            "-o",
+            str(tmp_path / "ignored"),
+            "--cmake",
+            str(tmp_path / "project"),
+        ],
+        user_folder,
+    )
     assert proc.returncode == 0, proc.stderr
     project = tmp_path / "project"
     # the project stands alone: moved away from the sources, built without Python on PATH
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    for cmd in (["cmake", "-S", str(project), "-B", str(tmp_path / "build"), "-DCMAKE_BUILD_TYPE=Release"],
-                ["cmake", "--build", str(tmp_path / "build"), "-j", "2"]):  # fmt: skip
+    for cmd in (
+        ["cmake", "-S", str(project), "-B", str(tmp_path / "build"), "-DCMAKE_BUILD_TYPE=Release"],
+        ["cmake", "--build", str(tmp_path / "build"), "-j", "2"],
+    ):
         built = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
         assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     (lib,) = (tmp_path / "build").glob("libacme_ops.so")
-    script = DEPLOY.replace('glob.glob("dist/*.so")', f"[{str(lib)!r}]").replace('np.save(f"ort_{model}', 'np.save(f"cmake_{model}')
-    proc = run([sys.executable, "-c", script, "m_float32_torchscript.onnx", "m_float16_dynamo.onnx"], user_folder)
+    script = DEPLOY.replace('glob.glob("dist/*.so")', f"[{str(lib)!r}]").replace(
+        'np.save(f"ort_{model}', 'np.save(f"cmake_{model}'
+    )
+    proc = run(
+        [sys.executable, "-c", script, "m_float32_torchscript.onnx", "m_float16_dynamo.onnx"],
+        user_folder,
+    )
     assert proc.returncode == 0 and "modules ok" in proc.stdout, proc.stderr[-3000:]
-    for dtype, model in (("float32", "m_float32_torchscript.onnx"), ("float16", "m_float16_dynamo.onnx")):
+    for dtype, model in (
+        ("float32", "m_float32_torchscript.onnx"),
+        ("float16", "m_float16_dynamo.onnx"),
+    ):
         rtol, atol = TOL[dtype]
-        np.testing.assert_allclose(np.load(user_folder / f"cmake_{model}.npy").astype(np.float64),
-                                   np.load(user_folder / f"eager_{dtype}.npy").astype(np.float64), rtol=rtol, atol=atol)  # fmt: skip
+        np.testing.assert_allclose(
+            np.load(user_folder / f"cmake_{model}.npy").astype(np.float64),
+            np.load(user_folder / f"eager_{dtype}.npy").astype(np.float64),
+            rtol=rtol,
+            atol=atol,
+        )
 
 
 def test_package_writes_model_library_and_readme(exported: Path, tmp_path: Path) -> None:
-    proc = run(["onnx-custom", "package", "m_float16_dynamo.onnx", "-o", str(tmp_path / "pkg"), "--spec", "acme.yaml"], exported)
+    proc = run(
+        [
+            "onnx-custom",
+            "package",
+            "m_float16_dynamo.onnx",
+            "-o",
+            str(tmp_path / "pkg"),
+            "--spec",
+            "acme.yaml",
+        ],
+        exported,
+    )
     assert proc.returncode == 0, proc.stderr
-    assert sorted(p.name for p in (tmp_path / "pkg").iterdir()) == ["README.md", "libacme_ops.so", "m_float16_dynamo.onnx"]
+    assert sorted(p.name for p in (tmp_path / "pkg").iterdir()) == [
+        "README.md",
+        "libacme_ops.so",
+        "m_float16_dynamo.onnx",
+    ]
     readme = (tmp_path / "pkg" / "README.md").read_text()
-    assert "register_custom_ops_library" in readme and "run_model" in readme and "RegisterCustomOpsLibrary" in readme
+    assert (
+        "register_custom_ops_library" in readme
+        and "run_model" in readme
+        and "RegisterCustomOpsLibrary" in readme
+    )
     for name in ("x_float16.npy", "y_float16.npy"):
         shutil.copy(exported / name, tmp_path / "pkg" / name)
-    script = DEPLOY.replace('np.save(f"ort_{model}', 'np.save(f"pkg_{model}').replace('glob.glob("dist/*.so")', 'glob.glob("./*.so")')
+    script = DEPLOY.replace('np.save(f"ort_{model}', 'np.save(f"pkg_{model}').replace(
+        'glob.glob("dist/*.so")', 'glob.glob("./*.so")'
+    )
     proc = run([sys.executable, "-c", script, "m_float16_dynamo.onnx"], tmp_path / "pkg")
     assert proc.returncode == 0 and "modules ok" in proc.stdout, proc.stderr[-3000:]
-    torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "pkg" / "pkg_m_float16_dynamo.onnx.npy")),
-                               torch.from_numpy(np.load(exported / "eager_float16.npy")), rtol=1e-3, atol=1e-5)  # fmt: skip
+    torch.testing.assert_close(
+        torch.from_numpy(np.load(tmp_path / "pkg" / "pkg_m_float16_dynamo.onnx.npy")),
+        torch.from_numpy(np.load(exported / "eager_float16.npy")),
+        rtol=1e-3,
+        atol=1e-5,
+    )
 
 
 def test_package_refuses_nodes_without_native_kernel(exported: Path, tmp_path: Path) -> None:
-    proc = run(["onnx-custom", "package", "m_float32_torchscript.onnx", "-o", str(tmp_path / "pkg")], exported)
+    proc = run(
+        ["onnx-custom", "package", "m_float32_torchscript.onnx", "-o", str(tmp_path / "pkg")],
+        exported,
+    )
     assert proc.returncode != 0
-    assert "1 custom op type(s)" in proc.stderr and "acme::ScaleAdd" in proc.stderr and "--spec" in proc.stderr, proc.stderr
+    assert (
+        "1 custom op type(s)" in proc.stderr
+        and "acme::ScaleAdd" in proc.stderr
+        and "--spec" in proc.stderr
+    ), proc.stderr
     assert not (tmp_path / "pkg").exists()  # nothing half-written

@@ -80,8 +80,14 @@ def _resized(module: Any, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor,
 
 
 def test_every_custom_zoo_model_runs_with_only_the_native_library(tmp_path: Path) -> None:
-    assert {name for name, _ in ROWS} >= {"my_add", "multi_out", "multi_out3", "deform_conv",
-                                          "bev_pool", "custom_linear"}  # fmt: skip
+    assert {name for name, _ in ROWS} >= {
+        "my_add",
+        "multi_out",
+        "multi_out3",
+        "deform_conv",
+        "bev_pool",
+        "custom_linear",
+    }
     manifest, expected = [], {}
     for i, (name, case) in enumerate(ROWS):
         module = importlib.import_module(f"onnx_custom.models.{name}")
@@ -94,9 +100,18 @@ def test_every_custom_zoo_model_runs_with_only_the_native_library(tmp_path: Path
         if case.exporter == "dynamo" and case.opset < 15:
             dynamic = None  # the dynamo exporter cannot lower dynamic shapes below opset 15
         path = tmp_path / f"{i}-{name}-{case.label}.onnx"
-        proto = onnx_custom.export(model, args, path, exporter=case.exporter, opset=case.opset,
-                                   registry=registry, dynamic_shapes=dynamic)  # fmt: skip
-        assert any(n.domain not in ("", "ai.onnx") for n in proto.graph.node), f"{name}: no custom node"
+        proto = onnx_custom.export(
+            model,
+            args,
+            path,
+            exporter=case.exporter,
+            opset=case.opset,
+            registry=registry,
+            dynamic_shapes=dynamic,
+        )
+        assert any(n.domain not in ("", "ai.onnx") for n in proto.graph.node), (
+            f"{name}: no custom node"
+        )
         runs = []
         resized = _resized(module, args) if dynamic is not None else None
         for j, inputs in enumerate(x for x in (args, resized) if x is not None):
@@ -107,8 +122,10 @@ def test_every_custom_zoo_model_runs_with_only_the_native_library(tmp_path: Path
                 files.append(prefix + f"in{k}.npy")
             with torch.inference_mode():
                 out = model(*inputs)
-            expected[prefix] = (f"{name} {case.label} inputs {[tuple(t.shape) for t in inputs]}",
-                                out if isinstance(out, tuple) else (out,))  # fmt: skip
+            expected[prefix] = (
+                f"{name} {case.label} inputs {[tuple(t.shape) for t in inputs]}",
+                out if isinstance(out, tuple) else (out,),
+            )
             runs.append({"inputs": files, "prefix": prefix})
         manifest.append({"model": str(path), "runs": runs})
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
@@ -117,7 +134,9 @@ def test_every_custom_zoo_model_runs_with_only_the_native_library(tmp_path: Path
     for prefix, (label, outs) in expected.items():
         for k, want in enumerate(outs):
             got = torch.from_numpy(np.load(prefix + f"out{k}.npy"))
-            torch.testing.assert_close(got, want, msg=lambda m, label=label, k=k: f"{label} output {k}: {m}")
+            torch.testing.assert_close(
+                got, want, msg=lambda m, label=label, k=k: f"{label} output {k}: {m}"
+            )
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])

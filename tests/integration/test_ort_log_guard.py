@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-PLANTED = textwrap.dedent(
-    '''
+PLANTED = textwrap.dedent("""
     import subprocess, sys
     import numpy as np
     import onnxruntime as ort
@@ -70,23 +69,48 @@ PLANTED = textwrap.dedent(
     def test_failing_and_noisy():
         verbose_session()
         assert False, "its own failure"
-    '''
-)
+    """)
 
 
 @pytest.mark.ort_logs  # the child pytest's report quotes the planted lines
 def test_the_guard_fails_tests_that_let_ort_log(tmp_path: Path) -> None:
     (tmp_path / "test_planted.py").write_text(PLANTED, encoding="utf-8")
     tests_dir = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tests_dir), os.environ.get("PYTHONPATH", "")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(tests_dir), os.environ.get("PYTHONPATH", "")])
+        ),
+    }
     env.pop("ONNX_CUSTOM_ORT_LOG_SEVERITY", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "ort_log_guard", "-p", "no:cacheprovider", "-rA", "--strict-markers",
-         "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path / "test_planted.py")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "ort_log_guard",
+            "-p",
+            "no:cacheprovider",
+            "-rA",
+            "--strict-markers",
+            "--rootdir",
+            str(tmp_path),
+            "-c",
+            os.devnull,
+            str(tmp_path / "test_planted.py"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     out = proc.stdout
-    outcomes = {name: outcome for outcome, name in re.findall(r"^(PASSED|FAILED|ERROR) \S+::(\w+)", out, re.M)}
+    outcomes = {
+        name: outcome
+        for outcome, name in re.findall(r"^(PASSED|FAILED|ERROR) \S+::(\w+)", out, re.M)
+    }
     assert outcomes == {
         "test_noisy_session": "FAILED",
         "test_noisy_fixture": "ERROR",  # the fixture's setup phase printed them
@@ -98,5 +122,9 @@ def test_the_guard_fails_tests_that_let_ort_log(tmp_path: Path) -> None:
     }, out[-4000:]
     assert out.count("ONNX Runtime log lines reached stderr during call") >= 2, out[-4000:]
     assert "ONNX Runtime log lines reached stderr during setup" in out
-    assert re.search(r"\[I:onnxruntime:.*Session successfully initialized", out), out[-4000:]  # names the lines
-    assert "its own failure" in out and "ORT log guard" in out  # a failing test keeps its failure, gets a section
+    assert re.search(r"\[I:onnxruntime:.*Session successfully initialized", out), out[
+        -4000:
+    ]  # names the lines
+    assert (
+        "its own failure" in out and "ORT log guard" in out
+    )  # a failing test keeps its failure, gets a section

@@ -20,8 +20,7 @@ EXE = str(Path(sys.executable).with_name("onnx-custom"))
 ORT_LOG_MARKS = ("[E:onnxruntime", "[W:onnxruntime", "[I:onnxruntime")
 CHATTER = ("torchvision is not installed",)
 
-API_SCRIPT = textwrap.dedent(
-    """
+API_SCRIPT = textwrap.dedent("""
     import sys
     import numpy as np, onnx, torch
     from onnx import TensorProto, helper
@@ -83,12 +82,15 @@ API_SCRIPT = textwrap.dedent(
     # one zoo row
     from onnx_custom.zoo import run_zoo
     assert all(r.status in ("pass", "skip") for r in run_zoo(["my_add"])), "zoo row failed"
-    """
-)
+    """)
 
 
 def _no_noise(stderr: str) -> None:
-    noisy = [line for line in stderr.splitlines() if any(mark in line for mark in ORT_LOG_MARKS + CHATTER)]
+    noisy = [
+        line
+        for line in stderr.splitlines()
+        if any(mark in line for mark in ORT_LOG_MARKS + CHATTER)
+    ]
     assert not noisy, "\n".join(noisy[:10])
 
 
@@ -99,7 +101,13 @@ def _env() -> dict[str, str]:
 
 
 def test_api_run_prints_no_ort_log_lines(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-c", API_SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=900, env=_env())
+    proc = subprocess.run(
+        [sys.executable, "-c", API_SCRIPT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=_env(),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "KernelRunError: kernel test::Boom failed" in proc.stderr
     assert proc.stderr.count("boom from the kernel") == 1  # once, by our error; not again by ORT
@@ -109,10 +117,20 @@ def test_api_run_prints_no_ort_log_lines(tmp_path: Path) -> None:
 @pytest.mark.ort_logs
 def test_ort_logs_come_back_when_asked(tmp_path: Path) -> None:
     """The escape hatch: $ONNX_CUSTOM_ORT_LOG_SEVERITY brings ORT's own log lines back."""
-    script = API_SCRIPT.split("# a verify trial ORT refuses")[0].split("# a failing kernel: reported once, by KernelRunError\n")[1]
-    script = "import sys, numpy as np\nfrom onnx import TensorProto, helper\nfrom onnx_custom.runtime import InferenceSession, KernelRegistry, KernelRunError\n" + textwrap.dedent(script)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          env={**_env(), "ONNX_CUSTOM_ORT_LOG_SEVERITY": "3"})
+    script = API_SCRIPT.split("# a verify trial ORT refuses")[0].split(
+        "# a failing kernel: reported once, by KernelRunError\n"
+    )[1]
+    script = (
+        "import sys, numpy as np\nfrom onnx import TensorProto, helper\nfrom onnx_custom.runtime"
+        " import InferenceSession, KernelRegistry, KernelRunError\n" + textwrap.dedent(script)
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**_env(), "ONNX_CUSTOM_ORT_LOG_SEVERITY": "3"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "[E:onnxruntime" in proc.stderr
 
@@ -128,11 +146,24 @@ def test_ort_logs_come_back_when_asked(tmp_path: Path) -> None:
     ],
     ids=lambda a: a[0],
 )
-def test_cli_commands_print_no_ort_log_lines(argv: list[str], tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_cli_commands_print_no_ort_log_lines(
+    argv: list[str], tmp_path_factory: pytest.TempPathFactory
+) -> None:
     tmp = tmp_path_factory.getbasetemp() / "quiet_cli"
     tmp.mkdir(exist_ok=True)
     if argv[0] in ("verify", "inspect") and not (tmp / "m.onnx").exists():
-        subprocess.run([EXE, "export", "my_add", "-o", str(tmp / "m.onnx")], check=True, capture_output=True, timeout=600)
-    proc = subprocess.run([EXE, *(a.format(tmp=tmp) for a in argv)], capture_output=True, text=True, timeout=900, env=_env())
+        subprocess.run(
+            [EXE, "export", "my_add", "-o", str(tmp / "m.onnx")],
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
+    proc = subprocess.run(
+        [EXE, *(a.format(tmp=tmp) for a in argv)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=_env(),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     _no_noise(proc.stderr)

@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-_BLOCK = re.compile(r"<!-- readme-test: (?P<name>[\w-]+) -->\s*```(?P<lang>\w+)\n(?P<body>.*?)```", re.S)
+_BLOCK = re.compile(
+    r"<!-- readme-test: (?P<name>[\w-]+) -->\s*```(?P<lang>\w+)\n(?P<body>.*?)```", re.S
+)
 
 # Module the op-spec example names (its two functions are quoted in the example's comment).
-ACME_OPS = textwrap.dedent(
-    """
+ACME_OPS = textwrap.dedent("""
     def scale_add(x, y, *, alpha): return alpha * x + y
     def scale_add_np(x, y, *, alpha): return (alpha * x + y).astype(x.dtype)
-    """
-)
+    """)
 
 
 def _examples() -> dict[str, list[tuple[str, str]]]:
@@ -38,7 +38,9 @@ EXAMPLES = _examples()
 
 
 def test_readme_marks_its_examples() -> None:
-    assert {"quick-start", "op-spec", "op-spec-yaml", "torch-style"} <= set(EXAMPLES), sorted(EXAMPLES)
+    assert {"quick-start", "op-spec", "op-spec-yaml", "torch-style"} <= set(EXAMPLES), sorted(
+        EXAMPLES
+    )
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
@@ -52,11 +54,17 @@ def test_readme_example_runs(name: str, tmp_path: Path) -> None:
             assert lang == "python", f"{name}: cannot run a {lang} block"
             script.append(body)
     result = subprocess.run(
-        [sys.executable, "-c", "\n".join(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        [sys.executable, "-c", "\n".join(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
         env={**os.environ, "PYTHONPATH": str(tmp_path)},
-    )  # fmt: skip
+    )
     assert result.returncode == 0, f"README example {name!r} failed:\n{result.stderr[-3000:]}"
     verifies = ("quick-start", "torch-style")  # these print verify() reports
     assert name not in verifies or result.stdout.count("Verification PASSED") == 2, result.stdout
-    if name == "quick-start":  # the second block runs a file whose custom node runs the kernel shown
+    if (
+        name == "quick-start"
+    ):  # the second block runs a file whose custom node runs the kernel shown
         assert "['ScaleAdd']" in result.stdout, result.stdout

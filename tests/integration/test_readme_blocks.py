@@ -23,7 +23,9 @@ from pathlib import Path
 import pytest
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-_FENCE = re.compile(r"(?P<marker><!-- readme-test: [\w-]+ -->\s*)?```(?P<lang>\w*)\n(?P<body>.*?)```", re.S)
+_FENCE = re.compile(
+    r"(?P<marker><!-- readme-test: [\w-]+ -->\s*)?```(?P<lang>\w*)\n(?P<body>.*?)```", re.S
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +43,10 @@ class Block:
 
 def readme_blocks() -> list[Block]:
     text = README.read_text(encoding="utf-8")
-    return [Block(text[: m.start()].count("\n") + 1, m["lang"], m["body"], bool(m["marker"])) for m in _FENCE.finditer(text)]
+    return [
+        Block(text[: m.start()].count("\n") + 1, m["lang"], m["body"], bool(m["marker"]))
+        for m in _FENCE.finditer(text)
+    ]
 
 
 # -- context the prose assumes, and what each block must show ---------------------------------
@@ -149,18 +154,27 @@ print("native dcn ran", out.shape)
 import os
 assert not os.path.exists("model.onnx") and os.path.exists("failing.onnx")
 """,
-        stdout=("Verification FAILED", "Nothing was written to 'model.onnx'.", "The failing model was kept at 'failing.onnx'"),
+        stdout=(
+            "Verification FAILED",
+            "Nothing was written to 'model.onnx'.",
+            "The failing model was kept at 'failing.onnx'",
+        ),
         slow=True,  # a dynamo export and a verification in a fresh interpreter (~30 s)
     ),
 }
 
 # python blocks another test runs as written
 COVERED = {
-    "# acme_ops.py": "tests/integration/test_native_user_deploy.py (the 'Your own native kernel' files and build)",
+    "# acme_ops.py": (
+        "tests/integration/test_native_user_deploy.py (the 'Your own native kernel' files and"
+        " build)"
+    ),
 }
 # console blocks: the command runs and prints these lines of the block (others vary: timings)
 CONSOLE = ("$ onnx-custom export asinh -o asinh.onnx --dynamic --verify",)
-SLOW_CONSOLE = {"$ onnx-custom zoo": "exports and verifies all 98 rows (minutes): test_zoo.py runs the rows"}
+SLOW_CONSOLE = {
+    "$ onnx-custom zoo": "exports and verifies all 98 rows (minutes): test_zoo.py runs the rows"
+}
 
 
 def _python(blocks: list[Block]) -> list[Block]:
@@ -170,8 +184,15 @@ def _python(blocks: list[Block]) -> list[Block]:
 def test_every_readme_block_is_covered() -> None:
     blocks = readme_blocks()
     assert len(blocks) > 10
-    uncovered = [f"line {b.line}: {b.key}" for b in _python(blocks) if b.key not in PRELUDES and b.key not in COVERED]
-    assert not uncovered, f"README python blocks no test runs: {uncovered}; add them to PRELUDES (or mark a whole example readme-test)"
+    uncovered = [
+        f"line {b.line}: {b.key}"
+        for b in _python(blocks)
+        if b.key not in PRELUDES and b.key not in COVERED
+    ]
+    assert not uncovered, (
+        f"README python blocks no test runs: {uncovered}; add them to PRELUDES (or mark a whole"
+        " example readme-test)"
+    )
     consoles = [b.key for b in blocks if b.lang == "console"]
     assert set(consoles) == set(CONSOLE) | set(SLOW_CONSOLE), consoles
     stale = set(PRELUDES) - {b.key for b in _python(blocks)}
@@ -180,16 +201,39 @@ def test_every_readme_block_is_covered() -> None:
 
 def _env(tmp_path: Path) -> dict[str, str]:
     bin_dir = str(Path(sys.executable).parent)  # the venv's onnx-custom
-    return {**os.environ, "PYTHONPATH": str(tmp_path), "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(tmp_path),
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
 
 
-@pytest.mark.parametrize("key", [pytest.param(k, marks=[pytest.mark.slow] if PRELUDES[k].slow else [], id=re.sub(r"\W+", "-", k.split("#")[0]).strip("-")[:40]) for k in sorted(PRELUDES)])
+@pytest.mark.parametrize(
+    "key",
+    [
+        pytest.param(
+            k,
+            marks=[pytest.mark.slow] if PRELUDES[k].slow else [],
+            id=re.sub(r"\W+", "-", k.split("#")[0]).strip("-")[:40],
+        )
+        for k in sorted(PRELUDES)
+    ],
+)
 def test_readme_python_block_runs(key: str, tmp_path: Path) -> None:
     (block,) = [b for b in _python(readme_blocks()) if b.key == key]
     run = PRELUDES[key]
     script = "\n".join([textwrap.dedent(run.prelude), block.body, textwrap.dedent(run.check)])
-    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=900, env=_env(tmp_path))
-    assert result.returncode == 0, f"README block at line {block.line} failed:\n{result.stderr[-3000:]}"
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=_env(tmp_path),
+    )
+    assert result.returncode == 0, (
+        f"README block at line {block.line} failed:\n{result.stderr[-3000:]}"
+    )
     for text in run.stdout:
         assert text in result.stdout, (text, result.stdout[-3000:])
 
@@ -199,7 +243,14 @@ def test_readme_python_block_runs(key: str, tmp_path: Path) -> None:
 def test_readme_console_block_prints_what_it_shows(key: str, tmp_path: Path) -> None:
     (block,) = [b for b in readme_blocks() if b.lang == "console" and b.key == key]
     command, *shown = block.body.strip().splitlines()
-    result = subprocess.run(shlex.split(command.removeprefix("$ ")), cwd=tmp_path, capture_output=True, text=True, timeout=900, env=_env(tmp_path))
+    result = subprocess.run(
+        shlex.split(command.removeprefix("$ ")),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=_env(tmp_path),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     printed = result.stdout.splitlines()
     assert printed == shown, "\n".join(["README shows:", *shown, "the command printed:", *printed])

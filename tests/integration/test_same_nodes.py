@@ -19,7 +19,9 @@ def _pairs() -> list[tuple[str, int, str | None]]:
     for name, module_name in discover().items():
         try:
             module = importlib.import_module(module_name)
-        except Exception:  # optional models (e.g. a C++ extension without a compiler) are tested elsewhere
+        except (
+            Exception
+        ):  # optional models (e.g. a C++ extension without a compiler) are tested elsewhere
             continue
         rows = [c for c in getattr(module, "ZOO", ()) if not c.expect_error and not c.dynamic]
         variants = {c.variant for c in rows}
@@ -43,7 +45,13 @@ def test_same_nodes_both_exporters(name: str, opset: int, variant: str | None) -
     records = {}
     for exporter in ("torchscript", "dynamo"):
         with record_nodes() as log:
-            onnx_custom.export(module.Model().eval(), module.example_inputs(), exporter=exporter, opset=opset, registry=reg)
+            onnx_custom.export(
+                module.Model().eval(),
+                module.example_inputs(),
+                exporter=exporter,
+                opset=opset,
+                registry=reg,
+            )
         # The dynamo exporter dispatches on overloads (aten::asinh.default); compare op names.
         records[exporter] = [dataclasses.replace(r, target=r.target.split(".")[0]) for r in log]
     assert records["torchscript"], "no translation of ours ran"

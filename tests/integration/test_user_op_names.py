@@ -23,11 +23,26 @@ from onnx_custom.translate.registry import default_registry
 
 # Namespaces a user is taught to write (torch tutorials, mmcv/mmdeploy, BEVDet, the articles).
 MMDEPLOY_MSDA = "mmdeploy::MMCVMultiScaleDeformableAttention"
-TUTORIAL_NAMESPACES = ("mylib", "my_ops", "custom", "bev", "npu", "extension_cpp", "mmcv", "mmdeploy")
+TUTORIAL_NAMESPACES = (
+    "mylib",
+    "my_ops",
+    "custom",
+    "bev",
+    "npu",
+    "extension_cpp",
+    "mmcv",
+    "mmdeploy",
+)
 OURS = {"onnx_custom", "onnx_custom_ext"}
 # The names onnx-custom used to ship under; a user's own op of that name must be the only one.
-FORMERLY_SHIPPED = ("mylib::my_add", "mylib::multi_out", "mylib::multi_out3", "bev::bev_pool_v2",
-                    "npu::custom_linear", "my_ops::my_add")
+FORMERLY_SHIPPED = (
+    "mylib::my_add",
+    "mylib::multi_out",
+    "mylib::multi_out3",
+    "bev::bev_pool_v2",
+    "npu::custom_linear",
+    "my_ops::my_add",
+)
 
 
 def test_nothing_shipped_sits_in_a_tutorial_namespace() -> None:
@@ -45,7 +60,11 @@ def test_nothing_shipped_sits_in_a_tutorial_namespace() -> None:
     # their TensorRT plugin reads it, and we serve that node too (documented in the README).
     # What the built-in kernel modules ship (the default registry also holds what users, other
     # tests and the compile backend registered in this process).
-    shipped = {name for module in KERNEL_MODULES for name in importlib.import_module(module).kernels.names()}
+    shipped = {
+        name
+        for module in KERNEL_MODULES
+        for name in importlib.import_module(module).kernels.names()
+    }
     names = shipped - {MMDEPLOY_MSDA}
     assert {name.split("::")[0] for name in names} == {"onnx_custom"}, names
     native = set(native_ops()) - {MMDEPLOY_MSDA}
@@ -55,7 +74,9 @@ def test_nothing_shipped_sits_in_a_tutorial_namespace() -> None:
     # Only schemas of op types we ship: tests earlier in the same process register users' schemas
     # (a README example's custom::ScaleAdd), which is exactly what users may do.
     ours = {name.split("::")[1] for name in shipped}
-    schemas = {f"{s.domain}::{s.name}" for s in onnx.defs.get_all_schemas_with_history() if s.name in ours} - {MMDEPLOY_MSDA}
+    schemas = {
+        f"{s.domain}::{s.name}" for s in onnx.defs.get_all_schemas_with_history() if s.name in ours
+    } - {MMDEPLOY_MSDA}
     schema_domains = {name.split("::")[0] for name in schemas}
     assert not schema_domains & set(TUTORIAL_NAMESPACES), schema_domains & set(TUTORIAL_NAMESPACES)
     import pkgutil
@@ -93,8 +114,13 @@ def user_my_add() -> Iterator[object]:
     def my_add_onnx(g, a, b):
         return g.op("mylib::my_add", a, b, beta=3.0)
 
-    @onnx_custom.kernel("mylib::my_add", inputs=["a", "b"], outputs=["y"], attrs={"beta": "float"},
-                        shape_fn="like:a")
+    @onnx_custom.kernel(
+        "mylib::my_add",
+        inputs=["a", "b"],
+        outputs=["y"],
+        attrs={"beta": "float"},
+        shape_fn="like:a",
+    )
     def my_add_kernel(a, b, *, beta):
         return (a + np.asarray(beta, dtype=a.dtype) * b).astype(a.dtype)
 
@@ -116,16 +142,26 @@ def _reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
-def test_user_mylib_my_add_exports_verifies_and_runs(user_my_add: object, exporter: str, tmp_path: Path) -> None:
+def test_user_mylib_my_add_exports_verifies_and_runs(
+    user_my_add: object, exporter: str, tmp_path: Path
+) -> None:
     a, b = torch.randn(3, 5), torch.randn(3, 5)
     path = tmp_path / f"user_{exporter}.onnx"
-    onnx_custom.export(UsesMyAdd(), (a, b), path, exporter=exporter, opset=17 if exporter == "torchscript" else 18,
-                       dynamic_shapes={"a": {0: "batch"}, "b": {0: "batch"}})
+    onnx_custom.export(
+        UsesMyAdd(),
+        (a, b),
+        path,
+        exporter=exporter,
+        opset=17 if exporter == "torchscript" else 18,
+        dynamic_shapes={"a": {0: "batch"}, "b": {0: "batch"}},
+    )
     report = onnx_custom.verify(UsesMyAdd(), (a, b), path, trials=3)
     assert report.passed, report
     import onnx
 
-    nodes = [(n.domain, n.op_type) for n in onnx.load(path).graph.node if n.domain not in ("", "ai.onnx")]
+    nodes = [
+        (n.domain, n.op_type) for n in onnx.load(path).graph.node if n.domain not in ("", "ai.onnx")
+    ]
     assert nodes == [("mylib", "my_add")]
     # Another batch size and a non-contiguous input, in our session with the user's kernel.
     big = torch.randn(5, 7).t()[:, :5]  # (7, 5) view with strides (1, 5)
@@ -164,7 +200,9 @@ class UsesBevPool(torch.nn.Module):
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
-def test_user_bev_pool_v2_name_is_the_users(user_bev_pool: None, exporter: str, tmp_path: Path) -> None:
+def test_user_bev_pool_v2_name_is_the_users(
+    user_bev_pool: None, exporter: str, tmp_path: Path
+) -> None:
     depth, feat = torch.rand(2, 4), torch.randn(2, 4, 3)
     path = tmp_path / "bev.onnx"
     onnx_custom.export(UsesBevPool(), (depth, feat), path, exporter=exporter, opset=18)
@@ -191,21 +229,51 @@ def _kernel_two(a, b):
 
 
 COLLISIONS = [
-    ("translation", onnx_custom.SymbolicError,
-     ["A different translation for mylib::my_add at opset 9", "_first", "received", "_second", "Fix: pass replace=True"]),
-    ("kernel", onnx_custom.KernelError,
-     ["kernel 'mylib::my_add' is already registered", "_kernel_one", "received", "_kernel_two", "fix: pass replace=True"]),
+    (
+        "translation",
+        onnx_custom.SymbolicError,
+        [
+            "A different translation for mylib::my_add at opset 9",
+            "_first",
+            "received",
+            "_second",
+            "Fix: pass replace=True",
+        ],
+    ),
+    (
+        "kernel",
+        onnx_custom.KernelError,
+        [
+            "kernel 'mylib::my_add' is already registered",
+            "_kernel_one",
+            "received",
+            "_kernel_two",
+            "fix: pass replace=True",
+        ],
+    ),
 ]
 
 
 @pytest.mark.parametrize(("what", "error", "phrases"), COLLISIONS, ids=[c[0] for c in COLLISIONS])
-def test_two_user_registrations_of_one_name_collide(what: str, error: type, phrases: list[str]) -> None:
+def test_two_user_registrations_of_one_name_collide(
+    what: str, error: type, phrases: list[str]
+) -> None:
     if what == "translation":
         register = functools.partial(onnx_custom.symbolic, "mylib::my_add", opset=9)
-        first, second, undo = _first, _second, functools.partial(default_registry().remove, "mylib::my_add", opset=9)
+        first, second, undo = (
+            _first,
+            _second,
+            functools.partial(default_registry().remove, "mylib::my_add", opset=9),
+        )
     else:
-        register = functools.partial(onnx_custom.kernel, "mylib::my_add", inputs=["a", "b"], outputs=["y"])
-        first, second, undo = _kernel_one, _kernel_two, functools.partial(user_kernel_registry().remove, "mylib::my_add")
+        register = functools.partial(
+            onnx_custom.kernel, "mylib::my_add", inputs=["a", "b"], outputs=["y"]
+        )
+        first, second, undo = (
+            _kernel_one,
+            _kernel_two,
+            functools.partial(user_kernel_registry().remove, "mylib::my_add"),
+        )
     register()(first)
     try:
         with pytest.raises(error) as info:

@@ -57,7 +57,9 @@ def kernels(request: pytest.FixtureRequest) -> Iterator[str]:
 def _args(dtype: torch.dtype, shuffle: bool, channels: int = C) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(0)
     coor = synthetic_frustum(batch=B, cameras=N, depth_bins=D, feat_hw=FEAT_HW)
-    rb, rd, rf, starts, lengths = prepare_bev_ranks(coor, (-40.0, -40.0, -5.0), (1.6, 1.6, 8.0), GRID)
+    rb, rd, rf, starts, lengths = prepare_bev_ranks(
+        coor, (-40.0, -40.0, -5.0), (1.6, 1.6, 8.0), GRID
+    )
     if shuffle:  # intervals are independent: any order is valid input
         order = torch.randperm(starts.numel(), generator=g)
         starts, lengths = starts[order], lengths[order]
@@ -67,7 +69,9 @@ def _args(dtype: torch.dtype, shuffle: bool, channels: int = C) -> tuple[torch.T
     return grad, depth, feat, rd, rf, rb, starts, lengths
 
 
-def _reference(grad: torch.Tensor, depth: torch.Tensor, feat: torch.Tensor, *ranks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _reference(
+    grad: torch.Tensor, depth: torch.Tensor, feat: torch.Tensor, *ranks: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     rd, rf, rb, starts, lengths = ranks
     d64 = depth.double().requires_grad_()
     f64 = feat.double().requires_grad_()
@@ -80,7 +84,9 @@ def _reference(grad: torch.Tensor, depth: torch.Tensor, feat: torch.Tensor, *ran
 @pytest.mark.parametrize("shuffle", [False, True], ids=["cell-order", "shuffled-intervals"])
 @pytest.mark.parametrize("dtype", list(TOLERANCES), ids=str)
 @pytest.mark.parametrize("n_threads", [1, 2, 3], ids=lambda n: f"{n}threads")
-def test_chunked_backward_matches_the_math(threads: None, kernels: str, n_threads: int, dtype: torch.dtype, shuffle: bool) -> None:
+def test_chunked_backward_matches_the_math(
+    threads: None, kernels: str, n_threads: int, dtype: torch.dtype, shuffle: bool
+) -> None:
     if kernels == "avx512" and dtype != torch.float32:
         pytest.skip("only float32 has an AVX-512 backward")
     args = _args(dtype, shuffle)
@@ -101,7 +107,9 @@ def test_chunked_backward_matches_the_math(threads: None, kernels: str, n_thread
 # 104 (6 blocks and a tail of 8).
 @pytest.mark.parametrize("channels", [3, 16, 19, 80, 104], ids=lambda c: f"C{c}")
 @pytest.mark.parametrize("n_threads", [1, 2], ids=lambda n: f"{n}threads")
-def test_float32_paths_match_the_math(threads: None, kernels: str, n_threads: int, channels: int) -> None:
+def test_float32_paths_match_the_math(
+    threads: None, kernels: str, n_threads: int, channels: int
+) -> None:
     args = _args(torch.float32, shuffle=False, channels=channels)
     torch.set_num_threads(n_threads)
     grad_depth, grad_feat = bev_pool_v2_backward(*args)
@@ -116,7 +124,9 @@ def _many_points(layout: str) -> tuple[torch.Tensor, ...]:
     a long one and a short one writing the same cell."""
     g = torch.Generator().manual_seed(5)
     coor = synthetic_frustum(batch=1, cameras=6, depth_bins=12, feat_hw=(16, 22))
-    rb, rd, rf, starts, lengths = prepare_bev_ranks(coor, (-40.0, -40.0, -5.0), (1.6, 1.6, 8.0), GRID, index_dtype=torch.int64)
+    rb, rd, rf, starts, lengths = prepare_bev_ranks(
+        coor, (-40.0, -40.0, -5.0), (1.6, 1.6, 8.0), GRID, index_dtype=torch.int64
+    )
     points = rd.numel()
     assert points > 16384, "too few points for two batches"
     if layout != "rig":

@@ -26,7 +26,16 @@ from onnx_custom.ort_kernels.bev_pool import bev_pool_v2 as bev_kernel
 from onnx_custom.ort_kernels.bev_pool import bev_pool_v2_numpy
 
 SHAPE = [1, 1, 8, 8, 6]  # B, Z, Y, X, C
-Case = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[int], torch.Tensor, torch.Tensor]
+Case = tuple[
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+    list[int],
+    torch.Tensor,
+    torch.Tensor,
+]
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -36,7 +45,9 @@ def _gen(seed: int) -> torch.Generator:
 def _rig(index_dtype: torch.dtype = torch.int32) -> tuple[torch.Tensor, ...]:
     """A 2-camera toy rig, 4 depth bins, 3x5 features, 8x8 grid: (rb, rd, rf, starts, lengths)."""
     coor = synthetic_frustum(batch=1, cameras=2, depth_bins=4, feat_hw=(3, 5), depth_range=(1, 12))
-    return prepare_bev_ranks(coor, (-12.8, -12.8, -5.0), (3.2, 3.2, 8.0), (8, 8, 1), index_dtype=index_dtype)
+    return prepare_bev_ranks(
+        coor, (-12.8, -12.8, -5.0), (3.2, 3.2, 8.0), (8, 8, 1), index_dtype=index_dtype
+    )
 
 
 def _values(dtype: torch.dtype, channels: int = SHAPE[4]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,7 +64,9 @@ def _case(dtype: torch.dtype = torch.float32, index_dtype: torch.dtype = torch.i
 
 def _non_contiguous(dtype: torch.dtype) -> Case:
     depth, feat, rd, rf, rb, shape, st, ln = _case(dtype)
-    depth = depth.permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3)  # same values, other strides
+    depth = (
+        depth.permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3)
+    )  # same values, other strides
     feat = torch.cat((feat, feat), dim=-1)[..., ::2].clone()
     feat = torch.stack((feat, torch.zeros_like(feat)), dim=-1)[..., 0]  # channel stride 2
     rd, rf = (torch.stack((r, -r), dim=1)[:, 0] for r in (rd, rf))  # stride 2
@@ -64,7 +77,9 @@ def _non_contiguous(dtype: torch.dtype) -> Case:
 def _with_empty_intervals(dtype: torch.dtype) -> Case:
     depth, feat, rd, rf, rb, shape, st, ln = _case(dtype)
     points = rd.numel()
-    st = torch.cat((st[:3], st[3:4], st[3:], torch.tensor([points], dtype=st.dtype)))  # empty at 3 and at the end
+    st = torch.cat(
+        (st[:3], st[3:4], st[3:], torch.tensor([points], dtype=st.dtype))
+    )  # empty at 3 and at the end
     ln = torch.cat((ln[:3], torch.zeros(1, dtype=ln.dtype), ln[3:], torch.zeros(1, dtype=ln.dtype)))
     return depth, feat, rd, rf, rb, shape, st, ln
 
@@ -115,7 +130,16 @@ CASES: list[tuple[str, Callable[[torch.dtype], Case]]] = [
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 
 
-def reference(depth: torch.Tensor, feat: torch.Tensor, rd: Any, rf: Any, rb: Any, shape: list[int], st: Any, ln: Any) -> torch.Tensor:
+def reference(
+    depth: torch.Tensor,
+    feat: torch.Tensor,
+    rd: Any,
+    rf: Any,
+    rb: Any,
+    shape: list[int],
+    st: Any,
+    ln: Any,
+) -> torch.Tensor:
     """Float64 loop over intervals (differentiable: autograd gives the reference gradients)."""
     b, z, y, x, c = shape
     d_flat, f_rows = depth.double().reshape(-1), feat.double().reshape(-1, c)
@@ -126,13 +150,17 @@ def reference(depth: torch.Tensor, feat: torch.Tensor, rd: Any, rf: Any, rb: Any
         cell = int(rb[start])
         for i in range(start, start + length):
             cells[cell] = cells[cell] + d_flat[int(rd[i])] * f_rows[int(rf[i])]
-    untouched = 0 * (d_flat.sum() + f_rows.sum())  # keeps the graph (zero gradients) when nothing pools
+    untouched = 0 * (
+        d_flat.sum() + f_rows.sum()
+    )  # keeps the graph (zero gradients) when nothing pools
     return (torch.stack(cells) + untouched).reshape(b, z, y, x, c).permute(0, 4, 1, 2, 3)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(("name", "make"), CASES, ids=[c[0] for c in CASES])
-def test_eager_forward_matches_the_loop(name: str, make: Callable[[torch.dtype], Case], dtype: torch.dtype) -> None:
+def test_eager_forward_matches_the_loop(
+    name: str, make: Callable[[torch.dtype], Case], dtype: torch.dtype
+) -> None:
     args = make(dtype)
     out = bev_pool_v2(*args)
     assert out.dtype == dtype and out.shape == (1, SHAPE[4], 1, 8, 8) and out.is_contiguous()
@@ -141,13 +169,18 @@ def test_eager_forward_matches_the_loop(name: str, make: Callable[[torch.dtype],
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(("name", "make"), CASES, ids=[c[0] for c in CASES])
-def test_eager_backward_matches_autograd_through_the_loop(name: str, make: Callable[[torch.dtype], Case], dtype: torch.dtype) -> None:
+def test_eager_backward_matches_autograd_through_the_loop(
+    name: str, make: Callable[[torch.dtype], Case], dtype: torch.dtype
+) -> None:
     depth, feat, *rest = make(dtype)
     grad = torch.randn(1, SHAPE[4], 1, 8, 8, generator=_gen(3), dtype=torch.float64).to(dtype)
     d64, f64 = depth.double().requires_grad_(), feat.double().requires_grad_()
     reference(d64, f64, *rest).backward(grad.double())
     assert d64.grad is not None and f64.grad is not None
-    depth_g, feat_g = depth.detach().clone().requires_grad_(), feat.detach().clone().requires_grad_()
+    depth_g, feat_g = (
+        depth.detach().clone().requires_grad_(),
+        feat.detach().clone().requires_grad_(),
+    )
     bev_pool_v2(depth_g, feat_g, *rest).backward(grad)
     assert depth_g.grad is not None and feat_g.grad is not None
     torch.testing.assert_close(depth_g.grad, d64.grad.to(dtype))
@@ -157,7 +190,10 @@ def test_eager_backward_matches_autograd_through_the_loop(name: str, make: Calla
 @pytest.mark.parametrize(("name", "make"), CASES[:6], ids=[c[0] for c in CASES[:6]])
 def test_gradcheck_float64(name: str, make: Callable[[torch.dtype], Case]) -> None:
     depth, feat, *rest = make(torch.float64)
-    assert torch.autograd.gradcheck(lambda d, f: bev_pool_v2(d, f, *rest), (depth.detach().requires_grad_(), feat.detach().requires_grad_()))
+    assert torch.autograd.gradcheck(
+        lambda d, f: bev_pool_v2(d, f, *rest),
+        (depth.detach().requires_grad_(), feat.detach().requires_grad_()),
+    )
 
 
 def test_thread_count_does_not_change_a_bit() -> None:
@@ -184,7 +220,9 @@ def _numpy(args: Case) -> tuple[np.ndarray, ...]:
 
 @pytest.mark.parametrize("dtype", DTYPES[:3], ids=str)
 @pytest.mark.parametrize(("name", "make"), CASES, ids=[c[0] for c in CASES])
-def test_numpy_kernel_matches_the_loop(name: str, make: Callable[[torch.dtype], Case], dtype: torch.dtype) -> None:
+def test_numpy_kernel_matches_the_loop(
+    name: str, make: Callable[[torch.dtype], Case], dtype: torch.dtype
+) -> None:
     args = make(dtype)
     out = bev_pool_v2_numpy(*_numpy(args), args[5])
     assert out.dtype == _numpy(args)[1].dtype and out.shape == (1, SHAPE[4], 1, 8, 8)
@@ -233,7 +271,11 @@ BAD = [
     ("ranks_feat", _bad(rf=_set(5, -1)), r"ranks_feat must lie in \[0, 30\)"),
     ("ranks_bev", _bad(rb=_set(0, 64)), r"ranks_bev must lie in \[0, 64\)"),
     ("negative-length", _bad(ln=_set(1, -2)), r"interval_lengths must be >= 0"),
-    ("past-the-end", _bad(st=_set(-1, 10_000)), r"interval points must lie in|intervals must lie within"),
+    (
+        "past-the-end",
+        _bad(st=_set(-1, 10_000)),
+        r"interval points must lie in|intervals must lie within",
+    ),
 ]
 
 
@@ -248,7 +290,9 @@ def test_out_of_range_indices_are_named(args: Case, match: str) -> None:
         bev_kernel(*_numpy(args), bev_feat_shape=args[5])
 
 
-def test_node_kernel_leaves_index_checks_to_the_cpp_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_node_kernel_leaves_index_checks_to_the_cpp_kernels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """With the C++ kernels the node runs no NumPy pass over the indices (they check every index
     they read inline, test_out_of_range_indices_are_named); only the NumPy path checks first."""
     import onnx_custom.ort_kernels.bev_pool as bev
@@ -265,7 +309,9 @@ def test_node_kernel_leaves_index_checks_to_the_cpp_kernels(monkeypatch: pytest.
 
 
 @pytest.mark.parametrize(("args", "match"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
-def test_numpy_path_of_the_node_names_bad_indices(monkeypatch: pytest.MonkeyPatch, args: Case, match: str) -> None:
+def test_numpy_path_of_the_node_names_bad_indices(
+    monkeypatch: pytest.MonkeyPatch, args: Case, match: str
+) -> None:
     import onnx_custom.ort_kernels.bev_pool as bev
 
     monkeypatch.setattr(bev, "_native_into", lambda *a: False)  # as without a C++ compiler

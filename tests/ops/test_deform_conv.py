@@ -69,8 +69,22 @@ def op_args_from_onnx(node: onnx.NodeProto, inputs: list[np.ndarray]) -> tuple[A
     use_mask = mask is not None
     if mask is None:
         mask = torch.zeros((x.shape[0], 1), dtype=x.dtype)
-    return (x, w, offset, mask, bias, sh, sw, top, left, dh, dw, a.get("group", 1),
-            a.get("offset_group", 1), use_mask)  # fmt: skip
+    return (
+        x,
+        w,
+        offset,
+        mask,
+        bias,
+        sh,
+        sw,
+        top,
+        left,
+        dh,
+        dw,
+        a.get("group", 1),
+        a.get("offset_group", 1),
+        use_mask,
+    )
 
 
 @pytest.mark.parametrize(("node", "inputs", "outputs"), onnx_backend_cases())
@@ -112,10 +126,12 @@ class Case:
     @property
     def id(self) -> str:
         g = self.geo
-        return (f"n{self.n}c{self.c}_{self.h}x{self.w}_co{self.cout}_k{self.kh}x{self.kw}"
-                f"_s{g.stride[0]}{g.stride[1]}_p{g.pad[0]}{g.pad[1]}_d{g.dil[0]}{g.dil[1]}"
-                f"_g{g.groups}_og{g.offset_groups}{'_mask' if g.use_mask else ''}"
-                f"_off{self.offset_scale:g}")  # fmt: skip
+        return (
+            f"n{self.n}c{self.c}_{self.h}x{self.w}_co{self.cout}_k{self.kh}x{self.kw}"
+            f"_s{g.stride[0]}{g.stride[1]}_p{g.pad[0]}{g.pad[1]}_d{g.dil[0]}{g.dil[1]}"
+            f"_g{g.groups}_og{g.offset_groups}{'_mask' if g.use_mask else ''}"
+            f"_off{self.offset_scale:g}"
+        )
 
     def out_hw(self) -> tuple[int, int]:
         return self.geo.out_hw(self.h, self.w, self.kh, self.kw)
@@ -156,16 +172,23 @@ class Case:
         g = self.geo
         names = ["input", "weight", "offset", "bias"] + (["mask"] if g.use_mask else [])
         node = helper.make_node(
-            "DeformConv", names, ["y"], kernel_shape=[self.kh, self.kw], strides=list(g.stride),
-            pads=[*g.pad, *g.pad], dilations=list(g.dil), group=g.groups,
+            "DeformConv",
+            names,
+            ["y"],
+            kernel_shape=[self.kh, self.kw],
+            strides=list(g.stride),
+            pads=[*g.pad, *g.pad],
+            dilations=list(g.dil),
+            group=g.groups,
             offset_group=g.offset_groups,
-        )  # fmt: skip
+        )
         ranks = {"bias": 1}
         graph = helper.make_graph(
-            [node], "deformconv",
+            [node],
+            "deformconv",
             [helper.make_tensor_value_info(n, elem, [None] * ranks.get(n, 4)) for n in names],
             [helper.make_tensor_value_info("y", elem, [None] * 4)],
-        )  # fmt: skip
+        )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
         onnx.checker.check_model(model)
         return model
@@ -176,7 +199,9 @@ CASES = [
     Case(2, 4, 9, 7, 4, 3, 2, Geometry((2, 2), (1, 1), (2, 2), groups=2, offset_groups=2)),
     Case(1, 8, 7, 10, 4, 1, 3, Geometry((2, 1), (0, 1), (1, 2), offset_groups=4, use_mask=False)),
     Case(2, 6, 6, 5, 6, 2, 3, Geometry(pad=(1, 0), groups=3, offset_groups=3), offset_scale=4.0),
-    Case(1, 2, 5, 5, 2, 3, 3, Geometry(pad=(2, 2)), offset_scale=10.0),  # most samples off the image
+    Case(
+        1, 2, 5, 5, 2, 3, 3, Geometry(pad=(2, 2)), offset_scale=10.0
+    ),  # most samples off the image
 ]
 DTYPES = [torch.float32, torch.float64]
 
@@ -187,7 +212,9 @@ def test_matches_ort_and_reference(case: Case, dtype: torch.dtype) -> None:
     t = case.tensors(dtype)
     got = OP(*case.op_args(t))
     model = case.onnx_model(dtype)
-    feeds = {k: v.numpy() for k, v in t.items() if k != "grad" and (k != "mask" or case.geo.use_mask)}
+    feeds = {
+        k: v.numpy() for k, v in t.items() if k != "grad" and (k != "mask" or case.geo.use_mask)
+    }
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     expected_ort = torch.from_numpy(sess.run(None, feeds)[0])
     expected_ref = torch.from_numpy(ReferenceEvaluator(model).run(None, feeds)[0])
@@ -204,7 +231,17 @@ def test_matches_ort_and_reference(case: Case, dtype: torch.dtype) -> None:
 # one); these cover it. 13x12 = 156 positions: a full 128-position tile and a partial one.
 CHANNELS_LAST_CASES = [
     Case(2, 16, 13, 12, 8, 3, 3, Geometry(pad=(1, 1))),
-    Case(1, 32, 15, 17, 6, 3, 2, Geometry((2, 1), (1, 1), (1, 2), groups=2, offset_groups=2), offset_scale=3.0),
+    Case(
+        1,
+        32,
+        15,
+        17,
+        6,
+        3,
+        2,
+        Geometry((2, 1), (1, 1), (1, 2), groups=2, offset_groups=2),
+        offset_scale=3.0,
+    ),
     # one offset group spanning four convolution groups of 6 channels: each sample's channel
     # vector is split across the groups' column blocks
     Case(2, 24, 9, 10, 4, 2, 3, Geometry(pad=(1, 0), groups=4, use_mask=False)),
@@ -218,12 +255,18 @@ CHANNELS_LAST_CASES = [
 def test_channels_last_forward_matches_ort_and_reference(case: Case, dtype: torch.dtype) -> None:
     t = case.tensors(dtype)
     got = OP(*case.op_args(t))
-    feeds = {k: v.numpy() for k, v in t.items() if k != "grad" and (k != "mask" or case.geo.use_mask)}
-    sess = ort.InferenceSession(case.onnx_model(dtype).SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {
+        k: v.numpy() for k, v in t.items() if k != "grad" and (k != "mask" or case.geo.use_mask)
+    }
+    sess = ort.InferenceSession(
+        case.onnx_model(dtype).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     tol = {"rtol": 1e-5, "atol": 5e-5} if dtype == torch.float32 else {}
     torch.testing.assert_close(got, torch.from_numpy(sess.run(None, feeds)[0]), **tol)
     mask = t["mask"] if case.geo.use_mask else None
-    expected = reference_deform_conv2d(t["input"], t["weight"], t["offset"], mask, t["bias"], case.geo)
+    expected = reference_deform_conv2d(
+        t["input"], t["weight"], t["offset"], mask, t["bias"], case.geo
+    )
     torch.testing.assert_close(got, expected, **tol)
     t["offset"].zero_()
     t["mask"].fill_(1.0)
@@ -258,8 +301,17 @@ def test_wrapper_defaults_match_op() -> None:
 
 GRAD_CASES = [
     Case(1, 2, 5, 5, 2, 3, 3, Geometry(pad=(1, 1)), offset_scale=1.3),
-    Case(2, 4, 5, 4, 4, 2, 3, Geometry((2, 1), (1, 1), (1, 2), groups=2, offset_groups=2),
-         offset_scale=1.3),
+    Case(
+        2,
+        4,
+        5,
+        4,
+        4,
+        2,
+        3,
+        Geometry((2, 1), (1, 1), (1, 2), groups=2, offset_groups=2),
+        offset_scale=1.3,
+    ),
     Case(1, 4, 4, 6, 2, 2, 2, Geometry(offset_groups=4, use_mask=False), offset_scale=2.5),
 ]
 
@@ -290,8 +342,22 @@ def test_opcheck(case: Case) -> None:
 def _bad(**changes: Any) -> tuple[Any, ...]:
     case = CASES[1]  # groups=2, offset_groups=2
     args = list(case.op_args(case.tensors(torch.float32)))
-    names = ["input", "weight", "offset", "mask", "bias", "stride_h", "stride_w", "pad_h",
-             "pad_w", "dilation_h", "dilation_w", "groups", "offset_groups", "use_mask"]  # fmt: skip
+    names = [
+        "input",
+        "weight",
+        "offset",
+        "mask",
+        "bias",
+        "stride_h",
+        "stride_w",
+        "pad_h",
+        "pad_w",
+        "dilation_h",
+        "dilation_w",
+        "groups",
+        "offset_groups",
+        "use_mask",
+    ]
     for key, value in changes.items():
         i = names.index(key)
         args[i] = value(args[i]) if callable(value) else value
@@ -299,19 +365,59 @@ def _bad(**changes: Any) -> tuple[Any, ...]:
 
 
 ERRORS = [
-    ("offset_channels", _bad(offset=lambda o: o[:, :-2]), ValueError, r"offset must have shape .*got \(2, 22, 4, 4\)"),
-    ("mask_shape", _bad(mask=lambda m: m[:, :, :-1]), ValueError, r"mask must have shape .*got \(2, 12, 3, 4\)"),
-    ("groups_not_dividing", _bad(groups=3), ValueError, r"input channels 4 .* weight.shape\[1\] \* groups"),
-    ("offset_groups_not_dividing", _bad(offset_groups=3), ValueError, r"not divisible by offset_groups=3"),
+    (
+        "offset_channels",
+        _bad(offset=lambda o: o[:, :-2]),
+        ValueError,
+        r"offset must have shape .*got \(2, 22, 4, 4\)",
+    ),
+    (
+        "mask_shape",
+        _bad(mask=lambda m: m[:, :, :-1]),
+        ValueError,
+        r"mask must have shape .*got \(2, 12, 3, 4\)",
+    ),
+    (
+        "groups_not_dividing",
+        _bad(groups=3),
+        ValueError,
+        r"input channels 4 .* weight.shape\[1\] \* groups",
+    ),
+    (
+        "offset_groups_not_dividing",
+        _bad(offset_groups=3),
+        ValueError,
+        r"not divisible by offset_groups=3",
+    ),
     ("zero_stride", _bad(stride_h=0), ValueError, r"stride_h must be positive, got 0"),
     ("negative_dilation", _bad(dilation_w=-1), ValueError, r"dilation_w must be positive, got -1"),
     ("negative_pad", _bad(pad_h=-1), ValueError, r"padding must be non-negative"),
-    ("input_3d", _bad(input=lambda x: x[0]), ValueError, r"input must be 4-D .*got shape \(4, 9, 7\)"),
-    ("weight_dtype", _bad(weight=lambda w: w.double()), TypeError, r"weight has dtype torch.float64 but input has torch.float32"),
-    ("int_input", _bad(input=lambda x: x.int()), TypeError, r"supports float32, float64, float16, bfloat16 input, got torch.int32"),
-    ("bias_shape", _bad(bias=lambda b: b[:-1]), ValueError, r"bias shape \(3,\) does not match out channels 4"),
+    (
+        "input_3d",
+        _bad(input=lambda x: x[0]),
+        ValueError,
+        r"input must be 4-D .*got shape \(4, 9, 7\)",
+    ),
+    (
+        "weight_dtype",
+        _bad(weight=lambda w: w.double()),
+        TypeError,
+        r"weight has dtype torch.float64 but input has torch.float32",
+    ),
+    (
+        "int_input",
+        _bad(input=lambda x: x.int()),
+        TypeError,
+        r"supports float32, float64, float16, bfloat16 input, got torch.int32",
+    ),
+    (
+        "bias_shape",
+        _bad(bias=lambda b: b[:-1]),
+        ValueError,
+        r"bias shape \(3,\) does not match out channels 4",
+    ),
     ("too_small", _bad(input=lambda x: x[:, :, :1, :1]), ValueError, r"too small"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("args", "exc", "match"), [pytest.param(*e[1:], id=e[0]) for e in ERRORS])
@@ -332,8 +438,11 @@ def test_wrapper_rejects_bad_offset_channels() -> None:
         deform_conv2d(x, torch.zeros(1, 17, 3, 3), w)
 
 
-@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), 1e30, -1e30],
-                         ids=["nan", "inf", "-inf", "1e30", "-1e30"])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad",
+    [float("nan"), float("inf"), -float("inf"), 1e30, -1e30],
+    ids=["nan", "inf", "-inf", "1e30", "-1e30"],
+)
 def test_non_finite_offsets_contribute_zero(bad: float) -> None:
     case = CASES[0]
     t = case.tensors(torch.float32)
@@ -362,7 +471,9 @@ def test_build_failure_is_an_extension_build_error(tmp_path, monkeypatch) -> Non
     blocker = tmp_path / "not_a_dir"
     blocker.write_text("")
     monkeypatch.setenv("ONNX_CUSTOM_CACHE_DIR", str(blocker))
-    kernels = KernelModule(module._EXTENSION, module._SOURCE, module._cflags, headers=module._headers)  # not loaded yet
+    kernels = KernelModule(
+        module._EXTENSION, module._SOURCE, module._cflags, headers=module._headers
+    )  # not loaded yet
     with pytest.raises(ExtensionBuildError, match="ONNX_CUSTOM_CACHE_DIR"):
         kernels.load()
     monkeypatch.undo()
@@ -372,7 +483,9 @@ def test_build_failure_is_an_extension_build_error(tmp_path, monkeypatch) -> Non
 @pytest.mark.parametrize("value", [float("inf"), float("nan")], ids=["inf", "nan"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("channels", [1, 4, 16], ids=lambda c: f"c{c}")  # gather path below 8
-def test_off_image_samples_are_exactly_zero_next_to_non_finite_pixels(channels: int, dtype: torch.dtype, value: float) -> None:
+def test_off_image_samples_are_exactly_zero_next_to_non_finite_pixels(
+    channels: int, dtype: torch.dtype, value: float
+) -> None:
     """torchvision gives 0 for a sample outside the image without reading a pixel; the first
     pixel of every plane being Inf/NaN must not leak into samples far off the image."""
     x = torch.zeros(2, channels, 5, 6, dtype=dtype)

@@ -35,6 +35,8 @@ def test_forward_only_row_reports_the_ratio(capsys: pytest.CaptureFixture[str]) 
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    results = module.main(["--forward-only", "--threads", "1", "--cpu-time", "--repeat", "1", "--rounds", "2"])
+    results = module.main(
+        ["--forward-only", "--threads", "1", "--cpu-time", "--repeat", "1", "--rounds", "2"]
+    )
     assert results["eager_ms"] > 0 and results["conv2d_ms"] > 0 and results["ratio"] > 0
     assert "CPU time" in capsys.readouterr().out

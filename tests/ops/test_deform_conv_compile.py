@@ -44,8 +44,9 @@ def _check(backend: str, dynamic: bool) -> None:
         got = compiled(*inputs)
         got_grads = torch.autograd.grad(got, leaves)
         torch.testing.assert_close(got, expected)
-        for name, a, b in zip(("x", "offset", "mask", "weight", "bias"), got_grads, expected_grads,
-                              strict=True):  # fmt: skip
+        for name, a, b in zip(
+            ("x", "offset", "mask", "weight", "bias"), got_grads, expected_grads, strict=True
+        ):
             torch.testing.assert_close(a, b, msg=lambda m, n=name, s=size: f"{n} at {s}: {m}")
 
 

@@ -22,7 +22,8 @@ from onnx_custom.ops.deform_conv import (
 from onnx_custom.symbolics.deform_conv import torchvision_ops_available
 
 needs_torchvision = pytest.mark.skipif(
-    not torchvision_ops_available(), reason=torchvision_unavailable_reason() or "torchvision's ops load"
+    not torchvision_ops_available(),
+    reason=torchvision_unavailable_reason() or "torchvision's ops load",
 )
 
 
@@ -43,10 +44,23 @@ TORCHVISION_FUNCTION = [
     "dilation",
     "mask",
 ]
-TORCHVISION_DEFAULTS = {"bias": None, "stride": (1, 1), "padding": (0, 0), "dilation": (1, 1),
-                        "mask": None}  # fmt: skip
-TORCHVISION_MODULE = ["in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation",
-                      "groups", "bias"]  # fmt: skip
+TORCHVISION_DEFAULTS = {
+    "bias": None,
+    "stride": (1, 1),
+    "padding": (0, 0),
+    "dilation": (1, 1),
+    "mask": None,
+}
+TORCHVISION_MODULE = [
+    "in_channels",
+    "out_channels",
+    "kernel_size",
+    "stride",
+    "padding",
+    "dilation",
+    "groups",
+    "bias",
+]
 TORCHVISION_MODULE_DEFAULTS = {"stride": 1, "padding": 0, "dilation": 1, "groups": 1, "bias": True}
 
 
@@ -65,12 +79,18 @@ def test_signatures_are_torchvisions() -> None:
     ]
 
 
-@pytest.mark.parametrize(("args", "kwargs"), [
-    pytest.param((8, 6, 3), {}, id="c8_co6_k3"),
-    pytest.param((8, 4, (3, 2)), {"stride": 2, "padding": (1, 0), "dilation": (2, 1), "groups": 2},
-                 id="c8_co4_k3x2_s2_p10_d21_g2"),
-    pytest.param((4, 4, 1), {"bias": False}, id="c4_co4_k1_nobias"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        pytest.param((8, 6, 3), {}, id="c8_co6_k3"),
+        pytest.param(
+            (8, 4, (3, 2)),
+            {"stride": 2, "padding": (1, 0), "dilation": (2, 1), "groups": 2},
+            id="c8_co4_k3x2_s2_p10_d21_g2",
+        ),
+        pytest.param((4, 4, 1), {"bias": False}, id="c4_co4_k1_nobias"),
+    ],
+)
 def test_parameters_and_init_are_conv2ds(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     # torchvision initializes DeformConv2d exactly as nn.Conv2d (kaiming_uniform_(a=sqrt(5)),
     # bias uniform(+-1/sqrt(fan_in))): with one seed both modules draw identical parameters.
@@ -81,8 +101,15 @@ def test_parameters_and_init_are_conv2ds(args: tuple[Any, ...], kwargs: dict[str
     assert [n for n, _ in ours.named_parameters()] == [n for n, _ in conv.named_parameters()]
     for (name, p), (_, q) in zip(ours.named_parameters(), conv.named_parameters(), strict=True):
         assert torch.equal(p, q), name
-    for attr in ("kernel_size", "stride", "padding", "dilation", "groups", "in_channels",
-                 "out_channels"):  # fmt: skip
+    for attr in (
+        "kernel_size",
+        "stride",
+        "padding",
+        "dilation",
+        "groups",
+        "in_channels",
+        "out_channels",
+    ):
         assert getattr(ours, attr) == getattr(conv, attr), attr
 
 
@@ -117,11 +144,13 @@ def test_scripted_function_and_module_match_eager(use_mask, stride, padding, bia
     mask = torch.rand(2, 9, ho, wo, generator=g).requires_grad_() if use_mask else None
     eager = module(x, offset, mask)
     expected = reference_deform_conv2d(
-        x.detach(), module.weight.detach(), offset.detach(),
+        x.detach(),
+        module.weight.detach(),
+        offset.detach(),
         None if mask is None else mask.detach(),
         module.bias.detach() if module.bias is not None else torch.zeros(6),
         Geometry((sh, sw), (ph, pw), use_mask=use_mask),
-    )  # fmt: skip
+    )
     torch.testing.assert_close(eager.detach(), expected, rtol=1e-5, atol=1e-5)
     leaves = [t for t in (x, offset, mask, module.weight) if t is not None]
     eager_grads = torch.autograd.grad(eager.sum(), leaves)
@@ -168,8 +197,11 @@ class _OneConv(torch.nn.Module):
 
 def _one_conv_inputs() -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(2)
-    return (torch.randn(2, 4, 7, 6, generator=g), torch.randn(2, 18, 7, 6, generator=g),
-            torch.rand(2, 9, 7, 6, generator=g))  # fmt: skip
+    return (
+        torch.randn(2, 4, 7, 6, generator=g),
+        torch.randn(2, 18, 7, 6, generator=g),
+        torch.rand(2, 9, 7, 6, generator=g),
+    )
 
 
 # -- an article-style DCN model: only its import line changes -----------------------------------
@@ -245,8 +277,10 @@ def test_article_source_changes_one_line() -> None:
     assert changed == [(TORCHVISION_IMPORT, OUR_IMPORT)]
 
 
-@pytest.mark.parametrize(("exporter", "opset"), [("torchscript", 11), ("torchscript", 19),
-                                                 ("dynamo", 18), ("dynamo", 19)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("exporter", "opset"),
+    [("torchscript", 11), ("torchscript", 19), ("dynamo", 18), ("dynamo", 19)],
+)
 def test_article_model_exports_by_changing_its_import(exporter: str, opset: int) -> None:
     module = _load_article(ARTICLE_SOURCE.replace(TORCHVISION_IMPORT, OUR_IMPORT))
     model = _trained_article_model(module)

@@ -54,7 +54,7 @@ def _ours(*args: Any) -> torch.Tensor:
 
 
 def _contiguous() -> dict[str, Any]:
-    return {k: (lambda t: t) for k in (*NAMES, "grad")}
+    return {k: lambda t: t for k in (*NAMES, "grad")}
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
@@ -78,15 +78,16 @@ def test_half_matches_float64_reference(case: Case, dtype: torch.dtype, layout: 
 
     def reference(input, weight, offset, mask, bias, geo: Geometry) -> torch.Tensor:
         mask = mask.double() if geo.use_mask else None
-        return reference_deform_conv2d(input.double(), weight.double(), offset.double(), mask,
-                                       bias.double(), geo)  # fmt: skip
+        return reference_deform_conv2d(
+            input.double(), weight.double(), offset.double(), mask, bias.double(), geo
+        )
 
     to_layout = (
         (lambda x: x.contiguous(memory_format=torch.channels_last))
         if layout != "contiguous"
         else (lambda x: x)
     )
-    transforms = {k: (to_layout if t[k].dim() == 4 else (lambda x: x)) for k in (*NAMES, "grad")}
+    transforms = {k: to_layout if t[k].dim() == 4 else (lambda x: x) for k in (*NAMES, "grad")}
     out, grads = run(_ours, case, t, transforms)
     ref_out, ref_grads = run(reference, case, {k: v.double() for k, v in t.items()}, transforms)
     rtol, atol = TOLERANCE[dtype]
@@ -96,8 +97,13 @@ def test_half_matches_float64_reference(case: Case, dtype: torch.dtype, layout: 
         # scale as well (cancellation leaves entries far below it).
         expected = ref_grads[name]
         scale = float(expected.abs().max())
-        torch.testing.assert_close(g.double(), expected, rtol=rtol, atol=atol + rtol * scale * 1e-2,
-                                   msg=lambda m, n=name: f"{n}: {m}")  # fmt: skip
+        torch.testing.assert_close(
+            g.double(),
+            expected,
+            rtol=rtol,
+            atol=atol + rtol * scale * 1e-2,
+            msg=lambda m, n=name: f"{n}: {m}",
+        )
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
@@ -150,12 +156,14 @@ def _export_inputs(dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
 
 
 EXPORTS = [
-    pytest.param(dtype, exporter, opset, id=f"{str(dtype).removeprefix('torch.')}-{exporter}-opset{opset}")
+    pytest.param(
+        dtype, exporter, opset, id=f"{str(dtype).removeprefix('torch.')}-{exporter}-opset{opset}"
+    )
     for dtype in HALF
     for exporter in ("torchscript", "dynamo")
     for opset in (11, 19)
     if not (dtype == torch.bfloat16 and opset >= 19)
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("dtype", "exporter", "opset"), EXPORTS)
@@ -215,8 +223,13 @@ def test_bfloat16_deformconv_at_opset19_names_the_alternatives(exporter: str) ->
     with pytest.raises(SymbolicError) as info:
         onnx_custom.export(model, _export_inputs(torch.bfloat16), exporter=exporter, opset=19)
     message = str(info.value)
-    for part in ("cannot run bfloat16", "float32, float64 and float16", "opset 18 or lower",
-                 "onnx_custom::DeformConv2d", "model.half() / model.float()"):  # fmt: skip
+    for part in (
+        "cannot run bfloat16",
+        "float32, float64 and float16",
+        "opset 18 or lower",
+        "onnx_custom::DeformConv2d",
+        "model.half() / model.float()",
+    ):
         assert part in message, part
 
 
@@ -229,15 +242,23 @@ def test_deformconv_dtypes_are_what_ort_runs() -> None:
         names = ["X", "W", "offset", "B"]
         node = helper.make_node("DeformConv", names, ["Y"], kernel_shape=[1, 1])
         graph = helper.make_graph(
-            [node], "g",
-            [helper.make_tensor_value_info(n, elem, [None] * (1 if n == "B" else 4)) for n in names],
+            [node],
+            "g",
+            [
+                helper.make_tensor_value_info(n, elem, [None] * (1 if n == "B" else 4))
+                for n in names
+            ],
             [helper.make_tensor_value_info("Y", elem, [None] * 4)],
-        )  # fmt: skip
+        )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
         return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
-    elems = {torch.float32: TensorProto.FLOAT, torch.float64: TensorProto.DOUBLE,
-             torch.float16: TensorProto.FLOAT16, torch.bfloat16: TensorProto.BFLOAT16}  # fmt: skip
+    elems = {
+        torch.float32: TensorProto.FLOAT,
+        torch.float64: TensorProto.DOUBLE,
+        torch.float16: TensorProto.FLOAT16,
+        torch.bfloat16: TensorProto.BFLOAT16,
+    }
     for dtype, elem in elems.items():
         if dtype in deform_conv_symbolics.DEFORMCONV_DTYPES:
             session(elem)
@@ -258,28 +279,75 @@ def _args(dtype: torch.dtype = torch.float16, **changes: Any) -> tuple[Any, ...]
 
 
 BAD = [
-    ("fp16_input_fp32_weight", _args(weight=lambda w: w.float()), DeformConv2dDtypeError,
-     ["weight has dtype torch.float32 but input has torch.float16", "weight.to(torch.float16)"]),
-    ("bf16_input_fp16_mask", _args(torch.bfloat16, mask=lambda m: m.half()), DeformConv2dDtypeError,
-     ["mask has dtype torch.float16 but input has torch.bfloat16", "mask.to(torch.bfloat16)"]),
-    ("fp16_input_fp32_offset_bias", _args(offset=lambda o: o.float(), bias=lambda b: b.float()),
-     DeformConv2dDtypeError, ["offset has dtype torch.float32 but input has torch.float16"]),
-    ("fp32_input_bf16_bias", _args(torch.float32, bias=lambda b: b.bfloat16()), DeformConv2dDtypeError,
-     ["bias has dtype torch.bfloat16 but input has torch.float32", "bias.to(torch.float32)"]),
-    ("int8_input", _args(torch.float16, input=lambda x: x.to(torch.int8)), DeformConv2dDtypeError,
-     ["supports float32, float64, float16, bfloat16 input, got torch.int8", ".float()"]),
-    ("mask_channels_last_order", _args(mask=lambda m: m.permute(0, 2, 3, 1).contiguous()), DeformConv2dError,
-     ["mask must have shape (N, offset_groups*kh*kw, Ho, Wo) = (1, 12, 4, 6)", "got (1, 4, 6, 12)",
-      "pass t.permute(0, 3, 1, 2)"]),
-    ("offset_channels_last_order", _args(offset=lambda o: o.permute(0, 2, 3, 1).contiguous()), DeformConv2dError,
-     ["offset must have shape (N, 2*offset_groups*kh*kw, Ho, Wo) = (1, 24, 4, 6)", "got (1, 4, 6, 24)",
-      "pass t.permute(0, 3, 1, 2)"]),
-    ("mask_one_offset_group_short", _args(mask=lambda m: m[:, :6]), DeformConv2dError,
-     ["= (1, 12, 4, 6)", "got (1, 6, 4, 6)"]),
-    ("mask_spatial_size", _args(mask=lambda m: m[:, :, :, :-1]), DeformConv2dError,
-     ["= (1, 12, 4, 6)", "got (1, 12, 4, 5)"]),
-    ("mask_3d", _args(mask=lambda m: m[0]), DeformConv2dError, ["mask must be 4-D", "got shape (12, 4, 6)"]),
-]  # fmt: skip
+    (
+        "fp16_input_fp32_weight",
+        _args(weight=lambda w: w.float()),
+        DeformConv2dDtypeError,
+        ["weight has dtype torch.float32 but input has torch.float16", "weight.to(torch.float16)"],
+    ),
+    (
+        "bf16_input_fp16_mask",
+        _args(torch.bfloat16, mask=lambda m: m.half()),
+        DeformConv2dDtypeError,
+        ["mask has dtype torch.float16 but input has torch.bfloat16", "mask.to(torch.bfloat16)"],
+    ),
+    (
+        "fp16_input_fp32_offset_bias",
+        _args(offset=lambda o: o.float(), bias=lambda b: b.float()),
+        DeformConv2dDtypeError,
+        ["offset has dtype torch.float32 but input has torch.float16"],
+    ),
+    (
+        "fp32_input_bf16_bias",
+        _args(torch.float32, bias=lambda b: b.bfloat16()),
+        DeformConv2dDtypeError,
+        ["bias has dtype torch.bfloat16 but input has torch.float32", "bias.to(torch.float32)"],
+    ),
+    (
+        "int8_input",
+        _args(torch.float16, input=lambda x: x.to(torch.int8)),
+        DeformConv2dDtypeError,
+        ["supports float32, float64, float16, bfloat16 input, got torch.int8", ".float()"],
+    ),
+    (
+        "mask_channels_last_order",
+        _args(mask=lambda m: m.permute(0, 2, 3, 1).contiguous()),
+        DeformConv2dError,
+        [
+            "mask must have shape (N, offset_groups*kh*kw, Ho, Wo) = (1, 12, 4, 6)",
+            "got (1, 4, 6, 12)",
+            "pass t.permute(0, 3, 1, 2)",
+        ],
+    ),
+    (
+        "offset_channels_last_order",
+        _args(offset=lambda o: o.permute(0, 2, 3, 1).contiguous()),
+        DeformConv2dError,
+        [
+            "offset must have shape (N, 2*offset_groups*kh*kw, Ho, Wo) = (1, 24, 4, 6)",
+            "got (1, 4, 6, 24)",
+            "pass t.permute(0, 3, 1, 2)",
+        ],
+    ),
+    (
+        "mask_one_offset_group_short",
+        _args(mask=lambda m: m[:, :6]),
+        DeformConv2dError,
+        ["= (1, 12, 4, 6)", "got (1, 6, 4, 6)"],
+    ),
+    (
+        "mask_spatial_size",
+        _args(mask=lambda m: m[:, :, :, :-1]),
+        DeformConv2dError,
+        ["= (1, 12, 4, 6)", "got (1, 12, 4, 5)"],
+    ),
+    (
+        "mask_3d",
+        _args(mask=lambda m: m[0]),
+        DeformConv2dError,
+        ["mask must be 4-D", "got shape (12, 4, 6)"],
+    ),
+]
 
 
 @pytest.mark.parametrize(("args", "exc", "parts"), [pytest.param(*b[1:], id=b[0]) for b in BAD])

@@ -46,23 +46,33 @@ def _run(proto: onnx.ModelProto, *inputs: torch.Tensor, **kwargs: Any) -> list[n
 # -- the DCN example network ------------------------------------------------------------------
 
 NET_CASES = [
-    pytest.param(exporter, opset, dynamic, id=f"{exporter}-opset{opset}-{'dynamic' if dynamic else 'static'}")
+    pytest.param(
+        exporter, opset, dynamic, id=f"{exporter}-opset{opset}-{'dynamic' if dynamic else 'static'}"
+    )
     for exporter, opset, dynamic in [
-        ("torchscript", 11, False), ("torchscript", 11, True),
-        ("torchscript", 19, False), ("torchscript", 19, True),
+        ("torchscript", 11, False),
+        ("torchscript", 11, True),
+        ("torchscript", 19, False),
+        ("torchscript", 19, True),
         ("dynamo", 11, False),
         ("dynamo", 18, True),  # custom node with dynamic shapes (see the refusal test below)
-        ("dynamo", 19, False), ("dynamo", 19, True),
+        ("dynamo", 19, False),
+        ("dynamo", 19, True),
     ]
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("exporter", "opset", "dynamic"), NET_CASES)
 def test_dcn_network(exporter: str, opset: int, dynamic: bool) -> None:
     model = dcn.Model().eval()
     args = dcn.example_inputs()
-    proto = onnx_custom.export(model, args, exporter=exporter, opset=opset,
-                               dynamic_shapes=dcn.dynamic_shapes if dynamic else None)  # fmt: skip
+    proto = onnx_custom.export(
+        model,
+        args,
+        exporter=exporter,
+        opset=opset,
+        dynamic_shapes=dcn.dynamic_shapes if dynamic else None,
+    )
     if opset >= 19:
         assert len(_nodes(proto, "DeformConv")) == 2 and not _nodes(proto, "DeformConv2d")
     else:
@@ -85,8 +95,13 @@ def test_dynamo_dynamic_below_opset18_is_refused_with_a_fix() -> None:
     # The dynamo exporter builds at opset 18; with dynamic shapes the graph holds Shape nodes
     # that cannot be lowered to 11, and the core says so instead of emitting a wrong model.
     with pytest.raises(onnx_custom.OnnxCustomError, match="cannot be lowered to opset 11"):
-        onnx_custom.export(dcn.Model().eval(), dcn.example_inputs(), exporter="dynamo", opset=11,
-                           dynamic_shapes=dcn.dynamic_shapes)  # fmt: skip
+        onnx_custom.export(
+            dcn.Model().eval(),
+            dcn.example_inputs(),
+            exporter="dynamo",
+            opset=11,
+            dynamic_shapes=dcn.dynamic_shapes,
+        )
 
 
 @pytest.mark.slow
@@ -99,18 +114,26 @@ def test_zoo_rows(case: Any) -> None:
 def test_opset19_attributes_are_mapped_exactly() -> None:
     class One(torch.nn.Module):
         def forward(self, x, w, offset, mask, bias):
-            return torch.ops.onnx_custom.deform_conv2d(x, w, offset, mask, bias, 2, 1, 1, 0, 2, 1,
-                                                       2, 2, True)  # fmt: skip
+            return torch.ops.onnx_custom.deform_conv2d(
+                x, w, offset, mask, bias, 2, 1, 1, 0, 2, 1, 2, 2, True
+            )
 
     x, w = torch.randn(1, 4, 9, 7), torch.randn(4, 2, 3, 2)
     ho, wo = (9 + 2 - 5) // 2 + 1, (7 - 2) // 1 + 1
     offset, mask = torch.randn(1, 24, ho, wo), torch.rand(1, 12, ho, wo)
     for exporter in EXPORTERS:
-        proto = onnx_custom.export(One(), (x, w, offset, mask, torch.randn(4)), exporter=exporter,
-                                   opset=19)  # fmt: skip
+        proto = onnx_custom.export(
+            One(), (x, w, offset, mask, torch.randn(4)), exporter=exporter, opset=19
+        )
         (node,) = _nodes(proto, "DeformConv")
-        assert _attrs(node) == {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 1, 0],
-                                "dilations": [2, 1], "group": 2, "offset_group": 2}  # fmt: skip
+        assert _attrs(node) == {
+            "kernel_shape": [3, 2],
+            "strides": [2, 1],
+            "pads": [1, 0, 1, 0],
+            "dilations": [2, 1],
+            "group": 2,
+            "offset_group": 2,
+        }
         assert len(node.input) == 5  # X, W, offset, B, mask
 
 
@@ -134,8 +157,9 @@ def test_onnx_backend_case_exported(node, inputs, outputs, opset: int) -> None:
         pytest.skip("asymmetric pads: torchvision's schema has one pad per axis")
     tensors, params = args[:5], args[5:]
     names = ["x", "w", "offset", "mask", "bias"]
-    proto = onnx_custom.export(_Op(params), tensors, exporter="torchscript", opset=opset,
-                               input_names=names)  # fmt: skip
+    proto = onnx_custom.export(
+        _Op(params), tensors, exporter="torchscript", opset=opset, input_names=names
+    )
     if opset >= 19:
         (exported,) = _nodes(proto, "DeformConv")
         expected_attrs = _attrs(node)
@@ -154,13 +178,23 @@ def test_onnx_backend_case_exported(node, inputs, outputs, opset: int) -> None:
 # -- kernel, shape function, domain factory ---------------------------------------------------
 
 SHAPE_CASES = [
-    pytest.param((2, 4, 9, 7), (6, 2, 3, 2), (2, 24, 4, 6),
-                 dict(stride_h=2, pad_h=1, dilation_h=2, pad_w=0, stride_w=1, dilation_w=1),
-                 (2, 6, 4, 6), id="static_9x7_k3x2_s2_p1_d2"),
-    pytest.param(("N", 4, "H", "W"), (6, 4, 3, 3), ("N", 18, "Ho", "Wo"),
-                 dict(stride_h=1, pad_h=1, dilation_h=1, pad_w=1, stride_w=1, dilation_w=1),
-                 ("N", 6, "Ho", "Wo"), id="symbolic_NxHxW"),
-]  # fmt: skip
+    pytest.param(
+        (2, 4, 9, 7),
+        (6, 2, 3, 2),
+        (2, 24, 4, 6),
+        dict(stride_h=2, pad_h=1, dilation_h=2, pad_w=0, stride_w=1, dilation_w=1),
+        (2, 6, 4, 6),
+        id="static_9x7_k3x2_s2_p1_d2",
+    ),
+    pytest.param(
+        ("N", 4, "H", "W"),
+        (6, 4, 3, 3),
+        ("N", 18, "Ho", "Wo"),
+        dict(stride_h=1, pad_h=1, dilation_h=1, pad_w=1, stride_w=1, dilation_w=1),
+        ("N", 6, "Ho", "Wo"),
+        id="symbolic_NxHxW",
+    ),
+]
 
 
 @pytest.mark.parametrize(("x", "w", "offset", "attrs", "expected"), SHAPE_CASES)
@@ -194,8 +228,10 @@ def test_translation_docstrings_are_the_schema() -> None:
         assert entry.fn.__doc__ == deform_conv_symbolics.SCHEMA
 
 
-@pytest.mark.skipif(not deform_conv_symbolics.torchvision_ops_available(),
-                    reason=torchvision_unavailable_reason() or "torchvision's ops load")  # fmt: skip
+@pytest.mark.skipif(
+    not deform_conv_symbolics.torchvision_ops_available(),
+    reason=torchvision_unavailable_reason() or "torchvision's ops load",
+)
 def test_torchvision_op_translates_too() -> None:
     targets = {str(t) for t in deform_conv_symbolics.registry.targets()}
     assert any("torchvision" in t for t in targets)
@@ -208,8 +244,9 @@ class _BadOffset(torch.nn.Module):
     def forward(self, x):
         w = torch.ones(2, 2, 3, 3)
         offset = torch.zeros(x.shape[0], 16, 3, 3)  # should be 18 channels
-        return torch.ops.onnx_custom.deform_conv2d(x, w, offset, x.new_zeros(1, 1), torch.zeros(2),
-                                                   1, 1, 0, 0, 1, 1, 1, 1, False)  # fmt: skip
+        return torch.ops.onnx_custom.deform_conv2d(
+            x, w, offset, x.new_zeros(1, 1), torch.zeros(2), 1, 1, 0, 0, 1, 1, 1, 1, False
+        )
 
 
 def _chain(exc: BaseException | None) -> str:
@@ -223,7 +260,10 @@ def _chain(exc: BaseException | None) -> str:
 @pytest.mark.parametrize("exporter", EXPORTERS)
 def test_export_fails_early_with_eager_message(exporter: str) -> None:
     x = torch.randn(1, 2, 5, 5)
-    message = r"offset must have shape \(N, 2\*offset_groups\*kh\*kw, Ho, Wo\) = \(1, 18, 3, 3\), got \(1, 16, 3, 3\)"
+    message = (
+        r"offset must have shape \(N, 2\*offset_groups\*kh\*kw, Ho, Wo\) = \(1, 18, 3, 3\), got"
+        r" \(1, 16, 3, 3\)"
+    )
     with pytest.raises(ValueError, match=message):
         _BadOffset()(x)
     with pytest.raises(Exception) as info:
@@ -236,19 +276,31 @@ def test_checker_and_shape_inference_see_the_output_shape() -> None:
 
     register_schemas(deform_conv_kernels.kernels)
     f = onnx.TensorProto.FLOAT
-    node = helper.make_node("DeformConv2d", ["x", "w", "offset", "mask", "bias"], ["y"],
-                            domain="onnx_custom", stride_h=2, pad_h=1, pad_w=1, use_mask=1)  # fmt: skip
+    node = helper.make_node(
+        "DeformConv2d",
+        ["x", "w", "offset", "mask", "bias"],
+        ["y"],
+        domain="onnx_custom",
+        stride_h=2,
+        pad_h=1,
+        pad_w=1,
+        use_mask=1,
+    )
     graph = helper.make_graph(
-        [node], "g",
-        [helper.make_tensor_value_info("x", f, ["N", 4, 9, "W"]),
-         helper.make_tensor_value_info("w", f, [6, 4, 3, 3]),
-         helper.make_tensor_value_info("offset", f, ["N", 18, 5, "Wo"]),
-         helper.make_tensor_value_info("mask", f, ["N", 9, 5, "Wo"]),
-         helper.make_tensor_value_info("bias", f, [6])],
+        [node],
+        "g",
+        [
+            helper.make_tensor_value_info("x", f, ["N", 4, 9, "W"]),
+            helper.make_tensor_value_info("w", f, [6, 4, 3, 3]),
+            helper.make_tensor_value_info("offset", f, ["N", 18, 5, "Wo"]),
+            helper.make_tensor_value_info("mask", f, ["N", 9, 5, "Wo"]),
+            helper.make_tensor_value_info("bias", f, [6]),
+        ],
         [helper.make_tensor_value_info("y", f, None)],
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11),
-                                                    helper.make_opsetid("onnx_custom", 1)])  # fmt: skip
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 11), helper.make_opsetid("onnx_custom", 1)]
+    )
     inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
     onnx.checker.check_model(inferred, full_check=True)
     (y,) = [v for v in inferred.graph.output if v.name == "y"]

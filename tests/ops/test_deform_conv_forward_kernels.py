@@ -20,7 +20,10 @@ from test_deform_conv_reference import Geometry, reference_deform_conv2d
 from onnx_custom.ops.deform_conv import load_extension
 
 OP = torch.ops.onnx_custom.deform_conv2d.default
-TOL: dict[torch.dtype, dict[str, Any]] = {torch.float32: {"rtol": 1e-5, "atol": 5e-5}, torch.float64: {}}
+TOL: dict[torch.dtype, dict[str, Any]] = {
+    torch.float32: {"rtol": 1e-5, "atol": 5e-5},
+    torch.float64: {},
+}
 
 
 def _has_avx512() -> bool:

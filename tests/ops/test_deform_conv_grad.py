@@ -141,10 +141,14 @@ def test_one_tensor_in_layout(case: Case, name: str, layout: str) -> None:
 
 ALL_AT_ONCE = {
     # Every tensor non-contiguous in the same call (bias has no channels-last/permuted form).
-    "channels_last": {n: "channels_last" for n in ("input", "weight", "offset", "mask", "grad")}
-    | {"bias": "sliced"},
-    "permuted": {n: "permuted" for n in ("input", "weight", "offset", "mask", "grad")}
-    | {"bias": "expanded"},
+    "channels_last": (
+        {n: "channels_last" for n in ("input", "weight", "offset", "mask", "grad")}
+        | {"bias": "sliced"}
+    ),
+    "permuted": (
+        {n: "permuted" for n in ("input", "weight", "offset", "mask", "grad")}
+        | {"bias": "expanded"}
+    ),
     "sliced": {n: "sliced" for n in (*NAMES, "grad")},
     "expanded": {n: "expanded" for n in (*NAMES, "grad")},
 }
@@ -170,8 +174,14 @@ def test_gradcheck_in_layout(case: Case, layout: str) -> None:
 
     def fn(*xs: torch.Tensor) -> torch.Tensor:
         args = {n: prepared[n][1](x) for n, x in zip(names, xs, strict=True)}
-        return OP(args["input"], args["weight"], args["offset"], args.get("mask", placeholder),
-                  args["bias"], *case.geo.params())  # fmt: skip
+        return OP(
+            args["input"],
+            args["weight"],
+            args["offset"],
+            args.get("mask", placeholder),
+            args["bias"],
+            *case.geo.params(),
+        )
 
     assert torch.autograd.gradcheck(fn, leaves, fast_mode=True)
 
@@ -183,8 +193,22 @@ def boundary_targets(h: int, w: int) -> tuple[list[float], list[float]]:
     """Sample rows/columns on and around every boundary line, and far away."""
 
     def around(size: int) -> list[float]:
-        return [-1e6, -2.0, -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, size - 1.5, size - 1.0, size - 0.5,
-                float(size), size + 0.5, 1e6]  # fmt: skip
+        return [
+            -1e6,
+            -2.0,
+            -1.5,
+            -1.0,
+            -0.5,
+            0.0,
+            0.5,
+            1.0,
+            size - 1.5,
+            size - 1.0,
+            size - 0.5,
+            float(size),
+            size + 0.5,
+            1e6,
+        ]
 
     return around(h), around(w)
 

@@ -115,8 +115,9 @@ def reference_grads(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(output, gradients of ``(output * grad_out).sum()``) in float64 by autograd."""
     leaves = {k: v.detach().double().clone().requires_grad_() for k, v in tensors.items()}
-    out = reference_deform_conv2d(leaves["input"], leaves["weight"], leaves["offset"],
-                                  leaves.get("mask"), leaves["bias"], geo)  # fmt: skip
+    out = reference_deform_conv2d(
+        leaves["input"], leaves["weight"], leaves["offset"], leaves.get("mask"), leaves["bias"], geo
+    )
     out.backward(grad_out.double())
     return out.detach(), {k: v.grad for k, v in leaves.items()}  # type: ignore[misc]
 
@@ -207,5 +208,6 @@ def test_reference_gradients_match_finite_differences() -> None:
     )
     leaves = tuple(t.requires_grad_() for t in (x, w, offset, mask, bias))
     # fast_mode compares random projections of the whole Jacobian (the full one takes ~15 s).
-    assert torch.autograd.gradcheck(lambda *a: reference_deform_conv2d(*a, geo), leaves,
-                                    fast_mode=True)  # fmt: skip
+    assert torch.autograd.gradcheck(
+        lambda *a: reference_deform_conv2d(*a, geo), leaves, fast_mode=True
+    )

@@ -16,8 +16,18 @@ from onnx_custom.errors import MultiScaleDeformableAttnDtypeError, MultiScaleDef
 from onnx_custom.ops import multi_scale_deformable_attn
 
 OP = torch.ops.onnx_custom.multi_scale_deformable_attn.default
-TOL = {torch.float32: (1.3e-6, 1e-5), torch.float64: (1e-7, 1e-7), torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5)}
-GRAD_TOL = {torch.float32: (1e-5, 1e-5), torch.float64: (1e-7, 1e-7), torch.float16: (2e-3, 2e-3), torch.bfloat16: (2e-2, 2e-2)}
+TOL = {
+    torch.float32: (1.3e-6, 1e-5),
+    torch.float64: (1e-7, 1e-7),
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-5),
+}
+GRAD_TOL = {
+    torch.float32: (1e-5, 1e-5),
+    torch.float64: (1e-7, 1e-7),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (2e-2, 2e-2),
+}
 
 
 def _call(value, shapes, starts, loc, attn):  # type: ignore[no-untyped-def]
@@ -33,14 +43,20 @@ SIZES = [  # (bs, queries, heads, dim, points, levels)
 ]
 
 
-@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"bs{s[0]}-q{s[1]}-m{s[2]}-d{s[3]}-p{s[4]}-L{len(s[5])}")
+@pytest.mark.parametrize(
+    "size", SIZES, ids=lambda s: f"bs{s[0]}-q{s[1]}-m{s[2]}-d{s[3]}-p{s[4]}-L{len(s[5])}"
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 def test_forward_matches_grid_sample(size: tuple[Any, ...], dtype: torch.dtype) -> None:
     bs, q, m, d, p, levels = size
-    value, shapes, starts, loc, attn = make_inputs(bs, q, m, d, p, levels, dtype=dtype, seed=len(levels))
+    value, shapes, starts, loc, attn = make_inputs(
+        bs, q, m, d, p, levels, dtype=dtype, seed=len(levels)
+    )
     got = _call(value, shapes, starts, loc, attn)
     assert got.shape == (bs, q, m * d) and got.dtype == dtype and got.is_contiguous()
-    torch.testing.assert_close(got, grid_sample_msda(value, shapes, loc, attn), rtol=TOL[dtype][0], atol=TOL[dtype][1])
+    torch.testing.assert_close(
+        got, grid_sample_msda(value, shapes, loc, attn), rtol=TOL[dtype][0], atol=TOL[dtype][1]
+    )
 
 
 def _border_locations(levels: tuple[tuple[int, int], ...], queries: int) -> torch.Tensor:
@@ -124,7 +140,11 @@ def test_any_memory_layout_forward_and_backward(layout: str) -> None:
     got = _call(strided[0], shapes, starts, strided[1], strided[2])
     expected = _call(dense[0], shapes, starts, dense[1], dense[2])
     torch.testing.assert_close(got, expected)
-    for a, b in zip(torch.autograd.grad(got, strided, grad), torch.autograd.grad(expected, dense, grad), strict=True):
+    for a, b in zip(
+        torch.autograd.grad(got, strided, grad),
+        torch.autograd.grad(expected, dense, grad),
+        strict=True,
+    ):
         torch.testing.assert_close(a, b)
 
 
@@ -133,8 +153,10 @@ def test_expanded_inputs() -> None:
     value, shapes, starts, loc, attn = make_inputs(dtype=torch.float64, seed=6)
     loc_x = loc[:1].expand_as(loc)
     attn_x = attn[:1].expand_as(attn)
-    torch.testing.assert_close(_call(value, shapes, starts, loc_x, attn_x),
-                               grid_sample_msda(value, shapes, loc_x.contiguous(), attn_x.contiguous()))  # fmt: skip
+    torch.testing.assert_close(
+        _call(value, shapes, starts, loc_x, attn_x),
+        grid_sample_msda(value, shapes, loc_x.contiguous(), attn_x.contiguous()),
+    )
 
 
 def test_level_tensors_may_be_strided() -> None:
@@ -142,24 +164,38 @@ def test_level_tensors_may_be_strided() -> None:
     shapes_t = shapes.t().contiguous().t()  # (L, 2) stored column-major
     starts_s = torch.stack([starts, starts], 1)[:, 0]
     assert not shapes_t.is_contiguous() and not starts_s.is_contiguous()
-    torch.testing.assert_close(_call(value, shapes_t, starts_s, loc, attn), _call(value, shapes, starts, loc, attn))
+    torch.testing.assert_close(
+        _call(value, shapes_t, starts_s, loc, attn), _call(value, shapes, starts, loc, attn)
+    )
 
 
 # -------------------------------------------------------------------------------- zero sizes
-@pytest.mark.parametrize(("bs", "queries", "points"), [(0, 5, 2), (2, 0, 2), (2, 5, 0)], ids=["bs0", "q0", "p0"])
+@pytest.mark.parametrize(
+    ("bs", "queries", "points"), [(0, 5, 2), (2, 0, 2), (2, 5, 0)], ids=["bs0", "q0", "p0"]
+)
 def test_zero_size(bs: int, queries: int, points: int) -> None:
     value, shapes, starts, loc, attn = make_inputs(bs, queries, 2, 3, points, dtype=torch.float64)
     leaves = [t.requires_grad_() for t in (value, loc, attn)]
     out = _call(leaves[0], shapes, starts, leaves[1], leaves[2])
     assert out.shape == (bs, queries, 6) and not out.any()
     grads = torch.autograd.grad(out.sum(), leaves, allow_unused=True)
-    assert all(g is not None and g.shape == t.shape and not g.any() for g, t in zip(grads, leaves, strict=True))
+    assert all(
+        g is not None and g.shape == t.shape and not g.any()
+        for g, t in zip(grads, leaves, strict=True)
+    )
 
 
 def test_empty_level() -> None:
     """A level with H*W = 0 (a 0-wide feature map) contributes nothing."""
-    value, shapes, starts, loc, attn = make_inputs(levels=((4, 5), (0, 3), (1, 1)), dtype=torch.float64)
-    expected = grid_sample_msda(value, shapes, loc, attn * torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64).view(1, 1, 1, 3, 1))
+    value, shapes, starts, loc, attn = make_inputs(
+        levels=((4, 5), (0, 3), (1, 1)), dtype=torch.float64
+    )
+    expected = grid_sample_msda(
+        value,
+        shapes,
+        loc,
+        attn * torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64).view(1, 1, 1, 3, 1),
+    )
     torch.testing.assert_close(_call(value, shapes, starts, loc, attn), expected)
 
 
@@ -167,22 +203,32 @@ def test_empty_level() -> None:
 def test_gradcheck_fp64() -> None:
     value, shapes, starts, loc, attn = make_inputs(2, 3, 2, 2, 2, dtype=torch.float64, seed=8)
     leaves = tuple(t.requires_grad_() for t in (value, loc, attn))
-    assert torch.autograd.gradcheck(lambda v, sl, a: _call(v, shapes, starts, sl, a), leaves, eps=1e-6, atol=1e-5)
+    assert torch.autograd.gradcheck(
+        lambda v, sl, a: _call(v, shapes, starts, sl, a), leaves, eps=1e-6, atol=1e-5
+    )
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16], ids=str
+)
 def test_gradients_match_grid_sample(dtype: torch.dtype) -> None:
     value, shapes, starts, loc, attn = make_inputs(2, 6, 2, 4, 3, dtype=dtype, seed=9)
     ours = [t.clone().requires_grad_() for t in (value, loc, attn)]
     ref = [t.double().requires_grad_() for t in (value, loc, attn)]
     grad = torch.randn(2, 6, 8, dtype=torch.float64)
-    got = torch.autograd.grad(_call(ours[0], shapes, starts, ours[1], ours[2]), ours, grad.to(dtype))
+    got = torch.autograd.grad(
+        _call(ours[0], shapes, starts, ours[1], ours[2]), ours, grad.to(dtype)
+    )
     expected = torch.autograd.grad(grid_sample_msda(ref[0], shapes, ref[1], ref[2]), ref, grad)
     rtol, atol = GRAD_TOL[dtype]
-    for name, a, b in zip(("value", "sampling_locations", "attention_weights"), got, expected, strict=True):
+    for name, a, b in zip(
+        ("value", "sampling_locations", "attention_weights"), got, expected, strict=True
+    ):
         assert a.dtype == dtype
         scale = max(1.0, b.abs().max().item())
-        torch.testing.assert_close(a.double(), b, rtol=rtol, atol=atol * scale, msg=f"grad {name} ({dtype})")
+        torch.testing.assert_close(
+            a.double(), b, rtol=rtol, atol=atol * scale, msg=f"grad {name} ({dtype})"
+        )
 
 
 def test_border_gradients_match_grid_sample() -> None:
@@ -200,12 +246,19 @@ def test_border_gradients_match_grid_sample() -> None:
 
 
 def test_backward_is_deterministic() -> None:
-    value, shapes, starts, loc, attn = make_inputs(1, 64, 1, 8, 4, levels=((2, 2),), seed=10)  # heavy overlap
+    value, shapes, starts, loc, attn = make_inputs(
+        1, 64, 1, 8, 4, levels=((2, 2),), seed=10
+    )  # heavy overlap
     leaves = [t.requires_grad_() for t in (value, loc, attn)]
     out = _call(leaves[0], shapes, starts, leaves[1], leaves[2])
     first = torch.autograd.grad(out.sum(), leaves, retain_graph=True)
     for _ in range(3):
-        assert all(torch.equal(a, b) for a, b in zip(first, torch.autograd.grad(out.sum(), leaves, retain_graph=True), strict=True))
+        assert all(
+            torch.equal(a, b)
+            for a, b in zip(
+                first, torch.autograd.grad(out.sum(), leaves, retain_graph=True), strict=True
+            )
+        )
 
 
 THREAD_SIZES = [  # (bs, queries, heads, dim, points, levels)
@@ -219,15 +272,21 @@ THREAD_SIZES = [  # (bs, queries, heads, dim, points, levels)
 
 
 @pytest.mark.parametrize("threads", [1, 2], ids=lambda t: f"threads{t}")
-@pytest.mark.parametrize("size", THREAD_SIZES, ids=lambda s: f"bs{s[0]}-q{s[1]}-m{s[2]}-d{s[3]}-p{s[4]}-L{len(s[5])}")
+@pytest.mark.parametrize(
+    "size", THREAD_SIZES, ids=lambda s: f"bs{s[0]}-q{s[1]}-m{s[2]}-d{s[3]}-p{s[4]}-L{len(s[5])}"
+)
 def test_chunked_dims_and_thread_splits(size: tuple[Any, ...], threads: int) -> None:
     """Forward and gradients against grid_sample, and run-to-run identical gradients, for head
     dims that are / are not multiples of the kernels' 32-wide chunks, at 1 and 2 threads."""
     bs, q, m, d, p, levels = size
-    value, shapes, starts, loc, attn = make_inputs(bs, q, m, d, p, levels, dtype=torch.float64, seed=12)
+    value, shapes, starts, loc, attn = make_inputs(
+        bs, q, m, d, p, levels, dtype=torch.float64, seed=12
+    )
     ours = [t.clone().requires_grad_() for t in (value, loc, attn)]
     ref = [t.clone().requires_grad_() for t in (value, loc, attn)]
-    grad = torch.randn(bs, q, m * d, dtype=torch.float64, generator=torch.Generator().manual_seed(13))
+    grad = torch.randn(
+        bs, q, m * d, dtype=torch.float64, generator=torch.Generator().manual_seed(13)
+    )
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -239,7 +298,9 @@ def test_chunked_dims_and_thread_splits(size: tuple[Any, ...], threads: int) -> 
     expected_out = grid_sample_msda(ref[0], shapes, ref[1], ref[2])
     torch.testing.assert_close(out, expected_out)
     expected = torch.autograd.grad(expected_out, ref, grad)
-    for name, a, b, c in zip(("value", "sampling_locations", "attention_weights"), got, expected, again, strict=True):
+    for name, a, b, c in zip(
+        ("value", "sampling_locations", "attention_weights"), got, expected, again, strict=True
+    ):
         torch.testing.assert_close(a, b, msg=f"grad {name}")
         assert torch.equal(a, c), f"grad {name} differs between runs"
 
@@ -253,8 +314,12 @@ def test_float32_gradients_every_head_dim(dim: int) -> None:
     processes as 8-wide vectors (whole 32-wide chunks, a 8/16/24 tail) or not (D % 8 != 0), with
     many samples on the same keys (a 3x3 level) and samples outside [0, 1] (spread 0.3); 1 and 2
     threads give bit-identical gradients (each value-gradient row is summed in query order)."""
-    value, shapes, starts, loc, attn = make_inputs(2, 23, 3, dim, 4, ((3, 3), (5, 7), (1, 2)), dtype=torch.float64, seed=dim, spread=0.3)
-    grad = torch.randn(2, 23, 3 * dim, dtype=torch.float64, generator=torch.Generator().manual_seed(dim + 1))
+    value, shapes, starts, loc, attn = make_inputs(
+        2, 23, 3, dim, 4, ((3, 3), (5, 7), (1, 2)), dtype=torch.float64, seed=dim, spread=0.3
+    )
+    grad = torch.randn(
+        2, 23, 3 * dim, dtype=torch.float64, generator=torch.Generator().manual_seed(dim + 1)
+    )
     ref = [t.clone().requires_grad_() for t in (value, loc, attn)]
     expected = torch.autograd.grad(grid_sample_msda(ref[0], shapes, ref[1], ref[2]), ref, grad)
     results = []
@@ -263,10 +328,20 @@ def test_float32_gradients_every_head_dim(dim: int) -> None:
         for threads in (1, 2):
             torch.set_num_threads(threads)
             ours = [t.float().requires_grad_() for t in (value, loc, attn)]
-            results.append(torch.autograd.grad(_call(ours[0], shapes, starts, ours[1], ours[2]), ours, grad.float()))
+            results.append(
+                torch.autograd.grad(
+                    _call(ours[0], shapes, starts, ours[1], ours[2]), ours, grad.float()
+                )
+            )
     finally:
         torch.set_num_threads(before)
-    for name, a, b, c in zip(("value", "sampling_locations", "attention_weights"), results[0], expected, results[1], strict=True):
+    for name, a, b, c in zip(
+        ("value", "sampling_locations", "attention_weights"),
+        results[0],
+        expected,
+        results[1],
+        strict=True,
+    ):
         scale = max(1.0, b.abs().max().item())
         torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5 * scale, msg=f"grad {name}")
         assert torch.equal(a, c), f"grad {name}: 1 and 2 threads differ"
@@ -276,17 +351,29 @@ def test_all_samples_on_one_key() -> None:
     """Every sample of every query at the same pixel centre: all their value gradients land on
     one key per level (the longest accumulation chain), float32 vector path and fp64."""
     for dtype in (torch.float32, torch.float64):
-        value, shapes, starts, _, attn = make_inputs(1, 40, 2, 32, 4, ((4, 4), (2, 2)), dtype=torch.float64, seed=21)
-        loc = torch.full((1, 40, 2, 2, 4, 2), 0.375, dtype=torch.float64)  # pixel (1, 1) of the 4x4 level
-        grad = torch.randn(1, 40, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(22))
+        value, shapes, starts, _, attn = make_inputs(
+            1, 40, 2, 32, 4, ((4, 4), (2, 2)), dtype=torch.float64, seed=21
+        )
+        loc = torch.full(
+            (1, 40, 2, 2, 4, 2), 0.375, dtype=torch.float64
+        )  # pixel (1, 1) of the 4x4 level
+        grad = torch.randn(
+            1, 40, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(22)
+        )
         ref = [t.clone().requires_grad_() for t in (value, loc, attn)]
         expected = torch.autograd.grad(grid_sample_msda(ref[0], shapes, ref[1], ref[2]), ref, grad)
         ours = [t.to(dtype).requires_grad_() for t in (value, loc, attn)]
-        got = torch.autograd.grad(_call(ours[0], shapes, starts, ours[1], ours[2]), ours, grad.to(dtype))
-        for name, a, b in zip(("value", "sampling_locations", "attention_weights"), got, expected, strict=True):
+        got = torch.autograd.grad(
+            _call(ours[0], shapes, starts, ours[1], ours[2]), ours, grad.to(dtype)
+        )
+        for name, a, b in zip(
+            ("value", "sampling_locations", "attention_weights"), got, expected, strict=True
+        ):
             scale = max(1.0, b.abs().max().item())
             tol = 1e-5 if dtype == torch.float32 else 1e-7
-            torch.testing.assert_close(a.double(), b, rtol=tol, atol=tol * scale, msg=f"grad {name} ({dtype})")
+            torch.testing.assert_close(
+                a.double(), b, rtol=tol, atol=tol * scale, msg=f"grad {name} ({dtype})"
+            )
 
 
 # --------------------------------------------------------------------- the mmcv-style wrapper
@@ -300,36 +387,129 @@ def test_wrapper_casts_locations_and_weights_like_mmcv() -> None:
 # --------------------------------------------------------------------------------- bad input
 def _bad(**changes: Any) -> dict[str, Any]:
     value, shapes, starts, loc, attn = make_inputs(dtype=torch.float32)
-    args = {"value": value, "spatial_shapes": shapes, "level_start_index": starts, "sampling_locations": loc,
-            "attention_weights": attn, "im2col_step": 64}  # fmt: skip
+    args = {
+        "value": value,
+        "spatial_shapes": shapes,
+        "level_start_index": starts,
+        "sampling_locations": loc,
+        "attention_weights": attn,
+        "im2col_step": 64,
+    }
     for name, fn in changes.items():
         args[name] = fn(args[name]) if callable(fn) else fn
     return args
 
 
 BAD = [
-    ("int-value", _bad(value=lambda v: v.int()), MultiScaleDeformableAttnDtypeError, "value has dtype torch.int32"),
-    ("mixed-dtypes", _bad(sampling_locations=lambda t: t.double()), MultiScaleDeformableAttnDtypeError, "type_as"),
-    ("int32-shapes", _bad(spatial_shapes=lambda t: t.int()), MultiScaleDeformableAttnDtypeError, "spatial_shapes.long()"),
-    ("float-starts", _bad(level_start_index=lambda t: t.float()), MultiScaleDeformableAttnDtypeError, "expected int64"),
-    ("value-3d", _bad(value=lambda v: v.flatten(2)), MultiScaleDeformableAttnError, "value must be 4-D"),
-    ("locations-5d", _bad(sampling_locations=lambda t: t.flatten(4)), MultiScaleDeformableAttnError, "sampling_locations must be 6-D"),
-    ("locations-xyz", _bad(sampling_locations=lambda t: torch.cat([t, t[..., :1]], -1)), MultiScaleDeformableAttnError, "(x, y)"),
-    ("locations-heads", _bad(sampling_locations=lambda t: t[:, :, :1]), MultiScaleDeformableAttnError, "num_heads=2"),
-    ("locations-levels", _bad(sampling_locations=lambda t: t[:, :, :, :2]), MultiScaleDeformableAttnError, "num_levels=3"),
-    ("weights-shape", _bad(attention_weights=lambda t: t[:, :, :, :, :1]), MultiScaleDeformableAttnError, "attention_weights must have shape"),
-    ("shapes-3-cols", _bad(spatial_shapes=lambda t: torch.cat([t, t[:, :1]], 1)), MultiScaleDeformableAttnError, "(num_levels, 2)"),
-    ("starts-len", _bad(level_start_index=lambda t: t[:2]), MultiScaleDeformableAttnError, "level_start_index must have shape"),
-    ("keys-mismatch", _bad(value=lambda v: v[:, :-1]), MultiScaleDeformableAttnError, "num_keys = 26"),
-    ("shapes-mismatch", _bad(spatial_shapes=lambda t: t[[1, 0, 2]]), MultiScaleDeformableAttnError, "level_start_index [0, 20, 26] does not match"),
-    ("negative-size", _bad(spatial_shapes=lambda t: t * torch.tensor([[1, 1], [-1, -1], [1, 1]])), MultiScaleDeformableAttnError, "negative size"),
-    ("starts-wrong", _bad(level_start_index=torch.tensor([0, 19, 26])), MultiScaleDeformableAttnError, "expected [0, 20, 26]"),
-    ("im2col-0", _bad(im2col_step=0), MultiScaleDeformableAttnError, "im2col_step must be positive"),
+    (
+        "int-value",
+        _bad(value=lambda v: v.int()),
+        MultiScaleDeformableAttnDtypeError,
+        "value has dtype torch.int32",
+    ),
+    (
+        "mixed-dtypes",
+        _bad(sampling_locations=lambda t: t.double()),
+        MultiScaleDeformableAttnDtypeError,
+        "type_as",
+    ),
+    (
+        "int32-shapes",
+        _bad(spatial_shapes=lambda t: t.int()),
+        MultiScaleDeformableAttnDtypeError,
+        "spatial_shapes.long()",
+    ),
+    (
+        "float-starts",
+        _bad(level_start_index=lambda t: t.float()),
+        MultiScaleDeformableAttnDtypeError,
+        "expected int64",
+    ),
+    (
+        "value-3d",
+        _bad(value=lambda v: v.flatten(2)),
+        MultiScaleDeformableAttnError,
+        "value must be 4-D",
+    ),
+    (
+        "locations-5d",
+        _bad(sampling_locations=lambda t: t.flatten(4)),
+        MultiScaleDeformableAttnError,
+        "sampling_locations must be 6-D",
+    ),
+    (
+        "locations-xyz",
+        _bad(sampling_locations=lambda t: torch.cat([t, t[..., :1]], -1)),
+        MultiScaleDeformableAttnError,
+        "(x, y)",
+    ),
+    (
+        "locations-heads",
+        _bad(sampling_locations=lambda t: t[:, :, :1]),
+        MultiScaleDeformableAttnError,
+        "num_heads=2",
+    ),
+    (
+        "locations-levels",
+        _bad(sampling_locations=lambda t: t[:, :, :, :2]),
+        MultiScaleDeformableAttnError,
+        "num_levels=3",
+    ),
+    (
+        "weights-shape",
+        _bad(attention_weights=lambda t: t[:, :, :, :, :1]),
+        MultiScaleDeformableAttnError,
+        "attention_weights must have shape",
+    ),
+    (
+        "shapes-3-cols",
+        _bad(spatial_shapes=lambda t: torch.cat([t, t[:, :1]], 1)),
+        MultiScaleDeformableAttnError,
+        "(num_levels, 2)",
+    ),
+    (
+        "starts-len",
+        _bad(level_start_index=lambda t: t[:2]),
+        MultiScaleDeformableAttnError,
+        "level_start_index must have shape",
+    ),
+    (
+        "keys-mismatch",
+        _bad(value=lambda v: v[:, :-1]),
+        MultiScaleDeformableAttnError,
+        "num_keys = 26",
+    ),
+    (
+        "shapes-mismatch",
+        _bad(spatial_shapes=lambda t: t[[1, 0, 2]]),
+        MultiScaleDeformableAttnError,
+        "level_start_index [0, 20, 26] does not match",
+    ),
+    (
+        "negative-size",
+        _bad(spatial_shapes=lambda t: t * torch.tensor([[1, 1], [-1, -1], [1, 1]])),
+        MultiScaleDeformableAttnError,
+        "negative size",
+    ),
+    (
+        "starts-wrong",
+        _bad(level_start_index=torch.tensor([0, 19, 26])),
+        MultiScaleDeformableAttnError,
+        "expected [0, 20, 26]",
+    ),
+    (
+        "im2col-0",
+        _bad(im2col_step=0),
+        MultiScaleDeformableAttnError,
+        "im2col_step must be positive",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("args", "error", "match"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
-def test_bad_input_raises_typed_errors(args: dict[str, Any], error: type[Exception], match: str) -> None:
+def test_bad_input_raises_typed_errors(
+    args: dict[str, Any], error: type[Exception], match: str
+) -> None:
     with pytest.raises(error, match=_escape(match)) as info:
         OP(**args)
     assert isinstance(info.value, RuntimeError)  # what mmcv's compiled op raises, for drop-in code
@@ -347,7 +527,9 @@ def test_fake_kernel_raises_eagers_shape_errors() -> None:
 
     real = _bad(sampling_locations=lambda t: t[:, :, :1])
     with FakeTensorMode() as mode:
-        args = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in real.items()}
+        args = {
+            k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in real.items()
+        }
         with pytest.raises(MultiScaleDeformableAttnError, match="num_heads=2"):
             OP(**args)
 
@@ -363,8 +545,20 @@ def test_opcheck() -> None:
 def test_compile_fullgraph_forward_and_backward(dynamic: bool) -> None:
     torch._dynamo.reset()
 
-    def step(value: torch.Tensor, shapes: torch.Tensor, starts: torch.Tensor, loc: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        return multi_scale_deformable_attn(value * 2, shapes, starts, loc.clamp(-0.1, 1.1), attn.softmax(-1)).square().sum()
+    def step(
+        value: torch.Tensor,
+        shapes: torch.Tensor,
+        starts: torch.Tensor,
+        loc: torch.Tensor,
+        attn: torch.Tensor,
+    ) -> torch.Tensor:
+        return (
+            multi_scale_deformable_attn(
+                value * 2, shapes, starts, loc.clamp(-0.1, 1.1), attn.softmax(-1)
+            )
+            .square()
+            .sum()
+        )
 
     compiled = torch.compile(step, backend="aot_eager", fullgraph=True, dynamic=dynamic)
     for bs, queries in ((2, 5), (3, 7)):  # the second call is not the first compile's size
@@ -373,7 +567,9 @@ def test_compile_fullgraph_forward_and_backward(dynamic: bool) -> None:
         expected = step(leaves[0], shapes, starts, leaves[1], leaves[2])
         got = compiled(leaves[0], shapes, starts, leaves[1], leaves[2])
         torch.testing.assert_close(got, expected)
-        for a, b in zip(torch.autograd.grad(got, leaves), torch.autograd.grad(expected, leaves), strict=True):
+        for a, b in zip(
+            torch.autograd.grad(got, leaves), torch.autograd.grad(expected, leaves), strict=True
+        ):
             torch.testing.assert_close(a, b)
 
 
@@ -389,7 +585,9 @@ def test_compile_inductor() -> None:
     got = torch.compile(step, fullgraph=True)(*leaves)
     expected = step(*leaves)
     torch.testing.assert_close(got, expected)
-    for a, b in zip(torch.autograd.grad(got, leaves), torch.autograd.grad(expected, leaves), strict=True):
+    for a, b in zip(
+        torch.autograd.grad(got, leaves), torch.autograd.grad(expected, leaves), strict=True
+    ):
         torch.testing.assert_close(a, b)
 
 

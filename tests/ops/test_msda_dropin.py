@@ -23,7 +23,13 @@ SHAPES = torch.tensor([[6, 5], [3, 3]])
 KEYS = int(SHAPES.prod(1).sum())
 
 
-def _mmcv_checkpoint(embed: int = EMBED, heads: int = HEADS, levels: int = LEVELS, points: int = POINTS, ratio: float = 1.0) -> OrderedDict[str, torch.Tensor]:
+def _mmcv_checkpoint(
+    embed: int = EMBED,
+    heads: int = HEADS,
+    levels: int = LEVELS,
+    points: int = POINTS,
+    ratio: float = 1.0,
+) -> OrderedDict[str, torch.Tensor]:
     """Keys and shapes as mmcv's module saves them (nn.Linear weights are (out, in))."""
     gen = torch.Generator().manual_seed(1)
     vp = int(embed * ratio)
@@ -40,9 +46,20 @@ def _mmcv_checkpoint(embed: int = EMBED, heads: int = HEADS, levels: int = LEVEL
     return state
 
 
-def _mmcv_forward(sd: dict[str, torch.Tensor], query: torch.Tensor, value: torch.Tensor | None, *, identity: Any = None,
-                  query_pos: Any = None, key_padding_mask: Any = None, reference_points: torch.Tensor,
-                  batch_first: bool, heads: int = HEADS, levels: int = LEVELS, points: int = POINTS) -> torch.Tensor:  # fmt: skip
+def _mmcv_forward(
+    sd: dict[str, torch.Tensor],
+    query: torch.Tensor,
+    value: torch.Tensor | None,
+    *,
+    identity: Any = None,
+    query_pos: Any = None,
+    key_padding_mask: Any = None,
+    reference_points: torch.Tensor,
+    batch_first: bool,
+    heads: int = HEADS,
+    levels: int = LEVELS,
+    points: int = POINTS,
+) -> torch.Tensor:
     """mmcv's MultiScaleDeformableAttention.forward on CPU (eval mode), from the weights."""
     value = query if value is None else value
     identity = query if identity is None else identity
@@ -55,8 +72,12 @@ def _mmcv_forward(sd: dict[str, torch.Tensor], query: torch.Tensor, value: torch
     if key_padding_mask is not None:
         v = v.masked_fill(key_padding_mask[..., None], 0.0)
     v = v.reshape(bs, value.shape[1], heads, -1)
-    off = F.linear(query, sd["sampling_offsets.weight"], sd["sampling_offsets.bias"]).reshape(bs, nq, heads, levels, points, 2)
-    w = F.linear(query, sd["attention_weights.weight"], sd["attention_weights.bias"]).reshape(bs, nq, heads, levels * points)
+    off = F.linear(query, sd["sampling_offsets.weight"], sd["sampling_offsets.bias"]).reshape(
+        bs, nq, heads, levels, points, 2
+    )
+    w = F.linear(query, sd["attention_weights.weight"], sd["attention_weights.bias"]).reshape(
+        bs, nq, heads, levels * points
+    )
     w = torch.softmax(w, -1).reshape(bs, nq, heads, levels, points)
     ref = reference_points[:, :, None, :, None]
     if reference_points.shape[-1] == 2:
@@ -64,13 +85,17 @@ def _mmcv_forward(sd: dict[str, torch.Tensor], query: torch.Tensor, value: torch
         loc = ref + off / wh[None, None, None, :, None, :]
     else:
         loc = ref[..., :2] + off / points * ref[..., 2:] * 0.5
-    out = F.linear(grid_sample_msda(v, SHAPES, loc, w), sd["output_proj.weight"], sd["output_proj.bias"])
+    out = F.linear(
+        grid_sample_msda(v, SHAPES, loc, w), sd["output_proj.weight"], sd["output_proj.bias"]
+    )
     if not batch_first:
         out = out.transpose(0, 1)
     return out + identity
 
 
-def _inputs(bs: int, nq: int, batch_first: bool, box: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _inputs(
+    bs: int, nq: int, batch_first: bool, box: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(bs * 10 + nq)
     q = torch.randn(bs, nq, EMBED, generator=gen)
     v = torch.randn(bs, KEYS, EMBED, generator=gen)
@@ -89,9 +114,14 @@ CASES = [  # (batch_first, box reference points, extras)
 ]
 
 
-@pytest.mark.parametrize(("batch_first", "box", "extras"), CASES,
-                         ids=["seq-first", "batch-first", "box-refs", "pos-mask-identity", "value=query"])  # fmt: skip
-def test_mmcv_checkpoint_loads_and_matches_mmcv_forward(batch_first: bool, box: bool, extras: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(
+    ("batch_first", "box", "extras"),
+    CASES,
+    ids=["seq-first", "batch-first", "box-refs", "pos-mask-identity", "value=query"],
+)
+def test_mmcv_checkpoint_loads_and_matches_mmcv_forward(
+    batch_first: bool, box: bool, extras: tuple[str, ...]
+) -> None:
     sd = _mmcv_checkpoint()
     module = MultiScaleDeformableAttention(EMBED, HEADS, LEVELS, POINTS, batch_first=batch_first)
     assert list(module.state_dict()) == list(sd)  # same keys, same order
@@ -107,7 +137,14 @@ def test_mmcv_checkpoint_loads_and_matches_mmcv_forward(batch_first: bool, box: 
     if "identity" in extras:
         kwargs["identity"] = torch.randn_like(q)
     value = None if "self_attention" in extras else v
-    got = module(q, value=value, reference_points=ref, spatial_shapes=SHAPES, level_start_index=level_start(SHAPES), **kwargs)
+    got = module(
+        q,
+        value=value,
+        reference_points=ref,
+        spatial_shapes=SHAPES,
+        level_start_index=level_start(SHAPES),
+        **kwargs,
+    )
     expected = _mmcv_forward(sd, q, value, reference_points=ref, batch_first=batch_first, **kwargs)
     assert got.shape == q.shape
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
@@ -115,18 +152,32 @@ def test_mmcv_checkpoint_loads_and_matches_mmcv_forward(batch_first: bool, box: 
 
 def test_value_proj_ratio() -> None:
     sd = _mmcv_checkpoint(ratio=0.5)
-    module = MultiScaleDeformableAttention(EMBED, HEADS, LEVELS, POINTS, value_proj_ratio=0.5, batch_first=True).eval()
+    module = MultiScaleDeformableAttention(
+        EMBED, HEADS, LEVELS, POINTS, value_proj_ratio=0.5, batch_first=True
+    ).eval()
     module.load_state_dict(sd, strict=True)
     q, v, ref = _inputs(1, 4, True, False)
-    got = module(q, value=v, reference_points=ref, spatial_shapes=SHAPES, level_start_index=level_start(SHAPES))
-    torch.testing.assert_close(got, _mmcv_forward(sd, q, v, reference_points=ref, batch_first=True), rtol=1e-5, atol=1e-5)
+    got = module(
+        q,
+        value=v,
+        reference_points=ref,
+        spatial_shapes=SHAPES,
+        level_start_index=level_start(SHAPES),
+    )
+    torch.testing.assert_close(
+        got, _mmcv_forward(sd, q, v, reference_points=ref, batch_first=True), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_initialization_is_mmcvs() -> None:
     """mmcv's init_weights: offsets' weight 0 and bias on the ring of head directions (max-norm
     1) times the point index; attention weights 0; projections Xavier with zero bias."""
     m = MultiScaleDeformableAttention(EMBED, HEADS, LEVELS, POINTS)
-    assert not m.sampling_offsets.weight.any() and not m.attention_weights.weight.any() and not m.attention_weights.bias.any()
+    assert (
+        not m.sampling_offsets.weight.any()
+        and not m.attention_weights.weight.any()
+        and not m.attention_weights.bias.any()
+    )
     bias = m.sampling_offsets.bias.view(HEADS, LEVELS, POINTS, 2)
     for h in range(HEADS):
         theta = 2 * math.pi * h / HEADS
@@ -142,19 +193,31 @@ def test_training_step_reaches_every_parameter() -> None:
     m = MultiScaleDeformableAttention(EMBED, HEADS, LEVELS, POINTS, batch_first=True)
     m.load_state_dict(_mmcv_checkpoint())
     q, v, ref = _inputs(2, 6, True, False)
-    m(q, value=v, reference_points=ref, spatial_shapes=SHAPES, level_start_index=level_start(SHAPES)).square().mean().backward()
+    m(
+        q,
+        value=v,
+        reference_points=ref,
+        spatial_shapes=SHAPES,
+        level_start_index=level_start(SHAPES),
+    ).square().mean().backward()
     for name, p in m.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
 
 
 BAD_CONSTRUCTORS = [
-    ("heads-not-dividing", {"embed_dims": 30, "num_heads": 4}, "embed_dims must be divisible by num_heads"),
+    (
+        "heads-not-dividing",
+        {"embed_dims": 30, "num_heads": 4},
+        "embed_dims must be divisible by num_heads",
+    ),
     ("zero-points", {"num_points": 0}, "num_points=0"),
     ("ratio", {"embed_dims": 32, "num_heads": 4, "value_proj_ratio": 0.1}, "value_proj_ratio=0.1"),
 ]
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [b[1:] for b in BAD_CONSTRUCTORS], ids=[b[0] for b in BAD_CONSTRUCTORS])
+@pytest.mark.parametrize(
+    ("kwargs", "match"), [b[1:] for b in BAD_CONSTRUCTORS], ids=[b[0] for b in BAD_CONSTRUCTORS]
+)
 def test_bad_constructor_arguments(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(MultiScaleDeformableAttnError, match=match) as info:
         MultiScaleDeformableAttention(**kwargs)
@@ -165,6 +228,20 @@ def test_bad_reference_points() -> None:
     m = MultiScaleDeformableAttention(EMBED, HEADS, LEVELS, POINTS, batch_first=True)
     q, v, _ = _inputs(1, 3, True, False)
     with pytest.raises(MultiScaleDeformableAttnError, match="must be 2 .x, y. or 4"):
-        m(q, value=v, reference_points=torch.rand(1, 3, LEVELS, 3), spatial_shapes=SHAPES, level_start_index=level_start(SHAPES))
-    with pytest.raises(MultiScaleDeformableAttnError, match="num_keys"):  # value of the wrong length
-        m(q, value=v[:, :-2], reference_points=torch.rand(1, 3, LEVELS, 2), spatial_shapes=SHAPES, level_start_index=level_start(SHAPES))
+        m(
+            q,
+            value=v,
+            reference_points=torch.rand(1, 3, LEVELS, 3),
+            spatial_shapes=SHAPES,
+            level_start_index=level_start(SHAPES),
+        )
+    with pytest.raises(
+        MultiScaleDeformableAttnError, match="num_keys"
+    ):  # value of the wrong length
+        m(
+            q,
+            value=v[:, :-2],
+            reference_points=torch.rand(1, 3, LEVELS, 2),
+            spatial_shapes=SHAPES,
+            level_start_index=level_start(SHAPES),
+        )

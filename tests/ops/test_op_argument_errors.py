@@ -31,10 +31,14 @@ INDEX = torch.zeros(4, dtype=torch.int32)
 
 def _bev(**override: Any) -> Any:
     args = {
-        "depth": torch.rand(1, 1, 2, 2, 2), "feat": torch.rand(1, 1, 2, 2, 3),
-        "ranks_depth": INDEX, "ranks_feat": INDEX, "ranks_bev": INDEX,
+        "depth": torch.rand(1, 1, 2, 2, 2),
+        "feat": torch.rand(1, 1, 2, 2, 3),
+        "ranks_depth": INDEX,
+        "ranks_feat": INDEX,
+        "ranks_bev": INDEX,
         "bev_feat_shape": [1, 1, 2, 2, 3],
-        "interval_starts": torch.zeros(1, dtype=torch.int32), "interval_lengths": torch.full((1,), 4, dtype=torch.int32),
+        "interval_starts": torch.zeros(1, dtype=torch.int32),
+        "interval_lengths": torch.full((1,), 4, dtype=torch.int32),
     }
     args.update(override)
     return torch.ops.onnx_custom.bev_pool_v2(*args.values())
@@ -43,8 +47,11 @@ def _bev(**override: Any) -> Any:
 def _dcn_raw(**override: Any) -> Any:
     """The registered op itself, as exported graphs and mmcv-style code call it."""
     args: dict[str, Any] = {
-        "input": torch.rand(1, 2, 4, 4), "weight": torch.rand(3, 2, 3, 3), "offset": torch.zeros(1, 18, 2, 2),
-        "mask": torch.ones(1, 9, 2, 2), "bias": torch.zeros(3),
+        "input": torch.rand(1, 2, 4, 4),
+        "weight": torch.rand(3, 2, 3, 3),
+        "offset": torch.zeros(1, 18, 2, 2),
+        "mask": torch.ones(1, 9, 2, 2),
+        "bias": torch.zeros(3),
     }
     args.update(override)
     return torch.ops.onnx_custom.deform_conv2d(*args.values(), 1, 1, 0, 0, 1, 1, 1, 1, True)
@@ -57,26 +64,77 @@ CASES: list[Any] = [
     ("my_add/b-rank1", lambda: torch.ops.onnx_custom.my_add(X, X[0]), "a and b"),
     ("multi_out/x-None", lambda: torch.ops.onnx_custom.multi_out(None), "'x'"),
     ("multi_out3/x-None", lambda: torch.ops.onnx_custom.multi_out3(None, [1, 1], 1.0), "'x'"),
-    ("multi_out3/x-0d", lambda: torch.ops.onnx_custom.multi_out3(torch.tensor(1.0), [], 1.0), "x with at least 1 dimension"),
-    ("multi_out3/repeats-rank", lambda: torch.ops.onnx_custom.multi_out3(X, [1], 1.0), "one repeat per dimension of x"),
+    (
+        "multi_out3/x-0d",
+        lambda: torch.ops.onnx_custom.multi_out3(torch.tensor(1.0), [], 1.0),
+        "x with at least 1 dimension",
+    ),
+    (
+        "multi_out3/repeats-rank",
+        lambda: torch.ops.onnx_custom.multi_out3(X, [1], 1.0),
+        "one repeat per dimension of x",
+    ),
     # numpy_sin has device kernels only (cpu, cuda): a call with no tensor has no dispatch key
     ("numpy_sin/x-None", lambda: torch.ops.onnx_custom.numpy_sin(None), "'x'"),
     ("numpy_sin/x-None-kw", lambda: torch.ops.onnx_custom.numpy_sin(x=None), "'x'"),
     ("custom_linear/x-None", lambda: torch.ops.onnx_custom.custom_linear(None, W, None), "'x'"),
-    ("custom_linear/weight-None", lambda: torch.ops.onnx_custom.custom_linear(X, None, None), "'weight'"),
-    ("custom_linear/weight-1d", lambda: torch.ops.onnx_custom.custom_linear(X, W[0], None), "2-D weight"),
-    ("custom_linear/x-0d", lambda: torch.ops.onnx_custom.custom_linear(torch.tensor(1.0), W, None), "x with at least 1 dimension"),
+    (
+        "custom_linear/weight-None",
+        lambda: torch.ops.onnx_custom.custom_linear(X, None, None),
+        "'weight'",
+    ),
+    (
+        "custom_linear/weight-1d",
+        lambda: torch.ops.onnx_custom.custom_linear(X, W[0], None),
+        "2-D weight",
+    ),
+    (
+        "custom_linear/x-0d",
+        lambda: torch.ops.onnx_custom.custom_linear(torch.tensor(1.0), W, None),
+        "x with at least 1 dimension",
+    ),
     ("bev_pool_v2/depth-None", lambda: _bev(depth=None), "'depth'"),
     ("bev_pool_v2/ranks_bev-None", lambda: _bev(ranks_bev=None), "'ranks_bev'"),
-    ("bev_pool_v2/interval_lengths-None", lambda: _bev(interval_lengths=None), "'interval_lengths'"),
+    (
+        "bev_pool_v2/interval_lengths-None",
+        lambda: _bev(interval_lengths=None),
+        "'interval_lengths'",
+    ),
     ("bev_pool_v2/depth-4d", lambda: _bev(depth=torch.rand(1, 2, 2, 2)), "depth (B, N, D, fH, fW)"),
     ("deform_conv2d-op/mask-None-use_mask", lambda: _dcn_raw(mask=None), "'mask'"),
     ("deform_conv2d-op/input-None", lambda: _dcn_raw(input=None), "'input'"),
-    ("deform_conv2d-op/offset-3d", lambda: _dcn_raw(offset=torch.zeros(18, 2, 2)), "offset must be 4-D"),
-    ("deform_conv2d/input-None", lambda: deform_conv2d(None, torch.zeros(1, 18, 2, 2), torch.rand(3, 2, 3, 3)), "input must be a torch.Tensor"),
-    ("deform_conv2d/offset-None", lambda: deform_conv2d(torch.rand(1, 2, 4, 4), None, torch.rand(3, 2, 3, 3)), "offset must be a torch.Tensor"),
-    ("deform_conv2d/input-3d", lambda: deform_conv2d(torch.rand(2, 4, 4), torch.zeros(1, 18, 2, 2), torch.rand(3, 2, 3, 3)), "input, weight and offset must be 4-D"),
-    ("deform_conv2d/mask-3d", lambda: deform_conv2d(torch.rand(1, 2, 4, 4), torch.zeros(1, 18, 2, 2), torch.rand(3, 2, 3, 3), mask=torch.ones(9, 2, 2)), "mask must be 4-D"),
+    (
+        "deform_conv2d-op/offset-3d",
+        lambda: _dcn_raw(offset=torch.zeros(18, 2, 2)),
+        "offset must be 4-D",
+    ),
+    (
+        "deform_conv2d/input-None",
+        lambda: deform_conv2d(None, torch.zeros(1, 18, 2, 2), torch.rand(3, 2, 3, 3)),
+        "input must be a torch.Tensor",
+    ),
+    (
+        "deform_conv2d/offset-None",
+        lambda: deform_conv2d(torch.rand(1, 2, 4, 4), None, torch.rand(3, 2, 3, 3)),
+        "offset must be a torch.Tensor",
+    ),
+    (
+        "deform_conv2d/input-3d",
+        lambda: deform_conv2d(
+            torch.rand(2, 4, 4), torch.zeros(1, 18, 2, 2), torch.rand(3, 2, 3, 3)
+        ),
+        "input, weight and offset must be 4-D",
+    ),
+    (
+        "deform_conv2d/mask-3d",
+        lambda: deform_conv2d(
+            torch.rand(1, 2, 4, 4),
+            torch.zeros(1, 18, 2, 2),
+            torch.rand(3, 2, 3, 3),
+            mask=torch.ones(9, 2, 2),
+        ),
+        "mask must be 4-D",
+    ),
 ]
 
 
@@ -102,7 +160,8 @@ def test_deform_conv_errors_are_runtime_errors_like_torchvision(cls: type[BaseEx
 
 def _vision_fn_args(batch_sz: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     """The argument set of torchvision's TestDeformConv.get_fn_args (test/test_ops.py): 6 input
-    channels, 2 weight groups, 3 offset groups, kernel (3, 2), stride (2, 1), pad (1, 0), dilation (2, 1)."""
+    channels, 2 weight groups, 3 offset groups, kernel (3, 2), stride (2, 1), pad (1, 0), dilation (2, 1).
+    """
     in_h, in_w, kh, kw = 5, 4, 3, 2
     out_h = (in_h + 2 * 1 - (2 * (kh - 1) + 1)) // 2 + 1
     out_w = (in_w + 2 * 0 - (1 * (kw - 1) + 1)) // 1 + 1
@@ -116,7 +175,9 @@ def _vision_fn_args(batch_sz: int, dtype: torch.dtype) -> tuple[torch.Tensor, ..
 def test_torchvision_wrong_sizes(dtype: torch.dtype) -> None:
     """torchvision's TestDeformConv.test_wrong_sizes, written against onnx_custom.ops."""
     x, offset, mask = _vision_fn_args(batch_sz=10, dtype=dtype)
-    layer = DeformConv2d(6, 2, (3, 2), stride=(2, 1), padding=(1, 0), dilation=(2, 1), groups=2).to(dtype)
+    layer = DeformConv2d(6, 2, (3, 2), stride=(2, 1), padding=(1, 0), dilation=(2, 1), groups=2).to(
+        dtype
+    )
     assert layer(x, offset, mask).shape == (10, 2, 2, 3)  # the right sizes run
     with pytest.raises(RuntimeError, match="the shape of the offset"):
         wrong_offset = torch.rand_like(offset[:, :2])
@@ -136,7 +197,9 @@ def test_skip_reason_says_what_is_missing() -> None:
     if importlib.util.find_spec("torchvision") is None:
         assert reason is not None and reason.startswith("torchvision is not installed"), reason
     elif reason is not None:
-        assert "is installed but its compiled ops do not load" in reason or "fails to import" in reason, reason
+        assert (
+            "is installed but its compiled ops do not load" in reason or "fails to import" in reason
+        ), reason
 
 
 def test_skip_reason_when_torchvision_is_not_importable(monkeypatch: pytest.MonkeyPatch) -> None:

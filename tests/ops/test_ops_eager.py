@@ -50,7 +50,14 @@ def small_bev_inputs(
 
 
 def bev_loop_reference(
-    depth: torch.Tensor, feat: torch.Tensor, rd: Any, rf: Any, rb: Any, shape: list[int], st: Any, ln: Any
+    depth: torch.Tensor,
+    feat: torch.Tensor,
+    rd: Any,
+    rf: Any,
+    rb: Any,
+    shape: list[int],
+    st: Any,
+    ln: Any,
 ) -> torch.Tensor:
     """Literal transcription of BEVDet's CUDA kernel (one sum per interval, assigned)."""
     b, z, y, x, c = shape
@@ -71,7 +78,11 @@ def _my_add_sample() -> tuple[Any, ...]:
 
 
 OPCHECK_CASES: list[tuple[str, Callable[[], Any], Callable[[], tuple[Any, ...]]]] = [
-    ("onnx_custom_ext::my_add-3x4", lambda: torch.ops.onnx_custom_ext.my_add.default, _my_add_sample),
+    (
+        "onnx_custom_ext::my_add-3x4",
+        lambda: torch.ops.onnx_custom_ext.my_add.default,
+        _my_add_sample,
+    ),
     (
         "numpy_sin-2x5",
         lambda: torch.ops.onnx_custom.numpy_sin.default,
@@ -101,7 +112,11 @@ OPCHECK_CASES: list[tuple[str, Callable[[], Any], Callable[[], tuple[Any, ...]]]
         lambda: torch.ops.onnx_custom.custom_linear.default,
         lambda: (torch.randn(6, 8, generator=_gen()), torch.randn(4, 8, generator=_gen(1)), None),
     ),
-    ("bev_pool_v2-2cam-8x8-i32", lambda: torch.ops.onnx_custom.bev_pool_v2.default, small_bev_inputs),
+    (
+        "bev_pool_v2-2cam-8x8-i32",
+        lambda: torch.ops.onnx_custom.bev_pool_v2.default,
+        small_bev_inputs,
+    ),
     (
         "bev_pool_v2_backward-2cam-8x8",
         lambda: torch.ops.onnx_custom.bev_pool_v2_backward.default,
@@ -127,7 +142,12 @@ def _with_grad(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 @pytest.mark.parametrize(("name", "op", "sample"), OPCHECK_CASES, ids=[c[0] for c in OPCHECK_CASES])
-def test_opcheck(name: str, op: Callable[[], Any], sample: Callable[[], tuple[Any, ...]], request: pytest.FixtureRequest) -> None:
+def test_opcheck(
+    name: str,
+    op: Callable[[], Any],
+    sample: Callable[[], tuple[Any, ...]],
+    request: pytest.FixtureRequest,
+) -> None:
     if name.startswith("onnx_custom_ext::"):
         request.getfixturevalue("my_ops_lib")
     torch.library.opcheck(op(), sample())
@@ -136,10 +156,17 @@ def test_opcheck(name: str, op: Callable[[], Any], sample: Callable[[], tuple[An
 # --------------------------------------------------------------------------- onnx_custom_ext::my_add
 @pytest.mark.parametrize(
     ("shape", "dtype"),
-    [((3, 4), torch.float32), ((2, 3, 5), torch.float64), ((17,), torch.float16), ((0, 3), torch.float32)],
+    [
+        ((3, 4), torch.float32),
+        ((2, 3, 5), torch.float64),
+        ((17,), torch.float16),
+        ((0, 3), torch.float32),
+    ],
     ids=["3x4-f32", "2x3x5-f64", "17-f16", "0x3-f32"],
 )
-def test_my_add_matches_reference(my_ops_lib: str, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+def test_my_add_matches_reference(
+    my_ops_lib: str, shape: tuple[int, ...], dtype: torch.dtype
+) -> None:
     g = _gen()
     a = torch.randn(shape, generator=g).to(dtype)
     b = torch.randn(shape, generator=g).to(dtype)
@@ -161,13 +188,28 @@ def test_my_add_noncontiguous_and_autograd(my_ops_lib: str) -> None:
 @pytest.mark.parametrize(
     ("a", "b", "error", "match"),
     [
-        (torch.zeros(2, 3), torch.zeros(3, 2), ValueError, r"same shape, got a \[2, 3\] and b \[3, 2\]"),
+        (
+            torch.zeros(2, 3),
+            torch.zeros(3, 2),
+            ValueError,
+            r"same shape, got a \[2, 3\] and b \[3, 2\]",
+        ),
         (torch.zeros(2), torch.zeros(2, dtype=torch.float64), TypeError, "same dtype"),
-        (torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.bool), TypeError, "expects tensors of float32, float64, float16, bfloat16, int8, int16, int32, int64 or uint8"),
+        (
+            torch.zeros(2, dtype=torch.bool),
+            torch.zeros(2, dtype=torch.bool),
+            TypeError,
+            (
+                "expects tensors of float32, float64, float16, bfloat16, int8, int16, int32, int64"
+                " or uint8"
+            ),
+        ),
     ],
     ids=["shape-2x3-vs-3x2", "dtype-f32-vs-f64", "bool"],
 )
-def test_my_add_validation_same_in_cpp_and_fake(my_ops_lib: str, a: torch.Tensor, b: torch.Tensor, error: type, match: str) -> None:
+def test_my_add_validation_same_in_cpp_and_fake(
+    my_ops_lib: str, a: torch.Tensor, b: torch.Tensor, error: type, match: str
+) -> None:
     with pytest.raises(error, match=match):
         torch.ops.onnx_custom_ext.my_add(a, b)  # the C++ kernel
     with FakeTensorMode() as mode, pytest.raises(error, match=match):
@@ -179,7 +221,12 @@ def test_my_add_validation_same_in_cpp_and_fake(my_ops_lib: str, a: torch.Tensor
 # --------------------------------------------------------------------------- numpy_sin
 @pytest.mark.parametrize(
     ("shape", "dtype"),
-    [((2, 5), torch.float32), ((3, 1, 4), torch.float64), ((8,), torch.float16), ((6,), torch.bfloat16)],
+    [
+        ((2, 5), torch.float32),
+        ((3, 1, 4), torch.float64),
+        ((8,), torch.float16),
+        ((6,), torch.bfloat16),
+    ],
     ids=["2x5-f32", "3x1x4-f64", "8-f16", "6-bf16"],
 )
 def test_numpy_sin_matches_torch(shape: tuple[int, ...], dtype: torch.dtype) -> None:
@@ -207,7 +254,10 @@ def test_numpy_sin_rejects_integers_in_eager_and_fake() -> None:
     x = torch.arange(4)
     with pytest.raises(TypeError, match=r"floating-point tensor, got torch\.int64"):
         numpy_sin(x)
-    with FakeTensorMode() as mode, pytest.raises(TypeError, match=r"floating-point tensor, got torch\.int64"):
+    with (
+        FakeTensorMode() as mode,
+        pytest.raises(TypeError, match=r"floating-point tensor, got torch\.int64"),
+    ):
         numpy_sin(mode.from_tensor(x))
 
 
@@ -215,8 +265,12 @@ def test_numpy_sin_rejects_integers_in_eager_and_fake() -> None:
 MULTI_CASES = [((2, 3, 4), [2, 1, 3], 0.5), ((5,), [4], -2.0), ((1, 2), [1, 1], 0.0)]
 
 
-@pytest.mark.parametrize(("shape", "repeats", "scale"), MULTI_CASES, ids=["2x3x4-r213", "5-r4", "1x2-r11"])
-def test_multi_out3_outputs_and_fake_shapes(shape: tuple[int, ...], repeats: list[int], scale: float) -> None:
+@pytest.mark.parametrize(
+    ("shape", "repeats", "scale"), MULTI_CASES, ids=["2x3x4-r213", "5-r4", "1x2-r11"]
+)
+def test_multi_out3_outputs_and_fake_shapes(
+    shape: tuple[int, ...], repeats: list[int], scale: float
+) -> None:
     x = torch.randn(shape, generator=_gen())
     scaled, tiled, summed = multi_out3(x, repeats, scale)
     torch.testing.assert_close(scaled, x * scale)
@@ -237,13 +291,20 @@ def test_fold_tiles_is_the_adjoint_of_tile() -> None:
 @pytest.mark.parametrize(
     ("x", "repeats", "error", "match"),
     [
-        (torch.zeros(2, 3), [2], ValueError, r"x has shape \[2, 3\] \(2 dims\) but repeats is \[2\]"),
+        (
+            torch.zeros(2, 3),
+            [2],
+            ValueError,
+            r"x has shape \[2, 3\] \(2 dims\) but repeats is \[2\]",
+        ),
         (torch.zeros(2, 3), [1, 0], ValueError, "repeats >= 1"),
         (torch.zeros(2, dtype=torch.int32), [1], TypeError, "floating-point x"),
     ],
     ids=["2x3-r2", "2x3-r10", "int32"],
 )
-def test_multi_out3_validation_same_in_eager_and_fake(x: torch.Tensor, repeats: list[int], error: type, match: str) -> None:
+def test_multi_out3_validation_same_in_eager_and_fake(
+    x: torch.Tensor, repeats: list[int], error: type, match: str
+) -> None:
     with pytest.raises(error, match=match):
         multi_out3(x, repeats, 1.0)
     with FakeTensorMode() as mode, pytest.raises(error, match=match):
@@ -251,13 +312,22 @@ def test_multi_out3_validation_same_in_eager_and_fake(x: torch.Tensor, repeats: 
 
 
 # --------------------------------------------------------------------------- custom_linear
-LINEAR_CASES = [((4, 8), (3, 8), True), ((2, 5, 8), (6, 8), False), ((8,), (2, 8), True), ((0, 8), (3, 8), True)]
+LINEAR_CASES = [
+    ((4, 8), (3, 8), True),
+    ((2, 5, 8), (6, 8), False),
+    ((8,), (2, 8), True),
+    ((0, 8), (3, 8), True),
+]
 
 
 @pytest.mark.parametrize(
-    ("x_shape", "w_shape", "bias"), LINEAR_CASES, ids=["4x8-w3x8-b", "2x5x8-w6x8", "8-w2x8-b", "0x8-w3x8-b"]
+    ("x_shape", "w_shape", "bias"),
+    LINEAR_CASES,
+    ids=["4x8-w3x8-b", "2x5x8-w6x8", "8-w2x8-b", "0x8-w3x8-b"],
 )
-def test_custom_linear_matches_f_linear_and_meta(x_shape: tuple[int, ...], w_shape: tuple[int, ...], bias: bool) -> None:
+def test_custom_linear_matches_f_linear_and_meta(
+    x_shape: tuple[int, ...], w_shape: tuple[int, ...], bias: bool
+) -> None:
     g = _gen()
     x, w = torch.randn(x_shape, generator=g), torch.randn(w_shape, generator=g)
     b = torch.randn(w_shape[0], generator=g) if bias else None
@@ -273,14 +343,34 @@ def test_custom_linear_matches_f_linear_and_meta(x_shape: tuple[int, ...], w_sha
 @pytest.mark.parametrize(
     ("x", "w", "b", "error", "match"),
     [
-        (torch.zeros(4, 8), torch.zeros(3, 7), None, ValueError, r"x \[4, 8\] has 8 input features but weight \[3, 7\] expects 7"),
-        (torch.zeros(4, 8), torch.zeros(3, 8, 1), None, ValueError, r"2-D weight \[out, in\], got shape \[3, 8, 1\]"),
-        (torch.zeros(4, 8), torch.zeros(3, 8), torch.zeros(4), ValueError, r"bias of shape \[3\], got \[4\]"),
+        (
+            torch.zeros(4, 8),
+            torch.zeros(3, 7),
+            None,
+            ValueError,
+            r"x \[4, 8\] has 8 input features but weight \[3, 7\] expects 7",
+        ),
+        (
+            torch.zeros(4, 8),
+            torch.zeros(3, 8, 1),
+            None,
+            ValueError,
+            r"2-D weight \[out, in\], got shape \[3, 8, 1\]",
+        ),
+        (
+            torch.zeros(4, 8),
+            torch.zeros(3, 8),
+            torch.zeros(4),
+            ValueError,
+            r"bias of shape \[3\], got \[4\]",
+        ),
         (torch.zeros(4, 8), torch.zeros(3, 8, dtype=torch.float64), None, TypeError, "one dtype"),
     ],
     ids=["4x8-w3x7", "w3x8x1", "bias4-for-out3", "f32-vs-f64"],
 )
-def test_custom_linear_validation_same_in_eager_and_meta(x: torch.Tensor, w: torch.Tensor, b: Any, error: type, match: str) -> None:
+def test_custom_linear_validation_same_in_eager_and_meta(
+    x: torch.Tensor, w: torch.Tensor, b: Any, error: type, match: str
+) -> None:
     with pytest.raises(error, match=match):
         custom_linear(x, w, b)
     with pytest.raises(error, match=match):
@@ -289,7 +379,10 @@ def test_custom_linear_validation_same_in_eager_and_meta(x: torch.Tensor, w: tor
 
 def test_custom_linear_gradcheck() -> None:
     g = _gen()
-    args = [torch.randn(s, generator=g, dtype=torch.float64, requires_grad=True) for s in ((2, 3, 4), (5, 4), (5,))]
+    args = [
+        torch.randn(s, generator=g, dtype=torch.float64, requires_grad=True)
+        for s in ((2, 3, 4), (5, 4), (5,))
+    ]
     assert torch.autograd.gradcheck(custom_linear, tuple(args))
 
 
@@ -323,7 +416,9 @@ def test_bev_pool_gradcheck() -> None:
 def test_prepare_bev_ranks_realistic_rig() -> None:
     coor = synthetic_frustum()  # 6 cameras, 59 bins, 16x44
     assert coor.shape == (1, 6, 59, 16, 44, 3)
-    rb, rd, rf, st, ln = prepare_bev_ranks(coor, (-51.2, -51.2, -5.0), (0.8, 0.8, 8.0), (128, 128, 1))
+    rb, rd, rf, st, ln = prepare_bev_ranks(
+        coor, (-51.2, -51.2, -5.0), (0.8, 0.8, 8.0), (128, 128, 1)
+    )
     assert rb.dtype == torch.int32 and rb.shape == rd.shape == rf.shape
     assert bool((rb[1:] >= rb[:-1]).all()), "ranks_bev must be sorted"
     assert int(ln.sum()) == rb.numel() and int(st[0]) == 0
@@ -341,16 +436,30 @@ def _bev_bad(**changes: Any) -> tuple[Any, ...]:
 
 BEV_BAD = [
     ("depth-4d", _bev_bad(depth=torch.zeros(1, 2, 4, 3)), ValueError, r"depth \(B, N, D, fH, fW\)"),
-    ("feat-fH-mismatch", _bev_bad(feat=torch.zeros(1, 2, 4, 5, 5)), ValueError, r"disagree on \(B, N, fH, fW\)"),
+    (
+        "feat-fH-mismatch",
+        _bev_bad(feat=torch.zeros(1, 2, 4, 5, 5)),
+        ValueError,
+        r"disagree on \(B, N, fH, fW\)",
+    ),
     ("shape-C-mismatch", _bev_bad(shape=[1, 1, 8, 8, 3]), ValueError, r"end with C=5"),
     ("ranks-float", _bev_bad(rd=torch.zeros(3)), TypeError, r"ranks_depth as a 1-D int32/int64"),
     ("ranks-length", _bev_bad(rf=torch.zeros(2, dtype=torch.int32)), ValueError, r"one length P"),
-    ("f64-depth", _bev_bad(depth=torch.zeros(1, 2, 4, 3, 5, dtype=torch.float64)), TypeError, "one dtype"),
+    (
+        "f64-depth",
+        _bev_bad(depth=torch.zeros(1, 2, 4, 3, 5, dtype=torch.float64)),
+        TypeError,
+        "one dtype",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("args", "error", "match"), [c[1:] for c in BEV_BAD], ids=[c[0] for c in BEV_BAD])
-def test_bev_pool_validation_same_in_eager_and_fake(args: tuple[Any, ...], error: type, match: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "error", "match"), [c[1:] for c in BEV_BAD], ids=[c[0] for c in BEV_BAD]
+)
+def test_bev_pool_validation_same_in_eager_and_fake(
+    args: tuple[Any, ...], error: type, match: str
+) -> None:
     with pytest.raises(error, match=match):
         bev_pool_v2(*args)
     with FakeTensorMode(allow_non_fake_inputs=True), pytest.raises(error, match=match):

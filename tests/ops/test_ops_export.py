@@ -36,7 +36,15 @@ def _zoo_rows() -> list[Any]:
         except ExtensionBuildError as exc:
             rows.append(pytest.param(name, None, id=name, marks=pytest.mark.skip(reason=str(exc))))
             continue
-        rows += [pytest.param(name, case, id=f"{name}-{case.label}", marks=pytest.mark.skip(reason=case.skip) if case.skip else ()) for case in cases]
+        rows += [
+            pytest.param(
+                name,
+                case,
+                id=f"{name}-{case.label}",
+                marks=pytest.mark.skip(reason=case.skip) if case.skip else (),
+            )
+            for case in cases
+        ]
     return rows
 
 
@@ -46,12 +54,20 @@ def test_zoo_row_exports_and_verifies(name: str, case: ZooCase) -> None:
     assert result.status == "pass", result.detail
 
 
-def _export(name: str, exporter: str, opset: int, variant: str | None = None) -> tuple[ModuleType, onnx.ModelProto]:
+def _export(
+    name: str, exporter: str, opset: int, variant: str | None = None
+) -> tuple[ModuleType, onnx.ModelProto]:
     module = _import(name)
     registry = onnx_custom.default_registry()
     if variant:
         registry = registry.with_variants(variant)
-    proto = onnx_custom.export(module.Model().eval(), module.example_inputs(), exporter=exporter, opset=opset, registry=registry)
+    proto = onnx_custom.export(
+        module.Model().eval(),
+        module.example_inputs(),
+        exporter=exporter,
+        opset=opset,
+        registry=registry,
+    )
     return module, proto
 
 
@@ -65,7 +81,9 @@ def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
-@pytest.mark.parametrize("exporter,opset", [("torchscript", 17), ("dynamo", 18)], ids=["torchscript-17", "dynamo-18"])
+@pytest.mark.parametrize(
+    "exporter,opset", [("torchscript", 17), ("dynamo", 18)], ids=["torchscript-17", "dynamo-18"]
+)
 def test_multi_out3_custom_node_keeps_outputs_and_attributes(exporter: str, opset: int) -> None:
     module, proto = _export("multi_out3", exporter, opset, "custom")
     node = _node(proto, "onnx_custom", "MultiOut3")
@@ -79,7 +97,9 @@ def test_multi_out3_custom_node_keeps_outputs_and_attributes(exporter: str, opse
     assert shapes == [list(x.shape), [4, 3, 12], list(x.shape[:-1])]
 
 
-@pytest.mark.parametrize("exporter,opset", [("torchscript", 17), ("dynamo", 18)], ids=["torchscript-17", "dynamo-18"])
+@pytest.mark.parametrize(
+    "exporter,opset", [("torchscript", 17), ("dynamo", 18)], ids=["torchscript-17", "dynamo-18"]
+)
 def test_custom_linear_npu_node_with_and_without_bias(exporter: str, opset: int) -> None:
     _, proto = _export("custom_linear", exporter, opset, "custom")
     nodes = [n for n in proto.graph.node if n.domain == "onnx_custom"]
@@ -87,8 +107,12 @@ def test_custom_linear_npu_node_with_and_without_bias(exporter: str, opset: int)
     assert [len([i for i in n.input if i]) for n in nodes] == [3, 2]  # the second has no bias
 
 
-@pytest.mark.parametrize("exporter,opset", [("torchscript", 17), ("dynamo", 18)], ids=["torchscript-17", "dynamo-18"])
-def test_bev_pool_both_translations_match_eager_on_a_realistic_rig(exporter: str, opset: int) -> None:
+@pytest.mark.parametrize(
+    "exporter,opset", [("torchscript", 17), ("dynamo", 18)], ids=["torchscript-17", "dynamo-18"]
+)
+def test_bev_pool_both_translations_match_eager_on_a_realistic_rig(
+    exporter: str, opset: int
+) -> None:
     """6 cameras x 59 depth bins x 16x44 features -> 128x128 BEV, against the eager op."""
     module = _import("bev_pool")
     model = module.Model().eval()
@@ -103,7 +127,10 @@ def test_bev_pool_both_translations_match_eager_on_a_realistic_rig(exporter: str
         proto = onnx_custom.export(model, args, exporter=exporter, opset=opset, registry=registry)
         assert marker in {n.op_type for n in proto.graph.node}
         if variant:
-            assert list(_attrs(_node(proto, "onnx_custom", "BEVPoolV2"))["bev_feat_shape"]) == module.BEV_SHAPE
+            assert (
+                list(_attrs(_node(proto, "onnx_custom", "BEVPoolV2"))["bev_feat_shape"])
+                == module.BEV_SHAPE
+            )
         session = onnx_custom.InferenceSession(proto)
         feeds = {i.name: a.numpy() for i, a in zip(session.get_inputs(), args, strict=True)}
         (actual,) = session.run(None, feeds)
@@ -127,7 +154,13 @@ def test_bev_kernel_honours_intervals_like_the_eager_op() -> None:
     for keep in (torch.arange(st.numel()), torch.arange(0, st.numel(), 3)):
         expected = bev_pool_v2(depth, feat, rd, rf, rb, shape, st[keep], ln[keep])
         actual = bev_kernel(
-            depth.numpy(), feat.numpy(), rd.numpy(), rf.numpy(), rb.numpy(),
-            st[keep].numpy(), ln[keep].numpy(), bev_feat_shape=shape,
-        )  # fmt: skip
+            depth.numpy(),
+            feat.numpy(),
+            rd.numpy(),
+            rf.numpy(),
+            rb.numpy(),
+            st[keep].numpy(),
+            ln[keep].numpy(),
+            bev_feat_shape=shape,
+        )
         torch.testing.assert_close(torch.from_numpy(actual), expected)

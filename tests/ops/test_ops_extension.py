@@ -42,21 +42,23 @@ def _env(**extra: str) -> dict[str, str]:
 def test_build_is_cached_on_disk(my_ops_lib: str) -> None:
     directory = extension.build_directory()
     assert directory.parent == extension.cache_root() / "torch_ext"
-    assert (directory / ".complete").exists() and (directory / f"{extension.EXTENSION_NAME}.so").exists()
+    assert (directory / ".complete").exists() and (
+        directory / f"{extension.EXTENSION_NAME}.so"
+    ).exists()
     assert torch.ops.onnx_custom_ext.my_add.default is not None
     assert extension.load_my_ops() == my_ops_lib  # second call: no rebuild, same answer
 
 
 def test_second_process_reuses_the_build_quickly(my_ops_lib: str) -> None:
-    code = textwrap.dedent(
-        """
+    code = textwrap.dedent("""
         import time, torch
         from onnx_custom.ops.extension import load_my_ops
         t = time.perf_counter(); load_my_ops(); print(time.perf_counter() - t)
         print(torch.ops.onnx_custom_ext.my_add(torch.ones(2), torch.ones(2)).tolist())
-        """
+        """)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     seconds, values = out.stdout.strip().splitlines()[-2:]
     assert float(seconds) < 5.0, "the cached library should load without compiling"
     assert values == "[3.0, 3.0]"
@@ -64,7 +66,9 @@ def test_second_process_reuses_the_build_quickly(my_ops_lib: str) -> None:
 
 def test_missing_compiler_is_named(fresh_state: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CXX", "no-such-compiler-xyz")
-    with pytest.raises(ExtensionBuildError, match="C\\+\\+ compiler 'no-such-compiler-xyz' not found"):
+    with pytest.raises(
+        ExtensionBuildError, match="C\\+\\+ compiler 'no-such-compiler-xyz' not found"
+    ):
         extension.load_my_ops()
     with pytest.raises(ExtensionBuildError, match="no-such-compiler-xyz"):  # remembered: fails fast
         extension.load_my_ops()
@@ -75,22 +79,27 @@ def test_missing_ninja_is_named(fresh_state: Path, monkeypatch: pytest.MonkeyPat
     from torch.utils import cpp_extension
 
     monkeypatch.setattr(cpp_extension, "is_ninja_available", lambda: False)
-    with pytest.raises(ExtensionBuildError, match="'ninja' not found on PATH \\(pip install ninja\\)"):
+    with pytest.raises(
+        ExtensionBuildError, match="'ninja' not found on PATH \\(pip install ninja\\)"
+    ):
         extension.load_my_ops()
 
 
-def test_build_failure_is_an_extension_build_error(fresh_state: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_build_failure_is_an_extension_build_error(
+    fresh_state: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     broken = tmp_path / "broken.cpp"
     broken.write_text("#include <torch/library.h>\nthis is not C++;\n")
     monkeypatch.setattr(extension, "SOURCE", broken)
     monkeypatch.setattr(extension, "EXTENSION_NAME", "my_ops_broken")
-    with pytest.raises(ExtensionBuildError, match=r"building the C\+\+ extension 'my_ops_broken'.*failed"):
+    with pytest.raises(
+        ExtensionBuildError, match=r"building the C\+\+ extension 'my_ops_broken'.*failed"
+    ):
         extension.load_my_ops()
 
 
 def test_everything_else_works_without_the_extension() -> None:
-    code = textwrap.dedent(
-        """
+    code = textwrap.dedent("""
         import torch, onnx_custom
         import onnx_custom.symbolics.extension  # imports without building
         from onnx_custom.ops.extension import extension_available
@@ -100,10 +109,12 @@ def test_everything_else_works_without_the_extension() -> None:
         rows = {r.model: r.status for r in run_zoo(["my_add_ext", "numpy_sin"])}
         print(rows)
         assert rows["my_add_ext"] == "skip" and rows["numpy_sin"] == "pass", rows
-        """
-    )
+        """)
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
         env=_env(ONNX_CUSTOM_DISABLE_EXTENSIONS="1"),
     )
     assert out.returncode == 0, out.stderr[-3000:]
@@ -111,14 +122,12 @@ def test_everything_else_works_without_the_extension() -> None:
 
 @pytest.mark.slow
 def test_concurrent_first_builds_are_safe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    code = textwrap.dedent(
-        """
+    code = textwrap.dedent("""
         import torch
         from onnx_custom.ops.extension import load_my_ops
         load_my_ops()
         print(torch.ops.onnx_custom_ext.my_add(torch.ones(2), torch.ones(2)).tolist())
-        """
-    )
+        """)
     env = _env(ONNX_CUSTOM_CACHE_DIR=str(tmp_path))
     # A baton left behind by a killed build must not make everyone wait forever.
     monkeypatch.setenv("ONNX_CUSTOM_CACHE_DIR", str(tmp_path))
@@ -126,7 +135,13 @@ def test_concurrent_first_builds_are_safe(tmp_path: Path, monkeypatch: pytest.Mo
     stale.parent.mkdir(parents=True)
     stale.touch()
     procs = [
-        subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(2)
     ]
     results = [p.communicate(timeout=300) for p in procs]
@@ -151,19 +166,40 @@ class FunctionModel(torch.nn.Module):
 
 ROUTES = [
     ("direct-torchscript-17", DirectModel, "torchscript", 17, None, ["Mul", "Add"]),
-    ("direct-torchscript-17-custom", DirectModel, "torchscript", 17, "custom", ["onnx_custom::my_add"]),
+    (
+        "direct-torchscript-17-custom",
+        DirectModel,
+        "torchscript",
+        17,
+        "custom",
+        ["onnx_custom::my_add"],
+    ),
     ("direct-dynamo-18", DirectModel, "dynamo", 18, None, ["Mul", "Add"]),
     ("direct-dynamo-18-custom", DirectModel, "dynamo", 18, "custom", ["onnx_custom::my_add"]),
     ("function-torchscript-17", FunctionModel, "torchscript", 17, None, ["Mul", "Add"]),
-    ("function-torchscript-17-custom", FunctionModel, "torchscript", 17, "custom", ["onnx_custom::my_add"]),
+    (
+        "function-torchscript-17-custom",
+        FunctionModel,
+        "torchscript",
+        17,
+        "custom",
+        ["onnx_custom::my_add"],
+    ),
 ]
 
 
 @pytest.mark.parametrize(
-    ("model_cls", "exporter", "opset", "variant", "nodes"), [r[1:] for r in ROUTES], ids=[r[0] for r in ROUTES]
+    ("model_cls", "exporter", "opset", "variant", "nodes"),
+    [r[1:] for r in ROUTES],
+    ids=[r[0] for r in ROUTES],
 )
 def test_my_add_routes_export_and_verify(
-    my_ops_lib: str, model_cls: type, exporter: str, opset: int, variant: str | None, nodes: list[str]
+    my_ops_lib: str,
+    model_cls: type,
+    exporter: str,
+    opset: int,
+    variant: str | None,
+    nodes: list[str],
 ) -> None:
     registry = onnx_custom.default_registry()
     if variant:
@@ -172,8 +208,14 @@ def test_my_add_routes_export_and_verify(
     args = (torch.randn(2, 3, 4, generator=g), torch.randn(2, 3, 4, generator=g))
     proto = onnx_custom.export(model_cls(), args, exporter=exporter, opset=opset, registry=registry)
     outputs = {o.name for o in proto.graph.output}  # dynamo's outputs get an Identity to output_0
-    naming = {n.name for n in proto.graph.node if n.op_type == "Identity" and set(n.output) <= outputs}
-    kinds = [f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in proto.graph.node if n.op_type != "Constant" and n.name not in naming]
+    naming = {
+        n.name for n in proto.graph.node if n.op_type == "Identity" and set(n.output) <= outputs
+    }
+    kinds = [
+        f"{n.domain}::{n.op_type}" if n.domain else n.op_type
+        for n in proto.graph.node
+        if n.op_type != "Constant" and n.name not in naming
+    ]
     assert kinds == nodes
     if variant == "custom":
         (node,) = (n for n in proto.graph.node if n.domain == "onnx_custom")

@@ -26,8 +26,21 @@ from onnx_custom.runtime.native import native_ops
 from onnx_custom.spec import OpSpec
 
 # every dtype torch, numpy and ONNX Runtime all have: what the probe tries
-CANDIDATES = ("float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64",
-              "uint8", "uint16", "uint32", "uint64", "bool")  # fmt: skip
+CANDIDATES = (
+    "float32",
+    "float64",
+    "float16",
+    "bfloat16",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "bool",
+)
 
 Arrays = dict[str, "np.ndarray | None"]
 
@@ -72,35 +85,68 @@ def _multi_out3(dtype: str, n: int) -> tuple[Arrays, dict[str, Any]]:
 
 
 def _linear(dtype: str, n: int) -> tuple[Arrays, dict[str, Any]]:
-    return {"x": _rand(dtype, (n, 4), 5), "weight": _rand(dtype, (3, 4), 6, 0.5), "bias": _rand(dtype, (3,), 7)}, {}
+    return {
+        "x": _rand(dtype, (n, 4), 5),
+        "weight": _rand(dtype, (3, 4), 6, 0.5),
+        "bias": _rand(dtype, (3,), 7),
+    }, {}
 
 
 def _bev(float_dtype: str, index_dtype: str, n: int) -> tuple[Arrays, dict[str, Any]]:
     cameras = n  # a second size: one more camera, so P and K change too
-    coor = synthetic_frustum(batch=1, cameras=cameras, depth_bins=4, feat_hw=(3, 5), depth_range=(1, 12))
+    coor = synthetic_frustum(
+        batch=1, cameras=cameras, depth_bins=4, feat_hw=(3, 5), depth_range=(1, 12)
+    )
     ranks = prepare_bev_ranks(coor, (-12.8, -12.8, -5.0), (3.2, 3.2, 8.0), (8, 8, 1))
     rb, rd, rf, starts, lengths = (r.numpy().astype(index_dtype) for r in ranks)
-    inputs = {"depth": np.abs(_rand(float_dtype, (1, cameras, 4, 3, 5), 8)), "feat": _rand(float_dtype, (1, cameras, 3, 5, 4), 9),
-              "ranks_depth": rd, "ranks_feat": rf, "ranks_bev": rb, "interval_starts": starts, "interval_lengths": lengths}  # fmt: skip
+    inputs = {
+        "depth": np.abs(_rand(float_dtype, (1, cameras, 4, 3, 5), 8)),
+        "feat": _rand(float_dtype, (1, cameras, 3, 5, 4), 9),
+        "ranks_depth": rd,
+        "ranks_feat": rf,
+        "ranks_bev": rb,
+        "interval_starts": starts,
+        "interval_lengths": lengths,
+    }
     return inputs, {"bev_feat_shape": [1, 1, 8, 8, 4]}
 
 
 def _deform(dtype: str, n: int) -> tuple[Arrays, dict[str, Any]]:
-    inputs = {"input": _rand(dtype, (n, 2, 4, 4), 10), "weight": _rand(dtype, (3, 2, 3, 3), 11, 0.5),
-              "offset": _rand(dtype, (n, 18, 2, 2), 12), "mask": np.abs(_rand(dtype, (n, 9, 2, 2), 13)),
-              "bias": _rand(dtype, (3,), 14)}  # fmt: skip
-    attrs = {"stride_h": 1, "stride_w": 1, "pad_h": 0, "pad_w": 0, "dilation_h": 1, "dilation_w": 1,
-             "groups": 1, "offset_groups": 1, "use_mask": True}  # fmt: skip
+    inputs = {
+        "input": _rand(dtype, (n, 2, 4, 4), 10),
+        "weight": _rand(dtype, (3, 2, 3, 3), 11, 0.5),
+        "offset": _rand(dtype, (n, 18, 2, 2), 12),
+        "mask": np.abs(_rand(dtype, (n, 9, 2, 2), 13)),
+        "bias": _rand(dtype, (3,), 14),
+    }
+    attrs = {
+        "stride_h": 1,
+        "stride_w": 1,
+        "pad_h": 0,
+        "pad_w": 0,
+        "dilation_h": 1,
+        "dilation_w": 1,
+        "groups": 1,
+        "offset_groups": 1,
+        "use_mask": True,
+    }
     return inputs, attrs
 
 
 def _msda(dtype: str, n: int) -> tuple[Arrays, dict[str, Any]]:
     levels = np.array([[2, 3], [1, 2]], dtype=np.int64)  # 8 keys
     unit = np.random.default_rng(15).random((n, 3, 2, 2, 2, 2)) * 1.2 - 0.1  # some outside [0, 1]
-    inputs = {"value": _rand(dtype, (n, 8, 2, 3), 16), "spatial_shapes": levels,
-              "level_start_index": np.array([0, 6], dtype=np.int64),
-              "sampling_locations": unit.astype(_np_dtype(dtype)) if dtype in ("float32", "float64", "float16", "bfloat16") else _rand(dtype, unit.shape, 17),
-              "attention_weights": np.abs(_rand(dtype, (n, 3, 2, 2, 2), 18))}  # fmt: skip
+    inputs = {
+        "value": _rand(dtype, (n, 8, 2, 3), 16),
+        "spatial_shapes": levels,
+        "level_start_index": np.array([0, 6], dtype=np.int64),
+        "sampling_locations": (
+            unit.astype(_np_dtype(dtype))
+            if dtype in ("float32", "float64", "float16", "bfloat16")
+            else _rand(dtype, unit.shape, 17)
+        ),
+        "attention_weights": np.abs(_rand(dtype, (n, 3, 2, 2, 2), 18)),
+    }
     return inputs, {"im2col_step": 64}
 
 
@@ -115,10 +161,31 @@ CASES = [
     Case("onnx_custom::custom_linear", CUSTOM_LINEAR, _linear, ("x", "weight", "bias")),
     # trials=1: the standard-op translation holds only for ranks as voxel_pooling_prepare_v2 makes
     # them (symbolics/bev_pool.py), not for random index tensors
-    Case("onnx_custom::bev_pool_v2", BEV_POOL_V2, lambda d, n: _bev(d, "int32", n), _FLOATS_BEV, trials=1),
-    Case("onnx_custom::bev_pool_v2[indices]", BEV_POOL_V2, lambda d, n: _bev("float32", d, n), _INDEX_BEV),
-    Case("onnx_custom::deform_conv2d", DEFORM_CONV2D, _deform, ("input", "weight", "offset", "mask", "bias")),
-    Case("onnx_custom::multi_scale_deformable_attn", MSDA, _msda, ("value", "sampling_locations", "attention_weights")),
+    Case(
+        "onnx_custom::bev_pool_v2",
+        BEV_POOL_V2,
+        lambda d, n: _bev(d, "int32", n),
+        _FLOATS_BEV,
+        trials=1,
+    ),
+    Case(
+        "onnx_custom::bev_pool_v2[indices]",
+        BEV_POOL_V2,
+        lambda d, n: _bev("float32", d, n),
+        _INDEX_BEV,
+    ),
+    Case(
+        "onnx_custom::deform_conv2d",
+        DEFORM_CONV2D,
+        _deform,
+        ("input", "weight", "offset", "mask", "bias"),
+    ),
+    Case(
+        "onnx_custom::multi_scale_deformable_attn",
+        MSDA,
+        _msda,
+        ("value", "sampling_locations", "attention_weights"),
+    ),
 ]
 OPS = [c for c in CASES if not c.id.endswith("]")]  # one row per op
 
@@ -142,7 +209,9 @@ def _op(spec: OpSpec) -> Any:
     return getattr(getattr(torch.ops, spec.namespace), spec.op_name).default
 
 
-def _torch_sample(case: Case, dtype: str, n: int, grad: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+def _torch_sample(
+    case: Case, dtype: str, n: int, grad: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
     arrays, attrs = case.make(dtype, n)
     tensors = {k: _to_torch(v) for k, v in arrays.items()}
     if grad:
@@ -179,7 +248,9 @@ def test_opcheck_with_requires_grad(case: Case) -> None:
 # ------------------------------------------------------------------------------- torch.compile
 def _loss(outputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
     # a different weight per output, so a swapped gradient cannot cancel out
-    return sum(((o.float() * (i + 1)).square().sum() for i, o in enumerate(outputs)), torch.zeros(()))
+    return sum(
+        ((o.float() * (i + 1)).square().sum() for i, o in enumerate(outputs)), torch.zeros(())
+    )
 
 
 def _check_compiled(case: Case, backend: str, dynamic: bool) -> None:
@@ -189,7 +260,9 @@ def _check_compiled(case: Case, backend: str, dynamic: bool) -> None:
     names = [n for n in case.varied]
 
     def step(*leaves: torch.Tensor, **rest: Any) -> torch.Tensor:
-        return _loss(_call(spec, {**dict(zip(names, leaves, strict=True)), **rest["tensors"]}, rest["attrs"]))
+        return _loss(
+            _call(spec, {**dict(zip(names, leaves, strict=True)), **rest["tensors"]}, rest["attrs"])
+        )
 
     compiled = torch.compile(step, backend=backend, fullgraph=True, dynamic=dynamic)
     for n in (2, 3):  # the second size is not the first compile's
@@ -201,7 +274,9 @@ def _check_compiled(case: Case, backend: str, dynamic: bool) -> None:
         got_grads = torch.autograd.grad(got, leaves)
         torch.testing.assert_close(got, expected)
         for name, a, b in zip(names, got_grads, expected_grads, strict=True):
-            torch.testing.assert_close(a, b, msg=lambda m, nm=name, size=n: f"grad {nm} at size {size}: {m}")
+            torch.testing.assert_close(
+                a, b, msg=lambda m, nm=name, size=n: f"grad {nm} at size {size}: {m}"
+            )
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
@@ -228,7 +303,10 @@ def _check_my_add_function(backend: str, dynamic: bool) -> None:
 
     compiled = torch.compile(step, backend=backend, fullgraph=True, dynamic=dynamic)
     for n in (2, 5):
-        a, b = (torch.randn(n, 3, generator=torch.Generator().manual_seed(n + i), requires_grad=True) for i in (0, 1))
+        a, b = (
+            torch.randn(n, 3, generator=torch.Generator().manual_seed(n + i), requires_grad=True)
+            for i in (0, 1)
+        )
         got = compiled(a, b)
         ga, gb = torch.autograd.grad(got, (a, b))
         # independent: y = 2a + b, so d/da sum(y^2) = 4y and d/db = 2y
@@ -261,13 +339,25 @@ def _eager_accepts(case: Case, dtype: str) -> bool:
 
 def _node_model(case: Case, arrays: Arrays, attrs: dict[str, Any]) -> Any:
     spec = case.spec
-    inputs = [(name, str(np.dtype(a.dtype)) if a is not None else "float32", list(a.shape) if a is not None else None)
-              if a is not None else ("", "float32", None) for name, a in arrays.items()]  # fmt: skip
+    inputs = [
+        (
+            (
+                name,
+                str(np.dtype(a.dtype)) if a is not None else "float32",
+                list(a.shape) if a is not None else None,
+            )
+            if a is not None
+            else ("", "float32", None)
+        )
+        for name, a in arrays.items()
+    ]
     outputs = []
     for index, output in enumerate(spec.outputs):
         kind, value = spec.dtype_source(index)
         like = arrays[value] if kind == "like" else None
-        outputs.append((output.name, str(np.dtype(like.dtype)) if like is not None else value, None))
+        outputs.append(
+            (output.name, str(np.dtype(like.dtype)) if like is not None else value, None)
+        )
     node_attrs = {k: int(v) if isinstance(v, bool) else v for k, v in attrs.items()}
     node_attrs.update({a.name: a.default for a in spec.node_attributes})
     assert spec.node_type is not None
@@ -294,11 +384,13 @@ def test_eager_python_and_native_kernels_accept_the_specs_dtypes(case: Case) -> 
     if case.spec.node_type is not None:
         accepted["python kernel"] = {d for d in CANDIDATES if _runtime_accepts(case, d, run_python)}
         if case.spec.node_type in native_ops():
-            accepted["native kernel"] = {d for d in CANDIDATES if _runtime_accepts(case, d, run_native)}
+            accepted["native kernel"] = {
+                d for d in CANDIDATES if _runtime_accepts(case, d, run_native)
+            }
     for where, dtypes in accepted.items():
         assert dtypes == declared, (
-            f"{case.id}: the {where} accepts {sorted(dtypes)}; the spec declares {sorted(declared)} "
-            f"(extra: {sorted(dtypes - declared)}, missing: {sorted(declared - dtypes)})"
+            f"{case.id}: the {where} accepts {sorted(dtypes)}; the spec declares {sorted(declared)}"
+            f" (extra: {sorted(dtypes - declared)}, missing: {sorted(declared - dtypes)})"
         )
 
 
@@ -326,7 +418,9 @@ def test_check_op_on_every_shipped_spec(case: Case) -> None:
     assert ran, "nothing ran in ONNX Runtime"
     for c in ran:  # every case lists its shapes; other sizes ran, or the detail says why not
         assert c.shapes and f"at {len(c.shapes)} shape(s)" in c.detail, c
-        if case.trials == 1:  # index inputs (bev_pool's precomputed ranks fix the sizes): the samples only
+        if (
+            case.trials == 1
+        ):  # index inputs (bev_pool's precomputed ranks fix the sizes): the samples only
             assert "trials=1" in c.detail and len(c.shapes) <= len(samples), c
         else:
             assert len(c.shapes) > len(samples), c  # sizes beyond the samples'
@@ -337,9 +431,13 @@ class SeedOps(torch.nn.Module):
         return torch.ops.onnx_custom.multi_out(torch.ops.onnx_custom.my_add(a, b))
 
 
-@pytest.mark.parametrize(("exporter", "opset"), [("torchscript", 17), ("dynamo", 18)], ids=["torchscript", "dynamo"])
+@pytest.mark.parametrize(
+    ("exporter", "opset"), [("torchscript", 17), ("dynamo", 18)], ids=["torchscript", "dynamo"]
+)
 @pytest.mark.parametrize("dtype", MY_ADD.inputs[0].dtypes)
-def test_seed_default_translations_run_every_declared_dtype(dtype: str, exporter: str, opset: int) -> None:
+def test_seed_default_translations_run_every_declared_dtype(
+    dtype: str, exporter: str, opset: int
+) -> None:
     """The standard-op translations, not only the custom node, serve the spec's whole dtype list
     (ORT's CPU Mul/Add have no bfloat16: those run in float32 and cast back)."""
     import onnx_custom

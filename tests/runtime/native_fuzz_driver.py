@@ -21,25 +21,48 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-ELEM = {np.dtype("float32"): TensorProto.FLOAT, np.dtype("float64"): TensorProto.DOUBLE,
-        np.dtype("float16"): TensorProto.FLOAT16, np.dtype("int32"): TensorProto.INT32,
-        np.dtype("int64"): TensorProto.INT64, np.dtype("int8"): TensorProto.INT8, np.dtype("uint8"): TensorProto.UINT8,
-        np.dtype("bool"): TensorProto.BOOL, np.dtype("object"): TensorProto.STRING}  # fmt: skip
+ELEM = {
+    np.dtype("float32"): TensorProto.FLOAT,
+    np.dtype("float64"): TensorProto.DOUBLE,
+    np.dtype("float16"): TensorProto.FLOAT16,
+    np.dtype("int32"): TensorProto.INT32,
+    np.dtype("int64"): TensorProto.INT64,
+    np.dtype("int8"): TensorProto.INT8,
+    np.dtype("uint8"): TensorProto.UINT8,
+    np.dtype("bool"): TensorProto.BOOL,
+    np.dtype("object"): TensorProto.STRING,
+}
 Case = tuple[str, str, dict[str, Any], list[tuple[str, Any]], int, Callable[..., Any] | None, str]
 # (op, domain, attrs, [(input name, array or None=absent)], n outputs, check(outs), error keyword)
 
 
-def session(library: str, op: str, domain: str, attrs: dict[str, Any], inputs: list[tuple[str, Any]],
-            n_out: int) -> ort.InferenceSession:  # fmt: skip
-    node = helper.make_node(op, [n if a is not None else "" for n, a in inputs],
-                            [f"y{i}" for i in range(n_out)], domain=domain, name="fuzzed", **attrs)  # fmt: skip
+def session(
+    library: str,
+    op: str,
+    domain: str,
+    attrs: dict[str, Any],
+    inputs: list[tuple[str, Any]],
+    n_out: int,
+) -> ort.InferenceSession:
+    node = helper.make_node(
+        op,
+        [n if a is not None else "" for n, a in inputs],
+        [f"y{i}" for i in range(n_out)],
+        domain=domain,
+        name="fuzzed",
+        **attrs,
+    )
     graph = helper.make_graph(
-        [node], "fuzz",
+        [node],
+        "fuzz",
         [helper.make_tensor_value_info(n, ELEM[a.dtype], None) for n, a in inputs if a is not None],
         [onnx.ValueInfoProto(name=f"y{i}") for i in range(n_out)],  # types left to inference
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)],
-                              ir_version=8)  # fmt: skip
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)],
+        ir_version=8,
+    )
     so = ort.SessionOptions()
     so.log_severity_level = 4
     so.intra_op_num_threads = 2
@@ -57,9 +80,13 @@ def floats(rng: np.random.Generator, s: tuple[int, ...], dtype: str = "float32")
 
 
 def my_add(rng: np.random.Generator) -> tuple[Case, Case]:
-    dtype = str(rng.choice(["float32", "float64", "float16", "int32", "int8", "uint8"]))  # ops/seed.yaml
+    dtype = str(
+        rng.choice(["float32", "float64", "float16", "int32", "int8", "uint8"])
+    )  # ops/seed.yaml
     a_shape = shape(rng, int(rng.integers(0, 4)))
-    b_shape = tuple(d if rng.random() < 0.6 else 1 for d in a_shape[int(rng.integers(0, len(a_shape) + 1)):])
+    b_shape = tuple(
+        d if rng.random() < 0.6 else 1 for d in a_shape[int(rng.integers(0, len(a_shape) + 1)) :]
+    )
     a = floats(rng, a_shape).astype(dtype)
     b = floats(rng, b_shape).astype(dtype)
     alpha = float(rng.choice([2.0, -1.5, 0.0]))
@@ -68,7 +95,9 @@ def my_add(rng: np.random.Generator) -> tuple[Case, Case]:
         assert outs[0].shape == np.broadcast_shapes(a.shape, b.shape) and outs[0].dtype == a.dtype
         if a.dtype.kind == "f":  # integer casts of a negative alpha are numpy-version specific
             expect = (a * np.asarray(alpha, dtype=a.dtype) + b).astype(a.dtype)
-            np.testing.assert_allclose(outs[0].astype(np.float64), expect.astype(np.float64), rtol=2e-3, atol=1e-3)
+            np.testing.assert_allclose(
+                outs[0].astype(np.float64), expect.astype(np.float64), rtol=2e-3, atol=1e-3
+            )
 
     valid: Case = ("my_add", "onnx_custom", {"alpha": alpha}, [("a", a), ("b", b)], 1, check, "")
     bad = rng.integers(0, 3)
@@ -85,15 +114,33 @@ def my_add(rng: np.random.Generator) -> tuple[Case, Case]:
 
 
 def multi_out(rng: np.random.Generator) -> tuple[Case, Case]:
-    x = floats(rng, shape(rng, int(rng.integers(0, 4))), str(rng.choice(["float32", "float16", "int64"])))
+    x = floats(
+        rng, shape(rng, int(rng.integers(0, 4))), str(rng.choice(["float32", "float16", "int64"]))
+    )
     scale, shift = float(rng.normal()), float(rng.normal())
 
     def check(outs: list[np.ndarray]) -> None:
         assert outs[0].shape == x.shape and outs[1].shape == x.shape
 
-    valid: Case = ("multi_out", "onnx_custom", {"scale": scale, "shift": shift}, [("x", x)], 2, check, "")
+    valid: Case = (
+        "multi_out",
+        "onnx_custom",
+        {"scale": scale, "shift": shift},
+        [("x", x)],
+        2,
+        check,
+        "",
+    )
     # a string tensor: no numeric kernel for it
-    return valid, ("multi_out", "onnx_custom", {}, [("x", np.array(["a", "b"], dtype=object))], 2, None, "dtype")
+    return valid, (
+        "multi_out",
+        "onnx_custom",
+        {},
+        [("x", np.array(["a", "b"], dtype=object))],
+        2,
+        None,
+        "dtype",
+    )
 
 
 def multi_out3(rng: np.random.Generator) -> tuple[Case, Case]:
@@ -105,17 +152,65 @@ def multi_out3(rng: np.random.Generator) -> tuple[Case, Case]:
         np.testing.assert_array_equal(outs[1], np.tile(x, reps))
         assert outs[2].shape == s[:-1]
 
-    valid: Case = ("MultiOut3", "onnx_custom", {"repeats": reps, "scale": 0.5}, [("x", x)], 3, check, "")
+    valid: Case = (
+        "MultiOut3",
+        "onnx_custom",
+        {"repeats": reps, "scale": 0.5},
+        [("x", x)],
+        3,
+        check,
+        "",
+    )
     bad = rng.integers(0, 5)
     if bad == 0:
-        return valid, ("MultiOut3", "onnx_custom", {"repeats": [*reps, 1], "scale": 1.0}, [("x", x)], 3, None, "one repeat per dimension")
+        return valid, (
+            "MultiOut3",
+            "onnx_custom",
+            {"repeats": [*reps, 1], "scale": 1.0},
+            [("x", x)],
+            3,
+            None,
+            "one repeat per dimension",
+        )
     if bad == 1:
-        return valid, ("MultiOut3", "onnx_custom", {"scale": 1.0}, [("x", x)], 3, None, "lacks the required attribute repeats")
+        return valid, (
+            "MultiOut3",
+            "onnx_custom",
+            {"scale": 1.0},
+            [("x", x)],
+            3,
+            None,
+            "lacks the required attribute repeats",
+        )
     if bad == 2:
-        return valid, ("MultiOut3", "onnx_custom", {"repeats": reps}, [("x", x)], 3, None, "lacks the required attribute scale")
+        return valid, (
+            "MultiOut3",
+            "onnx_custom",
+            {"repeats": reps},
+            [("x", x)],
+            3,
+            None,
+            "lacks the required attribute scale",
+        )
     if bad == 3:
-        return valid, ("MultiOut3", "onnx_custom", {"repeats": [-1] * len(s), "scale": 1.0}, [("x", x)], 3, None, "non-negative")
-    return valid, ("MultiOut3", "onnx_custom", {"repeats": [1], "scale": 1.0}, [("x", np.arange(3, dtype=np.int32))], 3, None, "dtype int32")
+        return valid, (
+            "MultiOut3",
+            "onnx_custom",
+            {"repeats": [-1] * len(s), "scale": 1.0},
+            [("x", x)],
+            3,
+            None,
+            "non-negative",
+        )
+    return valid, (
+        "MultiOut3",
+        "onnx_custom",
+        {"repeats": [1], "scale": 1.0},
+        [("x", np.arange(3, dtype=np.int32))],
+        3,
+        None,
+        "dtype int32",
+    )
 
 
 def custom_linear(rng: np.random.Generator) -> tuple[Case, Case]:
@@ -126,10 +221,22 @@ def custom_linear(rng: np.random.Generator) -> tuple[Case, Case]:
     bias = floats(rng, (n,), dtype) if rng.random() < 0.5 else None
 
     def check(outs: list[np.ndarray]) -> None:
-        ref = x.astype(np.float64) @ w.T.astype(np.float64) + (0 if bias is None else bias.astype(np.float64))
-        np.testing.assert_allclose(outs[0].astype(np.float64), ref, rtol=2e-2, atol=2e-2 * max(1, k))
+        ref = x.astype(np.float64) @ w.T.astype(np.float64) + (
+            0 if bias is None else bias.astype(np.float64)
+        )
+        np.testing.assert_allclose(
+            outs[0].astype(np.float64), ref, rtol=2e-2, atol=2e-2 * max(1, k)
+        )
 
-    valid: Case = ("CustomLinear", "onnx_custom", {}, [("x", x), ("w", w), ("b", bias)], 1, check, "")
+    valid: Case = (
+        "CustomLinear",
+        "onnx_custom",
+        {},
+        [("x", x), ("w", w), ("b", bias)],
+        1,
+        check,
+        "",
+    )
     bad = rng.integers(0, 5)
     f = lambda *s: floats(rng, s, dtype)  # noqa: E731
     inputs = [
@@ -137,14 +244,31 @@ def custom_linear(rng: np.random.Generator) -> tuple[Case, Case]:
         [("x", f(2, 3)), ("w", f(4, 3, 1)), ("b", None)],
         [("x", f(2, 3)), ("w", f(4, 3)), ("b", f(5))],
         [("x", np.asarray(floats(rng, ())).astype(dtype)), ("w", f(4, 3)), ("b", None)],
-        [("x", f(2, 3)), ("w", floats(rng, (4, 3), "float64" if dtype != "float64" else "float32")), ("b", None)],
+        [
+            ("x", f(2, 3)),
+            ("w", floats(rng, (4, 3), "float64" if dtype != "float64" else "float32")),
+            ("b", None),
+        ],
     ][bad]
-    key = ["do not match", "do not match", "does not match weight", "do not match", "expected one dtype"][bad]
+    key = [
+        "do not match",
+        "do not match",
+        "does not match weight",
+        "do not match",
+        "expected one dtype",
+    ][bad]
     return valid, ("CustomLinear", "onnx_custom", {}, inputs, 1, None, key)
 
 
 def bev_pool(rng: np.random.Generator) -> tuple[Case, Case]:
-    b, n, d, fh, fw, c = 1, int(rng.integers(1, 3)), int(rng.integers(1, 5)), int(rng.integers(1, 4)), int(rng.integers(1, 5)), int(rng.integers(1, 41))
+    b, n, d, fh, fw, c = (
+        1,
+        int(rng.integers(1, 3)),
+        int(rng.integers(1, 5)),
+        int(rng.integers(1, 4)),
+        int(rng.integers(1, 5)),
+        int(rng.integers(1, 41)),
+    )
     z, y, xg = 1, int(rng.integers(1, 6)), int(rng.integers(1, 6))
     idx = str(rng.choice(["int32", "int64"]))
     dtype = str(rng.choice(["float32", "float64", "float16"]))
@@ -153,7 +277,13 @@ def bev_pool(rng: np.random.Generator) -> tuple[Case, Case]:
     cells = np.sort(rng.integers(0, b * z * y * xg, size=p))
     starts = np.flatnonzero(np.r_[True, cells[1:] != cells[:-1]]) if p else np.zeros(0, np.int64)
     lengths = np.diff(np.r_[starts, p])
-    ranks = [rng.integers(0, depth.size, size=p), rng.integers(0, feat.size // c, size=p), cells, starts, lengths]
+    ranks = [
+        rng.integers(0, depth.size, size=p),
+        rng.integers(0, feat.size // c, size=p),
+        cells,
+        starts,
+        lengths,
+    ]
     ranks = [np.asarray(r).astype(idx) for r in ranks]
     names = ["ranks_depth", "ranks_feat", "ranks_bev", "interval_starts", "interval_lengths"]
     attrs = {"bev_feat_shape": [b, z, y, xg, c]}
@@ -191,11 +321,35 @@ def bev_pool(rng: np.random.Generator) -> tuple[Case, Case]:
         broken[5][1] = ranks[3].astype(np.float32)
         key = "interval_starts has dtype float32"
     elif bad == 6:
-        return valid, ("BEVPoolV2", "onnx_custom", {"bev_feat_shape": [b, z, y, xg]}, inputs, 1, None, "5 values")
+        return valid, (
+            "BEVPoolV2",
+            "onnx_custom",
+            {"bev_feat_shape": [b, z, y, xg]},
+            inputs,
+            1,
+            None,
+            "5 values",
+        )
     elif bad == 7:
-        return valid, ("BEVPoolV2", "onnx_custom", {}, inputs, 1, None, "lacks the required attribute bev_feat_shape")
+        return valid, (
+            "BEVPoolV2",
+            "onnx_custom",
+            {},
+            inputs,
+            1,
+            None,
+            "lacks the required attribute bev_feat_shape",
+        )
     else:
-        return valid, ("BEVPoolV2", "onnx_custom", {"bev_feat_shape": [b, 1 << 30, 1 << 30, 4, c]}, inputs, 1, None, "more than 2^40")
+        return valid, (
+            "BEVPoolV2",
+            "onnx_custom",
+            {"bev_feat_shape": [b, 1 << 30, 1 << 30, 4, c]},
+            inputs,
+            1,
+            None,
+            "more than 2^40",
+        )
     return valid, ("BEVPoolV2", "onnx_custom", attrs, [tuple(x) for x in broken], 1, None, key)
 
 
@@ -209,14 +363,32 @@ def deform_conv(rng: np.random.Generator) -> tuple[Case, Case]:
     ph, pw = ph - 1, pw - 1
     h, w = int(rng.integers(kh * dh, 12)), int(rng.integers(kw * dw, 12))
     n = int(rng.integers(0, 3))
-    ho, wo = (h + 2 * ph - (dh * (kh - 1) + 1)) // sh + 1, (w + 2 * pw - (dw * (kw - 1) + 1)) // sw + 1
+    ho, wo = (
+        (h + 2 * ph - (dh * (kh - 1) + 1)) // sh + 1,
+        (w + 2 * pw - (dw * (kw - 1) + 1)) // sw + 1,
+    )
     use_mask = int(rng.integers(0, 2))
-    attrs = dict(stride_h=sh, stride_w=sw, pad_h=ph, pad_w=pw, dilation_h=dh, dilation_w=dw, groups=groups,
-                 offset_groups=og, use_mask=use_mask)  # fmt: skip
-    off = floats(rng, (n, 2 * og * kh * kw, ho, wo), dtype) * np.asarray(rng.choice([1, 5, 1e4]), dtype)
-    inputs = [("input", floats(rng, (n, c, h, w), dtype)), ("weight", floats(rng, (cout, c // groups, kh, kw), dtype)),
-              ("offset", off), ("mask", floats(rng, (n, og * kh * kw, ho, wo), dtype) if use_mask else None),
-              ("bias", floats(rng, (cout,), dtype) if rng.random() < 0.5 else None)]  # fmt: skip
+    attrs = dict(
+        stride_h=sh,
+        stride_w=sw,
+        pad_h=ph,
+        pad_w=pw,
+        dilation_h=dh,
+        dilation_w=dw,
+        groups=groups,
+        offset_groups=og,
+        use_mask=use_mask,
+    )
+    off = floats(rng, (n, 2 * og * kh * kw, ho, wo), dtype) * np.asarray(
+        rng.choice([1, 5, 1e4]), dtype
+    )
+    inputs = [
+        ("input", floats(rng, (n, c, h, w), dtype)),
+        ("weight", floats(rng, (cout, c // groups, kh, kw), dtype)),
+        ("offset", off),
+        ("mask", floats(rng, (n, og * kh * kw, ho, wo), dtype) if use_mask else None),
+        ("bias", floats(rng, (cout,), dtype) if rng.random() < 0.5 else None),
+    ]
 
     def check(outs: list[np.ndarray]) -> None:
         assert outs[0].shape == (n, cout, ho, wo)
@@ -259,8 +431,16 @@ def deform_conv(rng: np.random.Generator) -> tuple[Case, Case]:
 
 def msda(rng: np.random.Generator) -> tuple[Case, Case]:
     dtype = str(rng.choice(["float32", "float64", "float16"]))
-    bs, q, m, d, p = int(rng.integers(0, 3)), int(rng.integers(0, 6)), int(rng.integers(1, 4)), int(rng.integers(1, 9)), int(rng.integers(1, 4))
-    levels = [(int(rng.integers(0, 6)), int(rng.integers(0, 6))) for _ in range(int(rng.integers(1, 4)))]
+    bs, q, m, d, p = (
+        int(rng.integers(0, 3)),
+        int(rng.integers(0, 6)),
+        int(rng.integers(1, 4)),
+        int(rng.integers(1, 9)),
+        int(rng.integers(1, 4)),
+    )
+    levels = [
+        (int(rng.integers(0, 6)), int(rng.integers(0, 6))) for _ in range(int(rng.integers(1, 4)))
+    ]
     shapes = np.asarray(levels, np.int64).reshape(-1, 2)
     sizes = shapes.prod(1)
     starts = np.r_[0, np.cumsum(sizes)[:-1]].astype(np.int64)
@@ -269,8 +449,13 @@ def msda(rng: np.random.Generator) -> tuple[Case, Case]:
     loc = (floats(rng, (bs, q, m, nl, p, 2), dtype) * scale + np.asarray(0.5, dtype)).astype(dtype)
     if loc.size and rng.random() < 0.3:
         loc.reshape(-1)[int(rng.integers(0, loc.size))] = np.nan  # defined: contributes 0
-    inputs = [("value", floats(rng, (bs, keys, m, d), dtype)), ("spatial_shapes", shapes), ("level_start_index", starts),
-              ("sampling_locations", loc), ("attention_weights", floats(rng, (bs, q, m, nl, p), dtype))]  # fmt: skip
+    inputs = [
+        ("value", floats(rng, (bs, keys, m, d), dtype)),
+        ("spatial_shapes", shapes),
+        ("level_start_index", starts),
+        ("sampling_locations", loc),
+        ("attention_weights", floats(rng, (bs, q, m, nl, p), dtype)),
+    ]
 
     def check(outs: list[np.ndarray]) -> None:
         assert outs[0].shape == (bs, q, m * d) and np.isfinite(outs[0].astype(np.float64)).all()
@@ -298,14 +483,30 @@ def msda(rng: np.random.Generator) -> tuple[Case, Case]:
         broken[4][1] = floats(rng, (bs, q, m, nl, p + 1), dtype)
         key = "attention_weights must have shape"
     elif bad == 6:
-        return valid, ("MultiScaleDeformableAttn", "onnx_custom", {"im2col_step": 0}, inputs, 1, None, "im2col_step must be positive")
+        return valid, (
+            "MultiScaleDeformableAttn",
+            "onnx_custom",
+            {"im2col_step": 0},
+            inputs,
+            1,
+            None,
+            "im2col_step must be positive",
+        )
     elif bad == 7:
         broken[3][1] = floats(rng, (3,), dtype)  # too small a rank for the shape rule
         key = "out of range"
     else:
         broken[3][1] = loc.astype("float64" if dtype != "float64" else "float32")
         key = "but input 'value' has"
-    return valid, ("MultiScaleDeformableAttn", "onnx_custom", attrs, [tuple(x) for x in broken], 1, None, key)
+    return valid, (
+        "MultiScaleDeformableAttn",
+        "onnx_custom",
+        attrs,
+        [tuple(x) for x in broken],
+        1,
+        None,
+        key,
+    )
 
 
 GENERATORS = [my_add, multi_out, multi_out3, custom_linear, bev_pool, deform_conv, msda]
@@ -314,7 +515,10 @@ GENERATORS = [my_add, multi_out, multi_out3, custom_linear, bev_pool, deform_con
 def run_case(library: str, case: Case) -> str | None:
     """None when the case behaved; else a description of the problem."""
     op, domain, attrs, inputs, n_out, check, key = case
-    label = f"{op} attrs={attrs} inputs={[(n, None if a is None else (a.dtype.name, a.shape)) for n, a in inputs]}"
+    label = (
+        f"{op} attrs={attrs}"
+        f" inputs={[(n, None if a is None else (a.dtype.name, a.shape)) for n, a in inputs]}"
+    )
     feeds = {n: a for n, a in inputs if a is not None}
     try:
         outs = session(library, op, domain, attrs, inputs, n_out).run(None, feeds)
@@ -347,7 +551,10 @@ def main() -> int:
                 if problem:
                     problems.append(problem)
                     print(problem, flush=True)
-    print(f"fuzz {'ok' if not problems else 'FAILED'}: {cases} cases, {len(problems)} problems", flush=True)
+    print(
+        f"fuzz {'ok' if not problems else 'FAILED'}: {cases} cases, {len(problems)} problems",
+        flush=True,
+    )
     return 1 if problems else 0
 
 

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-SESSION = textwrap.dedent(
-    """
+SESSION = textwrap.dedent("""
     import numpy as np
     from onnx import TensorProto, helper
     from onnx_custom.runtime import InferenceSession, KernelRegistry
@@ -33,8 +32,7 @@ SESSION = textwrap.dedent(
     model = helper.make_model(graph, ir_version=10,
                               opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("test", 1)])
     print(InferenceSession(model, kernels=reg).run(None, {"x": np.ones(2, np.float32)})[0])
-    """
-)
+    """)
 
 EXTENSION = "from onnx_custom.ops.deform_conv import load_extension; load_extension()"
 LIBRARY = "from onnx_custom.runtime.native import library_path; print(library_path())"
@@ -42,13 +40,18 @@ LIBRARY = "from onnx_custom.runtime.native import library_path; print(library_pa
 
 def _run(code: str, cache: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, ONNX_CUSTOM_CACHE_DIR=str(cache))
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, env=env)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=900, env=env
+    )
 
 
 def _assert_announced(stderr: str, what: str, usual: str, cache: Path) -> None:
     lines = [line for line in stderr.splitlines() if line.startswith("onnx-custom: ")]
     assert len(lines) == 2, stderr
-    assert lines[0] == f"onnx-custom: building {what} (one time, usually {usual}; cached in {cache}) ...", lines[0]
+    assert (
+        lines[0]
+        == f"onnx-custom: building {what} (one time, usually {usual}; cached in {cache}) ..."
+    ), lines[0]
     assert re.fullmatch(rf"onnx-custom: built {re.escape(what)} in \d+\.\d s", lines[1]), lines[1]
 
 
@@ -70,7 +73,9 @@ def test_first_session_announces_the_shim_build_and_the_second_does_not(tmp_path
     ],
     ids=["deform_conv-extension", "native-library"],
 )
-def test_first_cxx_builds_announce_themselves(code: str, what: str, usual: str, tmp_path: Path) -> None:
+def test_first_cxx_builds_announce_themselves(
+    code: str, what: str, usual: str, tmp_path: Path
+) -> None:
     fresh = _run(code, tmp_path)
     assert fresh.returncode == 0, fresh.stderr
     _assert_announced(fresh.stderr, what, usual, tmp_path)

@@ -26,11 +26,17 @@ BF16, FP16 = TensorProto.BFLOAT16, TensorProto.FLOAT16
 
 def _model(elem: int, out_elem: int | None = None) -> Any:
     """y = x + x (computed by ORT in the input type; Cast to ``out_elem`` when given)."""
-    nodes = [helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
-             helper.make_node("Add", ["xf", "xf"], ["yf"]),
-             helper.make_node("Cast", ["yf"], ["y"], to=out_elem or elem)]  # fmt: skip
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", elem, ["n", 3])],
-                              [helper.make_tensor_value_info("y", out_elem or elem, ["n", 3])])  # fmt: skip
+    nodes = [
+        helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
+        helper.make_node("Add", ["xf", "xf"], ["yf"]),
+        helper.make_node("Cast", ["yf"], ["y"], to=out_elem or elem),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", elem, ["n", 3])],
+        [helper.make_tensor_value_info("y", out_elem or elem, ["n", 3])],
+    )
     return helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 18)])
 
 
@@ -41,21 +47,47 @@ BASE = rng.standard_normal((4, 3)).astype(np.float32)
 Flavour = tuple[str, int, Callable[[], np.ndarray], Any]
 FLAVOURS: list[Flavour] = [
     ("bf16/ml_dtypes", BF16, lambda: BASE.astype(ml_dtypes.bfloat16), ml_dtypes.bfloat16),
-    ("bf16/uint16-view", BF16, lambda: BASE.astype(ml_dtypes.bfloat16).view(np.uint16), ml_dtypes.bfloat16),
-    ("bf16/transposed", BF16, lambda: np.ascontiguousarray(BASE.T).astype(ml_dtypes.bfloat16).T, ml_dtypes.bfloat16),
-    ("bf16/sliced-4x3", BF16, lambda: np.repeat(BASE, 2, axis=0).astype(ml_dtypes.bfloat16)[::2], ml_dtypes.bfloat16),
+    (
+        "bf16/uint16-view",
+        BF16,
+        lambda: BASE.astype(ml_dtypes.bfloat16).view(np.uint16),
+        ml_dtypes.bfloat16,
+    ),
+    (
+        "bf16/transposed",
+        BF16,
+        lambda: np.ascontiguousarray(BASE.T).astype(ml_dtypes.bfloat16).T,
+        ml_dtypes.bfloat16,
+    ),
+    (
+        "bf16/sliced-4x3",
+        BF16,
+        lambda: np.repeat(BASE, 2, axis=0).astype(ml_dtypes.bfloat16)[::2],
+        ml_dtypes.bfloat16,
+    ),
     ("bf16/0-rows", BF16, lambda: BASE[:0].astype(ml_dtypes.bfloat16), ml_dtypes.bfloat16),
     ("fp16/float16", FP16, lambda: BASE.astype(np.float16), np.float16),
     ("fp16/uint16-view", FP16, lambda: BASE.astype(np.float16).view(np.uint16), np.float16),
-    ("fp16/transposed", FP16, lambda: np.ascontiguousarray(BASE.T).astype(np.float16).T, np.float16),
+    (
+        "fp16/transposed",
+        FP16,
+        lambda: np.ascontiguousarray(BASE.T).astype(np.float16).T,
+        np.float16,
+    ),
 ]
 
 
-@pytest.mark.parametrize(("elem", "make", "values"), [f[1:] for f in FLAVOURS], ids=[f[0] for f in FLAVOURS])
-def test_half_inputs_of_any_flavour_run(elem: int, make: Callable[[], np.ndarray], values: Any) -> None:
+@pytest.mark.parametrize(
+    ("elem", "make", "values"), [f[1:] for f in FLAVOURS], ids=[f[0] for f in FLAVOURS]
+)
+def test_half_inputs_of_any_flavour_run(
+    elem: int, make: Callable[[], np.ndarray], values: Any
+) -> None:
     feed = make()
     as_values = feed.view(values) if feed.dtype == np.uint16 else feed
-    expected = (as_values.astype(np.float64) * 2).astype(values)  # independent: NumPy on the rounded inputs
+    expected = (as_values.astype(np.float64) * 2).astype(
+        values
+    )  # independent: NumPy on the rounded inputs
     (got,) = InferenceSession(_model(elem)).run(None, {"x": feed})
     assert got.dtype == np.dtype(values) and got.shape == feed.shape
     np.testing.assert_array_equal(got.astype(np.float64), expected.astype(np.float64))
@@ -68,7 +100,9 @@ def test_half_input_float_output_uses_plain_numpy() -> None:
     np.testing.assert_array_equal(got, feed.astype(np.float32) * 2)
 
 
-@pytest.mark.parametrize(("elem", "dtype"), [(BF16, ml_dtypes.bfloat16), (FP16, np.float16)], ids=["bf16", "fp16"])
+@pytest.mark.parametrize(
+    ("elem", "dtype"), [(BF16, ml_dtypes.bfloat16), (FP16, np.float16)], ids=["bf16", "fp16"]
+)
 def test_contiguous_half_arrays_are_wrapped_without_a_copy(elem: int, dtype: Any) -> None:
     array = BASE.astype(dtype)
     for flavour in (array, array.view(np.uint16)):
@@ -85,13 +119,17 @@ def test_contiguous_half_arrays_are_wrapped_without_a_copy(elem: int, dtype: Any
     ],
     ids=["float32", "float16"],
 )
-def test_wrong_dtype_for_a_bfloat16_input_says_how_to_pass_one(feed: np.ndarray, expected: str, received: str) -> None:
+def test_wrong_dtype_for_a_bfloat16_input_says_how_to_pass_one(
+    feed: np.ndarray, expected: str, received: str
+) -> None:
     with pytest.raises(InvalidArgumentError) as info:
         InferenceSession(_model(BF16)).run(None, {"x": feed})
     assert expected in str(info.value) and received in str(info.value)
 
 
-@pytest.mark.parametrize("value", ["fast", 3, {"intra_op_num_threads": 1}], ids=["str", "int", "dict"])
+@pytest.mark.parametrize(
+    "value", ["fast", 3, {"intra_op_num_threads": 1}], ids=["str", "int", "dict"]
+)
 def test_sess_options_error_names_the_users_argument(value: Any) -> None:
     with pytest.raises(InvalidArgumentError) as info:
         InferenceSession(_model(FP16), sess_options=value)

@@ -24,10 +24,17 @@ from onnx_custom.runtime.host import live_kernel_ops
 
 def model(op: str = "Big") -> onnx.ModelProto:
     node = helper.make_node(op, ["x"], ["y"], domain="mem")
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("mem", 1)],
-                             ir_version=10)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+    )
+    return helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("mem", 1)],
+        ir_version=10,
+    )
 
 
 class Payload:
@@ -79,8 +86,12 @@ def test_kernel_released_when_registry_and_session_are_gone() -> None:
 def test_kernel_lives_as_long_as_sessions_share_its_options() -> None:
     reg, payload = registry_with_payload()
     so = rt.session_options(model(), kernels=reg)
-    first = ort.InferenceSession(model().SerializeToString(), so, providers=["CPUExecutionProvider"])
-    second = ort.InferenceSession(model().SerializeToString(), so, providers=["CPUExecutionProvider"])
+    first = ort.InferenceSession(
+        model().SerializeToString(), so, providers=["CPUExecutionProvider"]
+    )
+    second = ort.InferenceSession(
+        model().SerializeToString(), so, providers=["CPUExecutionProvider"]
+    )
     del reg, so, first
     assert not _gone(payload)
     np.testing.assert_array_equal(second.run(None, {"x": X})[0], EXPECTED)
@@ -112,7 +123,8 @@ def test_options_collected_before_their_sessions_are_created_release_kernels() -
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc for RSS")
 def test_rss_flat_over_500_sessions_each_with_its_own_registry(tmp_path: Path) -> None:
     script = tmp_path / "many.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import gc, numpy as np
         from pathlib import Path
         from onnx import helper, TensorProto
@@ -147,8 +159,11 @@ def test_rss_flat_over_500_sessions_each_with_its_own_registry(tmp_path: Path) -
             one_session()
         gc.collect()
         print(f"growth {rss_mib() - before:.1f} live {live_kernel_ops()}")
-    """))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    """)
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     words = proc.stdout.split()
     growth, live = float(words[1]), int(words[3])

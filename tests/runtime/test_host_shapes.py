@@ -49,21 +49,37 @@ def scale(x: np.ndarray, k: np.ndarray) -> np.ndarray:
     return (x * k.reshape(-1, *([1] * (x.ndim - 1)))).astype(x.dtype)
 
 
-def graph_model(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto],
-                outputs: list[onnx.ValueInfoProto], value_info: Sequence[onnx.ValueInfoProto] = ()) -> onnx.ModelProto:
+def graph_model(
+    nodes: list[onnx.NodeProto],
+    inputs: list[onnx.ValueInfoProto],
+    outputs: list[onnx.ValueInfoProto],
+    value_info: Sequence[onnx.ValueInfoProto] = (),
+) -> onnx.ModelProto:
     domains = {n.domain for n in nodes if n.domain}
     return helper.make_model(
         helper.make_graph(nodes, "g", inputs, outputs, value_info=list(value_info)),
-        opset_imports=[helper.make_opsetid("", 18)] + [helper.make_opsetid(d, 1) for d in sorted(domains)],
+        opset_imports=[helper.make_opsetid("", 18)]
+        + [helper.make_opsetid(d, 1) for d in sorted(domains)],
         ir_version=10,
     )
 
 
 def reduce_model(op: str, value_info_shape: list[int] | None) -> onnx.ModelProto:
-    nodes = [helper.make_node(op, ["x"], ["y"], domain="shp"), helper.make_node("Relu", ["y"], ["z"])]
-    vi = [] if value_info_shape is None else [helper.make_tensor_value_info("y", TensorProto.FLOAT, value_info_shape)]
-    return graph_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 3])],
-                       [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], vi)
+    nodes = [
+        helper.make_node(op, ["x"], ["y"], domain="shp"),
+        helper.make_node("Relu", ["y"], ["z"]),
+    ]
+    vi = (
+        []
+        if value_info_shape is None
+        else [helper.make_tensor_value_info("y", TensorProto.FLOAT, value_info_shape)]
+    )
+    return graph_model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 3])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+        vi,
+    )
 
 
 def warnings_on(so: ort.SessionOptions | None = None) -> ort.SessionOptions:
@@ -80,7 +96,9 @@ def test_kernel_without_shape_fn_claims_no_shape(value_info: list[int] | None, c
     x = np.random.default_rng(0).standard_normal((2, 5, 3)).astype(np.float32)
     sess = rt.InferenceSession(reduce_model("Reduce", value_info), warnings_on(), kernels=kernels)
     (z,) = sess.run(None, {"x": x})
-    np.testing.assert_allclose(z, np.maximum(x.sum(axis=1, keepdims=True), 0), rtol=1.3e-6, atol=1e-5)
+    np.testing.assert_allclose(
+        z, np.maximum(x.sum(axis=1, keepdims=True), 0), rtol=1.3e-6, atol=1e-5
+    )
     log = capfd.readouterr().err
     assert not [w for w in ORT_SHAPE_WARNINGS if w in log], log[-2000:]
 
@@ -88,7 +106,10 @@ def test_kernel_without_shape_fn_claims_no_shape(value_info: list[int] | None, c
 def test_the_log_check_sees_a_lying_rule(capfd: Any) -> None:
     """Control for the test above: the same harness does catch ORT's complaint."""
     rt.InferenceSession(reduce_model("ReduceLying", [2, 1, 3]), warnings_on(), kernels=kernels)
-    assert "Error merging shape info for output. 'y' source:{2,5,3} target:{2,1,3}" in capfd.readouterr().err
+    assert (
+        "Error merging shape info for output. 'y' source:{2,5,3} target:{2,1,3}"
+        in capfd.readouterr().err
+    )
 
 
 def test_quiet_by_default(capfd: Any) -> None:
@@ -109,23 +130,40 @@ def test_onnx_shape_inference_records_no_invented_shape() -> None:
 
 
 @pytest.mark.parametrize(
-    ("dtype", "rows"), [("float32", 3), ("float64", 1), ("float16", 0)], ids=["f32-3x4", "f64-1x4", "f16-0x4"]
+    ("dtype", "rows"),
+    [("float32", 3), ("float64", 1), ("float16", 0)],
+    ids=["f32-3x4", "f64-1x4", "f16-0x4"],
 )
 def test_declared_rules_and_dtypes(dtype: str, rows: int) -> None:
-    elem = {"float32": TensorProto.FLOAT, "float64": TensorProto.DOUBLE, "float16": TensorProto.FLOAT16}[dtype]
-    nodes = [helper.make_node("Second", ["a", "b"], ["y", "zz"], domain="shp"),
-             helper.make_node("ArgMaxLast", ["b"], ["i"], domain="shp"),
-             helper.make_node("Scale", ["b", "k"], ["s"], domain="shp")]
-    m = graph_model(nodes, [helper.make_tensor_value_info("a", TensorProto.INT64, [2]),
-                            helper.make_tensor_value_info("b", elem, ["R", 4]),
-                            helper.make_tensor_value_info("k", TensorProto.INT32, ["R"])],
-                    [onnx.ValueInfoProto(name=n) for n in ("y", "zz", "i", "s")])
+    elem = {
+        "float32": TensorProto.FLOAT,
+        "float64": TensorProto.DOUBLE,
+        "float16": TensorProto.FLOAT16,
+    }[dtype]
+    nodes = [
+        helper.make_node("Second", ["a", "b"], ["y", "zz"], domain="shp"),
+        helper.make_node("ArgMaxLast", ["b"], ["i"], domain="shp"),
+        helper.make_node("Scale", ["b", "k"], ["s"], domain="shp"),
+    ]
+    m = graph_model(
+        nodes,
+        [
+            helper.make_tensor_value_info("a", TensorProto.INT64, [2]),
+            helper.make_tensor_value_info("b", elem, ["R", 4]),
+            helper.make_tensor_value_info("k", TensorProto.INT32, ["R"]),
+        ],
+        [onnx.ValueInfoProto(name=n) for n in ("y", "zz", "i", "s")],
+    )
     rt.register_schemas(kernels)
-    inferred = {v.name: v.type.tensor_type for v in onnx.shape_inference.infer_shapes(m).graph.output}
+    inferred = {
+        v.name: v.type.tensor_type for v in onnx.shape_inference.infer_shapes(m).graph.output
+    }
     assert [d.dim_param or d.dim_value for d in inferred["y"].shape.dim] == ["R", 4]  # like:b
     assert inferred["y"].elem_type == elem and inferred["zz"].elem_type == elem
     assert inferred["i"].elem_type == TensorProto.INT64 and not inferred["i"].HasField("shape")
-    assert inferred["s"].elem_type == elem and not inferred["s"].HasField("shape")  # like input 0's dtype
+    assert inferred["s"].elem_type == elem and not inferred["s"].HasField(
+        "shape"
+    )  # like input 0's dtype
     rng = np.random.default_rng(1)
     a = np.array([1, 2], np.int64)
     b = rng.standard_normal((rows, 4)).astype(dtype)
@@ -140,7 +178,11 @@ def test_declared_rules_and_dtypes(dtype: str, rows: int) -> None:
 # ---- every shipped kernel on a model whose value_info carries the true shapes -------------
 def _shipped_cases() -> list[tuple[str, onnx.ModelProto, dict[str, np.ndarray]]]:
     """One exported zoo model per shipped kernel (TorchScript first, the faster exporter)."""
-    shipped = {name for module in KERNEL_MODULES for name in importlib.import_module(module).kernels.names()}
+    shipped = {
+        name
+        for module in KERNEL_MODULES
+        for name in importlib.import_module(module).kernels.names()
+    }
     covered: set[str] = set()
     cases = []
     for short, module_name in discover().items():
@@ -148,8 +190,14 @@ def _shipped_cases() -> list[tuple[str, onnx.ModelProto, dict[str, np.ndarray]]]
             module = importlib.import_module(module_name)
         except Exception:  # e.g. a model needing torchvision's compiled ops
             continue
-        zoo = sorted((c for c in getattr(module, "ZOO", ()) if not c.dynamic and not c.expect_error),
-                     key=lambda c: (c.variant != "custom", c.variant is not None, c.exporter != "torchscript"))
+        zoo = sorted(
+            (c for c in getattr(module, "ZOO", ()) if not c.dynamic and not c.expect_error),
+            key=lambda c: (
+                c.variant != "custom",
+                c.variant is not None,
+                c.exporter != "torchscript",
+            ),
+        )
         firsts = list({c.variant: c for c in reversed(zoo)}.values())[::-1]  # first row per variant
         # The row most likely to emit custom nodes first; a module's next variant only while the
         # last one found kernels not yet covered (msda's mmdeploy node): exports are not cheap.
@@ -158,15 +206,22 @@ def _shipped_cases() -> list[tuple[str, onnx.ModelProto, dict[str, np.ndarray]]]
             if case.variant:
                 registry = registry.with_variants(case.variant)
             model, args = module.Model().eval(), module.example_inputs()
-            proto = onnx_custom.export(model, args, exporter=case.exporter, opset=case.opset, registry=registry)
+            proto = onnx_custom.export(
+                model, args, exporter=case.exporter, opset=case.opset, registry=registry
+            )
             ops = {f"{n.domain}::{n.op_type}" for n in proto.graph.node} & shipped
             if not ops - covered:
                 break
             covered |= ops
             tensors = [t for t in args if isinstance(t, torch.Tensor)]
-            feeds = {n: t.detach().numpy() for n, t in zip(input_names(proto, args), tensors, strict=True)}
+            feeds = {
+                n: t.detach().numpy()
+                for n, t in zip(input_names(proto, args), tensors, strict=True)
+            }
             cases.append((f"{short}-{case.label}", proto, feeds))
-    assert covered == shipped, f"shipped kernels without a zoo model to test them: {sorted(shipped - covered)}"
+    assert covered == shipped, (
+        f"shipped kernels without a zoo model to test them: {sorted(shipped - covered)}"
+    )
     return cases
 
 
@@ -177,8 +232,13 @@ def _with_true_shapes(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> o
     outs = [o for n in proto.graph.node if n.domain not in ("", "ai.onnx") for o in n.output if o]
     known = {o.name for o in probe.graph.output}
     probe.graph.output.extend(onnx.ValueInfoProto(name=o) for o in outs if o not in known)
-    values = dict(zip([o.name for o in probe.graph.output],
-                      rt.InferenceSession(probe).run(None, feeds), strict=True))
+    values = dict(
+        zip(
+            [o.name for o in probe.graph.output],
+            rt.InferenceSession(probe).run(None, feeds),
+            strict=True,
+        )
+    )
     fixed = onnx.ModelProto()
     fixed.CopyFrom(proto)
     kept = [v for v in fixed.graph.value_info if v.name not in outs]
@@ -187,7 +247,9 @@ def _with_true_shapes(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> o
     for name in outs:
         if name not in known:
             elem = onnx.helper.np_dtype_to_tensor_dtype(values[name].dtype)
-            fixed.graph.value_info.append(helper.make_tensor_value_info(name, elem, list(values[name].shape)))
+            fixed.graph.value_info.append(
+                helper.make_tensor_value_info(name, elem, list(values[name].shape))
+            )
     return fixed
 
 
@@ -204,13 +266,19 @@ def test_shipped_kernels_raise_no_shape_warnings(capfd: Any) -> None:
 def test_shape_fn_may_leave_one_output_unknown() -> None:
     reg = KernelRegistry()
 
-    @reg.kernel("shp::Half", inputs=["x"], outputs=["same", "unknown"],
-                shape_fn=lambda ins, attrs: [ins[0], TensorInfo(ins[0].dtype, None)])
+    @reg.kernel(
+        "shp::Half",
+        inputs=["x"],
+        outputs=["same", "unknown"],
+        shape_fn=lambda ins, attrs: [ins[0], TensorInfo(ins[0].dtype, None)],
+    )
     def half(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return x, x[: len(x) // 2]
 
-    m = graph_model([helper.make_node("Half", ["x"], ["a", "b"], domain="shp")],
-                    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6])],
-                    [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "ab"])
+    m = graph_model(
+        [helper.make_node("Half", ["x"], ["a", "b"], domain="shp")],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "ab"],
+    )
     a, b = rt.InferenceSession(m, kernels=reg).run(None, {"x": np.arange(6, dtype=np.float32)})
     assert a.shape == (6,) and b.shape == (3,)

@@ -25,8 +25,13 @@ kernels = KernelRegistry()
 seen_threads: set[int] = set()
 
 
-@kernels.kernel("th::AddMul", inputs=["a", "b"], outputs=["y"], attrs={"k": ("float", 2.0)},
-                shape_fn="broadcast")
+@kernels.kernel(
+    "th::AddMul",
+    inputs=["a", "b"],
+    outputs=["y"],
+    attrs={"k": ("float", 2.0)},
+    shape_fn="broadcast",
+)
 def add_mul(a: np.ndarray, b: np.ndarray, *, k: float) -> np.ndarray:
     seen_threads.add(threading.get_native_id())
     return ((a + b) * np.asarray(k, a.dtype)).astype(a.dtype)
@@ -53,18 +58,26 @@ def branches_model(op: str, n: int, depth: int = 1, **attrs: Any) -> onnx.ModelP
             nodes.append(helper.make_node(op, ins, [out], domain="th", name=f"n{br}_{d}", **attrs))
             prev = out
     inputs = [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["N", 3]) for x in ("a", "b")]
-    graph = helper.make_graph(nodes, "g", inputs if op == "AddMul" else inputs[:1],
-                              [helper.make_tensor_value_info(f"y{br}", TensorProto.FLOAT, ["N", 3])
-                               for br in range(n)])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("th", 1)],
-                             ir_version=10)
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        inputs if op == "AddMul" else inputs[:1],
+        [helper.make_tensor_value_info(f"y{br}", TensorProto.FLOAT, ["N", 3]) for br in range(n)],
+    )
+    return helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("th", 1)],
+        ir_version=10,
+    )
 
 
 def options(mode: str, inter: int = 3) -> ort.SessionOptions:
     so = ort.SessionOptions()
     so.intra_op_num_threads = 2
     so.inter_op_num_threads = inter
-    so.execution_mode = ort.ExecutionMode.ORT_PARALLEL if mode == "parallel" else ort.ExecutionMode.ORT_SEQUENTIAL
+    so.execution_mode = (
+        ort.ExecutionMode.ORT_PARALLEL if mode == "parallel" else ort.ExecutionMode.ORT_SEQUENTIAL
+    )
     return so
 
 
@@ -82,11 +95,19 @@ def run_async(sess: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> list[
 @pytest.mark.parametrize("kind", ["caller", "inter-op", "intra-op", "python-threads"])
 def test_results_correct_on_every_thread_kind(kind: str) -> None:
     depth, n_branches = 3, 8
-    sess = rt.InferenceSession(branches_model("AddMul", n_branches, depth),
-                               options("parallel" if kind == "inter-op" else "sequential"), kernels=kernels)
+    sess = rt.InferenceSession(
+        branches_model("AddMul", n_branches, depth),
+        options("parallel" if kind == "inter-op" else "sequential"),
+        kernels=kernels,
+    )
     rng = np.random.default_rng(0)
-    feeds = [{"a": rng.standard_normal((r, 3)).astype(np.float32),
-              "b": rng.standard_normal((r, 3)).astype(np.float32)} for r in (1, 2, 5, 7)]
+    feeds = [
+        {
+            "a": rng.standard_normal((r, 3)).astype(np.float32),
+            "b": rng.standard_normal((r, 3)).astype(np.float32),
+        }
+        for r in (1, 2, 5, 7)
+    ]
     seen_threads.clear()
     python_ids = {t.native_id for t in threading.enumerate()}
     if kind == "python-threads":
@@ -104,7 +125,11 @@ def test_results_correct_on_every_thread_kind(kind: str) -> None:
         python_ids |= {t.native_id for t in threads}
         got = [results[i] for i in range(len(feeds))]
     else:
-        got = [run_async(sess, f) if kind == "intra-op" else sess.run(None, f) for f in feeds for _ in range(5)]
+        got = [
+            run_async(sess, f) if kind == "intra-op" else sess.run(None, f)
+            for f in feeds
+            for _ in range(5)
+        ]
         got = got[::5]
     for f, outs in zip(feeds, got, strict=True):
         want = expected(f["a"], f["b"], depth)
@@ -123,8 +148,10 @@ def test_a_waiting_kernel_lets_another_kernel_run(via: str) -> None:
     kernel releases the GIL. ``run_async`` on two sessions runs them on two intra-op pool threads
     (ORT_PARALLEL in onnxruntime 1.31 runs a run's independent branches on one pool thread)."""
     x = np.zeros((2, 3), np.float32)
-    sessions = [rt.InferenceSession(branches_model("Meet", 1), options("sequential"), kernels=kernels)
-                for _ in range(2)]
+    sessions = [
+        rt.InferenceSession(branches_model("Meet", 1), options("sequential"), kernels=kernels)
+        for _ in range(2)
+    ]
     for _ in range(3):
         _barrier[:] = [threading.Barrier(2)]
         if via == "run_async":
@@ -132,8 +159,10 @@ def test_a_waiting_kernel_lets_another_kernel_run(via: str) -> None:
             results = [wait() for wait in waits]
         else:
             box: list[Any] = []
-            threads = [threading.Thread(target=lambda s=s, box=box: box.append(s.run(None, {"a": x})))
-                       for s in sessions]
+            threads = [
+                threading.Thread(target=lambda s=s, box=box: box.append(s.run(None, {"a": x})))
+                for s in sessions
+            ]
             for t in threads:
                 t.start()
             for t in threads:
@@ -178,14 +207,17 @@ def test_thread_states_do_not_leak_over_many_sessions() -> None:
     feeds = {"a": np.ones((2, 3), np.float32), "b": np.ones((2, 3), np.float32)}
     created0, deleted0 = _settled_thread_states()
     for i in range(40):
-        sess = rt.InferenceSession(m, options("parallel" if i % 2 else "sequential"), kernels=kernels)
+        sess = rt.InferenceSession(
+            m, options("parallel" if i % 2 else "sequential"), kernels=kernels
+        )
         sess.run(None, feeds)
         run_async(sess, feeds)
         del sess
     created, deleted = _settled_thread_states()
     assert created > created0, "sessions on pool threads should have needed thread states"
     assert created - deleted == created0 - deleted0, (
-        f"thread states leak: {created - created0} made for ORT threads, {deleted - deleted0} deleted"
+        f"thread states leak: {created - created0} made for ORT threads, {deleted - deleted0}"
+        " deleted"
     )
 
 
@@ -200,10 +232,17 @@ def test_kernel_nesting_a_session_on_a_pool_thread() -> None:
         return inner.run(None, {"a": x, "b": x})[0]
 
     nodes = [helper.make_node("Nest", ["a"], [f"y{i}"], domain="th") for i in range(2)]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3])],
-                              [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [2, 3]) for i in range(2)])
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("th", 1)],
-                          ir_version=10)
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [2, 3]) for i in range(2)],
+    )
+    m = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("th", 1)],
+        ir_version=10,
+    )
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     for y in rt.InferenceSession(m, options("parallel"), kernels=reg).run(None, {"a": x}):
         np.testing.assert_allclose(y, 4 * x)
@@ -212,8 +251,9 @@ def test_kernel_nesting_a_session_on_a_pool_thread() -> None:
 def _run_script(tmp_path: Path, body: str, timeout: int = 180) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(body))
-    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=timeout,
-                          cwd=tmp_path)
+    return subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=timeout, cwd=tmp_path
+    )
 
 
 _SUBPROCESS_PRELUDE = """
@@ -240,7 +280,10 @@ def parallel():
 
 def test_nested_gilstate_calls_inside_a_kernel_on_a_pool_thread(tmp_path: Path) -> None:
     """ctypes callbacks enter Python with PyGILState_Ensure: it must find the pool thread's state."""
-    proc = _run_script(tmp_path, _SUBPROCESS_PRELUDE + """
+    proc = _run_script(
+        tmp_path,
+        _SUBPROCESS_PRELUDE
+        + """
 CMP = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_float))
 libc = ctypes.CDLL(None)
 
@@ -255,13 +298,18 @@ sess = rt.InferenceSession(model("Sort", 4), parallel(), kernels=reg)
 for y in sess.run(None, {"a": np.array([3, 1, 2, 0], np.float32)}):
     assert y.tolist() == [0, 1, 2, 3], y
 print("sorted")
-""", timeout=120)
+""",
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "sorted" in proc.stdout
 
 
 def test_interpreter_exit_with_live_sessions_on_pool_threads(tmp_path: Path) -> None:
-    proc = _run_script(tmp_path, _SUBPROCESS_PRELUDE + """
+    proc = _run_script(
+        tmp_path,
+        _SUBPROCESS_PRELUDE
+        + """
 @reg.kernel("t::Twice", inputs=["a"], outputs=["y"], shape_fn="like:a")
 def twice(a):
     return a * 2
@@ -281,7 +329,8 @@ del short_lived  # its pool threads exit now; the rest are alive when the interp
 cycle = {"session": keep[0]}
 cycle["self"] = cycle  # only the final garbage collection at shutdown frees this one
 print("ok", flush=True)
-""")
+""",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ok" in proc.stdout
     assert "Fatal" not in proc.stderr and "terminate" not in proc.stderr, proc.stderr[-3000:]

@@ -40,7 +40,9 @@ def test_kernel_source_uses_only_the_user_api() -> None:
     text = (sources_dir() / "msda.cpp").read_text(encoding="utf-8")
     includes = re.findall(r"^#include\s+(\S+)", text, re.M)
     assert "<onnx_custom/kernel.h>" in includes
-    assert all(i == "<onnx_custom/kernel.h>" or re.fullmatch(r"<\w+>", i) for i in includes), includes
+    assert all(i == "<onnx_custom/kernel.h>" or re.fullmatch(r"<\w+>", i) for i in includes), (
+        includes
+    )
     assert "OrtApi" not in text and "oc::" not in text  # no ORT type, no library internals
 
 
@@ -57,13 +59,25 @@ def user_library() -> NativeLibrary:
 
 
 def _run(lib: NativeLibrary, arrays: dict[str, np.ndarray], dtype: str, **attrs: Any) -> np.ndarray:
-    io = [(n, "int64" if n in NAMES[1:3] else str(a.dtype) if a.dtype.kind in "iu" else dtype, None) for n, a in arrays.items()]
-    model = node_model("MultiScaleDeformableAttn", "onnx_custom", io, [("output", io[0][1], None)], **{"im2col_step": 64, **attrs})
+    io = [
+        (n, "int64" if n in NAMES[1:3] else str(a.dtype) if a.dtype.kind in "iu" else dtype, None)
+        for n, a in arrays.items()
+    ]
+    model = node_model(
+        "MultiScaleDeformableAttn",
+        "onnx_custom",
+        io,
+        [("output", io[0][1], None)],
+        **{"im2col_step": 64, **attrs},
+    )
     so = ort.SessionOptions()
     so.log_severity_level = 4
     so.register_custom_ops_library(str(lib.path))
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    feeds = {k: v.astype(np.float32) if v.dtype == np.dtype(ml_dtypes.bfloat16) else v for k, v in arrays.items()}
+    feeds = {
+        k: v.astype(np.float32) if v.dtype == np.dtype(ml_dtypes.bfloat16) else v
+        for k, v in arrays.items()
+    }
     (out,) = sess.run(None, feeds)
     return out.astype(ml_dtypes.bfloat16) if dtype == "bfloat16" else out
 
@@ -74,22 +88,47 @@ def test_user_route_library_matches_grid_sample(user_library: NativeLibrary, dty
     inputs = make_inputs(2, 7, 2, 4, 3, ((5, 4), (3, 2)), dtype=torch.float64, seed=5)
     arrays = {n: _np(t, dtype) for n, t in zip(NAMES, inputs, strict=True)}
     got = _run(user_library, arrays, dtype)
-    value, shapes, _, loc, attn = (t if t.dtype == torch.int64 else torch.from_numpy(_np(t, dtype).astype(np.float64)) for t in inputs)
-    expected = grid_sample_msda(value, shapes, loc, attn).numpy().astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    value, shapes, _, loc, attn = (
+        t if t.dtype == torch.int64 else torch.from_numpy(_np(t, dtype).astype(np.float64))
+        for t in inputs
+    )
+    expected = (
+        grid_sample_msda(value, shapes, loc, attn)
+        .numpy()
+        .astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    )
     assert_close(got, expected, dtype, scale=2.0 if dtype in ("float16", "bfloat16") else 1.0)
 
 
-@pytest.mark.parametrize(("change", "attrs", "message"), [
-    ({"value": lambda v: v[:, :-1]}, {}, "spatial_shapes cover sum(H*W) = 27 keys but value has num_keys = 26"),
-    ({"level_start_index": lambda s: s[::-1].copy()}, {}, "does not match spatial_shapes: expected [0, 20, 26]"),
-    ({}, {"im2col_step": -1}, "im2col_step must be positive; received -1"),
-], ids=["keys", "starts", "im2col_step"])  # fmt: skip
-def test_user_route_bad_input_is_an_error_status(user_library: NativeLibrary, change: dict[str, Any], attrs: dict[str, int], message: str) -> None:
+@pytest.mark.parametrize(
+    ("change", "attrs", "message"),
+    [
+        (
+            {"value": lambda v: v[:, :-1]},
+            {},
+            "spatial_shapes cover sum(H*W) = 27 keys but value has num_keys = 26",
+        ),
+        (
+            {"level_start_index": lambda s: s[::-1].copy()},
+            {},
+            "does not match spatial_shapes: expected [0, 20, 26]",
+        ),
+        ({}, {"im2col_step": -1}, "im2col_step must be positive; received -1"),
+    ],
+    ids=["keys", "starts", "im2col_step"],
+)
+def test_user_route_bad_input_is_an_error_status(
+    user_library: NativeLibrary, change: dict[str, Any], attrs: dict[str, int], message: str
+) -> None:
     inputs = make_inputs(dtype=torch.float32)
     arrays = {n: _np(t, "float32") for n, t in zip(NAMES, inputs, strict=True)}
     for name, fn in change.items():
         arrays[name] = fn(arrays[name])
-    with pytest.raises(Exception, match=r"onnx-custom native kernel onnx_custom::MultiScaleDeformableAttn .*" + re.escape(message)):
+    with pytest.raises(
+        Exception,
+        match=r"onnx-custom native kernel onnx_custom::MultiScaleDeformableAttn .*"
+        + re.escape(message),
+    ):
         _run(user_library, arrays, "float32", **attrs)
 
 

@@ -20,13 +20,25 @@ from onnx_custom.errors import ExtensionBuildError, KernelError
 from onnx_custom.runtime import native
 from onnx_custom.runtime.shim_build import abi_include_dir
 
-EXPECTED_OPS = ("onnx_custom::my_add", "onnx_custom::multi_out", "onnx_custom::MultiOut3", "onnx_custom::DeformConv2d",
-                "onnx_custom::BEVPoolV2", "onnx_custom::CustomLinear", "onnx_custom::MultiScaleDeformableAttn",
-                "mmdeploy::MMCVMultiScaleDeformableAttention")  # fmt: skip
+EXPECTED_OPS = (
+    "onnx_custom::my_add",
+    "onnx_custom::multi_out",
+    "onnx_custom::MultiOut3",
+    "onnx_custom::DeformConv2d",
+    "onnx_custom::BEVPoolV2",
+    "onnx_custom::CustomLinear",
+    "onnx_custom::MultiScaleDeformableAttn",
+    "mmdeploy::MMCVMultiScaleDeformableAttention",
+)
 
 
 def my_add_model() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    m = node_model("my_add", "onnx_custom", [("a", "float32", [2]), ("b", "float32", [2])], [("y", "float32", None)])
+    m = node_model(
+        "my_add",
+        "onnx_custom",
+        [("a", "float32", [2]), ("b", "float32", [2])],
+        [("y", "float32", None)],
+    )
     return m, {"a": np.array([1.0, 2.0], np.float32), "b": np.array([10.0, 20.0], np.float32)}
 
 
@@ -42,13 +54,16 @@ def test_library_needs_neither_python_nor_torch_nor_onnxruntime_at_link_time() -
     ldd = shutil.which("ldd")
     if ldd is None:
         pytest.skip("ldd not available")
-    needed = subprocess.run([ldd, str(native.library_path())], capture_output=True, text=True).stdout
+    needed = subprocess.run(
+        [ldd, str(native.library_path())], capture_output=True, text=True
+    ).stdout
     for banned in ("libpython", "libtorch", "libc10", "libonnxruntime"):
         assert banned not in needed, needed
     nm = shutil.which("nm")
     if nm is not None:
-        symbols = subprocess.run([nm, "-D", "--defined-only", str(native.library_path())],
-                                 capture_output=True, text=True).stdout  # fmt: skip
+        symbols = subprocess.run(
+            [nm, "-D", "--defined-only", str(native.library_path())], capture_output=True, text=True
+        ).stdout
         assert " RegisterCustomOps" in symbols and " OnnxCustomNativeOps" in symbols
 
 
@@ -60,7 +75,9 @@ def test_plain_onnxruntime_loads_it() -> None:
     np.testing.assert_array_equal(sess.run(None, feeds)[0], [12.0, 24.0])
 
 
-def test_cli_build_library_copies_it_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_build_library_copies_it_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert cli_main(["build-library", "-o", str(tmp_path / "out")]) == 0
     printed = capsys.readouterr()
     copy = tmp_path / "out" / "libonnx_custom_ops.so"
@@ -70,7 +87,9 @@ def test_cli_build_library_copies_it_out(tmp_path: Path, capsys: pytest.CaptureF
     assert not [p for p in copy.parent.iterdir() if p.name.startswith(".")]  # no temp file left
 
 
-def test_cli_build_library_without_output_prints_the_cached_path(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_build_library_without_output_prints_the_cached_path(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert cli_main(["build-library"]) == 0
     assert capsys.readouterr().out.strip() == str(native.library_path())
 
@@ -91,7 +110,9 @@ def test_missing_compiler_names_the_tool(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert "C++17 compiler" in text and "g++" in text and "clang++" in text and "fix" in text
 
 
-def test_compiler_errors_surface_with_the_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_compiler_errors_surface_with_the_command(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv("ONNX_CUSTOM_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("CXX", "false")  # exists, fails every compile
     monkeypatch.setattr(native, "_built", {})
@@ -122,7 +143,9 @@ def test_domain_selection_config_entry() -> None:
         ort.InferenceSession(m.SerializeToString(), left_out, providers=["CPUExecutionProvider"])
     bad = ort.SessionOptions()
     bad.add_session_config_entry(native.DOMAINS_KEY, "onnx_custom,acme")
-    with pytest.raises(Exception, match="names domain 'acme'.*expected a comma-separated subset of onnx_custom"):
+    with pytest.raises(
+        Exception, match="names domain 'acme'.*expected a comma-separated subset of onnx_custom"
+    ):
         bad.register_custom_ops_library(str(native.library_path()))
 
 
@@ -140,21 +163,39 @@ def test_native_session_falls_back_to_python_for_a_shared_domain() -> None:
 
     reg = KernelRegistry()
     reg.kernel("onnx_custom::negate_only_in_python", inputs=["x"], outputs=["y"])(lambda x: -x)
-    nodes = [helper.make_node("my_add", ["a", "b"], ["t"], domain="onnx_custom"),
-             helper.make_node("negate_only_in_python", ["t"], ["y"], domain="onnx_custom")]  # fmt: skip
+    nodes = [
+        helper.make_node("my_add", ["a", "b"], ["t"], domain="onnx_custom"),
+        helper.make_node("negate_only_in_python", ["t"], ["y"], domain="onnx_custom"),
+    ]
     vi = helper.make_tensor_value_info
-    graph = helper.make_graph(nodes, "g", [vi("a", TensorProto.FLOAT, [2]), vi("b", TensorProto.FLOAT, [2])],
-                              [vi("y", TensorProto.FLOAT, None)])  # fmt: skip
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("onnx_custom", 1)])
-    domains, specs = native.plan_kernels(m, onnx_custom.runtime.default_kernel_registry().copy().update(reg))
-    assert domains == frozenset() and {s.name for s in specs} == {"onnx_custom::my_add", "onnx_custom::negate_only_in_python"}
-    with pytest.raises(KernelError, match=r"neither a native nor a Python kernel: onnx_custom::negate_only_in_python.*fix"):
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [vi("a", TensorProto.FLOAT, [2]), vi("b", TensorProto.FLOAT, [2])],
+        [vi("y", TensorProto.FLOAT, None)],
+    )
+    m = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("onnx_custom", 1)]
+    )
+    domains, specs = native.plan_kernels(
+        m, onnx_custom.runtime.default_kernel_registry().copy().update(reg)
+    )
+    assert domains == frozenset() and {s.name for s in specs} == {
+        "onnx_custom::my_add",
+        "onnx_custom::negate_only_in_python",
+    }
+    with pytest.raises(
+        KernelError,
+        match=r"neither a native nor a Python kernel: onnx_custom::negate_only_in_python.*fix",
+    ):
         native.plan_kernels(m)
 
 
 def test_native_session_rejects_unknown_kernel_names() -> None:
     m, _ = my_add_model()
-    with pytest.raises(KernelError, match="expects a KernelRegistry, None or 'native' .*; received 'fast'"):
+    with pytest.raises(
+        KernelError, match="expects a KernelRegistry, None or 'native' .*; received 'fast'"
+    ):
         onnx_custom.InferenceSession(m, kernels="fast")
 
 
@@ -211,9 +252,18 @@ def test_cmake_builds_it(tmp_path: Path) -> None:
     if shutil.which("cmake") is None:
         pytest.skip("cmake not installed")
     src = _lay_out(tmp_path / "installed", "installed")
-    subprocess.run(["cmake", "-S", str(src), "-B", str(tmp_path / "b")], check=True,
-                   capture_output=True, timeout=300)  # fmt: skip
-    subprocess.run(["cmake", "--build", str(tmp_path / "b"), "-j2"], check=True, capture_output=True, timeout=900)
+    subprocess.run(
+        ["cmake", "-S", str(src), "-B", str(tmp_path / "b")],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    subprocess.run(
+        ["cmake", "--build", str(tmp_path / "b"), "-j2"],
+        check=True,
+        capture_output=True,
+        timeout=900,
+    )
     _check_built(tmp_path / "b" / "libonnx_custom_ops.so")
 
 
@@ -221,9 +271,16 @@ def test_cmake_builds_it(tmp_path: Path) -> None:
 def test_fresh_cache_builds_once(tmp_path: Path) -> None:
     """First use compiles into an empty cache; a second process reuses it without compiling."""
     env = dict(os.environ, ONNX_CUSTOM_CACHE_DIR=str(tmp_path))
-    code = "import time; t = time.time(); from onnx_custom.runtime.native import library_path; print(library_path(), time.time() - t)"
-    first = subprocess.run(["python", "-c", code], env=env, capture_output=True, text=True, timeout=900)
-    second = subprocess.run(["python", "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    code = (
+        "import time; t = time.time(); from onnx_custom.runtime.native import library_path;"
+        " print(library_path(), time.time() - t)"
+    )
+    first = subprocess.run(
+        ["python", "-c", code], env=env, capture_output=True, text=True, timeout=900
+    )
+    second = subprocess.run(
+        ["python", "-c", code], env=env, capture_output=True, text=True, timeout=900
+    )
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     path1, secs1 = first.stdout.split()
     path2, secs2 = second.stdout.split()

@@ -55,9 +55,17 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Ite
 
 
 def _attrs(geo: Geometry) -> dict[str, int]:
-    return dict(stride_h=geo.stride[0], stride_w=geo.stride[1], pad_h=geo.pad[0], pad_w=geo.pad[1],
-                dilation_h=geo.dil[0], dilation_w=geo.dil[1], groups=geo.groups,
-                offset_groups=geo.offset_groups, use_mask=int(geo.use_mask))  # fmt: skip
+    return dict(
+        stride_h=geo.stride[0],
+        stride_w=geo.stride[1],
+        pad_h=geo.pad[0],
+        pad_w=geo.pad[1],
+        dilation_h=geo.dil[0],
+        dilation_w=geo.dil[1],
+        groups=geo.groups,
+        offset_groups=geo.offset_groups,
+        use_mask=int(geo.use_mask),
+    )
 
 
 def _session(geo: Geometry, dtype: str, threads: int = 2) -> ort.InferenceSession:
@@ -129,12 +137,18 @@ def test_dynamic_sizes_through_one_session(path: str) -> None:
     for n, h, w in [(2, 9, 14), (1, 20, 17), (3, 4, 5), (1, 20, 17)]:
         case = Case(n, 32, h, w, 40, 3, 3, geo)
         t = case.tensors(torch.float32, seed=h)
-        torch.testing.assert_close(torch.from_numpy(_run(sess, t)), _reference(case, {k: v.double() for k, v in t.items()}).float(),
-                                   **TOL["float32"])  # fmt: skip
+        torch.testing.assert_close(
+            torch.from_numpy(_run(sess, t)),
+            _reference(case, {k: v.double() for k, v in t.items()}).float(),
+            **TOL["float32"],
+        )
 
 
-@pytest.mark.parametrize("case", [CASES[4], CASES[6], Case(5, 16, 11, 13, 24, 3, 3, Geometry(pad=(1, 1)))],
-                         ids=lambda c: c.id)  # fmt: skip
+@pytest.mark.parametrize(
+    "case",
+    [CASES[4], CASES[6], Case(5, 16, 11, 13, 24, 3, 3, Geometry(pad=(1, 1)))],
+    ids=lambda c: c.id,
+)
 def test_one_and_two_threads_agree_bitwise(case: Case, path: str) -> None:
     t = case.tensors(torch.float32, seed=9)
     one, two = (_run(_session(case.geo, "float32", threads), t) for threads in (1, 2))

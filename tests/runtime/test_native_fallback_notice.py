@@ -38,12 +38,28 @@ def _model(*ops: str) -> object:
     nodes, previous = [], "a"
     for i, op in enumerate(ops):
         inputs = [previous, "b"] if op == "my_add" else [previous]
-        nodes.append(helper.make_node(op, inputs, [f"t{i}"], domain="onnx_custom", **({"alpha": 2.0} if op == "my_add" else {})))
+        nodes.append(
+            helper.make_node(
+                op,
+                inputs,
+                [f"t{i}"],
+                domain="onnx_custom",
+                **({"alpha": 2.0} if op == "my_add" else {}),
+            )
+        )
         previous = f"t{i}"
     nodes[-1].output[0] = "y"
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in "ab"],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])  # fmt: skip
-    return helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("onnx_custom", 1)])
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in "ab"],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+    )
+    return helper.make_model(
+        graph,
+        ir_version=10,
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("onnx_custom", 1)],
+    )
 
 
 FEEDS = {"a": np.full((2, 3), 1.0, np.float32), "b": np.full((2, 3), 0.5, np.float32)}

@@ -26,8 +26,19 @@ def test_valid_names(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["Foo", "custom:Foo", "::Foo", "custom::", "custom::1x", "com..x::Foo", "ai.onnx::Relu",
-             "::Relu", "com.microsoft::Gelu", 3],
+    "name",
+    [
+        "Foo",
+        "custom:Foo",
+        "::Foo",
+        "custom::",
+        "custom::1x",
+        "com..x::Foo",
+        "ai.onnx::Relu",
+        "::Relu",
+        "com.microsoft::Gelu",
+        3,
+    ],
 )
 def test_bad_names_raise_symbolic_error(name: object) -> None:
     reg = KernelRegistry()
@@ -40,8 +51,9 @@ def test_duplicate_raises_unless_replace() -> None:
     reg.kernel("t::A", inputs=["a", "b"], outputs=["y"], attrs={"alpha": "float"})(_add)
     with pytest.raises(KernelError, match="already registered.*replace=True"):
         reg.kernel("t::A", inputs=["a", "b"], outputs=["y"], attrs={"alpha": "float"})(_add)
-    reg.kernel("t::A", inputs=["a", "b"], outputs=["y"], attrs={"alpha": ("float", 1.0)},
-               replace=True)(_add)
+    reg.kernel(
+        "t::A", inputs=["a", "b"], outputs=["y"], attrs={"alpha": ("float", 1.0)}, replace=True
+    )(_add)
     assert not reg["t::A"].attrs[0].required
 
 
@@ -70,8 +82,13 @@ def test_malformed_declarations(kwargs: dict, match: str) -> None:
 
 def test_spec_is_frozen_and_renamable() -> None:
     reg = KernelRegistry()
-    reg.kernel("t::A", inputs=["a", "mask?", "rest*"], outputs=["y"], attrs={"alpha": "float"},
-               dtypes={"a": ["float32"]})(_add)
+    reg.kernel(
+        "t::A",
+        inputs=["a", "mask?", "rest*"],
+        outputs=["y"],
+        attrs={"alpha": "float"},
+        dtypes={"a": ["float32"]},
+    )(_add)
     spec = reg["t::A"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.name = "x::Y"  # type: ignore[misc]
@@ -104,8 +121,9 @@ def test_default_registry_has_seed_and_user_kernels() -> None:
         rt.kernel("testuser::Twice", inputs=["x"], outputs=["y"])(lambda x: 2 * x)
         assert "testuser::Twice" in rt.default_kernel_registry()
         with pytest.raises(KernelError, match="built-in kernel"):
-            rt.kernel("onnx_custom::my_add", inputs=["a", "b"], outputs=["y"],
-                      attrs={"alpha": "float"})(_add)
+            rt.kernel(
+                "onnx_custom::my_add", inputs=["a", "b"], outputs=["y"], attrs={"alpha": "float"}
+            )(_add)
         # a copy: mutating it leaves the default alone
         reg2 = rt.default_kernel_registry()
         reg2.remove("onnx_custom::my_add")
@@ -122,10 +140,13 @@ def test_shape_rules_and_symbolic_broadcast() -> None:
     with pytest.raises(ValueError, match="do not broadcast"):
         broadcast_shapes((2,), (3,))
     reg = KernelRegistry()
-    reg.kernel("t::B", inputs=["a", "b"], outputs=["y", "z"], shape_fn="broadcast",
-               dtypes=["float32"])(lambda a, b: (a, b))
+    reg.kernel(
+        "t::B", inputs=["a", "b"], outputs=["y", "z"], shape_fn="broadcast", dtypes=["float32"]
+    )(lambda a, b: (a, b))
     spec: KernelSpec = reg["t::B"]
     out = spec.infer([TensorInfo(np.float32, ("N", 1)), TensorInfo(np.float32, (4,))], {})
     assert out == [TensorInfo(np.float32, ("N", 4))] * 2
-    with pytest.raises(KernelError, match="input 0 \\('a'\\) has dtype int64; expected one of float32"):
+    with pytest.raises(
+        KernelError, match="input 0 \\('a'\\) has dtype int64; expected one of float32"
+    ):
         spec.infer([TensorInfo(np.int64, (1,)), None], {})

@@ -39,25 +39,38 @@ def misbehave(x: np.ndarray, *, mode: str) -> Any:
     return x * 2
 
 
-@bad.kernel("t::BadShapeFn", inputs=["x"], outputs=["y"],
-            shape_fn=lambda ins, attrs: TensorInfo(ins[0].dtype, (-5,)) if ins[0].shape[0] == 3
-            else ins[0])
+@bad.kernel(
+    "t::BadShapeFn",
+    inputs=["x"],
+    outputs=["y"],
+    shape_fn=lambda ins, attrs: TensorInfo(ins[0].dtype, (-5,)) if ins[0].shape[0] == 3 else ins[0],
+)
 def bad_shape_fn(x: np.ndarray, *, out: tuple[np.ndarray, ...]) -> None:
     out[0][...] = x
 
 
 def one_node(op: str, domain: str = "t", shape: Any = ("N",), **attrs: Any) -> onnx.ModelProto:
     node = helper.make_node(op, ["x"], ["y"], domain=domain, **attrs)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
-                                                   helper.make_opsetid(domain, 1)], ir_version=10)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+    )
+    return helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(domain, 1)],
+        ir_version=10,
+    )
 
 
 @pytest.mark.parametrize(
     ("mode", "match"),
     [
-        ("raise", r"(?s)t::Mode failed .*ValueError: kernel exploded on purpose.*Traceback.*misbehave"),
+        (
+            "raise",
+            r"(?s)t::Mode failed .*ValueError: kernel exploded on purpose.*Traceback.*misbehave",
+        ),
         ("dtype", r"output 0: expected dtype float32, received float64; fix: cast"),
         ("shape", r"output 0: expected shape \(4,\).*received \(5,\)"),
         ("count", r"returned 2 output\(s\), expected 1"),
@@ -84,23 +97,38 @@ def test_out_kernel_with_bad_shape_fn_reports_and_recovers() -> None:
 
 
 def test_four_threads_match_sequential_results() -> None:
-    nodes = [helper.make_node("my_add", ["a", "b"], ["y"], domain="onnx_custom", alpha=1.5),
-             helper.make_node("multi_out", ["y"], ["s", "t"], domain="onnx_custom")]
+    nodes = [
+        helper.make_node("my_add", ["a", "b"], ["y"], domain="onnx_custom", alpha=1.5),
+        helper.make_node("multi_out", ["y"], ["s", "t"], domain="onnx_custom"),
+    ]
     graph = helper.make_graph(
-        nodes, "g",
-        [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", "M"]),
-         helper.make_tensor_value_info("b", TensorProto.FLOAT, ["N", "M"])],
-        [helper.make_tensor_value_info("s", TensorProto.FLOAT, ["N", "M"]),
-         helper.make_tensor_value_info("t", TensorProto.FLOAT, ["N", "M"])])
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
-                                                helper.make_opsetid("onnx_custom", 1)], ir_version=10)
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", "M"]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, ["N", "M"]),
+        ],
+        [
+            helper.make_tensor_value_info("s", TensorProto.FLOAT, ["N", "M"]),
+            helper.make_tensor_value_info("t", TensorProto.FLOAT, ["N", "M"]),
+        ],
+    )
+    m = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("onnx_custom", 1)],
+        ir_version=10,
+    )
     sess = rt.InferenceSession(m)
     rng = np.random.default_rng(0)
     feeds = []
     for i in range(500):
         shape = (1 + i % 7, 1 + (i * 5) % 11)
-        feeds.append({"a": rng.standard_normal(shape).astype(np.float32),
-                      "b": rng.standard_normal(shape).astype(np.float32)})
+        feeds.append(
+            {
+                "a": rng.standard_normal(shape).astype(np.float32),
+                "b": rng.standard_normal(shape).astype(np.float32),
+            }
+        )
     expected = [sess.run(None, f) for f in feeds]
     errors: list[BaseException] = []
     mismatches = []
@@ -173,15 +201,17 @@ def test_interpreter_exit_with_live_sessions_is_clean(tmp_path: Path) -> None:
     """)
     # (A daemon thread still inside session.run at exit aborts the process even with plain
     # onnxruntime and no custom ops -- a CPython/ORT limitation, so it is not exercised here.)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "[3.0, 3.0]" in proc.stdout
     assert "terminate" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
 
 
-def test_missing_compiler_raises_extension_build_error(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_compiler_raises_extension_build_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("ONNX_CUSTOM_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.delenv("CC", raising=False)
@@ -192,11 +222,21 @@ def test_missing_compiler_raises_extension_build_error(tmp_path: Path,
 def test_concurrent_first_builds_share_one_cache(tmp_path: Path) -> None:
     env = {**os.environ, "ONNX_CUSTOM_CACHE_DIR": str(tmp_path)}
     code = "from onnx_custom.runtime.shim_build import load_shim; print(load_shim()[1])"
-    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
     outs = [p.communicate(timeout=180) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-500:] for o in outs]
     paths = {o[0].strip() for o in outs}
     assert len(paths) == 1 and Path(paths.pop()).is_file()
-    leftovers = [p for p in tmp_path.rglob("*") if p.is_file() and not p.name.startswith("_onnx_custom_shim")]
+    leftovers = [
+        p for p in tmp_path.rglob("*") if p.is_file() and not p.name.startswith("_onnx_custom_shim")
+    ]
     assert leftovers == []

@@ -24,11 +24,12 @@ def _scaled_model(weight: float, custom: bool = False) -> onnx.ModelProto:
     if custom:
         nodes.append(helper.make_node("Twice", ["m"], ["y"], domain=DOMAIN))
     graph = helper.make_graph(
-        nodes, "g",
+        nodes,
+        "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
         [numpy_helper.from_array(np.full((3,), weight, dtype=np.float32), "w")],
-    )  # fmt: skip
+    )
     opsets = [helper.make_opsetid("", 18)] + ([helper.make_opsetid(DOMAIN, 1)] if custom else [])
     return helper.make_model(graph, opset_imports=opsets, ir_version=10)
 

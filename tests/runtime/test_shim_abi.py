@@ -28,13 +28,17 @@ def test_header_is_package_data_of_runtime() -> None:
     assert HEADER.parent.parts[-3:] == ("onnx_custom", "runtime", "include")
 
 
-@pytest.mark.parametrize("pattern", [
-    r"\bS_\w+\s*=\s*\d+",               # private slot enum (S_CreateStatus = 0, ...)
-    r"typedef\s+\w[\w\s*]*\(\*fn_\w+\)",  # private function pointer types
-    r"struct\s+CustomOpAbi\b",          # private OrtCustomOp layout
-    r"struct\s+AllocatorAbi\b",         # private OrtAllocator layout
-    r"struct\s+OrtApiBase\s*\{",        # private OrtApiBase layout
-], ids=["slot-enum", "fn-typedefs", "custom-op-struct", "allocator-struct", "api-base-struct"])
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        r"\bS_\w+\s*=\s*\d+",  # private slot enum (S_CreateStatus = 0, ...)
+        r"typedef\s+\w[\w\s*]*\(\*fn_\w+\)",  # private function pointer types
+        r"struct\s+CustomOpAbi\b",  # private OrtCustomOp layout
+        r"struct\s+AllocatorAbi\b",  # private OrtAllocator layout
+        r"struct\s+OrtApiBase\s*\{",  # private OrtApiBase layout
+    ],
+    ids=["slot-enum", "fn-typedefs", "custom-op-struct", "allocator-struct", "api-base-struct"],
+)
 def test_shim_declares_no_abi_of_its_own(pattern: str) -> None:
     source = SHIM.read_text()
     assert f'#include "{shim_build.ABI_HEADER}"' in source
@@ -73,20 +77,34 @@ def test_shim_build_uses_the_shared_header(tmp_path: Path, monkeypatch: pytest.M
     broken = tmp_path / "include"
     broken.mkdir()
     (broken / shim_build.ABI_HEADER).write_text(
-        HEADER.read_text() + '\n#error "onnx-custom test: this header was included"\n')
+        HEADER.read_text() + '\n#error "onnx-custom test: this header was included"\n'
+    )
     monkeypatch.setattr(shim_build, "abi_include_dir", lambda: broken)
     with pytest.raises(ExtensionBuildError, match="onnx-custom test: this header was included"):
         shim_build.shim_path()
 
 
-@pytest.mark.parametrize("compiler,flags", [
-    ("gcc", ["-x", "c", "-std=c99"]),
-    ("gcc", ["-x", "c", "-std=c11"]),
-    ("g++", ["-x", "c++", "-std=c++17"]),
-], ids=["c99", "c11", "c++17"])
+@pytest.mark.parametrize(
+    "compiler,flags",
+    [
+        ("gcc", ["-x", "c", "-std=c99"]),
+        ("gcc", ["-x", "c", "-std=c11"]),
+        ("g++", ["-x", "c++", "-std=c++17"]),
+    ],
+    ids=["c99", "c11", "c++17"],
+)
 def test_header_compiles_alone(compiler: str, flags: list[str]) -> None:
     if shutil.which(compiler) is None:
         pytest.skip(f"{compiler} not on PATH")
-    cmd = [compiler, *flags, "-Wall", "-Wextra", "-Wpedantic", "-Werror", "-fsyntax-only", str(HEADER)]
+    cmd = [
+        compiler,
+        *flags,
+        "-Wall",
+        "-Wextra",
+        "-Wpedantic",
+        "-Werror",
+        "-fsyntax-only",
+        str(HEADER),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr

@@ -52,8 +52,15 @@ def _model(where: str, bad: bool) -> onnx.ModelProto:
             [],
             [oh.make_tensor_value_info("c_else", F, None)],
         )
-        nodes += [oh.make_node("Constant", [], ["cond"], value=oh.make_tensor("t", onnx.TensorProto.BOOL, [], [True])),
-                  oh.make_node("If", ["cond"], ["c"], then_branch=branch, else_branch=other)]  # fmt: skip
+        nodes += [
+            oh.make_node(
+                "Constant",
+                [],
+                ["cond"],
+                value=oh.make_tensor("t", onnx.TensorProto.BOOL, [], [True]),
+            ),
+            oh.make_node("If", ["cond"], ["c"], then_branch=branch, else_branch=other),
+        ]
     elif where == "function":
         body = [_scale_node("in_function", "u", "v", **wrong)]
         functions.append(

@@ -27,13 +27,21 @@ class AddThenSplit(torch.nn.Module):
 def _registry_emitting(node_type: str) -> onnx_custom.Registry:
     registry = onnx_custom.default_registry().copy()
     # No emits=: check must find the node by running the translation.
-    registry.symbolic("onnx_custom::my_add", opset=1, replace=True)(lambda g, a, b: g.op(node_type, a, b))
+    registry.symbolic("onnx_custom::my_add", opset=1, replace=True)(
+        lambda g, a, b: g.op(node_type, a, b)
+    )
     return registry
 
 
 @pytest.mark.parametrize(("exporter", "opset"), EXPORTERS)
 def test_a_custom_node_without_kernel_is_found_without_emits(exporter: str, opset: int) -> None:
-    report = check(AddThenSplit(), ARGS, exporter=exporter, opset=opset, registry=_registry_emitting("nokernel_check::Thing"))
+    report = check(
+        AddThenSplit(),
+        ARGS,
+        exporter=exporter,
+        opset=opset,
+        registry=_registry_emitting("nokernel_check::Thing"),
+    )
     assert report.translations_ran and not report.ok and not report.missing
     (gap,) = report.missing_kernels
     assert gap.node_type == "nokernel_check::Thing" and "onnx_custom::my_add" in gap.emitted_by[0]
@@ -48,7 +56,9 @@ def test_a_kernel_in_the_users_own_registry_counts(exporter: str, opset: int) ->
     kernels.kernel("ownkernel_check::Thing", inputs=["a", "b"], outputs=["y"])(lambda a, b: a + b)
     registry = _registry_emitting("ownkernel_check::Thing")
     assert not check(AddThenSplit(), ARGS, exporter=exporter, opset=opset, registry=registry).ok
-    report = check(AddThenSplit(), ARGS, exporter=exporter, opset=opset, registry=registry, kernels=kernels)
+    report = check(
+        AddThenSplit(), ARGS, exporter=exporter, opset=opset, registry=registry, kernels=kernels
+    )
     assert report.ok and report.emitted == ("ownkernel_check::Thing",)
 
 
@@ -64,9 +74,13 @@ def test_emits_is_still_accepted_when_the_export_cannot_run() -> None:
             return untranslated(torch.ops.onnx_custom.my_add(a, b))
 
     registry = onnx_custom.default_registry().copy()
-    registry.symbolic("onnx_custom::my_add", opset=1, replace=True, emits=["declared_check::Thing"])(lambda g, a, b: g.op("declared_check::Thing", a, b))
+    registry.symbolic(
+        "onnx_custom::my_add", opset=1, replace=True, emits=["declared_check::Thing"]
+    )(lambda g, a, b: g.op("declared_check::Thing", a, b))
     report = check(Gap(), ARGS, registry=registry)
-    assert not report.translations_ran and [m.name for m in report.missing] == ["onnx_custom_test_check_kernels::untranslated.default"]
+    assert not report.translations_ran and [m.name for m in report.missing] == [
+        "onnx_custom_test_check_kernels::untranslated.default"
+    ]
     assert [k.node_type for k in report.missing_kernels] == ["declared_check::Thing"]
 
 
@@ -90,15 +104,33 @@ def _zoo_rows() -> list[Any]:
         try:
             module = importlib.import_module(module_name)
         except Exception as exc:  # a model whose C++ extension cannot build here
-            rows.append(pytest.param(short, None, ZooCase("-", 0), id=f"{short}-unavailable", marks=pytest.mark.skip(reason=str(exc)[:200])))
+            rows.append(
+                pytest.param(
+                    short,
+                    None,
+                    ZooCase("-", 0),
+                    id=f"{short}-unavailable",
+                    marks=pytest.mark.skip(reason=str(exc)[:200]),
+                )
+            )
             continue
         for case in module.ZOO:
             # A dynamo dry export costs ~2 s (torch rebuilds its torchlib registry per export):
             # the default suite keeps every TorchScript row (where trace-based guesses went wrong)
             # and every dynamo row that emits custom nodes or documents a refusal.
             # check() takes no dynamic_shapes: a dynamic row checks what its static twin does.
-            cheap = (case.exporter == "torchscript" or case.variant or case.expect_error) and not case.dynamic
-            rows.append(pytest.param(short, module, case, id=f"{short}-{case.label}", marks=() if cheap else pytest.mark.slow))
+            cheap = (
+                case.exporter == "torchscript" or case.variant or case.expect_error
+            ) and not case.dynamic
+            rows.append(
+                pytest.param(
+                    short,
+                    module,
+                    case,
+                    id=f"{short}-{case.label}",
+                    marks=() if cheap else pytest.mark.slow,
+                )
+            )
     return rows
 
 
@@ -107,7 +139,13 @@ def test_check_is_clean_on_every_zoo_row(name: str, module: Any, case: ZooCase) 
     registry = onnx_custom.default_registry()
     if case.variant:
         registry = registry.with_variants(case.variant)
-    report = check(module.Model().eval(), module.example_inputs(), exporter=case.exporter, opset=case.opset, registry=registry)
+    report = check(
+        module.Model().eval(),
+        module.example_inputs(),
+        exporter=case.exporter,
+        opset=case.opset,
+        registry=registry,
+    )
     if case.expect_error:  # a row that documents a refusal: check says the same
         assert not report.ok and any(case.expect_error in p for p in report.problems)
         return

@@ -39,29 +39,46 @@ def row_mean_planted_np(x: np.ndarray) -> np.ndarray:
 
 
 def row_mean_spec(name: str, kernel: Callable[..., Any]) -> OpSpec:
-    return OpSpec(f"sizes::{name}", op_type=name.title().replace("_", ""), inputs=[Input("x", ("float32", "float64"))],
-                  outputs=[Output("y", shape="x[:-1] + [1]")], impl=row_mean, kernel=kernel)  # fmt: skip
+    return OpSpec(
+        f"sizes::{name}",
+        op_type=name.title().replace("_", ""),
+        inputs=[Input("x", ("float32", "float64"))],
+        outputs=[Output("y", shape="x[:-1] + [1]")],
+        impl=row_mean,
+        kernel=kernel,
+    )
 
 
 def to_gray(x: torch.Tensor) -> torch.Tensor:
     if x.shape[1] != 3:
         raise ValueError(f"sizes::to_gray expects 3 channels (dim 1); received {x.shape[1]}")
-    return (x * torch.tensor([0.299, 0.587, 0.114], dtype=x.dtype).view(1, 3, 1, 1)).sum(dim=1, keepdim=True)
+    return (x * torch.tensor([0.299, 0.587, 0.114], dtype=x.dtype).view(1, 3, 1, 1)).sum(
+        dim=1, keepdim=True
+    )
 
 
 def to_gray_np(x: np.ndarray) -> np.ndarray:
     return (0.299 * x[:, 0:1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:3]).astype(x.dtype)
 
 
-TO_GRAY = OpSpec("sizes::to_gray", op_type="ToGray", inputs=[Input("x", ("float32",))],
-                 outputs=[Output("y", shape="[x[0], 1, x[2], x[3]]")], impl=to_gray, kernel=to_gray_np)  # fmt: skip
+TO_GRAY = OpSpec(
+    "sizes::to_gray",
+    op_type="ToGray",
+    inputs=[Input("x", ("float32",))],
+    outputs=[Output("y", shape="[x[0], 1, x[2], x[3]]")],
+    impl=to_gray,
+    kernel=to_gray_np,
+)
 
 
 def _shape_sizes(shape: str) -> list[list[int]]:
     """``"x[3, 4]"`` -> [[3, 4]] (passed shapes only)."""
     if "(" in shape:
         return []
-    return [[int(v) for v in dims.split(",") if v.strip()] for dims in re.findall(r"\[([^\]]*)\]", shape)]
+    return [
+        [int(v) for v in dims.split(",") if v.strip()]
+        for dims in re.findall(r"\[([^\]]*)\]", shape)
+    ]
 
 
 def _ran(report: CheckReport) -> list[CheckCase]:
@@ -78,7 +95,11 @@ class Free:
 
 FREE = [
     Free("row_mean-x[3,4]", lambda: row_mean_spec("row_mean", row_mean_np), (torch.randn(3, 4),)),
-    Free("row_mean-x[2,3,5]-permuted", lambda: row_mean_spec("row_mean3", row_mean_np), (torch.randn(5, 2, 3).permute(1, 2, 0),)),
+    Free(
+        "row_mean-x[2,3,5]-permuted",
+        lambda: row_mean_spec("row_mean3", row_mean_np),
+        (torch.randn(5, 2, 3).permute(1, 2, 0),),
+    ),
 ]
 
 
@@ -86,15 +107,24 @@ FREE = [
 def test_free_dims_are_tried_smaller_and_larger(case: Free) -> None:
     report = check_op(case.spec(), case.sample, dtypes=False)
     ran = _ran(report)
-    assert {"torchscript", "dynamo"} <= {x for c in ran for x in ("torchscript", "dynamo") if x in c.name}
+    assert {"torchscript", "dynamo"} <= {
+        x for c in ran for x in ("torchscript", "dynamo") if x in c.name
+    }
     sample = list(case.sample[0].shape)
     for c in ran:
         sizes = [s for shape in c.shapes for s in _shape_sizes(shape)]
         assert sample in sizes, (c.name, c.shapes)  # the sample's own shape, then others
         for d, n in enumerate(sample):
-            assert any(s[d] < n for s in sizes) and any(s[d] > n for s in sizes), (c.name, d, c.shapes)
+            assert any(s[d] < n for s in sizes) and any(s[d] > n for s in sizes), (
+                c.name,
+                d,
+                c.shapes,
+            )
         assert any(all(v == 1 for v in s) for s in sizes), (c.name, c.shapes)  # size 1 where legal
-        assert f"at {len(c.shapes)} shape(s)" in c.detail and "static in the exported file" not in c.detail
+        assert (
+            f"at {len(c.shapes)} shape(s)" in c.detail
+            and "static in the exported file" not in c.detail
+        )
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
@@ -109,7 +139,10 @@ def test_fixed_dim_is_named_with_the_reason(exporter: str) -> None:
     assert {s[1] for s in sizes} == {3}, case.shapes
     for d, n in [(0, 2), (2, 5), (3, 6)]:
         assert any(s[d] < n for s in sizes) and any(s[d] > n for s in sizes), (d, case.shapes)
-    assert re.search(r"dynamic dim \S+ \(x\[1\]\) ran at its export size 3 only: .*expects 3 channels", case.detail), case.detail
+    assert re.search(
+        r"dynamic dim \S+ \(x\[1\]\) ran at its export size 3 only: .*expects 3 channels",
+        case.detail,
+    ), case.detail
 
 
 def test_trials_1_says_no_other_sizes_were_drawn() -> None:
@@ -122,7 +155,12 @@ def test_trials_1_says_no_other_sizes_were_drawn() -> None:
 
 
 def test_dynamic_false_says_so() -> None:
-    report = check_op(row_mean_spec("row_mean_static", row_mean_np), (torch.randn(3, 4),), dtypes=False, dynamic=False)
+    report = check_op(
+        row_mean_spec("row_mean_static", row_mean_np),
+        (torch.randn(3, 4),),
+        dtypes=False,
+        dynamic=False,
+    )
     for c in _ran(report):
         assert c.shapes == ("x[3, 4]",) and "dynamic=False" in c.detail
 
@@ -157,29 +195,49 @@ def scale_add_equal_shapes_np(x: np.ndarray, y: np.ndarray, *, alpha: float) -> 
 
 
 def scale_add_spec(name: str) -> OpSpec:
-    return OpSpec(f"sizes::{name}", op_type="ScaleAdd", inputs=[Input("x", ("float32",)), Input("y", ("float32",))],
-                  outputs=[Output("out", shape="like:x")], attributes=[Attribute("alpha", "float", 2.0)],
-                  impl=scale_add, kernel=scale_add_equal_shapes_np)  # fmt: skip
+    return OpSpec(
+        f"sizes::{name}",
+        op_type="ScaleAdd",
+        inputs=[Input("x", ("float32",)), Input("y", ("float32",))],
+        outputs=[Output("out", shape="like:x")],
+        attributes=[Attribute("alpha", "float", 2.0)],
+        impl=scale_add,
+        kernel=scale_add_equal_shapes_np,
+    )
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 @pytest.mark.parametrize("shape", [(4, 3), (2, 3, 5)], ids=lambda s: "x".join(map(str, s)))
-def test_dims_named_apart_but_tied_by_eager_are_noted_without_moving_dims_alone(exporter: str, shape: tuple[int, ...]) -> None:
+def test_dims_named_apart_but_tied_by_eager_are_noted_without_moving_dims_alone(
+    exporter: str, shape: tuple[int, ...]
+) -> None:
     """``like:x`` leaves y's dims free, so the file names them apart from x's. The apart trial
     gives them other sizes (never 1): eager refuses, which is noted, not failed, and does not send
     check_op into moving each dim alone (y's batch alone at 1 broadcasts in eager, and this
     kernel, written for equal shapes, would be fed x[4, 3] and y[1, 3])."""
     g = torch.Generator().manual_seed(11)
     sample = (torch.randn(*shape, generator=g), torch.randn(*shape, generator=g), 0.5)
-    report = check_op(scale_add_spec(f"scale_add_{exporter}_{len(shape)}"), sample, exporters=(exporter,), dtypes=False)
+    report = check_op(
+        scale_add_spec(f"scale_add_{exporter}_{len(shape)}"),
+        sample,
+        exporters=(exporter,),
+        dtypes=False,
+    )
     (case,) = _ran(report)
     skipped = [s for s in case.shapes if "skipped" in s]
     assert len(skipped) == 1 and "cannot take" in skipped[0], case.shapes
-    apart = [[int(v) for v in dims.split(",")] for dims in re.findall(r"\[([^\]]*)\]", skipped[0].split(" (")[0])]
-    assert apart[0] != apart[1] and min(min(s) for s in apart) >= 2, skipped  # sizes of their own, none 1
+    apart = [
+        [int(v) for v in dims.split(",")]
+        for dims in re.findall(r"\[([^\]]*)\]", skipped[0].split(" (")[0])
+    ]
+    assert apart[0] != apart[1] and min(min(s) for s in apart) >= 2, (
+        skipped
+    )  # sizes of their own, none 1
     for shape_text in case.shapes:
         if shape_text not in skipped:
             x_shape, y_shape = _shape_sizes(shape_text)
             assert x_shape == y_shape, case.shapes  # the kernel only ever ran at equal shapes
-    assert len(case.shapes) == 1 + DEFAULT_SHAPE_TRIALS + 1, case.shapes  # sample, default trials, apart: no dim alone
+    assert len(case.shapes) == 1 + DEFAULT_SHAPE_TRIALS + 1, (
+        case.shapes
+    )  # sample, default trials, apart: no dim alone
     assert "names apart were tried at different sizes, which eager refused" in case.detail

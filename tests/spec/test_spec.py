@@ -89,7 +89,9 @@ def test_yaml_op_works_in_eager_fake_and_opcheck(acme: Path) -> None:
 
 
 @pytest.mark.parametrize(("exporter", "opset"), EXPORTERS, ids=[e for e, _ in EXPORTERS])
-def test_yaml_op_exports_and_runs_in_ort_with_no_other_registration(acme: Path, exporter: str, opset: int) -> None:
+def test_yaml_op_exports_and_runs_in_ort_with_no_other_registration(
+    acme: Path, exporter: str, opset: int
+) -> None:
     onnx_custom.load_specs(acme)
     x, y = torch.randn(2, 3), torch.randn(2, 3)
     proto = onnx_custom.export(ScaleAdd(), (x, y), exporter=exporter, opset=opset)
@@ -110,7 +112,9 @@ def test_dynamo_file_runs_at_other_batch_sizes(acme: Path) -> None:
     onnx_custom.load_specs(acme)
     batch = torch.export.Dim("batch")
     args = (torch.randn(2, 3), torch.randn(2, 3))
-    proto = onnx_custom.export(ScaleAdd(), args, exporter="dynamo", dynamic_shapes=({0: batch}, {0: batch}))
+    proto = onnx_custom.export(
+        ScaleAdd(), args, exporter="dynamo", dynamic_shapes=({0: batch}, {0: batch})
+    )
     session = onnx_custom.InferenceSession(proto)
     for n in (1, 3, 7):
         x, y = torch.randn(n, 3), torch.randn(n, 3)
@@ -151,22 +155,33 @@ def test_identical_spec_registers_once(acme: Path) -> None:
 # -- a multi-output op with int[]/float/str attributes and a backward, declared in Python ----------
 
 
-def tile_scale(x: torch.Tensor, *, repeats: list[int], scale: float, reduce: str) -> tuple[torch.Tensor, ...]:
+def tile_scale(
+    x: torch.Tensor, *, repeats: list[int], scale: float, reduce: str
+) -> tuple[torch.Tensor, ...]:
     reduced = x.sum(-1) if reduce == "sum" else x.mean(-1)
     return x * scale, x.tile(tuple(repeats)), reduced
 
 
-def tile_scale_np(x: np.ndarray, *, repeats: list[int], scale: float, reduce: str) -> tuple[np.ndarray, ...]:
+def tile_scale_np(
+    x: np.ndarray, *, repeats: list[int], scale: float, reduce: str
+) -> tuple[np.ndarray, ...]:
     reduced = x.sum(-1) if reduce == "sum" else x.mean(-1)
     return x * x.dtype.type(scale), np.tile(x, repeats), reduced.astype(x.dtype)
 
 
 def _save(ctx: Any, inputs: Any, output: object) -> None:
     # `inputs` is the tuple torch passes, with the spec's names: no signature to repeat here
-    ctx.shape, ctx.repeats, ctx.scale, ctx.reduce = inputs.x.shape, list(inputs.repeats), inputs.scale, inputs.reduce
+    ctx.shape, ctx.repeats, ctx.scale, ctx.reduce = (
+        inputs.x.shape,
+        list(inputs.repeats),
+        inputs.scale,
+        inputs.reduce,
+    )
 
 
-def _tile_scale_backward(ctx: Any, g_scaled: torch.Tensor, g_tiled: torch.Tensor, g_reduced: torch.Tensor) -> tuple[object, ...]:
+def _tile_scale_backward(
+    ctx: Any, g_scaled: torch.Tensor, g_tiled: torch.Tensor, g_reduced: torch.Tensor
+) -> tuple[object, ...]:
     split: list[int] = []
     for size, reps in zip(g_tiled.shape, ctx.repeats, strict=True):
         split += [reps, size // reps]
@@ -186,7 +201,11 @@ TILE_SCALE = OpSpec(
         Output("tiled", shape="[d * r for d, r in zip(x, repeats)]"),
         Output("reduced", shape="x[:-1]"),
     ],
-    attributes=[Attribute("repeats", "int[]"), Attribute("scale", "float", 1.0), Attribute("reduce", "str", "sum")],
+    attributes=[
+        Attribute("repeats", "int[]"),
+        Attribute("scale", "float", 1.0),
+        Attribute("reduce", "str", "sum"),
+    ],
     impl=tile_scale,
     kernel=tile_scale_np,
     backward=_tile_scale_backward,
@@ -204,9 +223,14 @@ def test_multi_output_spec_with_backward_passes_check_op() -> None:
     report = check_op(TILE_SCALE, samples)
     names = [c.name for c in report.cases]
     assert sum(n.startswith("opcheck") for n in names) == 2
-    assert [c.detail for c in report.cases if c.name.startswith("backward")] == ["gradcheck (finite differences, float64)"] * 2
+    assert [c.detail for c in report.cases if c.name.startswith("backward")] == [
+        "gradcheck (finite differences, float64)"
+    ] * 2
     exported = [c for c in report.cases if "custom node" in c.name and c.passed]
-    assert {e for c in exported for e in ("torchscript", "dynamo") if e in c.name} == {"torchscript", "dynamo"}
+    assert {e for c in exported for e in ("torchscript", "dynamo") if e in c.name} == {
+        "torchscript",
+        "dynamo",
+    }
     assert any("at float64" in c.name for c in exported)  # every declared dtype is exercised
     assert "spectest::tile_scale" not in registered_specs()  # check_op cleans up after itself
 
@@ -223,7 +247,11 @@ def test_multi_output_node_carries_typed_attributes() -> None:
             proto = onnx_custom.export(M(), (x,), exporter=exporter, opset=opset)
             (node,) = [n for n in proto.graph.node if n.domain == "spectest"]
             kinds = {a.name: a.type for a in node.attribute}
-            assert kinds == {"repeats": onnx.AttributeProto.INTS, "scale": onnx.AttributeProto.FLOAT, "reduce": onnx.AttributeProto.STRING}
+            assert kinds == {
+                "repeats": onnx.AttributeProto.INTS,
+                "scale": onnx.AttributeProto.FLOAT,
+                "reduce": onnx.AttributeProto.STRING,
+            }
             assert len(node.output) == 3
             session = onnx_custom.InferenceSession(proto)
             got = session.run(None, {session.get_inputs()[0].name: x.numpy()})
@@ -235,7 +263,9 @@ def test_multi_output_node_carries_typed_attributes() -> None:
 # -- shape rules: a Python meta function, and an expression under dynamic shapes ------------------
 
 
-def linear_meta(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear_meta(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """The seed article's Meta function: [..., in] x [out, in] -> [..., out], no kernel run."""
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
@@ -252,11 +282,13 @@ def linear_np(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None)
 
 def _linear_spec(name: str, **shape: str) -> OpSpec:
     return OpSpec(
-        name, op_type="Linear",
+        name,
+        op_type="Linear",
         inputs=[Input("x", ["float32"]), Input("weight", ["float32"]), Input("bias?", ["float32"])],
         outputs=[Output("y", shape=shape.get("rule"))],
         shape=linear_meta if "rule" not in shape else None,
-        impl=linear, kernel=linear_np,
+        impl=linear,
+        kernel=linear_np,
     )
 
 
@@ -288,8 +320,12 @@ def test_meta_function_shape_rule(bias: bool) -> None:
 
         f32 = np.dtype("float32")
         concrete = kernel.infer([TensorInfo(f32, (2, 5, 4)), TensorInfo(f32, (3, 4)), None], {})
-        assert concrete == [TensorInfo(f32, (2, 5, 3))]  # from running the meta function on meta tensors
-        symbolic = kernel.infer([TensorInfo(f32, ("batch", 5, 4)), TensorInfo(f32, (3, 4)), None], {})
+        assert concrete == [
+            TensorInfo(f32, (2, 5, 3))
+        ]  # from running the meta function on meta tensors
+        symbolic = kernel.infer(
+            [TensorInfo(f32, ("batch", 5, 4)), TensorInfo(f32, (3, 4)), None], {}
+        )
         assert symbolic == [TensorInfo(f32, None)]  # unknown, never a guessed static shape
 
 
@@ -300,14 +336,18 @@ def test_expression_rule_keeps_symbolic_dims_under_dynamo() -> None:
         batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
         args = (torch.randn(2, 5, 4), torch.randn(3, 4), torch.randn(3))
         model = Linear(op, bias=True)
-        proto = onnx_custom.export(model, args, exporter="dynamo", dynamic_shapes=({0: batch, 1: seq}, None, None))
+        proto = onnx_custom.export(
+            model, args, exporter="dynamo", dynamic_shapes=({0: batch, 1: seq}, None, None)
+        )
         dims = proto.graph.output[0].type.tensor_type.shape.dim
         assert [d.dim_param or d.dim_value for d in dims][2] == 3
         assert dims[0].dim_param and dims[1].dim_param  # symbolic, not the export-time 2 and 5
         session = onnx_custom.InferenceSession(proto)
         for b, s in ((1, 1), (3, 7), (7, 2)):
             x = torch.randn(b, s, 4)
-            (got,) = session.run(None, {"x": x.numpy(), "weight": args[1].numpy(), "bias": args[2].numpy()})
+            (got,) = session.run(
+                None, {"x": x.numpy(), "weight": args[1].numpy(), "bias": args[2].numpy()}
+            )
             want = _independent_linear(x, args[1], args[2])
             np.testing.assert_allclose(got, want.numpy(), rtol=1.3e-6, atol=1e-5)
         from onnx_custom.runtime import TensorInfo
@@ -315,7 +355,9 @@ def test_expression_rule_keeps_symbolic_dims_under_dynamo() -> None:
         f32 = np.dtype("float32")
         kernel = handle.kernel
         assert kernel is not None
-        inferred = kernel.infer([TensorInfo(f32, ("batch", "seq", 4)), TensorInfo(f32, (3, 4)), None], {})
+        inferred = kernel.infer(
+            [TensorInfo(f32, ("batch", "seq", 4)), TensorInfo(f32, (3, 4)), None], {}
+        )
         assert inferred == [TensorInfo(f32, ("batch", "seq", 3))]
 
 
@@ -323,7 +365,8 @@ def test_fake_kernel_never_specializes_symbolic_dims() -> None:
     spec = _linear_spec("spectest::linear_fake", rule="[*x[:-1], weight.0]")
     with register_spec(spec) as handle:
         program = torch.export.export(
-            Linear(handle.op, bias=False), (torch.randn(4, 4), torch.randn(3, 4), torch.randn(3)),
+            Linear(handle.op, bias=False),
+            (torch.randn(4, 4), torch.randn(3, 4), torch.randn(3)),
             dynamic_shapes=({0: torch.export.Dim("batch")}, None, None),
         )
         (out,) = program.graph.output_node().args[0]
@@ -335,24 +378,33 @@ def test_yaml_and_python_forms_declare_the_same_spec(tmp_path: Path) -> None:
     (tmp_path / "ops.yaml").write_text(ACME_YAML)
     (from_yaml,) = onnx_custom.spec.parse_specs(tmp_path / "ops.yaml")
     in_python = OpSpec(
-        "acme::scale_add", op_type="ScaleAdd",
+        "acme::scale_add",
+        op_type="ScaleAdd",
         inputs=[Input("x", ["float32", "float16"]), Input("y", ["float32", "float16"])],
         outputs=[Output("out", ["float32", "float16"], shape="like:x")],
         attributes=[Attribute("alpha", "float", 2.0)],
-        impl="acme_ops:scale_add", kernel="acme_ops:scale_add_np",
+        impl="acme_ops:scale_add",
+        kernel="acme_ops:scale_add_np",
     )
     assert from_yaml == in_python
     assert from_yaml.source.endswith("ops.yaml:1")
 
 
-def test_yaml_folder_with_translations_by_opset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_yaml_folder_with_translations_by_opset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Standard-op translations by opset next to the custom node; the custom node is a variant."""
-    (tmp_path / "acme_ops.py").write_text(ACME_OPS + textwrap.dedent("""
+    (tmp_path / "acme_ops.py").write_text(
+        ACME_OPS
+        + textwrap.dedent("""
         def scale_add_onnx(g, x, y, *, alpha):
             return g.op("Add", g.op("Mul", x, g.constant(alpha, like=x)), y)
-    """))
+    """)
+    )
     (tmp_path / "specs").mkdir()
-    (tmp_path / "specs" / "a.yaml").write_text(ACME_YAML + '  translations: {9: "acme_ops:scale_add_onnx"}\n')
+    (tmp_path / "specs" / "a.yaml").write_text(
+        ACME_YAML + '  translations: {9: "acme_ops:scale_add_onnx"}\n'
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "acme_ops", raising=False)
     from onnx_custom.testing import check_op
@@ -362,7 +414,12 @@ def test_yaml_folder_with_translations_by_opset(tmp_path: Path, monkeypatch: pyt
         x, y = torch.randn(2, 3), torch.randn(2, 3)
         default = onnx_custom.export(ScaleAdd(), (x, y), exporter="torchscript", opset=13)
         assert {n.op_type for n in default.graph.node} >= {"Mul", "Add"}
-        custom = onnx_custom.export(ScaleAdd(), (x, y), exporter="dynamo", registry=default_registry().with_variants("custom"))
+        custom = onnx_custom.export(
+            ScaleAdd(),
+            (x, y),
+            exporter="dynamo",
+            registry=default_registry().with_variants("custom"),
+        )
         assert [n.op_type for n in custom.graph.node if n.domain == "acme"] == ["ScaleAdd"]
         report = check_op(spec, [(x, y, 0.5)], dtypes=False)
     labels = {c.name.split(",")[0] for c in report.cases if c.passed}
@@ -373,29 +430,45 @@ def test_yaml_folder_with_translations_by_opset(tmp_path: Path, monkeypatch: pyt
 def scale_add_body() -> onnx.FunctionProto:
     """ONNX function body of acme-style ScaleAdd: CastLike(alpha, x) * x + y."""
     alpha = onnx.helper.make_node("Constant", [], ["alpha"])
-    alpha.attribute.append(onnx.AttributeProto(name="value_float", ref_attr_name="alpha", type=onnx.AttributeProto.FLOAT))
+    alpha.attribute.append(
+        onnx.AttributeProto(
+            name="value_float", ref_attr_name="alpha", type=onnx.AttributeProto.FLOAT
+        )
+    )
     nodes = [
         alpha,
         onnx.helper.make_node("CastLike", ["alpha", "x"], ["alpha_t"]),
         onnx.helper.make_node("Mul", ["x", "alpha_t"], ["scaled"]),
         onnx.helper.make_node("Add", ["scaled", "y"], ["out"]),
     ]
-    return onnx.helper.make_function("spectest", "ScaleAddFn", ["x", "y"], ["out"], nodes, [onnx.helper.make_opsetid("", 17)], attributes=["alpha"])
+    return onnx.helper.make_function(
+        "spectest",
+        "ScaleAddFn",
+        ["x", "y"],
+        ["out"],
+        nodes,
+        [onnx.helper.make_opsetid("", 17)],
+        attributes=["alpha"],
+    )
 
 
 def test_function_body_runs_without_our_kernels_and_native_is_reported() -> None:
     from onnx_custom.testing import check_op
 
     spec = OpSpec(
-        "spectest::scale_add_fn", op_type="ScaleAddFn",
+        "spectest::scale_add_fn",
+        op_type="ScaleAddFn",
         inputs=[Input("x", ["float32"]), Input("y", ["float32"])],
         outputs=[Output("out", shape="broadcast")],
         attributes=[Attribute("alpha", "float", 2.0)],
         impl=lambda x, y, *, alpha: alpha * x + y,
         kernel=lambda x, y, *, alpha: (x.dtype.type(alpha) * x + y).astype(x.dtype),
-        function=scale_add_body, native=True,
+        function=scale_add_body,
+        native=True,
     )
-    report = check_op(spec, [(torch.randn(2, 3), torch.randn(1, 3), 0.5)], exporters=["torchscript"], dtypes=False)
+    report = check_op(
+        spec, [(torch.randn(2, 3), torch.randn(1, 3), 0.5)], exporters=["torchscript"], dtypes=False
+    )
     (body,) = [c for c in report.cases if c.name.startswith("function body")]
     assert body.passed, body.detail
     (native,) = [c for c in report.cases if c.name.startswith("native kernel")]
@@ -409,7 +482,12 @@ def test_check_op_verifies_one_file_at_every_sample_size(acme: Path, exporter: s
     from onnx_custom.testing import check_op
 
     (spec,) = onnx_custom.load_specs(acme)
-    samples = [(torch.randn(2, 3), torch.randn(2, 3), 0.5), (torch.randn(7, 3), torch.randn(7, 3), 0.5), (torch.randn(1, 3), torch.randn(1, 3), 0.5), (torch.randn(0, 3), torch.randn(0, 3), 0.5)]
+    samples = [
+        (torch.randn(2, 3), torch.randn(2, 3), 0.5),
+        (torch.randn(7, 3), torch.randn(7, 3), 0.5),
+        (torch.randn(1, 3), torch.randn(1, 3), 0.5),
+        (torch.randn(0, 3), torch.randn(0, 3), 0.5),
+    ]
     report = check_op(spec, samples, exporters=[exporter], dtypes=False)
     (case,) = [c for c in report.cases if c.name.startswith("custom node")]
     # one file (exported at 7x3), verified at every sample's size, then at other sizes
@@ -441,9 +519,13 @@ def test_variadic_input_spreads_into_node_inputs() -> None:
     from onnx_custom.testing import check_op
 
     spec = OpSpec(
-        "spectest::weighted_sum", op_type="WeightedSum",
-        inputs=[Input("xs*", ["float32"])], outputs=[Output("out", shape="like:xs")],
-        attributes=[Attribute("weights", "float[]")], impl=weighted_sum, kernel=weighted_sum_np,
+        "spectest::weighted_sum",
+        op_type="WeightedSum",
+        inputs=[Input("xs*", ["float32"])],
+        outputs=[Output("out", shape="like:xs")],
+        attributes=[Attribute("weights", "float[]")],
+        impl=weighted_sum,
+        kernel=weighted_sum_np,
     )
     assert spec.schema == "(Tensor[] xs, float[] weights) -> Tensor"
     xs = [torch.randn(2, 3) for _ in range(3)]
@@ -453,8 +535,12 @@ def test_variadic_input_spreads_into_node_inputs() -> None:
         proto = onnx_custom.export(_ThreeSum(handle.op), tuple(xs), exporter="dynamo")
         (node,) = [n for n in proto.graph.node if n.domain == "spectest"]
         assert len(node.input) == 3
-        got = onnx_custom.InferenceSession(proto).run(None, {i.name: x.numpy() for i, x in zip(proto.graph.input, xs, strict=True)})[0]
-        np.testing.assert_allclose(got, (0.5 * xs[0] - xs[1] + 2.0 * xs[2]).numpy(), rtol=1.3e-6, atol=1e-5)
+        got = onnx_custom.InferenceSession(proto).run(
+            None, {i.name: x.numpy() for i, x in zip(proto.graph.input, xs, strict=True)}
+        )[0]
+        np.testing.assert_allclose(
+            got, (0.5 * xs[0] - xs[1] + 2.0 * xs[2]).numpy(), rtol=1.3e-6, atol=1e-5
+        )
 
 
 class _ThreeSum(torch.nn.Module):
@@ -477,17 +563,34 @@ def test_standard_translations_only(tmp_path: Path) -> None:
         return g.op("Sum", g.op("Mul", x, g.constant(a, like=x)), y)
 
     spec = OpSpec(
-        "spectest::axpy", inputs=["x", "y"], outputs=[Output("out", shape="broadcast")],
-        attributes=[Attribute("a", "float")], impl=lambda x, y, *, a: a * x + y,
+        "spectest::axpy",
+        inputs=["x", "y"],
+        outputs=[Output("out", shape="broadcast")],
+        attributes=[Attribute("a", "float")],
+        impl=lambda x, y, *, a: a * x + y,
         translations={7: axpy_onnx, 18: axpy_onnx_18},
     )
-    samples = [(torch.randn(1, 3), torch.randn(3), 2.0), (torch.randn(4, 3), torch.randn(3), 2.0), (torch.randn(0, 3), torch.randn(3), 2.0)]
+    samples = [
+        (torch.randn(1, 3), torch.randn(3), 2.0),
+        (torch.randn(4, 3), torch.randn(3), 2.0),
+        (torch.randn(0, 3), torch.randn(3), 2.0),
+    ]
     report = check_op(spec, samples)
-    ran = {(c.name.split(" (")[0], c.name.split(", ")[1]): c for c in report.cases if c.passed and c.name.startswith("translation")}
-    assert set(ran) >= {("translation opset>=7", "torchscript opset 7"), ("translation opset>=18", "torchscript opset 18"), ("translation opset>=18", "dynamo opset 18")}
+    ran = {
+        (c.name.split(" (")[0], c.name.split(", ")[1]): c
+        for c in report.cases
+        if c.passed and c.name.startswith("translation")
+    }
+    assert set(ran) >= {
+        ("translation opset>=7", "torchscript opset 7"),
+        ("translation opset>=18", "torchscript opset 18"),
+        ("translation opset>=18", "dynamo opset 18"),
+    }
     # exported with the 4x3 sample (torch.export would pin a dim of size 1), verified at all three
     for c in ran.values():
-        assert c.shapes[0] == "x[4, 3], y[3]" and {f"x[{n}, 3], y[3]" for n in (4, 1, 0)} <= set(c.shapes), c.shapes
+        assert c.shapes[0] == "x[4, 3], y[3]" and {f"x[{n}, 3], y[3]" for n in (4, 1, 0)} <= set(
+            c.shapes
+        ), c.shapes
     (skipped,) = [c for c in report.cases if c.passed is None]
     assert "covers opsets 7..17, below the dynamo exporter's opset 18" in skipped.detail
 
@@ -498,7 +601,14 @@ def test_zero_d_output_of_a_translation_with_a_scalar_constant() -> None:
     def scale_onnx(g: Any, x: Any, *, a: float) -> Any:
         return g.op("Mul", x, g.constant(a, like=x))
 
-    spec = OpSpec("spectest::scale0d", inputs=["x"], outputs=[Output("out", shape="like:x")], attributes=[Attribute("a", "float")], impl=lambda x, *, a: a * x, translations={7: scale_onnx})
+    spec = OpSpec(
+        "spectest::scale0d",
+        inputs=["x"],
+        outputs=[Output("out", shape="like:x")],
+        attributes=[Attribute("a", "float")],
+        impl=lambda x, *, a: a * x,
+        translations={7: scale_onnx},
+    )
     check_op(spec, [(torch.randn(()), -1.0)], exporters=["torchscript"])
 
 
@@ -508,5 +618,7 @@ def test_unregister_spec_by_name() -> None:
     register_spec(TILE_SCALE)
     unregister_spec("spectest::tile_scale")
     assert "spectest::tile_scale" not in registered_specs()
-    with pytest.raises(SpecError, match=r"no spec is registered under 'spectest::tile_scale'; registered: "):
+    with pytest.raises(
+        SpecError, match=r"no spec is registered under 'spectest::tile_scale'; registered: "
+    ):
         unregister_spec(TILE_SCALE)

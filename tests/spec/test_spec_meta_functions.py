@@ -58,7 +58,9 @@ def meta_wrong_dtype(x: torch.Tensor, weight: torch.Tensor, *, alpha: float) -> 
     return torch.empty(x.shape[0], weight.shape[0], dtype=torch.float64, device="meta")
 
 
-def meta_two_outputs(x: torch.Tensor, weight: torch.Tensor, *, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
+def meta_two_outputs(
+    x: torch.Tensor, weight: torch.Tensor, *, alpha: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     return x.new_empty(1), x.new_empty(1)
 
 
@@ -90,7 +92,11 @@ def _samples() -> list[tuple[Any, ...]]:
 
 # Each style of meta function passes check_op: opcheck (fake tensor vs real), both exporters at
 # their opsets, verified in ONNX Runtime at the samples' sizes.
-STYLES = [("meta-device", custom_linear_meta), ("new-empty", custom_linear_new_empty), ("cpu-tensor", custom_linear_cpu)]
+STYLES = [
+    ("meta-device", custom_linear_meta),
+    ("new-empty", custom_linear_new_empty),
+    ("cpu-tensor", custom_linear_cpu),
+]
 
 
 @pytest.mark.parametrize("meta", [m for _, m in STYLES], ids=[i for i, _ in STYLES])
@@ -111,7 +117,9 @@ def test_meta_device_outputs_are_on_the_fake_device_under_torch_export() -> None
             return handle.op(x, w, 0.5).relu()
 
     x, w = torch.randn(4, 3), torch.randn(5, 3)
-    program = torch.export.export(M(), (x, w), dynamic_shapes=({0: torch.export.Dim("batch")}, None))
+    program = torch.export.export(
+        M(), (x, w), dynamic_shapes=({0: torch.export.Dim("batch")}, None)
+    )
     (node,) = [n for n in program.graph.nodes if n.target == handle.op]
     fake = node.meta["val"]
     assert fake.device == x.device, fake  # the fake device, not "meta"
@@ -123,7 +131,11 @@ def test_meta_device_outputs_are_on_the_fake_device_under_torch_export() -> None
 # call compares the impl's outputs with the meta function's) --------------------------------
 
 BAD = [
-    ("none", meta_returns_none, ["returned None", "expected 1 tensor(s) ['y']", "a missing `return`?", "fix:"]),
+    (
+        "none",
+        meta_returns_none,
+        ["returned None", "expected 1 tensor(s) ['y']", "a missing `return`?", "fix:"],
+    ),
     ("wrong-rank", meta_wrong_rank, ["rank 1", "rank 2", "fix: correct the meta function"]),
     ("wrong-dtype", meta_wrong_dtype, ["as torch.float64", "expected torch.float32", "fix:"]),
     ("two-outputs", meta_two_outputs, ["with 2 item(s)", "expected 1 tensor(s)", "fix:"]),
@@ -131,8 +143,12 @@ BAD = [
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
-@pytest.mark.parametrize(("meta", "phrases"), [(m, p) for _, m, p in BAD], ids=[i for i, _, _ in BAD])
-def test_bad_meta_function_is_a_spec_error_at_export(meta: Any, phrases: list[str], exporter: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("meta", "phrases"), [(m, p) for _, m, p in BAD], ids=[i for i, _, _ in BAD]
+)
+def test_bad_meta_function_is_a_spec_error_at_export(
+    meta: Any, phrases: list[str], exporter: str, tmp_path: Path
+) -> None:
     spec = _spec(f"bad_{meta.__name__}", meta)
     handle = onnx_custom.register_spec(spec)
 
@@ -166,8 +182,14 @@ def _positives_meta(x: torch.Tensor) -> torch.Tensor:
 
 def test_data_dependent_meta_function_still_runs_eagerly() -> None:
     """The eager shape check skips meta functions that only run in fake mode."""
-    spec = OpSpec("metatest::positives", inputs=[Input("x", ["float32"])], outputs=[Output("y")],
-                  impl=_positives, shape=_positives_meta, translations={9: lambda g, x: x})
+    spec = OpSpec(
+        "metatest::positives",
+        inputs=[Input("x", ["float32"])],
+        outputs=[Output("y")],
+        impl=_positives,
+        shape=_positives_meta,
+        translations={9: lambda g, x: x},
+    )
     handle = onnx_custom.register_spec(spec)
     x = torch.tensor([1.0, -2.0, 3.0])
     torch.testing.assert_close(handle.op(x), torch.tensor([1.0, 3.0]))

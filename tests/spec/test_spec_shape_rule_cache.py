@@ -37,7 +37,9 @@ def no_parsing(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_rules_are_parsed_once_and_equal_a_fresh_parse() -> None:
     rules = [MULTI_OUT3.shape_rule(i) for i in range(len(MULTI_OUT3.outputs))]
     assert [MULTI_OUT3.shape_rule(i) for i in range(len(MULTI_OUT3.outputs))] == rules
-    assert all(a is b for a, b in zip(rules, (MULTI_OUT3.shape_rule(i) for i in range(3)), strict=True))
+    assert all(
+        a is b for a, b in zip(rules, (MULTI_OUT3.shape_rule(i) for i in range(3)), strict=True)
+    )
     assert isinstance(rules[0], LikeRule) and isinstance(rules[1], ExpressionRule)
     assert rules == [parse_shape_rule(o.shape) for o in MULTI_OUT3.outputs]  # type: ignore[arg-type]
 
@@ -53,8 +55,12 @@ MULTI_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("make", "repeats"), [c[1:] for c in MULTI_CASES], ids=[c[0] for c in MULTI_CASES])
-def test_eager_and_fake_calls_do_not_reparse(no_parsing: None, make: Any, repeats: list[int]) -> None:
+@pytest.mark.parametrize(
+    ("make", "repeats"), [c[1:] for c in MULTI_CASES], ids=[c[0] for c in MULTI_CASES]
+)
+def test_eager_and_fake_calls_do_not_reparse(
+    no_parsing: None, make: Any, repeats: list[int]
+) -> None:
     x = make()
     scaled, tiled, summed = multi_out3(x, repeats, 0.5)
     torch.testing.assert_close(scaled, x * 0.5)
@@ -62,10 +68,16 @@ def test_eager_and_fake_calls_do_not_reparse(no_parsing: None, make: Any, repeat
     torch.testing.assert_close(summed, x.sum(-1))
     with FakeTensorMode() as mode:
         fakes = multi_out3(mode.from_tensor(x), repeats, 0.5)
-    assert [tuple(f.shape) for f in fakes] == [tuple(x.shape), tuple(x.tile(repeats).shape), tuple(x.shape[:-1])]
+    assert [tuple(f.shape) for f in fakes] == [
+        tuple(x.shape),
+        tuple(x.tile(repeats).shape),
+        tuple(x.shape[:-1]),
+    ]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str
+)
 def test_expression_rule_op_unchanged(no_parsing: None, dtype: torch.dtype) -> None:
     x = torch.randn(2, 5, 4, generator=_gen()).to(dtype)
     weight = torch.randn(3, 4, generator=_gen(1)).to(dtype)
@@ -80,14 +92,22 @@ def test_export_with_a_dynamic_dim_uses_the_cached_rule(no_parsing: None) -> Non
             return multi_out3(x, [2, 1], 1.5)
 
     batch = torch.export.Dim("batch", min=2, max=64)
-    program = torch.export.export(Model(), (torch.randn(3, 4),), dynamic_shapes={"x": {0: batch}}, strict=False)
+    program = torch.export.export(
+        Model(), (torch.randn(3, 4),), dynamic_shapes={"x": {0: batch}}, strict=False
+    )
     scaled, tiled, summed = (n.meta["val"].shape for n in program.graph.output_node().args[0])  # type: ignore[union-attr]
     assert isinstance(scaled[0], torch.SymInt) and (scaled[1], tiled[1]) == (4, 4)
     assert str(tiled[0]) == f"2*{scaled[0]}" and str(summed[0]) == str(scaled[0])  # still symbolic
 
 
 def test_replace_reparses_the_new_rules() -> None:
-    spec = OpSpec("vcache::f", inputs=[Input("x", ("float32",))], outputs=[Output("y", shape="like:x")], impl=lambda x: x, op_type="F")
+    spec = OpSpec(
+        "vcache::f",
+        inputs=[Input("x", ("float32",))],
+        outputs=[Output("y", shape="like:x")],
+        impl=lambda x: x,
+        op_type="F",
+    )
     changed = dataclasses.replace(spec, outputs=[Output("y", shape="[x.0]")])
     assert isinstance(spec.shape_rule(0), LikeRule)
     assert changed.shape_rule(0) == parse_shape_rule("[x.0]")
@@ -104,7 +124,13 @@ BAD_RULES = [
 @pytest.mark.parametrize(("rule", "message"), BAD_RULES, ids=[r for r, _ in BAD_RULES])
 def test_bad_rule_still_fails_at_spec_load(rule: str, message: str) -> None:
     with pytest.raises(SpecError, match="shape") as info:
-        OpSpec("vcache::g", inputs=[Input("x", ("float32",))], outputs=[Output("y", shape=rule)], impl=lambda x: x, op_type="F")
+        OpSpec(
+            "vcache::g",
+            inputs=[Input("x", ("float32",))],
+            outputs=[Output("y", shape=rule)],
+            impl=lambda x: x,
+            op_type="F",
+        )
     assert message in str(info.value)
 
 

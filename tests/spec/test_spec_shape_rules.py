@@ -64,7 +64,9 @@ ONNX_CASES = [
 
 
 @pytest.mark.parametrize(("text", "env", "expected"), ONNX_CASES, ids=[c[0] for c in ONNX_CASES])
-def test_expression_on_onnx_dims_keeps_only_provable_names(text: str, env: dict[str, Any], expected: list[Any]) -> None:
+def test_expression_on_onnx_dims_keeps_only_provable_names(
+    text: str, env: dict[str, Any], expected: list[Any]
+) -> None:
     assert parse_shape_rule(text).evaluate(env, OnnxArithmetic()) == expected  # type: ignore[union-attr]
 
 
@@ -85,7 +87,10 @@ def test_names_exclude_comprehension_variables_and_functions() -> None:
 
 
 REFUSED = [
-    ("__import__('os').system('true')", "is not allowed; allowed functions: len, max, min, zip, range"),
+    (
+        "__import__('os').system('true')",
+        "is not allowed; allowed functions: len, max, min, zip, range",
+    ),
     ("x.shape", "Attribute syntax is not allowed"),
     ("(lambda: 1)()", "calling 'lambda: 1' is not allowed"),
     ("[(lambda: 1)]", "Lambda syntax is not allowed"),

@@ -60,7 +60,10 @@ def test_op_plugin_yaml_parses_verbatim_and_keeps_vendor_keys(op_plugin_file: Pa
     assert spec.name == "custom::custom_linear" and spec.node_type == "custom::CustomLinear"
     assert [i.name for i in spec.inputs] == ["x", "weight", "bias"] and spec.inputs[2].optional
     assert spec.inputs[0].dtype == ("float16", "float32")
-    assert [i.format for i in spec.inputs] == [("ND", "ND")] * 3 and spec.outputs[0].format == ("ND", "ND")
+    assert [i.format for i in spec.inputs] == [("ND", "ND")] * 3 and spec.outputs[0].format == (
+        "ND",
+        "ND",
+    )
     assert spec.schema == "(Tensor x, Tensor weight, Tensor? bias=None, float alpha=1.0) -> Tensor"
     (npu,) = parse_specs(op_plugin_file, namespace="npu")
     assert npu.name == "npu::custom_linear" and npu.node_type == "npu::CustomLinear"
@@ -72,7 +75,9 @@ def test_op_plugin_yaml_parses_verbatim_and_keeps_vendor_keys(op_plugin_file: Pa
 @pytest.fixture
 def user_custom_linear() -> Iterator[None]:
     @torch.library.custom_op("custom::custom_linear", mutates_args=())
-    def custom_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, alpha: float = 1.0) -> torch.Tensor:
+    def custom_linear(
+        x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, alpha: float = 1.0
+    ) -> torch.Tensor:
         y = alpha * torch.matmul(x, weight.t())
         return y if bias is None else y + bias
 
@@ -80,10 +85,15 @@ def user_custom_linear() -> Iterator[None]:
     def custom_linear_meta(x, weight, bias=None, alpha=1.0):
         return torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device="meta")
 
-    @onnx_custom.kernel("custom::CustomLinear", inputs=["x", "weight", "bias?"], outputs=["y"],
-                        attrs={"alpha": ("float", 1.0)}, dtypes=["float16", "float32"])
+    @onnx_custom.kernel(
+        "custom::CustomLinear",
+        inputs=["x", "weight", "bias?"],
+        outputs=["y"],
+        attrs={"alpha": ("float", 1.0)},
+        dtypes=["float16", "float32"],
+    )
     def custom_linear_kernel(x, weight, bias=None, *, alpha):
-        y = (alpha * (x.astype(np.float32) @ weight.astype(np.float32).T))
+        y = alpha * (x.astype(np.float32) @ weight.astype(np.float32).T)
         return (y if bias is None else y + bias).astype(x.dtype)
 
     try:
@@ -107,12 +117,20 @@ class Linear(torch.nn.Module):
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
-def test_op_plugin_yaml_exports_and_verifies(user_custom_linear: None, op_plugin_file: Path, exporter: str, tmp_path: Path) -> None:
+def test_op_plugin_yaml_exports_and_verifies(
+    user_custom_linear: None, op_plugin_file: Path, exporter: str, tmp_path: Path
+) -> None:
     (spec,) = load_specs(op_plugin_file)
     model, x = Linear(), torch.randn(3, 4)
     path = tmp_path / f"linear_{exporter}.onnx"
-    onnx_custom.export(model, (x,), path, exporter=exporter, opset=17 if exporter == "torchscript" else 18,
-                       dynamic_shapes={"x": {0: "batch"}})
+    onnx_custom.export(
+        model,
+        (x,),
+        path,
+        exporter=exporter,
+        opset=17 if exporter == "torchscript" else 18,
+        dynamic_shapes={"x": {0: "batch"}},
+    )
     import onnx
 
     nodes = [(n.domain, n.op_type) for n in onnx.load(path).graph.node if n.domain]
@@ -130,19 +148,47 @@ def test_op_plugin_yaml_exports_and_verifies(user_custom_linear: None, op_plugin
 # -- bad vendor keys: typed errors naming the file, line, key, expected and received ----------
 
 BAD = [
-    ("format-number", "      format: [ND, ND]\n    - name: weight", "      format: 3\n    - name: weight", 6, "input_desc[0].format",
-     ["expected a layout label (ND, NCHW, ...) or a list of them", "received int 3", "fix:"]),
-    ("format-list-of-numbers", "      format: [ND, ND]\n  attr_desc", "      format: [1, 2]\n  attr_desc", 17, "output_desc[0].format",
-     ["expected a layout label", "received list [1, 2]"]),
-    ("param-type-unknown", "      param_type: optional", "      param_type: sometimes", 11, "input_desc[2].param_type",
-     ["expected one of required, optional, dynamic", "received str 'sometimes'"]),
-    ("format-empty-list", "      format: [ND, ND]\n    - name: weight", "      format: []\n    - name: weight", 6, "input_desc[0].format",
-     ["expected a layout label", "received list []"]),
+    (
+        "format-number",
+        "      format: [ND, ND]\n    - name: weight",
+        "      format: 3\n    - name: weight",
+        6,
+        "input_desc[0].format",
+        ["expected a layout label (ND, NCHW, ...) or a list of them", "received int 3", "fix:"],
+    ),
+    (
+        "format-list-of-numbers",
+        "      format: [ND, ND]\n  attr_desc",
+        "      format: [1, 2]\n  attr_desc",
+        17,
+        "output_desc[0].format",
+        ["expected a layout label", "received list [1, 2]"],
+    ),
+    (
+        "param-type-unknown",
+        "      param_type: optional",
+        "      param_type: sometimes",
+        11,
+        "input_desc[2].param_type",
+        ["expected one of required, optional, dynamic", "received str 'sometimes'"],
+    ),
+    (
+        "format-empty-list",
+        "      format: [ND, ND]\n    - name: weight",
+        "      format: []\n    - name: weight",
+        6,
+        "input_desc[0].format",
+        ["expected a layout label", "received list []"],
+    ),
 ]
 
 
-@pytest.mark.parametrize(("old", "new", "line", "key", "phrases"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
-def test_vendor_key_with_wrong_type_is_a_spec_error(tmp_path: Path, old: str, new: str, line: int, key: str, phrases: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("old", "new", "line", "key", "phrases"), [b[1:] for b in BAD], ids=[b[0] for b in BAD]
+)
+def test_vendor_key_with_wrong_type_is_a_spec_error(
+    tmp_path: Path, old: str, new: str, line: int, key: str, phrases: list[str]
+) -> None:
     assert old in OP_PLUGIN_YAML
     path = tmp_path / "bad.yaml"
     path.write_text(OP_PLUGIN_YAML.replace(old, new, 1))
@@ -156,5 +202,10 @@ def test_vendor_key_with_wrong_type_is_a_spec_error(tmp_path: Path, old: str, ne
 
 
 def test_bad_namespace_argument_is_a_spec_error(op_plugin_file: Path) -> None:
-    with pytest.raises(SpecError, match=r"namespace must be a torch namespace.*received 'a::b'.*fix: pass e.g. namespace='npu'"):
+    with pytest.raises(
+        SpecError,
+        match=(
+            r"namespace must be a torch namespace.*received 'a::b'.*fix: pass e.g. namespace='npu'"
+        ),
+    ):
         parse_specs(op_plugin_file, namespace="a::b")

@@ -12,10 +12,19 @@ from onnx_custom.translate.attributes import AttrKind, convert_attribute
 @pytest.mark.parametrize(
     ("value", "kind"),
     [
-        (3, AttrKind.INT), (True, AttrKind.INT), (np.int64(2), AttrKind.INT), (2.5, AttrKind.FLOAT),
-        (np.float32(1.5), AttrKind.FLOAT), ("bilinear", AttrKind.STRING), ([1, 2], AttrKind.INTS),
-        ((1, 2.5), AttrKind.FLOATS), (["a", "b"], AttrKind.STRINGS), (np.zeros(3), AttrKind.TENSOR),
-        (torch.ones(2), AttrKind.TENSOR), (attr.ints([]), AttrKind.INTS), (attr.floats([]), AttrKind.FLOATS),
+        (3, AttrKind.INT),
+        (True, AttrKind.INT),
+        (np.int64(2), AttrKind.INT),
+        (2.5, AttrKind.FLOAT),
+        (np.float32(1.5), AttrKind.FLOAT),
+        ("bilinear", AttrKind.STRING),
+        ([1, 2], AttrKind.INTS),
+        ((1, 2.5), AttrKind.FLOATS),
+        (["a", "b"], AttrKind.STRINGS),
+        (np.zeros(3), AttrKind.TENSOR),
+        (torch.ones(2), AttrKind.TENSOR),
+        (attr.ints([]), AttrKind.INTS),
+        (attr.floats([]), AttrKind.FLOATS),
         (attr.strings([]), AttrKind.STRINGS),
     ],
     ids=lambda v: repr(v)[:20],
@@ -29,7 +38,11 @@ def test_empty_list_needs_helper() -> None:
         convert_attribute("pads", [])
 
 
-@pytest.mark.parametrize("value", [{"a": 1}, None.__class__, object(), [1, "a"], [[1, 2]]], ids=["dict", "type", "object", "mixed", "nested"])
+@pytest.mark.parametrize(
+    "value",
+    [{"a": 1}, None.__class__, object(), [1, "a"], [[1, 2]]],
+    ids=["dict", "type", "object", "mixed", "nested"],
+)
 def test_unsupported_values(value: object) -> None:
     with pytest.raises(SymbolicError, match="Attribute 'a'"):
         convert_attribute("a", value)

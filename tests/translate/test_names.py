@@ -23,7 +23,13 @@ def test_parse_valid(text: str, expected: QualifiedName) -> None:
 
 @pytest.mark.parametrize(
     ("bad", "hint"),
-    [("asinh", "Did you mean 'aten::asinh'"), ("aten:asinh", "double colon"), ("aten::", "expected"), ("a b::c", "expected"), ("aten::asinh.", "expected")],
+    [
+        ("asinh", "Did you mean 'aten::asinh'"),
+        ("aten:asinh", "double colon"),
+        ("aten::", "expected"),
+        ("a b::c", "expected"),
+        ("aten::asinh.", "expected"),
+    ],
 )
 def test_parse_ill_formed(bad: str, hint: str) -> None:
     with pytest.raises(SymbolicError, match="Ill-formed") as info:
@@ -37,7 +43,9 @@ def test_overload_packet_is_rejected_with_fix() -> None:
 
 
 def test_op_overload_and_function_targets() -> None:
-    assert normalize_target(torch.ops.onnx_custom.my_add.default).key == "onnx_custom::my_add.default"
+    assert (
+        normalize_target(torch.ops.onnx_custom.my_add.default).key == "onnx_custom::my_add.default"
+    )
 
     class Fn(torch.autograd.Function):
         @staticmethod
@@ -49,7 +57,15 @@ def test_op_overload_and_function_targets() -> None:
         normalize_target(42)
 
 
-@pytest.mark.parametrize(("text", "expected"), [("Asinh", ("", "Asinh")), ("custom::my_add", ("custom", "my_add")), ("com.acme::Foo", ("com.acme", "Foo")), ("ai.onnx::Add", ("", "Add"))])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Asinh", ("", "Asinh")),
+        ("custom::my_add", ("custom", "my_add")),
+        ("com.acme::Foo", ("com.acme", "Foo")),
+        ("ai.onnx::Add", ("", "Add")),
+    ],
+)
 def test_node_types(text: str, expected: tuple[str, str]) -> None:
     assert parse_node_type(text) == expected
 

@@ -133,8 +133,6 @@ top2 = _op("top2", _top2, lambda x: x.new_empty(*x.shape[:-1], 2), _top2_symboli
 inner = _op("inner", _inner, lambda x: x.new_empty(x.shape[0], 2), _inner_symbolic)
 
 
-
-
 @dataclasses.dataclass(frozen=True)
 class Case:
     id: str
@@ -170,7 +168,13 @@ CASES = [
     Case("inner-x[5,6]", inner, (5, 6), ("Slice",)),
 ]
 # 11: the attributes kept; 13: axes/split moved; 18: the reductions' axes moved, Split's num_outputs
-OPSETS = [("torchscript", 11), ("torchscript", 13), ("torchscript", 18), ("dynamo", 13), ("dynamo", 18)]
+OPSETS = [
+    ("torchscript", 11),
+    ("torchscript", 13),
+    ("torchscript", 18),
+    ("dynamo", 13),
+    ("dynamo", 18),
+]
 
 
 @pytest.mark.parametrize(("exporter", "opset"), OPSETS, ids=[f"{e}-opset{o}" for e, o in OPSETS])
@@ -180,14 +184,19 @@ def test_an_opset11_symbolic_exports_and_verifies_at_later_opsets(
 ) -> None:
     if exporter == "dynamo" and opset == 13 and case.op is centered:
         pytest.skip(
-            "ReduceMean changed at opset 18: dynamo, which builds at 18, refuses to lower it to 13 (tested below)"
+            "ReduceMean changed at opset 18: dynamo, which builds at 18, refuses to lower it to 13"
+            " (tested below)"
         )
     torch.manual_seed(0)
     x = torch.randn(case.shape).to(case.dtype)
     path = tmp_path / "model.onnx"
     if case.dtype == torch.bfloat16 and opset < 13:  # ONNX has bfloat16 from opset 13 on
-        with pytest.raises(HalfPrecisionError, match=r"(?s)bfloat16 needs opset 13\+.*Fix: export at opset 13"):
-            onnx_custom.export(One(case.op), (x,), path, exporter=exporter, opset=opset, registry=registry)
+        with pytest.raises(
+            HalfPrecisionError, match=r"(?s)bfloat16 needs opset 13\+.*Fix: export at opset 13"
+        ):
+            onnx_custom.export(
+                One(case.op), (x,), path, exporter=exporter, opset=opset, registry=registry
+            )
         return
     onnx_custom.export(
         One(case.op),
@@ -317,7 +326,10 @@ def test_axes_given_as_input_and_attribute_is_an_error_naming_the_fix(
 ) -> None:
     with pytest.raises(
         SymbolicError,
-        match=r"Unsqueeze \(opset 1[38]\) takes 'axes' as input 1; received it both .* Fix: pass it once",
+        match=(
+            r"Unsqueeze \(opset 1[38]\) takes 'axes' as input 1; received it both .* Fix: pass it"
+            r" once"
+        ),
     ):
         onnx_custom.export(
             One(both),

@@ -47,7 +47,11 @@ def test_iteration_is_sorted_and_overloads_fall_back() -> None:
     reg.symbolic("vsnap::z", opset=11)(_fn_a)
     reg.symbolic("vsnap::a", opset=13)(_fn_b)
     reg.symbolic("vsnap::a", opset=9)(_fn_c)
-    assert [(str(e.target), e.opset) for e in reg] == [("vsnap::a", 9), ("vsnap::a", 13), ("vsnap::z", 11)]
+    assert [(str(e.target), e.opset) for e in reg] == [
+        ("vsnap::a", 9),
+        ("vsnap::a", 13),
+        ("vsnap::z", 11),
+    ]
     assert [str(t) for t in reg.targets()] == ["vsnap::a", "vsnap::z"]
     assert reg.lookup("vsnap::a.default", 17).fn is _fn_b  # ns::op.overload -> ns::op entries
     assert "vsnap::z" in reg and "vsnap::q" not in reg

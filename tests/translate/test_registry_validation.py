@@ -24,8 +24,14 @@ def scale_op() -> Iterator[Any]:
     """``regtest::scale(Tensor x, Tensor? bias, float alpha, int[] dims=[0]) -> Tensor``."""
     lib = torch.library.Library("regtest", "FRAGMENT")
     lib.define("scale(Tensor x, Tensor? bias, float alpha, int[] dims=[0]) -> Tensor")
-    lib.impl("scale", lambda x, bias, alpha, dims=(0,): x * alpha + (0 if bias is None else bias), "CompositeExplicitAutograd")
-    torch.library.register_fake("regtest::scale", lambda x, bias, alpha, dims=(0,): torch.empty_like(x), lib=lib)
+    lib.impl(
+        "scale",
+        lambda x, bias, alpha, dims=(0,): x * alpha + (0 if bias is None else bias),
+        "CompositeExplicitAutograd",
+    )
+    torch.library.register_fake(
+        "regtest::scale", lambda x, bias, alpha, dims=(0,): torch.empty_like(x), lib=lib
+    )
     yield torch.ops.regtest.scale.default
     lib._destroy()
 
@@ -58,7 +64,10 @@ def test_matching_signature_registers(scale_op: Any, fn: Any) -> None:
 @pytest.mark.parametrize(
     ("fn", "problem"),
     [
-        (_misspelt, "it does not accept the schema argument(s) ['dims'] as keywords; it requires ['dim']"),
+        (
+            _misspelt,
+            "it does not accept the schema argument(s) ['dims'] as keywords; it requires ['dim']",
+        ),
         (_missing_tensor, "it takes 1 tensor input(s) after g, the schema has 2 (x, bias)"),
         (_extra_required, "it requires ['scale'], which the schema does not have"),
     ],
@@ -70,7 +79,9 @@ def test_mismatched_signature_refused_at_registration(scale_op: Any, fn: Any, pr
     message = str(info.value)
     assert "regtest::scale" in message and fn.__name__ in message  # the op and the translation
     assert problem in message  # what was wrong
-    assert "[x: Tensor, bias: Optional[Tensor], alpha: float, dims: List[int]]" in message  # the schema's names
+    assert (
+        "[x: Tensor, bias: Optional[Tensor], alpha: float, dims: List[int]]" in message
+    )  # the schema's names
     assert "def " + fn.__name__ + "(g, x, bias, *, alpha, dims)" in message  # what was expected
     assert "Fix:" in message
 
@@ -81,7 +92,10 @@ def test_op_defined_after_registration_is_checked_at_lookup() -> None:
     lib = torch.library.Library("regtest", "FRAGMENT")
     try:
         lib.define("later(Tensor x, Tensor? bias, float alpha, int[] dims) -> Tensor")
-        with pytest.raises(SymbolicError, match=r"regtest::later .*\['dims'\] as keywords.*schema's arguments are \[x: Tensor"):
+        with pytest.raises(
+            SymbolicError,
+            match=r"regtest::later .*\['dims'\] as keywords.*schema's arguments are \[x: Tensor",
+        ):
             registry.lookup("regtest::later", 13)
     finally:
         lib._destroy()
@@ -100,10 +114,16 @@ def test_signature_error_surfaces_from_export_before_torch_fails() -> None:
     try:
         lib.define("later2(Tensor x, Tensor? bias, float alpha, int[] dims) -> Tensor")
         lib.impl("later2", lambda x, bias, alpha, dims: x * alpha, "CompositeExplicitAutograd")
-        torch.library.register_fake("regtest::later2", lambda x, bias, alpha, dims: torch.empty_like(x), lib=lib)
+        torch.library.register_fake(
+            "regtest::later2", lambda x, bias, alpha, dims: torch.empty_like(x), lib=lib
+        )
         for exporter, opset in EXPORTERS:
-            with pytest.raises(SymbolicError, match=r"\['dims'\] as keywords.*alpha: float, dims: List\[int\]"):
-                onnx_custom.export(Later(), (torch.randn(3),), exporter=exporter, opset=opset, registry=registry)
+            with pytest.raises(
+                SymbolicError, match=r"\['dims'\] as keywords.*alpha: float, dims: List\[int\]"
+            ):
+                onnx_custom.export(
+                    Later(), (torch.randn(3),), exporter=exporter, opset=opset, registry=registry
+                )
     finally:
         lib._destroy()
 
@@ -114,7 +134,9 @@ def test_signature_error_surfaces_from_export_before_torch_fails() -> None:
 def test_two_different_lambdas_for_one_key_raise() -> None:
     registry = Registry()
     registry.symbolic("mylib::foo", opset=9)(lambda g, x: g.op("Relu", x))
-    with pytest.raises(SymbolicError, match=r"different translation for mylib::foo at opset 9.*replace=True"):
+    with pytest.raises(
+        SymbolicError, match=r"different translation for mylib::foo at opset 9.*replace=True"
+    ):
         registry.symbolic("mylib::foo", opset=9)(lambda g, x: g.op("Sigmoid", x))
     registry.symbolic("mylib::foo", opset=9, replace=True)(lambda g, x: g.op("Sigmoid", x))
     assert "Sigmoid" in registry.lookup("mylib::foo", 9).fn.__code__.co_consts
@@ -139,9 +161,13 @@ def test_reimporting_a_module_is_harmless() -> None:
 
 def test_edited_function_under_the_same_name_raises() -> None:
     registry = Registry()
-    registry.symbolic("mylib::foo", opset=9)(_module_from("def f(g, x):\n    return g.op('Relu', x)\n").f)
+    registry.symbolic("mylib::foo", opset=9)(
+        _module_from("def f(g, x):\n    return g.op('Relu', x)\n").f
+    )
     with pytest.raises(SymbolicError, match="different translation"):
-        registry.symbolic("mylib::foo", opset=9)(_module_from("def f(g, x):\n    return g.op('Abs', x)\n").f)
+        registry.symbolic("mylib::foo", opset=9)(
+            _module_from("def f(g, x):\n    return g.op('Abs', x)\n").f
+        )
 
 
 def test_same_code_different_closure_values_raise() -> None:
@@ -176,21 +202,31 @@ class Probe(torch.nn.Module):
 BAD_RESULTS = [
     (None, "returned None", "missing `return`"),
     (2.0, "returned a Python float (2.0)", "g.constant(2.0, like=<an input>)"),
-    (torch.ones(2), "returned an eager torch.Tensor (shape [2], torch.float32)", "g.constant(tensor)"),
+    (
+        torch.ones(2),
+        "returned an eager torch.Tensor (shape [2], torch.float32)",
+        "g.constant(tensor)",
+    ),
     (np.ones(2), "returned a numpy ndarray", "g.constant(array)"),
 ]
 
 
 @pytest.mark.parametrize(("exporter", "opset"), EXPORTERS, ids=[e for e, _ in EXPORTERS])
-@pytest.mark.parametrize(("bad", "what", "fix"), BAD_RESULTS, ids=["None", "float", "eager-tensor", "ndarray"])
-def test_bad_results_raise_symbolic_error_naming_the_op(probe_op: Any, exporter: str, opset: int, bad: Any, what: str, fix: str) -> None:
+@pytest.mark.parametrize(
+    ("bad", "what", "fix"), BAD_RESULTS, ids=["None", "float", "eager-tensor", "ndarray"]
+)
+def test_bad_results_raise_symbolic_error_naming_the_op(
+    probe_op: Any, exporter: str, opset: int, bad: Any, what: str, fix: str
+) -> None:
     """With a real builder inside a real export: the inner entry's result is checked by
     ``SymbolicEntry.call``, the helper the exporter adapters call."""
     inner = SymbolicEntry(normalize_target("regtest::probe"), 1, lambda g, x: bad)
     registry = onnx_custom.default_registry().copy()
     registry.symbolic("regtest::probe", opset=1)(lambda g, x: inner.call(g, [x], {}, outputs=1)[0])
     with pytest.raises(SymbolicError) as info:
-        onnx_custom.export(Probe(), (torch.randn(2),), exporter=exporter, opset=opset, registry=registry)
+        onnx_custom.export(
+            Probe(), (torch.randn(2),), exporter=exporter, opset=opset, registry=registry
+        )
     message = str(info.value)
     assert "The translation of regtest::probe" in message and what in message and fix in message
 
@@ -211,14 +247,18 @@ def test_wrong_output_count_and_bad_item_in_tuple(probe_op: Any, exporter: str, 
         return g.op("Identity", x)
 
     registry.symbolic("regtest::probe", opset=1)(translate)
-    onnx_custom.export(Probe(), (torch.randn(2),), exporter=exporter, opset=opset, registry=registry)
+    onnx_custom.export(
+        Probe(), (torch.randn(2),), exporter=exporter, opset=opset, registry=registry
+    )
     assert "returned 2 output(s) but the torch op has 1" in seen["count"]
     assert "returned None as output 1" in seen["item"]
 
 
 @pytest.mark.parametrize(("exporter", "opset"), EXPORTERS, ids=[e for e, _ in EXPORTERS])
 def test_good_results_pass_through_call(probe_op: Any, exporter: str, opset: int) -> None:
-    inner = SymbolicEntry(normalize_target("regtest::probe"), 1, lambda g, x: g.op("Add", x, g.constant(1.0, like=x)))
+    inner = SymbolicEntry(
+        normalize_target("regtest::probe"), 1, lambda g, x: g.op("Add", x, g.constant(1.0, like=x))
+    )
     registry = onnx_custom.default_registry().copy()
     registry.symbolic("regtest::probe", opset=1)(lambda g, x: inner.call(g, [x], {}, outputs=1)[0])
     x = torch.randn(2)

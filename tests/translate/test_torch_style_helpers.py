@@ -71,7 +71,9 @@ nms_lib.impl("nms", _nms_eager, "CPU")
 
 @torch.library.register_fake("thelp::nms")
 def _(dets: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torch.Tensor:
-    return dets.new_empty(torch.library.get_ctx().new_dynamic_size(), dtype=torch.int64)  # data-dependent
+    return dets.new_empty(
+        torch.library.get_ctx().new_dynamic_size(), dtype=torch.int64
+    )  # data-dependent
 
 
 @sym_help.parse_args("v", "v", "f")
@@ -82,11 +84,15 @@ def nms_symbolic(g: Any, boxes: Any, scores: Any, iou_threshold: float) -> Any:
     max_output = g.op("Constant", value_t=torch.tensor([2**62], dtype=torch.long))
     threshold = g.op("Constant", value_t=torch.tensor([iou_threshold], dtype=torch.float))
     selected = g.op("NonMaxSuppression", boxes, scores, max_output, threshold)
-    return sym_help._squeeze_helper(g, sym_help._slice_helper(g, selected, axes=[1], starts=[2], ends=[3]), [1])
+    return sym_help._squeeze_helper(
+        g, sym_help._slice_helper(g, selected, axes=[1], starts=[2], ends=[3]), [1]
+    )
 
 
 class Nms(torch.nn.Module):
-    def forward(self, boxes: torch.Tensor, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, boxes: torch.Tensor, scores: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         keep = torch.ops.thelp.nms(boxes, scores, 0.3)
         return boxes[keep], scores[keep]  # as many rows as NMS keeps: differs at every size
 
@@ -101,11 +107,17 @@ def roi_split_symbolic(g: Any, rois: Any, scale: Any) -> Any:
     """mmcv RoIAlign's opset-11 route: batch indices and boxes from the rois by _select_helper."""
     scale = sym_help._maybe_get_const(scale, "f")
     assert not sym_help._is_none(rois) and sym_help._get_tensor_dim_size(rois, 1) == 5
-    batch = sym_help._select_helper(g, rois, 1, g.op("Constant", value_t=torch.tensor([0], dtype=torch.long)))
+    batch = sym_help._select_helper(
+        g, rois, 1, g.op("Constant", value_t=torch.tensor([0], dtype=torch.long))
+    )
     batch = sym_help._squeeze_helper(g, batch, [1])
     batch = g.op("Cast", batch, to_i=sym_help.cast_pytorch_to_onnx["Long"])
-    boxes = sym_help._select_helper(g, rois, 1, g.op("Constant", value_t=torch.tensor([1, 2, 3, 4], dtype=torch.long)))
-    return batch, g.op("Mul", boxes, g.op("Constant", value_t=torch.tensor(scale, dtype=torch.float)))
+    boxes = sym_help._select_helper(
+        g, rois, 1, g.op("Constant", value_t=torch.tensor([1, 2, 3, 4], dtype=torch.long))
+    )
+    return batch, g.op(
+        "Mul", boxes, g.op("Constant", value_t=torch.tensor(scale, dtype=torch.float))
+    )
 
 
 def pick_rows_symbolic(g: Any, x: Any, index: Any) -> Any:
@@ -126,7 +138,12 @@ class PickRows(torch.nn.Module):
 
 def _rois(n: int, seed: int) -> tuple[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return (torch.cat([torch.randint(0, 3, (n, 1), generator=g).float(), torch.rand(n, 4, generator=g) * 10], 1),)
+    return (
+        torch.cat(
+            [torch.randint(0, 3, (n, 1), generator=g).float(), torch.rand(n, 4, generator=g) * 10],
+            1,
+        ),
+    )
 
 
 def _rows(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,13 +164,37 @@ class Case:
 
 
 CASES = [
-    Case("select_helper-cast_pytorch_to_onnx-rois[5,5]", "thelp::roi_split", roi_split_symbolic, RoiSplit, _rois(5, 0),
-         {"rois": {0: "n"}}, lambda t, a: _rois(a[0].shape[0], t + 1), "Gather"),
-    Case("select_helper-value-index-x[6,3]-index[4]", "thelp::pick_rows", pick_rows_symbolic, PickRows, _rows(6, 4, 0),
-         {"x": {0: "n"}, "index": {0: "k"}}, lambda t, a: _rows(a[0].shape[0], a[1].shape[0], t + 1), "Gather"),
-    Case("nms-data-dependent-boxes[12,4]", "thelp::nms", nms_symbolic, Nms, _boxes(12, 0),
-         {"boxes": {0: "n"}, "scores": {0: "n"}}, lambda t, a: _boxes(a[0].shape[0], t + 1), "NonMaxSuppression"),
-]  # fmt: skip
+    Case(
+        "select_helper-cast_pytorch_to_onnx-rois[5,5]",
+        "thelp::roi_split",
+        roi_split_symbolic,
+        RoiSplit,
+        _rois(5, 0),
+        {"rois": {0: "n"}},
+        lambda t, a: _rois(a[0].shape[0], t + 1),
+        "Gather",
+    ),
+    Case(
+        "select_helper-value-index-x[6,3]-index[4]",
+        "thelp::pick_rows",
+        pick_rows_symbolic,
+        PickRows,
+        _rows(6, 4, 0),
+        {"x": {0: "n"}, "index": {0: "k"}},
+        lambda t, a: _rows(a[0].shape[0], a[1].shape[0], t + 1),
+        "Gather",
+    ),
+    Case(
+        "nms-data-dependent-boxes[12,4]",
+        "thelp::nms",
+        nms_symbolic,
+        Nms,
+        _boxes(12, 0),
+        {"boxes": {0: "n"}, "scores": {0: "n"}},
+        lambda t, a: _boxes(a[0].shape[0], t + 1),
+        "NonMaxSuppression",
+    ),
+]
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
@@ -162,7 +203,14 @@ def test_torch_helpers_in_a_torch_style_symbolic(case: Case, exporter: str, tmp_
     registry = onnx_custom.default_registry().copy()
     onnx_custom.register_custom_op_symbolic(case.op, case.symbolic, 11, registry=registry)
     path = tmp_path / "m.onnx"
-    onnx_custom.export(case.model(), case.args, path, exporter=exporter, registry=registry, dynamic_shapes=case.dynamic)
+    onnx_custom.export(
+        case.model(),
+        case.args,
+        path,
+        exporter=exporter,
+        registry=registry,
+        dynamic_shapes=case.dynamic,
+    )
     assert case.emits in {n.op_type for n in onnx.load(path).graph.node}
     report = onnx_custom.verify(case.model(), case.args, path, input_generator=case.inputs)
     assert report.passed
@@ -175,10 +223,21 @@ def nms_wrong_threshold(g: Any, boxes: Any, scores: Any, iou_threshold: float) -
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
-def test_verify_fails_a_data_dependent_output_that_keeps_other_rows(exporter: str, tmp_path: Path) -> None:
+def test_verify_fails_a_data_dependent_output_that_keeps_other_rows(
+    exporter: str, tmp_path: Path
+) -> None:
     registry = onnx_custom.default_registry().copy()
-    onnx_custom.register_custom_op_symbolic("thelp::nms", nms_wrong_threshold, 11, registry=registry)
+    onnx_custom.register_custom_op_symbolic(
+        "thelp::nms", nms_wrong_threshold, 11, registry=registry
+    )
     path, args = tmp_path / "m.onnx", _boxes(12, 0)
-    onnx_custom.export(Nms(), args, path, exporter=exporter, registry=registry, dynamic_shapes={"boxes": {0: "n"}, "scores": {0: "n"}})
+    onnx_custom.export(
+        Nms(),
+        args,
+        path,
+        exporter=exporter,
+        registry=registry,
+        dynamic_shapes={"boxes": {0: "n"}, "scores": {0: "n"}},
+    )
     report = onnx_custom.verify(Nms(), args, path, raise_on_mismatch=False)
     assert not report.passed

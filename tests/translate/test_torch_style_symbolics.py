@@ -33,9 +33,17 @@ registry = onnx_custom.default_registry().copy()
 
 # -- 1. roi_align, mmcv style: @parse_args with list/float/int/str/bool codes, custom node ------
 
+
 @torch.library.custom_op("tstyle::roi_align", mutates_args=())
-def roi_align(input: torch.Tensor, rois: torch.Tensor, output_size: list[int], spatial_scale: float,
-              sampling_ratio: int, pool_mode: str, aligned: bool) -> torch.Tensor:  # fmt: skip
+def roi_align(
+    input: torch.Tensor,
+    rois: torch.Tensor,
+    output_size: list[int],
+    spatial_scale: float,
+    sampling_ratio: int,
+    pool_mode: str,
+    aligned: bool,
+) -> torch.Tensor:
     n, c, h, w = input.shape
     oh, ow = output_size
     s = sampling_ratio
@@ -57,8 +65,12 @@ def roi_align(input: torch.Tensor, rois: torch.Tensor, output_size: list[int], s
         return feats.permute(0, 2, 3, 1)[k, yi[:, :, None], xi[:, None, :]].permute(0, 3, 1, 2)
 
     wy, wx = ly[:, None, :, None], lx[:, None, None, :]
-    value = (at(y0, x0) * (1 - wy) * (1 - wx) + at(y0, x1i) * (1 - wy) * wx
-             + at(y1i, x0) * wy * (1 - wx) + at(y1i, x1i) * wy * wx)  # fmt: skip
+    value = (
+        at(y0, x0) * (1 - wy) * (1 - wx)
+        + at(y0, x1i) * (1 - wy) * wx
+        + at(y1i, x0) * wy * (1 - wx)
+        + at(y1i, x1i) * wy * wx
+    )
     bins = value.reshape(value.shape[0], c, oh, s, ow, s)
     return bins.mean(dim=(3, 5)) if pool_mode == "avg" else bins.amax(dim=(3, 5))
 
@@ -70,9 +82,20 @@ def _(input, rois, output_size, spatial_scale, sampling_ratio, pool_mode, aligne
 
 @onnx_custom.symbolic("tstyle::roi_align", opset=9, registry=registry)
 @symbolic_helper.parse_args("v", "v", "is", "f", "i", "s", "i")
-def roi_align_symbolic(g, input, rois, output_size, spatial_scale, sampling_ratio, pool_mode, aligned):  # type: ignore[no-untyped-def]
-    return g.op("mmcv::MMCVRoiAlign", input, rois, output_height_i=output_size[0], output_width_i=output_size[1],
-                spatial_scale_f=spatial_scale, sampling_ratio_i=sampling_ratio, mode_s=pool_mode, aligned_i=aligned)  # fmt: skip
+def roi_align_symbolic(
+    g, input, rois, output_size, spatial_scale, sampling_ratio, pool_mode, aligned
+):  # type: ignore[no-untyped-def]
+    return g.op(
+        "mmcv::MMCVRoiAlign",
+        input,
+        rois,
+        output_height_i=output_size[0],
+        output_width_i=output_size[1],
+        spatial_scale_f=spatial_scale,
+        sampling_ratio_i=sampling_ratio,
+        mode_s=pool_mode,
+        aligned_i=aligned,
+    )
 
 
 def _bilinear(plane: np.ndarray, y: float, x: float) -> float:
@@ -81,13 +104,30 @@ def _bilinear(plane: np.ndarray, y: float, x: float) -> float:
     y0, x0 = math.floor(y), math.floor(x)
     y1, x1 = min(y0 + 1, h - 1), min(x0 + 1, w - 1)
     ly, lx = y - y0, x - x0
-    return float(plane[y0, x0] * (1 - ly) * (1 - lx) + plane[y0, x1] * (1 - ly) * lx + plane[y1, x0] * ly * (1 - lx) + plane[y1, x1] * ly * lx)
+    return float(
+        plane[y0, x0] * (1 - ly) * (1 - lx)
+        + plane[y0, x1] * (1 - ly) * lx
+        + plane[y1, x0] * ly * (1 - lx)
+        + plane[y1, x1] * ly * lx
+    )
 
 
-@kernels.kernel("mmcv::MMCVRoiAlign", inputs=["input", "rois"], outputs=["output"],
-                attrs={"output_height": "int", "output_width": "int", "spatial_scale": "float",
-                       "sampling_ratio": "int", "mode": "string", "aligned": "int"})  # fmt: skip
-def roi_align_kernel(input, rois, *, output_height, output_width, spatial_scale, sampling_ratio, mode, aligned):  # type: ignore[no-untyped-def]
+@kernels.kernel(
+    "mmcv::MMCVRoiAlign",
+    inputs=["input", "rois"],
+    outputs=["output"],
+    attrs={
+        "output_height": "int",
+        "output_width": "int",
+        "spatial_scale": "float",
+        "sampling_ratio": "int",
+        "mode": "string",
+        "aligned": "int",
+    },
+)
+def roi_align_kernel(
+    input, rois, *, output_height, output_width, spatial_scale, sampling_ratio, mode, aligned
+):  # type: ignore[no-untyped-def]
     n, c = input.shape[:2]
     out = np.zeros((rois.shape[0], c, output_height, output_width), dtype=input.dtype)
     offset = 0.5 if aligned else 0.0
@@ -98,8 +138,12 @@ def roi_align_kernel(input, rois, *, output_height, output_width, spatial_scale,
         for ch in range(c):
             for i in range(output_height):
                 for j in range(output_width):
-                    ys = [y1 + (i * s + sy + 0.5) / (output_height * s) * (y2 - y1) for sy in range(s)]
-                    xs = [x1 + (j * s + sx + 0.5) / (output_width * s) * (x2 - x1) for sx in range(s)]
+                    ys = [
+                        y1 + (i * s + sy + 0.5) / (output_height * s) * (y2 - y1) for sy in range(s)
+                    ]
+                    xs = [
+                        x1 + (j * s + sx + 0.5) / (output_width * s) * (x2 - x1) for sx in range(s)
+                    ]
                     samples = [_bilinear(input[b, ch], y, x) for y in ys for x in xs]
                     out[k, ch, i, j] = np.mean(samples) if mode == "avg" else np.max(samples)
     return out
@@ -127,8 +171,15 @@ def _roi_inputs(trial: int, args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 # -- 2. nms, mmdeploy style: free names, _is_value, _unsqueeze_helper, value_t, standard ops ----
 
+
 @torch.library.custom_op("tstyle::nms_mask", mutates_args=())
-def nms_mask(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float, score_threshold: float, max_output_boxes: int) -> torch.Tensor:
+def nms_mask(
+    boxes: torch.Tensor,
+    scores: torch.Tensor,
+    iou_threshold: float,
+    score_threshold: float,
+    max_output_boxes: int,
+) -> torch.Tensor:
     """1.0 for each box greedy NMS keeps (ONNX NonMaxSuppression semantics: [y1, x1, y2, x2]
     corners in any order, scores > score_threshold, IoU > iou_threshold suppresses)."""
     lo = torch.minimum(boxes[:, :2], boxes[:, 2:])
@@ -160,7 +211,9 @@ def _(boxes, scores, iou_threshold, score_threshold, max_output_boxes):  # type:
 @onnx_custom.symbolic("tstyle::nms_mask", opset=11, registry=registry)
 def nms_symbolic(g, boxes, scores, iou_thr, score_thr, max_num):  # type: ignore[no-untyped-def]
     batched_boxes = symbolic_helper._unsqueeze_helper(g, boxes, [0])
-    batched_scores = symbolic_helper._unsqueeze_helper(g, symbolic_helper._unsqueeze_helper(g, scores, [0]), [0])
+    batched_scores = symbolic_helper._unsqueeze_helper(
+        g, symbolic_helper._unsqueeze_helper(g, scores, [0]), [0]
+    )
     if not symbolic_helper._is_value(max_num):
         max_num = g.op("Constant", value_t=torch.tensor([max_num], dtype=torch.long))
     iou_thr = g.op("Constant", value_t=torch.tensor([iou_thr], dtype=torch.float))
@@ -184,10 +237,19 @@ def _nms_inputs(trial: int, args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 # -- 3. grid_sampler, mmcv symbolic.py style: parse_args('v', 'v', 'i', 'i', 'i') -> GridSample ---
 
+
 @torch.library.custom_op("tstyle::grid_sampler", mutates_args=())
-def grid_sampler(input: torch.Tensor, grid: torch.Tensor, interpolation_mode: int, padding_mode: int, align_corners: bool) -> torch.Tensor:
+def grid_sampler(
+    input: torch.Tensor,
+    grid: torch.Tensor,
+    interpolation_mode: int,
+    padding_mode: int,
+    align_corners: bool,
+) -> torch.Tensor:
     modes, paddings = ["bilinear", "nearest", "bicubic"], ["zeros", "border", "reflection"]
-    return F.grid_sample(input, grid, modes[interpolation_mode], paddings[padding_mode], align_corners)
+    return F.grid_sample(
+        input, grid, modes[interpolation_mode], paddings[padding_mode], align_corners
+    )
 
 
 @grid_sampler.register_fake
@@ -199,10 +261,19 @@ def _(input, grid, interpolation_mode, padding_mode, align_corners):  # type: ig
 def grid_sampler_symbolic(g, input, grid, interpolation_mode, padding_mode, align_corners=False):  # type: ignore[no-untyped-def]
     mode = ["bilinear", "nearest", "bicubic"][interpolation_mode]
     padding = ["zeros", "border", "reflection"][padding_mode]
-    return g.op("GridSample", input, grid, mode_s=mode, padding_mode_s=padding, align_corners_i=align_corners)
+    return g.op(
+        "GridSample",
+        input,
+        grid,
+        mode_s=mode,
+        padding_mode_s=padding,
+        align_corners_i=align_corners,
+    )
 
 
-onnx_custom.register_custom_op_symbolic("tstyle::grid_sampler", grid_sampler_symbolic, 16, registry=registry)
+onnx_custom.register_custom_op_symbolic(
+    "tstyle::grid_sampler", grid_sampler_symbolic, 16, registry=registry
+)
 
 
 class GridSampler(torch.nn.Module):
@@ -217,15 +288,27 @@ def _grid_inputs(trial: int, args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 # -- 4. modulated deform conv, mmdeploy style: Tensor? bias, *input list, int[] attributes ----
 
+
 @torch.library.custom_op("tstyle::modulated_deform_conv", mutates_args=())
-def modulated_deform_conv(input: torch.Tensor, offset: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor,
-                          bias: torch.Tensor | None, stride: list[int], padding: list[int], dilation: list[int],
-                          groups: int, deform_groups: int) -> torch.Tensor:  # fmt: skip
+def modulated_deform_conv(
+    input: torch.Tensor,
+    offset: torch.Tensor,
+    mask: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+    deform_groups: int,
+) -> torch.Tensor:
     from onnx_custom.ops import (
         deform_conv2d,  # torchvision's semantics; ORT's DeformConv is the other side
     )
 
-    return deform_conv2d(input, offset, weight, bias, tuple(stride), tuple(padding), tuple(dilation), mask)
+    return deform_conv2d(
+        input, offset, weight, bias, tuple(stride), tuple(padding), tuple(dilation), mask
+    )
 
 
 @modulated_deform_conv.register_fake
@@ -233,14 +316,32 @@ def _(input, offset, mask, weight, bias, stride, padding, dilation, groups, defo
     return input.new_empty(input.shape[0], weight.shape[0], offset.shape[2], offset.shape[3])
 
 
-def modulated_deform_conv_symbolic(g, input, offset, mask, weight, bias, stride, padding, dilation, groups, deform_groups):  # type: ignore[no-untyped-def]
-    kernel_shape = symbolic_helper._get_tensor_sizes(weight)[2:]  # x.type().varyingSizes() under dynamo too
+def modulated_deform_conv_symbolic(
+    g, input, offset, mask, weight, bias, stride, padding, dilation, groups, deform_groups
+):  # type: ignore[no-untyped-def]
+    kernel_shape = symbolic_helper._get_tensor_sizes(weight)[
+        2:
+    ]  # x.type().varyingSizes() under dynamo too
     assert weight.type().scalarType() == "Float", weight.type().scalarType()
-    return g.op("DeformConv", input, weight, offset, bias, mask, kernel_shape_i=kernel_shape, strides_i=stride,
-                pads_i=padding + padding, dilations_i=dilation, group_i=groups, offset_group_i=deform_groups)  # fmt: skip
+    return g.op(
+        "DeformConv",
+        input,
+        weight,
+        offset,
+        bias,
+        mask,
+        kernel_shape_i=kernel_shape,
+        strides_i=stride,
+        pads_i=padding + padding,
+        dilations_i=dilation,
+        group_i=groups,
+        offset_group_i=deform_groups,
+    )
 
 
-onnx_custom.register_custom_op_symbolic("tstyle::modulated_deform_conv", modulated_deform_conv_symbolic, 19, registry=registry)
+onnx_custom.register_custom_op_symbolic(
+    "tstyle::modulated_deform_conv", modulated_deform_conv_symbolic, 19, registry=registry
+)
 
 
 class ModulatedDeformConv(torch.nn.Module):
@@ -250,7 +351,9 @@ class ModulatedDeformConv(torch.nn.Module):
         self.bias = torch.nn.Parameter(torch.randn(4)) if bias else None
 
     def forward(self, x: torch.Tensor, offset: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return torch.ops.tstyle.modulated_deform_conv(x, offset, mask, self.weight, self.bias, [1, 1], [1, 1], [1, 1], 1, 1)
+        return torch.ops.tstyle.modulated_deform_conv(
+            x, offset, mask, self.weight, self.bias, [1, 1], [1, 1], [1, 1], 1, 1
+        )
 
 
 def _dcn_inputs(trial: int, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -260,8 +363,15 @@ def _dcn_inputs(trial: int, args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 # -- 5. box decoding, mmdeploy style: Tensor? input, _is_none, outputs=2 custom node, tuple ----
 
+
 @torch.library.custom_op("tstyle::delta2bbox", mutates_args=())
-def delta2bbox(deltas: torch.Tensor, anchors: torch.Tensor, stds: torch.Tensor | None, max_ratio: float, clip_shape: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def delta2bbox(
+    deltas: torch.Tensor,
+    anchors: torch.Tensor,
+    stds: torch.Tensor | None,
+    max_ratio: float,
+    clip_shape: list[int],
+) -> tuple[torch.Tensor, torch.Tensor]:
     d = deltas * stds if stds is not None else deltas
     center = (anchors[:, :2] + anchors[:, 2:]) / 2
     size = anchors[:, 2:] - anchors[:, :2]
@@ -280,15 +390,23 @@ def _(deltas, anchors, stds, max_ratio, clip_shape):  # type: ignore[no-untyped-
 
 def delta2bbox_symbolic(g, deltas, anchors, stds, max_ratio, clip_shape):  # type: ignore[no-untyped-def]
     inputs = [deltas, anchors] if symbolic_helper._is_none(stds) else [deltas, anchors, stds]
-    boxes, areas = g.op("mmdeploy::DeltaDecode", *inputs, max_ratio_f=max_ratio, clip_shape_i=clip_shape, outputs=2)
+    boxes, areas = g.op(
+        "mmdeploy::DeltaDecode", *inputs, max_ratio_f=max_ratio, clip_shape_i=clip_shape, outputs=2
+    )
     return boxes, areas
 
 
-onnx_custom.register_custom_op_symbolic("tstyle::delta2bbox", delta2bbox_symbolic, 11, registry=registry)
+onnx_custom.register_custom_op_symbolic(
+    "tstyle::delta2bbox", delta2bbox_symbolic, 11, registry=registry
+)
 
 
-@kernels.kernel("mmdeploy::DeltaDecode", inputs=["deltas", "anchors", "stds?"], outputs=["boxes", "areas"],
-                attrs={"max_ratio": "float", "clip_shape": "ints"})  # fmt: skip
+@kernels.kernel(
+    "mmdeploy::DeltaDecode",
+    inputs=["deltas", "anchors", "stds?"],
+    outputs=["boxes", "areas"],
+    attrs={"max_ratio": "float", "clip_shape": "ints"},
+)
 def delta_decode_kernel(deltas, anchors, stds=None, *, max_ratio, clip_shape):  # type: ignore[no-untyped-def]
     boxes = np.empty_like(deltas)
     areas = np.empty(deltas.shape[0], dtype=deltas.dtype)
@@ -298,7 +416,10 @@ def delta_decode_kernel(deltas, anchors, stds=None, *, max_ratio, clip_shape):  
         ax1, ay1, ax2, ay2 = anchors[i]
         w, h = ax2 - ax1, ay2 - ay1
         cx, cy = ax1 + w / 2 + dx * w, ay1 + h / 2 + dy * h
-        w, h = w * np.exp(np.clip(dw, -max_ratio, max_ratio)), h * np.exp(np.clip(dh, -max_ratio, max_ratio))
+        w, h = (
+            w * np.exp(np.clip(dw, -max_ratio, max_ratio)),
+            h * np.exp(np.clip(dh, -max_ratio, max_ratio)),
+        )
         x1, x2 = (min(max(v, 0), width) for v in (cx - w / 2, cx + w / 2))
         y1, y2 = (min(max(v, 0), height) for v in (cy - h / 2, cy + h / 2))
         boxes[i] = (x1, y1, x2, y2)
@@ -311,7 +432,9 @@ class Delta2Bbox(torch.nn.Module):
         super().__init__()
         self.stds = torch.tensor([0.1, 0.1, 0.2, 0.2]) if with_stds else None
 
-    def forward(self, deltas: torch.Tensor, anchors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, deltas: torch.Tensor, anchors: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.ops.tstyle.delta2bbox(deltas, anchors, self.stds, 2.0, [30, 40])
 
 
@@ -322,6 +445,7 @@ def _box_inputs(trial: int, args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 # -- 6. detectron2 style: undecorated, _maybe_get_const/_get_const/_get_tensor_rank, scalars ----
+
 
 @torch.library.custom_op("tstyle::scaled_softmax", mutates_args=())
 def scaled_softmax(x: torch.Tensor, scale: float, dim: int) -> torch.Tensor:
@@ -342,7 +466,9 @@ def scaled_softmax_symbolic(g, self, scale, dim):  # type: ignore[no-untyped-def
     return g.op("Softmax", g.op("Mul", self, scale), axis_i=dim)  # a Python float input
 
 
-onnx_custom.register_custom_op_symbolic("tstyle::scaled_softmax", scaled_softmax_symbolic, 13, registry=registry)
+onnx_custom.register_custom_op_symbolic(
+    "tstyle::scaled_softmax", scaled_softmax_symbolic, 13, registry=registry
+)
 
 
 class ScaledSoftmax(torch.nn.Module):
@@ -351,6 +477,7 @@ class ScaledSoftmax(torch.nn.Module):
 
 
 # -- 7. topk, torch symbolic_opset11 style: parse_args("v", "i", "b"), outputs=2 -------------------
+
 
 @torch.library.custom_op("tstyle::topk_last", mutates_args=())
 def topk_last(x: torch.Tensor, k: int, largest: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -380,10 +507,13 @@ class TopkLast(torch.nn.Module):
 
 # -- 8. normalize: fs/fs/s codes, custom node, registered with torch and imported -------------
 
+
 @torch.library.custom_op("tstyle::normalize", mutates_args=())
 def normalize(x: torch.Tensor, mean: list[float], std: list[float], layout: str) -> torch.Tensor:
     shape = [1, -1, 1, 1] if layout == "NCHW" else [1, 1, 1, -1]
-    return (x - torch.tensor(mean, dtype=x.dtype).view(shape)) / torch.tensor(std, dtype=x.dtype).view(shape)
+    return (x - torch.tensor(mean, dtype=x.dtype).view(shape)) / torch.tensor(
+        std, dtype=x.dtype
+    ).view(shape)
 
 
 @normalize.register_fake
@@ -396,8 +526,13 @@ def normalize_symbolic(g, img, mean, std, layout):  # type: ignore[no-untyped-de
     return g.op("mmdeploy::Normalize", img, mean_f=mean, std_f=std, layout_s=layout)
 
 
-@kernels.kernel("mmdeploy::Normalize", inputs=["img"], outputs=["out"],
-                attrs={"mean": "floats", "std": "floats", "layout": "string"}, shape_fn="like:img")  # fmt: skip
+@kernels.kernel(
+    "mmdeploy::Normalize",
+    inputs=["img"],
+    outputs=["out"],
+    attrs={"mean": "floats", "std": "floats", "layout": "string"},
+    shape_fn="like:img",
+)
 def normalize_kernel(img, *, mean, std, layout):  # type: ignore[no-untyped-def]
     out = np.empty_like(img)
     channels = img.shape[1] if layout == "NCHW" else img.shape[3]
@@ -420,8 +555,11 @@ class Normalize(torch.nn.Module):
 
 # -- 9. weighted_sum: a Tensor[] unpacked the way torch's cat/stack symbolics do, Tensor?, fs ------
 
+
 @torch.library.custom_op("tstyle::weighted_sum", mutates_args=())
-def weighted_sum(xs: list[torch.Tensor], bias: torch.Tensor | None, weights: list[float]) -> torch.Tensor:
+def weighted_sum(
+    xs: list[torch.Tensor], bias: torch.Tensor | None, weights: list[float]
+) -> torch.Tensor:
     out = torch.zeros_like(xs[0])
     for x, w in zip(xs, weights, strict=True):
         out += w * x
@@ -437,10 +575,22 @@ def _(xs, bias, weights):  # type: ignore[no-untyped-def]
 def weighted_sum_symbolic(g, tensors, bias, weights):  # type: ignore[no-untyped-def]
     # torch's own idiom for a Tensor[] argument (symbolic_opset9.cat/stack): one packed value
     assert symbolic_helper._is_packed_list(tensors) and symbolic_helper._is_tensor_list(tensors)
-    stacked = g.op("Concat", *(symbolic_helper._unsqueeze_helper(g, t, [0]) for t in symbolic_helper._unpack_list(tensors)), axis_i=0)
-    shape = g.op("Constant", value_t=torch.tensor([-1] + [1] * (symbolic_helper._get_tensor_rank(tensors[0]) or 0)))
+    stacked = g.op(
+        "Concat",
+        *(
+            symbolic_helper._unsqueeze_helper(g, t, [0])
+            for t in symbolic_helper._unpack_list(tensors)
+        ),
+        axis_i=0,
+    )
+    shape = g.op(
+        "Constant",
+        value_t=torch.tensor([-1] + [1] * (symbolic_helper._get_tensor_rank(tensors[0]) or 0)),
+    )
     scale = g.op("Reshape", g.op("Constant", value_t=torch.tensor(weights)), shape)
-    out = symbolic_helper._reducesum_helper(g, g.op("Mul", stacked, scale), axes_i=[0], keepdims_i=0)
+    out = symbolic_helper._reducesum_helper(
+        g, g.op("Mul", stacked, scale), axes_i=[0], keepdims_i=0
+    )
     return out if symbolic_helper._is_none(bias) else g.op("Add", out, bias)
 
 
@@ -484,6 +634,7 @@ def _normalize_registered_with_torch() -> Any:
 
 # -- the table ---------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass(frozen=True)
 class Case:
     id: str
@@ -501,31 +652,121 @@ def _dcn_args(n: int = 2) -> tuple[Any, ...]:
 
 
 CASES = [
-    Case("roi_align-avg-x[2,3,8,8]-rois[5,5]", lambda: RoiAlign("avg", True), lambda: (torch.randn(2, 3, 8, 8), _rois(2, 5, 8)),
-         {"x": {0: "batch"}, "rois": {0: "num_rois"}}, inputs=_roi_inputs, emits=("MMCVRoiAlign",)),
-    Case("roi_align-max-unaligned-x[1,2,6,7]-rois[3,5]", lambda: RoiAlign("max", False), lambda: (torch.randn(1, 2, 6, 7), _rois(1, 3, 6)),
-         {"rois": {0: "num_rois"}}, inputs=_roi_inputs, emits=("MMCVRoiAlign",)),
-    Case("nms-boxes[12,4]", Nms, lambda: _nms_inputs(0, (torch.empty(12),)), {"boxes": {0: "n"}, "scores": {0: "n"}},
-         inputs=_nms_inputs, emits=("NonMaxSuppression", "ScatterElements")),
-    Case("grid_sampler-x[2,3,5,6]-grid[2,4,3,2]", GridSampler, lambda: _grid_inputs(0, (torch.empty(2, 3, 5, 6), torch.empty(2, 4, 3, 2))),
-         {"x": {0: "batch"}, "grid": {0: "batch"}}, inputs=_grid_inputs, emits=("GridSample",)),
-    Case("modulated_deform_conv-bias-x[2,2,6,6]", lambda: ModulatedDeformConv(True), _dcn_args,
-         {"x": {0: "batch"}, "offset": {0: "batch"}, "mask": {0: "batch"}}, opset=19, inputs=_dcn_inputs, emits=("DeformConv",), tol=(1e-4, 1e-5)),
-    Case("modulated_deform_conv-nobias-x[1,2,6,6]", lambda: ModulatedDeformConv(False), lambda: _dcn_args(1),
-         {}, opset=19, inputs=_dcn_inputs, emits=("DeformConv",), tol=(1e-4, 1e-5)),
-    Case("delta2bbox-stds-deltas[7,4]", lambda: Delta2Bbox(True), lambda: _box_inputs(0, (torch.empty(7, 4),)),
-         {"deltas": {0: "n"}, "anchors": {0: "n"}}, inputs=_box_inputs, emits=("DeltaDecode",)),
-    Case("delta2bbox-none-deltas[4,4]", lambda: Delta2Bbox(False), lambda: _box_inputs(0, (torch.empty(4, 4),)),
-         {"deltas": {0: "n"}, "anchors": {0: "n"}}, inputs=_box_inputs, emits=("DeltaDecode",)),
-    Case("scaled_softmax-x[3,5]", ScaledSoftmax, lambda: (torch.randn(3, 5),), {"x": {0: "batch"}}, emits=("Softmax", "Mul")),
-    Case("scaled_softmax-float64-x[2,4,5]", ScaledSoftmax, lambda: (torch.randn(2, 4, 5, dtype=torch.float64),), {"x": {0: "batch", 1: "rows"}}, emits=("Softmax",)),
-    Case("topk-x[4,9]", TopkLast, lambda: (torch.randn(4, 9),), {"x": {0: "batch"}}, emits=("TopK",)),
-    Case("normalize-NCHW-x[2,3,4,5]", lambda: Normalize("NCHW"), lambda: (torch.randn(2, 3, 4, 5),), {"x": {0: "batch", 2: "h"}}, emits=("Normalize",)),
-    Case("weighted_sum-unpack_list-bias-3x[3,4]", lambda: WeightedSum(True), _three,
-         {"a": {0: "n"}, "b": {0: "n"}, "c": {0: "n"}}, opset=13, emits=("Concat", "ReduceSum")),
-    Case("weighted_sum-unpack_list-none-3x[3,4]", lambda: WeightedSum(False), _three, {"a": {0: "n"}, "b": {0: "n"}, "c": {0: "n"}},
-         opset=13, emits=("Concat", "ReduceSum")),
-    Case("normalize-NHWC-permuted-x[2,3,4,5]", lambda: Normalize("NHWC"), lambda: (torch.randn(2, 3, 4, 5),), {"x": {0: "batch"}}, emits=("Normalize",)),
+    Case(
+        "roi_align-avg-x[2,3,8,8]-rois[5,5]",
+        lambda: RoiAlign("avg", True),
+        lambda: (torch.randn(2, 3, 8, 8), _rois(2, 5, 8)),
+        {"x": {0: "batch"}, "rois": {0: "num_rois"}},
+        inputs=_roi_inputs,
+        emits=("MMCVRoiAlign",),
+    ),
+    Case(
+        "roi_align-max-unaligned-x[1,2,6,7]-rois[3,5]",
+        lambda: RoiAlign("max", False),
+        lambda: (torch.randn(1, 2, 6, 7), _rois(1, 3, 6)),
+        {"rois": {0: "num_rois"}},
+        inputs=_roi_inputs,
+        emits=("MMCVRoiAlign",),
+    ),
+    Case(
+        "nms-boxes[12,4]",
+        Nms,
+        lambda: _nms_inputs(0, (torch.empty(12),)),
+        {"boxes": {0: "n"}, "scores": {0: "n"}},
+        inputs=_nms_inputs,
+        emits=("NonMaxSuppression", "ScatterElements"),
+    ),
+    Case(
+        "grid_sampler-x[2,3,5,6]-grid[2,4,3,2]",
+        GridSampler,
+        lambda: _grid_inputs(0, (torch.empty(2, 3, 5, 6), torch.empty(2, 4, 3, 2))),
+        {"x": {0: "batch"}, "grid": {0: "batch"}},
+        inputs=_grid_inputs,
+        emits=("GridSample",),
+    ),
+    Case(
+        "modulated_deform_conv-bias-x[2,2,6,6]",
+        lambda: ModulatedDeformConv(True),
+        _dcn_args,
+        {"x": {0: "batch"}, "offset": {0: "batch"}, "mask": {0: "batch"}},
+        opset=19,
+        inputs=_dcn_inputs,
+        emits=("DeformConv",),
+        tol=(1e-4, 1e-5),
+    ),
+    Case(
+        "modulated_deform_conv-nobias-x[1,2,6,6]",
+        lambda: ModulatedDeformConv(False),
+        lambda: _dcn_args(1),
+        {},
+        opset=19,
+        inputs=_dcn_inputs,
+        emits=("DeformConv",),
+        tol=(1e-4, 1e-5),
+    ),
+    Case(
+        "delta2bbox-stds-deltas[7,4]",
+        lambda: Delta2Bbox(True),
+        lambda: _box_inputs(0, (torch.empty(7, 4),)),
+        {"deltas": {0: "n"}, "anchors": {0: "n"}},
+        inputs=_box_inputs,
+        emits=("DeltaDecode",),
+    ),
+    Case(
+        "delta2bbox-none-deltas[4,4]",
+        lambda: Delta2Bbox(False),
+        lambda: _box_inputs(0, (torch.empty(4, 4),)),
+        {"deltas": {0: "n"}, "anchors": {0: "n"}},
+        inputs=_box_inputs,
+        emits=("DeltaDecode",),
+    ),
+    Case(
+        "scaled_softmax-x[3,5]",
+        ScaledSoftmax,
+        lambda: (torch.randn(3, 5),),
+        {"x": {0: "batch"}},
+        emits=("Softmax", "Mul"),
+    ),
+    Case(
+        "scaled_softmax-float64-x[2,4,5]",
+        ScaledSoftmax,
+        lambda: (torch.randn(2, 4, 5, dtype=torch.float64),),
+        {"x": {0: "batch", 1: "rows"}},
+        emits=("Softmax",),
+    ),
+    Case(
+        "topk-x[4,9]", TopkLast, lambda: (torch.randn(4, 9),), {"x": {0: "batch"}}, emits=("TopK",)
+    ),
+    Case(
+        "normalize-NCHW-x[2,3,4,5]",
+        lambda: Normalize("NCHW"),
+        lambda: (torch.randn(2, 3, 4, 5),),
+        {"x": {0: "batch", 2: "h"}},
+        emits=("Normalize",),
+    ),
+    Case(
+        "weighted_sum-unpack_list-bias-3x[3,4]",
+        lambda: WeightedSum(True),
+        _three,
+        {"a": {0: "n"}, "b": {0: "n"}, "c": {0: "n"}},
+        opset=13,
+        emits=("Concat", "ReduceSum"),
+    ),
+    Case(
+        "weighted_sum-unpack_list-none-3x[3,4]",
+        lambda: WeightedSum(False),
+        _three,
+        {"a": {0: "n"}, "b": {0: "n"}, "c": {0: "n"}},
+        opset=13,
+        emits=("Concat", "ReduceSum"),
+    ),
+    Case(
+        "normalize-NHWC-permuted-x[2,3,4,5]",
+        lambda: Normalize("NHWC"),
+        lambda: (torch.randn(2, 3, 4, 5),),
+        {"x": {0: "batch"}},
+        emits=("Normalize",),
+    ),
 ]
 
 
@@ -541,18 +782,37 @@ def _has_deform_conv_op() -> bool:
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_torch_style_symbolic_exports_and_verifies(case: Case, exporter: str, tmp_path: Path) -> None:
+def test_torch_style_symbolic_exports_and_verifies(
+    case: Case, exporter: str, tmp_path: Path
+) -> None:
     if case.emits == ("DeformConv",) and not _has_deform_conv_op():
         pytest.skip("onnx_custom's deform_conv2d C++ op (the eager side) could not be built here")
     model, args = case.model(), case.args()
     path = tmp_path / "model.onnx"
     opset = case.opset if exporter == "torchscript" else max(case.opset, 18)
-    onnx_custom.export(model, args, path, exporter=exporter, opset=opset, registry=registry, dynamic_shapes=case.dynamic or None)
+    onnx_custom.export(
+        model,
+        args,
+        path,
+        exporter=exporter,
+        opset=opset,
+        registry=registry,
+        dynamic_shapes=case.dynamic or None,
+    )
     proto = onnx.load(path)
     node_types = {n.op_type for n in proto.graph.node}
     assert set(case.emits) <= node_types, node_types
     rtol, atol = case.tol or (None, None)
-    report = onnx_custom.verify(model, args, path, trials=2, kernels=kernels, input_generator=case.inputs, rtol=rtol, atol=atol)
+    report = onnx_custom.verify(
+        model,
+        args,
+        path,
+        trials=2,
+        kernels=kernels,
+        input_generator=case.inputs,
+        rtol=rtol,
+        atol=atol,
+    )
     assert report.passed
     if case.dynamic:
         other = [t for t in report.shapes_tried if t.kind == "shape" and t.status == "passed"]
@@ -562,9 +822,16 @@ def test_torch_style_symbolic_exports_and_verifies(case: Case, exporter: str, tm
 def test_each_registration_route_made_a_torch_style_entry() -> None:
     from onnx_custom.translate.torch_style import TORCH_STYLE_MARK
 
-    for name in ("tstyle::roi_align", "tstyle::nms_mask", "tstyle::grid_sampler", "tstyle::normalize"):
+    for name in (
+        "tstyle::roi_align",
+        "tstyle::nms_mask",
+        "tstyle::grid_sampler",
+        "tstyle::normalize",
+    ):
         (entry,) = registry.entries_for(name)
-        entry = registry.lookup(name, entry.opset)  # free-named functions are recognised once the op exists
+        entry = registry.lookup(
+            name, entry.opset
+        )  # free-named functions are recognised once the op exists
         assert getattr(entry.fn, TORCH_STYLE_MARK, None) is not None, name
 
 
@@ -572,7 +839,9 @@ def test_the_same_function_registered_with_torch_runs_in_torch_too(tmp_path: Pat
     """The imported symbolic is still torch's: torch.onnx.export alone (no onnx_custom scope)
     exports the same node, so onnx-custom did not change the function."""
     path = tmp_path / "torch.onnx"
-    torch.onnx.export(Normalize("NCHW"), (torch.randn(1, 3, 2, 2),), str(path), dynamo=False, opset_version=13)
+    torch.onnx.export(
+        Normalize("NCHW"), (torch.randn(1, 3, 2, 2),), str(path), dynamo=False, opset_version=13
+    )
     (node,) = [n for n in onnx.load(path).graph.node if n.domain == "mmdeploy"]
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     assert attrs["layout"] == b"NCHW" and list(attrs["mean"]) == pytest.approx([0.5, -0.25, 1.0])
@@ -585,7 +854,9 @@ def test_contract_register_custom_op_symbolic_into_the_default_registry(tmp_path
         for exporter in ("torchscript", "dynamo"):
             path = tmp_path / f"{exporter}.onnx"
             x = torch.randn(3, 7)
-            onnx_custom.export(TopkLast(), (x,), path, exporter=exporter, dynamic_shapes={"x": {0: "batch"}})
+            onnx_custom.export(
+                TopkLast(), (x,), path, exporter=exporter, dynamic_shapes={"x": {0: "batch"}}
+            )
             assert onnx_custom.verify(TopkLast(), (x,), path).passed
     finally:
         onnx_custom.unregister_custom_op_symbolic("tstyle::topk_last", 11)
@@ -609,7 +880,14 @@ def test_a_tensor_list_argument_can_also_be_iterated(exporter: str, tmp_path: Pa
     local = registry.copy()
     local.symbolic("tstyle::weighted_sum", opset=13, replace=True)(weighted_sum_iterating)
     path, args = tmp_path / "m.onnx", _three(2)
-    onnx_custom.export(WeightedSum(True), args, path, exporter=exporter, registry=local, dynamic_shapes={"a": {0: "n"}, "b": {0: "n"}, "c": {0: "n"}})
+    onnx_custom.export(
+        WeightedSum(True),
+        args,
+        path,
+        exporter=exporter,
+        registry=local,
+        dynamic_shapes={"a": {0: "n"}, "b": {0: "n"}, "c": {0: "n"}},
+    )
     assert onnx_custom.verify(WeightedSum(True), args, path).passed
 
 
@@ -619,11 +897,17 @@ def test_a_tensor_list_argument_refuses_other_torchscript_ir_by_name(tmp_path: P
 
     local = registry.copy()
     local.symbolic("tstyle::weighted_sum", opset=13, replace=True)(reads_ir)
-    with pytest.raises(onnx_custom.SymbolicError, match=r"node\(\)\.output\(\) on a Tensor\[\] argument.*_unpack_list"):
-        onnx_custom.export(WeightedSum(False), _three(2), tmp_path / "m.onnx", exporter="dynamo", registry=local)
+    with pytest.raises(
+        onnx_custom.SymbolicError,
+        match=r"node\(\)\.output\(\) on a Tensor\[\] argument.*_unpack_list",
+    ):
+        onnx_custom.export(
+            WeightedSum(False), _three(2), tmp_path / "m.onnx", exporter="dynamo", registry=local
+        )
 
 
 # -- torch's own helpers and symbolics called from a user's symbolic, under both exporters -------
+
 
 @torch.library.custom_op("tstyle::gated", mutates_args=())
 def gated(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -637,7 +921,9 @@ def _(x, y):  # type: ignore[no-untyped-def]
 
 def _gated_with_sizes(g, x, y):  # type: ignore[no-untyped-def]
     out = g.op("Mul", g.op("Sigmoid", x), y)
-    out.setType(x.type().with_sizes(symbolic_helper._get_tensor_sizes(x)).with_dtype(torch.float32))  # mmcv's idiom
+    out.setType(
+        x.type().with_sizes(symbolic_helper._get_tensor_sizes(x)).with_dtype(torch.float32)
+    )  # mmcv's idiom
     return out
 
 
@@ -645,15 +931,24 @@ def _gated_size_helper(g, x, y):  # type: ignore[no-untyped-def]
     # _size_helper -> opset9.select reads the index Constant back with _get_const: under dynamo a
     # Constant built by g.op must answer as torch's onnx::Constant node
     rows = symbolic_helper._size_helper(g, x, g.op("Constant", value_t=torch.tensor(0)))
-    shape = g.op("Concat", symbolic_helper._unsqueeze_helper(g, rows, [0]), g.op("Constant", value_t=torch.tensor([-1])), axis_i=0)
+    shape = g.op(
+        "Concat",
+        symbolic_helper._unsqueeze_helper(g, rows, [0]),
+        g.op("Constant", value_t=torch.tensor([-1])),
+        axis_i=0,
+    )
     return g.op("Mul", g.op("Sigmoid", symbolic_helper._reshape_helper(g, x, shape)), y)
 
 
 def _gated_get_const(g, x, y):  # type: ignore[no-untyped-def]
     half = g.op("Constant", value_t=torch.tensor(0.5))
-    assert symbolic_helper._is_constant(half) and symbolic_helper._get_const(half, "f", "half") == 0.5
+    assert (
+        symbolic_helper._is_constant(half) and symbolic_helper._get_const(half, "f", "half") == 0.5
+    )
     assert not symbolic_helper._is_constant(x)
-    scale = g.op("Constant", value_t=torch.tensor(symbolic_helper._get_const(half, "f", "half") * 2))
+    scale = g.op(
+        "Constant", value_t=torch.tensor(symbolic_helper._get_const(half, "f", "half") * 2)
+    )
     return g.op("Mul", g.op("Sigmoid", x), g.op("Mul", y, scale))
 
 
@@ -673,14 +968,29 @@ class Gated(torch.nn.Module):
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
-@pytest.mark.parametrize("symbolic", [_gated_with_sizes, _gated_size_helper, _gated_get_const, _gated_torch_symbolics], ids=lambda f: f.__name__.removeprefix("_gated_"))
-def test_torch_helpers_work_on_our_values(symbolic: Callable[..., Any], exporter: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "symbolic",
+    [_gated_with_sizes, _gated_size_helper, _gated_get_const, _gated_torch_symbolics],
+    ids=lambda f: f.__name__.removeprefix("_gated_"),
+)
+def test_torch_helpers_work_on_our_values(
+    symbolic: Callable[..., Any], exporter: str, tmp_path: Path
+) -> None:
     local = registry.copy()
     onnx_custom.register_custom_op_symbolic("tstyle::gated", symbolic, 13, registry=local)
     path, args = tmp_path / "m.onnx", (torch.randn(3, 5), torch.randn(3, 5))
-    onnx_custom.export(Gated(), args, path, exporter=exporter, registry=local, dynamic_shapes={"x": {0: "n"}, "y": {0: "n"}})
+    onnx_custom.export(
+        Gated(),
+        args,
+        path,
+        exporter=exporter,
+        registry=local,
+        dynamic_shapes={"x": {0: "n"}, "y": {0: "n"}},
+    )
     report = onnx_custom.verify(Gated(), args, path)
-    assert report.passed and any(t.kind == "shape" and t.status == "passed" for t in report.shapes_tried)
+    assert report.passed and any(
+        t.kind == "shape" and t.status == "passed" for t in report.shapes_tried
+    )
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
@@ -688,9 +998,20 @@ def test_torch_control_flow_helpers_are_refused_with_the_fix(exporter: str, tmp_
     from torch.onnx._internal.torchscript_exporter import jit_utils
 
     def branches(g, x, y):  # type: ignore[no-untyped-def]
-        jit_utils.add_op_with_blocks(g, "If", g.op("Constant", value_t=torch.tensor(True)), n_blocks=2)
+        jit_utils.add_op_with_blocks(
+            g, "If", g.op("Constant", value_t=torch.tensor(True)), n_blocks=2
+        )
 
     local = registry.copy()
     onnx_custom.register_custom_op_symbolic("tstyle::gated", branches, 13, registry=local)
-    with pytest.raises(onnx_custom.SymbolicError, match=r"g.op\('If'\) without its subgraph.*add_op_with_blocks.*Fix:"):
-        onnx_custom.export(Gated(), (torch.randn(2, 3), torch.randn(2, 3)), tmp_path / "m.onnx", exporter=exporter, registry=local)
+    with pytest.raises(
+        onnx_custom.SymbolicError,
+        match=r"g.op\('If'\) without its subgraph.*add_op_with_blocks.*Fix:",
+    ):
+        onnx_custom.export(
+            Gated(),
+            (torch.randn(2, 3), torch.randn(2, 3)),
+            tmp_path / "m.onnx",
+            exporter=exporter,
+            registry=local,
+        )

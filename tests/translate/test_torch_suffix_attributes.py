@@ -53,7 +53,13 @@ CASES = [
     Case("float-_f", "Plugin", {"iou_threshold_f": 0.5}, "iou_threshold_f"),
     Case("string-_s", "Plugin", {"mode_s": "avg"}, "mode_s"),
     Case("ints-_is", "Plugin", {"pads_is": [0, 1]}, "pads_is"),
-    Case("kind-mismatch-is-a-name", "Plugin", {"device_i": "cpu", "keep_topk": 2}, None, ("device_i", "keep_topk")),
+    Case(
+        "kind-mismatch-is-a-name",
+        "Plugin",
+        {"device_i": "cpu", "keep_topk": 2},
+        None,
+        ("device_i", "keep_topk"),
+    ),
     Case("declared-by-schema", "Declared", {"keep_topk_i": 2}, None, ("keep_topk_i",)),
 ]
 
@@ -85,9 +91,13 @@ def _custom_node(path: Path) -> onnx.NodeProto:
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_torch_suffixed_custom_attributes_in_our_g(case: Case, exporter: str, tmp_path: Path) -> None:
+def test_torch_suffixed_custom_attributes_in_our_g(
+    case: Case, exporter: str, tmp_path: Path
+) -> None:
     path = tmp_path / "m.onnx"
-    export = lambda: onnx_custom.export(Pick(), (torch.randn(2, 5),), path, exporter=exporter, registry=_registry(case))  # noqa: E731
+    export = lambda: onnx_custom.export(  # noqa: E731
+        Pick(), (torch.randn(2, 5),), path, exporter=exporter, registry=_registry(case)
+    )
     if case.error is None:
         export()
         assert sorted(a.name for a in _custom_node(path).attribute) == sorted(case.written)
@@ -95,7 +105,13 @@ def test_torch_suffixed_custom_attributes_in_our_g(case: Case, exporter: str, tm
     with pytest.raises(onnx_custom.SymbolicError) as info:
         export()
     base = case.error.rpartition("_")[0]
-    for phrase in (f"attribute {case.error!r}", f"writes {base!r}", f"Fix: write {base}=...", "parse_args", "register_schemas"):
+    for phrase in (
+        f"attribute {case.error!r}",
+        f"writes {base!r}",
+        f"Fix: write {base}=...",
+        "parse_args",
+        "register_schemas",
+    ):
         assert phrase in str(info.value), (phrase, str(info.value))
     assert not path.exists()
 
@@ -106,9 +122,13 @@ def torch_style_pick(g: Any, x: Any, k: int) -> Any:
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
-def test_the_same_line_in_a_torch_style_function_writes_torchs_names(exporter: str, tmp_path: Path) -> None:
+def test_the_same_line_in_a_torch_style_function_writes_torchs_names(
+    exporter: str, tmp_path: Path
+) -> None:
     registry = onnx_custom.Registry()
-    onnx_custom.register_custom_op_symbolic("sfxtest::pick", torch_style_pick, 11, registry=registry)
+    onnx_custom.register_custom_op_symbolic(
+        "sfxtest::pick", torch_style_pick, 11, registry=registry
+    )
     path = tmp_path / "m.onnx"
     onnx_custom.export(Pick(), (torch.randn(2, 5),), path, exporter=exporter, registry=registry)
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in _custom_node(path).attribute}

@@ -54,7 +54,9 @@ def test_lists_every_untranslated_op(exporter: str, opset: int) -> None:
 
 def test_reports_the_opsets_where_a_translation_exists() -> None:
     registry = onnx_custom.default_registry().copy()
-    registry.symbolic("onnx_custom_test_check::untranslated", opset=20)(lambda g, x: g.op("Identity", x))
+    registry.symbolic("onnx_custom_test_check::untranslated", opset=20)(
+        lambda g, x: g.op("Identity", x)
+    )
     report = check(Uncovered(), ARGS, exporter="dynamo", opset=18, registry=registry)
     assert "translations exist from opset [20]" in str(report)
     assert check(Uncovered(), ARGS, exporter="dynamo", opset=20, registry=registry).ok
@@ -62,7 +64,9 @@ def test_reports_the_opsets_where_a_translation_exists() -> None:
 
 def test_custom_nodes_without_kernel_or_schema() -> None:
     registry = onnx_custom.default_registry().copy()
-    registry.symbolic("onnx_custom::my_add", opset=1, replace=True, emits=["nokernel::Thing"])(lambda g, a, b: g.op("nokernel::Thing", a, b))
+    registry.symbolic("onnx_custom::my_add", opset=1, replace=True, emits=["nokernel::Thing"])(
+        lambda g, a, b: g.op("nokernel::Thing", a, b)
+    )
     report = check(Covered(), ARGS, registry=registry)
     assert not report.missing and not report.ok
     (gap,) = report.missing_kernels
@@ -84,7 +88,9 @@ def test_untraceable_model_is_a_problem_not_a_crash() -> None:
             return x * 2 if x.sum() > 0 else x
 
     report = check(Branchy(), (torch.ones(3),))
-    assert not report.ok and report.problems and "torch.export could not trace" in report.problems[0]
+    assert (
+        not report.ok and report.problems and "torch.export could not trace" in report.problems[0]
+    )
 
 
 def test_bad_arguments() -> None:
@@ -97,6 +103,18 @@ def test_bad_arguments() -> None:
 def test_package_level_check_and_cli(capsys: Any) -> None:
     assert onnx_custom.check(Covered(), ARGS).ok
     assert onnx_custom.check(Covered(), ARGS).ok  # still callable once the submodule is imported
-    assert main(["check", "onnx_custom.models.my_add:Model", "--exporter", "torchscript", "--opset", "13"]) == 0
+    assert (
+        main(
+            [
+                "check",
+                "onnx_custom.models.my_add:Model",
+                "--exporter",
+                "torchscript",
+                "--opset",
+                "13",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "Coverage for the torchscript exporter at opset 13" in out and "OK" in out

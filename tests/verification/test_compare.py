@@ -23,13 +23,25 @@ from onnx_custom.verification.report import histogram
 TINY = torch.finfo(torch.float64).tiny
 
 
-def reference(expected: torch.Tensor, actual: torch.Tensor, rtol: float, atol: float) -> dict[str, Any]:
+def reference(
+    expected: torch.Tensor, actual: torch.Tensor, rtol: float, atol: float
+) -> dict[str, Any]:
     """Float64 over every element: NaN/Inf positions, |e - a|, relative to max(|e|, tiny)."""
     if expected.dtype == torch.bool or not (expected.is_floating_point() or expected.is_complex()):
         bad = expected != actual
-        diff = (expected.double() - actual.double()).abs() if expected.dtype != torch.bool else bad.double()
+        diff = (
+            (expected.double() - actual.double()).abs()
+            if expected.dtype != torch.bool
+            else bad.double()
+        )
         rel = diff / expected.double().abs().clamp_min(1)
-        return {"max_abs_diff": float(diff.max()), "max_rel_diff": float(rel.max()), "mismatched": int(bad.sum()), "nonfinite_mismatch": 0, "abs_diffs": diff.numpy().ravel()}
+        return {
+            "max_abs_diff": float(diff.max()),
+            "max_rel_diff": float(rel.max()),
+            "mismatched": int(bad.sum()),
+            "nonfinite_mismatch": 0,
+            "abs_diffs": diff.numpy().ravel(),
+        }
     wide = torch.complex128 if expected.is_complex() else torch.float64
     e, a = expected.to(wide), actual.to(wide)
     fe, fa = torch.isfinite(e), torch.isfinite(a)
@@ -41,16 +53,21 @@ def reference(expected: torch.Tensor, actual: torch.Tensor, rtol: float, atol: f
     rel[both] = diff[both] / e[both].abs().clamp_min(TINY)
     bad = nonfinite_bad | (both & (diff > atol + rtol * e.abs()))
     return {
-        "max_abs_diff": float(diff.max()), "max_rel_diff": float(rel.max()), "mismatched": int(bad.sum()),
-        "nonfinite_mismatch": int(nonfinite_bad.sum()), "abs_diffs": diff[both].numpy().ravel(),
-    }  # fmt: skip
+        "max_abs_diff": float(diff.max()),
+        "max_rel_diff": float(rel.max()),
+        "mismatched": int(bad.sum()),
+        "nonfinite_mismatch": int(nonfinite_bad.sum()),
+        "abs_diffs": diff[both].numpy().ravel(),
+    }
 
 
 def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def _near(dtype: torch.dtype, shape: tuple[int, ...], scale: float, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def _near(
+    dtype: torch.dtype, shape: tuple[int, ...], scale: float, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(expected, actual): actual = expected + noise of relative size ``scale``, rounded to dtype."""
     e = torch.randn(shape, generator=_gen(seed), dtype=torch.float64)
     a = e * (1 + scale * torch.randn(shape, generator=_gen(seed + 1), dtype=torch.float64))
@@ -74,8 +91,27 @@ def _at_tolerance(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
 def _special(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Zeros, signed zeros, subnormals, huge values, one side zero, sign flips."""
     info = torch.finfo(dtype)
-    e = torch.tensor([0.0, -0.0, 0.0, info.tiny / 4, info.tiny, 1e-30, info.max, -info.max, 1.0, -2.0, 3.0, 0.5], dtype=torch.float64).to(dtype)
-    a = torch.tensor([0.0, 0.0, info.tiny / 8, info.tiny / 2, -info.tiny, -1e-30, info.max, info.max, 1.0, -2.0, 3.0, 0.25], dtype=torch.float64).to(dtype)
+    e = torch.tensor(
+        [0.0, -0.0, 0.0, info.tiny / 4, info.tiny, 1e-30, info.max, -info.max, 1.0, -2.0, 3.0, 0.5],
+        dtype=torch.float64,
+    ).to(dtype)
+    a = torch.tensor(
+        [
+            0.0,
+            0.0,
+            info.tiny / 8,
+            info.tiny / 2,
+            -info.tiny,
+            -1e-30,
+            info.max,
+            info.max,
+            1.0,
+            -2.0,
+            3.0,
+            0.25,
+        ],
+        dtype=torch.float64,
+    ).to(dtype)
     return e, a
 
 
@@ -109,42 +145,100 @@ for _dt in FLOATS:
         (f"{_n}-3x5-far", lambda dt=_dt: _near(dt, (3, 5), 1e-1), None),
         (f"{_n}-4000-at-tolerance", lambda dt=_dt: _at_tolerance(dt), None),
         # far failures (counted in float32) next to boundary elements (rechecked in float64)
-        (f"{_n}-4015-far-and-at-tolerance", lambda dt=_dt: tuple(torch.cat([p.reshape(-1), q.reshape(-1)]) for p, q in zip(_at_tolerance(dt), _near(dt, (3, 5), 1e-1), strict=True)), None),
+        (
+            f"{_n}-4015-far-and-at-tolerance",
+            lambda dt=_dt: tuple(
+                torch.cat([p.reshape(-1), q.reshape(-1)])
+                for p, q in zip(_at_tolerance(dt), _near(dt, (3, 5), 1e-1), strict=True)
+            ),
+            None,
+        ),
         (f"{_n}-12-special", lambda dt=_dt: _special(dt), None),
         (f"{_n}-12-special-atol0", lambda dt=_dt: _special(dt), (1e-3, 0.0)),
         (f"{_n}-8-nonfinite", lambda dt=_dt: _nonfinite(dt), None),
-        (f"{_n}-0d", lambda dt=_dt: (torch.tensor(1.5, dtype=dt), torch.tensor(1.25, dtype=dt)), None),
-        (f"{_n}-equal-0d", lambda dt=_dt: (torch.tensor(1.5, dtype=dt), torch.tensor(1.5, dtype=dt)), None),
+        (
+            f"{_n}-0d",
+            lambda dt=_dt: (torch.tensor(1.5, dtype=dt), torch.tensor(1.25, dtype=dt)),
+            None,
+        ),
+        (
+            f"{_n}-equal-0d",
+            lambda dt=_dt: (torch.tensor(1.5, dtype=dt), torch.tensor(1.5, dtype=dt)),
+            None,
+        ),
         (f"{_n}-6x4-transposed", lambda dt=_dt: _transposed(_near(dt, (4, 6), 1e-3)), None),
-        (f"{_n}-8x8-sliced", lambda dt=_dt: (_near(dt, (8, 16), 1e-3)[0][:, ::2], _near(dt, (8, 16), 1e-3)[1][:, ::2]), None),
-        (f"{_n}-5x7-expanded", lambda dt=_dt: (torch.ones(5, 1, dtype=dt).expand(5, 7), torch.full((5, 7), 1.0001, dtype=dt)), None),
-        (f"{_n}-3x5-scaled-all-tie", lambda dt=_dt: (torch.ones(3, 5, dtype=dt), torch.full((3, 5), 2.0, dtype=dt)), None),
+        (
+            f"{_n}-8x8-sliced",
+            lambda dt=_dt: (
+                _near(dt, (8, 16), 1e-3)[0][:, ::2],
+                _near(dt, (8, 16), 1e-3)[1][:, ::2],
+            ),
+            None,
+        ),
+        (
+            f"{_n}-5x7-expanded",
+            lambda dt=_dt: (
+                torch.ones(5, 1, dtype=dt).expand(5, 7),
+                torch.full((5, 7), 1.0001, dtype=dt),
+            ),
+            None,
+        ),
+        (
+            f"{_n}-3x5-scaled-all-tie",
+            lambda dt=_dt: (torch.ones(3, 5, dtype=dt), torch.full((3, 5), 2.0, dtype=dt)),
+            None,
+        ),
         (f"{_n}-4x4-user-tol", lambda dt=_dt: _near(dt, (4, 4), 1e-2), (1e-2, 1e-3)),
     ]
 CASES += [
-    ("complex64-3x4", lambda: (torch.randn(3, 4, dtype=torch.complex64, generator=_gen(5)), torch.randn(3, 4, dtype=torch.complex64, generator=_gen(5)) + 1e-3), None),
+    (
+        "complex64-3x4",
+        lambda: (
+            torch.randn(3, 4, dtype=torch.complex64, generator=_gen(5)),
+            torch.randn(3, 4, dtype=torch.complex64, generator=_gen(5)) + 1e-3,
+        ),
+        None,
+    ),
     ("int64-7x9", lambda: _ints(torch.int64), None),
     ("int32-7x9-user-tol-ignored", lambda: _ints(torch.int32), (1.0, 10.0)),
     ("int64-huge-2^60", lambda: (torch.tensor([2**60, 5]), torch.tensor([2**60 + 1, 5])), None),
-    ("uint8-equal", lambda: (torch.arange(10, dtype=torch.uint8), torch.arange(10, dtype=torch.uint8)), None),
-    ("bool-2x3", lambda: (torch.tensor([[True, False, True], [False, False, True]]), torch.tensor([[True, True, True], [False, False, False]])), None),
+    (
+        "uint8-equal",
+        lambda: (torch.arange(10, dtype=torch.uint8), torch.arange(10, dtype=torch.uint8)),
+        None,
+    ),
+    (
+        "bool-2x3",
+        lambda: (
+            torch.tensor([[True, False, True], [False, False, True]]),
+            torch.tensor([[True, True, True], [False, False, False]]),
+        ),
+        None,
+    ),
     ("bool-0d", lambda: (torch.tensor(True), torch.tensor(True)), None),
 ]
 
 
 @pytest.mark.parametrize(("make", "tolerance"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_statistics_equal_the_float64_reference(make: CasePair, tolerance: tuple[float, float] | None) -> None:
+def test_statistics_equal_the_float64_reference(
+    make: CasePair, tolerance: tuple[float, float] | None
+) -> None:
     expected, actual_t = make()
     rtol, atol = tolerance if tolerance else (None, None)
     c = compare_arrays(expected, to_numpy(actual_t), name="y", trial=0, rtol=rtol, atol=atol)
     want = reference(expected, actual_t, c.rtol, c.atol)
     assert c.shape == tuple(expected.shape) and c.total == expected.numel()
     assert (c.max_abs_diff, c.max_rel_diff, c.mismatched, c.nonfinite_mismatch) == (
-        want["max_abs_diff"], want["max_rel_diff"], want["mismatched"], want["nonfinite_mismatch"],
-    )  # fmt: skip
+        want["max_abs_diff"],
+        want["max_rel_diff"],
+        want["mismatched"],
+        want["nonfinite_mismatch"],
+    )
     assert c.abs_diffs is not None
     np.testing.assert_array_equal(c.abs_diffs, want["abs_diffs"])
-    assert histogram(c.abs_diffs, c.nonfinite_mismatch) == histogram(want["abs_diffs"], want["nonfinite_mismatch"])
+    assert histogram(c.abs_diffs, c.nonfinite_mismatch) == histogram(
+        want["abs_diffs"], want["nonfinite_mismatch"]
+    )
 
 
 def test_at_tolerance_cases_really_straddle() -> None:
@@ -155,12 +249,16 @@ def test_at_tolerance_cases_really_straddle() -> None:
         assert 0 < c.mismatched < c.total, dtype
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool], ids=str)
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool], ids=str
+)
 def test_zero_d_compares_as_zero_d(dtype: torch.dtype) -> None:
     value = torch.tensor(1, dtype=dtype)
     c = compare_arrays(value, to_numpy(value), name="y", trial=0)
     assert c.passed and c.shape == () and c.total == 1 and "ONNX" not in c.tolerance_source
-    assert compare_arrays(value, np.asarray(to_numpy(value)).reshape(1), name="y", trial=0).tolerance_source.endswith("ONNX shape [1] vs []")
+    assert compare_arrays(
+        value, np.asarray(to_numpy(value)).reshape(1), name="y", trial=0
+    ).tolerance_source.endswith("ONNX shape [1] vs []")
 
 
 def test_bfloat16_from_ml_dtypes_is_exact() -> None:
@@ -215,7 +313,10 @@ def test_passing_output_modified_after_comparison_is_refused(edit: str) -> None:
         e.mul_(2.0)
     else:
         actual[3] += 1.0
-    with pytest.raises(OnnxCustomError, match=r"abs_diffs of output 'out0' \(trial 2\): the compared tensors were modified.*Fix:"):
+    with pytest.raises(
+        OnnxCustomError,
+        match=r"abs_diffs of output 'out0' \(trial 2\): the compared tensors were modified.*Fix:",
+    ):
         _ = c.abs_diffs
     untouched = compare_arrays(e, e.numpy().copy(), name="y", trial=0)
     assert untouched.abs_diffs is not None and not untouched.abs_diffs.any()
@@ -234,7 +335,9 @@ def test_keep_diffs_false_and_constructor_compat() -> None:
     assert compare_arrays(e, to_numpy(a), name="y", trial=0, keep_diffs=False).abs_diffs is None
     plain = OutputComparison(0, "y", (3,), "float32", 1.0, 1.0, 0, 3, 1e-5, 1e-5, "x")
     assert plain.abs_diffs is None and plain.passed
-    given = OutputComparison(0, "y", (3,), "float32", 1.0, 1.0, 0, 3, 1e-5, 1e-5, "x", abs_diffs=np.zeros(3))
+    given = OutputComparison(
+        0, "y", (3,), "float32", 1.0, 1.0, 0, 3, 1e-5, 1e-5, "x", abs_diffs=np.zeros(3)
+    )
     assert given.abs_diffs is not None and given.abs_diffs.shape == (3,)
 
 
@@ -251,4 +354,6 @@ def test_half_precision_atol_is_one_ulp_of_the_largest_output(dtype: torch.dtype
     assert compare_arrays(expected, one, name="y", trial=0).passed
     result = compare_arrays(expected, two, name="y", trial=0)
     assert not result.passed and "1 ulp of max|expected|" in result.tolerance_source
-    assert not compare_arrays(expected, one, name="y", trial=0, rtol=1e-3, atol=1e-5).passed  # explicit tolerances are kept
+    assert not compare_arrays(
+        expected, one, name="y", trial=0, rtol=1e-3, atol=1e-5
+    ).passed  # explicit tolerances are kept

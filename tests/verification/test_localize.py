@@ -56,7 +56,9 @@ def broken_multi() -> onnx_custom.Registry:
 
 
 @pytest.mark.parametrize("exporter", EXPORTERS)
-def test_planted_my_add_is_named_in_the_error(exporter: str, broken_add: onnx_custom.Registry) -> None:
+def test_planted_my_add_is_named_in_the_error(
+    exporter: str, broken_add: onnx_custom.Registry
+) -> None:
     model, args = Chain().eval(), _args()
     proto = onnx_custom.export(model, args, exporter=exporter, registry=broken_add)
     with pytest.raises(VerificationError) as info:
@@ -75,7 +77,9 @@ def test_planted_my_add_is_named_in_the_error(exporter: str, broken_add: onnx_cu
     assert first.torch_op == "onnx_custom::my_add"
     assert all(i.passed for i in first.inputs)
     assert first.outputs[0].max_abs_diff > 0.1
-    assert any(n.startswith("Mul") for n in first.onnx_nodes) and any(n.startswith("Add") for n in first.onnx_nodes)
+    assert any(n.startswith("Mul") for n in first.onnx_nodes) and any(
+        n.startswith("Add") for n in first.onnx_nodes
+    )
     assert "opset>=1" in first.translation and "planted_my_add" in first.translation
     # Everything downstream diverges too, but is not an origin.
     assert [n.fx_name for n in loc.diverging] == ["my_add", "multi_out", "mul", "sum_1"]
@@ -116,27 +120,40 @@ def test_unlocalizable_model_still_reports() -> None:
 
     model, args = DataDependent().eval(), (torch.ones(3),)
     proto = onnx_custom.export(model, args, exporter="torchscript")
-    report = onnx_custom.verify(model, (-torch.ones(3),), proto, localize=True, raise_on_mismatch=False)
+    report = onnx_custom.verify(
+        model, (-torch.ones(3),), proto, localize=True, raise_on_mismatch=False
+    )
     assert not report.passed
-    assert isinstance(report.localization, str) and report.localization.startswith("Localization unavailable")
+    assert isinstance(report.localization, str) and report.localization.startswith(
+        "Localization unavailable"
+    )
 
 
-def test_cli_verify_localize_and_report(tmp_path: Any, broken_add: onnx_custom.Registry, capsys: Any) -> None:
+def test_cli_verify_localize_and_report(
+    tmp_path: Any, broken_add: onnx_custom.Registry, capsys: Any
+) -> None:
     model_file = tmp_path / "chain.py"
     model_file.write_text(
-        "import torch\nimport onnx_custom.ops.seed\n\n"
-        "class Model(torch.nn.Module):\n"
-        "    def forward(self, a, b):\n"
-        "        d, s = torch.ops.onnx_custom.multi_out(torch.ops.onnx_custom.my_add(torch.relu(a), b))\n"
-        "        return (d * s).sum(dim=-1)\n\n"
-        "def example_inputs():\n"
-        "    g = torch.Generator().manual_seed(1)\n"
-        "    return torch.randn(2, 3, 4, generator=g), torch.randn(2, 3, 4, generator=g)\n"
+        "import torch\nimport onnx_custom.ops.seed\n\nclass Model(torch.nn.Module):\n    def"
+        " forward(self, a, b):\n        d, s ="
+        " torch.ops.onnx_custom.multi_out(torch.ops.onnx_custom.my_add(torch.relu(a), b))\n       "
+        " return (d * s).sum(dim=-1)\n\ndef example_inputs():\n    g ="
+        " torch.Generator().manual_seed(1)\n    return torch.randn(2, 3, 4, generator=g),"
+        " torch.randn(2, 3, 4, generator=g)\n"
     )
     onnx_file = tmp_path / "chain.onnx"
     onnx_custom.export(Chain().eval(), _args(), onnx_file, exporter="dynamo", registry=broken_add)
     report_file = tmp_path / "out" / "verify.md"
-    rc = main(["verify", f"{model_file}:Model", str(onnx_file), "--localize", "--report", str(report_file)])
+    rc = main(
+        [
+            "verify",
+            f"{model_file}:Model",
+            str(onnx_file),
+            "--localize",
+            "--report",
+            str(report_file),
+        ]
+    )
     out = capsys.readouterr()
     assert rc == 1
     assert "First diverging node: #1 my_add = onnx_custom::my_add" in out.out
@@ -151,7 +168,9 @@ def test_probe_warns_when_the_file_is_not_the_reexport(broken_add: onnx_custom.R
     assert "the given file's outputs equal the re-export's" in same.note
     # Localizing with the default (correct) registry re-exports a correct model: say so loudly.
     other = localize(model, args, proto)
-    assert other.first is None and "WARNING: the given file's output for sum_1 differs" in other.note
+    assert (
+        other.first is None and "WARNING: the given file's output for sum_1 differs" in other.note
+    )
     assert "not made by this exporter/opset/registry" in other.summary()
 
 
@@ -180,12 +199,18 @@ def test_runtime_refusal_is_a_verification_error() -> None:
     from onnx_custom.models import deform_conv
     from onnx_custom.symbolics import deform_conv as deform_conv_symbolics
 
-    def wrong_offset_group(g: Any, input: Any, weight: Any, offset: Any, mask: Any, bias: Any, **attrs: Any) -> Any:
-        return deform_conv_symbolics.deform_conv2d(g, input, weight, offset, mask, bias, **{**attrs, "offset_groups": 3})
+    def wrong_offset_group(
+        g: Any, input: Any, weight: Any, offset: Any, mask: Any, bias: Any, **attrs: Any
+    ) -> Any:
+        return deform_conv_symbolics.deform_conv2d(
+            g, input, weight, offset, mask, bias, **{**attrs, "offset_groups": 3}
+        )
 
     registry = onnx_custom.default_registry().copy()
     registry.symbolic("onnx_custom::deform_conv2d", opset=19, replace=True)(wrong_offset_group)
     model, args = deform_conv.Model().eval(), deform_conv.example_inputs()
     proto = onnx_custom.export(model, args, exporter="dynamo", opset=19, registry=registry)
-    with pytest.raises(VerificationError, match="failed to run the ONNX model.*Offset channel count"):
+    with pytest.raises(
+        VerificationError, match="failed to run the ONNX model.*Offset channel count"
+    ):
         onnx_custom.verify(model, args, proto)

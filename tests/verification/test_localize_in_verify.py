@@ -47,9 +47,13 @@ def _args(batch: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
 def _custom_node(kernel_scale: float) -> tuple[onnx_custom.Registry, KernelRegistry]:
     """my_add as a custom node ``octest_pass::my_add`` whose Python kernel computes ``scale * a + b``."""
     kernels = KernelRegistry()
-    kernels.kernel("octest_pass::my_add", inputs=["a", "b"], outputs=["y"], shape_fn="broadcast")(lambda a, b: kernel_scale * a + b)
+    kernels.kernel("octest_pass::my_add", inputs=["a", "b"], outputs=["y"], shape_fn="broadcast")(
+        lambda a, b: kernel_scale * a + b
+    )
     registry = onnx_custom.default_registry().copy()
-    registry.symbolic("onnx_custom::my_add", opset=1, replace=True)(lambda g, a, b: g.op("octest_pass::my_add", a, b))
+    registry.symbolic("onnx_custom::my_add", opset=1, replace=True)(
+        lambda g, a, b: g.op("octest_pass::my_add", a, b)
+    )
     return registry, kernels
 
 
@@ -72,27 +76,42 @@ def _count_whole_file_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def test_a_failing_trial_is_judged_on_the_whole_file_and_localized(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failing_trial_is_judged_on_the_whole_file_and_localized(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     model, args = ReluAddScale().eval(), _args()
     registry = onnx_custom.default_registry().copy()
     registry.symbolic("onnx_custom::my_add", opset=1, replace=True)(planted_my_add)  # 3a + b
     proto = onnx_custom.export(model, args, exporter="dynamo", registry=registry)
     runs = _count_whole_file_runs(monkeypatch)
-    report = onnx_custom.verify(model, args, proto, registry=registry, localize=True, raise_on_mismatch=False)
-    assert len(runs) == len(report.shapes_tried)  # every trial ran the whole file, after the localization too
+    report = onnx_custom.verify(
+        model, args, proto, registry=registry, localize=True, raise_on_mismatch=False
+    )
+    assert len(runs) == len(
+        report.shapes_tried
+    )  # every trial ran the whole file, after the localization too
     assert not report.passed and report.failed_trials()
     loc = report.localization
-    assert loc.method == "names" and loc.first is not None and loc.first.fx_name == "my_add" and loc.first.origin
+    assert (
+        loc.method == "names"
+        and loc.first is not None
+        and loc.first.fx_name == "my_add"
+        and loc.first.origin
+    )
     # The outputs verify compared are the file's: the same differences a plain ORT run of the whole file gives.
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     (whole,) = session.run(None, {"a": args[0].numpy(), "b": args[1].numpy()})
     with torch.no_grad():
         expected = model(*args).numpy()
     compared = report.comparisons[0]
-    assert compared.max_abs_diff == pytest.approx(float(np.abs(expected.astype(np.float64) - whole).max()), rel=1e-5)
+    assert compared.max_abs_diff == pytest.approx(
+        float(np.abs(expected.astype(np.float64) - whole).max()), rel=1e-5
+    )
 
 
-def test_a_passing_file_runs_once_per_trial_and_is_not_localized(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_passing_file_runs_once_per_trial_and_is_not_localized(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     model, args = ReluAddScale().eval(), _args()
     proto = onnx_custom.export(model, args, exporter="dynamo")
     runs = _count_whole_file_runs(monkeypatch)
@@ -109,13 +128,25 @@ def test_a_planted_kernel_is_named_at_every_trial_shape(exporter: str) -> None:
     registry, wrong = _custom_node(kernel_scale=3.0)
     _, right = _custom_node(kernel_scale=2.0)
     dynamic = ({0: Dim("batch")}, {0: Dim("batch")})
-    proto = onnx_custom.export(model, args, exporter=exporter, registry=registry, dynamic_shapes=dynamic, kernels=right)
+    proto = onnx_custom.export(
+        model, args, exporter=exporter, registry=registry, dynamic_shapes=dynamic, kernels=right
+    )
     assert onnx_custom.verify(model, args, proto, kernels=right, localize=True).passed
-    report = onnx_custom.verify(model, args, proto, registry=registry, kernels=wrong, localize=True, raise_on_mismatch=False)
-    assert len(report.shapes_tried) > 1 and {r.kind for r in report.shapes_tried} >= {"example", "shape"}
+    report = onnx_custom.verify(
+        model, args, proto, registry=registry, kernels=wrong, localize=True, raise_on_mismatch=False
+    )
+    assert len(report.shapes_tried) > 1 and {r.kind for r in report.shapes_tried} >= {
+        "example",
+        "shape",
+    }
     assert all(r.status == "failed" for r in report.shapes_tried)
     loc = report.localization
-    assert loc.trial == 0 and loc.first is not None and loc.first.fx_name == "my_add" and loc.first.origin
+    assert (
+        loc.trial == 0
+        and loc.first is not None
+        and loc.first.fx_name == "my_add"
+        and loc.first.origin
+    )
     assert not any(n.diverges for n in loc.nodes if n.index < loc.first.index)
     served = {i.node_type: i.kind for i in report.implementations["onnxruntime"]}
     assert served == {"octest_pass::my_add": "python"}

@@ -72,12 +72,16 @@ def _count_traces(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def test_verify_reuses_the_exporters_program(broken_add: onnx_custom.Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_verify_reuses_the_exporters_program(
+    broken_add: onnx_custom.Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model, args = Scaled().eval(), _args()
     proto = onnx_custom.export(model, args, exporter="dynamo", registry=broken_add)
     assert program_cache.recall(model, args) is not None
     calls = _count_traces(monkeypatch)
-    report = onnx_custom.verify(model, args, proto, registry=broken_add, localize=True, raise_on_mismatch=False)
+    report = onnx_custom.verify(
+        model, args, proto, registry=broken_add, localize=True, raise_on_mismatch=False
+    )
     loc = report.localization
     assert calls == []  # no second torch.export
     assert loc.method == "names" and loc.first is not None and loc.first.fx_name == "my_add"
@@ -106,7 +110,14 @@ def test_a_program_is_not_reused_for_a_changed_model(monkeypatch: pytest.MonkeyP
 
 @pytest.mark.parametrize(
     "change",
-    ["weights-in-place", "weights-replaced", "train-mode", "other-batch", "other-dtype", "other-model"],
+    [
+        "weights-in-place",
+        "weights-replaced",
+        "train-mode",
+        "other-batch",
+        "other-dtype",
+        "other-model",
+    ],
 )
 def test_recall_misses_when_what_the_program_depends_on_changed(change: str) -> None:
     model, args = Scaled().eval(), _args()
@@ -139,7 +150,9 @@ def test_the_cache_holds_models_weakly() -> None:
     assert program_cache.recall("not a module", args) is None
 
 
-def test_torchscript_probe_uses_verifys_outputs_of_the_file(broken_add: onnx_custom.Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_torchscript_probe_uses_verifys_outputs_of_the_file(
+    broken_add: onnx_custom.Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model, args = Scaled().eval(), _args()
     proto = onnx_custom.export(model, args, exporter="torchscript", registry=broken_add)
 
@@ -147,7 +160,9 @@ def test_torchscript_probe_uses_verifys_outputs_of_the_file(broken_add: onnx_cus
         raise AssertionError("the file was run again")
 
     monkeypatch.setattr(localize_module, "_run", no_second_run)
-    report = onnx_custom.verify(model, args, proto, registry=broken_add, localize=True, raise_on_mismatch=False)
+    report = onnx_custom.verify(
+        model, args, proto, registry=broken_add, localize=True, raise_on_mismatch=False
+    )
     loc = report.localization
     assert loc.method == "probe" and loc.first is not None and loc.first.fx_name == "my_add"
     assert "the given file's outputs equal the re-export's" in loc.note
@@ -168,10 +183,14 @@ class LastAndTyped(torch.nn.Module):
 
 
 @pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
-def test_divergence_in_the_last_node_next_to_int_and_bool_values(exporter: str, broken_add: onnx_custom.Registry) -> None:
+def test_divergence_in_the_last_node_next_to_int_and_bool_values(
+    exporter: str, broken_add: onnx_custom.Registry
+) -> None:
     model, args = LastAndTyped().eval(), _args(batch=5)
     proto = onnx_custom.export(model, args, exporter=exporter, registry=broken_add)
-    report = onnx_custom.verify(model, args, proto, registry=broken_add, localize=True, raise_on_mismatch=False)
+    report = onnx_custom.verify(
+        model, args, proto, registry=broken_add, localize=True, raise_on_mismatch=False
+    )
     loc = report.localization
     assert loc.first is not None and loc.first.fx_name == "my_add" and loc.first.origin
     assert loc.nodes[-1].fx_name == "my_add"  # the last node, named exactly

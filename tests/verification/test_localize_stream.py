@@ -22,7 +22,12 @@ FLOAT = TensorProto.FLOAT
 
 def _branch(name: str, op: str) -> onnx.GraphProto:
     """An If branch reading the outer-scope values b and x."""
-    return helper.make_graph([helper.make_node(op, ["b", "x"], [f"{name}_out"])], name, [], [helper.make_tensor_value_info(f"{name}_out", FLOAT, None)])
+    return helper.make_graph(
+        [helper.make_node(op, ["b", "x"], [f"{name}_out"])],
+        name,
+        [],
+        [helper.make_tensor_value_info(f"{name}_out", FLOAT, None)],
+    )
 
 
 def _graph_model() -> onnx.ModelProto:
@@ -33,19 +38,32 @@ def _graph_model() -> onnx.ModelProto:
         helper.make_node("Relu", ["x"], ["a"]),
         helper.make_node("Mul", ["a", "w"], ["b"]),
         helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
-        helper.make_node("Constant", [], ["zero"], value=numpy_helper.from_array(np.array(0, np.float32))),
+        helper.make_node(
+            "Constant", [], ["zero"], value=numpy_helper.from_array(np.array(0, np.float32))
+        ),
         helper.make_node("Greater", ["total", "zero"], ["positive"]),
-        helper.make_node("If", ["positive"], ["c"], then_branch=_branch("then", "Add"), else_branch=_branch("else", "Sub")),
+        helper.make_node(
+            "If",
+            ["positive"],
+            ["c"],
+            then_branch=_branch("then", "Add"),
+            else_branch=_branch("else", "Sub"),
+        ),
         helper.make_node("Shape", ["c"], ["shape"]),
         helper.make_node("Cast", ["shape"], ["shape_f"], to=FLOAT),
         helper.make_node("Add", ["a", "c"], ["f"]),
         helper.make_node("my_add", ["a", "f"], ["y"], domain="onnx_custom", alpha=2.0),
     ]
     graph = helper.make_graph(
-        nodes, "segments", [helper.make_tensor_value_info("x", FLOAT, [2, 3])],
-        [helper.make_tensor_value_info("y", FLOAT, [2, 3]), helper.make_tensor_value_info("shape_f", FLOAT, [2])],
+        nodes,
+        "segments",
+        [helper.make_tensor_value_info("x", FLOAT, [2, 3])],
+        [
+            helper.make_tensor_value_info("y", FLOAT, [2, 3]),
+            helper.make_tensor_value_info("shape_f", FLOAT, [2]),
+        ],
         initializer=[w],
-    )  # fmt: skip
+    )
     opsets = [helper.make_opsetid("", 18), helper.make_opsetid("onnx_custom", 1)]
     return helper.make_model(graph, opset_imports=opsets, ir_version=10)
 
@@ -56,27 +74,38 @@ def _all_values(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[st
     extended.CopyFrom(model)
     existing = {o.name for o in extended.graph.output}
     for node in extended.graph.node:
-        extended.graph.output.extend(onnx.ValueInfoProto(name=o) for o in node.output if o not in existing)
+        extended.graph.output.extend(
+            onnx.ValueInfoProto(name=o) for o in node.output if o not in existing
+        )
     session = onnx_custom.InferenceSession(extended)
     names = [o.name for o in extended.graph.output]
     return dict(zip(names, session.run(names, feeds), strict=True))
 
 
-@pytest.mark.parametrize("budget", [1, 64, 1 << 30], ids=["one-node-per-segment", "small", "one-segment"])
+@pytest.mark.parametrize(
+    "budget", [1, 64, 1 << 30], ids=["one-node-per-segment", "small", "one-segment"]
+)
 @pytest.mark.parametrize("sign", [1.0, -1.0], ids=["then", "else"])
 def test_segmented_run_equals_one_run(budget: int, sign: float) -> None:
     model = _graph_model()
     feeds = {"x": sign * np.arange(1, 7, dtype=np.float32).reshape(2, 3)}
     expected = _all_values(model, feeds)
     wanted = [o for node in model.graph.node for o in node.output]
-    run = SegmentedRun(model, {"x": ort.OrtValue.ortvalue_from_numpy(feeds["x"])}, [*wanted, "a", "x", "w"], budget_bytes=budget)
+    run = SegmentedRun(
+        model,
+        {"x": ort.OrtValue.ortvalue_from_numpy(feeds["x"])},
+        [*wanted, "a", "x", "w"],
+        budget_bytes=budget,
+    )
     if budget == 1:
         assert run.segments == len(model.graph.node)
     for name in wanted:
         np.testing.assert_array_equal(run.take(name), expected[name], err_msg=name)
     np.testing.assert_array_equal(run.take("a"), expected["a"])  # wanted twice
     assert run.take("a") is None  # handed out as often as wanted, then released
-    np.testing.assert_array_equal(run.take("x"), feeds["x"])  # graph inputs and initializers as they are
+    np.testing.assert_array_equal(
+        run.take("x"), feeds["x"]
+    )  # graph inputs and initializers as they are
     np.testing.assert_array_equal(run.take("w"), numpy_helper.to_array(model.graph.initializer[0]))
     assert run.take("not_a_value") is None
 
@@ -126,14 +155,19 @@ def test_parameters_are_compared_not_assumed() -> None:
 
 def test_a_file_from_other_weights_is_named() -> None:
     model, args = Chain().eval(), _args()
-    proto = _with_scaled_initializer(onnx_custom.export(model, args, exporter="dynamo"), "second.weight")
+    proto = _with_scaled_initializer(
+        onnx_custom.export(model, args, exporter="dynamo"), "second.weight"
+    )
     loc = localize(model, args, proto)
     first = loc.first
     assert first is not None and not first.origin
     differing = [i for i in first.inputs if i.observed and not i.passed]
     assert [d.onnx_name for d in differing] == ["second.weight"]
     assert "the file was not exported from these weights" in loc.summary()
-    assert "WARNING: the file's initializers differ from the model's parameters: second.weight" in loc.note
+    assert (
+        "WARNING: the file's initializers differ from the model's parameters: second.weight"
+        in loc.note
+    )
 
 
 def test_probe_names_a_file_from_other_weights() -> None:
@@ -163,7 +197,9 @@ def test_each_value_is_compared_once(monkeypatch: pytest.MonkeyPatch) -> None:
     assert set(calls) == values
 
 
-def _reference_cone(graph: onnx.GraphProto, outputs: list[str], inputs: list[str]) -> tuple[str, ...]:
+def _reference_cone(
+    graph: onnx.GraphProto, outputs: list[str], inputs: list[str]
+) -> tuple[str, ...]:
     """The old per-node definition: ancestors of the outputs minus ancestors of the inputs."""
     producers = {out: node for node in graph.node for out in node.output if out}
 
@@ -178,12 +214,20 @@ def _reference_cone(graph: onnx.GraphProto, outputs: list[str], inputs: list[str
         return seen
 
     inside = ancestors(outputs) - ancestors(inputs)
-    return tuple(localize_module._label(n) for n in graph.node if id(n) in inside and n.op_type != "Constant")
+    return tuple(
+        localize_module._label(n) for n in graph.node if id(n) in inside and n.op_type != "Constant"
+    )
 
 
 def test_linear_cones_equal_the_old_definition_on_a_chain() -> None:
     graph = _graph_model().graph
     cones = _Cones(graph)
-    steps = [(["a"], ["x"]), (["b"], ["a"]), (["c"], ["b", "x"]), (["shape_f"], ["c"]), (["y"], ["a", "c"])]
+    steps = [
+        (["a"], ["x"]),
+        (["b"], ["a"]),
+        (["c"], ["b", "x"]),
+        (["shape_f"], ["c"]),
+        (["y"], ["a", "c"]),
+    ]
     for outputs, inputs in steps:
         assert cones.claim(outputs, inputs) == _reference_cone(graph, outputs, inputs), outputs

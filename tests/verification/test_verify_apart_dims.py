@@ -187,8 +187,12 @@ def _two_batch_file(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto]) 
         for n, d in (("x", "bx"), ("y", "by"))
     ]
     graph = helper.make_graph(
-        nodes, "g", inputs, [helper.make_tensor_value_info("output_0", TensorProto.FLOAT, [3])], initializer=inits
-    )  # fmt: skip
+        nodes,
+        "g",
+        inputs,
+        [helper.make_tensor_value_info("output_0", TensorProto.FLOAT, [3])],
+        initializer=inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
 
 
@@ -355,15 +359,23 @@ def _cnn() -> torch.nn.Module:
     ("model", "args", "dims", "slots"),
     [
         pytest.param(
-            _cnn, lambda: _image(5, size=8), {"x": {2: Dim("h", min=4), 3: Dim("w", min=4)}}, ("x[2]", "x[3]"),
+            _cnn,
+            lambda: _image(5, size=8),
+            {"x": {2: Dim("h", min=4), 3: Dim("w", min=4)}},
+            ("x[2]", "x[3]"),
             id="square-cnn-x2x3x8x8",
         ),
         pytest.param(
-            CatBatches, lambda: tuple(torch.randn(4, 3, generator=torch.Generator().manual_seed(6 + i)) for i in range(2)),
-            {"x": {0: Dim("bx")}, "y": {0: Dim("by")}}, ("x[0]", "y[0]"), id="cat-batches-x4x3-y4x3",
+            CatBatches,
+            lambda: tuple(
+                torch.randn(4, 3, generator=torch.Generator().manual_seed(6 + i)) for i in range(2)
+            ),
+            {"x": {0: Dim("bx")}, "y": {0: Dim("by")}},
+            ("x[0]", "y[0]"),
+            id="cat-batches-x4x3-y4x3",
         ),
     ],
-)  # fmt: skip
+)
 def test_a_right_file_passes_the_apart_trial(
     exporter: str,
     model: Callable[[], torch.nn.Module],
@@ -395,9 +407,15 @@ def _add_scaled_file(x_dims: list[int | str], y_dims: list[int | str]) -> onnx.M
         helper.make_node("Add", ["x", "scaled"], ["output_0"]),
     ]
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, d) for n, d in (("x", x_dims), ("y", y_dims))],
-        [helper.make_tensor_value_info("output_0", TensorProto.FLOAT, x_dims)], initializer=[half],
-    )  # fmt: skip
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info(n, TensorProto.FLOAT, d)
+            for n, d in (("x", x_dims), ("y", y_dims))
+        ],
+        [helper.make_tensor_value_info("output_0", TensorProto.FLOAT, x_dims)],
+        initializer=[half],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
 
 

@@ -82,7 +82,9 @@ def test_empty_tensors() -> None:
     x = torch.zeros(0, 3)
     proto = onnx_custom.export(OneOut(), (x,), exporter="torchscript")
     report = verify(OneOut(), (x,), proto)
-    assert report.passed and report.comparisons[0].total == 0 and report.comparisons[0].shape == (0, 3)
+    assert (
+        report.passed and report.comparisons[0].total == 0 and report.comparisons[0].shape == (0, 3)
+    )
 
 
 @pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
@@ -94,9 +96,13 @@ def test_integer_and_bool_outputs_compare_exactly(exporter: str) -> None:
     report = verify(model, (x,), proto, trials=2)
     assert report.passed
     dtypes = [c.dtype for c in report.comparisons if c.trial == 0]
-    assert dtypes == (["bool", "int64", "int32"] if exporter == "torchscript" else ["bool", "int64"])
+    assert dtypes == (
+        ["bool", "int64", "int32"] if exporter == "torchscript" else ["bool", "int64"]
+    )
     assert all(c.max_abs_diff == 0 for c in report.comparisons)
-    off_by_one = compare_arrays(torch.tensor([1, 2, 3]), np.array([1, 2, 4]), name="i", trial=0, rtol=1.0, atol=1.0)
+    off_by_one = compare_arrays(
+        torch.tensor([1, 2, 3]), np.array([1, 2, 4]), name="i", trial=0, rtol=1.0, atol=1.0
+    )
     assert not off_by_one.passed and off_by_one.mismatched == 1  # tolerances never apply to ints
 
 
@@ -115,13 +121,20 @@ def test_model_raising_in_eager_mode() -> None:
     model = Raises()
     proto = onnx_custom.export(model, (torch.randn(3),), exporter="torchscript")
     model.broken = True
-    with pytest.raises(VerificationError, match=r"raised in eager mode on trial 0: RuntimeError: boom in eager"):
+    with pytest.raises(
+        VerificationError, match=r"raised in eager mode on trial 0: RuntimeError: boom in eager"
+    ):
         verify(model, (torch.randn(3),), proto)
 
 
 def test_output_count_mismatch_raises() -> None:
     proto = onnx_custom.export(TwoOut(), (torch.randn(3),), exporter="dynamo")
-    with pytest.raises(VerificationError, match=r"Output structure mismatch: the PyTorch model returns 1 tensor\(s\).*has 2 output\(s\)"):
+    with pytest.raises(
+        VerificationError,
+        match=(
+            r"Output structure mismatch: the PyTorch model returns 1 tensor\(s\).*has 2 output\(s\)"
+        ),
+    ):
         verify(OneOut(), (torch.randn(3),), proto)
 
 
@@ -162,18 +175,37 @@ def test_tolerance_sources_and_bad_arguments() -> None:
 
 def test_backend_disagreement_is_diagnosed() -> None:
     def comparison(backend: str, mismatched: int) -> OutputComparison:
-        return OutputComparison(0, "y", (3,), "float32", 1.0 * mismatched, 1.0, mismatched, 3, 1e-5, 1e-5, "x", backend=backend)
+        return OutputComparison(
+            0,
+            "y",
+            (3,),
+            "float32",
+            1.0 * mismatched,
+            1.0,
+            mismatched,
+            3,
+            1e-5,
+            1e-5,
+            "x",
+            backend=backend,
+        )
 
-    report = VerificationReport([comparison("onnxruntime", 1), comparison("reference", 0)], 1, ("onnxruntime", "reference"))
+    report = VerificationReport(
+        [comparison("onnxruntime", 1), comparison("reference", 0)], 1, ("onnxruntime", "reference")
+    )
     assert report.passed_by_backend() == {"onnxruntime": False, "reference": True}
     assert "suspect the runtime or a custom kernel" in report.diagnosis()
     assert "Backends disagree" in str(report)
-    agree = VerificationReport([comparison("onnxruntime", 1), comparison("reference", 1)], 1, ("onnxruntime", "reference"))
+    agree = VerificationReport(
+        [comparison("onnxruntime", 1), comparison("reference", 1)], 1, ("onnxruntime", "reference")
+    )
     assert agree.diagnosis() == ""
 
 
 def test_reference_backend_runs_custom_nodes() -> None:
-    pytest.importorskip("onnx_custom.runtime.reference", reason="kernel host without reference adapters")
+    pytest.importorskip(
+        "onnx_custom.runtime.reference", reason="kernel host without reference adapters"
+    )
     from onnx_custom.models import my_add
 
     model, args = my_add.Model().eval(), my_add.example_inputs()
@@ -192,8 +224,22 @@ def test_progress_and_cli_backends(tmp_path: Any, capsys: Any) -> None:
     from onnx_custom.models import multi_out
 
     path = tmp_path / "multi.onnx"
-    onnx_custom.export(multi_out.Model().eval(), multi_out.example_inputs(), path, exporter="dynamo")
-    rc = main(["verify", "multi_out", str(path), "--trials", "2", "--backend", "onnxruntime", "--backend", "reference"])
+    onnx_custom.export(
+        multi_out.Model().eval(), multi_out.example_inputs(), path, exporter="dynamo"
+    )
+    rc = main(
+        [
+            "verify",
+            "multi_out",
+            str(path),
+            "--trials",
+            "2",
+            "--backend",
+            "onnxruntime",
+            "--backend",
+            "reference",
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 0 and "reference" in captured.out and "verify: trial 2/2" in captured.err
 
@@ -215,16 +261,22 @@ def test_verify_with_a_users_own_kernel_registry() -> None:
     from onnx_custom.runtime import KernelRegistry
 
     kernels = KernelRegistry()
-    kernels.kernel("octest_own::my_add", inputs=["a", "b"], outputs=["y"], attrs={"alpha": ("float", 2.0)})(lambda a, b, *, alpha: alpha * a + b)
+    kernels.kernel(
+        "octest_own::my_add", inputs=["a", "b"], outputs=["y"], attrs={"alpha": ("float", 2.0)}
+    )(lambda a, b, *, alpha: alpha * a + b)
     registry = onnx_custom.default_registry().copy()
-    registry.symbolic("onnx_custom::my_add", opset=1, replace=True)(lambda g, a, b: g.op("octest_own::my_add", a, b, alpha=2.0))
+    registry.symbolic("onnx_custom::my_add", opset=1, replace=True)(
+        lambda g, a, b: g.op("octest_own::my_add", a, b, alpha=2.0)
+    )
 
     class M(torch.nn.Module):
         def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             return torch.ops.onnx_custom.my_add(a, b)
 
     args = (torch.randn(2, 3), torch.randn(2, 3))
-    proto = onnx_custom.export(M(), args, exporter="dynamo", registry=registry, verify=True, kernels=kernels)
+    proto = onnx_custom.export(
+        M(), args, exporter="dynamo", registry=registry, verify=True, kernels=kernels
+    )
     assert verify(M(), args, proto, kernels=kernels, backends=("onnxruntime", "reference")).passed
     with pytest.raises(onnx_custom.KernelError, match="octest_own::my_add"):
         verify(M(), args, proto)

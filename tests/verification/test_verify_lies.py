@@ -35,9 +35,12 @@ def _unary_file(ops: list[tuple[str, float | None]], shape: tuple[int, ...]) -> 
         nodes.append(helper.make_node(op, inputs, [out]))
         last = out
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
-        [helper.make_tensor_value_info("output_0", TensorProto.FLOAT, list(shape))], initializer=inits,
-    )  # fmt: skip
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("output_0", TensorProto.FLOAT, list(shape))],
+        initializer=inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -275,9 +278,11 @@ def _triple(x: torch.Tensor) -> torch.Tensor:
 def test_the_native_backend_names_nodes_no_native_kernel_serves(backends: tuple[str, ...]) -> None:
     node = helper.make_node("Triple", ["x"], ["output_0"], domain="acme")
     graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
         [helper.make_tensor_value_info("output_0", TensorProto.FLOAT, [2, 3])],
-    )  # fmt: skip
+    )
     proto = helper.make_model(
         graph,
         ir_version=10,

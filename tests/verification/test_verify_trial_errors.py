@@ -119,7 +119,7 @@ def test_a_wrongly_declared_output_fails_on_every_backend(backend: str) -> None:
     report = verify(torch.relu, args, _relu_file(7), backends=(backend,), raise_on_mismatch=False)
     assert not report.passed
     assert report.type_mismatches and {m.backend for m in report.type_mismatches} == {backend}
-    (first, *_) = report.type_mismatches
+    first, *_ = report.type_mismatches
     assert "dim 1 is static 7 in the file but 3 at run time" in first.describe()
     assert (
         "ONNX Runtime returned" if backend == "onnxruntime" else f"backend {backend} returned"

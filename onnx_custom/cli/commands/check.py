@@ -15,6 +15,12 @@ def cmd_check(ns: argparse.Namespace) -> int:
     from onnx_custom.verification.preflight import check
 
     loaded, args = load_model_and_args(ns)
-    report = check(loaded.model, args, exporter=ns.exporter, opset=ns.opset, registry=registry_with_variants(ns.variant))
+    report = check(
+        loaded.model,
+        args,
+        exporter=ns.exporter,
+        opset=ns.opset,
+        registry=registry_with_variants(ns.variant),
+    )
     print(report)
     return 0 if report.ok else EXIT_FAILED

@@ -32,19 +32,52 @@ def cmd_export(ns: argparse.Namespace) -> int:
     loaded, args = load_model_and_args(ns)
     dynamic = getattr(loaded.module, "dynamic_shapes", None) if ns.dynamic else None
     if ns.dynamic and dynamic is None:
-        raise CliInputError(f"--dynamic: {ns.model!r} declares no dynamic_shapes; expected a module-level `dynamic_shapes` (e.g. ({{0: 'batch'}},)) in {loaded.module.__name__}; fix: define it or drop --dynamic.")
+        raise CliInputError(
+            f"--dynamic: {ns.model!r} declares no dynamic_shapes; expected a module-level"
+            f" `dynamic_shapes` (e.g. ({{0: 'batch'}},)) in {loaded.module.__name__}; fix: define"
+            " it or drop --dynamic."
+        )
     registry = registry_with_variants(ns.variant)
-    proto = onnx_custom.export(loaded.model, args, exporter=ns.exporter, opset=ns.opset, dynamic_shapes=dynamic, registry=registry)
-    made = {"model": ns.model, "seed": ns.seed, "exporter": ns.exporter, "variants": list(ns.variant)}
+    proto = onnx_custom.export(
+        loaded.model,
+        args,
+        exporter=ns.exporter,
+        opset=ns.opset,
+        dynamic_shapes=dynamic,
+        registry=registry,
+    )
+    made = {
+        "model": ns.model,
+        "seed": ns.seed,
+        "exporter": ns.exporter,
+        "variants": list(ns.variant),
+    }
     proto.metadata_props.add(key=CLI_METADATA_KEY, value=json.dumps(made))
     if ns.verify:
-        report = verify_model(ns, loaded.model, args, proto, input_generator=getattr(loaded.module, "input_generator", None), dynamic_shapes=dynamic, registry=registry, exporter=ns.exporter)
+        report = verify_model(
+            ns,
+            loaded.model,
+            args,
+            proto,
+            input_generator=getattr(loaded.module, "input_generator", None),
+            dynamic_shapes=dynamic,
+            registry=registry,
+            exporter=ns.exporter,
+        )
         print(summary_text(report))
         if not report.passed:
-            stderr(f"onnx-custom: verification failed; {ns.output} was not written (an existing file there is unchanged)")
+            stderr(
+                f"onnx-custom: verification failed; {ns.output} was not written (an existing file"
+                " there is unchanged)"
+            )
             return EXIT_FAILED
     save_model(proto, ns.output)
     opsets = [o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")]
-    nodes = sorted({f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in proto.graph.node})
-    print(f"wrote {ns.output} ({ns.exporter}, opset {opsets[0] if opsets else '?'}, IR {proto.ir_version}); node types: {', '.join(nodes)}")
+    nodes = sorted(
+        {f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in proto.graph.node}
+    )
+    print(
+        f"wrote {ns.output} ({ns.exporter}, opset {opsets[0] if opsets else '?'}, IR"
+        f" {proto.ir_version}); node types: {', '.join(nodes)}"
+    )
     return 0

@@ -19,10 +19,25 @@ def cmd_ops(ns: argparse.Namespace) -> int:
     rows = [("target", "opset", "variant", "custom nodes (emits=)", "kernel", "source")]
     for entry in entries:
         emits = ", ".join(entry.emits) or "-"
-        kernel = "-" if not entry.emits else ("yes" if kernels is not None and all(has_kernel(kernels, e) for e in entry.emits) else "NO")
-        rows.append((str(entry.target), str(entry.opset), entry.variant, emits, kernel, entry.source))
+        kernel = (
+            "-"
+            if not entry.emits
+            else (
+                "yes"
+                if kernels is not None and all(has_kernel(kernels, e) for e in entry.emits)
+                else "NO"
+            )
+        )
+        rows.append(
+            (str(entry.target), str(entry.opset), entry.variant, emits, kernel, entry.source)
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
-    print(f"{len(entries)} translation(s); variants: {', '.join(sorted({e.variant for e in entries}))}")
+        print(
+            "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1]
+        )
+    print(
+        f"{len(entries)} translation(s); variants:"
+        f" {', '.join(sorted({e.variant for e in entries}))}"
+    )
     return 0

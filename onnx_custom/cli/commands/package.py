@@ -12,7 +12,9 @@ def cmd_package(ns: argparse.Namespace) -> int:
     from onnx_custom.spec import parse_specs
 
     specs = [spec for path in ns.spec or () for spec in parse_specs(path)]
-    written = package_model(ns.onnx, ns.output, specs, name=ns.name)  # a first build announces itself
+    written = package_model(
+        ns.onnx, ns.output, specs, name=ns.name
+    )  # a first build announces itself
     for path in written:
         print(path, flush=True)
     return 0

@@ -32,7 +32,10 @@ def cmd_verify(ns: argparse.Namespace) -> int:
     made = cli_metadata(proto)
     variants = ns.variant or made.get("variants") or []
     report = verify_model(
-        ns, loaded.model, args, proto,
+        ns,
+        loaded.model,
+        args,
+        proto,
         input_generator=getattr(loaded.module, "input_generator", None),
         localize=ns.localize,
         backends=tuple(ns.backend or ("onnxruntime",)),
@@ -40,10 +43,13 @@ def cmd_verify(ns: argparse.Namespace) -> int:
         opset=ns.opset,
         registry=registry_with_variants(variants),
         progress=stderr if ns.localize or ns.trials > 1 else None,
-    )  # fmt: skip
+    )
     print(summary_text(report))
     if ns.report:
         from onnx_custom.verification.report import write_report
 
-        stderr(f"report written to {write_report(ns.report, report, title=f'verify {ns.model} against {ns.onnx}')}")
+        stderr(
+            "report written to"
+            f" {write_report(ns.report, report, title=f'verify {ns.model} against {ns.onnx}')}"
+        )
     return 0 if report.passed else EXIT_FAILED

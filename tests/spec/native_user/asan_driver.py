@@ -15,11 +15,27 @@ from onnx import TensorProto, helper
 F32, F16, F64, I64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.INT64
 
 
-def session(lib: str, op: str, inputs: list[tuple[str, int]], outputs: list[tuple[str, int]], **attrs: object) -> ort.InferenceSession:
-    node = helper.make_node(op, [n for n, _ in inputs], [n for n, _ in outputs], domain="acme", name="n", **attrs)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, t, None) for n, t in inputs if n],
-                              [helper.make_tensor_value_info(n, t, None) for n, t in outputs])  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("acme", 1)], ir_version=9)
+def session(
+    lib: str,
+    op: str,
+    inputs: list[tuple[str, int]],
+    outputs: list[tuple[str, int]],
+    **attrs: object,
+) -> ort.InferenceSession:
+    node = helper.make_node(
+        op, [n for n, _ in inputs], [n for n, _ in outputs], domain="acme", name="n", **attrs
+    )
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info(n, t, None) for n, t in inputs if n],
+        [helper.make_tensor_value_info(n, t, None) for n, t in outputs],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("acme", 1)],
+        ir_version=9,
+    )
     so = ort.SessionOptions()
     so.intra_op_num_threads = 3
     so.log_severity_level = 4
@@ -42,26 +58,56 @@ def main(lib: str) -> None:
         s = session(lib, "ScaleAdd", [("x", elem), ("y", elem)], [("out", elem)], alpha=0.5)
         for shape in ((3, 4), (0, 2), (), (50000,)):
             x, y = rng.standard_normal(shape).astype(dt), rng.standard_normal(shape).astype(dt)
-            np.testing.assert_allclose(s.run(None, {"x": x, "y": y})[0].astype(np.float64), (0.5 * x.astype(np.float64) + y).astype(dt), rtol=1e-3, atol=1e-3)
+            np.testing.assert_allclose(
+                s.run(None, {"x": x, "y": y})[0].astype(np.float64),
+                (0.5 * x.astype(np.float64) + y).astype(dt),
+                rtol=1e-3,
+                atol=1e-3,
+            )
         fails(s, {"x": np.ones((2, 3), dt), "y": np.ones((3, 2), dt)}, "must have one shape")
     s = session(lib, "Mix", [("x", F64), ("", F64), ("o", F64)], [("y", F64), ("r", F64)])
     x = rng.standard_normal((5, 4))
     y, r = s.run(None, {"x": x, "o": x})
     np.testing.assert_allclose(r, (2 * x).sum(-1))
-    fails(session(lib, "Mix", [("x", F64), ("b", F64), ("o", F64)], [("y", F64), ("r", F64)]), {"x": x, "b": np.ones(3), "o": x}, "bias must have 4 elements")
+    fails(
+        session(lib, "Mix", [("x", F64), ("b", F64), ("o", F64)], [("y", F64), ("r", F64)]),
+        {"x": x, "b": np.ones(3), "o": x},
+        "bias must have 4 elements",
+    )
     s = session(lib, "Positive", [("x", F32)], [("v", F32)])
     for n in (0, 1, 1000):
         v = rng.standard_normal(n).astype(np.float32)
         np.testing.assert_array_equal(s.run(None, {"x": v})[0], v[v > 0])
-    for fault, text in ((0, "negative input at index"), (1, "unknown C++ exception"), (2, "asks for [3]")):
+    for fault, text in (
+        (0, "negative input at index"),
+        (1, "unknown C++ exception"),
+        (2, "asks for [3]"),
+    ):
         s = session(lib, "CheckedSqrt", [("x", F32)], [("out", F32)], fault=fault)
         fails(s, {"x": np.array([1.0, -4.0] if fault == 0 else [1.0, 4.0], np.float32)}, text)
-    s = session(lib, "GatherRows", [("t", F32), ("i", I64)], [("out", F32)], mode="raise", weights=[1.0, 2.0])
+    s = session(
+        lib,
+        "GatherRows",
+        [("t", F32), ("i", I64)],
+        [("out", F32)],
+        mode="raise",
+        weights=[1.0, 2.0],
+    )
     t = rng.standard_normal((6, 2)).astype(np.float32)
-    np.testing.assert_allclose(s.run(None, {"t": t, "i": np.array([5, 0], np.int64)})[0], t[[5, 0]] * [1.0, 2.0], rtol=1e-6)
+    np.testing.assert_allclose(
+        s.run(None, {"t": t, "i": np.array([5, 0], np.int64)})[0], t[[5, 0]] * [1.0, 2.0], rtol=1e-6
+    )
     fails(s, {"t": t, "i": np.array([6], np.int64)}, "out of range for 6 rows")
-    fails(session(lib, "GatherRows", [("t", F32), ("i", I64)], [("out", F32)], weights=[1.0]), {"t": t, "i": np.array([0], np.int64)}, "one value per column")
-    fails(session(lib, "ScaleAdd", [("x", F64), ("y", F64)], [("out", F64)]), {"x": np.ones(2), "y": np.ones(2)}, "has dtype float64")
+    fails(
+        session(lib, "GatherRows", [("t", F32), ("i", I64)], [("out", F32)], weights=[1.0]),
+        {"t": t, "i": np.array([0], np.int64)},
+        "one value per column",
+    )
+    fails(
+        session(lib, "ScaleAdd", [("x", F64), ("y", F64)], [("out", F64)]),
+        {"x": np.ones(2), "y": np.ones(2)},
+        "has dtype float64",
+    )
     print("asan ok")
 
 
