@@ -136,7 +136,7 @@ print("kernel ran", float(y[0, 0]))
 """,
         stdout=("kernel ran 4.75",),
     ),
-    "import onnxruntime as ort                      # plain ONNX Runtime, no torch, no onnx_custom": Run(
+    "import onnxruntime as ort  # plain ONNX Runtime, no torch, no onnx_custom": Run(
         _DCN_FILE,
         check="""
 import numpy as np
