@@ -52,7 +52,8 @@ class UnsupportedOpError(OnnxCustomError):
 
 
 class SymbolicError(OnnxCustomError, ValueError):
-    """A translation or its registration is malformed (bad target name, bad attribute, wrong arity)."""
+    """A translation or its registration is malformed (bad target name, bad attribute,
+    wrong arity)."""
 
 
 class HalfPrecisionError(SymbolicError):

@@ -1,4 +1,5 @@
-"""Every error type a user may catch lives in `onnx_custom.errors` and is reachable from `onnx_custom`."""
+"""Every error type a user may catch lives in `onnx_custom.errors` and is reachable from
+`onnx_custom`."""
 
 from __future__ import annotations
 

@@ -53,7 +53,8 @@ class OutputPlan:
 
     ``slots``: per graph output, ``("ort", j)`` / ``("int", j)`` (a SymInt: ``.item()``) /
     ``("float", j)`` / ``("input", i)`` / ``("const", value)``. ``bool_outputs``: ORT outputs that
-    are bool (DLPack hands them over as uint8). ``single``: the graph returns one value, not a tuple.
+    are bool (DLPack hands them over as uint8). ``single``: the graph returns one value,
+    not a tuple.
     """
 
     slots: tuple[tuple[str, Any], ...]

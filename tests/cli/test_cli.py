@@ -362,7 +362,8 @@ def test_zoo_run_is_quiet_and_streams() -> None:
 
 @pytest.mark.slow
 def test_build_library_announces_a_fresh_build(tmp_path: Path) -> None:
-    """A real compile into an empty cache (~15-45 s), then the cache hit says nothing of building."""
+    """A real compile into an empty cache (~15-45 s),
+    then the cache hit says nothing of building."""
     env = dict(os.environ, ONNX_CUSTOM_CACHE_DIR=str(tmp_path))
     fresh = subprocess.run(
         [EXE, "build-library"], capture_output=True, text=True, env=env, timeout=600

@@ -207,7 +207,8 @@ def test_truncated_data_file_is_a_model_load_error(tmp_path: Path, loader: int) 
 
 
 def test_data_of_another_export_is_refused(tmp_path: Path) -> None:
-    """Same name, same size, other write: a data file replaced by hand (copied from another export)."""
+    """Same name, same size, other write: a data file replaced by hand
+    (copied from another export)."""
     path, data = _exported(tmp_path / "a")
     _, other = _exported(tmp_path / "b")
     os.replace(other, data)

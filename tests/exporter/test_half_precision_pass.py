@@ -59,7 +59,8 @@ CASES = [
     ("Relu", {}, [(F16, np.ones((2, 3)))], 14, True),
 ]
 IDS = [
-    f"{op}-{'/'.join(T.DataType.Name(t) for t, _ in ins)}-{'-'.join(a.values()) or 'plain'}-opset{o}"
+    f"{op}-{'/'.join(T.DataType.Name(t) for t, _ in ins)}"
+    f"-{'-'.join(a.values()) or 'plain'}-opset{o}"
     for op, a, ins, o, _ in CASES
 ]
 

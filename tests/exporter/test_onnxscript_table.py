@@ -1,4 +1,5 @@
-"""``@onnxscript.script`` translations in ``translation_table(extra=...)`` (torch.onnx's tutorial style).
+"""``@onnxscript.script`` translations in ``translation_table(extra=...)``
+(torch.onnx's tutorial style).
 
 torch 2.13 counts a script function's outputs from its return annotation only; without one the
 export failed in onnxscript's InlinePass. Checked end to end in ONNX Runtime against torch.

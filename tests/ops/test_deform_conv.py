@@ -150,7 +150,8 @@ class Case:
         }
 
     def tensors(self, dtype: torch.dtype = torch.float64, seed: int = 0) -> dict[str, torch.Tensor]:
-        """N(0, 1) values (offsets scaled by ``offset_scale``, the mask U(0, 1)), drawn in float64."""
+        """N(0, 1) values (offsets scaled by ``offset_scale``, the mask U(0, 1)),
+        drawn in float64."""
         g = torch.Generator().manual_seed(seed)
         out = {}
         for name, shape in self.shapes().items():

@@ -1,7 +1,8 @@
-"""The kernels of ``onnx_custom::MultiScaleDeformableAttn`` and ``mmdeploy::MMCVMultiScaleDeformableAttention``
-in ONNX Runtime: the native C++ kernel (libonnx_custom_ops.so, plain ORT) and the Python kernel,
-against the independent grid_sample reference, every dtype, zero sizes, non-finite locations,
-threads; bad input is an ORT error status naming the problem, never a crash."""
+"""The kernels of ``onnx_custom::MultiScaleDeformableAttn`` and
+``mmdeploy::MMCVMultiScaleDeformableAttention`` in ONNX Runtime: the native C++ kernel
+(libonnx_custom_ops.so, plain ORT) and the Python kernel, against the independent grid_sample
+reference, every dtype, zero sizes, non-finite locations, threads; bad input is an ORT error status
+naming the problem, never a crash."""
 
 from __future__ import annotations
 
@@ -194,7 +195,8 @@ BAD = [  # (id, arrays, what the native message says, what the Python kernel's s
         ),
         "int32",
     ),
-    # the int64 inputs are left undeclared to ORT so that our check, not ORT's bare "invalid", speaks
+    # the int64 inputs are left undeclared to ORT so that our check, not ORT's bare "invalid",
+    # speaks
     (
         "int32-shapes",
         _bad(spatial_shapes=lambda s: s.astype(np.int32)),

@@ -19,7 +19,8 @@ DOMAIN = "octest_cache"
 
 
 def _scaled_model(weight: float, custom: bool = False) -> onnx.ModelProto:
-    """y = x * w (a Mul with initializer ``w``), then a custom ``octest_cache::Twice`` when ``custom``."""
+    """y = x * w (a Mul with initializer ``w``),
+    then a custom ``octest_cache::Twice`` when ``custom``."""
     nodes = [helper.make_node("Mul", ["x", "w"], ["m" if custom else "y"])]
     if custom:
         nodes.append(helper.make_node("Twice", ["m"], ["y"], domain=DOMAIN))

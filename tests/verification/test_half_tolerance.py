@@ -1,4 +1,5 @@
-"""verify must not PASS a float16/bfloat16 file that is wrong in a few elements (nor FAIL a right one).
+"""verify must not PASS a float16/bfloat16 file that is wrong in a few elements
+(nor FAIL a right one).
 
 The default atol for half outputs used to be one ulp of max|expected|: with large outputs
 elsewhere (max ~1000: 0.98 at float16, 7.8 at bfloat16) an element expected 0.0005 could come
