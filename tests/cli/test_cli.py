@@ -251,7 +251,7 @@ def test_import_yaml_op_specs(tmp_path: Path) -> None:
 def test_help_is_plain_and_shows_defaults(capsys: Any) -> None:
     parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
-    for name, sub in commands.items():
+    for name, sub in commands.items():  # type: ignore[union-attr]
         text = sub.format_help()
         assert "`" not in text, f"raw backticks in `{name} --help`"
         if name in ("export", "check"):

@@ -119,7 +119,7 @@ def test_autograd_function_translation_result_is_checked(fn: Any, received: str,
 @pytest.mark.parametrize(("exporter", "opset"), EXPORTERS, ids=IDS)
 def test_translation_exception_names_the_translation_and_line(exporter: str, opset: int) -> None:
     def broken(g: Any, a: Any, b: Any) -> Any:
-        return {}["missing key"]
+        return {}["missing key"]  # type: ignore[index]
 
     with pytest.raises(SymbolicError) as info:
         onnx_custom.export(

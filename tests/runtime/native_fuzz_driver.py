@@ -257,7 +257,7 @@ def custom_linear(rng: np.random.Generator) -> tuple[Case, Case]:
         "do not match",
         "expected one dtype",
     ][bad]
-    return valid, ("CustomLinear", "onnx_custom", {}, inputs, 1, None, key)
+    return valid, ("CustomLinear", "onnx_custom", {}, inputs, 1, None, key)  # type: ignore[return-value]
 
 
 def bev_pool(rng: np.random.Generator) -> tuple[Case, Case]:

@@ -125,7 +125,7 @@ def test_python_kernel_writes_into_the_given_output(dtype: str, layout: str) -> 
     storage = np.full((2, 5, 12), 7.0).astype(arrays[0].dtype)
     out = storage[..., ::2] if layout == "strided" else storage[..., :6].copy()
     assert out.flags.c_contiguous == (layout == "contiguous")
-    assert msda_ort_kernel(*arrays, im2col_step=64, out=(out,)) is None
+    assert msda_ort_kernel(*arrays, im2col_step=64, out=(out,)) is None  # type: ignore[func-returns-value]
     assert_close(
         out, _expected(inputs, dtype), dtype, scale=2.0 if dtype in ("float16", "bfloat16") else 1.0
     )

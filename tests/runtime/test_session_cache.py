@@ -54,7 +54,8 @@ class _Counting:
     """A session builder that counts the sessions it makes."""
 
     def __init__(self, make: Callable[[bytes | None], Any]) -> None:
-        self.make, self.built, self.given = make, 0, []
+        self.make, self.built = make, 0
+        self.given: list[bytes | None] = []
 
     def __call__(self, data: bytes | None) -> Any:
         self.built += 1

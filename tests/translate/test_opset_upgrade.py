@@ -181,7 +181,7 @@ OPSETS = [
 @pytest.mark.parametrize(("exporter", "opset"), OPSETS, ids=[f"{e}-opset{o}" for e, o in OPSETS])
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_an_opset11_symbolic_exports_and_verifies_at_later_opsets(
-    case: Case, exporter: str, opset: int | None, tmp_path: Path
+    case: Case, exporter: str, opset: int, tmp_path: Path
 ) -> None:
     if exporter == "dynamo" and opset == 13 and case.op is centered:
         pytest.skip(
