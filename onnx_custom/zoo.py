@@ -33,7 +33,6 @@ __all__ = [
     "MIN_OTHER_SIZES",
     "NATIVE_BUILDS",
     "NativeBuild",
-    "ZooCase",
     "ZooListener",
     "ZooResult",
     "compile_rows",

@@ -15,7 +15,6 @@ in place by the hand-off (`onnx_custom.compile.session`), and SymInt outputs bec
 from __future__ import annotations
 
 import dataclasses
-import operator
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -35,8 +34,6 @@ __all__ = [
     "scoped_translations",
     "translate",
 ]
-
-_SCALARS = (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 class TranslationFailure(Exception):
@@ -202,7 +199,3 @@ def translate(
         plan,
         tuple(sorted(str(t) for t in scoped)),
     )
-
-
-def is_getitem(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and node.target is operator.getitem
