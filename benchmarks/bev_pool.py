@@ -1,4 +1,4 @@
-"""Benchmark ``onnx_custom::bev_pool_v2`` at a BEVDet-R50-like size: eager op, custom node, ORT graph.
+"""Benchmark ``onnx_custom::bev_pool_v2`` at BEVDet-R50 size: eager op, custom node, ORT graph.
 
 6 cameras, 59 depth bins, 16x44 features, C=80, a 128x128 BEV grid from ``synthetic_frustum`` /
 ``prepare_bev_ranks`` (230,592 points in 9,604 intervals). Rows, paired (contender and baseline

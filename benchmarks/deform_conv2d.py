@@ -88,7 +88,8 @@ def _rss_child(kind: str) -> None:
 
 
 def peak_memory(kind: str) -> int:
-    """Peak RSS increase in bytes of one call, measured in a fresh subprocess (see harness.peak_memory)."""
+    """Peak RSS increase in bytes of one call, measured in a fresh subprocess (see
+    harness.peak_memory)."""
     return _peak_memory(__file__, kind)
 
 
@@ -202,7 +203,8 @@ FORWARD_GOAL = 1.6  # eager forward / F.conv2d forward (issue 25)
 
 
 def forward_row(rounds: int, repeat: int, threads: int, cpu_time: bool) -> dict[str, float]:
-    """Eager forward vs ``F.conv2d`` alone, paired rounds; returns both medians (ms) and the ratio."""
+    """Eager forward vs ``F.conv2d`` alone, paired rounds; returns both medians
+    (ms) and the ratio."""
     clock = time.process_time if cpu_time else time.perf_counter
     torch.set_num_threads(threads)
     load_extension()

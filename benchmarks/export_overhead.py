@@ -10,7 +10,11 @@ adapter runs in both of the first two (the baseline registers our symbolics); ag
 symbolics the ratio also shows what the adapter costs per custom node (exact output types from
 the op's fake kernel, the checks in ``g.op``).
 
-Run: ``python benchmarks/export_overhead.py [--repeats 10] [--cpu-time --threads 1] [--only torchscript]``
+Run::
+
+    python benchmarks/export_overhead.py [--repeats 10] [--cpu-time --threads 1] \
+        [--only torchscript]
+
 (``--cpu-time``: process CPU time, steadier than wall time when the machine is shared).
 """
 

@@ -1,5 +1,5 @@
-"""Benchmark the ``onnx_custom::DeformConv2d`` function body in plain ONNX Runtime against ORT's built-in
-``DeformConv`` (opset 19): the price of running a DCN file with nothing registered.
+"""Benchmark the ``onnx_custom::DeformConv2d`` function body in plain ONNX Runtime against ORT's
+built-in ``DeformConv`` (opset 19): the price of running a DCN file with nothing registered.
 
 Run: ``python benchmarks/function_bodies.py [--repeat 10] [--rounds 5]``. Shape N=4, C=64, 56x56,
 3x3, Cout=64, pad 1, mask on, float32; every session has 2 intra-op threads, spinning off, and is
@@ -215,7 +215,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         f"{ort.__version__}, 2 intra-op threads, spinning off; {args.rounds} paired rounds"
     )
     print(
-        f"{'model':<28}{'median ms':>10}{'x builtin':>10}{'instr x':>9}{'peak MiB: 1st call':>20}{'warm':>7}"
+        f"{'model':<28}{'median ms':>10}{'x builtin':>10}{'instr x':>9}"
+        f"{'peak MiB: 1st call':>20}{'warm':>7}"
     )
     results: dict[str, float] = {}
     for label in labels:

@@ -1,9 +1,9 @@
-"""Shared scaffolding of the op benchmarks (``deform_conv2d.py``, ``msda.py``): timing contenders side
-by side in one process, round by round in alternating order, the ratio table with goals, ORT
+"""Shared scaffolding of the op benchmarks (``deform_conv2d.py``, ``msda.py``): timing contenders
+side by side in one process, round by round in alternating order, the ratio table with goals, ORT
 session options, and the peak-RSS measurement of one warm call in a fresh subprocess.
 
-A benchmark imports it as ``harness`` (``python benchmarks/x.py`` puts this folder on ``sys.path``; a
-benchmark also adds its folder itself, for the smoke tests that load it from its file path).
+A benchmark imports it as ``harness`` (``python benchmarks/x.py`` puts this folder on ``sys.path``;
+a benchmark also adds its folder itself, for the smoke tests that load it from its file path).
 """
 
 from __future__ import annotations
@@ -107,7 +107,8 @@ def print_ratios(
 
 
 def ort_options(threads: int = 2) -> ort.SessionOptions:
-    """``threads`` intra-op threads, one inter-op thread, spinning off (no busy-waiting between calls)."""
+    """``threads`` intra-op threads, one inter-op thread, spinning off
+    (no busy-waiting between calls)."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1

@@ -17,7 +17,10 @@
 
 Sessions are measured side by side in one process, interleaved round by round; medians.
 
-Run: ``python benchmarks/kernel_overhead.py [--repeats 7] [--quick | --branches-only | --per-node] [--cpu-time]``
+Run::
+
+    python benchmarks/kernel_overhead.py [--repeats 7] [--quick | --branches-only | --per-node] \
+        [--cpu-time]
 """
 
 from __future__ import annotations

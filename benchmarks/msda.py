@@ -11,8 +11,9 @@ intra-op threads, spinning off. Contenders are timed side by side in one process
 round by round (each round: the median of ``--repeat`` calls per contender); the table shows
 the median over rounds. The forward rows with a goal are then timed again as pairs (contender and
 baseline back to back each round, `harness.paired_rounds`): their ratio is the median of the
-rounds' ratios, robust to load drifting on a shared machine. Peak memory is the RSS high-water increase of one warm fwd+bwd call in a
-fresh subprocess (``MALLOC_MMAP_THRESHOLD_`` so freed buffers are not silently reused).
+rounds' ratios, robust to load drifting on a shared machine. Peak memory is the RSS high-water
+increase of one warm fwd+bwd call in a fresh subprocess (``MALLOC_MMAP_THRESHOLD_`` so freed buffers
+are not silently reused).
 
 Goals (issue 24): eager fwd / grid_sample fwd <= 0.5; eager (fwd+bwd)/fwd <= 2.5; native ORT
 kernel / ORT GridSample decomposition <= 0.3; Python kernel / eager <= 1.1; peak memory of eager
@@ -114,7 +115,8 @@ def _rss_child(kind: str) -> None:
 
 
 def peak_memory(kind: str) -> int:
-    """Peak RSS increase in bytes of one fwd+bwd call (``kind``: eager or grid), fresh subprocess."""
+    """Peak RSS increase in bytes of one fwd+bwd call (``kind``: eager or grid),
+    fresh subprocess."""
     return _peak_memory(__file__, kind)
 
 

@@ -13,8 +13,8 @@ reported next to wall time: on a loaded machine it is the steadier of the two.
 - my_add: native onnx_custom::my_add vs native Mul+Add at 64x1024 (goal <= 1.1).
 - bev: native onnx_custom::BEVPoolV2 vs the eager op at a BEVDet-R50-like size: 6 cameras, D=59,
   16x44 features, C=80, 128x128 grid (goal <= 1.0).
-- gemm: onnx_custom::CustomLinear with our GEMM vs with ORT's Gemm through InvokeOp vs a plain ORT Gemm
-  node (the measurement behind the GEMM choice).
+- gemm: onnx_custom::CustomLinear with our GEMM vs with ORT's Gemm through InvokeOp vs a plain ORT
+  Gemm node (the measurement behind the GEMM choice).
 - user: a user kernel built from an op spec (onnx_custom/kernel.h, build_native_library):
   scale_add at 64x1024 vs ORT Mul+Add (goal <= 1.1: the generated binding adds nothing
   measurable); a compute-bound user kernel with parallel_for on 2 threads vs 1 (goal <= 0.6);
@@ -131,7 +131,7 @@ def compare(
     return ratios
 
 
-# ---- DeformConv2d ------------------------------------------------------------------------------------------
+# ---- DeformConv2d --------------------------------------------------------------------------------
 def bench_dcn(rounds: int, repeat: int) -> dict[str, float]:
     from onnx_custom.ops.deform_conv import deform_conv2d
 
@@ -195,7 +195,7 @@ def bench_dcn(rounds: int, repeat: int) -> dict[str, float]:
     )
 
 
-# ---- my_add --------------------------------------------------------------------------------------------------
+# ---- my_add --------------------------------------------------------------------------------------
 def bench_my_add(rounds: int, repeat: int) -> dict[str, float]:
     two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
     ab = [("a", TensorProto.FLOAT), ("b", TensorProto.FLOAT)]
@@ -236,7 +236,7 @@ def bench_my_add(rounds: int, repeat: int) -> dict[str, float]:
     )
 
 
-# ---- BEVPoolV2 -------------------------------------------------------------------------------------------------
+# ---- BEVPoolV2 -----------------------------------------------------------------------------------
 def bench_bev(rounds: int, repeat: int) -> dict[str, float]:
     from onnx_custom.ops.bev_pool import bev_pool_v2, prepare_bev_ranks, synthetic_frustum
 
@@ -293,7 +293,7 @@ def bench_bev(rounds: int, repeat: int) -> dict[str, float]:
     )
 
 
-# ---- GEMM choice: onnx_custom::CustomLinear ---------------------------------------------------------------------------
+# ---- GEMM choice: onnx_custom::CustomLinear ------------------------------------------------------
 def bench_gemm(rounds: int, repeat: int) -> dict[str, float]:
     out: dict[str, float] = {}
     for m, k, n in [(64, 1024, 1024), (4096, 256, 256), (8, 512, 512)]:
@@ -338,7 +338,7 @@ def bench_gemm(rounds: int, repeat: int) -> dict[str, float]:
     return out
 
 
-# ---- user kernels built from op specs ----------------------------------------------------------------------
+# ---- user kernels built from op specs ------------------------------------------------------------
 USER_KERNELS = """
 #include <onnx_custom/kernel.h>
 #include <cmath>

@@ -23,7 +23,10 @@ Rows (paired: contender and baseline alternate round by round in one process; me
 - Peak RSS of a fresh process that exports and localizes / one that only exports (the raw
   exporter), N = 32; and the increase of each over the process's RSS before exporting.
 
-Run: ``python benchmarks/verify_cost.py [--exporter dynamo|torchscript] [--rounds 5] [--threads 2]``.
+Run::
+
+    python benchmarks/verify_cost.py [--exporter dynamo|torchscript] [--rounds 5] [--threads 2]
+
 torch uses ``--threads`` threads; ORT its defaults, as ``verify`` does.
 """
 
@@ -192,7 +195,8 @@ def verify_rows(blocks: int, exporter: str, rounds: int) -> float:
 
     def verify() -> onnx_custom.VerificationReport:
         # 32 deformable blocks drift by ~1e-3 relative (bilinear sampling is discontinuous where a
-        # sample crosses a pixel edge), so deep rows use deep-network tolerances; the cost is the same.
+        # sample crosses a pixel edge), so deep rows use deep-network tolerances;
+        # the cost is the same.
         return onnx_custom.verify(model, args, proto, trials=3, rtol=1e-3, atol=1e-3)
 
     def cold() -> None:

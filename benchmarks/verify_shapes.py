@@ -23,7 +23,8 @@ __all__ = ["main", "time_row"]
 
 
 def time_row(module: Any, case: Any, repeat: int) -> tuple[float, float, int]:
-    """Median seconds of verify with ``shapes=()`` and by default, and the shapes tried by default."""
+    """Median seconds of verify with ``shapes=()`` and by default,
+    and the shapes tried by default."""
     model, args = module.Model().eval(), module.example_inputs()
     registry = onnx_custom.default_registry()
     if case.variant:

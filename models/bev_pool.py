@@ -1,4 +1,4 @@
-"""BEVDet's ``bev_pool_v2`` on a synthetic 6-camera rig (59 depth bins, 16x44 features, 128x128 BEV).
+"""BEVDet's ``bev_pool_v2`` on a synthetic 6-camera rig: 59 depth bins, 16x44 features, 128x128 BEV.
 
 The ranks/intervals depend only on the camera geometry, so (as in BEVDet's TensorRT deployment)
 they are precomputed once with ``prepare_bev_ranks`` and stored as buffers.

@@ -1,4 +1,4 @@
-"""``onnx_custom::custom_linear`` (the NPU article): MatMul(+Add), Gemm, or one ``onnx_custom::CustomLinear`` node."""
+"""``onnx_custom::custom_linear`` (the NPU article): MatMul(+Add), Gemm or one CustomLinear node."""
 
 from __future__ import annotations
 

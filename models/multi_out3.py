@@ -1,4 +1,4 @@
-"""``onnx_custom::multi_out3(x, repeats, scale)``: 3 outputs of different shapes, INTS + FLOAT attrs."""
+"""``onnx_custom::multi_out3(x, repeats, scale)``: 3 outputs of other shapes, INTS + FLOAT attrs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``onnx_custom::my_add`` (2a + b), a ``torch.library.custom_op``: standard ops or one custom node."""
+"""``onnx_custom::my_add`` (2a + b), a ``torch.library`` custom op: standard ops or one node."""
 
 from __future__ import annotations
 

@@ -2,21 +2,23 @@
 run custom nodes in ONNX Runtime with Python kernels, and verify against PyTorch.
 
 Every public name loads on first use (module ``__getattr__``): ``import onnx_custom`` costs no
-torch import, so ``onnx-custom --help`` answers at once.
+torch import, so ``onnx-custom --help`` answers at once. The shipped torch ops
+(``torch.ops.onnx_custom.<op>``) are defined on the namespace's first lookup of a name it lacks
+(`onnx_custom.common.op_namespace`).
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 from onnx_custom import errors as _errors
+from onnx_custom.common import op_namespace as _op_namespace
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from onnx_custom import testing as testing
     from onnx_custom.api import export
     from onnx_custom.compile import compile_backend, explain_compile
     from onnx_custom.errors import (
@@ -26,10 +28,13 @@ if TYPE_CHECKING:
         DeformConv2dError,
         DynamicShapesError,
         ExtensionBuildError,
+        HalfPrecisionError,
         InvalidArgumentError,
         KernelError,
         ModelLoadError,
         ModelNotFoundError,
+        MultiScaleDeformableAttnDtypeError,
+        MultiScaleDeformableAttnError,
         NativeCompileError,
         NodeDeclarationError,
         OnnxCustomError,
@@ -73,12 +78,16 @@ __all__ = [
     "DeformConv2dError",
     "DynamicShapesError",
     "ExtensionBuildError",
+    "HalfPrecisionError",
     "InferenceSession",
     "InvalidArgumentError",
     "KernelError",
+    "KernelRegistry",
     "KernelRunError",
     "ModelLoadError",
     "ModelNotFoundError",
+    "MultiScaleDeformableAttnDtypeError",
+    "MultiScaleDeformableAttnError",
     "NativeCompileError",
     "NativeLibrary",
     "NodeDeclarationError",
@@ -106,11 +115,13 @@ __all__ = [
     "library_path",
     "load_specs",
     "parse_specs",
+    "reference_evaluator",
     "register_custom_op_symbolic",
     "register_spec",
     "registered",
     "session_options",
     "symbolic",
+    "testing",
     "translation_table",
     "unregister_custom_op_symbolic",
     "verify",
@@ -166,10 +177,6 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     ),  # onnx_custom.testing.check_op without importing it
 }
 
-# Submodules that share their name with the function they define: importing the submodule must
-# not replace the package attribute (``onnx_custom.export`` stays the function).
-_SHADOWED = ("export", "verify")
-
 
 def translation_table(
     opset: int = 18, registry: Registry | None = None, *, extra: Mapping[Any, Any] | None = None
@@ -195,17 +202,4 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
 
 
-class _Package(types.ModuleType):
-    def __setattr__(self, name: str, value: Any) -> None:
-        # The import system binds a loaded submodule onto its package; for the shadowed names
-        # bind the function instead, as an eager ``from onnx_custom.api import export`` did.
-        if (
-            name in _SHADOWED
-            and isinstance(value, types.ModuleType)
-            and value.__name__ == f"{__name__}.{name}"
-        ):
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
+_op_namespace.install()

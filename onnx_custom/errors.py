@@ -52,7 +52,8 @@ class UnsupportedOpError(OnnxCustomError):
 
 
 class SymbolicError(OnnxCustomError, ValueError):
-    """A translation or its registration is malformed (bad target name, bad attribute, wrong arity)."""
+    """A translation or its registration is malformed (bad target name, bad attribute,
+    wrong arity)."""
 
 
 class HalfPrecisionError(SymbolicError):
@@ -79,7 +80,8 @@ class VerificationError(OnnxCustomError):
         self, message: str, report: object | None = None, *, kept: str | None = None
     ) -> None:
         super().__init__(message)
-        self.report = report
+        # VerificationReport or testing.CheckReport (Any: this catalogue imports no layer above)
+        self.report: Any = report
         self.kept = kept
 
 

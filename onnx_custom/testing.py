@@ -751,8 +751,8 @@ def check_op(
     ``dynamic``: export with dynamic dims and verify each file at every sample of its kind.
     ``trials``: verification trials per sample (random inputs of the sample's shapes after the
     first, and other sizes along dynamic dims); ``trials=1`` verifies the samples only, for ops
-    whose inputs cannot be drawn at random (index tensors). Raises `VerificationError` (``.report`` is the `CheckReport`) unless
-    ``raise_on_failure=False``.
+    whose inputs cannot be drawn at random (index tensors). Raises `VerificationError` (``.report``
+    is the `CheckReport`) unless ``raise_on_failure=False``.
     """
     if not isinstance(spec, OpSpec):
         raise SpecError(

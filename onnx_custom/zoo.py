@@ -33,7 +33,6 @@ __all__ = [
     "MIN_OTHER_SIZES",
     "NATIVE_BUILDS",
     "NativeBuild",
-    "ZooCase",
     "ZooListener",
     "ZooResult",
     "compile_rows",
@@ -49,7 +48,8 @@ __all__ = [
 ]
 
 MIN_OTHER_SIZES = 3
-"""A dynamic row passes only if verify ran (and passed) at this many sizes besides the export one."""
+"""A dynamic row passes only if verify ran (and passed) at this many sizes besides the export
+one."""
 
 
 MODULE_ROW = ZooCase("", 0)
@@ -237,7 +237,8 @@ def _node_summary(proto: Any) -> str:
 
 
 def _dynamic_shortfall(report: Any) -> str:
-    """Why a dynamic row's verification did not cover `MIN_OTHER_SIZES` other sizes ('' if it did)."""
+    """Why a dynamic row's verification did not cover `MIN_OTHER_SIZES` other sizes
+    ('' if it did)."""
     other = [t for t in report.shapes_tried if t.kind == "shape"]
     passed = [t for t in other if t.status == "passed"]
     if len(passed) >= MIN_OTHER_SIZES:

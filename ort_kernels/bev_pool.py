@@ -1,5 +1,5 @@
-"""Kernel math of ``onnx_custom::BEVPoolV2`` (the node of the torch op ``onnx_custom::bev_pool_v2``, declared with
-its dtypes, attributes and shape rule in ``onnx_custom/ops/bev_pool.py``).
+"""Kernel math of ``onnx_custom::BEVPoolV2`` (the node of the torch op ``onnx_custom::bev_pool_v2``,
+declared with its dtypes, attributes and shape rule in ``onnx_custom/ops/bev_pool.py``).
 
 Semantics are the eager op's: every point of every interval adds ``depth * feat_row`` to its
 interval's BEV cell (``ranks_bev[start]``); points outside every interval are ignored and an empty
@@ -126,7 +126,8 @@ def bev_pool_v2_numpy(
 
 
 def _torch_view(a: np.ndarray) -> Any:
-    """A torch tensor sharing ``a``'s memory (torch.from_numpy does not know ml_dtypes' bfloat16)."""
+    """A torch tensor sharing ``a``'s memory
+    (torch.from_numpy does not know ml_dtypes' bfloat16)."""
     import torch
 
     if a.dtype.name == "bfloat16":

@@ -1,5 +1,5 @@
-"""Kernel math of ``onnx_custom::CustomLinear`` (the node of ``onnx_custom::custom_linear``, declared in
-``onnx_custom/ops/custom_linear.py``): the NPU kernel's CPU stand-in, NumPy."""
+"""Kernel math of ``onnx_custom::CustomLinear`` (the node of ``onnx_custom::custom_linear``,
+declared in ``onnx_custom/ops/custom_linear.py``): the NPU kernel's CPU stand-in, NumPy."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Kernels of ``onnx_custom::MultiScaleDeformableAttn`` and ``mmdeploy::MMCVMultiScaleDeformableAttention``,
-generated from the op's spec (``onnx_custom/ops/msda.py``, ``kernel=msda_ort_kernel``).
+"""Kernels of ``onnx_custom::MultiScaleDeformableAttn`` and
+``mmdeploy::MMCVMultiScaleDeformableAttention``, generated from the op's spec
+(``onnx_custom/ops/msda.py``, ``kernel=msda_ort_kernel``).
 
 Both nodes carry mmcv's signature: inputs (value, spatial_shapes, level_start_index,
 sampling_locations, attention_weights), INT attribute ``im2col_step``. The kernel runs the eager

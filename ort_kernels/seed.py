@@ -1,5 +1,5 @@
-"""Kernel math of the seed nodes ``onnx_custom::my_add`` and ``onnx_custom::multi_out`` (declared with
-their torch ops in ``onnx_custom/ops/seed.yaml``), NumPy."""
+"""Kernel math of the seed nodes ``onnx_custom::my_add`` and ``onnx_custom::multi_out`` (declared
+with their torch ops in ``onnx_custom/ops/seed.yaml``), NumPy."""
 
 from __future__ import annotations
 

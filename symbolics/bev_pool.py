@@ -4,8 +4,8 @@ Default (opset 16+): a standard-op decomposition, Gather depth and feature rows,
 ScatterND(reduction="add") into a zero (B*Z*Y*X, C) grid, Reshape and Transpose to (B, C, Z, Y, X).
 It assumes the intervals cover every point and each interval holds one ranks_bev value (what
 ``voxel_pooling_prepare_v2`` produces); the interval tensors are then not needed.
-Variant ``"custom"``: one ``onnx_custom::BEVPoolV2`` node (kernel in ``ort_kernels/bev_pool.py``) that honours
-the intervals exactly like the CUDA kernel; generated from the op's spec
+Variant ``"custom"``: one ``onnx_custom::BEVPoolV2`` node (kernel in ``ort_kernels/bev_pool.py``)
+that honours the intervals exactly like the CUDA kernel; generated from the op's spec
 (``onnx_custom/ops/bev_pool.py``), which also makes `bev_pool_v2` the node's function body.
 """
 

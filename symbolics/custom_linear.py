@@ -2,8 +2,8 @@
 ``onnx_custom/ops/custom_linear.py``).
 
 Default: MatMul(x, Transpose(weight)) (+ Add bias), any rank of x. Variant ``"gemm"``: one Gemm
-with transB=1 (x must be 2-D). Variant ``"custom"``: the ``onnx_custom::CustomLinear`` node (generated
-from the spec; kernel in ``ort_kernels/custom_linear.py``), whose function body is
+with transB=1 (x must be 2-D). Variant ``"custom"``: the ``onnx_custom::CustomLinear`` node
+(generated from the spec; kernel in ``ort_kernels/custom_linear.py``), whose function body is
 `linear_any_rank_gemm`.
 """
 
@@ -32,8 +32,8 @@ def custom_linear_gemm(g: Any, x: Any, weight: Any, bias: Any) -> Any:
 
 def linear_any_rank_gemm(g: Any, x: Any, weight: Any, bias: Any) -> Any:
     """F.linear for x of any rank as one Gemm on x flattened to 2-D: the function body of
-    ``onnx_custom::CustomLinear``. Gemm's C input is optional, so one body serves nodes with and without
-    a bias (a MatMul + Add body could not: the Add would have no second input)."""
+    ``onnx_custom::CustomLinear``. Gemm's C input is optional, so one body serves nodes with and
+    without a bias (a MatMul + Add body could not: the Add would have no second input)."""
     x_2d = g.op("Flatten", x, axis=-1)  # (prod(leading dims), in); 1-D x gives (1, in)
     y_2d = g.op("Gemm", x_2d, weight, bias, transB=1)
     lead = g.op("Slice", g.op("Shape", x), _i64(g, [0]), _i64(g, [-1]))

@@ -8,11 +8,12 @@ specs (``onnx_custom/ops/deform_conv.py``) except for the ONNX math below.
   Both use torchvision's offset layout (``offset[:, 2*(g*kh*kw + k)]`` = dy, ``+1`` = dx).
   float32, float64 and float16 only (``DEFORMCONV_DTYPES``: what ONNX Runtime's CPU
   ``DeformConv`` runs); a bfloat16 model raises `SymbolicError` naming the alternatives.
-- opset < 19: one custom node ``onnx_custom::DeformConv2d`` with all five inputs (input, weight, offset,
-  mask, bias) and the nine scalar arguments as INT attributes named like the torch schema. Its
-  kernel lives in ``onnx_custom.ort_kernels.deform_conv``. The default domain is ``"onnx_custom"``
-  (``DEFAULT_DOMAIN``); ``make_registry(domain="acme")`` builds a registry emitting
-  ``acme::DeformConv2d`` instead (pair it with ``ort_kernels.deform_conv.make_kernels("acme")``).
+- opset < 19: one custom node ``onnx_custom::DeformConv2d`` with all five inputs (input, weight,
+  offset, mask, bias) and the nine scalar arguments as INT attributes named like the torch schema.
+  Its kernel lives in ``onnx_custom.ort_kernels.deform_conv``. The default domain is
+  ``"onnx_custom"`` (``DEFAULT_DOMAIN``); ``make_registry(domain="acme")`` builds a registry
+  emitting ``acme::DeformConv2d`` instead (pair it with
+  ``ort_kernels.deform_conv.make_kernels("acme")``).
 - variant ``"standard"`` below opset 19: the standard-op decomposition
   (``symbolics/deform_conv_decomposed.py``), also the custom node's function body.
 """

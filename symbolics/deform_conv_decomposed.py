@@ -69,7 +69,8 @@ def _scalar(g: Any, vector: Any) -> Any:
 
 
 def _reshape(g: Any, x: Any, *dims: Any) -> Any:
-    """Reshape to the concatenation of 1-D int64 ``dims``; a 0 stays 0 (zero batch) from opset 14."""
+    """Reshape to the concatenation of 1-D int64 ``dims``; a 0 stays 0
+    (zero batch) from opset 14."""
     allowzero = {"allowzero": 1} if g.opset >= 14 else {}
     return g.op("Reshape", x, g.op("Concat", *dims, axis=0), **allowzero)
 
@@ -288,8 +289,9 @@ def deform_conv2d_decomposed(
                 )
         else:
             out = _all_taps_product(g, sources, k, g.op("Concat", k, count, grp, cpg, axis=0), cog)
-        # (G, N, P, Cog) -> (N, G, Cog, P) in two Transposes: ORT moves G as whole (P, Cog) blocks and
-        # transposes each (P, Cog) matrix on its fast 3-D path; the one 4-D perm took 17x longer.
+        # (G, N, P, Cog) -> (N, G, Cog, P) in two Transposes: ORT moves G as whole (P, Cog) blocks
+        # and transposes each (P, Cog) matrix on its fast 3-D path;
+        # the one 4-D perm took 17x longer.
         out = g.op("Transpose", _reshape(g, out, grp, n, p, cog), perm=[1, 0, 2, 3])
         out = g.op("Transpose", _reshape(g, out, g.op("Mul", n, grp), p, cog), perm=[0, 2, 1])
     out = _reshape(g, out, n, cout, ho, wo)

@@ -3,8 +3,9 @@
 
 Two routes, as in the seed article:
 
-* ``onnx_custom_ext::my_add`` itself (both exporters): Mul + Add by default, or a ``onnx_custom::my_add`` node
-  (variant ``"custom"``, kernel in ``ort_kernels/seed.py``) -- all generated from its spec.
+* ``onnx_custom_ext::my_add`` itself (both exporters): Mul + Add by default, or a
+  ``onnx_custom::my_add`` node (variant ``"custom"``, kernel in ``ort_kernels/seed.py``) -- all
+  generated from its spec.
 * ``MyAddFunction`` (an ``autograd.Function`` calling the C++ op): TorchScript exporter only,
   with the very same translations. The dynamo exporter inlines Functions, so
   ``onnx_custom.export(..., exporter="dynamo")`` refuses a model whose Function has a

@@ -1,7 +1,7 @@
 """Translations of ``onnx_custom::multi_scale_deformable_attn`` (spec: ``onnx_custom/ops/msda.py``).
 
-- default (every opset): one custom node ``onnx_custom::MultiScaleDeformableAttn`` with the op's five
-  inputs in mmcv's order and the INT attribute ``im2col_step``. Kernels: Python
+- default (every opset): one custom node ``onnx_custom::MultiScaleDeformableAttn`` with the op's
+  five inputs in mmcv's order and the INT attribute ``im2col_step``. Kernels: Python
   (``ort_kernels/msda.py``), native (``ort_kernels/native/msda.cpp``); function body: `msda_gather`.
 - variant ``"mmdeploy"``: ``mmdeploy::MMCVMultiScaleDeformableAttention``, exactly the node
   mmdeploy's symbolic emits (inputs value, value_spatial_shapes, value_level_start_index,
@@ -87,7 +87,8 @@ def _scalar(g: Any, vector: Any) -> Any:
 
 
 def _reshape(g: Any, x: Any, *dims: Any) -> Any:
-    """Reshape to the concatenation of 1-D int64 ``dims``; a 0 stays 0 (zero batch) from opset 14."""
+    """Reshape to the concatenation of 1-D int64 ``dims``; a 0 stays 0
+    (zero batch) from opset 14."""
     allowzero = {"allowzero": 1} if g.opset >= 14 else {}
     return g.op("Reshape", x, g.op("Concat", *dims, axis=0), **allowzero)
 

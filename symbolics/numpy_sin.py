@@ -1,4 +1,5 @@
-"""ONNX math of ``onnx_custom::numpy_sin`` (declared in ``onnx_custom/ops/numpy_sin.py``): ``Sin``."""
+"""ONNX math of ``onnx_custom::numpy_sin`` (declared in ``onnx_custom/ops/numpy_sin.py``):
+``Sin``."""
 
 from __future__ import annotations
 

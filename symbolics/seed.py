@@ -1,7 +1,7 @@
 """ONNX math of the seed ops (declared in ``onnx_custom/ops/seed.yaml``).
 
-Standard ops by default; the custom nodes ``onnx_custom::my_add`` / ``onnx_custom::multi_out`` are the
-``"custom"`` variant (``registry.with_variants("custom")``), with these same functions as their
+Standard ops by default; the custom nodes ``onnx_custom::my_add`` / ``onnx_custom::multi_out`` are
+the ``"custom"`` variant (``registry.with_variants("custom")``), with these same functions as their
 function bodies (the node's constants ``alpha``, ``scale``, ``shift`` as attribute references).
 """
 

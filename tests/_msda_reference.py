@@ -1,4 +1,5 @@
-"""Independent references for multi-scale deformable attention, used by the msda tests (tests/*/test_msda*.py).
+"""Independent references for multi-scale deformable attention, used by the msda tests
+(tests/*/test_msda*.py).
 
 `grid_sample_msda` is the pure-PyTorch formulation (one ``F.grid_sample`` per level with
 ``align_corners=False`` and zero padding on grid ``2 * loc - 1``), written here from the op's

@@ -1,4 +1,5 @@
-"""Every error type a user may catch lives in `onnx_custom.errors` and is reachable from `onnx_custom`."""
+"""Every error type a user may catch lives in `onnx_custom.errors` and is reachable from
+`onnx_custom`."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ def _all_error_classes() -> set[type]:
     todo: list[type] = [errors.OnnxCustomError]
     while todo:
         cls = todo.pop()
+        sub: type
         for sub in cls.__subclasses__():
             if sub.__module__.startswith("onnx_custom") and sub not in found:
                 found.add(sub)

@@ -37,13 +37,15 @@ LAYER_OF = {group: i for i, groups in enumerate(LAYERS) for group in groups}
 # The documented exceptions, each a lookup by name (no import statement):
 # - the registries load the built-in family modules listed in common.builtins by name;
 # - runtime.native finds the native library's C++ sources in ort_kernels/native by name.
-# - runtime.function_builder is the README's old path of function_bodies.builder (an alias).
+# - common.op_namespace defines the shipped torch ops (common.builtins.OP_MODULES) on demand.
 BY_NAME = {
     "onnx_custom.translate.registry": "onnx_custom.common.builtins",
     "onnx_custom.runtime.registry": "onnx_custom.common.builtins",
+    "onnx_custom.common.op_namespace": "onnx_custom.common.builtins",
     "onnx_custom.runtime.native": "onnx_custom.ort_kernels",
 }
-ALIASES = {"onnx_custom.runtime.function_builder": {"onnx_custom.function_bodies.builder"}}
+# Old import paths kept as aliases of a module in a higher layer (none at present).
+ALIASES: dict[str, set[str]] = {}
 
 
 def _roots() -> dict[str, Path]:

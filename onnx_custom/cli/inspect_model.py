@@ -80,8 +80,13 @@ class ModelSummary:
             )
         if self.custom_nodes:
             lines.append(
-                "  custom"
-                f" nodes{'' if self.kernels_checked else ' (kernel host unavailable: kernels not checked)'}:"
+                "  custom nodes"
+                + (
+                    ""
+                    if self.kernels_checked
+                    else " (kernel host unavailable: kernels not checked)"
+                )
+                + ":"
             )
             lines.append(
                 f"    {'node type':<36} {'count':>5}  {'kernel':<6} {'schema':<6} {'function':<8}"
@@ -152,7 +157,8 @@ COLUMNS = (
 
 
 def inspect_model(model: onnx.ModelProto | str | os.PathLike[str] | bytes) -> ModelSummary:
-    """Summarize an ONNX model (a proto, bytes or a path; clear errors for missing/corrupt files)."""
+    """Summarize an ONNX model (a proto, bytes or a path;
+    clear errors for missing/corrupt files)."""
     source = os.fspath(model) if isinstance(model, (str, os.PathLike)) else "<model>"
     proto = load_model(model)
     nodes = list(iter_nodes(proto, functions=False))

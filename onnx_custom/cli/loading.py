@@ -98,7 +98,8 @@ def _exec_file(path: str, seed: int) -> ModuleType:
         )
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    # The file's folder on sys.path while it runs, so its own sibling imports work as in `python file.py`.
+    # The file's folder on sys.path while it runs,
+    # so its own sibling imports work as in `python file.py`.
     folder = os.path.dirname(path)
     sys.path.insert(0, folder)
     try:
@@ -147,7 +148,8 @@ def _failing_file(exc: BaseException) -> str | None:
     )
     for frame in reversed(frames):
         filename = frame.tb_frame.f_code.co_filename
-        # not importlib's frozen frames, nor torch's or the stdlib's (the user's call into them is the culprit)
+        # not importlib's frozen frames, nor torch's or the stdlib's
+        # (the user's call into them is the culprit)
         if not filename.startswith("<") and not os.path.realpath(filename).startswith(libraries):
             return f"{filename}, line {frame.tb_lineno}"
     return None
@@ -255,7 +257,8 @@ def import_user_module(
 
 
 def load_user_import(target: str) -> None:
-    """``--import``: a .yaml/.yml op-spec file (`onnx_custom.load_specs`), a .py file or a module."""
+    """``--import``: a .yaml/.yml op-spec file (`onnx_custom.load_specs`),
+    a .py file or a module."""
     if not target.endswith((".yaml", ".yml")):
         import_user_module(target)
         return

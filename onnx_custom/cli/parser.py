@@ -23,7 +23,9 @@ from onnx_custom.common.seeding import DEFAULT_SEED
 
 __all__ = ["DEFAULT_OPSET", "build_parser"]
 
-DEFAULT_OPSET = 18  # onnx_custom.exporter.pipeline.DEFAULT_OPSET, without importing torch for --help (a test keeps them equal)
+# onnx_custom.exporter.pipeline.DEFAULT_OPSET, without importing torch for --help (a test keeps
+# them equal)
+DEFAULT_OPSET = 18
 
 _DESCRIPTION = """\
 Export PyTorch models whose custom ops ONNX export does not handle, run them in ONNX Runtime

@@ -14,7 +14,8 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
-from onnx_custom.zoo import NativeBuild, ZooCase, ZooResult, counts_line
+from onnx_custom.testing import ZooCase
+from onnx_custom.zoo import NativeBuild, ZooResult, counts_line
 
 __all__ = ["ZooConsole", "clock"]
 

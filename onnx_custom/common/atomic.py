@@ -44,8 +44,9 @@ __all__ = [
 
 def is_file_object(f: Any) -> bool:
     """Whether ``f`` is a file object rather than a path: anything with a ``write`` method that is
-    not a str/bytes/PathLike (``io.BytesIO``, ``open(..., "wb")``, ``tempfile.NamedTemporaryFile()``,
-    ``gzip.open(..., "wb")``), as ``torch.onnx.export`` accepts."""
+    not a str/bytes/PathLike (``io.BytesIO``, ``open(..., "wb")``,
+    ``tempfile.NamedTemporaryFile()``, ``gzip.open(..., "wb")``),
+    as ``torch.onnx.export`` accepts."""
     return not isinstance(f, (str, bytes, os.PathLike)) and callable(getattr(f, "write", None))
 
 

@@ -298,7 +298,8 @@ class KernelModule:
         self._module: ModuleType | None = None
 
     def directory(self) -> Path:
-        """The build-cache folder (`extension_built` tells whether the first load still compiles)."""
+        """The build-cache folder (`extension_built` tells whether the first load still
+        compiles)."""
         return extension_directory(self.name, self.source, self._cflags(), self._headers())
 
     def load(self) -> ModuleType:

@@ -24,7 +24,8 @@ def _nodes_within(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
 
 
 def iter_nodes(model: onnx.ModelProto, *, functions: bool = True) -> Iterator[onnx.NodeProto]:
-    """Every node of ``model``: the main graph, nested subgraphs and (optionally) local functions."""
+    """Every node of ``model``: the main graph, nested subgraphs and
+    (optionally) local functions."""
     yield from _nodes_within(model.graph.node)
     if functions:
         yield from function_nodes(model)

@@ -302,7 +302,8 @@ _default_lock = threading.Lock()
 def onnx_custom_backend(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
 ) -> Callable[..., Any]:
-    """``backend="onnx_custom"`` (the entry point): one process-wide backend with default options."""
+    """``backend="onnx_custom"`` (the entry point):
+    one process-wide backend with default options."""
     global _default
     with _default_lock:
         if _default is None:

@@ -72,7 +72,8 @@ def _register_kernel() -> None:
 def _deform_conv2d_backward(
     g: Any, grad: Any, input: Any, weight: Any, offset: Any, mask: Any, bias: Any, **params: Any
 ) -> Any:
-    """onnx_custom::_deform_conv2d_backward(grad, input, weight, offset, mask, bias, 9 ints/bools) -> 5 grads"""
+    """onnx_custom::_deform_conv2d_backward(grad, input, weight, offset, mask, bias, 9 ints/bools)
+    -> 5 grads"""
     attrs = {name: int(params[name]) for name in _ATTRS}
     return g.op(
         f"{DOMAIN}::DeformConv2dBackward",

@@ -108,7 +108,8 @@ class CompileOptions:
             )
         options_obj = cls(**values)
         if options_obj.variants:
-            options_obj.resolved_registry()  # unknown variants raise SymbolicError now, not mid-compile
+            # unknown variants raise SymbolicError now, not mid-compile
+            options_obj.resolved_registry()
         return options_obj
 
 

@@ -32,7 +32,8 @@ __all__ = [
 ]
 
 SUPPORTED_TORCH = ("2.13",)
-"""``major.minor`` of the torch releases whose private exporter API this module was checked against."""
+"""``major.minor`` of the torch releases whose private exporter API this module was checked
+against."""
 
 # Private names used, by module (torch.onnx._internal.exporter.<module>): checked in check_torch.
 _NEEDED = {
@@ -86,13 +87,15 @@ def _modules() -> dict[str, Any]:
 
 
 def check_torch() -> None:
-    """Raise `CompileError` unless this torch has the private API below (cheap after the first call)."""
+    """Raise `CompileError` unless this torch has the private API below
+    (cheap after the first call)."""
     _modules()
 
 
 @functools.cache
 def torchlib_registry(opset: int) -> Any:
-    """torch's ``ONNXRegistry`` of torchlib translations at ``opset`` (built once per process: ~0.3 s)."""
+    """torch's ``ONNXRegistry`` of torchlib translations at ``opset`` (built once per process:
+    ~0.3 s)."""
     return _modules()["_registration"].ONNXRegistry.from_torchlib(opset_version=opset)
 
 
@@ -158,7 +161,8 @@ def prepare_graph(gm: torch.fx.GraphModule) -> None:
 
 
 def translate_graph(graph: torch.fx.Graph, registry: Any, graph_name: str = "main_graph") -> Any:
-    """``graph`` -> an ``onnx_ir.Model`` (inputs: placeholders, outputs: the output node's values)."""
+    """``graph`` -> an ``onnx_ir.Model`` (inputs: placeholders, outputs:
+    the output node's values)."""
     import onnx_ir as ir
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 

@@ -15,7 +15,6 @@ in place by the hand-off (`onnx_custom.compile.session`), and SymInt outputs bec
 from __future__ import annotations
 
 import dataclasses
-import operator
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -36,8 +35,6 @@ __all__ = [
     "translate",
 ]
 
-_SCALARS = (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)
-
 
 class TranslationFailure(Exception):
     """Translating ``node`` raised; the partitioner leaves that node to eager (or reports it)."""
@@ -53,7 +50,8 @@ class OutputPlan:
 
     ``slots``: per graph output, ``("ort", j)`` / ``("int", j)`` (a SymInt: ``.item()``) /
     ``("float", j)`` / ``("input", i)`` / ``("const", value)``. ``bool_outputs``: ORT outputs that
-    are bool (DLPack hands them over as uint8). ``single``: the graph returns one value, not a tuple.
+    are bool (DLPack hands them over as uint8). ``single``: the graph returns one value,
+    not a tuple.
     """
 
     slots: tuple[tuple[str, Any], ...]
@@ -201,7 +199,3 @@ def translate(
         plan,
         tuple(sorted(str(t) for t in scoped)),
     )
-
-
-def is_getitem(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and node.target is operator.getitem

@@ -94,7 +94,8 @@ def batch_sizes(example_batch: int, dims: Sequence[Any], count: int = OTHER_BATC
 def _resized(
     args: Sequence[torch.Tensor], dims: Sequence[Any], batch: int, seed: int
 ) -> tuple[torch.Tensor, ...]:
-    """``args`` with every dynamic axis 0 set to ``batch``: fresh random floats, repeated rows otherwise."""
+    """``args`` with every dynamic axis 0 set to ``batch``: fresh random floats,
+    repeated rows otherwise."""
     generator = torch.Generator().manual_seed(seed)
     out = []
     for tensor, dim in zip(args, dims, strict=True):
@@ -134,7 +135,8 @@ def check_compiled(
     seed: int = 0,
     **options: Any,
 ) -> CompileCheck:
-    """Compile ``model`` with ``compile_backend(**options)``, compare with eager (see module doc)."""
+    """Compile ``model`` with ``compile_backend(**options)``, compare with eager
+    (see module doc)."""
     torch._dynamo.reset()  # a fresh cache: earlier rows compiled the same forward code
     backend = compile_backend(**options)
     dims = _batch_dims(dynamic_shapes) if dynamic_shapes is not None else []

@@ -30,7 +30,8 @@ _TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def rename_in_text(text: str, mapping: Mapping[str, str]) -> str:
-    """Replace whole identifiers of ``text`` (a dim_param, possibly an expression) per ``mapping``."""
+    """Replace whole identifiers of ``text`` (a dim_param,
+    possibly an expression) per ``mapping``."""
     return _TOKEN.sub(lambda m: mapping.get(m.group(0), m.group(0)), text)
 
 
@@ -75,7 +76,8 @@ def tensor_dims(info: onnx.ValueInfoProto) -> Iterator[onnx.TensorShapeProto.Dim
 def dim_params(
     model: onnx.ModelProto, *, graphs: Sequence[onnx.GraphProto] | None = None
 ) -> set[str]:
-    """Every dim_param of ``model`` (``graphs``: the main graph and all its subgraphs, when known)."""
+    """Every dim_param of ``model`` (``graphs``: the main graph and all its subgraphs,
+    when known)."""
     return {d.dim_param for info in _infos(model, graphs) for d in tensor_dims(info) if d.dim_param}
 
 

@@ -4,7 +4,8 @@ torch calls a translation with the op's inputs only; the FX node being translate
 ``meta["val"]``, the fake outputs torch.export computed) sits in the calling frame of torch's
 ``_handle_call_function_node_with_lowering``. We read it from there, checking that its target is
 the op we translate; if it is ever not found we run the op's fake kernel on the inputs' ONNX
-types instead (`onnx_custom.exporter.output_meta.run_fake`), so nothing depends on the frame being there.
+types instead (`onnx_custom.exporter.output_meta.run_fake`),
+so nothing depends on the frame being there.
 
 Symbolic dims are torch's symbols (``s77``); `names` maps them to the user's dim names: set by
 onnx_custom.export from its `DynamicSpec`, or, in the user's own ``torch.onnx.export(...,

@@ -1,4 +1,5 @@
-"""``torch.onnx.is_in_onnx_export()`` true while we trace a model for ONNX, as in torch's own export.
+"""``torch.onnx.is_in_onnx_export()`` true while we trace a model for ONNX,
+as in torch's own export.
 
 Models branch on it (mmdet/mmdeploy heads, ``torch.onnx.ops.symbolic`` guarded by it, shape
 code that avoids data-dependent ops only when exporting). ``torch.onnx.export(dynamo=True)``

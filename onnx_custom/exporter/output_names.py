@@ -66,7 +66,8 @@ def _named_tuple_fields(returned: Any) -> tuple[str, ...] | None:
 
 
 def default_output_names(model: Any, count: int) -> list[str]:
-    """``forward``'s NamedTuple return fields when there are ``count`` of them, else ``output_<i>``."""
+    """``forward``'s NamedTuple return fields when there are ``count`` of them,
+    else ``output_<i>``."""
     fields = _annotated_fields(model)
     if fields is not None and len(fields) == count:
         return list(fields)

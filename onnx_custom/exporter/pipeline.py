@@ -182,11 +182,11 @@ def save_model(
     (serialization, a full disk, Ctrl-C) leaves the previous file intact and no temporary file.
     ``external_data``: None (default) puts the tensors of 1 KiB or more in a data file next to
     the model (``<f>.<token>.data``, one per write) when it serializes to more than
-    `external_threshold` bytes (protobuf's 2 GiB limit, or ``$ONNX_CUSTOM_EXTERNAL_DATA_THRESHOLD``);
-    True always; False never (an error past 2 GiB); a file name (``weights.bin``): always, in
-    ``weights.<token>.bin``. The data file is written first, then the model, then the previous
-    write's data file is removed: crash-safe for any reader (`onnx_custom.common.external_data`);
-    ``model`` itself is never modified.
+    `external_threshold` bytes (protobuf's 2 GiB limit, or
+    ``$ONNX_CUSTOM_EXTERNAL_DATA_THRESHOLD``); True always; False never (an error past 2 GiB); a
+    file name (``weights.bin``): always, in ``weights.<token>.bin``. The data file is written first,
+    then the model, then the previous write's data file is removed: crash-safe for any reader
+    (`onnx_custom.common.external_data`); ``model`` itself is never modified.
     A file object receives the bytes only once the whole model serialized.
     """
     check_external_data_option(external_data, None if external_data in (None, False) else f)

@@ -127,7 +127,8 @@ def _input_dtypes(
 
 
 def _check_fixed_body(spec: KernelSpec, body: onnx.FunctionProto, model_opset: int) -> None:
-    """A fixed body imported at another opset must mean the same at the model's (ORT inlines it there)."""
+    """A fixed body imported at another opset must mean the same at the model's
+    (ORT inlines it there)."""
     body_opset = next(
         (o.version for o in body.opset_import if o.domain in _DEFAULT_DOMAINS), model_opset
     )
@@ -191,7 +192,8 @@ def embed_functions(
 
     A body called with float16/bfloat16 inputs is passed through
     `onnx_custom.runtime.half_precision.widen_function` with ``half_precision`` (default
-    ``"float32-compute"``): nodes ONNX Runtime's CPU provider lacks at that dtype compute in float32.
+    ``"float32-compute"``): nodes ONNX Runtime's CPU provider lacks at that dtype compute in
+    float32.
     """
     check_mode(half_precision)
     proto = parse_model(model)

@@ -24,8 +24,9 @@ intervals) and :func:`synthetic_frustum` makes a plausible 6-camera geometry for
 
 The op is declared once below (`BEV_POOL_V2`): schema, dtypes (float32/float64/float16/bfloat16
 features, int32/int64 indices: eager, fake, Python and native kernels alike), shape rule,
-validator, autograd, the ``onnx_custom::BEVPoolV2`` node (kernel math in ``ort_kernels/bev_pool.py``) and the
-standard-op translation at opset 16 (``symbolics/bev_pool.py``, also the node's function body).
+validator, autograd, the ``onnx_custom::BEVPoolV2`` node (kernel math in
+``ort_kernels/bev_pool.py``) and the standard-op translation at opset 16 (``symbolics/bev_pool.py``,
+also the node's function body).
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ BEV_POOL_V2 = OpSpec(
     check=f"{_OPS}:check_bev_pool_inputs",
     backward=f"{_OPS}:bev_pool_v2_grads",
     setup_context=f"{_OPS}:bev_pool_v2_save",
-    op_type="BEVPoolV2",  # not bev_pool_v2: TorchScript mistakes such a node for an onnxscript function
+    # not bev_pool_v2: TorchScript mistakes such a node for an onnxscript function
+    op_type="BEVPoolV2",
     kernel="onnx_custom.ort_kernels.bev_pool:bev_pool_v2",
     native=True,  # ort_kernels/native/bev_pool.cpp
     function=TranslationBody(f"{_BEV}:bev_pool_v2", min_opset=16),

@@ -19,9 +19,9 @@ and round once. All tensors share one dtype. Any strides are accepted.
 
 The op is declared once below (`DEFORM_CONV2D`): schema, validator, shape rule, autograd, the
 custom node ``onnx_custom::DeformConv2d`` (its kernel is this eager op, its function body the
-standard-op decomposition in ``symbolics/deform_conv_decomposed.py``) and the opset-19 ``DeformConv``
-translation (``symbolics/deform_conv.py``). ``TORCHVISION_DEFORM_CONV2D`` is the same declaration for
-``torchvision::deform_conv2d``, adopted where torchvision's compiled ops load.
+standard-op decomposition in ``symbolics/deform_conv_decomposed.py``) and the opset-19
+``DeformConv`` translation (``symbolics/deform_conv.py``). ``TORCHVISION_DEFORM_CONV2D`` is the same
+declaration for ``torchvision::deform_conv2d``, adopted where torchvision's compiled ops load.
 
 The kernels are C++ (bilinear sampling into im2col columns per tile, one GEMM per group and tile:
 hand-written AVX-512 kernels for float32 where the CPU has AVX-512F, else ``at::addmm``) built on
@@ -69,7 +69,8 @@ __all__ = [
 _SOURCE = Path(__file__).parent / "csrc" / "deform_conv.cpp"
 _EXTENSION = "onnx_custom_deform_conv2d"
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-"""The dtypes ``deform_conv2d`` accepts (eager, fake, and the ``onnx_custom::DeformConv2d`` kernel)."""
+"""The dtypes ``deform_conv2d`` accepts (eager, fake, and the ``onnx_custom::DeformConv2d``
+kernel)."""
 _FLOATS = tuple(str(d).removeprefix("torch.") for d in DTYPES)
 _VISION = "onnx_custom.symbolics.deform_conv"
 # What a custom node without the attribute means (the torch schema, torchvision's, has no defaults).

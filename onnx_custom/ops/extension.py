@@ -5,8 +5,8 @@ this module builds it with ``torch.utils.cpp_extension.load(is_python_module=Fal
 ``<cache>/torch_ext/<hash>/`` (compiled once, reused by every later process). The op is declared
 once below (`MY_ADD`) without ``impl``: the spec adopts the op the C++ library defines (whose
 schema must agree), and loading the library adopts it, which registers the fake kernel and the
-autograd formula. It emits the node of ``onnx_custom::my_add`` (``onnx_custom::my_add``), served by that
-op's kernel (``ort_kernels/seed.py``), and shares its dtype list and backward.
+autograd formula. It emits the node of ``onnx_custom::my_add`` (``onnx_custom::my_add``), served by
+that op's kernel (``ort_kernels/seed.py``), and shares its dtype list and backward.
 
 Nothing is compiled at import time: call :func:`load_my_ops` first. When no compiler or ninja
 is available it raises :class:`~onnx_custom.errors.ExtensionBuildError` naming the tool, and the
@@ -57,8 +57,8 @@ _lock = threading.Lock()
 _loaded_path: str | None = None
 _failure: ExtensionBuildError | None = None
 
-# onnx_custom::my_add's declaration (signature, dtypes, node, translations, kernel, backward), for the
-# op the C++ library defines: no impl (adopted), its own validator.
+# onnx_custom::my_add's declaration (signature, dtypes, node, translations, kernel, backward), for
+# the op the C++ library defines: no impl (adopted), its own validator.
 MY_ADD = OpSpec(
     QUALNAME,
     doc="y = 2a + b, a C++ kernel (TORCH_LIBRARY)",
@@ -106,7 +106,8 @@ def my_add_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 # --------------------------------------------------------------------------- build / load
 def build_directory() -> Path:
-    """Cache folder keyed by everything that changes the binary (source, torch, python, compiler)."""
+    """Cache folder keyed by everything that changes the binary (source, torch, python,
+    compiler)."""
     return extension_directory(EXTENSION_NAME, SOURCE, _CFLAGS)
 
 

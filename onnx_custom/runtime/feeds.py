@@ -29,8 +29,8 @@ HALF_TYPES = {
     "tensor(float16)": onnx.TensorProto.FLOAT16,
 }
 # NumPy dtypes that carry each half type's bits: the type itself (ml_dtypes for bfloat16) or a
-# uint16 view of it (what torch's ``t.view(torch.int16).numpy()``-style code and older ml_dtypes-less
-# code pass).
+# uint16 view of it (what torch's ``t.view(torch.int16).numpy()``-style code and older
+# ml_dtypes-less code pass).
 _HALF_FLAVOURS = {
     onnx.TensorProto.BFLOAT16: ("bfloat16", "uint16"),
     onnx.TensorProto.FLOAT16: ("float16", "uint16"),
@@ -57,7 +57,8 @@ def _c_contiguous(array: np.ndarray) -> np.ndarray:
 
 
 def from_ort_value(value: Any) -> Any:
-    """A NumPy copy of an output OrtValue (bfloat16 as ``ml_dtypes.bfloat16``); non-tensors as ORT gives them."""
+    """A NumPy copy of an output OrtValue (bfloat16 as ``ml_dtypes.bfloat16``);
+    non-tensors as ORT gives them."""
     if not value.is_tensor() or value.element_type() != onnx.TensorProto.BFLOAT16:
         return value.numpy()
     import ml_dtypes

@@ -380,7 +380,8 @@ def _check_positional(
     qual: str,
     ins: Sequence[ParamSpec],
 ) -> None:
-    """The kernel receives one positional argument per declared input: its function must take them."""
+    """The kernel receives one positional argument per declared input:
+    its function must take them."""
     if (
         not ins
         or any(p.kind == "variadic" for p in ins)

@@ -1,9 +1,9 @@
 """The torch-free native kernel library ``libonnx_custom_ops.so``: build on first use, locate, load.
 
 The C++ sources live in ``onnx_custom/ort_kernels/native/`` (one file per op family; ORT's C ABI
-declared in ``onnx_custom/runtime/include/onnx_custom_ort_abi.h``). They need only a C++17 compiler: no Python, no
-torch, no ONNX Runtime headers or libraries (ORT hands the library its function table when it
-loads it). :func:`library_path` compiles them once into the cache
+declared in ``onnx_custom/runtime/include/onnx_custom_ort_abi.h``). They need only a C++17 compiler:
+no Python, no torch, no ONNX Runtime headers or libraries (ORT hands the library its function table
+when it loads it). :func:`library_path` compiles them once into the cache
 (``$ONNX_CUSTOM_CACHE_DIR``, default ``~/.cache/onnx_custom``, folder ``native/<key>`` keyed by
 the sources, the compiler and the flags; built in a temporary file, then renamed into place) and
 returns the ``.so``, which loads in plain ONNX Runtime from any language::

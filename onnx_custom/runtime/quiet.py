@@ -16,7 +16,8 @@ import onnxruntime as ort
 
 __all__ = ["ORT_LOG_ENV", "ort_log_severity", "quiet_session_options"]
 
-_QUIET = 4  # ORT log severity FATAL: our typed errors report failures, once (ORT would also log each at ERROR)
+# ORT log severity FATAL: our typed errors report failures, once (ORT would also log each at ERROR)
+_QUIET = 4
 ORT_LOG_ENV = "ONNX_CUSTOM_ORT_LOG_SEVERITY"  # 0 verbose .. 4 fatal: ORT's logs back, for debugging
 
 

@@ -59,7 +59,8 @@ def make_op_run(spec: KernelSpec) -> type[OpRun]:
 def reference_evaluator(
     model: ModelSource, kernels: KernelRegistry | None = None, **kwargs: Any
 ) -> ReferenceEvaluator:
-    """A ReferenceEvaluator for ``model`` whose custom nodes call our kernels (extra kwargs pass through)."""
+    """A ReferenceEvaluator for ``model`` whose custom nodes call our kernels
+    (extra kwargs pass through)."""
     proto = parse_model(model)
     specs = required_kernels(proto, kernels)
     new_ops = [make_op_run(s) for s in specs] + list(kwargs.pop("new_ops", None) or [])

@@ -37,7 +37,8 @@ def _defined_at(fn: Any) -> str:
 
 
 class KernelRegistry:
-    """A set of kernels keyed by ``domain::OpType``. Copy with :meth:`copy`, merge with :meth:`update`."""
+    """A set of kernels keyed by ``domain::OpType``. Copy with :meth:`copy`,
+    merge with :meth:`update`."""
 
     def __init__(self, specs: Iterable[KernelSpec] = ()) -> None:
         self._specs: dict[str, KernelSpec] = {}
@@ -71,9 +72,9 @@ class KernelRegistry:
         shape. ``"broadcast"``: input 0's dtype, the inputs' broadcast shape. A callable
         ``(inputs: list[TensorInfo|None], attrs) -> TensorInfo | list[TensorInfo|None]``.
         ``function``: FunctionProto (or callable/onnxscript function producing one) used by
-        :func:`onnx_custom.function_bodies.embed_functions`. ``tensor_type="torch"`` passes torch tensors instead of numpy.
-        A kernel with an ``out`` keyword gets preallocated writable outputs (``out=(y0, ...)``)
-        shaped by ``shape_fn`` and should return None.
+        :func:`onnx_custom.function_bodies.embed_functions`. ``tensor_type="torch"`` passes torch
+        tensors instead of numpy. A kernel with an ``out`` keyword gets preallocated writable
+        outputs (``out=(y0, ...)``) shaped by ``shape_fn`` and should return None.
 
         Inputs (and ``out`` buffers) are zero-copy views of ONNX Runtime memory, valid only
         during the call: inputs are read-only, and anything kept after returning must be copied.
@@ -210,7 +211,8 @@ def _builtin_registry() -> KernelRegistry:
 
 
 def default_kernel_registry() -> KernelRegistry:
-    """Built-in kernels (``onnx_custom.common.builtins.KERNEL_MODULES``) plus :func:`kernel` registrations.
+    """Built-in kernels (``onnx_custom.common.builtins.KERNEL_MODULES``) plus :func:`kernel`
+    registrations.
 
     Returns a fresh copy: mutating it does not change the default.
     """

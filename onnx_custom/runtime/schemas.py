@@ -1,4 +1,5 @@
-"""ONNX ``OpSchema`` registration for kernels, so ``onnx.checker`` and shape inference accept them."""
+"""ONNX ``OpSchema`` registration for kernels,
+so ``onnx.checker`` and shape inference accept them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``InferenceSession`` / ``session_options`` / ``missing_kernels``: run models with Python kernels."""
+"""``InferenceSession`` / ``session_options`` / ``missing_kernels``:
+run models with Python kernels."""
 
 from __future__ import annotations
 
@@ -222,7 +223,8 @@ def session_options(
     base: ort.SessionOptions | None = None,
     kernels: KernelRegistry | None = None,
 ) -> ort.SessionOptions:
-    """SessionOptions with the Python kernels ``model`` needs registered (``base`` is updated in place).
+    """SessionOptions with the Python kernels ``model`` needs registered
+    (``base`` is updated in place).
 
     Also turns thread-pool spinning off unless ``base`` set it: spinning ORT threads starve the
     Python kernels of CPU on small machines. Raises :class:`KernelError` naming every custom node
@@ -235,7 +237,8 @@ def session_options(
 
 
 def _check_options(options: object, argument: str) -> None:
-    """Named after the caller's own parameter (``sess_options=`` of InferenceSession, ``base=`` here)."""
+    """Named after the caller's own parameter (``sess_options=`` of InferenceSession,
+    ``base=`` here)."""
     if options is not None and not isinstance(options, ort.SessionOptions):
         raise InvalidArgumentError(
             f"{argument}= expects onnxruntime.SessionOptions or None; received"

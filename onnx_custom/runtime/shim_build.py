@@ -1,9 +1,11 @@
 """Compile the C shim on first use and load it.
 
 The shared object is both a CPython extension (imported here) and an ONNX Runtime custom-op
-library (loaded by ORT from the same absolute path, so both see one copy of its globals). It is
-cached under ``$ONNX_CUSTOM_CACHE_DIR`` (default ``~/.cache/onnx_custom``)/``ort_shim/<key>/``,
-where the key hashes the C source, the shared ORT ABI header it includes
+library (loaded by ORT from the same absolute path, so both see one copy of its globals). Its
+source is ``shim.c``, one translation unit that includes the parts in ``shim/`` (one file per
+job). It is cached under ``$ONNX_CUSTOM_CACHE_DIR`` (default
+``~/.cache/onnx_custom``)/``ort_shim/<key>/``, where the key hashes the C sources (``shim.c``
+and every part it includes), the shared ORT ABI header they include
 (``onnx_custom/runtime/include/onnx_custom_ort_abi.h``, also used by the native kernel
 library), the Python ABI, numpy's and onnxruntime's versions. A build goes to a temporary file
 first and is renamed into place, so concurrent first uses are safe.
@@ -15,6 +17,7 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -26,10 +29,11 @@ from types import ModuleType
 from onnx_custom.common.native_build import announce_build, cache_root, find_compiler
 from onnx_custom.errors import ExtensionBuildError
 
-__all__ = ["MODULE_NAME", "cache_root", "load_shim", "shim_built", "shim_path"]
+__all__ = ["MODULE_NAME", "cache_root", "load_shim", "shim_built", "shim_path", "shim_sources"]
 
 MODULE_NAME = "_onnx_custom_shim"
 SOURCE = Path(__file__).with_name("shim.c")
+_PART = re.compile(r'^#include "(shim/\w+\.c)"$', re.MULTILINE)
 ABI_HEADER = "onnx_custom_ort_abi.h"
 _lock = threading.Lock()
 _loaded: tuple[ModuleType, str] | None = None
@@ -48,6 +52,16 @@ def abi_include_dir() -> Path:
             "onnx_custom.runtime)."
         )
     return folder
+
+
+def shim_sources() -> list[Path]:
+    """``shim.c`` and the parts it includes, in its include order (what the build compiles)."""
+    return [SOURCE, *(SOURCE.parent / part for part in _PART.findall(SOURCE.read_text()))]
+
+
+def _source_bytes() -> bytes:
+    """Every C source of the shim, each under its name: a change to any part rebuilds the shim."""
+    return b"".join(p.name.encode() + b"\0" + p.read_bytes() + b"\0" for p in shim_sources())
 
 
 def _build_key(source: bytes, header: bytes) -> str:
@@ -120,7 +134,7 @@ def _cached_shim() -> tuple[Path, Path]:
     """(where the compiled shim lives in the cache, the ABI header folder it compiles with)."""
     include_dir = abi_include_dir()
     header = (include_dir / ABI_HEADER).read_bytes()
-    folder = cache_root() / "ort_shim" / _build_key(SOURCE.read_bytes(), header)
+    folder = cache_root() / "ort_shim" / _build_key(_source_bytes(), header)
     return folder / f"{MODULE_NAME}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}", include_dir
 
 

@@ -293,7 +293,8 @@ class Attribute:
 def _normalize_default(
     op: str, key: tuple[Any, ...], attr: Attribute, value: Any = NO_DEFAULT
 ) -> Any:
-    """The default as the Python value torch hands the op (lists become tuples: specs are frozen)."""
+    """The default as the Python value torch hands the op (lists become tuples:
+    specs are frozen)."""
     value, typ = (attr.default if value is NO_DEFAULT else value), attr.type
     if typ == "tensor":
         try:
@@ -342,12 +343,14 @@ def _normalize_default(
 
 
 NODE = "node"
-"""In `OpSpec.translations`, where the custom-node translation goes: ``{16: {"custom": "node"}}``."""
+"""In `OpSpec.translations`, where the custom-node translation goes:
+``{16: {"custom": "node"}}``."""
 _VARIANT = re.compile(r"^[A-Za-z_][\w-]*$")
 
 
 def _normalize_translations(op: str, value: Any) -> tuple[tuple[int, str, Any], ...]:
-    """``{opset: ref | "node" | {variant: ref | "node"}}`` as sorted (opset, variant, ref) triples."""
+    """``{opset: ref | "node" | {variant: ref | "node"}}`` as sorted (opset, variant,
+    ref) triples."""
     items = value.items() if isinstance(value, Mapping) else value
     out: list[tuple[int, str, Any]] = []
     try:

@@ -158,7 +158,7 @@ def _attributes(spec: OpSpec) -> list[Attribute]:
     return [*spec.attributes, *spec.node_attributes]
 
 
-# ---- literals --------------------------------------------------------------------------------------------
+# ---- literals ------------------------------------------------------------------------------------
 def _float(value: float) -> str:
     text = repr(float(value))
     return f"{text}f" if ("." in text or "e" in text) else f"{text}.0f"
@@ -177,7 +177,7 @@ def _literal(attr: Attribute, value: Any) -> str:
     return "std::string(" + one(value) + ")" if scalar == "str" else one(value)
 
 
-# ---- shape rules -----------------------------------------------------------------------------------------
+# ---- shape rules ---------------------------------------------------------------------------------
 class _RuleTranslator:
     """A shape-rule expression as C++ over ``V`` (a dim) and ``S`` (a shape)."""
 
@@ -281,7 +281,7 @@ class _RuleTranslator:
         raise self.unsupported(type(node).__name__)
 
 
-# ---- one op -----------------------------------------------------------------------------------------------
+# ---- one op --------------------------------------------------------------------------------------
 class _OpWriter:
     def __init__(self, spec: OpSpec, ordinal: int) -> None:
         assert isinstance(spec.native, NativeKernel)
@@ -483,7 +483,8 @@ class _OpWriter:
             elem = f"e{typ[1:]}" if re.fullmatch(r"T\d+", typ) else self.elem_of(typ)
             rule = spec.shape_rule(index)
             if rule is None:
-                continue  # data-dependent: the kernel allocates it; ORT learns its shape at run time
+                # data-dependent: the kernel allocates it; ORT learns its shape at run time
+                continue
             if isinstance(rule, LikeRule):
                 needs, dims = [names.index(rule.input)], f"inf.dims({names.index(rule.input)})"
             elif isinstance(rule, BroadcastRule):
@@ -535,7 +536,8 @@ class _OpWriter:
 
 
 def _fixed_rank(rule: Any) -> int | None:
-    """The output rank an expression rule fixes by itself (a list literal without ``*``), or None."""
+    """The output rank an expression rule fixes by itself (a list literal without ``*``),
+    or None."""
     body = rule.tree.body if isinstance(rule, ExpressionRule) else None
     if isinstance(body, ast.List) and not any(isinstance(e, ast.Starred) for e in body.elts):
         return len(body.elts)

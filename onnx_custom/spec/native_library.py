@@ -330,10 +330,13 @@ _CMAKE = """\
 # Cross-compile with your toolchain file: cmake -S . -B build -DCMAKE_TOOLCHAIN_FILE=...
 cmake_minimum_required(VERSION 3.13)
 project({name}_ops CXX)
-file(GLOB SOURCES ${{CMAKE_CURRENT_SOURCE_DIR}}/generated/*.cpp ${{CMAKE_CURRENT_SOURCE_DIR}}/runtime/*.cpp)
+file(GLOB SOURCES
+  ${{CMAKE_CURRENT_SOURCE_DIR}}/generated/*.cpp ${{CMAKE_CURRENT_SOURCE_DIR}}/runtime/*.cpp)
 add_library({name}_ops SHARED ${{SOURCES}})
 target_include_directories({name}_ops PRIVATE
-  ${{CMAKE_CURRENT_SOURCE_DIR}}/include ${{CMAKE_CURRENT_SOURCE_DIR}}/runtime ${{CMAKE_CURRENT_SOURCE_DIR}}/kernels)
+  ${{CMAKE_CURRENT_SOURCE_DIR}}/include
+  ${{CMAKE_CURRENT_SOURCE_DIR}}/runtime
+  ${{CMAKE_CURRENT_SOURCE_DIR}}/kernels)
 target_compile_definitions({name}_ops PRIVATE {defines})
 set_target_properties({name}_ops PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON
                       CXX_VISIBILITY_PRESET hidden POSITION_INDEPENDENT_CODE ON)

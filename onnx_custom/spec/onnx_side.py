@@ -355,7 +355,8 @@ def kernel_spec(
     function: Any,
     check: Callable[..., Any] | None = None,
 ) -> KernelSpec:
-    """The kernel declaration of the spec's node (``fn`` None: a declaration for the schema only)."""
+    """The kernel declaration of the spec's node (``fn`` None:
+    a declaration for the schema only)."""
     node = spec.node_type
     assert node is not None
     tensor_type = "numpy"

@@ -248,7 +248,8 @@ def check_math_signature(spec: OpSpec, fn: Any, role: str, key: tuple[Any, ...],
 
 
 def check_backward(spec: OpSpec, backward: Any, setup_context: Any) -> None:
-    """``backward(ctx, *grads)`` takes one gradient per output; ``setup_context(ctx, inputs, output)``."""
+    """``backward(ctx, *grads)`` takes one gradient per output;
+    ``setup_context(ctx, inputs, output)``."""
     n = len(spec.outputs)
     for fn, key, count, shape in (
         (

@@ -230,7 +230,8 @@ def _run_check(spec: OpSpec, check: Callable[..., Any] | None, bound: BoundArgs)
     check_input_dtypes(spec, bound.tensors)
 
 
-drop_fake_tensor_logs_of_typed_errors()  # our fake kernels raise typed errors; torch logs TypeErrors
+# our fake kernels raise typed errors; torch logs TypeErrors
+drop_fake_tensor_logs_of_typed_errors()
 
 
 def make_fake(

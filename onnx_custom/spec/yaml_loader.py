@@ -25,7 +25,8 @@
                                           # user's C++ kernel (onnx_custom/kernel.h), source
                                           # relative to this file:
       # native: {source: acme_kernels.cpp, function: scale_add}
-      function: "acme_ops:scale_add_fn"   # ONNX function body (FunctionProto, builder or translation)
+      function: "acme_ops:scale_add_fn"   # ONNX function body (FunctionProto, builder or
+                                          # translation)
       translations:                       # standard-op translations, each from its opset on
         13: "acme_onnx:scale_add_13"
         18: {default: "acme_onnx:scale_add_18", custom: node}   # by variant; node: the custom node
@@ -270,7 +271,8 @@ class _Document:
 
 
 def _suggest(key: str, allowed: dict[str, str]) -> str:
-    """'did you mean ...? ' for a misspelt or abbreviated/expanded key ('' when nothing is close)."""
+    """'did you mean ...? ' for a misspelt or abbreviated/expanded key
+    ('' when nothing is close)."""
     close = [k for k in allowed if k.startswith(key)][:1]  # an abbreviation first ('default')
     close = close or difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
     close = close or [k for k in allowed if key.startswith(k)][:1]

@@ -48,7 +48,8 @@ class TypedList:
 
 
 def ints(values: Sequence[int]) -> TypedList:
-    """An INTS attribute, also when empty: ``g.op("custom::X", x, pads=onnx_custom.attr.ints([]))``."""
+    """An INTS attribute, also when empty:
+    ``g.op("custom::X", x, pads=onnx_custom.attr.ints([]))``."""
     return _typed_list(AttrKind.INTS, values, _is_int, int, "[1, 2]")
 
 

@@ -134,7 +134,8 @@ def _freeze(value: Any) -> Any:
 
 
 class GraphBuilder(abc.ABC):
-    """``g.op(...)``, ``g.constant(...)``, ``g.opset``, ``g.exporter``, ``g.dtype(x)``, ``g.outputs``."""
+    """``g.op(...)``, ``g.constant(...)``, ``g.opset``, ``g.exporter``, ``g.dtype(x)``,
+    ``g.outputs``."""
 
     exporter: str = ""
 
@@ -442,7 +443,8 @@ class GraphBuilder(abc.ABC):
         )
 
     def constant(self, value: Any, *, dtype: Any = None, like: Any = None) -> Any:
-        """A Constant node. ``dtype`` (torch/numpy dtype) or ``like`` (a graph value) sets its type."""
+        """A Constant node. ``dtype`` (torch/numpy dtype) or ``like``
+        (a graph value) sets its type."""
         if like is not None:
             dtype = self.dtype(like)
             if dtype is None:

@@ -86,7 +86,8 @@ _ERASED = {
 
 
 def _lowered_by_exporter(op: torch._ops.OpOverload) -> bool:
-    """The exporter decomposes CompositeImplicitAutograd ops (``aten::to.dtype``) and drops asserts."""
+    """The exporter decomposes CompositeImplicitAutograd ops
+    (``aten::to.dtype``) and drops asserts."""
     if op.namespace == "aten" and op._opname in _ERASED:
         return True
     return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")

@@ -75,7 +75,8 @@ class Target:
 
 
 def normalize_target(target: Any) -> Target:
-    """Turn a user-supplied target into a `Target`, or raise `SymbolicError` saying how to fix it."""
+    """Turn a user-supplied target into a `Target`,
+    or raise `SymbolicError` saying how to fix it."""
     if isinstance(target, torch._ops.OpOverloadPacket):
         raise SymbolicError(
             f"Got the OpOverloadPacket {target!r}; expected an OpOverload such as "
@@ -98,7 +99,8 @@ def normalize_target(target: Any) -> Target:
 
 
 def parse_node_type(text: str) -> tuple[str, str]:
-    """``"onnx_custom::my_add"`` -> ``("onnx_custom", "my_add")``; ``"Asinh"`` -> ``("", "Asinh")``."""
+    """``"onnx_custom::my_add"`` -> ``("onnx_custom", "my_add")``; ``"Asinh"``
+    -> ``("", "Asinh")``."""
     match = _NODE_TYPE.match(text) if isinstance(text, str) else None
     if match is None:
         raise SymbolicError(

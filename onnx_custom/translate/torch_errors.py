@@ -88,7 +88,8 @@ def _raised_at(exc: BaseException) -> str:
 
 
 def _binding_failed(exc: BaseException) -> bool:
-    """A TypeError raised while *calling* the translation (its parameters do not fit), not inside it."""
+    """A TypeError raised while *calling* the translation (its parameters do not fit),
+    not inside it."""
     from onnx_custom.translate.registry import SymbolicEntry
 
     if not isinstance(exc, TypeError) or exc.__traceback__ is None:

@@ -16,8 +16,8 @@ torch's own helpers (``symbolic_helper._get_tensor_sizes``, ``_unsqueeze_helper`
 Non-tensor arguments arrive as Python values (what ``parse_args`` or ``_get_const`` would make of
 them); an absent ``Tensor?`` as None. A ``Tensor[]`` argument is a `TorchStyleList`: a Python
 list of its values that also answers as torch's packed ``prim::ListConstruct`` value, so torch's
-own idiom ``symbolic_helper._unpack_list(tensors)`` (its ``cat``/``stack`` symbolics, the tutorials')
-works as well as iterating it.
+own idiom ``symbolic_helper._unpack_list(tensors)`` (its ``cat``/``stack`` symbolics, the
+tutorials') works as well as iterating it.
 """
 
 from __future__ import annotations
@@ -93,7 +93,8 @@ def _code_for(type_text: str) -> str:
 
 
 def parse_args_codes(fn: Any) -> tuple[str, ...] | None:
-    """The codes of torch's ``@parse_args(...)`` on ``fn`` (or on a function it wraps), else None."""
+    """The codes of torch's ``@parse_args(...)`` on ``fn`` (or on a function it wraps),
+    else None."""
     seen = 0
     while fn is not None and seen < 10:
         codes = getattr(fn, "_arg_descriptors", None)

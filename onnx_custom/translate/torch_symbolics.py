@@ -87,7 +87,8 @@ def register_custom_op_symbolic(
 def unregister_custom_op_symbolic(
     symbolic_name: str, opset_version: int, *, registry: Registry | None = None
 ) -> None:
-    """Remove what `register_custom_op_symbolic` registered for ``symbolic_name`` at ``opset_version``."""
+    """Remove what `register_custom_op_symbolic` registered for ``symbolic_name`` at
+    ``opset_version``."""
     target = _target(symbolic_name)
     resolve_registry(registry).remove(str(target), opset=_opset(opset_version, symbolic_name))
 

@@ -135,7 +135,8 @@ class _Stats:
 
 
 def flatten_outputs(value: Any, prefix: str = "output") -> list[tuple[str, Any]]:
-    """Nested tuples/lists/dicts -> ``[(path, leaf), ...]`` in order (dict keys in insertion order)."""
+    """Nested tuples/lists/dicts -> ``[(path, leaf), ...]`` in order
+    (dict keys in insertion order)."""
     if isinstance(value, Mapping):
         return [item for k, v in value.items() for item in flatten_outputs(v, f"{prefix}.{k}")]
     if isinstance(value, (tuple, list)):
@@ -307,7 +308,8 @@ def _stats(
     name: str,
     trial: int,
 ) -> tuple[_Stats, np.ndarray | DiffsThunk | None]:
-    """Statistics of a same-shape, same-dtype, non-empty pair, and its differences (kept or lazy)."""
+    """Statistics of a same-shape, same-dtype, non-empty pair, and its differences
+    (kept or lazy)."""
     total = exp.numel()
     if exp.dtype == torch.bool or not (exp.is_floating_point() or exp.is_complex()):
         stats = _exact_stats(exp, act)
@@ -426,7 +428,8 @@ def _exact_stats(exp: torch.Tensor, act: torch.Tensor) -> _Stats:
 
 
 def _work_arrays(exp: torch.Tensor, act: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """NumPy views (float32 and float64 as they are; float16/bfloat16 widened to float32, exactly)."""
+    """NumPy views (float32 and float64 as they are; float16/bfloat16 widened to float32,
+    exactly)."""
     work = torch.float64 if exp.dtype == torch.float64 else torch.float32
     return np.atleast_1d(exp.to(work).numpy()), np.atleast_1d(
         act.to(work).numpy()
@@ -434,7 +437,8 @@ def _work_arrays(exp: torch.Tensor, act: torch.Tensor) -> tuple[np.ndarray, np.n
 
 
 def _float_stats(exp: torch.Tensor, act: torch.Tensor, rtol: float, atol: float) -> _Stats | None:
-    """Real floats without NaN/Inf in one pass of the tensor's precision; None: use the general path."""
+    """Real floats without NaN/Inf in one pass of the tensor's precision; None:
+    use the general path."""
     if atol < _SMALLEST_SAFE_ATOL or rtol < 0:
         return None  # the float32 candidate margin is not proven there
     with np.errstate(all="ignore"):  # overflow and NaN are detected below, not warned about

@@ -186,7 +186,8 @@ class DeclaredTypes:
             array = values[name]
             elem_type = info.type.tensor_type.elem_type
             dims = _dims(info)
-            actual = f"{_dtype_name(_elem_type(array)) if _elem_type(array) else array.dtype}{list(array.shape)}"
+            actual_type = _dtype_name(_elem_type(array)) if _elem_type(array) else array.dtype
+            actual = f"{actual_type}{list(array.shape)}"
             problem = self._problem(elem_type, dims, array, env, seen, name)
             if problem:
                 found.append(

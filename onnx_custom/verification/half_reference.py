@@ -78,7 +78,8 @@ class HalfReference:
             original = self._model
             model = original
             if isinstance(original, torch.nn.Module):
-                # Only half tensors are widened: float64 buffers keep their precision, ints their type.
+                # Only half tensors are widened: float64 buffers keep their precision,
+                # ints their type.
                 wide = copy.deepcopy(original)._apply(
                     lambda t: t.float() if t.dtype in HALF_DTYPES else t
                 )

@@ -1,4 +1,5 @@
-"""``onnx_custom.verification.localization``: what a localization found, one frozen record per level.
+"""``onnx_custom.verification.localization``: what a localization found,
+one frozen record per level.
 
 `ValueDiff` is one compared value, `NodeLocalization` one torch op call and the ONNX nodes its
 translation produced, `Localization` a whole trial with its first diverging node, its summary
@@ -93,7 +94,8 @@ class NodeLocalization:
 
 @dataclasses.dataclass(frozen=True)
 class Localization:
-    """Per-node comparison of one trial; ``first`` is the first diverging node (an origin if any)."""
+    """Per-node comparison of one trial; ``first`` is the first diverging node
+    (an origin if any)."""
 
     method: str  # "names" or "probe"
     exporter: str

@@ -1,4 +1,5 @@
-"""``onnx_custom.verification.localize``: when PyTorch and ONNX disagree, find the first node that diverges.
+"""``onnx_custom.verification.localize``: when PyTorch and ONNX disagree,
+find the first node that diverges.
 
 The PyTorch side is the ``torch.export`` program of the model, run node by node with a
 ``torch.fx.Interpreter``. The ONNX side depends on how the file names its values:
@@ -10,8 +11,8 @@ The PyTorch side is the ``torch.export`` program of the model, run node by node 
   registry, with every intermediate as a graph output (output *i* is FX node *i*), and compared
   by position. This localizes faulty translations, not edits made to the file afterwards.
 
-Both sides stream: the ONNX graph runs segment by segment (`onnx_custom.verification.segmented`), the FX
-program frees each value after its last use, and each value is compared once, when both sides
+Both sides stream: the ONNX graph runs segment by segment (`onnx_custom.verification.segmented`),
+the FX program frees each value after its last use, and each value is compared once, when both sides
 have it; so memory stays near one forward pass and time is linear in the nodes. Parameters and
 buffers are compared with the file's initializers of the same name (a file exported from other
 weights is named as such); model inputs are fed to both sides.
@@ -162,7 +163,8 @@ def _torch_op_name(node: torch.fx.Node) -> str:
 def _op_nodes(
     module: torch.fx.GraphModule, is_tensor: Callable[[torch.fx.Node], bool]
 ) -> list[tuple[torch.fx.Node, list[torch.fx.Node]]]:
-    """(op node, its tensor-valued output nodes) in topological order; getitems fold into parents."""
+    """(op node, its tensor-valued output nodes) in topological order;
+    getitems fold into parents."""
     result = []
     for node in module.graph.nodes:
         if node.op != "call_function" or node.target is operator.getitem:
@@ -252,7 +254,8 @@ def _compare(
         else None
     )
     if expected_np is not None and actual.dtype != expected_np and tuple(actual.shape) == shape:
-        # Intermediates may legitimately differ in dtype (e.g. int32 vs int64 indices): compare values.
+        # Intermediates may legitimately differ in dtype (e.g. int32 vs int64 indices):
+        # compare values.
         notes.append(f"ONNX dtype {actual.dtype}")
         actual = actual.astype(expected_np)
     c = compare_arrays(expected, actual, name=name, trial=0, rtol=rtol, atol=atol, keep_diffs=False)

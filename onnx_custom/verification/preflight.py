@@ -1,4 +1,5 @@
-"""``onnx_custom.check`` (this module is ``preflight`` so it never shadows the function): pre-flight coverage of a model, without exporting a file.
+"""``onnx_custom.check`` (this module is ``preflight`` so it never shadows the function): pre-flight
+coverage of a model, without exporting a file.
 
 Lists, all at once, every op with no translation for the chosen exporter/opset (with the opsets
 where one exists), and every custom node type the chosen translations emit that has neither a

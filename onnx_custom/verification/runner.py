@@ -111,7 +111,8 @@ def _flatten_named(prefix: str, value: Any) -> list[tuple[str, Any]]:
 
 
 def argument_names(model: Any, args: tuple[Any, ...]) -> list[str] | None:
-    """``forward``'s names for ``args`` (``*rest`` gives ``rest_0``...); None if they cannot bind."""
+    """``forward``'s names for ``args`` (``*rest`` gives ``rest_0``...);
+    None if they cannot bind."""
     fn = model.forward if isinstance(model, torch.nn.Module) else model
     try:
         signature = inspect.signature(fn)
@@ -370,8 +371,9 @@ def make_session(
     *,
     as_written: bool = False,
 ) -> Any:
-    """An ORT session with our custom kernels loaded (plain ORT when the kernel host is unavailable);
-    ``data``: ``proto`` already serialized (parsing it back is cheaper than serializing again).
+    """An ORT session with our custom kernels loaded (plain ORT when the kernel host is
+    unavailable); ``data``: ``proto`` already serialized
+    (parsing it back is cheaper than serializing again).
 
     ``as_written``: ORT's graph optimizations off, so the session runs the file as other runtimes
     read it. ORT's level-1 ReshapeFusion rewrites a Reshape whose shape is computed from Shape

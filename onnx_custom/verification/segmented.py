@@ -122,7 +122,8 @@ def _input_info(name: str, value: ort.OrtValue) -> onnx.ValueInfoProto:
 
 
 class SegmentedRun:
-    """Lazily runs ``proto`` on ``feeds`` segment by segment; ``take(name)`` hands out wanted values.
+    """Lazily runs ``proto`` on ``feeds`` segment by segment;
+    ``take(name)`` hands out wanted values.
 
     ``feeds``: the graph inputs as ``OrtValue``s. ``wanted``: names of values the caller will ask
     for, once per occurrence (node outputs of the main graph; graph inputs and initializers are

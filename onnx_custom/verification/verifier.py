@@ -1,8 +1,8 @@
 """``onnx_custom.verify``: PyTorch eager vs ONNX Runtime, dtype-aware tolerances, hard pass/fail.
 
 A file is checked at the shapes it claims: when its inputs have dynamic dims, trials at other
-sizes run by default (`onnx_custom.verification.trial_shapes` says which), and the types the file declares
-for its outputs (and custom-node outputs) must match what ONNX Runtime returns
+sizes run by default (`onnx_custom.verification.trial_shapes` says which), and the types the file
+declares for its outputs (and custom-node outputs) must match what ONNX Runtime returns
 (`onnx_custom.verification.declared`).
 """
 
@@ -502,7 +502,8 @@ def _training_note(model: Any) -> str | None:
 
 
 def _native_fallback_note(found: Sequence[Any]) -> str | None:
-    """Custom nodes backend onnxruntime-native ran with Python kernels: no C++ deployment runs them."""
+    """Custom nodes backend onnxruntime-native ran with Python kernels:
+    no C++ deployment runs them."""
     python = [i.node_type for i in found if i.kind == "python"]
     if not python:
         return None
@@ -590,8 +591,8 @@ def verify(
 
     Shapes: when the file's inputs have dynamic dims (``dim_param`` or unnamed), up to
     `DEFAULT_SHAPE_TRIALS` trials vary them (sizes 1, e + 1, 2e... within each dim's range; see
-    `onnx_custom.verification.trial_shapes`). ``shapes=`` replaces those with explicit cases: a list of dicts
-    mapping dim names to sizes and/or ONNX input names to full shapes, e.g.
+    `onnx_custom.verification.trial_shapes`). ``shapes=`` replaces those with explicit cases: a list
+    of dicts mapping dim names to sizes and/or ONNX input names to full shapes, e.g.
     ``[{"batch": 1}, {"batch": 7}, {"x": (5, 3, 4)}]``; ``shapes=()`` tries the export shape only.
     With the defaults (``trials=1``, ``shapes=None``, no ``input_generator``) and no size trials,
     example floats of one sign (``torch.rand``) add one trial of N(0, 1) values (they hide sign
@@ -611,12 +612,13 @@ def verify(
 
     ``backends``: any of ``"onnxruntime"``, ``"reference"`` (onnx's ReferenceEvaluator with
     our kernels) and ``"onnxruntime-native"`` (the native library first, Python kernels only for
-    nodes it cannot serve: what a C++ deployment with ``libonnx_custom_ops.so`` runs); every comparison names its backend, and a disagreement between backends points
-    at the runtime/kernels rather than the translation. ``localize=True``: on the first failing
-    trial, compare every intermediate value (`onnx_custom.verification.localize.localize`) and attach the
-    result as ``report.localization`` (also in the `VerificationError` message); ``exporter``,
-    ``opset`` and ``registry`` tell it how the file was made (defaults: inferred from the file,
-    the default registry). ``progress`` receives one line per trial. ``kernels``: the
+    nodes it cannot serve: what a C++ deployment with ``libonnx_custom_ops.so`` runs); every
+    comparison names its backend, and a disagreement between backends points at the runtime/kernels
+    rather than the translation. ``localize=True``: on the first failing trial, compare every
+    intermediate value (`onnx_custom.verification.localize.localize`) and attach the result as
+    ``report.localization`` (also in the `VerificationError` message); ``exporter``, ``opset`` and
+    ``registry`` tell it how the file was made (defaults: inferred from the file, the default
+    registry). ``progress`` receives one line per trial. ``kernels``: the
     `onnx_custom.runtime.KernelRegistry` for custom nodes (default: the default kernel registry).
     """
     _check_callable_model(model)

@@ -251,7 +251,7 @@ def test_import_yaml_op_specs(tmp_path: Path) -> None:
 def test_help_is_plain_and_shows_defaults(capsys: Any) -> None:
     parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
-    for name, sub in commands.items():
+    for name, sub in commands.items():  # type: ignore[union-attr]
         text = sub.format_help()
         assert "`" not in text, f"raw backticks in `{name} --help`"
         if name in ("export", "check"):
@@ -362,7 +362,8 @@ def test_zoo_run_is_quiet_and_streams() -> None:
 
 @pytest.mark.slow
 def test_build_library_announces_a_fresh_build(tmp_path: Path) -> None:
-    """A real compile into an empty cache (~15-45 s), then the cache hit says nothing of building."""
+    """A real compile into an empty cache (~15-45 s),
+    then the cache hit says nothing of building."""
     env = dict(os.environ, ONNX_CUSTOM_CACHE_DIR=str(tmp_path))
     fresh = subprocess.run(
         [EXE, "build-library"], capture_output=True, text=True, env=env, timeout=600

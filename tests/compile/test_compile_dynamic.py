@@ -1,6 +1,7 @@
 """Shapes and the hand-off: ``dynamic=True`` keeps one graph and one session across batch sizes,
-static compiles share an LRU session cache, and inputs/outputs of every awkward kind (non-contiguous,
-bool, returned inputs, SymInts) cross between torch and ORT correctly. Reference: eager PyTorch."""
+static compiles share an LRU session cache, and inputs/outputs of every awkward kind
+(non-contiguous, bool, returned inputs, SymInts) cross between torch and ORT correctly. Reference:
+eager PyTorch."""
 
 from __future__ import annotations
 

@@ -128,7 +128,7 @@ def test_options_are_validated_before_compiling() -> None:
     assert good.options.opset == 17 and good.options.cache_size == 4
 
 
-BAD_OPTIONS = [
+BAD_OPTIONS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"opset": "18"}, InvalidArgumentError, "opset must be an int"),
     ({"opset": 7}, OpsetError, "builds opsets 13.."),
     ({"kernels": "cuda"}, InvalidArgumentError, "kernels must be one of"),

@@ -105,7 +105,7 @@ def test_zoo_custom_nodes_run_at_other_batch_sizes(name: str, exporter: str, ops
     custom = _custom_outputs(proto)
     assert custom, "the custom variant emits custom nodes"
     assert all(dims[0] == "batch" for dims in _inputs(proto).values())
-    assert _metadata(proto)["batch"] == {"min": _bound(module, "min"), "max": _bound(module, "max")}
+    assert _metadata(proto)["batch"] == {"min": _bound(module, "min"), "max": _bound(module, "max")}  # type: ignore[index]
     # No static batch anywhere a custom node's output is typed (the old bug: traced sizes).
     types = _value_types(proto)
     for output in custom:
@@ -384,6 +384,7 @@ def test_users_own_dynamo_export_keeps_symbolic_dims() -> None:
             dynamic_shapes={"x": {0: "batch"}},
             verbose=False,
         )
+    assert program is not None
     proto = program.model_proto
     types = _value_types(proto)
     dims = [_dims(types[o]) for o in _custom_outputs(proto) if o in types]

@@ -185,7 +185,8 @@ def test_matching_declaration_exports_and_runs(exporter: str, tmp_path: Path) ->
 
 @pytest.mark.parametrize("exporter", EXPORTERS)
 def test_node_without_a_registered_kernel_is_left_alone(exporter: str, tmp_path: Path) -> None:
-    """No kernel for mydomain::MyOp anywhere: the file is written (it may be for another runtime)."""
+    """No kernel for mydomain::MyOp anywhere: the file is written
+    (it may be for another runtime)."""
     target = tmp_path / "model.onnx"
     onnx_custom.export(Model(), (torch.randn(2, 3),), target, exporter=exporter, registry=registry)
     assert target.exists()

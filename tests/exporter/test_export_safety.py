@@ -119,7 +119,7 @@ def test_autograd_function_translation_result_is_checked(fn: Any, received: str,
 @pytest.mark.parametrize(("exporter", "opset"), EXPORTERS, ids=IDS)
 def test_translation_exception_names_the_translation_and_line(exporter: str, opset: int) -> None:
     def broken(g: Any, a: Any, b: Any) -> Any:
-        return {}["missing key"]
+        return {}["missing key"]  # type: ignore[index]
 
     with pytest.raises(SymbolicError) as info:
         onnx_custom.export(
@@ -187,7 +187,8 @@ _FAILING_WRITE = textwrap.dedent("""
     model = onnx.load(folder + "/single.onnx")
     model.graph.initializer[0].CopyFrom(big)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
-    resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    hard_limit = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, hard_limit))
     for name, external in (("single.onnx", False), ("external.onnx", True)):
         try:
             save_model(model, folder + "/" + name, external_data=external)
@@ -222,7 +223,8 @@ def test_a_write_failing_midway_keeps_the_previous_file(tmp_path: Path) -> None:
 
 
 def test_external_data_save_leaves_the_model_in_memory_whole(tmp_path: Path) -> None:
-    """onnx.save_model moves tensors out of the proto it writes; the returned model must keep them."""
+    """onnx.save_model moves tensors out of the proto it writes;
+    the returned model must keep them."""
     model = _model(np.arange(4096, dtype=np.float32))
     before = model.SerializeToString()
     save_model(model, tmp_path / "m.onnx", external_data=True)

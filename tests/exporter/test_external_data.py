@@ -207,7 +207,8 @@ def test_truncated_data_file_is_a_model_load_error(tmp_path: Path, loader: int) 
 
 
 def test_data_of_another_export_is_refused(tmp_path: Path) -> None:
-    """Same name, same size, other write: a data file replaced by hand (copied from another export)."""
+    """Same name, same size, other write: a data file replaced by hand
+    (copied from another export)."""
     path, data = _exported(tmp_path / "a")
     _, other = _exported(tmp_path / "b")
     os.replace(other, data)
@@ -280,12 +281,12 @@ def test_verify_past_the_threshold_still_fails_a_wrong_model(
     path = tmp_path / "model.onnx"
     proto = onnx_custom.export(model, args, path, exporter="torchscript")
     with torch.no_grad():
-        model.fc2.weight[0, 0] += 0.5
+        model.fc2.weight[0, 0] += 0.5  # type: ignore[union-attr, index, operator]
     with pytest.warns(InitializerMismatchWarning, match="fc2.weight"):
         report = onnx_custom.verify(
             model, args, path if source == "path" else proto, raise_on_mismatch=False
         )
-    assert not report.passed and report.failures
+    assert not report.passed and report.failures()
     _from_files(session_sources, tmp_path)
 
 

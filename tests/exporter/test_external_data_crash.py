@@ -214,7 +214,8 @@ def test_a_killed_write_leaves_one_complete_pair(
     save_model(_new()[0], path, external_data=True)
     assert _which_pair(path) == "new"
     _assert_one_pair(tmp_path)  # stale data files of the killed write are gone (a killed
-    # process's hidden '.<name>.<random>.tmp' temporary may remain: no live write could be told apart)
+    # process's hidden '.<name>.<random>.tmp' temporary may remain:
+    # no live write could be told apart)
 
 
 @pytest.mark.parametrize("choice", CHOICES, ids=["default-name", "weights.bin"])

@@ -170,7 +170,8 @@ def test_each_export_types_its_own_call(
 
 
 def test_reregistered_fake_kernel_is_not_served_from_the_cache() -> None:
-    """The trace cannot tell ``batch`` from ``2*batch`` (both symbolic): only the fingerprint can."""
+    """The trace cannot tell ``batch`` from ``2*batch`` (both symbolic):
+    only the fingerprint can."""
     x = torch.randn(4, 3)
     twice.register_fake(lambda x: x.new_empty(x.shape))  # wrong on purpose: says batch
     assert _output_type(_export(One(twice), x, {0: "batch"}))[1] == ["batch", 3]

@@ -6,9 +6,10 @@ TorchScript calls ``symbolic``: the file holds the custom node and verifies agai
 Function through an independently written kernel. ``torch.export`` runs ``forward`` and fails
 inside the extension: a `SymbolicError` naming the Function and both routes that work, from
 `export` and from `check`; a forward that traces is exported with a warning naming the Function
-(mmdeploy's export-only Functions have a placeholder forward, which verify then fails). The route it names (the computation as a custom op, the same
-``symbolic`` registered with `register_custom_op_symbolic`) exports with both exporters. A
-Function whose forward is plain torch is traced under dynamo and verifies.
+(mmdeploy's export-only Functions have a placeholder forward, which verify then fails). The route it
+names (the computation as a custom op, the same ``symbolic`` registered with
+`register_custom_op_symbolic`) exports with both exporters. A Function whose forward is plain torch
+is traced under dynamo and verifies.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ same as the float32 graph rounded once per node."""
 from __future__ import annotations
 
 import ctypes
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -22,7 +23,7 @@ from onnx_custom.runtime.half_precision import widen_function, widen_model
 from onnx_custom.runtime.quiet import quiet_session_options
 
 F16, BF16, F32, I64 = T.FLOAT16, T.BFLOAT16, T.FLOAT, T.INT64
-NP = {F16: np.float16, BF16: ml_dtypes.bfloat16, F32: np.float32, I64: np.int64}
+NP: dict[int, Any] = {F16: np.float16, BF16: ml_dtypes.bfloat16, F32: np.float32, I64: np.int64}
 
 
 def _feed(value: np.ndarray, elem_type: int) -> ort.OrtValue:
@@ -59,7 +60,8 @@ CASES = [
     ("Relu", {}, [(F16, np.ones((2, 3)))], 14, True),
 ]
 IDS = [
-    f"{op}-{'/'.join(T.DataType.Name(t) for t, _ in ins)}-{'-'.join(a.values()) or 'plain'}-opset{o}"
+    f"{op}-{'/'.join(T.DataType.Name(t) for t, _ in ins)}"
+    f"-{'-'.join(a.values()) or 'plain'}-opset{o}"
     for op, a, ins, o, _ in CASES
 ]
 

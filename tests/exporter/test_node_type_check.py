@@ -2,8 +2,8 @@
 standard ops against their ``onnx.defs`` type constraints, custom nodes against a registered
 schema. ``Concat(float, double)``, which dynamo would write as an invalid file, is a
 `SymbolicError` naming the op, the node, the input types and the fix — and nothing is written.
-``Mul(float, int64 constant)`` is promoted the way torch promotes it (tests/translate/test_implicit_casts.py
-has the rule), here checked end to end beside the fixes."""
+``Mul(float, int64 constant)`` is promoted the way torch promotes it
+(tests/translate/test_implicit_casts.py has the rule), here checked end to end beside the fixes."""
 
 from __future__ import annotations
 

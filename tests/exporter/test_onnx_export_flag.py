@@ -85,7 +85,8 @@ def test_the_flag_is_reset_after_a_failed_export(exporter: str, tmp_path: Path) 
 def test_torch_onnx_ops_symbolic_under_torchscript_is_a_typed_error_naming_the_fix(
     tmp_path: Path,
 ) -> None:
-    # torch's TorchScript tracer cannot record the Tensor?[] argument; say so, not "unsupported input list type"
+    # torch's TorchScript tracer cannot record the Tensor?[] argument; say so,
+    # not "unsupported input list type"
     with pytest.raises(
         onnx_custom.errors.UnsupportedOpError,
         match=r"torch\.onnx\.ops\.symbolic.*exporter='dynamo'",

@@ -1,4 +1,5 @@
-"""``@onnxscript.script`` translations in ``translation_table(extra=...)`` (torch.onnx's tutorial style).
+"""``@onnxscript.script`` translations in ``translation_table(extra=...)``
+(torch.onnx's tutorial style).
 
 torch 2.13 counts a script function's outputs from its return annotation only; without one the
 export failed in onnxscript's InlinePass. Checked end to end in ONNX Runtime against torch.
@@ -26,13 +27,13 @@ _DEFAULT_DOMAIN = onnxscript.values.Opset("", 18)
 
 @onnxscript.script(_TUTORIAL_DOMAIN)
 def _add_custom_domain(self, other, alpha: float = 1.0):  # type: ignore[no-untyped-def]  # unannotated on purpose
-    alpha = op.CastLike(alpha, other)
+    alpha = op.CastLike(alpha, other)  # type: ignore[type-var]
     return op.Add(self, op.Mul(other, alpha))
 
 
 @onnxscript.script(opset=_DEFAULT_DOMAIN)
 def _add_default_domain(self, other, alpha: float = 1.0):  # type: ignore[no-untyped-def]
-    alpha = op.CastLike(alpha, other)
+    alpha = op.CastLike(alpha, other)  # type: ignore[type-var]
     return op.Add(self, op.Mul(other, alpha))
 
 
@@ -68,6 +69,7 @@ def test_unannotated_script_function_exports(
         custom_translation_table=table,
         verbose=False,
     )
+    assert program is not None
     session = ort.InferenceSession(
         program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"]
     )

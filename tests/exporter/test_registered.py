@@ -62,8 +62,8 @@ def test_users_own_symbolic_is_restored() -> None:
     torch.onnx.register_custom_op_symbolic("aten::asinh", users_asinh, 9)
     try:
         with onnx_custom.registered():
-            assert registration.registry.get_function_group("aten::asinh").get(9) is not users_asinh
-        assert registration.registry.get_function_group("aten::asinh").get(9) is users_asinh
+            assert registration.registry.get_function_group("aten::asinh").get(9) is not users_asinh  # type: ignore[union-attr]
+        assert registration.registry.get_function_group("aten::asinh").get(9) is users_asinh  # type: ignore[union-attr]
     finally:
         torch.onnx.unregister_custom_op_symbolic("aten::asinh", 9)
         # torch leaves an empty group behind; an onnx_custom.registered() block heals it.
@@ -79,6 +79,7 @@ def test_translation_table_with_plain_dynamo_export() -> None:
     program = torch.onnx.export(
         Model(), ARGS, dynamo=True, opset_version=18, custom_translation_table=table, verbose=False
     )
+    assert program is not None
     onnx_custom.verify(Model(), ARGS, program.model_proto)
 
 
@@ -89,6 +90,7 @@ def test_translation_table_custom_variant() -> None:
     program = torch.onnx.export(
         Model(), ARGS, dynamo=True, opset_version=18, custom_translation_table=table, verbose=False
     )
+    assert program is not None
     assert "onnx_custom" in {n.domain for n in program.model_proto.graph.node}
 
 

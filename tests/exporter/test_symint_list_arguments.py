@@ -6,7 +6,8 @@ translation the traced size as a 0-d int64 graph value: ``g.constant`` of such a
 object array that failed deep in torch's passes (a PassError about STRING bit widths); now it is
 a SymbolicError naming the op and the Concat fix, and the fix is verified at other batch sizes.
 TorchScript's tracer stops at an internal assert for such a list (static shapes too: it traces
-every shape read): now an UnsupportedOpError naming dynamo. Files are verified in ONNX Runtime against the eager model.
+every shape read): now an UnsupportedOpError naming dynamo. Files are verified in ONNX Runtime
+against the eager model.
 """
 
 from __future__ import annotations

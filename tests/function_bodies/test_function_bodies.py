@@ -172,8 +172,8 @@ def test_list_attributes_and_reference_evaluator(opset: int) -> None:
     feeds = feeds_for(["float64", "float64"])
     for got in (run_plain(model, feeds), ReferenceEvaluator(model).run(None, feeds)):
         for i, a in enumerate(attrs):
-            np.testing.assert_array_equal(got[2 * i], np.tile(feeds[f"x{i}"], a["reps"]))
-            np.testing.assert_allclose(got[2 * i + 1], feeds[f"x{i}"].sum(tuple(a["axes"])))
+            np.testing.assert_array_equal(got[2 * i], np.tile(feeds[f"x{i}"], a["reps"]))  # type: ignore[index]
+            np.testing.assert_allclose(got[2 * i + 1], feeds[f"x{i}"].sum(tuple(a["axes"])))  # type: ignore[index]
 
 
 def test_float64_body_below_opset_15_is_specialised_to_the_models_dtype() -> None:

@@ -181,7 +181,7 @@ def test_body_on_onnx_backend_cases(node: Any, inputs: Any, outputs: Any, opset:
     model = body_model(tuple(int(a) for a in args[5:]), torch.float32, opset)
     feeds = {n: t.numpy() for n, t in zip(NAMES, args[:5], strict=True)}
     _assert_close(_plain_session(model).run(None, feeds)[0], torch.from_numpy(outputs[0]))
-    _assert_close(ReferenceEvaluator(model).run(None, feeds)[0], torch.from_numpy(outputs[0]))
+    _assert_close(ReferenceEvaluator(model).run(None, feeds)[0], torch.from_numpy(outputs[0]))  # type: ignore[index]
 
 
 def _sizes(cfg: Config) -> list[tuple[int, int, int]]:
@@ -209,7 +209,7 @@ def test_body_in_onnx_reference_matches_eager() -> None:
     feeds = {k: t.numpy() for k, t in zip(NAMES, tensors, strict=True)}
     for opset in (11, 18):
         _assert_close(
-            ReferenceEvaluator(body_model(cfg.params(), cfg.dtype, opset)).run(None, feeds)[0],
+            ReferenceEvaluator(body_model(cfg.params(), cfg.dtype, opset)).run(None, feeds)[0],  # type: ignore[index]
             cfg.eager(tensors),
         )
 

@@ -665,7 +665,7 @@ CASES = [
         "ExportedProgram",
         "program.module()",
     ),
-    # -- translations: Registry, symbolic, registered ------------------------------------------------
+    # -- translations: Registry, symbolic, registered ----------------------------------------------
     Case(
         "symbolic/unqualified-name",
         lambda t: Registry().symbolic("asinhh", opset=9)(lambda g, x: x),

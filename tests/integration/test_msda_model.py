@@ -1,6 +1,6 @@
-"""The Deformable-DETR encoder layer (models/msda.py) deployed: the custom-node file and the mmdeploy
-file in plain onnxruntime with only libonnx_custom_ops.so registered, and the custom-node file
-with its function body embedded in plain onnxruntime with nothing registered; at a batch other
+"""The Deformable-DETR encoder layer (models/msda.py) deployed: the custom-node file and the
+mmdeploy file in plain onnxruntime with only libonnx_custom_ops.so registered, and the custom-node
+file with its function body embedded in plain onnxruntime with nothing registered; at a batch other
 than the export's, against PyTorch eager."""
 
 from __future__ import annotations

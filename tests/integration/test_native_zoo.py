@@ -1,4 +1,5 @@
-"""Deployer-style: every custom-node zoo model runs in plain onnxruntime with only the native library.
+"""Deployer-style: every custom-node zoo model runs in plain onnxruntime with only the native
+library.
 
 Each custom-variant zoo row (and deform_conv below opset 19) is exported with its exporter here;
 then ONE fresh interpreter that imports only onnxruntime and numpy (it asserts so) registers

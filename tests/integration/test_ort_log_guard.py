@@ -28,7 +28,8 @@ PLANTED = textwrap.dedent("""
             [helper.make_node("Relu", ["x"], ["y"])], "g",
             [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
-        return helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+        opsets = [helper.make_opsetid("", 18)]
+        return helper.make_model(graph, ir_version=10, opset_imports=opsets).SerializeToString()
 
     def verbose_session(level=0):
         so = ort.SessionOptions()
@@ -36,7 +37,8 @@ PLANTED = textwrap.dedent("""
         session = ort.InferenceSession(model_bytes(), so, providers=["CPUExecutionProvider"])
         session.run(None, {"x": np.ones(2, np.float32)})
 
-    CHILD = "import sys; sys.path.insert(0, %r); from test_planted import verbose_session; verbose_session()"
+    CHILD = ("import sys; sys.path.insert(0, %r); "
+             "from test_planted import verbose_session; verbose_session()")
 
     def test_noisy_session():
         verbose_session()
@@ -49,7 +51,8 @@ PLANTED = textwrap.dedent("""
         pass
 
     def test_noisy_child_process_captured():
-        proc = subprocess.run([sys.executable, "-c", CHILD % sys.path[0]], capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", CHILD % sys.path[0]], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
 
     @pytest.mark.ort_logs
@@ -58,12 +61,14 @@ PLANTED = textwrap.dedent("""
 
     @pytest.mark.ort_logs
     def test_noisy_child_but_marked():
-        proc = subprocess.run([sys.executable, "-c", CHILD % sys.path[0]], capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", CHILD % sys.path[0]], capture_output=True, text=True)
         assert "onnxruntime" in proc.stderr
 
     def test_quiet_session():
         from onnx_custom.runtime.quiet import quiet_session_options
-        session = ort.InferenceSession(model_bytes(), quiet_session_options(), providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(
+            model_bytes(), quiet_session_options(), providers=["CPUExecutionProvider"])
         session.run(None, {"x": np.ones(2, np.float32)})
 
     def test_failing_and_noisy():

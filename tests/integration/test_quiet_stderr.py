@@ -51,8 +51,8 @@ API_SCRIPT = textwrap.dedent("""
         [helper.make_node("Boom", ["x"], ["y"], domain="test")], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
-    model = helper.make_model(graph, ir_version=10,
-                              opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("test", 1)])
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("test", 1)]
+    model = helper.make_model(graph, ir_version=10, opset_imports=opsets)
     try:
         InferenceSession(model, kernels=reg).run(None, {"x": np.ones(2, np.float32)})
     except KernelRunError as exc:
@@ -67,15 +67,18 @@ API_SCRIPT = textwrap.dedent("""
 
     x = torch.randn(2, 3, 4)
     graph = helper.make_graph(
-        [helper.make_node("Constant", [], ["shape"], value=helper.make_tensor("s", TensorProto.INT64, [2], [2, 12])),
+        [helper.make_node("Constant", [], ["shape"],
+                          value=helper.make_tensor("s", TensorProto.INT64, [2], [2, 12])),
          helper.make_node("Reshape", ["x", "shape"], ["r"]),
-         helper.make_node("Constant", [], ["two"], value=helper.make_tensor("t", TensorProto.FLOAT, [], [2.0])),
+         helper.make_node("Constant", [], ["two"],
+                          value=helper.make_tensor("t", TensorProto.FLOAT, [], [2.0])),
          helper.make_node("Mul", ["r", "two"], ["y"])], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 12])])
     bad = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 18)])
     onnx.save(bad, f"{out}/bad.onnx")
-    report = onnx_custom.verify(Flatten(), (x,), f"{out}/bad.onnx", trials=3, raise_on_mismatch=False)
+    report = onnx_custom.verify(
+        Flatten(), (x,), f"{out}/bad.onnx", trials=3, raise_on_mismatch=False)
     assert not report.passed, report
     print("verify failed as expected", file=sys.stderr)
 

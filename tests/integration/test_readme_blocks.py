@@ -69,17 +69,21 @@ _MY_ADD_FILE = """
 import numpy as np, onnx, onnx_custom
 from onnx import TensorProto, helper
 node = helper.make_node("my_add", ["a", "b"], ["y"], domain="custom", alpha=3.0)
-graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in "ab"],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
-onnx.save(helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("custom", 1)]), "m.onnx")
+inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in "ab"]
+graph = helper.make_graph(
+    [node], "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+opsets = [helper.make_opsetid("", 18), helper.make_opsetid("custom", 1)]
+onnx.save(helper.make_model(graph, ir_version=10, opset_imports=opsets), "m.onnx")
 """
 
 _DCN_FILE = """
 import subprocess, onnx_custom
 from onnx_custom.models import deform_conv
 model, args = deform_conv.Model().eval(), deform_conv.example_inputs()
-onnx_custom.export(model, args, "dcn.onnx", exporter="torchscript", opset=11)  # onnx_custom::DeformConv2d nodes
-subprocess.run(["onnx-custom", "build-library", "-o", "dist/"], check=True, capture_output=True)  # the README's bash block above
+# onnx_custom::DeformConv2d nodes
+onnx_custom.export(model, args, "dcn.onnx", exporter="torchscript", opset=11)
+# the README's bash block above
+subprocess.run(["onnx-custom", "build-library", "-o", "dist/"], check=True, capture_output=True)
 """
 
 # a model whose export fails verification: its custom node's registered kernel is wrong
@@ -94,7 +98,9 @@ def twice(x: torch.Tensor) -> torch.Tensor:
 def _(x):
     return torch.empty_like(x)
 
-onnx_custom.register_custom_op_symbolic("readme::twice", lambda g, x: g.op("readme::Twice", x).setType(x.type()), 9)
+onnx_custom.register_custom_op_symbolic(
+    "readme::twice", lambda g, x: g.op("readme::Twice", x).setType(x.type()), 9
+)
 
 @onnx_custom.runtime.kernel("readme::Twice", inputs=["x"], outputs=["y"], shape_fn="like:x")
 def twice_kernel(x):
@@ -120,7 +126,8 @@ PRELUDES: dict[str, Run] = {
     "from torch.export import Dim": Run(
         _CONV_MODEL,
         check="""
-dims = [d.dim_param or d.dim_value for d in onnx.load("m.onnx").graph.input[0].type.tensor_type.shape.dim]
+shape = onnx.load("m.onnx").graph.input[0].type.tensor_type.shape
+dims = [d.dim_param or d.dim_value for d in shape.dim]
 assert dims == ["batch", 3, "height", 8], dims  # the names become the file's dim_params
 print("dims", dims)
 """,

@@ -270,8 +270,8 @@ def test_two_user_registrations_of_one_name_collide(
             onnx_custom.kernel, "mylib::my_add", inputs=["a", "b"], outputs=["y"]
         )
         first, second, undo = (
-            _kernel_one,
-            _kernel_two,
+            _kernel_one,  # type: ignore[assignment]
+            _kernel_two,  # type: ignore[assignment]
             functools.partial(user_kernel_registry().remove, "mylib::my_add"),
         )
     register()(first)

@@ -252,7 +252,7 @@ def test_node_kernel_writes_into_the_output_buffer(dtype: torch.dtype) -> None:
 
 def _bad(**changes: Any) -> Case:
     names = ("depth", "feat", "rd", "rf", "rb", "shape", "st", "ln")
-    args = dict(zip(names, _case(torch.float32, torch.int64), strict=True))
+    args: dict[str, Any] = dict(zip(names, _case(torch.float32, torch.int64), strict=True))
     for key, edit in changes.items():
         args[key] = edit(args[key].clone())
     return tuple(args[n] for n in names)  # type: ignore[return-value]

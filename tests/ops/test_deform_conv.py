@@ -39,7 +39,7 @@ def onnx_backend_cases() -> list[Any]:
         cases.append(pytest.param(node, inputs, outputs, id=name))
 
     original = deformconv.expect
-    deformconv.expect = collect
+    deformconv.expect = collect  # type: ignore[assignment]
     try:
         for name in dir(deformconv.DeformConv):
             if name.startswith("export"):
@@ -150,7 +150,8 @@ class Case:
         }
 
     def tensors(self, dtype: torch.dtype = torch.float64, seed: int = 0) -> dict[str, torch.Tensor]:
-        """N(0, 1) values (offsets scaled by ``offset_scale``, the mask U(0, 1)), drawn in float64."""
+        """N(0, 1) values (offsets scaled by ``offset_scale``, the mask U(0, 1)),
+        drawn in float64."""
         g = torch.Generator().manual_seed(seed)
         out = {}
         for name, shape in self.shapes().items():
@@ -217,7 +218,7 @@ def test_matches_ort_and_reference(case: Case, dtype: torch.dtype) -> None:
     }
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     expected_ort = torch.from_numpy(sess.run(None, feeds)[0])
-    expected_ref = torch.from_numpy(ReferenceEvaluator(model).run(None, feeds)[0])
+    expected_ref = torch.from_numpy(ReferenceEvaluator(model).run(None, feeds)[0])  # type: ignore[index]
     # fp32: the GEMM sums C*kh*kw products in another order than ORT/numpy; values are O(10), so
     # allow a few ulps of the sum magnitude beyond the default atol.
     fp32_tol = {"rtol": 1e-5, "atol": 5e-5}

@@ -315,7 +315,7 @@ def test_identical_to_torchvision_on_the_same_weights(use_mask: bool) -> None:
     theirs.double()
     results = []
     for module in (ours, theirs):
-        leaves = [t.clone().requires_grad_() for t in (x, offset) + ((mask,) if use_mask else ())]
+        leaves = [t.clone().requires_grad_() for t in (x, offset) + ((mask,) if use_mask else ())]  # type: ignore[union-attr]
         out = module(leaves[0], leaves[1], leaves[2] if use_mask else None)
         grads = torch.autograd.grad(out.sum(), [*leaves, module.weight, module.bias])
         results.append((out, grads))

@@ -1,6 +1,6 @@
-"""deform_conv2d through both exporters: ONNX ``DeformConv`` at opset 19, ``onnx_custom::DeformConv2d``
-(run by our kernel) below; the DCN example network, ONNX's backend cases, shape function, domain
-factory and early export errors."""
+"""deform_conv2d through both exporters: ONNX ``DeformConv`` at opset 19,
+``onnx_custom::DeformConv2d`` (run by our kernel) below; the DCN example network, ONNX's backend
+cases, shape function, domain factory and early export errors."""
 
 from __future__ import annotations
 

@@ -85,7 +85,8 @@ def run(
     transforms: dict[str, Layout],
     dense: bool = False,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Output and leaf gradients of ``fn`` fed the transformed leaves (``.contiguous()`` if dense)."""
+    """Output and leaf gradients of ``fn`` fed the transformed leaves
+    (``.contiguous()`` if dense)."""
     xs = {k: v.detach().clone().requires_grad_(k != "grad") for k, v in leaves.items()}
 
     def op_input(k: str) -> torch.Tensor:
@@ -301,7 +302,8 @@ def test_zero_offset_padding1_hand_derived_gradients() -> None:
     #          (and 0 unless 0 <= x <= W-1: on columns -1 and W the cell weighs only outside);
     #   d/dx likewise on columns -1 and W-1;  d/dmask = img(y, x) = 1 inside, 0 in the padding;
     #   d/dimg(y, x) = m * (taps reading it) = m * 9 inside, 6 on edges, 4 at corners;
-    #   d/dweight[i, j] = m * N * (rows inside) * (cols inside) = 0.5 * 2 * (H - |i-1|) * (W - |j-1|).
+    #   d/dweight[i, j] = m * N * (rows inside) * (cols inside)
+    #                   = 0.5 * 2 * (H - |i-1|) * (W - |j-1|).
     m, n, h, w = 0.5, DCN_START.n, DCN_START.h, DCN_START.w
     x, weight, offset, mask, bias = _zero_offset_start(m)
     ho, wo = DCN_START.out_hw()

@@ -209,5 +209,5 @@ def test_reference_gradients_match_finite_differences() -> None:
     leaves = tuple(t.requires_grad_() for t in (x, w, offset, mask, bias))
     # fast_mode compares random projections of the whole Jacobian (the full one takes ~15 s).
     assert torch.autograd.gradcheck(
-        lambda *a: reference_deform_conv2d(*a, geo), leaves, fast_mode=True
+        lambda x, w, o, m, b: reference_deform_conv2d(x, w, o, m, b, geo), leaves, fast_mode=True
     )

@@ -160,7 +160,8 @@ def test_deform_conv_errors_are_runtime_errors_like_torchvision(cls: type[BaseEx
 
 def _vision_fn_args(batch_sz: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     """The argument set of torchvision's TestDeformConv.get_fn_args (test/test_ops.py): 6 input
-    channels, 2 weight groups, 3 offset groups, kernel (3, 2), stride (2, 1), pad (1, 0), dilation (2, 1).
+    channels, 2 weight groups, 3 offset groups, kernel (3, 2), stride (2, 1), pad (1, 0), dilation
+    (2, 1).
     """
     in_h, in_w, kh, kw = 5, 4, 3, 2
     out_h = (in_h + 2 * 1 - (2 * (kh - 1) + 1)) // 2 + 1

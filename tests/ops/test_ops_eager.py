@@ -153,7 +153,7 @@ def test_opcheck(
     torch.library.opcheck(op(), sample())
 
 
-# --------------------------------------------------------------------------- onnx_custom_ext::my_add
+# -------------------------------------------------------------------------- onnx_custom_ext::my_add
 @pytest.mark.parametrize(
     ("shape", "dtype"),
     [

@@ -1,5 +1,5 @@
-"""The C++ extension ``onnx_custom_ext``: cached build, clear errors without tools, and the autograd.Function
-route (TorchScript only) versus the direct op route (both exporters)."""
+"""The C++ extension ``onnx_custom_ext``: cached build, clear errors without tools, and the
+autograd.Function route (TorchScript only) versus the direct op route (both exporters)."""
 
 from __future__ import annotations
 

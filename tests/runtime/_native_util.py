@@ -153,7 +153,8 @@ def _as_float64(a: np.ndarray) -> np.ndarray:
 
 
 def assert_close(actual: np.ndarray, expected: np.ndarray, dtype: str, scale: float = 1.0) -> None:
-    """Same dtype and shape; values within the dtype's torch.testing tolerances (times ``scale``)."""
+    """Same dtype and shape; values within the dtype's torch.testing tolerances
+    (times ``scale``)."""
     assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
     assert actual.shape == expected.shape, (actual.shape, expected.shape)
     if dtype not in TOL:

@@ -70,7 +70,7 @@ def session(
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
-# ---- generators: each returns a valid case and an invalid one -------------------------------------------
+# ---- generators: each returns a valid case and an invalid one ------------------------------------
 def shape(rng: np.random.Generator, rank: int, lo: int = 0, hi: int = 6) -> tuple[int, ...]:
     return tuple(int(d) for d in rng.integers(lo, hi + 1, size=rank))
 
@@ -257,7 +257,7 @@ def custom_linear(rng: np.random.Generator) -> tuple[Case, Case]:
         "do not match",
         "expected one dtype",
     ][bad]
-    return valid, ("CustomLinear", "onnx_custom", {}, inputs, 1, None, key)
+    return valid, ("CustomLinear", "onnx_custom", {}, inputs, 1, None, key)  # type: ignore[return-value]
 
 
 def bev_pool(rng: np.random.Generator) -> tuple[Case, Case]:

@@ -29,8 +29,8 @@ SESSION = textwrap.dedent("""
         [helper.make_node("Twice", ["x"], ["y"], domain="test")], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
-    model = helper.make_model(graph, ir_version=10,
-                              opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("test", 1)])
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("test", 1)]
+    model = helper.make_model(graph, ir_version=10, opset_imports=opsets)
     print(InferenceSession(model, kernels=reg).run(None, {"x": np.ones(2, np.float32)})[0])
     """)
 

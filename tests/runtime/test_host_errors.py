@@ -1,4 +1,5 @@
-"""Typed errors of the kernel host: kernel failures, Ctrl-C, declaration mismatches, bad declarations.
+"""Typed errors of the kernel host: kernel failures, Ctrl-C, declaration mismatches,
+bad declarations.
 
 Every case asserts the error type and that the message names what was expected, what was
 received and the fix.
@@ -172,10 +173,11 @@ def test_ctrl_c_during_a_kernel_is_keyboard_interrupt(tmp_path: Path) -> None:
             return x
 
         node = helper.make_node("Slow", ["x"], ["y"], domain="t")
-        g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        g = helper.make_graph([node], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
-        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("t", 1)],
-                              ir_version=10)
+        opsets = [helper.make_opsetid("", 18), helper.make_opsetid("t", 1)]
+        m = helper.make_model(g, opset_imports=opsets, ir_version=10)
         sess = rt.InferenceSession(m, kernels=reg)
         start = time.monotonic()
         try:

@@ -133,10 +133,11 @@ def test_rss_flat_over_500_sessions_each_with_its_own_registry(tmp_path: Path) -
         from onnx_custom.runtime.host import live_kernel_ops
 
         node = helper.make_node("Big", ["x"], ["y"], domain="mem")
-        graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        graph = helper.make_graph([node], "g",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
                                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
-        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("mem", 1)],
-                              ir_version=10).SerializeToString()
+        opsets = [helper.make_opsetid("", 18), helper.make_opsetid("mem", 1)]
+        m = helper.make_model(graph, opset_imports=opsets, ir_version=10).SerializeToString()
         x = np.ones(4, np.float32)
 
         def rss_mib():
@@ -147,7 +148,8 @@ def test_rss_flat_over_500_sessions_each_with_its_own_registry(tmp_path: Path) -
         def one_session():
             payload = np.ones(1 << 18, np.float32)  # 1 MiB held by the kernel's closure
             reg = KernelRegistry()
-            reg.kernel("mem::Big", inputs=["x"], outputs=["y"], shape_fn="like:x")(lambda x: x + payload[0])
+            declare = reg.kernel("mem::Big", inputs=["x"], outputs=["y"], shape_fn="like:x")
+            declare(lambda x: x + payload[0])
             sess = rt.InferenceSession(m, kernels=reg)
             assert sess.run(None, {"x": x})[0].tolist() == [2.0] * 4
 

@@ -267,8 +267,8 @@ def model(op, n):
     nodes = [helper.make_node(op, ["a"], [f"y{i}"], domain="t") for i in range(n)]
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [4])],
         [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [4]) for i in range(n)])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("t", 1)],
-                             ir_version=10)
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("t", 1)]
+    return helper.make_model(g, opset_imports=opsets, ir_version=10)
 
 def parallel():
     so = ort.SessionOptions()
@@ -279,7 +279,8 @@ def parallel():
 
 
 def test_nested_gilstate_calls_inside_a_kernel_on_a_pool_thread(tmp_path: Path) -> None:
-    """ctypes callbacks enter Python with PyGILState_Ensure: it must find the pool thread's state."""
+    """ctypes callbacks enter Python with PyGILState_Ensure:
+    it must find the pool thread's state."""
     proc = _run_script(
         tmp_path,
         _SUBPROCESS_PRELUDE

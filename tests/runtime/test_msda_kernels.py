@@ -1,7 +1,8 @@
-"""The kernels of ``onnx_custom::MultiScaleDeformableAttn`` and ``mmdeploy::MMCVMultiScaleDeformableAttention``
-in ONNX Runtime: the native C++ kernel (libonnx_custom_ops.so, plain ORT) and the Python kernel,
-against the independent grid_sample reference, every dtype, zero sizes, non-finite locations,
-threads; bad input is an ORT error status naming the problem, never a crash."""
+"""The kernels of ``onnx_custom::MultiScaleDeformableAttn`` and
+``mmdeploy::MMCVMultiScaleDeformableAttention`` in ONNX Runtime: the native C++ kernel
+(libonnx_custom_ops.so, plain ORT) and the Python kernel, against the independent grid_sample
+reference, every dtype, zero sizes, non-finite locations, threads; bad input is an ORT error status
+naming the problem, never a crash."""
 
 from __future__ import annotations
 
@@ -124,7 +125,7 @@ def test_python_kernel_writes_into_the_given_output(dtype: str, layout: str) -> 
     storage = np.full((2, 5, 12), 7.0).astype(arrays[0].dtype)
     out = storage[..., ::2] if layout == "strided" else storage[..., :6].copy()
     assert out.flags.c_contiguous == (layout == "contiguous")
-    assert msda_ort_kernel(*arrays, im2col_step=64, out=(out,)) is None
+    assert msda_ort_kernel(*arrays, im2col_step=64, out=(out,)) is None  # type: ignore[func-returns-value]
     assert_close(
         out, _expected(inputs, dtype), dtype, scale=2.0 if dtype in ("float16", "bfloat16") else 1.0
     )
@@ -194,7 +195,8 @@ BAD = [  # (id, arrays, what the native message says, what the Python kernel's s
         ),
         "int32",
     ),
-    # the int64 inputs are left undeclared to ORT so that our check, not ORT's bare "invalid", speaks
+    # the int64 inputs are left undeclared to ORT so that our check, not ORT's bare "invalid",
+    # speaks
     (
         "int32-shapes",
         _bad(spatial_shapes=lambda s: s.astype(np.int32)),

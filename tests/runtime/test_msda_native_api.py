@@ -1,5 +1,5 @@
-"""The native MSDA kernel is a user kernel: written against ``onnx_custom/kernel.h`` only, declared by
-the op spec's ``native: {source, function}``, registered by code the user-spec generator writes
+"""The native MSDA kernel is a user kernel: written against ``onnx_custom/kernel.h`` only, declared
+by the op spec's ``native: {source, function}``, registered by code the user-spec generator writes
 (checked in as ``msda_generated.cpp``, held current here), and buildable through
 `build_native_library` exactly as a user's op is."""
 
@@ -54,7 +54,8 @@ def _np(t: torch.Tensor, dtype: str) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def user_library() -> NativeLibrary:
-    """MSDA's spec built the way `onnx-custom build-library --spec` builds a user's (its own .so)."""
+    """MSDA's spec built the way `onnx-custom build-library --spec` builds a user's
+    (its own .so)."""
     return build_native_library([MSDA], name="msda_user_route")
 
 

@@ -127,7 +127,7 @@ def test_cache_key_follows_flags_and_sources() -> None:
     assert native._build_key(cxx, ("-O3",)) == native._build_key(cxx, ("-O3",))
 
 
-# ---- domain selection and kernels="native" --------------------------------------------------------------
+# ---- domain selection and kernels="native" -------------------------------------------------------
 def test_domain_selection_config_entry() -> None:
     m, _feeds = my_add_model()
     so = ort.SessionOptions()
@@ -206,7 +206,7 @@ def test_register_library_twice_on_one_options_is_harmless() -> None:
     np.testing.assert_array_equal(sess.run(None, feeds)[0], [12.0, 24.0])
 
 
-# ---- builds without Python (slow: each compiles the library) -------------------------------------------
+# ---- builds without Python (slow: each compiles the library) -------------------------------------
 def _check_built(path: Path) -> None:
     m, feeds = my_add_model()
     so = ort.SessionOptions()

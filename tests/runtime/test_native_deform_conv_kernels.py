@@ -1,13 +1,13 @@
 """The native library's channels-last ``onnx_custom::DeformConv2d`` forward (>= 8 channels per
-offset group): the kernels it shares with the eager op (``ort_kernels/native/deform_conv_kernels.h``:
-the AVX-512 GEMM and sampler, the tap builder) and its portable path (the compiler's sampling loop,
-the library's ``gemm()``), selected per kernel with ``ONNX_CUSTOM_NATIVE_DCN=portable``. Against the
-independent pure-torch reference at the blocks' edges (the eager op's kernel-test cases: positions
-around the 6-row block and the 128-position tile, output channels around 16 and 64, channel
-segments that are not multiples of 16, groups and offset groups, masks, strided/dilated samples
-off the image); half types; dynamic sizes through one session; 1 vs 2 intra-op threads; zero
-batch. On the AVX-512 path the native output is bit-identical to the eager op's (one copy of the
-math)."""
+offset group): the kernels it shares with the eager op
+(``ort_kernels/native/deform_conv_kernels.h``: the AVX-512 GEMM and sampler, the tap builder) and
+its portable path (the compiler's sampling loop, the library's ``gemm()``), selected per kernel with
+``ONNX_CUSTOM_NATIVE_DCN=portable``. Against the independent pure-torch reference at the blocks'
+edges (the eager op's kernel-test cases: positions around the 6-row block and the 128-position tile,
+output channels around 16 and 64, channel segments that are not multiples of 16, groups and offset
+groups, masks, strided/dilated samples off the image); half types; dynamic sizes through one
+session; 1 vs 2 intra-op threads; zero batch. On the AVX-512 path the native output is bit-identical
+to the eager op's (one copy of the math)."""
 
 from __future__ import annotations
 

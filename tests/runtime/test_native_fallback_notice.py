@@ -21,7 +21,8 @@ pytest.importorskip("onnx_custom.runtime.native")
 
 @pytest.fixture
 def _python_only_kernel() -> Iterator[None]:
-    """onnx_custom::Twice: a Python kernel in the default registry the native library does not serve."""
+    """onnx_custom::Twice: a Python kernel in the default registry the native library does not
+    serve."""
     registry = user_kernel_registry()  # what @onnx_custom.runtime.kernel fills
 
     @registry.kernel("onnx_custom::Twice", inputs=["x"], outputs=["y"], shape_fn="like0")

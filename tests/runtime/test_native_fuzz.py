@@ -1,4 +1,5 @@
-"""Fuzz every native kernel with random valid and invalid inputs (tests/runtime/native_fuzz_driver.py).
+"""Fuzz every native kernel with random valid and invalid inputs
+(tests/runtime/native_fuzz_driver.py).
 
 Default suite: the normal build, a short run. Slow: an AddressSanitizer + UBSan build of the
 library loaded into a plain Python (libasan preloaded), a longer run; any out-of-bounds access,

@@ -2,7 +2,8 @@
 
 Randomized inputs per op: broadcasting, zero-size and 0-d tensors, non-default attributes,
 float16/bfloat16, int32/int64 indices; plus ONNX's own backend DeformConv cases run through
-onnx_custom::DeformConv2d, and each GEMM/sampler code path (AVX-512, AVX2, portable C++, ORT's Gemm).
+onnx_custom::DeformConv2d, and each GEMM/sampler code path (AVX-512, AVX2, portable C++,
+ORT's Gemm).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def ids(value: Any) -> str:
     return str(value)
 
 
-# ---- onnx_custom::my_add --------------------------------------------------------------------------------
+# ---- onnx_custom::my_add -------------------------------------------------------------------------
 MY_ADD_SHAPES = [
     ((4, 3), (4, 3)),
     ((4, 3), (3,)),
@@ -112,7 +113,7 @@ def test_my_add_output_shape_keeps_symbolic_dims() -> None:
     assert y.shape == (7, 5, 3)
 
 
-# ---- onnx_custom::multi_out --------------------------------------------------------------------------------
+# ---- onnx_custom::multi_out ----------------------------------------------------------------------
 @pytest.mark.parametrize(
     "dtype", ["float32", "float64", "float16", "bfloat16", "int64", "int16", "uint8"]
 )
@@ -139,7 +140,7 @@ def test_multi_out_matches_python(
         assert_close(native, python, dtype)
 
 
-# ---- onnx_custom::MultiOut3 -------------------------------------------------------------------------------
+# ---- onnx_custom::MultiOut3 ----------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 @pytest.mark.parametrize(
     ("shape", "repeats"),
@@ -195,7 +196,7 @@ def test_multi_out3_shape_inference_symbolic() -> None:
     assert tiled[1] == 3 and tiled[0] != "batch"  # 2 * batch has no name: never claimed as "batch"
 
 
-# ---- onnx_custom::CustomLinear ---------------------------------------------------------------------------------
+# ---- onnx_custom::CustomLinear -------------------------------------------------------------------
 LINEAR_CASES = [
     ((4, 16), 8, True),
     ((16,), 8, False),
@@ -242,7 +243,7 @@ def test_custom_linear_matches_python(
         assert_close(native, python, dtype, scale=10.0)
 
 
-# ---- onnx_custom::BEVPoolV2 ------------------------------------------------------------------------------------
+# ---- onnx_custom::BEVPoolV2 ----------------------------------------------------------------------
 def bev_case(
     index_dtype: torch.dtype,
     dtype: str,
@@ -358,7 +359,7 @@ def test_bev_pool_ignores_points_outside_intervals_and_sums_shared_cells() -> No
     np.testing.assert_allclose(doubled, 2 * single)
 
 
-# ---- onnx_custom::DeformConv2d -------------------------------------------------------------------------------
+# ---- onnx_custom::DeformConv2d -------------------------------------------------------------------
 DCN_CASES = [
     # N, C, H, W, Cout, kh, kw, stride, pad, dilation, groups, offset_groups, use_mask
     (2, 4, 9, 11, 6, 3, 3, 1, 1, 1, 1, 1, 1),
@@ -573,7 +574,7 @@ def test_onnx_backend_deform_conv_cases(case: Any) -> None:
     assert_close(python, expected, "float32")
 
 
-# ---- every GEMM / sampling code path on this machine ----------------------------------------------------
+# ---- every GEMM / sampling code path on this machine ---------------------------------------------
 _PATHS_SCRIPT = """
 import sys
 import numpy as np

@@ -19,7 +19,8 @@ DOMAIN = "octest_cache"
 
 
 def _scaled_model(weight: float, custom: bool = False) -> onnx.ModelProto:
-    """y = x * w (a Mul with initializer ``w``), then a custom ``octest_cache::Twice`` when ``custom``."""
+    """y = x * w (a Mul with initializer ``w``),
+    then a custom ``octest_cache::Twice`` when ``custom``."""
     nodes = [helper.make_node("Mul", ["x", "w"], ["m" if custom else "y"])]
     if custom:
         nodes.append(helper.make_node("Twice", ["m"], ["y"], domain=DOMAIN))
@@ -53,7 +54,8 @@ class _Counting:
     """A session builder that counts the sessions it makes."""
 
     def __init__(self, make: Callable[[bytes | None], Any]) -> None:
-        self.make, self.built, self.given = make, 0, []
+        self.make, self.built = make, 0
+        self.given: list[bytes | None] = []
 
     def __call__(self, data: bytes | None) -> Any:
         self.built += 1

@@ -20,6 +20,7 @@ from onnx_custom.runtime import shim_build
 
 HEADER = shim_build.abi_include_dir() / shim_build.ABI_HEADER
 SHIM = shim_build.SOURCE
+SHIM_TEXT = "".join(p.read_text() for p in shim_build.shim_sources())  # shim.c and its parts
 
 
 def test_header_is_package_data_of_runtime() -> None:
@@ -40,13 +41,33 @@ def test_header_is_package_data_of_runtime() -> None:
     ids=["slot-enum", "fn-typedefs", "custom-op-struct", "allocator-struct", "api-base-struct"],
 )
 def test_shim_declares_no_abi_of_its_own(pattern: str) -> None:
-    source = SHIM.read_text()
-    assert f'#include "{shim_build.ABI_HEADER}"' in source
-    assert not re.search(pattern, source), f"shim.c declares ORT ABI itself: {pattern}"
+    assert f'#include "{shim_build.ABI_HEADER}"' in SHIM.read_text()
+    assert not re.search(pattern, SHIM_TEXT), f"the shim declares ORT ABI itself: {pattern}"
+
+
+def test_shim_c_includes_every_part_once() -> None:
+    """shim.c is the one translation unit: every file in shim/ is included, in a fixed order."""
+    parts = [p.name for p in shim_build.shim_sources()[1:]]
+    on_disk = sorted(p.name for p in (SHIM.parent / "shim").glob("*.c"))
+    assert sorted(parts) == on_disk and len(set(parts)) == len(parts) > 5
+
+
+def test_cache_key_covers_every_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Editing one part (not shim.c itself) must rebuild the shim, not reuse the cached one."""
+    before = shim_build._cached_shim()[0]
+    copy = tmp_path / "runtime"
+    (copy / "shim").mkdir(parents=True)
+    for path in shim_build.shim_sources():
+        (copy / path.relative_to(SHIM.parent)).write_bytes(path.read_bytes())
+    monkeypatch.setattr(shim_build, "SOURCE", copy / "shim.c")
+    assert shim_build._cached_shim()[0] == before  # same bytes, same key
+    gil = copy / "shim" / "gil.c"
+    gil.write_text(gil.read_text() + "\n/* changed */\n")
+    assert shim_build._cached_shim()[0] != before
 
 
 def test_every_slot_the_shim_calls_is_declared_once_in_the_header() -> None:
-    called = set(re.findall(r"OC_API\(g_api,\s*(\w+)\)", SHIM.read_text()))
+    called = set(re.findall(r"OC_API\(g_api,\s*(\w+)\)", SHIM_TEXT))
     header = HEADER.read_text()
     assert len(called) > 30  # the shim really goes through OC_API
     for name in sorted(called):
@@ -60,7 +81,7 @@ def test_slot_indices_are_unique() -> None:
 
 
 def test_cache_key_covers_the_header() -> None:
-    source, header = SHIM.read_bytes(), HEADER.read_bytes()
+    source, header = shim_build._source_bytes(), HEADER.read_bytes()
     key = shim_build._build_key(source, header)
     assert shim_build._build_key(source, header) == key
     assert shim_build._build_key(source, header + b"\n/* changed */\n") != key

@@ -58,7 +58,7 @@ def spec_yaml(
     return path
 
 
-# ---- refused before compiling: SpecError with file:line and key --------------------------------------
+# ---- refused before compiling: SpecError with file:line and key ----------------------------------
 @pytest.mark.parametrize(
     ("native", "kwargs", "message"),
     [
@@ -149,7 +149,7 @@ def test_python_spec_and_api_errors(tmp_path: Path) -> None:
         build_native_library(["bad::twice"])  # type: ignore[list-item]
 
 
-# ---- the compiler's verdict, attributed to the op ---------------------------------------------------------
+# ---- the compiler's verdict, attributed to the op ------------------------------------------------
 @pytest.mark.parametrize(
     ("source", "dtypes", "message"),
     [

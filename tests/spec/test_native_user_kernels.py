@@ -117,7 +117,7 @@ def draw(shape: Sequence[int], dtype: str, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(NP[dtype])
 
 
-# ---- scale_add: the user's template kernel at every declared dtype --------------------------------------
+# ---- scale_add: the user's template kernel at every declared dtype -------------------------------
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("threads", [1, 4])
 def test_scale_add_matches_numpy_at_every_size(
@@ -211,7 +211,7 @@ def test_scale_add_bad_inputs_are_error_statuses(
         assert run(session(model, library), good)[0].shape == (2, 2)  # the process carries on
 
 
-# ---- mix: two outputs, an optional and a variadic input, an expression shape rule -----------------------
+# ---- mix: two outputs, an optional and a variadic input, an expression shape rule ----------------
 def mix_reference(
     x: np.ndarray, bias: np.ndarray | None, others: Sequence[np.ndarray], scale: float
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -255,7 +255,7 @@ def test_mix_multi_output_optional_variadic(
         close(rowsum, er, dtype)
 
 
-# ---- positive: the kernel allocates an output whose size depends on the data ----------------------------
+# ---- positive: the kernel allocates an output whose size depends on the data ---------------------
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_positive_data_dependent_output(library: NativeLibrary, dtype: str) -> None:
     sess = session(
@@ -269,7 +269,7 @@ def test_positive_data_dependent_output(library: NativeLibrary, dtype: str) -> N
     assert none.shape == (0,)
 
 
-# ---- checked_sqrt: what the kernel throws becomes an error status naming op and node --------------------
+# ---- checked_sqrt: what the kernel throws becomes an error status naming op and node -------------
 @pytest.mark.parametrize(
     ("fault", "x", "message"),
     [
@@ -302,7 +302,7 @@ def test_checked_sqrt_exceptions_become_statuses(
         close(run(sess, {"x": big})[0], np.sqrt(big.astype(np.float64)), "float32")
 
 
-# ---- gather_rows: int64 input, int/str/float[]/bool attributes, an expression rule ---------------------
+# ---- gather_rows: int64 input, int/str/float[]/bool attributes, an expression rule ---------------
 def gather_reference(
     table: np.ndarray, index: np.ndarray, offset: int, weights: Sequence[float], negate: bool
 ) -> np.ndarray:
@@ -396,7 +396,7 @@ def test_single_dtype_inputs_before_a_multi_dtype_one_stay_undeclared_to_ort() -
     assert _declared_input_types(MSDA, Path(MSDA.native.path())) == ["OC_ELEM_UNDEFINED"] * 5  # type: ignore[union-attr]
 
 
-# ---- onnx_custom.InferenceSession(kernels=library), beside the shipped library ------------------------
+# ---- onnx_custom.InferenceSession(kernels=library), beside the shipped library -------------------
 def test_inference_session_uses_user_library_beside_shipped_one(library: NativeLibrary) -> None:
     nodes = [
         helper.make_node("ScaleAdd", ["x", "y"], ["s"], domain="acme", alpha=3.0),

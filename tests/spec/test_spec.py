@@ -34,7 +34,8 @@ EXPORTERS = [("torchscript", 17), ("dynamo", 18)]
 
 ACME_YAML = """\
 - op_name: "acme::scale_add"          # qualified torch op name
-  op_type: "ScaleAdd"                 # ONNX node type, in domain "acme" unless `domain:` says otherwise
+  op_type: "ScaleAdd"                 # ONNX node type, in domain "acme" unless `domain:` says
+                                      # otherwise
   input_desc:
     - {name: x, dtype: [float32, float16]}
     - {name: y, dtype: [float32, float16]}

@@ -341,6 +341,7 @@ def test_translation_table_at_the_export_opset_works(table_op: Registry, tmp_pat
     program = torch.onnx.export(
         _Neg(), (torch.randn(2, 3),), dynamo=True, opset_version=20, custom_translation_table=table
     )
+    assert program is not None
     assert {o.domain: o.version for o in program.model_proto.opset_import}[""] == 20
     assert "Neg" in {n.op_type for n in program.model_proto.graph.node}
 

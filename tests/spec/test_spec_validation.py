@@ -801,7 +801,8 @@ def test_function_body_checked_at_registration(function: Any, parts: list[str]) 
 
 
 def test_scoped_spec_leaves_a_translation_it_did_not_add() -> None:
-    """The user registered the same translation first: leaving the spec's scope must not remove it."""
+    """The user registered the same translation first:
+    leaving the spec's scope must not remove it."""
     default_registry().add(
         SymbolicEntry(normalize_target("vtest::scale_add"), 9, scale_add_translation)
     )

@@ -72,7 +72,8 @@ def _halves(x: torch.Tensor) -> torch.Tensor:
 
 @symbolic_helper.parse_args("v")
 def _halves_symbolic(g, x):  # type: ignore[no-untyped-def]
-    # split_i as written for a fixed last dim of 6 (the export shape's): the eager op splits 2 | rest
+    # split_i as written for a fixed last dim of 6 (the export shape's):
+    # the eager op splits 2 | rest
     a, b = g.op("Split", x, split_i=[2, 4], axis_i=-1, outputs=2)  # split: input from 13
     return g.op("Concat", b, g.op("Mul", a, g.op("Constant", value_t=torch.tensor(2.0))), axis_i=-1)
 
@@ -180,7 +181,7 @@ OPSETS = [
 @pytest.mark.parametrize(("exporter", "opset"), OPSETS, ids=[f"{e}-opset{o}" for e, o in OPSETS])
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_an_opset11_symbolic_exports_and_verifies_at_later_opsets(
-    case: Case, exporter: str, opset: int | None, tmp_path: Path
+    case: Case, exporter: str, opset: int, tmp_path: Path
 ) -> None:
     if exporter == "dynamo" and opset == 13 and case.op is centered:
         pytest.skip(

@@ -45,7 +45,8 @@ def _symbolic_with(codes: tuple[str, ...]) -> Any:
     return mixed_symbolic
 
 
-# codes, then what the message must name: (the user's parameter, the schema argument, received, fixed codes)
+# codes, then what the message must name: (the user's parameter, the schema argument, received,
+# fixed codes)
 CODE_MISMATCHES = [
     pytest.param(
         ("v", "i", "f", "is", "i", "s"),

@@ -848,7 +848,8 @@ def test_the_same_function_registered_with_torch_runs_in_torch_too(tmp_path: Pat
 
 
 def test_contract_register_custom_op_symbolic_into_the_default_registry(tmp_path: Path) -> None:
-    """The contract: torch's signature, the default registry, `onnx_custom.export` with both exporters."""
+    """The contract: torch's signature, the default registry,
+    `onnx_custom.export` with both exporters."""
     onnx_custom.register_custom_op_symbolic("tstyle::topk_last", topk_symbolic, 11)
     try:
         for exporter in ("torchscript", "dynamo"):

@@ -68,14 +68,16 @@ def _gen(seed: int) -> torch.Generator:
 def _near(
     dtype: torch.dtype, shape: tuple[int, ...], scale: float, seed: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(expected, actual): actual = expected + noise of relative size ``scale``, rounded to dtype."""
+    """(expected, actual): actual = expected + noise of relative size ``scale``,
+    rounded to dtype."""
     e = torch.randn(shape, generator=_gen(seed), dtype=torch.float64)
     a = e * (1 + scale * torch.randn(shape, generator=_gen(seed + 1), dtype=torch.float64))
     return e.to(dtype), a.to(dtype)
 
 
 def _at_tolerance(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Differences straddling atol + rtol*|e| by one unit in the last place (float32 rounding territory)."""
+    """Differences straddling atol + rtol*|e| by one unit in the last place
+    (float32 rounding territory)."""
     rtol, atol = default_tolerances(dtype)
     e = torch.randn(4000, generator=_gen(2), dtype=torch.float64).to(dtype)
     tol = atol + rtol * e.double().abs()
@@ -290,7 +292,8 @@ def test_unusual_numpy_layouts(actual: Callable[[np.ndarray], np.ndarray]) -> No
 
 
 def test_failing_output_keeps_its_differences() -> None:
-    """A failing output's differences are taken at comparison time: later edits cannot change them."""
+    """A failing output's differences are taken at comparison time:
+    later edits cannot change them."""
     e, a = _near(torch.float32, (100,), 1e-3)
     actual = a.numpy().copy()
     c = compare_arrays(e, actual, name="y", trial=0)

@@ -1,4 +1,5 @@
-"""verify must not PASS a float16/bfloat16 file that is wrong in a few elements (nor FAIL a right one).
+"""verify must not PASS a float16/bfloat16 file that is wrong in a few elements
+(nor FAIL a right one).
 
 The default atol for half outputs used to be one ulp of max|expected|: with large outputs
 elsewhere (max ~1000: 0.98 at float16, 7.8 at bfloat16) an element expected 0.0005 could come
@@ -156,9 +157,8 @@ def test_a_model_that_cannot_run_in_float32_keeps_the_old_bound_and_says_so() ->
         if "without a float32 reference" in n and "cannot run in float32" in n
     ]
     assert bool(widened) == bool(noted)  # the old bound only where it was needed, and said so
-    points = HalfReference(model, flatten_outputs).for_trial(
-        (x,), [("output", model(x))], notes := []
-    )
+    notes: list[str] = []
+    points = HalfReference(model, flatten_outputs).for_trial((x,), [("output", model(x))], notes)
     assert points is not None and points[0] is not None and points[0]() is None
     assert len(notes) == 1 and "cannot run in float32 (RuntimeError" in notes[0]
 

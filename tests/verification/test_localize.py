@@ -1,4 +1,5 @@
-"""Localization: a deliberately broken translation planted mid-model is named, earlier nodes are not."""
+"""Localization: a deliberately broken translation planted mid-model is named,
+earlier nodes are not."""
 
 from __future__ import annotations
 
@@ -176,7 +177,8 @@ def test_probe_warns_when_the_file_is_not_the_reexport(broken_add: onnx_custom.R
 
 @pytest.mark.parametrize(("exporter", "opset"), [("dynamo", 19), ("torchscript", 19)])
 def test_planted_dcn_attribute_names_the_deform_node(exporter: str, opset: int) -> None:
-    """The mask dropped: wrong for the first (modulated) DCN block, right for the unmodulated second."""
+    """The mask dropped: wrong for the first (modulated) DCN block,
+    right for the unmodulated second."""
     from symbolics_deform_conv_planted import planted_registry  # type: ignore[import-not-found]
 
     from onnx_custom.models import deform_conv

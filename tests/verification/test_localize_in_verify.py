@@ -45,7 +45,8 @@ def _args(batch: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _custom_node(kernel_scale: float) -> tuple[onnx_custom.Registry, KernelRegistry]:
-    """my_add as a custom node ``octest_pass::my_add`` whose Python kernel computes ``scale * a + b``."""
+    """my_add as a custom node ``octest_pass::my_add`` whose Python kernel computes
+    ``scale * a + b``."""
     kernels = KernelRegistry()
     kernels.kernel("octest_pass::my_add", inputs=["a", "b"], outputs=["y"], shape_fn="broadcast")(
         lambda a, b: kernel_scale * a + b
@@ -98,7 +99,8 @@ def test_a_failing_trial_is_judged_on_the_whole_file_and_localized(
         and loc.first.fx_name == "my_add"
         and loc.first.origin
     )
-    # The outputs verify compared are the file's: the same differences a plain ORT run of the whole file gives.
+    # The outputs verify compared are the file's:
+    # the same differences a plain ORT run of the whole file gives.
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     (whole,) = session.run(None, {"a": args[0].numpy(), "b": args[1].numpy()})
     with torch.no_grad():

@@ -17,6 +17,7 @@ import onnx_custom
 import onnx_custom.ops.seed  # defines onnx_custom::my_add and onnx_custom::multi_out
 from onnx_custom.cli import main
 from onnx_custom.errors import OnnxCustomError
+from onnx_custom.testing import ZooCase
 from onnx_custom.verification.report import (
     environment,
     histogram,
@@ -26,7 +27,7 @@ from onnx_custom.verification.report import (
     summary_text,
     write_report,
 )
-from onnx_custom.zoo import MODULE_ROW, ZooCase, ZooResult
+from onnx_custom.zoo import MODULE_ROW, ZooResult
 
 
 class AddOneAndTriple(torch.nn.Module):

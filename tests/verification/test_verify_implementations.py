@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +34,8 @@ def _graph(
     nodes: list[onnx.NodeProto],
     inputs: list[str],
     opsets: dict[str, int],
-    functions: list[onnx.FunctionProto] = (),
-) -> onnx.ModelProto:  # type: ignore[assignment]
+    functions: Sequence[onnx.FunctionProto] = (),
+) -> onnx.ModelProto:
     graph = helper.make_graph(
         nodes,
         "g",
@@ -188,7 +188,7 @@ def test_report_names_the_implementation(row: Row, tmp_path: Path) -> None:
         return row.eager(*xs)
 
     # verify matches inputs by parameter name, as it does for forward(self, a, b)
-    eager.__signature__ = inspect.Signature(
+    eager.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
     )  # type: ignore[attr-defined]
     report = onnx_custom.verify(eager, args, proto, trials=2, kernels=row.kernels())

@@ -316,7 +316,7 @@ class Weighted(torch.nn.Module):
         self.register_buffer("scale", torch.rand(4, generator=g) + 0.5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (x @ self.w.t() + self.b) * self.scale
+        return (x @ self.w.t() + self.b) * self.scale  # type: ignore[operator]
 
 
 @pytest.mark.parametrize("exporter", EXPORTERS)

@@ -70,7 +70,7 @@ class PositiveOnly(torch.nn.Module):
         return torch.sqrt(x) * 2.0
 
 
-# ---------------------------------------------------------------------------- inputs written in place
+# -------------------------------------------------------------------------- inputs written in place
 
 
 def test_a_file_missing_what_the_model_did_in_place_fails() -> None:
@@ -102,7 +102,7 @@ def test_no_in_place_note_for_a_model_that_writes_nothing() -> None:
     assert not any("writes into" in n for n in verify(LogAbs(), (x,), proto).notes)
 
 
-# ---------------------------------------------------------------------------- example values of one sign
+# ----------------------------------------------------------------------- example values of one sign
 
 
 def _one_signed(shape: tuple[int, ...], sign: float) -> torch.Tensor:
@@ -238,7 +238,8 @@ class Regularized(torch.nn.Module):
 
 @pytest.mark.parametrize("layer", ["dropout", "batchnorm"])
 def test_a_model_left_in_training_mode_fails_naming_the_cause(layer: str) -> None:
-    """The file is exported in eval mode; eager in training mode draws dropout / batch statistics."""
+    """The file is exported in eval mode;
+    eager in training mode draws dropout / batch statistics."""
     torch.manual_seed(0)
     model = Regularized(layer).eval()
     x = torch.randn(6, 8, generator=torch.Generator().manual_seed(5))

@@ -106,7 +106,8 @@ def test_default_trials_vary_every_dynamic_dim_and_keep_shared_dims_equal(export
     assert [r.kind for r in report.shapes_tried] == ["example", "values", "shape", "shape", "shape"]
     shapes = [dict(r.input_shapes) for r in _shape_trials(report)]
     x_name, y_name = (i.name for i in proto.graph.input)
-    # batch (export 2): 1, 3, 4 and feat (export 5): 1, 6, 10, one trial each; y's batch follows x's.
+    # batch (export 2): 1, 3, 4 and feat (export 5): 1, 6, 10, one trial each;
+    # y's batch follows x's.
     assert [s[x_name] for s in shapes] == [(1, 1), (3, 6), (4, 10)]
     assert [s[y_name] for s in shapes] == [(1, 4), (3, 4), (4, 4)]
     assert report.trials == 2 + DEFAULT_SHAPE_TRIALS
@@ -231,7 +232,7 @@ def test_the_correct_dynamic_custom_file_passes_by_default() -> None:
     )
 
 
-# ----------------------------------------------------------------------------- skipped / failed sizes
+# --------------------------------------------------------------------------- skipped / failed sizes
 
 
 class NeedsBatchTwo(torch.nn.Module):

@@ -25,7 +25,7 @@ from onnx_custom.errors import VerificationError
 from onnx_custom.runtime import KernelRegistry, KernelRunError
 from onnx_custom.verification.verifier import BACKENDS, verify
 
-# ---------------------------------------------------------------------------- a kernel failing at other sizes
+# ------------------------------------------------------------------ a kernel failing at other sizes
 
 
 def _twice_file(batch: int | str) -> onnx.ModelProto:
@@ -98,7 +98,7 @@ def test_a_kernel_failing_at_the_export_shape_still_raises_its_own_error(
         )
 
 
-# ---------------------------------------------------------------------------- declared types, every backend
+# -------------------------------------------------------------------- declared types, every backend
 
 
 def _relu_file(declared_width: int) -> onnx.ModelProto:

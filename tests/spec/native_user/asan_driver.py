@@ -60,7 +60,7 @@ def main(lib: str) -> None:
             x, y = rng.standard_normal(shape).astype(dt), rng.standard_normal(shape).astype(dt)
             np.testing.assert_allclose(
                 s.run(None, {"x": x, "y": y})[0].astype(np.float64),
-                (0.5 * x.astype(np.float64) + y).astype(dt),
+                (0.5 * x.astype(np.float64) + y).astype(dt),  # type: ignore[operator]
                 rtol=1e-3,
                 atol=1e-3,
             )
