@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         DeformConv2dError,
         DynamicShapesError,
         ExtensionBuildError,
+        FuseProofError,
         InvalidArgumentError,
         KernelError,
         ModelLoadError,
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
         VerificationError,
     )
     from onnx_custom.exporter.torchscript import registered
+    from onnx_custom.rewrite import FuseReport, fuse_file
     from onnx_custom.runtime import InferenceSession, kernel, session_options
     from onnx_custom.runtime import KernelRegistry as KernelRegistry
     from onnx_custom.runtime import reference_evaluator as reference_evaluator
@@ -73,6 +75,8 @@ __all__ = [
     "DeformConv2dError",
     "DynamicShapesError",
     "ExtensionBuildError",
+    "FuseProofError",
+    "FuseReport",
     "InferenceSession",
     "InvalidArgumentError",
     "KernelError",
@@ -101,6 +105,7 @@ __all__ = [
     "default_registry",
     "explain_compile",
     "export",
+    "fuse_file",
     "import_torch_symbolics",
     "kernel",
     "library_path",
@@ -151,6 +156,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "register_spec": ("onnx_custom.spec", "register_spec"),
     "VerificationReport": ("onnx_custom.verification.verifier", "VerificationReport"),
     "verify": ("onnx_custom.verification.verifier", "verify"),
+    "fuse_file": ("onnx_custom.rewrite", "fuse_file"),  # fuse MSDA in an existing ONNX file
+    "FuseReport": ("onnx_custom.rewrite", "FuseReport"),
     **{name: ("onnx_custom.runtime", name) for name in _RUNTIME},  # onnxruntime + the compiled shim
     "library_path": ("onnx_custom.runtime.native", "library_path"),  # compiled on first use
     "KernelRunError": (
