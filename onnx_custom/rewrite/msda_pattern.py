@@ -54,6 +54,7 @@ class MsdaMatch:
     last: int  # node index of the final Transpose
     grid_samples: tuple[int, ...]  # node indices, level order
     levels: tuple[LevelShape, ...]
+    affine: tuple[int, ...] = ()  # the Mul/Sub nodes of 2 * loc - 1
 
     @property
     def static(self) -> bool:
@@ -169,32 +170,43 @@ def _stack(w: _Walker, gs: onnx.NodeProto) -> tuple[onnx.NodeProto, list[onnx.No
     return concat, levels
 
 
-def _affine_source(w: _Walker, name: str) -> str:
-    """``loc`` for ``name = 2 * loc - 1`` (Sub 1 or Add -1 of a Mul by 2, either operand order)."""
+def _affine_source(w: _Walker, name: str) -> tuple[str, tuple[int, int]]:
+    """``loc`` for ``name = 2 * loc - 1`` (Sub 1 or Add -1 of a Mul by 2, either operand order),
+    and the indices of those two nodes."""
     node = w.producer(name, ("Sub", "Add"), "the sampling grid (2 * loc - 1)")
     minus_one = -1.0 if node.op_type == "Sub" else 1.0
     if w.ix.scalar(node.input[1]) != -minus_one:
         raise _Miss(f"the sampling grid is not 2 * loc - 1 ({node.op_type} of another constant)")
     mul = w.producer(node.input[0], ("Mul",), "the sampling grid (2 * loc - 1)")
+    nodes = (w.ix.producer[mul.output[0]], w.ix.producer[node.output[0]])
     for ours, other in ((0, 1), (1, 0)):
         if w.ix.scalar(mul.input[ours]) == 2.0:
-            return mul.input[other]
+            return mul.input[other], nodes
     raise _Miss("the sampling grid is not 2 * loc - 1 (Mul by another value than 2)")
 
 
-def _level(w: _Walker, gs: onnx.NodeProto, level: int) -> tuple[str, str, onnx.NodeProto, str]:
-    """(value, sampling_locations, split node, Reshape target) of one level's GridSample."""
+def _level(
+    w: _Walker, gs: onnx.NodeProto, level: int
+) -> tuple[str, str, onnx.NodeProto, str, tuple[int, int]]:
+    """(value, sampling_locations, Split or Slice node, Reshape target, the 2 * loc - 1 nodes)
+    of one level's GridSample."""
     what = f"level {level} ({_label(gs)!r})"
     image = w.producer(gs.input[0], ("Reshape",), f"{what} X")
     transpose = w.producer(image.input[0], ("Transpose",), f"{what} X")
     w.perm(transpose, [0, 2, 1], f"{what} X")
     flat = w.producer(transpose.input[0], ("Reshape", "Flatten"), f"{what} X")
-    split = w.producer(flat.input[0], ("Split",), f"{what} value")
-    if _attr(split, "axis", 0) not in (1, -3):
-        raise _Miss(f"{what}: value is split on axis {_attr(split, 'axis', 0)}, expected 1")
-    part = list(split.output).index(flat.input[0])
-    if part != level:
-        raise _Miss(f"{what} samples value part {part}: levels out of order")
+    split = w.producer(flat.input[0], ("Split", "Slice"), f"{what} value")
+    if split.op_type == "Slice":  # TorchScript slices each level when the sizes are traced
+        axes = w.ix.int_list(split.input[3]) if len(split.input) > 3 else None
+        steps = w.ix.int_list(split.input[4]) if len(split.input) > 4 and split.input[4] else [1]
+        if axes not in ([1], [-3]) or steps != [1]:
+            raise _Miss(f"{what}: value is sliced on axes {axes} steps {steps}, expected [1], [1]")
+    else:
+        if _attr(split, "axis", 0) not in (1, -3):
+            raise _Miss(f"{what}: value is split on axis {_attr(split, 'axis', 0)}, expected 1")
+        part = list(split.output).index(flat.input[0])
+        if part != level:
+            raise _Miss(f"{what} samples value part {part}: levels out of order")
 
     grid = w.producer(gs.input[1], ("Reshape",), f"{what} grid")
     grid_t = w.producer(grid.input[0], ("Transpose",), f"{what} grid")
@@ -205,8 +217,8 @@ def _level(w: _Walker, gs: onnx.NodeProto, level: int) -> tuple[str, str, onnx.N
     index = w.ix.constant(select.input[1])
     if index is None or index.size != 1 or index.ndim != 0 or int(index) != level:
         raise _Miss(f"{what}: grid selects level {index} instead of {level}")
-    loc = _affine_source(w, select.input[0])
-    return split.input[0], loc, split, image.input[1]
+    loc, affine = _affine_source(w, select.input[0])
+    return split.input[0], loc, split, image.input[1], affine
 
 
 def _level_shape(w: _Walker, target: str, level: int) -> LevelShape:
@@ -244,20 +256,34 @@ def _match(w: _Walker, anchor: onnx.NodeProto) -> MsdaMatch:
         values = {p[0] for p in per_level}
         locs = {p[1] for p in per_level}
         splits = {id(p[2]) for p in per_level}
-        if len(values) != 1 or len(splits) != 1 or len(locs) != 1:
-            raise _Miss("the levels sample different value or location tensors")
         split = per_level[0][2]
-        if len(split.output) != len(grid_samples):
+        sliced = split.op_type == "Slice"
+        if len(values) != 1 or len(locs) != 1 or (not sliced and len(splits) != 1):
+            raise _Miss("the levels sample different value or location tensors")
+        if not sliced and len(split.output) != len(grid_samples):
             raise _Miss(
                 f"value is split into {len(split.output)} parts but {len(grid_samples)} levels"
                 " are sampled"
             )
         levels = tuple(_level_shape(w, p[3], i) for i, p in enumerate(per_level))
-        sizes = w.ix.int_list(split.input[1]) if len(split.input) > 1 else None
-        if sizes is not None and all(lv.height is not None for lv in levels):
+        if all(lv.height is not None and lv.width is not None for lv in levels):
             hw = [lv.height * lv.width for lv in levels]  # type: ignore[operator]
-            if hw != sizes:
-                raise _Miss(f"the split sizes {sizes} differ from H*W of the levels {hw}")
+            if sliced:
+                bounds = [
+                    (w.ix.int_list(p[2].input[1]), w.ix.int_list(p[2].input[2])) for p in per_level
+                ]
+                start = 0
+                for k, (lo, hi) in enumerate(bounds):
+                    if lo is not None and hi is not None and (lo, hi) != ([start], [start + hw[k]]):
+                        raise _Miss(
+                            f"level {k} slices value keys {lo}:{hi}, expected"
+                            f" [{start}]:[{start + hw[k]}] (H*W of the levels {hw})"
+                        )
+                    start += hw[k]
+            else:
+                sizes = w.ix.int_list(split.input[1]) if len(split.input) > 1 else None
+                if sizes is not None and hw != sizes:
+                    raise _Miss(f"the split sizes {sizes} differ from H*W of the levels {hw}")
         for name, rank, role in ((values.pop(), 4, "value"), (attn, 5, "attention weights")):
             found = w.rank(name)
             if found is not None and found != rank:
@@ -267,6 +293,7 @@ def _match(w: _Walker, anchor: onnx.NodeProto) -> MsdaMatch:
         raise
     return MsdaMatch(
         value=split.input[0],
+        affine=tuple(i for p in per_level for i in p[4]),
         sampling_locations=locs.pop(),
         attention_weights=attn,
         output=last.output[0],
