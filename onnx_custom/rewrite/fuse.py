@@ -213,7 +213,15 @@ def _prove(
                 " accepts; nothing was written.",
                 report,
             ) from exc
-        actual = new_session.run(names, feeds)
+        try:
+            actual = new_session.run(names, feeds)
+        except Exception as exc:
+            raise FuseProofError(
+                f"fuse_file refused to write: the fused model fails in ONNX Runtime where the"
+                f" original runs ({exc}); expected both to run. Fix: report the file; nothing"
+                " was written.",
+                report,
+            ) from exc
         for name, want, got in zip(names, expected, actual, strict=True):
             want, got = np.asarray(want), np.asarray(got)
             if want.shape != got.shape:
