@@ -15,7 +15,9 @@ given); every GridSample left alone is a near-miss line in the report saying why
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import operator
 import os
 import time
 from collections.abc import Mapping
@@ -127,16 +129,37 @@ def _load(model: Any) -> tuple[onnx.ModelProto, bytes | None, bool]:
     return proto, raw, False
 
 
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+
+
+def _eval_dim(text: str, dims: Mapping[str, int], size: int) -> int:
+    """A symbolic dim: given in ``dims``, else an arithmetic expression of dim names as the
+    dynamo exporter writes them (``4*h``: each name from ``dims`` or ``size``), else ``size``."""
+    if text in dims:
+        return int(dims[text])
+
+    def value(node: ast.AST) -> int:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name):
+            return int(dims.get(node.id, size))
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return int(_OPS[type(node.op)](value(node.left), value(node.right)))
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.FloorDiv):
+            return value(node.left) // max(value(node.right), 1)
+        raise ValueError(text)
+
+    try:
+        return max(value(ast.parse(text, mode="eval").body), 1)
+    except (SyntaxError, ValueError):
+        return size
+
+
 def _dims_of(info: onnx.ValueInfoProto, dims: Mapping[str, int], size: int) -> list[int]:
-    shape = []
-    for d in info.type.tensor_type.shape.dim:
-        if d.HasField("dim_value"):
-            shape.append(d.dim_value)
-        elif d.dim_param in dims:
-            shape.append(int(dims[d.dim_param]))
-        else:
-            shape.append(size)
-    return shape
+    return [
+        d.dim_value if d.HasField("dim_value") else _eval_dim(d.dim_param, dims, size)
+        for d in info.type.tensor_type.shape.dim
+    ]
 
 
 def _random_feeds(
