@@ -233,6 +233,7 @@ def _level_shape(w: _Walker, target: str, level: int) -> LevelShape:
 
 
 def _match(w: _Walker, anchor: onnx.NodeProto) -> MsdaMatch:
+    _check_grid_sample(w, anchor)
     concat, grid_samples = _stack(w, anchor)
     indices = tuple(w.ix.producer[gs.output[0]] for gs in grid_samples)
     try:
