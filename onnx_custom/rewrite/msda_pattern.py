@@ -233,8 +233,11 @@ def _level_shape(w: _Walker, target: str, level: int) -> LevelShape:
 
 
 def _match(w: _Walker, anchor: onnx.NodeProto) -> MsdaMatch:
-    _check_grid_sample(w, anchor)
-    concat, grid_samples = _stack(w, anchor)
+    try:
+        concat, grid_samples = _stack(w, anchor)
+    except _Miss:
+        _check_grid_sample(w, anchor)  # its own attributes or rank say more, when they differ
+        raise
     indices = tuple(w.ix.producer[gs.output[0]] for gs in grid_samples)
     try:
         for gs in grid_samples:

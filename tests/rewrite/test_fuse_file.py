@@ -205,6 +205,22 @@ def test_outputs_beyond_the_tolerance_are_refused(tmp_path: Path) -> None:
     assert max(d.max_abs_diff for d in report.proof) < 1e-5  # type: ignore[attr-defined]
 
 
+def test_the_fused_value_itself_is_compared(tmp_path: Path) -> None:
+    """A zero output projection hides the attention from the graph output; the proof compares
+    the fused node's own value too, so a difference there is still seen."""
+    torch.manual_seed(0)
+    model = Standalone()
+    torch.nn.init.zeros_(model.output_proj.weight)
+    path = export_raw(model, standalone_inputs(), tmp_path / "z.onnx", exporter="torchscript",
+                      opset=17, names=NAMES, dynamic=BATCH)  # fmt: skip
+    _, report = onnx_custom.fuse_file(path)
+    graph_output = onnx.load(str(path)).graph.output[0].name
+    diffs = {d.output: d.max_abs_diff for d in report.proof if d.trial == 0}
+    assert diffs[graph_output] == 0.0 and diffs[report.fused[0].output] > 0.0
+    with pytest.raises(FuseProofError):
+        onnx_custom.fuse_file(path, rtol=0.0, atol=0.0)
+
+
 def test_no_match_returns_the_model(tmp_path: Path) -> None:
     path = tmp_path / "linear.onnx"
     export_raw(torch.nn.Linear(3, 2), (torch.randn(2, 3),), path, exporter="torchscript",
