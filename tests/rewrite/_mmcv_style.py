@@ -36,6 +36,7 @@ def grid_sample_attention(
     padding_mode: str = "zeros",
     align_corners: bool = False,
     affine: bool = True,
+    reverse: bool = False,
 ) -> torch.Tensor:
     """(bs, Q, heads*dim) from value (bs, keys, heads, dim), locations (bs, Q, heads, L, P, 2)
     in [0, 1] and weights (bs, Q, heads, L, P): split value per level, sample each level's
@@ -53,6 +54,8 @@ def grid_sample_attention(
                 image, grid, mode=mode, padding_mode=padding_mode, align_corners=align_corners
             )
         )
+    if reverse:  # stacked last level first: not the layout the weights assume
+        sampled.reverse()
     weights = attn.transpose(1, 2).reshape(bs * heads, 1, queries, levels * points)
     out = (torch.stack(sampled, dim=-2).flatten(-2) * weights).sum(-1)
     return out.view(bs, heads * dim, queries).transpose(1, 2).contiguous()

@@ -147,6 +147,7 @@ NEAR = [
     pytest.param({"align_corners": True}, "align_corners=1", id="align-corners"),
     pytest.param({"mode": "nearest"}, "mode='nearest'", id="mode-nearest"),
     pytest.param({"affine": False}, "2 * loc - 1", id="grid-not-2loc-1"),
+    pytest.param({"reverse": True}, "out of order", id="levels-stacked-in-reverse"),
 ]
 
 
