@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         DeformConv2dError,
         DynamicShapesError,
         ExtensionBuildError,
+        FuseProofError,
         HalfPrecisionError,
         InvalidArgumentError,
         KernelError,
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
         VerificationError,
     )
     from onnx_custom.exporter.torchscript import registered
+    from onnx_custom.rewrite import FuseReport, fuse_file
     from onnx_custom.runtime import InferenceSession, kernel, session_options
     from onnx_custom.runtime import KernelRegistry as KernelRegistry
     from onnx_custom.runtime import reference_evaluator as reference_evaluator
@@ -78,6 +80,8 @@ __all__ = [
     "DeformConv2dError",
     "DynamicShapesError",
     "ExtensionBuildError",
+    "FuseProofError",
+    "FuseReport",
     "HalfPrecisionError",
     "InferenceSession",
     "InvalidArgumentError",
@@ -110,6 +114,7 @@ __all__ = [
     "default_registry",
     "explain_compile",
     "export",
+    "fuse_file",
     "import_torch_symbolics",
     "kernel",
     "library_path",
@@ -162,6 +167,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "register_spec": ("onnx_custom.spec", "register_spec"),
     "VerificationReport": ("onnx_custom.verification.verifier", "VerificationReport"),
     "verify": ("onnx_custom.verification.verifier", "verify"),
+    "fuse_file": ("onnx_custom.rewrite", "fuse_file"),  # fuse MSDA in an existing ONNX file
+    "FuseReport": ("onnx_custom.rewrite", "FuseReport"),
     **{name: ("onnx_custom.runtime", name) for name in _RUNTIME},  # onnxruntime + the compiled shim
     "library_path": ("onnx_custom.runtime.native", "library_path"),  # compiled on first use
     "KernelRunError": (

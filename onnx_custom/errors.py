@@ -12,6 +12,7 @@ __all__ = [
     "DeformConv2dError",
     "DynamicShapesError",
     "ExtensionBuildError",
+    "FuseProofError",
     "HalfPrecisionError",
     "InvalidArgumentError",
     "KernelError",
@@ -207,3 +208,9 @@ class CompileError(OnnxCustomError):
     """``torch.compile(backend="onnx_custom")`` could not run a graph as asked: a node without a
     translation under ``fallback="error"``, inputs on a device the chosen providers cannot take,
     or a torch version whose private exporter API the backend's adapter does not know."""
+
+
+class FuseProofError(VerificationError):
+    """``fuse_file`` fused a subgraph but the fused file's ONNX Runtime outputs differ from the
+    original's (or either file does not run): nothing was written. ``report`` is the
+    `onnx_custom.rewrite.FuseReport` with the differences."""

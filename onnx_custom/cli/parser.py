@@ -12,6 +12,7 @@ from onnx_custom.cli.commands import (
     build_library,
     check,
     export,
+    fuse,
     inspect,
     ops,
     package,
@@ -41,6 +42,7 @@ examples:
   onnx-custom export asinh -o asinh.onnx --dynamic --verify
   onnx-custom verify asinh asinh.onnx --shape batch=5
   onnx-custom inspect model.onnx --import my_kernels.py
+  onnx-custom fuse detr.onnx -o detr_fused.onnx
   onnx-custom zoo --report zoo.md
 
 exit codes: 0 ok, 1 verification/check failed, 2 error (add --debug for the traceback)."""
@@ -359,6 +361,46 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export_args(p)
     _add_imports(p)
     p.set_defaults(func=check.cmd_check)
+
+    p = command(
+        "fuse",
+        "fuse the GridSample-based multi-scale deformable attention of an ONNX file into one node,"
+        " proven in ONNX Runtime before writing",
+    )
+    p.add_argument("onnx", metavar="IN.onnx", help="the ONNX file (e.g. from torch.onnx.export)")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="OUT.onnx",
+        help="where to write the fused file (written only when proven)",
+    )
+    p.add_argument(
+        "--variant",
+        choices=("custom", "mmdeploy"),
+        default="custom",
+        help=(
+            "fused node: onnx_custom::MultiScaleDeformableAttn, or"
+            " mmdeploy::MMCVMultiScaleDeformableAttention for mmdeploy's TensorRT plugin"
+        ),
+    )
+    p.add_argument(
+        "--dim",
+        action="append",
+        default=[],
+        metavar="NAME=SIZE",
+        help="size of a symbolic input dim for the proof run (repeatable; default 2, then 3)",
+    )
+    p.add_argument(
+        "--seed", type=_seed, default=DEFAULT_SEED, help="seed of the proof's random inputs"
+    )
+    p.add_argument(
+        "--native",
+        action="store_true",
+        help="prove with the native kernel library (default: the Python kernels)",
+    )
+    _add_imports(p)
+    p.set_defaults(func=fuse.cmd_fuse)
 
     p = command("inspect", "summarize an ONNX file: domains, custom nodes and what can run them")
     p.add_argument("onnx", metavar="FILE.onnx", help="the ONNX file")
