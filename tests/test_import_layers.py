@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("spec",),
     ("ops",),
     ("symbolics", "ort_kernels"),
+    ("fusion",),
     ("verification",),
     ("compile",),
     ("api",),
