@@ -18,6 +18,7 @@ from onnx_custom.fusion.core import (
     registered_fusions,
     unregister_fusion,
 )
+from onnx_custom.fusion.graph import fuse_graph
 
 __all__ = [
     "METADATA_KEY",
@@ -25,6 +26,7 @@ __all__ = [
     "FusionRule",
     "FusionSite",
     "check_fuse",
+    "fuse_graph",
     "fusing",
     "fusion_report",
     "register_fusion",

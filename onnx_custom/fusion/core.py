@@ -32,6 +32,7 @@ from onnx_custom.fusion import msda
 
 __all__ = [
     "METADATA_KEY",
+    "TOLERANCES",
     "FusionReport",
     "FusionRule",
     "FusionSite",
@@ -47,7 +48,7 @@ METADATA_KEY = "onnx_custom.fusion"
 """``metadata_props`` key of the file's fusion report (JSON)."""
 
 # dtype -> (rtol, atol) of the numeric check: a few float32 ulps of the sums MSDA makes.
-_TOLERANCES = {
+TOLERANCES = {
     torch.float64: (1e-7, 1e-7),
     torch.float32: (1e-4, 1e-5),
     torch.float16: (1e-2, 1e-3),
@@ -295,7 +296,7 @@ class _Site:
                 f"the replacement's output is {tuple(ours.shape)} {ours.dtype}, the original's"
                 f" {tuple(result.shape)} {result.dtype}"
             )
-        rtol, atol = _TOLERANCES.get(result.dtype, (1e-4, 1e-5))
+        rtol, atol = TOLERANCES.get(result.dtype, (1e-4, 1e-5))
         expected = result.detach()
         diff = (ours.detach() - expected).abs()
         finite = torch.isfinite(expected)

@@ -87,3 +87,47 @@ def op_counts(proto: Any) -> dict[str, int]:
     for node in proto.graph.node:
         counts[node.op_type] = counts.get(node.op_type, 0) + 1
     return counts
+
+
+class MyAttention(nn.Module):
+    """A module with transformers' ``MultiScaleDeformableAttention.forward`` signature."""
+
+    def __init__(self, align_corners: bool = False) -> None:
+        super().__init__()
+        self.align_corners = align_corners
+
+    def forward(
+        self,
+        value: Tensor,
+        value_spatial_shapes: Tensor,
+        value_spatial_shapes_list: list[tuple[int, int]],
+        level_start_index: Tensor,
+        sampling_locations: Tensor,
+        attention_weights: Tensor,
+        im2col_step: int,
+    ) -> Tensor:
+        return grid_msda(
+            value,
+            value_spatial_shapes_list,
+            sampling_locations,
+            attention_weights,
+            self.align_corners,
+        )
+
+
+class AttentionModel(nn.Module):
+    """A projection, then an attention module called as transformers' encoder layers call it."""
+
+    def __init__(self, attention: nn.Module) -> None:
+        super().__init__()
+        self.value_proj = nn.Linear(HEADS * DIM, HEADS * DIM)
+        self.attn = attention
+        shapes = torch.tensor(LEVELS, dtype=torch.int64)
+        self.register_buffer("shapes", shapes)
+        starts = torch.cat([shapes.new_zeros(1), shapes.prod(1).cumsum(0)[:-1]])
+        self.register_buffer("starts", starts)
+
+    def forward(self, value: Tensor, locations: Tensor, weights: Tensor) -> Tensor:
+        bs, keys, _ = value.shape
+        value = self.value_proj(value).view(bs, keys, HEADS, DIM)
+        return self.attn(value, self.shapes, list(LEVELS), self.starts, locations, weights, 64)  # type: ignore[no-any-return]

@@ -8,7 +8,7 @@ import importlib
 
 import pytest
 import torch
-from fusion_cases import HEADS, LEVELS, inputs, op_counts
+from fusion_cases import HEADS, LEVELS, AttentionModel, inputs, op_counts
 from torch import Tensor, nn
 
 import onnx_custom
@@ -32,25 +32,6 @@ FUNCTION_FAMILIES = ["mask2former", "oneformer"]
 
 def _modeling(family: str) -> object:
     return importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-
-
-class AttentionModel(nn.Module):
-    """A projection, then the family's attention module called as its encoder layers call it."""
-
-    def __init__(self, attention: nn.Module) -> None:
-        super().__init__()
-        self.value_proj = nn.Linear(8, 8)
-        self.attn = attention
-        shapes = torch.tensor(LEVELS, dtype=torch.int64)
-        self.register_buffer("shapes", shapes)
-        self.register_buffer(
-            "starts", torch.cat([shapes.new_zeros(1), shapes.prod(1).cumsum(0)[:-1]])
-        )
-
-    def forward(self, value: Tensor, locations: Tensor, weights: Tensor) -> Tensor:
-        bs, keys, _ = value.shape
-        value = self.value_proj(value).view(bs, keys, HEADS, -1)
-        return self.attn(value, self.shapes, list(LEVELS), self.starts, locations, weights, 64)
 
 
 class FunctionModel(nn.Module):
@@ -154,7 +135,11 @@ def _attention_modules(model: nn.Module) -> int:
     return sum(isinstance(m, base) for m in model.modules())
 
 
-@pytest.mark.parametrize("size", [(64, 64), (96, 80)], ids=["64x64", "96x80"])
+@pytest.mark.parametrize(
+    "size",
+    [(64, 64), pytest.param((96, 80), marks=pytest.mark.slow)],
+    ids=["64x64", "96x80"],
+)
 def test_deformable_detr_torchscript(size: tuple[int, int]) -> None:
     model = _small_detr()
     pixels = torch.randn(1, 3, *size, generator=torch.Generator().manual_seed(1))
@@ -181,7 +166,15 @@ def test_deformable_detr_dynamo_dynamic_batch() -> None:
     )
     counts = op_counts(fused)
     assert counts.get("MultiScaleDeformableAttn") == 2 and "GridSample" not in counts
+    # our kernel sums the samples in another order than grid_sample's decomposition; the
+    # encoder's LayerNorm carries that to ~1.5e-5 on a few elements: float32 whole-model bounds
     report = onnx_custom.verify(
-        model, (pixels,), fused, fuse=True, shapes=[{"batch": 1}, {"batch": 3}]
+        model,
+        (pixels,),
+        fused,
+        fuse=True,
+        shapes=[{"batch": 1}, {"batch": 3}],
+        rtol=1e-4,
+        atol=1e-4,
     )
     assert report.passed and len(report.shapes_tried) == 3
