@@ -3,6 +3,7 @@ passes, reported (and left alone) when it fails, everything restored after the e
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import fusion_cases
@@ -182,3 +183,39 @@ def test_report_survives_save_and_load(tmp_path: object) -> None:
     )
     report = fusion_report(onnx.load(path))
     assert report is not None and report.fused[0].calls == 1
+
+
+def test_mmcv_function_is_recognised_by_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mmcv's ``multi_scale_deformable_attn_pytorch`` (a stand-in module under mmcv's name; mmcv
+    itself is not installed here) is fused with ``fuse=True``; a same-named function defined
+    elsewhere is not recognised."""
+    import types
+
+    module = types.ModuleType("mmcv.ops.multi_scale_deform_attn")
+
+    def multi_scale_deformable_attn_pytorch(
+        value: torch.Tensor,
+        value_spatial_shapes: object,
+        sampling_locations: torch.Tensor,
+        attention_weights: torch.Tensor,
+    ) -> torch.Tensor:
+        return fusion_cases.grid_msda(
+            value, value_spatial_shapes, sampling_locations, attention_weights
+        )
+
+    multi_scale_deformable_attn_pytorch.__module__ = module.__name__
+    module.multi_scale_deformable_attn_pytorch = multi_scale_deformable_attn_pytorch  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(fusion_cases, "my_msda", multi_scale_deformable_attn_pytorch)
+    proto = onnx_custom.export(
+        FunctionModel().eval(), inputs(), exporter="torchscript", registry=CUSTOM, fuse=True
+    )
+    assert op_counts(proto).get("MultiScaleDeformableAttn") == 1
+    (site,) = fusion_report(proto).fused  # type: ignore[union-attr]
+    assert site.implementation.endswith("multi_scale_deformable_attn_pytorch")
+
+    monkeypatch.delitem(sys.modules, module.__name__)  # same name, not mmcv's object
+    proto = onnx_custom.export(
+        FunctionModel().eval(), inputs(), exporter="torchscript", registry=CUSTOM, fuse=True
+    )
+    assert "MultiScaleDeformableAttn" not in op_counts(proto)
