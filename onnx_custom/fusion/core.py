@@ -162,7 +162,9 @@ def _rule(target: Any, replacement: Callable[..., Any] | None, source: str) -> F
             f"fuse: the replacement of {_qualname(target)} must be callable; received"
             f" {replacement!r:.80}. Fix: pass (target, replacement_function)."
         )
-    return FusionRule(target, replacement or _default_replacement(target), source=source)
+    if replacement is None:
+        return FusionRule(target, _default_replacement(target), source=source)
+    return FusionRule(target, replacement, op=_qualname(replacement), source=source)
 
 
 def register_fusion(target: Any, replacement: Callable[..., Any] | None = None) -> None:

@@ -178,3 +178,40 @@ def test_deformable_detr_dynamo_dynamic_batch() -> None:
         atol=1e-4,
     )
     assert report.passed and len(report.shapes_tried) == 3
+
+
+@pytest.mark.slow
+def test_mask2former_function_form() -> None:
+    """Mask2Former's pixel decoder calls the function form by its module-level name."""
+    from transformers import Mask2FormerConfig, Mask2FormerModel, ResNetConfig
+
+    torch.manual_seed(0)
+    backbone = ResNetConfig(
+        embedding_size=8,
+        hidden_sizes=[8, 16, 16, 16],
+        depths=[1, 1, 1, 1],
+        layer_type="basic",
+        out_features=["stage1", "stage2", "stage3", "stage4"],
+    )
+    config = Mask2FormerConfig(
+        backbone_config=backbone,
+        use_pretrained_backbone=False,
+        use_timm_backbone=False,
+        feature_size=32,
+        mask_feature_size=32,
+        hidden_dim=32,
+        encoder_feedforward_dim=64,
+        dim_feedforward=64,
+        encoder_layers=1,
+        decoder_layers=2,
+        num_attention_heads=2,
+        num_queries=10,
+    )
+    model = Mask2FormerModel(config).eval()
+    pixels = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    proto = onnx_custom.export(model, (pixels,), exporter="torchscript", registry=CUSTOM, fuse=True)
+    counts = op_counts(proto)
+    assert counts.get("MultiScaleDeformableAttn") == 1 and "GridSample" not in counts
+    (site,) = fusion_report(proto).fused  # type: ignore[union-attr]
+    assert site.implementation.endswith("modeling_mask2former.multi_scale_deformable_attention")
+    assert onnx_custom.verify(model, (pixels,), proto, fuse=True).passed
