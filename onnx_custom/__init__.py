@@ -159,6 +159,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     ),  # subclasses onnxruntime's Fail
     "check": ("onnx_custom.verification.preflight", "check"),
     "testing": ("onnx_custom.testing", None),
+    "fusion": ("onnx_custom.fusion", None),  # fuse=: FusionReport, fusion_report, register_fusion
     "compile_backend": ("onnx_custom.compile", "compile_backend"),  # torch.compile(backend=...)
     "explain_compile": (
         "onnx_custom.compile",

@@ -56,8 +56,9 @@ def cmd_export(ns: argparse.Namespace) -> int:
         "seed": ns.seed,
         "exporter": ns.exporter,
         "variants": list(ns.variant),
-        "fuse": ns.fuse,
     }
+    if ns.fuse:
+        made["fuse"] = True
     proto.metadata_props.add(key=CLI_METADATA_KEY, value=json.dumps(made))
     if ns.verify:
         report = verify_model(
