@@ -219,3 +219,32 @@ def test_mmcv_function_is_recognised_by_identity(monkeypatch: pytest.MonkeyPatch
         FunctionModel().eval(), inputs(), exporter="torchscript", registry=CUSTOM, fuse=True
     )
     assert "MultiScaleDeformableAttn" not in op_counts(proto)
+
+
+def test_module_patch_restored_after_failing_export() -> None:
+    class Failing(fusion_cases.AttentionModel):
+        calls = 0
+
+        def forward(self, *args: torch.Tensor) -> torch.Tensor:
+            type(self).calls += 1
+            if type(self).calls > 1:  # the probe passes, the export's trace fails
+                raise RuntimeError("boom during export")
+            return super().forward(*args)
+
+    attention = fusion_cases.MyAttention()
+    with pytest.raises(RuntimeError, match="boom"):
+        onnx_custom.export(
+            Failing(attention).eval(),
+            inputs(),
+            exporter="torchscript",
+            fuse=[fusion_cases.MyAttention],
+        )
+    assert "forward" not in attention.__dict__
+
+
+def test_fuse_true_with_nothing_recognised_reports_nothing() -> None:
+    model = torch.nn.Linear(3, 2).eval()
+    proto = onnx_custom.export(model, (torch.randn(1, 3),), exporter="torchscript", fuse=True)
+    report = fusion_report(proto)
+    assert report is not None and report.sites == []
+    assert str(report) == "fusion: 0 fused, 0 recognised but not fused"

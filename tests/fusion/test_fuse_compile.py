@@ -66,3 +66,14 @@ def test_compile_options_by_name() -> None:
 def test_compile_fuse_option_is_checked() -> None:
     with pytest.raises(onnx_custom.InvalidArgumentError, match="fuse must be True"):
         onnx_custom.compile_backend(fuse="yes")
+
+
+def test_compile_fuses_the_transformers_module() -> None:
+    """``fuse=True``: transformers' own class, found by identity, no registration."""
+    modeling = pytest.importorskip("transformers.models.deformable_detr.modeling_deformable_detr")
+    model = AttentionModel(modeling.MultiScaleDeformableAttention()).eval()
+    backend = onnx_custom.compile_backend(fuse=True)
+    got, expected = _run(model, backend)
+    torch.testing.assert_close(got, expected)
+    (report,) = backend.fusion_reports
+    assert [s.name for s in report.fused] == ["attn"], str(report)
