@@ -2,7 +2,7 @@
 
 `fusing` finds the recognised implementations a model uses (module instances whose class is, or
 derives from, a known class; module-level names bound to a known function), runs the model once
-on the example inputs with every one of them wrapped, and compares, on the first call of each,
+on the example inputs with every one of them wrapped, and compares, on each call of that run,
 the original's result with the replacement's (the same arguments). Those that agree are replaced
 until the ``with`` block ends; the others keep running the original code and are reported with
 the reason. Everything is restored when the block ends, also on an error.
