@@ -18,6 +18,7 @@ from onnx_custom.common import op_namespace as _op_namespace
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from onnx_custom import fusion as fusion
     from onnx_custom import testing as testing
     from onnx_custom.api import export
     from onnx_custom.compile import compile_backend, explain_compile
@@ -115,6 +116,7 @@ __all__ = [
     "explain_compile",
     "export",
     "fuse_file",
+    "fusion",
     "import_torch_symbolics",
     "kernel",
     "library_path",
@@ -177,6 +179,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     ),  # subclasses onnxruntime's Fail
     "check": ("onnx_custom.verification.preflight", "check"),
     "testing": ("onnx_custom.testing", None),
+    "fusion": ("onnx_custom.fusion", None),  # fuse=: FusionReport, fusion_report, register_fusion
     "compile_backend": ("onnx_custom.compile", "compile_backend"),  # torch.compile(backend=...)
     "explain_compile": (
         "onnx_custom.compile",

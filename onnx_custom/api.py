@@ -31,6 +31,7 @@ from onnx_custom.exporter.pipeline import (
     save_model,
     trace_program,
 )
+from onnx_custom.fusion import check_fuse, fusing
 from onnx_custom.runtime.half_precision import DEFAULT_MODE
 from onnx_custom.translate.registry import Registry
 from onnx_custom.verification.verifier import verify as run_verify
@@ -63,6 +64,7 @@ def export(
     keep_failed: str | os.PathLike[str] | None = None,
     half_precision: str = DEFAULT_MODE,
     external_data: bool | str | os.PathLike[str] | None = None,
+    fuse: Any = False,
     **exporter_kwargs: Any,
 ) -> onnx.ModelProto:
     """Export ``model`` with the ``"dynamo"`` or ``"torchscript"`` exporter using our translations.
@@ -97,6 +99,15 @@ def export(
     cannot run at float16/bfloat16 are computed in float32 with ``Cast``s around them
     (``"float32-compute"``, default), or raise `HalfPrecisionError` naming the op, dtype and
     provider (``"strict"``), or are left alone (``"off"``: files for other providers).
+
+    ``fuse``: True replaces, for this export only, the pure-PyTorch implementations onnx-custom
+    recognises (transformers' ``MultiScaleDeformableAttention`` modules, mmcv's
+    ``multi_scale_deformable_attn_pytorch``, functions registered with
+    `onnx_custom.fusion.register_fusion`) by our ops; a list adds your own functions or module
+    classes (``fuse=[my_msda]``; ``(target, replacement)`` pairs too). Each use is checked on the
+    example input first; what was fused and what was not (and why) is in
+    ``onnx_custom.fusion.fusion_report(proto)`` (see docs/howto/fusion.md). ``verify=True``
+    compares the fused file with the unfused model.
     """
     request = check_export_request(
         model,
@@ -124,7 +135,11 @@ def export(
                 "verify=True; received verify=False. Fix: pass verify=True, or drop keep_failed."
             )
         check_output_path(keep_failed, what="keep_failed")
-    proto, census = export_with_census(request)
+    check_fuse(fuse)
+    with fusing(request.model, request.args, fuse, request.exporter_kwargs.get("kwargs")) as fusion:
+        proto, census = export_with_census(request)
+    if fusion is not None:
+        fusion.attach(proto)
     _check_nodes_against_kernels(proto, kernels, f, census)
     if functions:
         from onnx_custom.function_bodies import embed_functions

@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("spec",),
     ("ops",),
     ("symbolics", "ort_kernels"),
-    ("rewrite",),
+    ("fusion", "rewrite"),
     ("verification",),
     ("compile",),
     ("api",),

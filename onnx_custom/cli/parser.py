@@ -293,6 +293,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="export with the module's dynamic_shapes (e.g. a dynamic batch)",
     )
     p.add_argument(
+        "--fuse",
+        action="store_true",
+        help=(
+            "replace recognised pure-PyTorch implementations (transformers'/mmcv's multi-scale"
+            " deformable attention) by our ops for the export, and print what was fused"
+        ),
+    )
+    p.add_argument(
         "--verify",
         action="store_true",
         help="verify before writing; on a mismatch nothing is written and the exit code is 1",

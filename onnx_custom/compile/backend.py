@@ -87,6 +87,7 @@ class OnnxCustomBackend:
         self._lock = threading.Lock()
         self._setup: tuple[Any, dict[Any, Any], dict[Any, Any]] | None = None
         self._warned = False
+        self.fusion_reports: list[Any] = []  # one `FusionReport` per graph (options.fuse)
 
     def __repr__(self) -> str:
         return f"OnnxCustomBackend({self.options})"
@@ -119,6 +120,10 @@ class OnnxCustomBackend:
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
     ) -> Callable[..., Any]:
         self._check_devices(example_inputs)
+        if self.options.fuse is not False and self.options.fuse is not None:
+            from onnx_custom.fusion import fuse_graph
+
+            self.fusion_reports.append(fuse_graph(gm, example_inputs, self.options.fuse))
         _registry, _ours, table = self._prepare()
         with self._lock:
             index = self._graphs
@@ -297,15 +302,24 @@ def compile_backend(**options: Any) -> OnnxCustomBackend:
 
 _default: OnnxCustomBackend | None = None
 _default_lock = threading.Lock()
+_configured: dict[str, OnnxCustomBackend] = {}
 
 
 def onnx_custom_backend(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
 ) -> Callable[..., Any]:
-    """``backend="onnx_custom"`` (the entry point):
-    one process-wide backend with default options."""
+    """``backend="onnx_custom"`` (the entry point): one process-wide backend with default
+    options; ``torch.compile(..., options={...})`` gets one backend per distinct set of options."""
     global _default
+    options = kwargs.pop("options", None)
     with _default_lock:
-        if _default is None:
-            _default = OnnxCustomBackend()
-    return _default(gm, example_inputs, **kwargs)
+        if options:
+            key = repr(sorted(options.items()))
+            if key not in _configured:
+                _configured[key] = compile_backend(**options)
+            backend = _configured[key]
+        else:
+            if _default is None:
+                _default = OnnxCustomBackend()
+            backend = _default
+    return backend(gm, example_inputs, **kwargs)

@@ -37,6 +37,9 @@ class CompileOptions:
       raise `VerificationError` on a mismatch.
     - ``save_dir``: write each ORT partition's ``.onnx`` there.
     - ``cache_size``: sessions kept (LRU) per backend.
+    - ``fuse``: as `onnx_custom.export`'s: each recognised attention module's traced code is
+      replaced by our op (static level sizes; checked on the first call's inputs); the
+      backend's ``fusion_reports`` say what was fused.
     """
 
     opset: int = DEFAULT_OPSET
@@ -49,6 +52,7 @@ class CompileOptions:
     verify: bool = False
     save_dir: Path | None = None
     cache_size: int = DEFAULT_CACHE_SIZE
+    fuse: Any = False
 
     @property
     def build_opset(self) -> int:
@@ -106,6 +110,9 @@ class CompileOptions:
                 f"cache_size must be an int >= 1; received {size!r}. Fix: pass e.g."
                 f" cache_size={DEFAULT_CACHE_SIZE}."
             )
+        from onnx_custom.fusion import check_fuse
+
+        check_fuse(values.get("fuse", False))
         options_obj = cls(**values)
         if options_obj.variants:
             # unknown variants raise SymbolicError now, not mid-compile

@@ -19,6 +19,7 @@ import torch
 
 from onnx_custom.errors import InvalidArgumentError, OnnxCustomError, VerificationError
 from onnx_custom.exporter.arguments import check_args, check_model
+from onnx_custom.fusion import check_fuse, fusing, fusion_report
 from onnx_custom.runtime.failures import KernelRunError
 from onnx_custom.verification.compare import (
     OutputComparison,
@@ -141,6 +142,7 @@ class VerificationReport:
     notes: list[str] = dataclasses.field(default_factory=list)
     # backend -> what ran each non-standard node type (`onnx_custom.runtime.implementations`)
     implementations: dict[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
+    fusion: Any = None  # the file's `onnx_custom.fusion.FusionReport` (export(..., fuse=...))
 
     @property
     def passed(self) -> bool:
@@ -579,6 +581,7 @@ def verify(
     kernels: Any = None,
     shapes: Sequence[Mapping[str, Any]] | None = None,
     dynamic_shapes: Any = None,
+    fuse: Any = False,
 ) -> VerificationReport:
     """Run PyTorch eager and ONNX Runtime on the example inputs (+ ``trials - 1`` random ones),
     then at other sizes of the file's dynamic dims.
@@ -620,8 +623,13 @@ def verify(
     ``registry`` tell it how the file was made (defaults: inferred from the file, the default
     registry). ``progress`` receives one line per trial. ``kernels``: the
     `onnx_custom.runtime.KernelRegistry` for custom nodes (default: the default kernel registry).
+
+    ``fuse``: how the file was exported (``export(..., fuse=...)``). The reference is always the
+    model as written (unfused); ``fuse`` makes localization's re-export fuse the same way, and
+    ``report.fusion`` holds the fusion report the file records.
     """
     _check_callable_model(model)
+    check_fuse(fuse)
     args = check_args(args)
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
         raise InvalidArgumentError(
@@ -670,6 +678,11 @@ def verify(
             for name, session in sessions.items()
         },
     )
+    report.fusion = fusion_report(proto)
+    if report.fusion is not None and report.fusion.sites:
+        report.notes.append(
+            f"{report.fusion} (compared with the model as written, unfused)".replace("\n", "; ")
+        )
     fallback = _native_fallback_note(report.implementations.get(NATIVE_BACKEND, ()))
     if fallback:
         report.notes.append(fallback)
@@ -816,20 +829,21 @@ def verify(
             for dropped in sessions.values():
                 release_session(dropped)
             sessions, as_written = dict.fromkeys(sessions), dict.fromkeys(as_written)
-            report.localization = _localize_safely(
-                model,
-                tuple(trial_args),
-                proto,
-                trial.index,
-                exporter=exporter,
-                opset=opset,
-                registry=registry,
-                rtol=rtol,
-                atol=atol,
-                kernels=kernels,
-                eager_outputs=[leaf for _, leaf in flat],
-                file_outputs=ort_outputs,
-            )
+            with fusing(model, tuple(trial_args), fuse):  # re-exported as the file was
+                report.localization = _localize_safely(
+                    model,
+                    tuple(trial_args),
+                    proto,
+                    trial.index,
+                    exporter=exporter,
+                    opset=opset,
+                    registry=registry,
+                    rtol=rtol,
+                    atol=atol,
+                    kernels=kernels,
+                    eager_outputs=[leaf for _, leaf in flat],
+                    file_outputs=ort_outputs,
+                )
     report.trials = len(report.shapes_tried)
     training = (
         None if report.passed else _training_note(model)

@@ -45,13 +45,20 @@ def cmd_export(ns: argparse.Namespace) -> int:
         opset=ns.opset,
         dynamic_shapes=dynamic,
         registry=registry,
+        fuse=ns.fuse,
     )
+    if ns.fuse:
+        from onnx_custom.fusion import fusion_report
+
+        print(fusion_report(proto))
     made = {
         "model": ns.model,
         "seed": ns.seed,
         "exporter": ns.exporter,
         "variants": list(ns.variant),
     }
+    if ns.fuse:
+        made["fuse"] = True
     proto.metadata_props.add(key=CLI_METADATA_KEY, value=json.dumps(made))
     if ns.verify:
         report = verify_model(
@@ -63,6 +70,7 @@ def cmd_export(ns: argparse.Namespace) -> int:
             dynamic_shapes=dynamic,
             registry=registry,
             exporter=ns.exporter,
+            fuse=ns.fuse,
         )
         print(summary_text(report))
         if not report.passed:
