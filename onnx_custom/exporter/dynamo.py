@@ -372,10 +372,12 @@ def _translation(
     registry: Registry,
     target: Target,
     overload: torch._ops.OpOverload,
-    opset: int,
-    entry: SymbolicEntry,
+    opset: int | None,
+    entry: SymbolicEntry | None,
     build_opset: int | None = None,
 ) -> Any:
+    """The table's function for ``overload``. ``opset`` None (with ``entry`` None): the entry
+    is chosen when the exporter calls it, for the opset it records at."""
     schema = overload._schema
     expected = len(schema.returns)
     arguments = tuple((a.name, str(a.type)) for a in schema.arguments)
@@ -386,22 +388,33 @@ def _translation(
             raise SymbolicError(
                 f"The translation for {target} was called outside the dynamo exporter."
             )
-        check_recording_opset(
-            target,
-            opset,
-            getattr(recorder.opset, "version", None),
-            opset if build_opset is None else build_opset,
-        )
+        recording = getattr(recorder.opset, "version", None)
+        if opset is None:
+            if not isinstance(recording, int):
+                raise OpsetError(
+                    f"translation_table() for {target}: the dynamo exporter did not say which"
+                    f" opset it records at (received {recording!r}); expected an int. Fix: pass"
+                    " translation_table(opset=<the opset_version of your export>).",
+                    exporter="dynamo",
+                )
+            at = recording
+            chosen = registry.lookup(target, recording, exporter="dynamo")
+        else:
+            check_recording_opset(
+                target, opset, recording, opset if build_opset is None else build_opset
+            )
+            assert entry is not None
+            at, chosen = opset, entry
         found = _torch_outputs(overload, args, kwargs)
         inputs, attrs = _split(schema, args, kwargs)
         if found is None:
-            builder = DynamoBuilder(recorder, opset, str(target))
+            builder = DynamoBuilder(recorder, at, str(target))
             returns = None
         else:
             outputs, typings, names = found
             builder = DynamoBuilder(
                 recorder,
-                opset,
+                at,
                 str(target),
                 [names.meta(d) for d in flat_outputs(outputs)],
                 typings,
@@ -413,7 +426,7 @@ def _translation(
         )  # else finish() counts Tensor[] elements
         names = [f"{a.name}: {a.type}" for a in schema.arguments]
         values = builder.finish(
-            call_translation(entry, builder, inputs, attrs, outputs=count, schema_args=names)
+            call_translation(chosen, builder, inputs, attrs, outputs=count, schema_args=names)
         )
         for index, (value, meta) in enumerate(zip(values, builder._outputs or (), strict=False)):
             producer = value.producer()
@@ -465,13 +478,18 @@ def resolve_overloads(target: Target) -> list[torch._ops.OpOverload]:
 
 
 def translation_table(
-    opset: int = 18,
+    opset: int | None = None,
     registry: Registry | None = None,
     *,
     build_opset: int | None = None,
     extra: Mapping[Any, Any] | None = None,
 ) -> dict[torch._ops.OpOverload, Any]:
-    """``custom_translation_table`` for ``torch.onnx.export(..., dynamo=True)`` at ``opset``.
+    """``custom_translation_table`` for ``torch.onnx.export(..., dynamo=True)``.
+
+    ``opset`` None (the default): each translation is chosen when the exporter calls it, for
+    the opset the export records at (torch's default, or its ``opset_version``), so the table
+    fits any export. An explicit ``opset`` picks the translations now and refuses an export
+    that records at another opset.
 
     ``extra``: your own entries (torch op -> translation), merged over ours;
     ``@onnxscript.script`` functions without a return annotation are passed as
@@ -484,7 +502,7 @@ def translation_table(
     afterwards, as `onnx_custom.export` does).
     """
     reg = resolve_registry(registry)
-    if not isinstance(opset, int) or opset < 1:
+    if opset is not None and (not isinstance(opset, int) or isinstance(opset, bool) or opset < 1):
         raise SymbolicError(
             f"opset must be a positive int; received {opset!r}. Fix: pass the opset of your"
             " torch.onnx.export call, e.g. opset=18."
@@ -497,10 +515,12 @@ def translation_table(
             ovl_target = Target(
                 QualifiedName(target.name.namespace, target.name.name, overload._overloadname)  # type: ignore[union-attr]
             )
-            candidates = [e for e in reg.entries_for(ovl_target) if e.opset <= opset]
+            candidates = [
+                e for e in reg.entries_for(ovl_target) if opset is None or e.opset <= opset
+            ]
             if not candidates:
                 continue
-            entry = reg.lookup(ovl_target, opset, exporter="dynamo")
+            entry = None if opset is None else reg.lookup(ovl_target, opset, exporter="dynamo")
             table[overload] = _translation(reg, ovl_target, overload, opset, entry, build_opset)
     if extra is not None and not isinstance(extra, Mapping):
         raise InvalidArgumentError(
