@@ -12,6 +12,7 @@ import contextlib
 import contextvars
 import copy
 import inspect
+import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -22,14 +23,15 @@ import torch
 from onnxscript.onnx_types import TensorType
 from torch.onnx._internal.exporter import _building, _tensors
 
-from onnx_custom.errors import InvalidArgumentError, OpsetError, SymbolicError
-from onnx_custom.exporter.dynamo_shapes import fx_outputs, value_outputs
+from onnx_custom.errors import InvalidArgumentError, OpsetError, SymbolicError, UnsupportedOpError
+from onnx_custom.exporter.dynamo_shapes import fx_node, fx_outputs, value_outputs
 from onnx_custom.exporter.output_meta import Outputs, flat_outputs, layout
 from onnx_custom.translate.attributes import AttrKind, AttrValue, c_contiguous
 from onnx_custom.translate.builder import GraphBuilder, OutputMeta, call_translation
 from onnx_custom.translate.names import QualifiedName, Target
 from onnx_custom.translate.registry import Registry, SymbolicEntry, resolve_registry
 from onnx_custom.translate.scalar_types import dtype_argument
+from onnx_custom.translate.torch_symbolics import torch_builtin_newer
 
 __all__ = [
     "DynamoBuilder",
@@ -103,8 +105,22 @@ class DynamoBuilder(GraphBuilder):
                 if isinstance(name, str):
                     self._spelling.setdefault(name, spelled)
 
+    fx_node: torch.fx.Node | None = None  # the FX node being translated, when found
+
     def is_value(self, value: Any) -> bool:
         return isinstance(value, ir.Value)
+
+    def output_users(self, index: int) -> list[str] | None:
+        node = self.fx_node
+        if node is None or self._outputs is None or not 0 <= index < len(self._outputs):
+            return None
+        users: list[str] = []
+        for user in node.users:
+            if user.target is not operator.getitem:
+                return None  # the whole tuple flows on: cannot tell per output
+            if user.args[1] == index:
+                users.extend(str(u.name) for u in user.users)
+        return users
 
     def _is_constant(self, value: Any) -> bool:
         producer = value.producer()
@@ -291,6 +307,7 @@ def _build_onnx_to_torch() -> dict[int, torch.dtype]:
 
 
 _ONNX_TO_TORCH = _build_onnx_to_torch()
+_DYNAMO_LOWEST_RECORDING = 18  # torch's dynamo exporter records at 18 or later
 _TORCH_TO_ONNX = {v: k for k, v in _ONNX_TO_TORCH.items()}
 
 
@@ -421,6 +438,7 @@ def _translation(
             )
             returns = layout(outputs)
         builder.arguments = arguments
+        builder.fx_node = fx_node(overload)
         count = (
             expected if builder._outputs is None else None
         )  # else finish() counts Tensor[] elements
@@ -520,6 +538,8 @@ def translation_table(
             ]
             if not candidates:
                 continue
+            if _torch_translates_anew(reg, ovl_target, opset):
+                continue  # torch's precedence: its own newer translation of the ATen op serves
             entry = None if opset is None else reg.lookup(ovl_target, opset, exporter="dynamo")
             table[overload] = _translation(reg, ovl_target, overload, opset, entry, build_opset)
     if extra is not None and not isinstance(extra, Mapping):
@@ -531,6 +551,18 @@ def translation_table(
     for op, fn in (extra or {}).items():
         table[op] = with_output_count(fn)
     return table
+
+
+def _torch_translates_anew(reg: Registry, target: Target, opset: int | None) -> bool:
+    """Whether torch's own translation of an ATen op is newer than a torch-style symbolic
+    registered for an older opset (`torch_builtin_newer`), at ``opset`` (None: the lowest opset
+    torch's dynamo exporter records at)."""
+    at = _DYNAMO_LOWEST_RECORDING if opset is None else opset
+    try:
+        entry = reg.lookup(target, at, exporter="dynamo")
+    except UnsupportedOpError:
+        return False
+    return torch_builtin_newer(entry, at) is not None
 
 
 def with_output_count(fn: Any) -> Any:

@@ -95,8 +95,43 @@ class _TorchStyleType:
     def with_dtype(self, _dtype: Any) -> _TorchStyleType:
         return self
 
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return torch._C.TensorType  # `isinstance(x.type(), TensorType)` (torch's helpers)
+
+    def symbolic_sizes(self) -> list[int] | None:
+        shape = self.varyingSizes()  # torch: a negative number for a symbolic dim
+        return None if shape is None else [-1 if d is None else d for d in shape]
+
+    def strides(self) -> list[int] | None:
+        shape = self.varyingSizes()
+        if shape is None or any(d is None for d in shape):
+            return None
+        strides, step = [], 1
+        for size in reversed(shape):
+            strides.append(step)
+            step *= max(int(size), 1)  # type: ignore[arg-type]
+        return strides[::-1]
+
+    def device(self) -> None:
+        return None  # the export's values have no device
+
+    def requires_grad(self) -> bool:
+        return False
+
+    def undefined(self) -> bool:
+        return False
+
+    def contiguous(self) -> _TorchStyleType:
+        return self
+
+    def with_device(self, _device: Any) -> _TorchStyleType:
+        return self
+
     def __repr__(self) -> str:
         return f"Tensor({self.dtype()}, {self.varyingSizes()})"
+
+    str = __repr__  # TensorType.str()
 
 
 class _TorchStyleNode:
@@ -129,12 +164,12 @@ class _TorchStyleNode:
     def kindOf(self, name: str) -> str:
         if name == "value" and self._constant() is not None:
             return "t"
-        raise self._owner.node_error()
+        raise self._owner.node_error(f"node().kindOf({name!r})")
 
     def t(self, name: str) -> torch.Tensor:
         tensor = self._constant() if name == "value" else None
         if tensor is None:
-            raise self._owner.node_error()
+            raise self._owner.node_error(f"node().t({name!r})")
         return tensor
 
     def mustBeNone(self) -> bool:
@@ -143,8 +178,23 @@ class _TorchStyleNode:
     def sourceRange(self) -> str:
         return ""  # torch's SymbolicValueError reads it to build its message: keep that message
 
+    def scopeName(self) -> str:
+        return ""
+
+    def output(self) -> TorchStyleValue:
+        return self._owner
+
+    def outputs(self) -> list[TorchStyleValue]:
+        return [self._owner]
+
+    def hasAttribute(self, name: str) -> bool:
+        return name == "value" and self._constant() is not None
+
+    def attributeNames(self) -> list[str]:
+        return ["value"] if self._constant() is not None else []
+
     def __getattr__(self, name: str) -> Any:
-        raise self._owner.node_error()
+        raise self._owner.node_error(f"node().{name}")
 
 
 class TorchStyleValue:
@@ -169,9 +219,9 @@ class TorchStyleValue:
     def node(self) -> _TorchStyleNode:
         return _TorchStyleNode(self)
 
-    def node_error(self) -> SymbolicError:
+    def node_error(self, what: str = "node()") -> SymbolicError:
         return SymbolicError(
-            f"{self._builder.target}: a torch-style symbolic called value.node(), TorchScript IR "
+            f"{self._builder.target}: a torch-style symbolic called value.{what}, TorchScript IR "
             "that the dynamo exporter does not have. Fix: read shapes and types with "
             "value.type() (sizes, varyingSizes, dim, scalarType) or symbolic_helper's "
             "_get_tensor_sizes/_get_tensor_rank; non-tensor arguments already arrive as Python "
@@ -184,6 +234,52 @@ class TorchStyleValue:
     def setType(self, _type: Any) -> TorchStyleValue:
         # Custom nodes are typed from torch's fake kernel (g.outputs) under both exporters.
         return self
+
+    def setTypeAs(self, _other: Any) -> TorchStyleValue:
+        return self
+
+    def inferTypeFrom(self, _tensor: Any) -> None:
+        return None
+
+    def setDebugName(self, _name: str) -> TorchStyleValue:
+        return self  # the exporter names the file's values
+
+    def isCompleteTensor(self) -> bool:
+        """Dtype and every dim known (mmcv's adaptive pooling asks before reading sizes())."""
+        shape = self._builder.shape(self.value)
+        return (
+            self._builder.dtype(self.value) is not None
+            and shape is not None
+            and all(isinstance(d, int) for d in shape)
+        )
+
+    def unique(self) -> int:
+        return id(self.value)
+
+    def offset(self) -> int:
+        index = getattr(self.value, "index", None)
+        found = index() if callable(index) else None
+        return found if isinstance(found, int) else 0
+
+    def requires_grad(self) -> bool:
+        return False
+
+    requiresGrad = requires_grad
+
+    def toIValue(self) -> torch.Tensor | None:
+        return self.node()._constant()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise SymbolicError(
+            f"{self._builder.target}: a torch-style symbolic called value.{name}, part of"
+            " TorchScript's graph API (it rewrites or walks the graph), which the dynamo exporter"
+            " does not have. Expected only what reads the value: type() (sizes, varyingSizes,"
+            " dim, scalarType, dtype), isCompleteTensor(), node().kind(), debugName(),"
+            " toIValue(). Fix: compute with g.op(...) on the value instead of editing the graph,"
+            " or export this op with exporter='torchscript'."
+        )
 
     def __repr__(self) -> str:
         return f"TorchStyleValue({self.value!r})"
