@@ -908,3 +908,35 @@ def test_a_batch_loop_in_a_functions_forward_keeps_the_batch_dynamic(tmp_path: P
         _export(PerSampleModel(), args, path, "torchscript", 17, reg, {"x": {0: "batch"}})
     sizes = [args, (torch.randn(5, 3, 4),), (torch.randn(1, 3, 4),)]
     _check_sizes(path, lambda x: x * 3.0 + 1, sizes)
+
+
+# -- the gemm variant of custom_linear on an input that is not 2-D ------------------------------
+
+
+class GemmLinear(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(7)
+        self.weight = torch.nn.Parameter(torch.randn(5, 4, generator=gen))
+        self.bias = torch.nn.Parameter(torch.randn(5, generator=gen))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.onnx_custom.custom_linear(x, self.weight, self.bias)
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("shape", [(2, 3, 4), (3, 4)], ids=["x[2,3,4]", "x[3,4]"])
+def test_gemm_variant_of_custom_linear_takes_any_rank(
+    exporter: str, shape: tuple[int, ...], tmp_path: Path
+) -> None:
+    import onnx_custom.ops.custom_linear  # defines the torch op
+
+    reg = onnx_custom.default_registry().with_variants("gemm")
+    model, args = GemmLinear(), (torch.randn(*shape),)
+    path = tmp_path / "gemm.onnx"
+    opset = 17 if exporter == "torchscript" else 18
+    proto = _export(model, args, path, exporter, opset, reg, {"x": {0: "batch"}})
+    assert "Gemm" in {n.op_type for n in proto.graph.node}
+    other = (torch.randn(5, *shape[1:]),)
+    w, b = model.weight.detach(), model.bias.detach()
+    _check_sizes(path, lambda x: (x.unsqueeze(-2) * w).sum(-1) + b, [args, other])
