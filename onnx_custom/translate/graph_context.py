@@ -221,8 +221,9 @@ class TorchStyleValue:
 
     def node_error(self, what: str = "node()") -> SymbolicError:
         return SymbolicError(
-            f"{self._builder.target}: a torch-style symbolic called value.{what}, TorchScript IR "
-            "that the dynamo exporter does not have. Fix: read shapes and types with "
+            f"{self._builder.target}: a torch-style symbolic called value.node(), TorchScript IR "
+            "that the dynamo exporter does not have"
+            f"{'' if what == 'node()' else f' (it read value.{what})'}. Fix: read shapes and types with "
             "value.type() (sizes, varyingSizes, dim, scalarType) or symbolic_helper's "
             "_get_tensor_sizes/_get_tensor_rank; non-tensor arguments already arrive as Python "
             "values. Or export this op with exporter='torchscript'."
