@@ -189,10 +189,15 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 
 
 def translation_table(
-    opset: int = 18, registry: Registry | None = None, *, extra: Mapping[Any, Any] | None = None
+    opset: int | None = None,
+    registry: Registry | None = None,
+    *,
+    extra: Mapping[Any, Any] | None = None,
 ) -> dict[Any, Any]:
     """``custom_translation_table`` for your own ``torch.onnx.export(..., dynamo=True)``;
-    ``extra`` merges your own entries (``@onnxscript.script`` functions included) over ours."""
+    ``extra`` merges your own entries (``@onnxscript.script`` functions included) over ours.
+    ``opset`` None: translations are chosen for the opset the export records at (torch's default
+    or your ``opset_version``); an explicit opset refuses an export recording at another."""
     from onnx_custom.exporter.dynamo import translation_table as build
 
     return build(opset, registry, extra=extra)

@@ -26,7 +26,11 @@ def custom_linear(g: Any, x: Any, weight: Any, bias: Any) -> Any:
 
 
 def custom_linear_gemm(g: Any, x: Any, weight: Any, bias: Any) -> Any:
-    """One Gemm (2-D x only)."""
+    """One Gemm for 2-D x; any other rank (or an unknown one) through x flattened to 2-D and
+    the result reshaped back (`linear_any_rank_gemm`): Gemm itself takes rank 2 only."""
+    shape = g.shape(x)
+    if shape is None or len(shape) != 2:
+        return linear_any_rank_gemm(g, x, weight, bias)
     return g.op("Gemm", x, weight, bias, transB=1)  # C is optional from opset 11
 
 

@@ -12,6 +12,7 @@ import contextlib
 import io
 import re
 import warnings
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -154,15 +155,54 @@ def _static(size: Any) -> bool:
     return isinstance(size, int) or bool(size.node.expr.is_number)
 
 
+@contextlib.contextmanager
+def _calls_recorded(functions: Sequence[type]) -> Iterator[list[str]]:
+    """The names of the autograd.Functions among ``functions`` that the block applies."""
+    called: list[str] = []
+    saved = []
+    for cls in functions:
+        original = cls.__dict__.get("apply")
+        inherited = cls.apply  # type: ignore[attr-defined]
+
+        def apply(*a: Any, _inherited: Any = inherited, _name: str = cls.__qualname__) -> Any:
+            called.append(_name)
+            return _inherited(*a)
+
+        saved.append((cls, original))
+        cls.apply = apply  # type: ignore[attr-defined]
+    try:
+        yield called
+    finally:
+        for cls, original in saved:
+            if original is None:
+                del cls.apply  # type: ignore[attr-defined]
+            else:
+                cls.apply = original  # type: ignore[attr-defined]
+
+
 def check_with_torch_export(
-    model: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None, spec: DynamicSpec
+    model: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any] | None,
+    spec: DynamicSpec,
+    functions: Sequence[type] = (),
 ) -> DynamicSpec:
     """The TorchScript tracer records sizes without noticing that the model fixes a dynamic one;
     torch.export does. Trace once with it: a dim the model specializes or ties to another is our
     error, a Dim.AUTO it made static stays static here too (as under the dynamo exporter). Any
-    other torch.export failure (a TorchScript-only model) skips the check."""
+    other torch.export failure (a TorchScript-only model) skips the check.
+
+    ``functions``: autograd.Functions the export writes with their symbolic. torch.export traces
+    their eager forward, whose Python (a loop over the batch) may fix a dim that the symbolic
+    leaves free; when one of them ran, a fixed dim is a warning (verifying the file at other
+    sizes decides), not an error."""
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), onnx_exporting():
+        with (
+            warnings.catch_warnings(),
+            contextlib.redirect_stdout(io.StringIO()),
+            onnx_exporting(),
+            _calls_recorded(functions) as called,
+        ):
             warnings.simplefilter(
                 "ignore"
             )  # the branch the TorchScript export takes, flag set as there
@@ -171,6 +211,17 @@ def check_with_torch_export(
             )
     except Exception as exc:
         violation = constraint_violation(exc, spec, allow_zero_one=True)
+        if violation is not None and called:
+            warnings.warn(
+                "torch.export fixes a dynamic dim while tracing the model, which applies the"
+                f" autograd.Function(s) {sorted(set(called))}; their eager forward may be what"
+                " fixes it (a Python loop over the batch), and this export writes them with"
+                " their symbolic instead, so the dims stay dynamic. Verify the file at other"
+                f" sizes (onnx_custom.verify) to be sure. torch.export said: {violation}",
+                UserWarning,
+                stacklevel=4,
+            )
+            return spec
         if violation is not None:
             raise violation from exc
         unchecked = unchecked_zero_one(exc, spec)

@@ -12,6 +12,7 @@ import contextlib
 import contextvars
 import copy
 import inspect
+import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -22,14 +23,15 @@ import torch
 from onnxscript.onnx_types import TensorType
 from torch.onnx._internal.exporter import _building, _tensors
 
-from onnx_custom.errors import InvalidArgumentError, OpsetError, SymbolicError
-from onnx_custom.exporter.dynamo_shapes import fx_outputs, value_outputs
+from onnx_custom.errors import InvalidArgumentError, OpsetError, SymbolicError, UnsupportedOpError
+from onnx_custom.exporter.dynamo_shapes import fx_node, fx_outputs, value_outputs
 from onnx_custom.exporter.output_meta import Outputs, flat_outputs, layout
 from onnx_custom.translate.attributes import AttrKind, AttrValue, c_contiguous
 from onnx_custom.translate.builder import GraphBuilder, OutputMeta, call_translation
 from onnx_custom.translate.names import QualifiedName, Target
 from onnx_custom.translate.registry import Registry, SymbolicEntry, resolve_registry
 from onnx_custom.translate.scalar_types import dtype_argument
+from onnx_custom.translate.torch_symbolics import torch_builtin_newer
 
 __all__ = [
     "DynamoBuilder",
@@ -103,8 +105,22 @@ class DynamoBuilder(GraphBuilder):
                 if isinstance(name, str):
                     self._spelling.setdefault(name, spelled)
 
+    fx_node: torch.fx.Node | None = None  # the FX node being translated, when found
+
     def is_value(self, value: Any) -> bool:
         return isinstance(value, ir.Value)
+
+    def output_users(self, index: int) -> list[str] | None:
+        node = self.fx_node
+        if node is None or self._outputs is None or not 0 <= index < len(self._outputs):
+            return None
+        users: list[str] = []
+        for user in node.users:
+            if user.target is not operator.getitem:
+                return None  # the whole tuple flows on: cannot tell per output
+            if user.args[1] == index:
+                users.extend(str(u.name) for u in user.users)
+        return users
 
     def _is_constant(self, value: Any) -> bool:
         producer = value.producer()
@@ -291,6 +307,7 @@ def _build_onnx_to_torch() -> dict[int, torch.dtype]:
 
 
 _ONNX_TO_TORCH = _build_onnx_to_torch()
+_DYNAMO_LOWEST_RECORDING = 18  # torch's dynamo exporter records at 18 or later
 _TORCH_TO_ONNX = {v: k for k, v in _ONNX_TO_TORCH.items()}
 
 
@@ -372,10 +389,12 @@ def _translation(
     registry: Registry,
     target: Target,
     overload: torch._ops.OpOverload,
-    opset: int,
-    entry: SymbolicEntry,
+    opset: int | None,
+    entry: SymbolicEntry | None,
     build_opset: int | None = None,
 ) -> Any:
+    """The table's function for ``overload``. ``opset`` None (with ``entry`` None): the entry
+    is chosen when the exporter calls it, for the opset it records at."""
     schema = overload._schema
     expected = len(schema.returns)
     arguments = tuple((a.name, str(a.type)) for a in schema.arguments)
@@ -386,34 +405,46 @@ def _translation(
             raise SymbolicError(
                 f"The translation for {target} was called outside the dynamo exporter."
             )
-        check_recording_opset(
-            target,
-            opset,
-            getattr(recorder.opset, "version", None),
-            opset if build_opset is None else build_opset,
-        )
+        recording = getattr(recorder.opset, "version", None)
+        if opset is None:
+            if not isinstance(recording, int):
+                raise OpsetError(
+                    f"translation_table() for {target}: the dynamo exporter did not say which"
+                    f" opset it records at (received {recording!r}); expected an int. Fix: pass"
+                    " translation_table(opset=<the opset_version of your export>).",
+                    exporter="dynamo",
+                )
+            at = recording
+            chosen = registry.lookup(target, recording, exporter="dynamo")
+        else:
+            check_recording_opset(
+                target, opset, recording, opset if build_opset is None else build_opset
+            )
+            assert entry is not None
+            at, chosen = opset, entry
         found = _torch_outputs(overload, args, kwargs)
         inputs, attrs = _split(schema, args, kwargs)
         if found is None:
-            builder = DynamoBuilder(recorder, opset, str(target))
+            builder = DynamoBuilder(recorder, at, str(target))
             returns = None
         else:
             outputs, typings, names = found
             builder = DynamoBuilder(
                 recorder,
-                opset,
+                at,
                 str(target),
                 [names.meta(d) for d in flat_outputs(outputs)],
                 typings,
             )
             returns = layout(outputs)
         builder.arguments = arguments
+        builder.fx_node = fx_node(overload)
         count = (
             expected if builder._outputs is None else None
         )  # else finish() counts Tensor[] elements
         names = [f"{a.name}: {a.type}" for a in schema.arguments]
         values = builder.finish(
-            call_translation(entry, builder, inputs, attrs, outputs=count, schema_args=names)
+            call_translation(chosen, builder, inputs, attrs, outputs=count, schema_args=names)
         )
         for index, (value, meta) in enumerate(zip(values, builder._outputs or (), strict=False)):
             producer = value.producer()
@@ -465,13 +496,18 @@ def resolve_overloads(target: Target) -> list[torch._ops.OpOverload]:
 
 
 def translation_table(
-    opset: int = 18,
+    opset: int | None = None,
     registry: Registry | None = None,
     *,
     build_opset: int | None = None,
     extra: Mapping[Any, Any] | None = None,
 ) -> dict[torch._ops.OpOverload, Any]:
-    """``custom_translation_table`` for ``torch.onnx.export(..., dynamo=True)`` at ``opset``.
+    """``custom_translation_table`` for ``torch.onnx.export(..., dynamo=True)``.
+
+    ``opset`` None (the default): each translation is chosen when the exporter calls it, for
+    the opset the export records at (torch's default, or its ``opset_version``), so the table
+    fits any export. An explicit ``opset`` picks the translations now and refuses an export
+    that records at another opset.
 
     ``extra``: your own entries (torch op -> translation), merged over ours;
     ``@onnxscript.script`` functions without a return annotation are passed as
@@ -484,7 +520,7 @@ def translation_table(
     afterwards, as `onnx_custom.export` does).
     """
     reg = resolve_registry(registry)
-    if not isinstance(opset, int) or opset < 1:
+    if opset is not None and (not isinstance(opset, int) or isinstance(opset, bool) or opset < 1):
         raise SymbolicError(
             f"opset must be a positive int; received {opset!r}. Fix: pass the opset of your"
             " torch.onnx.export call, e.g. opset=18."
@@ -497,10 +533,14 @@ def translation_table(
             ovl_target = Target(
                 QualifiedName(target.name.namespace, target.name.name, overload._overloadname)  # type: ignore[union-attr]
             )
-            candidates = [e for e in reg.entries_for(ovl_target) if e.opset <= opset]
+            candidates = [
+                e for e in reg.entries_for(ovl_target) if opset is None or e.opset <= opset
+            ]
             if not candidates:
                 continue
-            entry = reg.lookup(ovl_target, opset, exporter="dynamo")
+            if _torch_translates_anew(reg, ovl_target, opset):
+                continue  # torch's precedence: its own newer translation of the ATen op serves
+            entry = None if opset is None else reg.lookup(ovl_target, opset, exporter="dynamo")
             table[overload] = _translation(reg, ovl_target, overload, opset, entry, build_opset)
     if extra is not None and not isinstance(extra, Mapping):
         raise InvalidArgumentError(
@@ -511,6 +551,18 @@ def translation_table(
     for op, fn in (extra or {}).items():
         table[op] = with_output_count(fn)
     return table
+
+
+def _torch_translates_anew(reg: Registry, target: Target, opset: int | None) -> bool:
+    """Whether torch's own translation of an ATen op is newer than a torch-style symbolic
+    registered for an older opset (`torch_builtin_newer`), at ``opset`` (None: the lowest opset
+    torch's dynamo exporter records at)."""
+    at = _DYNAMO_LOWEST_RECORDING if opset is None else opset
+    try:
+        entry = reg.lookup(target, at, exporter="dynamo")
+    except UnsupportedOpError:
+        return False
+    return torch_builtin_newer(entry, at) is not None
 
 
 def with_output_count(fn: Any) -> Any:

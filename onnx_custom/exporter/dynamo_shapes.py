@@ -27,7 +27,7 @@ import torch
 
 from onnx_custom.exporter.output_meta import DimNames, Outputs, TensorDesc, run_fake
 
-__all__ = ["dim_names", "fx_outputs", "symbol_names", "value_outputs"]
+__all__ = ["dim_names", "fx_node", "fx_outputs", "symbol_names", "value_outputs"]
 
 _names: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
     "onnx_custom_dynamo_names", default=None
@@ -60,6 +60,11 @@ def _fx_node(overload: Any) -> tuple[torch.fx.Node | None, Any]:
         if isinstance(node, torch.fx.Node) and node.target is overload:
             return node, frame.f_locals.get("model")
     return None, None
+
+
+def fx_node(overload: Any) -> torch.fx.Node | None:
+    """The FX node of ``overload`` that torch's dynamo exporter is translating, when found."""
+    return _fx_node(overload)[0]
 
 
 def _users_mapping(model: Any) -> dict[str, str]:

@@ -266,7 +266,8 @@ def _export_torchscript(
     kwargs: dict[str, Any],
 ) -> tuple[onnx.ModelProto, DynamicSpec, ModelCensus]:
     if spec.export_shapes is not None:
-        spec = check_with_torch_export(model, args, kwargs.get("kwargs"), spec)
+        functions = [t.function for t in reg.targets() if t.function is not None]
+        spec = check_with_torch_export(model, args, kwargs.get("kwargs"), spec, functions)
     keyword_inputs = kwargs.pop("kwargs", None)
     if keyword_inputs:
         args = (*args, keyword_inputs)  # TorchScript takes keyword inputs as a trailing dict

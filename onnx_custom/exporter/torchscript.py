@@ -29,6 +29,7 @@ from onnx_custom.translate.names import QualifiedName, Target
 from onnx_custom.translate.registry import Registry, resolve_registry
 from onnx_custom.translate.scalar_types import dtype_argument
 from onnx_custom.translate.torch_errors import check_functional
+from onnx_custom.translate.torch_symbolics import torch_builtin_newer
 
 __all__ = ["TS_MAX_OPSET", "TS_MIN_OPSET", "TorchScriptBuilder", "registered"]
 
@@ -66,6 +67,17 @@ class TorchScriptBuilder(GraphBuilder):
 
     def is_value(self, value: Any) -> bool:
         return isinstance(value, torch._C.Value)
+
+    def output_users(self, index: int) -> list[str] | None:
+        node = getattr(self.ctx, "original_node", None)
+        if (
+            node is None
+            or self._outputs is None
+            or node.outputsSize() != len(self._outputs)
+            or not 0 <= index < len(self._outputs)
+        ):
+            return None  # a Tensor[] return: flat outputs do not map onto the node's
+        return [use.user.kind() for use in node.outputsAt(index).uses()]
 
     def dtype(self, value: Any) -> torch.dtype | None:
         try:
@@ -408,6 +420,9 @@ def _op_symbolic(registry: Registry, targets: Sequence[Target]) -> Any:
         schema = _schema_for(ctx, op_name)
         target = _call_target(targets, schema)
         entry = registry.lookup(target, ctx.opset, exporter="torchscript")
+        newer = torch_builtin_newer(entry, ctx.opset)
+        if newer is not None:  # torch's precedence: its own newer translation of the ATen op
+            return _torch_builtin(op_name, newer)(ctx, *args, **_node_attrs)
         check_functional(str(target), schema)
         inputs, attrs = _split_args(op_name, schema, args)
         dims = ts_dims(ctx)
@@ -438,6 +453,13 @@ def _op_symbolic(registry: Registry, targets: Sequence[Target]) -> Any:
 
     symbolic.__qualname__ = f"onnx_custom_symbolic[{op_name}]"
     return symbolic
+
+
+def _torch_builtin(name: str, opset: int) -> Any:
+    """torch's own symbolic for ``name`` registered at ``opset``."""
+    group = ts_registration.registry.get_function_group(name)
+    assert group is not None
+    return group._functions._base[opset]
 
 
 def _function_symbolic(registry: Registry, target: Target) -> Any:

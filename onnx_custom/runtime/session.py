@@ -118,10 +118,19 @@ def _refuse_detached(model: onnx.ModelProto, what: str) -> None:
     the files relative to nothing."""
     tensors = external_tensors(model)
     if tensors:
+        files = sorted(
+            {
+                entry.value
+                for tensor in tensors
+                for entry in tensor.external_data
+                if entry.key == "location"
+            }
+        )
         raise ModelLoadError(
-            f"{what} keeps {len(tensors)} tensor(s) (e.g. {tensors[0].name!r}) in external data"
-            " files, which can only be found relative to the model's file. Fix: pass the model's"
-            " path, or load it with onnx.load(path) (which reads the data in)."
+            f"{what} keeps {len(tensors)} tensor(s) (e.g. {tensors[0].name!r}) in the external"
+            f" data file(s) {files}, which can only be found relative to the model's file. Fix:"
+            " pass the model's path (with the data file(s) beside it), or load it with"
+            " onnx.load(path) (which reads the data in)."
         )
 
 

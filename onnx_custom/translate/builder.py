@@ -23,9 +23,11 @@ from onnx_custom.errors import OnnxCustomError, SymbolicError
 from onnx_custom.translate.attributes import AttrValue, c_contiguous, convert_attribute
 from onnx_custom.translate.implicit_casts import promoted_inputs
 from onnx_custom.translate.names import parse_node_type
+from onnx_custom.translate.opset_lift import meaning_changes
 from onnx_custom.translate.opset_upgrade import attributes_moved_to_inputs, split_outputs_attribute
 from onnx_custom.translate.standard_ops import check_standard_node
 from onnx_custom.translate.torch_errors import translation_error
+from onnx_custom.translate.torch_style import TORCH_STYLE_MARK
 from onnx_custom.translate.type_check import NodeInput, check_node_types, half_precision_deferred
 
 __all__ = [
@@ -149,6 +151,10 @@ class GraphBuilder(abc.ABC):
         # torch-style translations take them all positionally (`onnx_custom.translate.torch_style`).
         self.arguments: tuple[tuple[str, str], ...] | None = None
         self._nodes = 0  # nodes added so far, to name a node in errors
+        # The opset a torch-style symbolic was registered for (it is written for that opset's
+        # ops, as torch's register_custom_op_symbolic means it); standard nodes whose meaning
+        # changed since are written to the older meaning (`opset_lift`). None: written for g.opset.
+        self.symbolic_opset: int | None = None
         self._outputs: tuple[OutputMeta, ...] | None = None if outputs is None else tuple(outputs)
 
     @property
@@ -177,8 +183,9 @@ class GraphBuilder(abc.ABC):
 
         Returns one value, or a tuple of ``outputs`` values when ``outputs > 1``.
 
-        A custom-domain node's outputs are typed from ``g.outputs`` when it has as many outputs
-        as the torch op (its outputs are the op's outputs); otherwise, or to override, pass
+        A custom-domain node's outputs get the dtypes of ``g.outputs`` when it has as many
+        outputs as the torch op, and torch's shapes too once the translation returns them (a
+        node inside the translation may have other shapes); to say more, pass
         ``output_types``: one `OutputMeta` (or just a torch dtype) per output.
         """
         domain, op_type = parse_node_type(node_type)
@@ -187,6 +194,17 @@ class GraphBuilder(abc.ABC):
                 f"{self.target}: outputs= must be a positive int; received {outputs!r}. Fix: pass"
                 " outputs=1 or more."
             )
+        written = self.symbolic_opset
+        if not domain and written is not None and written < self.opset:
+            changes = meaning_changes(op_type, written, self.opset)
+            if changes:
+                self.symbolic_opset = None  # the rewritten nodes are written for self.opset
+                try:
+                    return self._lifted(
+                        op_type, written, changes, list(inputs), dict(attributes), outputs
+                    )
+                finally:
+                    self.symbolic_opset = written
         types = self._output_types(node_type, outputs, output_types, custom=bool(domain))
         where = f"{self.target}: g.op({node_type!r}): "
         attrs = [
@@ -218,6 +236,53 @@ class GraphBuilder(abc.ABC):
             for index, (value, meta) in enumerate(zip(result, types, strict=True)):
                 self._set_type(value, meta, index if torch_types else None)
         return result[0] if outputs == 1 else tuple(result)
+
+    def _lifted(
+        self,
+        op_type: str,
+        written: int,
+        changes: tuple[int, ...],
+        inputs: list[Any],
+        attributes: dict[str, Any],
+        outputs: int,
+    ) -> Any:
+        """``g.op(op_type, ...)`` of a symbolic written for opset ``written``, as it meant there
+        (`onnx_custom.translate.opset_lift`); ``changes``: the versions since that changed it."""
+        where = f"{self.target}: g.op({op_type!r}) in a symbolic registered for opset {written}"
+        if op_type == "RoiAlign":
+            attributes.setdefault("coordinate_transformation_mode", "output_half_pixel")
+        elif op_type == "Resize" and len(inputs) == 2:  # opset 10's (X, scales)
+            mode = attributes.get("mode", "nearest")
+            attributes.setdefault("coordinate_transformation_mode", "asymmetric")
+            if mode == "nearest":
+                attributes.setdefault("nearest_mode", "floor")
+            inputs = [inputs[0], self.constant(np.zeros(0, np.float32)), inputs[1]]
+        elif op_type in ("Softmax", "LogSoftmax", "Hardmax"):
+            axis = attributes.pop("axis", 1)
+            shape = self.shape(inputs[0]) if inputs and self.is_value(inputs[0]) else None
+            last = axis == -1 or (shape is not None and axis % max(len(shape), 1) == len(shape) - 1)
+            if not last:  # the older definition: normalise the input flattened to 2-D at axis
+                flat = self.op("Flatten", inputs[0], axis=axis)
+                result = self.op(op_type, flat, axis=1, **attributes)
+                return self.op("Reshape", result, self.op("Shape", inputs[0]))
+            attributes["axis"] = axis
+        elif op_type == "GridSample":
+            renamed = {"bilinear": "linear", "bicubic": "cubic"}
+            mode = attributes.get("mode")
+            if isinstance(mode, bytes):
+                mode = mode.decode()
+            if mode in renamed:
+                attributes["mode"] = renamed[mode]
+        elif op_type == "GroupNormalization":
+            raise SymbolicError(
+                f"{where} is exported at opset {self.opset}, where GroupNormalization (changed at"
+                f" opset {changes[-1]}) takes scale and bias per channel; at opset {written} they"
+                " are per group, so the same node would compute something else. Fix: export at"
+                f" opset {written}..{changes[-1] - 1}, or register a symbolic for opset"
+                f" {changes[-1]} that repeats each group's scale and bias for its channels"
+                " (or writes InstanceNormalization on the input reshaped to groups)."
+            )
+        return self.op(op_type, *inputs, outputs=outputs, **attributes)
 
     def _check_types(self, domain: str, op_type: str, inputs: list[Any]) -> None:
         check_node_types(
@@ -352,10 +417,13 @@ class GraphBuilder(abc.ABC):
         custom: bool,
     ) -> tuple[OutputMeta, ...] | None:
         if given is None:
-            # A custom node's outputs are invisible to ONNX shape inference: when the node stands
-            # for the whole op (same output count), torch's own output types are its types.
+            # A custom node's outputs are invisible to ONNX shape inference. Whether it stands
+            # for the whole op is known only from what the translation returns (`finish` gives
+            # a returned custom node torch's exact types); a node inside (mmdeploy's
+            # Reshape -> custom normalisation -> Reshape back) may have any shape. So here it
+            # gets torch's dtypes only (same output count), its shapes left unknown.
             if custom and self._outputs is not None and outputs == len(self._outputs):
-                return self._outputs
+                return tuple(OutputMeta(meta.dtype, None) for meta in self._outputs)
             return None
         if isinstance(given, (OutputMeta, torch.dtype)) or len(given) != outputs:
             raise SymbolicError(
@@ -487,6 +555,19 @@ class GraphBuilder(abc.ABC):
                     " axis=0)."
                 )
 
+    def output_users(self, index: int) -> list[str] | None:
+        """What in the model uses torch output ``index`` of the op (names of the consuming
+        nodes; [] when nothing does), or None when the exporter cannot tell."""
+        return None
+
+    def unused_output(self, index: int) -> Any:
+        """A stand-in for output ``index`` that the translation left None (torch's ``return
+        value, None``) and the model never uses: zeros of torch's dtype and rank, which the
+        exporter drops with the rest of the unused graph."""
+        meta = self._outputs[index] if self._outputs is not None else OutputMeta()
+        shape = [d if isinstance(d, int) else 1 for d in meta.shape or ()]
+        return self.constant(np.zeros(shape, numpy_dtype(meta.dtype or torch.float32)))
+
     @abc.abstractmethod
     def is_value(self, value: Any) -> bool: ...
 
@@ -593,6 +674,10 @@ def call_translation(
     check = _VALUE_CHECKS.get(str(getattr(getattr(entry, "target", None), "key", "")))
     if check is not None:
         check(g, *inputs, **attrs)
+    if getattr(getattr(entry, "fn", None), TORCH_STYLE_MARK, None) is not None or (
+        getattr(getattr(entry, "target", None), "function", None) is not None
+    ):  # written for its registered opset, as torch means it (`GraphBuilder.symbolic_opset`)
+        g.symbolic_opset = getattr(entry, "opset", None)
     try:
         return tuple(entry.call(g, inputs, attrs, outputs=outputs))
     except OnnxCustomError:

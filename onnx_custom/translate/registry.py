@@ -117,6 +117,8 @@ def check_translation_result(
     """
     values = tuple(result) if isinstance(result, (tuple, list)) else (result,)
     where = f"The translation of {entry.target} ({entry.source}, opset>={entry.opset})"
+    if len(values) > 1 and any(v is None for v in values):
+        values = _unused_outputs(where, g, values)
     for index, value in enumerate(values):
         if g.is_value(value):
             continue
@@ -139,6 +141,33 @@ def check_translation_result(
             "one value per torch output (a tuple for several)."
         )
     return values
+
+
+def _unused_outputs(where: str, g: Any, values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``return value, None`` as torch takes it: None for an output the model never uses
+    becomes a stand-in that the exporter drops; `SymbolicError` naming the output and what
+    uses it otherwise."""
+    users_of = getattr(g, "output_users", None)
+    result = list(values)
+    for index, value in enumerate(values):
+        if value is not None:
+            continue
+        users = users_of(index) if users_of is not None else None
+        if users == []:
+            result[index] = g.unused_output(index)
+            continue
+        used = (
+            f"the model uses it ({', '.join(users)})"
+            if users
+            else "the exporter cannot tell whether the model uses it"
+        )
+        raise SymbolicError(
+            f"{where} returned None as output {index} of {len(values)}, but {used}; None is"
+            " accepted only for an output the model never uses. Fix: return a graph value for"
+            f" output {index} (made with g.op(...)), or do not use that output of the op in the"
+            " model."
+        )
+    return tuple(result)
 
 
 # -- signatures against the torch schema ------------------------------------------------------

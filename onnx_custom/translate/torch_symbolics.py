@@ -11,6 +11,7 @@ function then serves both exporters (`onnx_custom.translate.torch_style`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -19,9 +20,14 @@ import torch
 from onnx_custom.errors import SymbolicError
 from onnx_custom.translate.names import Target, normalize_target
 from onnx_custom.translate.registry import Registry, SymbolicEntry, resolve_registry
-from onnx_custom.translate.torch_style import torch_style_translation
+from onnx_custom.translate.torch_style import TORCH_STYLE_MARK, torch_style_translation
 
-__all__ = ["import_torch_symbolics", "register_custom_op_symbolic", "unregister_custom_op_symbolic"]
+__all__ = [
+    "import_torch_symbolics",
+    "register_custom_op_symbolic",
+    "torch_builtin_newer",
+    "unregister_custom_op_symbolic",
+]
 
 # Our own symbolics, registered with torch only inside `onnx_custom.registered()`.
 _OURS = "onnx_custom_symbolic["
@@ -62,6 +68,7 @@ def register_custom_op_symbolic(
     opset_version: int,
     *,
     registry: Registry | None = None,
+    override_builtins: bool = False,
 ) -> SymbolicEntry:
     """Register ``symbolic_fn``, written for ``torch.onnx.register_custom_op_symbolic``, unchanged.
 
@@ -70,6 +77,11 @@ def register_custom_op_symbolic(
     ``g.op("Foo", x, alpha_f=0.5, outputs=2)``. ``onnx_custom.export`` then uses it under BOTH
     exporters. As in torch, ``"::op"`` means ``aten::op``, the function serves ``opset_version``
     and up, and registering the same name and opset again replaces the previous function.
+
+    Precedence is torch's: for an ATen op that torch itself translates anew at a version after
+    ``opset_version`` and up to the export's opset (``grid_sampler`` at 16, ``layer_norm`` at
+    17, ``softmax`` at 13), torch's newer translation is used (`torch_builtin_newer`);
+    ``override_builtins=True`` makes this function win at every opset it serves.
     """
     target = _target(symbolic_name)
     opset = _opset(opset_version, symbolic_name)
@@ -80,8 +92,68 @@ def register_custom_op_symbolic(
             " symbolic function itself, e.g. register_custom_op_symbolic('mmcv::nms',"
             " nms_symbolic, 11)."
         )
+    if not isinstance(override_builtins, bool):
+        raise SymbolicError(
+            f"override_builtins for {symbolic_name!r} must be a bool; received"
+            f" {override_builtins!r}. Fix: pass True to use this function over torch's own newer"
+            " translation of the op, or leave it out."
+        )
     reg = resolve_registry(registry)
-    return reg.add(SymbolicEntry(target, opset, torch_style_translation(symbolic_fn)), replace=True)
+    translation = torch_style_translation(symbolic_fn)
+    if override_builtins:
+        translation = _forced(translation)
+    return reg.add(SymbolicEntry(target, opset, translation), replace=True)
+
+
+_OVERRIDE_MARK = "__onnx_custom_override_builtins__"
+
+
+def _forced(translation: Callable[..., Any]) -> Callable[..., Any]:
+    """A copy of the torch-style ``translation`` marked to win over torch's built-ins."""
+    forced = functools.wraps(translation)(lambda *a, **k: translation(*a, **k))
+    for name in (TORCH_STYLE_MARK, "__signature__"):
+        if hasattr(translation, name):
+            setattr(forced, name, getattr(translation, name))
+    setattr(forced, _OVERRIDE_MARK, True)
+    return forced
+
+
+def _torch_builtin_versions(name: str) -> tuple[int, ...]:
+    """The opsets at which torch's TorchScript exporter has its own symbolic for ``name``."""
+    from torch.onnx._internal.torchscript_exporter import registration
+
+    _load_torch_symbolics()  # torch registers each opset's symbolics when its module loads
+    group = registration.registry.get_function_group(name)
+    return tuple(sorted(getattr(getattr(group, "_functions", None), "_base", None) or ()))
+
+
+@functools.cache
+def _load_torch_symbolics() -> None:
+    import importlib
+
+    for version in range(7, 30):
+        try:
+            importlib.import_module(
+                f"torch.onnx._internal.torchscript_exporter.symbolic_opset{version}"
+            )
+        except ImportError:
+            continue
+
+
+def torch_builtin_newer(entry: SymbolicEntry, opset: int) -> int | None:
+    """The opset of torch's own translation of ``entry``'s ATen op that torch would prefer at
+    ``opset`` over ``entry`` (a torch-style symbolic registered for an older opset), or None
+    (ours serves: not ATen, not torch-style, forced with ``override_builtins``, or torch has
+    nothing newer). Torch's rule: at each opset the newest registration at or below it wins,
+    its own built-ins included."""
+    fn = entry.fn
+    if getattr(fn, TORCH_STYLE_MARK, None) is None or getattr(fn, _OVERRIDE_MARK, False):
+        return None
+    name = entry.target.name
+    if name is None or name.namespace != "aten":
+        return None
+    newer = [v for v in _torch_builtin_versions(name.op) if entry.opset < v <= opset]
+    return max(newer) if newer else None
 
 
 def unregister_custom_op_symbolic(
