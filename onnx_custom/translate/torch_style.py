@@ -10,8 +10,9 @@ of our translations: `TorchStyleGraph` speaks torch's ``GraphContext`` API on to
 `GraphBuilder` (`onnx_custom.translate.graph_context`), so the nodes are checked and typed
 exactly as ours are, and under the dynamo exporter (where torch itself cannot run these
 functions) tensor values are `TorchStyleValue`s that answer ``x.type().sizes()`` / ``dim()`` /
-``scalarType()`` as TorchScript values do, so torch's own helpers (``symbolic_helper._get_tensor_sizes``, ``_unsqueeze_helper``,
-``_slice_helper``, ...) work on them.
+``scalarType()`` as TorchScript values do, so torch's own helpers
+(``symbolic_helper._get_tensor_sizes``, ``_unsqueeze_helper``, ``_slice_helper``, ...) work on
+them.
 
 Non-tensor arguments arrive as Python values (what ``parse_args`` or ``_get_const`` would make of
 them); an absent ``Tensor?`` as None. A ``Tensor[]`` argument is a `TorchStyleList`: a Python
