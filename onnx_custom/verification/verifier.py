@@ -17,8 +17,12 @@ import numpy as np
 import onnx
 import torch
 
+from onnx_custom.common.progress import ProgressArg, TerminalProgress, progress_for
+from onnx_custom.common.progress import close as close_progress
 from onnx_custom.errors import InvalidArgumentError, OnnxCustomError, VerificationError
+from onnx_custom.exporter import trace_provenance
 from onnx_custom.exporter.arguments import check_args, check_model
+from onnx_custom.exporter.trace_provenance import TracerWarningRecord
 from onnx_custom.runtime.failures import KernelRunError
 from onnx_custom.verification.compare import (
     OutputComparison,
@@ -141,6 +145,8 @@ class VerificationReport:
     notes: list[str] = dataclasses.field(default_factory=list)
     # backend -> what ran each non-standard node type (`onnx_custom.runtime.implementations`)
     implementations: dict[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
+    # the TracerWarnings the TorchScript export raised (the file's metadata), shown on a failure
+    tracer_warnings: list[TracerWarningRecord] = dataclasses.field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -192,6 +198,8 @@ class VerificationReport:
             lines += [f"  {m.describe()}" for m in self.initializer_mismatches]
         lines += [f"Note: {n}" for n in self.notes]
         lines += self.implementation_lines()
+        if self.tracer_warnings and not self.passed:
+            lines += tracer_warning_lines(self.tracer_warnings)
         return lines
 
     def implementation_lines(self) -> list[str]:
@@ -263,12 +271,23 @@ class VerificationReport:
                 for b, found in self.implementations.items()
             },
             "diagnosis": self.diagnosis(),
+            "tracer_warnings": [dataclasses.asdict(w) for w in self.tracer_warnings],
             "localization": (
                 self.localization.to_dict()
                 if hasattr(self.localization, "to_dict")
                 else (None if self.localization is None else str(self.localization))
             ),
         }
+
+
+def tracer_warning_lines(found: Sequence[TracerWarningRecord]) -> list[str]:
+    """The export's TracerWarnings as report lines: the trace fixed a decision made from data."""
+    return [
+        f"The TorchScript export raised {sum(w.count for w in found)} TracerWarning(s): the trace"
+        " fixed what the model's code decided from the example's values there, so the file may"
+        " compute another branch (export with exporter='dynamo', or make the code trace-safe):",
+        *(f"  {w.describe()}" for w in found),
+    ]
 
 
 def _random_like(example: tuple[Any, ...], generator: torch.Generator) -> tuple[Any, ...]:
@@ -574,7 +593,7 @@ def verify(
     exporter: str | None = None,
     opset: int | None = None,
     registry: Registry | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: ProgressArg = None,
     kernels: Any = None,
     shapes: Sequence[Mapping[str, Any]] | None = None,
     dynamic_shapes: Any = None,
@@ -616,31 +635,50 @@ def verify(
     trial, compare every intermediate value (`onnx_custom.verification.localize.localize`) and attach the
     result as ``report.localization`` (also in the `VerificationError` message); ``exporter``,
     ``opset`` and ``registry`` tell it how the file was made (defaults: inferred from the file,
-    the default registry). ``progress`` receives one line per trial. ``kernels``: the
+    the default registry). ``progress`` receives one line per trial (a callable); by default
+    (None) a terminal's stderr shows the stage, trial and backend on one live line, and nothing
+    is written when stderr is not a terminal or ``progress=False`` (`onnx_custom.common.progress`).
+    ``kernels``: the
     `onnx_custom.runtime.KernelRegistry` for custom nodes (default: the default kernel registry).
     """
     args, backends = _check_arguments(model, args, trials, rtol, atol, backends)
-    run = _plan_trials(
-        model,
-        args,
-        onnx_model,
-        _Options(
-            trials=trials,
-            input_generator=input_generator,
-            rtol=rtol,
-            atol=atol,
-            seed=seed,
-            backends=backends,
-            localize=localize,
-            exporter=exporter,
-            opset=opset,
-            registry=registry,
-            progress=progress,
-            kernels=kernels,
-            shapes=shapes,
-            dynamic_shapes=dynamic_shapes,
-        ),
-    )
+    reporter = progress_for(progress)
+    try:
+        return _verify(
+            model,
+            args,
+            onnx_model,
+            _Options(
+                trials=trials,
+                input_generator=input_generator,
+                rtol=rtol,
+                atol=atol,
+                seed=seed,
+                backends=backends,
+                localize=localize,
+                exporter=exporter,
+                opset=opset,
+                registry=registry,
+                progress=reporter,
+                kernels=kernels,
+                shapes=shapes,
+                dynamic_shapes=dynamic_shapes,
+            ),
+            raise_on_mismatch,
+        )
+    finally:
+        close_progress(reporter)
+
+
+def _verify(
+    model: Any,
+    args: tuple[Any, ...],
+    onnx_model: Any,
+    options: _Options,
+    raise_on_mismatch: bool,
+) -> VerificationReport:
+    """Plan, run every trial, judge."""
+    run = _plan_trials(model, args, onnx_model, options)
     for trial in run.schedule:
         _run_trial(run, trial)
     return _judge(run, raise_on_mismatch)
@@ -695,6 +733,12 @@ class _Run:
         return [o.name for o in self.proto.graph.output]
 
 
+def _stage(progress: Callable[[str], None] | None, text: str) -> None:
+    """A finer step for a terminal's live line (a caller's own callable gets one line a trial)."""
+    if isinstance(progress, TerminalProgress):
+        progress(text)
+
+
 def _check_arguments(
     model: Any,
     args: tuple[Any, ...] | torch.Tensor,
@@ -725,6 +769,7 @@ def _check_arguments(
 
 def _plan_trials(model: Any, args: tuple[Any, ...], onnx_model: Any, options: _Options) -> _Run:
     """Load the file, bind the inputs, open the sessions and decide the trials (nothing runs)."""
+    _stage(options.progress, "verify: loading the file")
     proto = load_model(onnx_model)
     backends = options.backends
     if "onnxruntime" in backends and BODIES_BACKEND not in backends and _runs_on_bodies(proto):
@@ -736,6 +781,7 @@ def _plan_trials(model: Any, args: tuple[Any, ...], onnx_model: Any, options: _O
     apart = apart_case(plan) if shapes is None else None  # explicit shapes= replace every default
     mismatched_weights = compare_initializers(model, proto)
     kernels = options.kernels
+    _stage(options.progress, f"verify: opening sessions ({', '.join(backends)})")
     sessions = {name: _make_backend(name, proto, kernels) for name in backends}
     report = VerificationReport(
         [],
@@ -745,6 +791,7 @@ def _plan_trials(model: Any, args: tuple[Any, ...], onnx_model: Any, options: _O
         input_matching=binding.describe(),
         initializer_mismatches=mismatched_weights,
         notes=list(plan.notes),
+        tracer_warnings=trace_provenance.read(proto),
         implementations={
             name: _implementations(name, session, proto, kernels)
             for name, session in sessions.items()
@@ -786,6 +833,7 @@ def _run_trial(run: _Run, trial: _Trial) -> None:
     if progress is not None:
         where = f" ({describe_sizes(trial.sizes)})" if trial.kind in OTHER_SIZES else ""
         progress(f"verify: trial {trial.index + 1}/{len(run.schedule)}{where}")
+        _stage(progress, f"verify: trial {trial.index + 1}/{len(run.schedule)}{where}: eager")
     export_sizes = {k: d.export_size for k, d in run.plan.dims.items()}
     sizes = trial.sizes or export_sizes
     trial_args = _trial_args(trial, run.args, run.plan, run.generator, run.options.input_generator)
@@ -882,6 +930,9 @@ def _run_backends(
     # the export shape runs what a default ORT session runs; other sizes run the file as written
     pool = run.as_written if trial.kind in OTHER_SIZES else run.sessions
     for backend in list(pool):
+        _stage(
+            run.options.progress, f"verify: trial {trial.index + 1}/{len(run.schedule)}: {backend}"
+        )
         actual = _run_backend(run, pool, backend, trial, trial_args, input_shapes, problems)
         if actual is None:
             continue
