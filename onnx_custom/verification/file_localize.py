@@ -26,7 +26,12 @@ import onnx
 import torch
 from torch.overrides import TorchFunctionMode
 
-from onnx_custom.exporter.trace_provenance import SOURCE_KEY, TracerWarningRecord, read
+from onnx_custom.exporter.trace_provenance import (
+    SOURCE_KEY,
+    TracerWarningRecord,
+    read,
+    source_frames,
+)
 from onnx_custom.verification.compare import compare_arrays
 from onnx_custom.verification.localization import Localization, NodeLocalization, ValueDiff
 from onnx_custom.verification.runner import _to_ort_value, input_names, tensor_inputs
@@ -41,8 +46,17 @@ _FOLDED = 4  # eager calls after a value an exporter may fold into its node (Con
 
 
 def has_sources(proto: onnx.ModelProto) -> bool:
-    """Does the file carry its nodes' source lines (a TorchScript export by onnx_custom)?"""
-    return any(p.key == SOURCE_KEY for n in proto.graph.node for p in n.metadata_props)
+    """Does the file carry its nodes' source lines (a TorchScript export by onnx_custom, or by
+    ``torch.onnx.export(..., verbose=True)``, which keeps them in the doc strings)?"""
+    return any(_source(n) for n in proto.graph.node)
+
+
+def _source(node: onnx.NodeProto) -> str:
+    """The node's model-code frames, innermost first, joined by ``;`` (empty if unknown)."""
+    for prop in node.metadata_props:
+        if prop.key == SOURCE_KEY:
+            return prop.value
+    return ";".join(source_frames(node.doc_string)) if node.doc_string else ""
 
 
 @dataclasses.dataclass
@@ -77,7 +91,7 @@ def _groups(proto: onnx.ModelProto) -> tuple[list[_Group], dict[str, int]]:
     producer: dict[str, int] = {}
     order: list[_Group] = []
     for i, node in enumerate(proto.graph.node):
-        source = next((p.value for p in node.metadata_props if p.key == SOURCE_KEY), "")
+        source = _source(node)
         if not source or node.op_type == "Constant":
             continue
         frames = source.split(";")

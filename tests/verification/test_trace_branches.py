@@ -188,3 +188,23 @@ def test_rt_detr_v2_torchscript_file_is_localized_with_its_warnings(tmp_path: An
     assert first.onnx_nodes  # the file's nodes, by name
     assert all(i.passed for i in first.inputs)  # its inputs still agree: it is where it starts
     assert "TracerWarning at modeling_rt_detr_v2.py:" in first.stack
+
+
+def test_a_raw_torch_export_with_doc_strings_is_localized_from_the_file(capsys: Any) -> None:
+    """torch.onnx.export(verbose=True) keeps the source lines in the nodes' doc strings."""
+    import io
+
+    from onnx_custom.verification.localize import localize
+
+    model, x = SignBranch().eval(), torch.rand(2, 4) + 0.1
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x,), buffer, dynamo=False, verbose=True)
+    proto = onnx.load_from_string(buffer.getvalue())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        localization = localize(model, (-x,), proto)  # torch.export refuses the branch
+    assert localization.method == "source"
+    first = localization.first
+    assert first is not None and f"{HERE}:{_line('first diverging line')}" in first.fx_name
