@@ -278,7 +278,7 @@ def localize_file(
         for n, t in zip(input_names(proto, flat), tensor_inputs(flat), strict=True)
     }
     wanted = [g.values[-1] for g in groups if g.key in recorder.values and g.values]
-    run = SegmentedRun(proto, feeds, wanted, kernels=kernels)
+    run = SegmentedRun(_with_shapes(proto), feeds, wanted, kernels=kernels)
     found = read(proto)
     diffs: dict[int, ValueDiff] = {}
     nodes: list[NodeLocalization] = []
@@ -300,6 +300,17 @@ def localize_file(
         nodes.append(_node(proto, gi, group, producer, diffs, label, op, output, found))
     result = Localization("source", "torchscript", opset, trial, tuple(nodes))
     return dataclasses.replace(result, note=_note(result, found))
+
+
+def _with_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` with ONNX's inferred value shapes: TorchScript files state few, and a segmented
+    run counts a value of unknown size as big, so it cut one segment (one session) per value."""
+    if proto.ByteSize() > onnx.checker.MAXIMUM_PROTOBUF // 2:
+        return proto  # a copy of a big model costs more than the sessions it saves
+    try:
+        return onnx.shape_inference.infer_shapes(proto)
+    except Exception:  # shape inference refuses some files; the run still works without it
+        return proto
 
 
 def _unpaired(label: str, group: _Group, why: str) -> ValueDiff:
