@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import onnx
@@ -12,6 +12,8 @@ import torch
 
 from onnx_custom.common.atomic import check_output_path
 from onnx_custom.common.onnx_utils import ModelCensus
+from onnx_custom.common.progress import ProgressArg, progress_for
+from onnx_custom.common.progress import close as close_progress
 from onnx_custom.errors import (
     InvalidArgumentError,
     KernelError,
@@ -65,6 +67,7 @@ def export(
     half_precision: str = DEFAULT_MODE,
     external_data: bool | str | os.PathLike[str] | None = None,
     fuse: Any = False,
+    progress: ProgressArg = None,
     **exporter_kwargs: Any,
 ) -> onnx.ModelProto:
     """Export ``model`` with the ``"dynamo"`` or ``"torchscript"`` exporter using our translations.
@@ -108,6 +111,10 @@ def export(
     example input first; what was fused and what was not (and why) is in
     ``onnx_custom.fusion.fusion_report(proto)`` (see docs/howto/fusion.md). ``verify=True``
     compares the fused file with the unfused model.
+
+    ``progress``: on a terminal (stderr a TTY) one live line shows the stage (export, checks,
+    verify's trials, writing); ``False`` or a non-terminal stderr shows nothing; a callable gets
+    the stage lines (`onnx_custom.common.progress`).
     """
     request = check_export_request(
         model,
@@ -136,6 +143,38 @@ def export(
             )
         check_output_path(keep_failed, what="keep_failed")
     check_fuse(fuse)
+    reporter = progress_for(progress)
+    try:
+        return _export_checked(
+            request,
+            (model, args, half_precision, fuse),
+            f,
+            kernels,
+            functions,
+            verify,
+            keep_failed,
+            external_data,
+            reporter,
+        )
+    finally:
+        close_progress(reporter)
+
+
+def _export_checked(
+    request: Any,
+    call: tuple[Any, Any, str, Any],
+    f: Any,
+    kernels: Any,
+    functions: bool,
+    verify: bool,
+    keep_failed: Any,
+    external_data: Any,
+    progress: Callable[[str], None] | None,
+) -> onnx.ModelProto:
+    """`export` after its argument checks: export, check, embed, verify, write."""
+    model, args, half_precision, fuse = call
+    if progress is not None:
+        progress(f"export: {request.exporter} export of {type(model).__name__}")
     with fusing(request.model, request.args, fuse, request.exporter_kwargs.get("kwargs")) as fusion:
         proto, census = export_with_census(request)
     if fusion is not None:
@@ -151,14 +190,24 @@ def export(
             half_precision=half_precision,
         )  # type: ignore[operator]
     if verify:
-        _verify_before_writing(model, args, proto, kernels, f, keep_failed)
+        if progress is not None:
+            progress("export: verifying")
+        _verify_before_writing(model, args, proto, kernels, f, keep_failed, progress)
     if f is not None:
+        if progress is not None:
+            progress(f"export: writing {_describe(f)}")
         save_model(proto, f, external_data=external_data)
     return proto
 
 
 def _verify_before_writing(
-    model: Any, args: Any, proto: onnx.ModelProto, kernels: Any, f: Any, keep_failed: Any
+    model: Any,
+    args: Any,
+    proto: onnx.ModelProto,
+    kernels: Any,
+    f: Any,
+    keep_failed: Any,
+    progress: Callable[[str], None] | None = None,
 ) -> None:
     """Verify ``proto``; on failure write nothing to ``f`` (the failing model goes to
     ``keep_failed`` when given) and say so in the error."""
@@ -171,6 +220,7 @@ def _verify_before_writing(
             proto,
             raise_on_mismatch=True,
             kernels=kernels,
+            progress=progress if progress is not None else False,
         )
     except Exception as exc:
         notes = []

@@ -354,6 +354,7 @@ def run_case(name: str, module: Any, case: ZooCase, *, seed: int = DEFAULT_SEED)
                 opset=case.opset,
                 registry=registry,
                 dynamic_shapes=dynamic,
+                progress=False,  # the zoo draws its own progress line
             )
         except OnnxCustomError as exc:
             if case.expect_error and case.expect_error in str(exc):
@@ -383,6 +384,7 @@ def run_case(name: str, module: Any, case: ZooCase, *, seed: int = DEFAULT_SEED)
             raise_on_mismatch=False,
             seed=seed,
             dynamic_shapes=dynamic,
+            progress=False,
         )
         shortfall = _dynamic_shortfall(report) if case.dynamic else ""
         status = "pass" if report.passed and not shortfall else "fail"

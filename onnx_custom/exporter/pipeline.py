@@ -39,7 +39,7 @@ from onnx_custom.errors import (
     SymbolicError,
     UnsupportedOpError,
 )
-from onnx_custom.exporter import program_cache
+from onnx_custom.exporter import program_cache, trace_provenance
 from onnx_custom.exporter.arguments import (
     EXPORTERS,
     check_args,
@@ -269,6 +269,7 @@ def _export_torchscript(
         functions = [t.function for t in reg.targets() if t.function is not None]
         spec = check_with_torch_export(model, args, kwargs.get("kwargs"), spec, functions)
     keyword_inputs = kwargs.pop("kwargs", None)
+    verbose = bool(kwargs.pop("verbose", False))
     if keyword_inputs:
         args = (*args, keyword_inputs)  # TorchScript takes keyword inputs as a trailing dict
     names = list(spec.input_names)
@@ -284,7 +285,13 @@ def _export_torchscript(
         else contextlib.nullcontext(None)
     )
     try:
-        with folder as where, export_dims(dims), registered(reg, opset=opset):
+        with (
+            folder as where,
+            export_dims(dims),
+            registered(reg, opset=opset),
+            trace_provenance.recorded() as warned,
+            trace_provenance.sources_requested(log=verbose),
+        ):
             # TorchScript writes past 2 GiB only to a path (tensors as files next to it): a big
             # model goes through a temporary folder and is read back with its data.
             target = os.path.join(where, "model.onnx") if where else buffer
@@ -297,6 +304,7 @@ def _export_torchscript(
                 input_names=names,
                 output_names=output_names,
                 dynamic_axes=spec.dynamic_axes or None,
+                verbose=True,  # the nodes' source lines (`trace_provenance.keep_sources`)
                 **kwargs,
             )
             if where:
@@ -318,6 +326,8 @@ def _export_torchscript(
         raise failure
     if not big:
         proto = onnx.load_from_string(buffer.getvalue())
+    trace_provenance.write(proto, warned)
+    trace_provenance.keep_sources(proto, keep_doc_strings=verbose)
     census = model_census(proto)
     name_derived_dims(
         proto, dims, census=census

@@ -97,7 +97,7 @@ class Localization:
     """Per-node comparison of one trial; ``first`` is the first diverging node
     (an origin if any)."""
 
-    method: str  # "names" or "probe"
+    method: str  # "names", "probe" or "source" (`onnx_custom.verification.file_localize`)
     exporter: str
     opset: int
     trial: int
@@ -123,6 +123,19 @@ class Localization:
     def summary(self) -> str:
         first = self.first
         observed = sum(n.observed for n in self.nodes)
+        if first is None and self.method == "source":
+            unpaired = [n for n in self.nodes if not n.observed]
+            text = (
+                f"Localization ({self.method}, {self.exporter}, opset {self.opset}, trial"
+                f" {self.trial}): none of the {observed} value(s) paired with eager's diverge"
+            )
+            if unpaired:
+                text += (
+                    f"; {len(unpaired)} line(s) of the file have no eager value to pair with"
+                    f" (first: {unpaired[0].fx_name}, {unpaired[0].outputs[0].note}): the trace"
+                    " computes there what eager did not on these inputs"
+                )
+            return text
         if first is None and self.method == "probe":
             return (
                 f"Localization ({self.method}, {self.exporter}, opset {self.opset}, trial"

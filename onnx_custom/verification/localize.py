@@ -10,6 +10,11 @@ The PyTorch side is the ``torch.export`` program of the model, run node by node 
   mapping back. Instead the FX program is re-exported with the same exporter, opset and
   registry, with every intermediate as a graph output (output *i* is FX node *i*), and compared
   by position. This localizes faulty translations, not edits made to the file afterwards.
+- ``"source"`` (`onnx_custom.verification.file_localize`): a TorchScript file onnx_custom
+  exported records each node's model-code line; its own values are paired with eager's by
+  module and line, no ``torch.export`` and no re-export. Used first when the export raised
+  TracerWarnings (the trace itself may be wrong: a Python decision fixed from the example), and
+  when the probe cannot be made (``torch.export`` refuses the model, or its re-export fails).
 
 Both sides stream: the ONNX graph runs segment by segment (`onnx_custom.verification.segmented`),
 the FX program frees each value after its last use, and each value is compared once, when both sides
@@ -42,11 +47,12 @@ import onnx
 import torch
 
 from onnx_custom.errors import OnnxCustomError
-from onnx_custom.exporter import program_cache
+from onnx_custom.exporter import program_cache, trace_provenance
 from onnx_custom.exporter.export_flag import onnx_exporting
 from onnx_custom.exporter.pipeline import DEFAULT_OPSET, EXPORTERS, export_model
 from onnx_custom.translate.registry import Registry, default_registry
 from onnx_custom.verification.compare import compare_arrays
+from onnx_custom.verification.file_localize import has_sources, localize_file
 from onnx_custom.verification.localization import (
     INPUT_NOTE,
     PARAMETER_NOTE,
@@ -718,6 +724,9 @@ def localize(
     intermediates are compared. Otherwise (TorchScript files, or no file) the program is
     re-exported with ``exporter`` (default: ``"torchscript"`` when a file was given, else
     ``"dynamo"``) at ``opset`` (default: the file's) with ``registry`` and compared by position.
+    A TorchScript file with its nodes' source lines (our exports) is localized from the file
+    itself (method ``"source"``) when its export raised TracerWarnings, or when ``torch.export``
+    or the re-export fails.
 
     The torch side is the program the dynamo exporter traced when the file was exported in this
     process from this very model and inputs (`onnx_custom.exporter.program_cache`), else a fresh
@@ -747,8 +756,25 @@ def localize(
             program, chosen, reg, opset, rtol, atol, trial, proto, kernels, file_outputs
         )
 
-    program = _trace_torch(model, args)
-    result, outputs = run(program)
+    from_file = proto is not None and exporter in (None, "torchscript") and has_sources(proto)
+
+    def the_file_itself() -> Localization:
+        assert proto is not None
+        return localize_file(
+            model, args, proto, trial=trial, rtol=rtol, atol=atol, kernels=kernels, opset=opset
+        )
+
+    if from_file and trace_provenance.read(proto):  # type: ignore[arg-type]
+        # the trace fixed Python decisions made from data: what went wrong may be in the trace
+        # itself, which neither a torch.export program nor its re-export shows; the file does
+        return the_file_itself()
+    try:
+        program = _trace_torch(model, args)
+        result, outputs = run(program)
+    except OnnxCustomError:
+        if not from_file:
+            raise
+        return the_file_itself()  # torch.export or the re-export failed: the file still runs
     if program.reused:
         if eager_outputs is None:
             with torch.no_grad():

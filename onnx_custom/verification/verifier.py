@@ -1,8 +1,8 @@
 """``onnx_custom.verify``: PyTorch eager vs ONNX Runtime, dtype-aware tolerances, hard pass/fail.
 
 A file is checked at the shapes it claims: when its inputs have dynamic dims, trials at other
-sizes run by default (`onnx_custom.verification.trial_shapes` says which), and the types the file
-declares for its outputs (and custom-node outputs) must match what ONNX Runtime returns
+sizes run by default (`onnx_custom.verification.trial_shapes` says which), and the types the
+file declares for its outputs (and custom-node outputs) must match what ONNX Runtime returns
 (`onnx_custom.verification.declared`).
 """
 
@@ -17,8 +17,12 @@ import numpy as np
 import onnx
 import torch
 
+from onnx_custom.common.progress import ProgressArg, TerminalProgress, progress_for
+from onnx_custom.common.progress import close as close_progress
 from onnx_custom.errors import InvalidArgumentError, OnnxCustomError, VerificationError
+from onnx_custom.exporter import trace_provenance
 from onnx_custom.exporter.arguments import check_args, check_model
+from onnx_custom.exporter.trace_provenance import TracerWarningRecord
 from onnx_custom.fusion import check_fuse, fusing, fusion_report
 from onnx_custom.runtime.failures import KernelRunError
 from onnx_custom.verification.compare import (
@@ -143,6 +147,8 @@ class VerificationReport:
     # backend -> what ran each non-standard node type (`onnx_custom.runtime.implementations`)
     implementations: dict[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
     fusion: Any = None  # the file's `onnx_custom.fusion.FusionReport` (export(..., fuse=...))
+    # the TracerWarnings the TorchScript export raised (the file's metadata), shown on a failure
+    tracer_warnings: list[TracerWarningRecord] = dataclasses.field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -194,6 +200,8 @@ class VerificationReport:
             lines += [f"  {m.describe()}" for m in self.initializer_mismatches]
         lines += [f"Note: {n}" for n in self.notes]
         lines += self.implementation_lines()
+        if self.tracer_warnings and not self.passed:
+            lines += tracer_warning_lines(self.tracer_warnings)
         return lines
 
     def implementation_lines(self) -> list[str]:
@@ -265,12 +273,23 @@ class VerificationReport:
                 for b, found in self.implementations.items()
             },
             "diagnosis": self.diagnosis(),
+            "tracer_warnings": [dataclasses.asdict(w) for w in self.tracer_warnings],
             "localization": (
                 self.localization.to_dict()
                 if hasattr(self.localization, "to_dict")
                 else (None if self.localization is None else str(self.localization))
             ),
         }
+
+
+def tracer_warning_lines(found: Sequence[TracerWarningRecord]) -> list[str]:
+    """The export's TracerWarnings as report lines: the trace fixed a decision made from data."""
+    return [
+        f"The TorchScript export raised {sum(w.count for w in found)} TracerWarning(s): the trace"
+        " fixed what the model's code decided from the example's values there, so the file may"
+        " compute another branch (export with exporter='dynamo', or make the code trace-safe):",
+        *(f"  {w.describe()}" for w in found),
+    ]
 
 
 def _random_like(example: tuple[Any, ...], generator: torch.Generator) -> tuple[Any, ...]:
@@ -504,8 +523,7 @@ def _training_note(model: Any) -> str | None:
 
 
 def _native_fallback_note(found: Sequence[Any]) -> str | None:
-    """Custom nodes backend onnxruntime-native ran with Python kernels:
-    no C++ deployment runs them."""
+    """Custom nodes onnxruntime-native ran with Python kernels: no C++ deployment runs them."""
     python = [i.node_type for i in found if i.kind == "python"]
     if not python:
         return None
@@ -577,7 +595,7 @@ def verify(
     exporter: str | None = None,
     opset: int | None = None,
     registry: Registry | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: ProgressArg = None,
     kernels: Any = None,
     shapes: Sequence[Mapping[str, Any]] | None = None,
     dynamic_shapes: Any = None,
@@ -594,8 +612,8 @@ def verify(
 
     Shapes: when the file's inputs have dynamic dims (``dim_param`` or unnamed), up to
     `DEFAULT_SHAPE_TRIALS` trials vary them (sizes 1, e + 1, 2e... within each dim's range; see
-    `onnx_custom.verification.trial_shapes`). ``shapes=`` replaces those with explicit cases: a list
-    of dicts mapping dim names to sizes and/or ONNX input names to full shapes, e.g.
+    `onnx_custom.verification.trial_shapes`). ``shapes=`` replaces those with explicit cases: a
+    list of dicts mapping dim names to sizes and/or ONNX input names to full shapes, e.g.
     ``[{"batch": 1}, {"batch": 7}, {"x": (5, 3, 4)}]``; ``shapes=()`` tries the export shape only.
     With the defaults (``trials=1``, ``shapes=None``, no ``input_generator``) and no size trials,
     example floats of one sign (``torch.rand``) add one trial of N(0, 1) values (they hide sign
@@ -616,20 +634,132 @@ def verify(
     ``backends``: any of ``"onnxruntime"``, ``"reference"`` (onnx's ReferenceEvaluator with
     our kernels) and ``"onnxruntime-native"`` (the native library first, Python kernels only for
     nodes it cannot serve: what a C++ deployment with ``libonnx_custom_ops.so`` runs); every
-    comparison names its backend, and a disagreement between backends points at the runtime/kernels
-    rather than the translation. ``localize=True``: on the first failing trial, compare every
-    intermediate value (`onnx_custom.verification.localize.localize`) and attach the result as
-    ``report.localization`` (also in the `VerificationError` message); ``exporter``, ``opset`` and
-    ``registry`` tell it how the file was made (defaults: inferred from the file, the default
-    registry). ``progress`` receives one line per trial. ``kernels``: the
+    comparison names its backend, and a disagreement between backends points at the
+    runtime/kernels rather than the translation. ``localize=True``: on the first failing trial,
+    compare every intermediate value (`onnx_custom.verification.localize.localize`) and attach the
+    result as ``report.localization`` (also in the `VerificationError` message); ``exporter``,
+    ``opset`` and ``registry`` tell it how the file was made (defaults: inferred from the file,
+    the default registry). ``progress`` receives one line per trial (a callable); by default
+    (None) a terminal's stderr shows the stage, trial and backend on one live line, and nothing
+    is written when stderr is not a terminal or ``progress=False`` (`onnx_custom.common.progress`).
+    ``kernels``: the
     `onnx_custom.runtime.KernelRegistry` for custom nodes (default: the default kernel registry).
 
     ``fuse``: how the file was exported (``export(..., fuse=...)``). The reference is always the
     model as written (unfused); ``fuse`` makes localization's re-export fuse the same way, and
     ``report.fusion`` holds the fusion report the file records.
     """
-    _check_callable_model(model)
+    args, backends = _check_arguments(model, args, trials, rtol, atol, backends)
     check_fuse(fuse)
+    reporter = progress_for(progress)
+    try:
+        return _verify(
+            model,
+            args,
+            onnx_model,
+            _Options(
+                trials=trials,
+                input_generator=input_generator,
+                rtol=rtol,
+                atol=atol,
+                seed=seed,
+                backends=backends,
+                localize=localize,
+                exporter=exporter,
+                opset=opset,
+                registry=registry,
+                progress=reporter,
+                kernels=kernels,
+                shapes=shapes,
+                dynamic_shapes=dynamic_shapes,
+                fuse=fuse,
+            ),
+            raise_on_mismatch,
+        )
+    finally:
+        close_progress(reporter)
+
+
+def _verify(
+    model: Any,
+    args: tuple[Any, ...],
+    onnx_model: Any,
+    options: _Options,
+    raise_on_mismatch: bool,
+) -> VerificationReport:
+    """Plan, run every trial, judge."""
+    run = _plan_trials(model, args, onnx_model, options)
+    for trial in run.schedule:
+        _run_trial(run, trial)
+    return _judge(run, raise_on_mismatch)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    """verify's keyword arguments, checked (`_check_arguments`)."""
+
+    trials: int
+    input_generator: InputGenerator | None
+    rtol: float | None
+    atol: float | None
+    seed: int
+    backends: tuple[str, ...]
+    localize: bool
+    exporter: str | None
+    opset: int | None
+    registry: Registry | None
+    progress: Callable[[str], None] | None
+    kernels: Any
+    shapes: Sequence[Mapping[str, Any]] | None
+    dynamic_shapes: Any
+    fuse: Any
+
+
+@dataclasses.dataclass
+class _Run:
+    """One verification in progress: what `_plan_trials` set up and what the trials accumulate."""
+
+    model: Any
+    args: tuple[Any, ...]
+    options: _Options
+    proto: onnx.ModelProto
+    binding: InputBinding
+    plan: DimPlan
+    apart: ApartCase | None
+    schedule: list[_Trial]
+    report: VerificationReport
+    sessions: dict[str, Any]
+    # the size trials' sessions, made when first needed
+    as_written: dict[str, Any]
+    declared: _DeclaredCheck
+    generator: torch.Generator
+    # half outputs at default tolerances get a per-element budget from the model in float32
+    half: HalfReference | None
+    written_noted: bool = False
+    # the first KernelRunError at other sizes: the VerificationError's cause
+    kernel_error: KernelRunError | None = None
+
+    @property
+    def onnx_names(self) -> list[str]:
+        return [o.name for o in self.proto.graph.output]
+
+
+def _stage(progress: Callable[[str], None] | None, text: str) -> None:
+    """A finer step for a terminal's live line (a caller's own callable gets one line a trial)."""
+    if isinstance(progress, TerminalProgress):
+        progress(text)
+
+
+def _check_arguments(
+    model: Any,
+    args: tuple[Any, ...] | torch.Tensor,
+    trials: int,
+    rtol: float | None,
+    atol: float | None,
+    backends: Sequence[str] | str,
+) -> tuple[tuple[Any, ...], tuple[str, ...]]:
+    """verify's arguments checked before anything runs: the args tuple and the backends tuple."""
+    _check_callable_model(model)
     args = check_args(args)
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
         raise InvalidArgumentError(
@@ -645,26 +775,25 @@ def verify(
             " pass backends=('onnxruntime',) (and/or 'reference', onnx's reference evaluator, or"
             " 'onnxruntime-native', the native kernel library a C++ deployment loads)."
         )
+    return args, backends
+
+
+def _plan_trials(model: Any, args: tuple[Any, ...], onnx_model: Any, options: _Options) -> _Run:
+    """Load the file, bind the inputs, open the sessions and decide the trials (nothing runs)."""
+    _stage(options.progress, "verify: loading the file")
     proto = load_model(onnx_model)
+    backends = options.backends
     if "onnxruntime" in backends and BODIES_BACKEND not in backends and _runs_on_bodies(proto):
         backends += (BODIES_BACKEND,)  # a file meant for plain ONNX Runtime must pass there too
-    binding = bind_inputs(
-        proto, args, model
-    )  # fails on inputs that cannot fit before running anything
-    plan = plan_dims(proto, binding, args, model=model, dynamic_shapes=dynamic_shapes)
+    binding = bind_inputs(proto, args, model)  # fails on inputs that cannot fit before running
+    plan = plan_dims(proto, binding, args, model=model, dynamic_shapes=options.dynamic_shapes)
+    shapes = options.shapes
     cases = default_cases(plan) if shapes is None else resolve_cases(shapes, plan)
-    apart = (
-        apart_case(plan) if shapes is None else None
-    )  # explicit shapes= replace every default trial
+    apart = apart_case(plan) if shapes is None else None  # explicit shapes= replace every default
     mismatched_weights = compare_initializers(model, proto)
-    sessions: dict[str, Any] = {name: _make_backend(name, proto, kernels) for name in backends}
-    as_written: dict[str, Any] = dict.fromkeys(
-        backends
-    )  # the size trials' sessions, made when first needed
-    declared = _DeclaredCheck(proto, kernels)
-    generator = torch.Generator().manual_seed(seed)
-    onnx_names = [o.name for o in proto.graph.output]
-    export_sizes = {k: d.export_size for k, d in plan.dims.items()}
+    kernels = options.kernels
+    _stage(options.progress, f"verify: opening sessions ({', '.join(backends)})")
+    sessions = {name: _make_backend(name, proto, kernels) for name in backends}
     report = VerificationReport(
         [],
         0,
@@ -673,6 +802,7 @@ def verify(
         input_matching=binding.describe(),
         initializer_mismatches=mismatched_weights,
         notes=list(plan.notes),
+        tracer_warnings=trace_provenance.read(proto),
         implementations={
             name: _implementations(name, session, proto, kernels)
             for name, session in sessions.items()
@@ -686,170 +816,252 @@ def verify(
     fallback = _native_fallback_note(report.implementations.get(NATIVE_BACKEND, ()))
     if fallback:
         report.notes.append(fallback)
+    trials = options.trials
     one_signed = (
         _one_signed_inputs(binding.feeds(tensor_inputs(args)))
-        if trials == 1 and shapes is None and not cases and input_generator is None
+        if trials == 1 and shapes is None and not cases and options.input_generator is None
         else []
     )
     if one_signed:
         report.notes.append(_sign_note(one_signed, trials))
-    schedule = _trial_plan(trials, cases, sign_trial=bool(one_signed), apart=apart)
-    written_noted = False
-    kernel_error: KernelRunError | None = (
-        None  # the first one at other sizes: the VerificationError's cause
+    default_tolerances = options.rtol is None and options.atol is None
+    return _Run(
+        model=model,
+        args=args,
+        options=options,
+        proto=proto,
+        binding=binding,
+        plan=plan,
+        apart=apart,
+        schedule=_trial_plan(trials, cases, sign_trial=bool(one_signed), apart=apart),
+        report=report,
+        sessions=sessions,
+        as_written=dict.fromkeys(backends),
+        declared=_DeclaredCheck(proto, kernels),
+        generator=torch.Generator().manual_seed(options.seed),
+        half=HalfReference(model, flatten_outputs) if default_tolerances else None,
     )
-    # half outputs at default tolerances get a per-element budget from the model in float32
-    half = HalfReference(model, flatten_outputs) if rtol is None and atol is None else None
-    for trial in schedule:
-        sizes = trial.sizes or export_sizes
-        if progress is not None:
-            where = f" ({describe_sizes(trial.sizes)})" if trial.kind in OTHER_SIZES else ""
-            progress(f"verify: trial {trial.index + 1}/{len(schedule)}{where}")
-        trial_args = _trial_args(trial, args, plan, generator, input_generator)
-        input_shapes = {
-            n: tuple(t.shape) for n, t in binding.feeds(tensor_inputs(trial_args)).items()
-        }
-        record = dict(
-            trial=trial.index,
-            kind=trial.kind,
-            sizes=tuple(sizes.items()),
-            input_shapes=tuple(input_shapes.items()),
+
+
+def _run_trial(run: _Run, trial: _Trial) -> None:
+    """One trial: eager, then every backend; its `TrialRecord`, and the localization if asked."""
+    progress = run.options.progress
+    if progress is not None:
+        where = f" ({describe_sizes(trial.sizes)})" if trial.kind in OTHER_SIZES else ""
+        progress(f"verify: trial {trial.index + 1}/{len(run.schedule)}{where}")
+        _stage(progress, f"verify: trial {trial.index + 1}/{len(run.schedule)}{where}: eager")
+    export_sizes = {k: d.export_size for k, d in run.plan.dims.items()}
+    sizes = trial.sizes or export_sizes
+    trial_args = _trial_args(trial, run.args, run.plan, run.generator, run.options.input_generator)
+    input_shapes = {
+        n: tuple(t.shape) for n, t in run.binding.feeds(tensor_inputs(trial_args)).items()
+    }
+    record: dict[str, Any] = dict(
+        trial=trial.index,
+        kind=trial.kind,
+        sizes=tuple(sizes.items()),
+        input_shapes=tuple(input_shapes.items()),
+    )
+    flat = _run_eager(run, trial, trial_args, record)
+    if flat is None:
+        return
+    references = (
+        run.half.for_trial(trial_args, flat, run.report.notes) if run.half is not None else None
+    )
+    problems, compared_bad, ort_outputs = _run_backends(
+        run, trial, trial_args, flat, input_shapes, references
+    )
+    if compared_bad:
+        bad = sorted(
+            {c.name for c in run.report.comparisons if c.trial == trial.index and not c.passed}
         )
-        eager_args = _eager_copies(trial_args)
-        try:
-            with torch.no_grad():
-                expected = model(*eager_args)
-        except Exception as exc:
-            if trial.kind not in OTHER_SIZES and not trial.optional:
-                raise VerificationError(
-                    f"The PyTorch model raised in eager mode on trial {trial.index}:"
-                    f" {type(exc).__name__}: {exc}"
-                ) from exc
-            taken = "N(0, 1) values" if trial.optional else describe_sizes(trial.sizes)
-            reason = f"the model cannot take {taken}: {_first_line(exc)}"
-            report.shapes_tried.append(TrialRecord(**record, status="skipped", reason=reason))  # type: ignore[arg-type]
-            if trial.kind == "apart" and apart is not None:
-                report.notes.append(_apart_note(apart, plan, trial.index))
+        problems.append(f"outputs mismatch PyTorch: {', '.join(bad)}")
+    status = "failed" if problems else "passed"
+    run.report.shapes_tried.append(TrialRecord(**record, status=status, reason="; ".join(problems)))
+    if run.options.localize and compared_bad and run.report.localization is None:
+        _localize(run, trial, trial_args, flat, ort_outputs)
+
+
+def _run_eager(
+    run: _Run, trial: _Trial, trial_args: tuple[Any, ...], record: dict[str, Any]
+) -> list[tuple[str, Any]] | None:
+    """PyTorch eager on the trial's inputs: its flattened outputs, or None when the trial is
+    skipped (eager refused sizes or values that are not the example's; recorded as skipped)."""
+    eager_args = _eager_copies(trial_args)
+    report = run.report
+    try:
+        with torch.no_grad():
+            expected = run.model(*eager_args)
+    except Exception as exc:
+        if trial.kind not in OTHER_SIZES and not trial.optional:
+            raise VerificationError(
+                f"The PyTorch model raised in eager mode on trial {trial.index}:"
+                f" {type(exc).__name__}: {exc}"
+            ) from exc
+        taken = "N(0, 1) values" if trial.optional else describe_sizes(trial.sizes)
+        reason = f"the model cannot take {taken}: {_first_line(exc)}"
+        report.shapes_tried.append(TrialRecord(**record, status="skipped", reason=reason))
+        if trial.kind == "apart" and run.apart is not None:
+            report.notes.append(_apart_note(run.apart, run.plan, trial.index))
+        return None
+    written = [] if run.written_noted else _written_inputs(run.binding.leaf_names, eager_args)
+    if written:
+        run.written_noted = True
+        report.notes.append(
+            f"the model writes into its input(s) {', '.join(written)} in place; ONNX Runtime"
+            " was fed the values before the call (what the file computes from), and the"
+            " caller's tensors were left unchanged."
+        )
+    flat = flatten_outputs(expected)
+    non_tensor = [name for name, leaf in flat if not isinstance(leaf, torch.Tensor)]
+    if non_tensor:
+        raise VerificationError(
+            f"Model outputs {non_tensor} are not tensors; only tensor outputs can be compared"
+            " with ONNX."
+        )
+    onnx_names = run.onnx_names
+    if len(onnx_names) != len(flat):
+        raise VerificationError(
+            f"Output structure mismatch: the PyTorch model returns {len(flat)} tensor(s) "
+            f"({[n for n, _ in flat]}) but the ONNX model has {len(onnx_names)} output(s) "
+            f"({onnx_names}). Was the file exported from this model?"
+        )
+    return flat
+
+
+def _run_backends(
+    run: _Run,
+    trial: _Trial,
+    trial_args: tuple[Any, ...],
+    flat: list[tuple[str, Any]],
+    input_shapes: dict[str, tuple[int, ...]],
+    references: Any,
+) -> tuple[list[str], bool, list[Any] | None]:
+    """Every backend on the trial's inputs, compared with eager's ``flat`` outputs: the
+    problems found, whether any comparison failed, and ONNX Runtime's outputs (handed to
+    localize, which then need not run the file again)."""
+    problems: list[str] = []
+    compared_bad = False
+    ort_outputs: list[Any] | None = None
+    # the export shape runs what a default ORT session runs; other sizes run the file as written
+    pool = run.as_written if trial.kind in OTHER_SIZES else run.sessions
+    for backend in list(pool):
+        _stage(
+            run.options.progress, f"verify: trial {trial.index + 1}/{len(run.schedule)}: {backend}"
+        )
+        actual = _run_backend(run, pool, backend, trial, trial_args, input_shapes, problems)
+        if actual is None:
             continue
-        written = [] if written_noted else _written_inputs(binding.leaf_names, eager_args)
-        if written:
-            written_noted = True
-            report.notes.append(
-                f"the model writes into its input(s) {', '.join(written)} in place; ONNX Runtime"
-                " was fed the values before the call (what the file computes from), and the"
-                " caller's tensors were left unchanged."
+        if backend == "onnxruntime":
+            ort_outputs = list(actual)
+        for i, ((path, exp), act, onnx_name) in enumerate(
+            zip(flat, actual, run.onnx_names, strict=True)
+        ):
+            comparison = compare_arrays(
+                exp,
+                act,
+                name=f"{path}={onnx_name}",
+                trial=trial.index,
+                rtol=run.options.rtol,
+                atol=run.options.atol,
+                backend=backend,
+                reference=references[i] if references else None,
             )
-        flat = flatten_outputs(expected)
-        non_tensor = [name for name, leaf in flat if not isinstance(leaf, torch.Tensor)]
-        if non_tensor:
-            raise VerificationError(
-                f"Model outputs {non_tensor} are not tensors; only tensor outputs can be compared"
-                " with ONNX."
+            compared_bad |= not comparison.passed
+            run.report.comparisons.append(comparison)
+    return problems, compared_bad, ort_outputs
+
+
+def _run_backend(
+    run: _Run,
+    pool: dict[str, Any],
+    backend: str,
+    trial: _Trial,
+    trial_args: tuple[Any, ...],
+    input_shapes: dict[str, tuple[int, ...]],
+    problems: list[str],
+) -> Any:
+    """One backend's outputs on the trial (its declared types checked), or None when it failed
+    to run (the failure appended to ``problems``)."""
+    kernels = run.options.kernels
+    try:
+        session = pool[backend]
+        if session is None:  # not needed yet, or dropped before an earlier trial's localization
+            session = pool[backend] = _make_backend(
+                backend, run.proto, kernels, as_written=pool is run.as_written
             )
-        if len(onnx_names) != len(flat):
-            raise VerificationError(
-                f"Output structure mismatch: the PyTorch model returns {len(flat)} tensor(s) "
-                f"({[n for n, _ in flat]}) but the ONNX model has {len(onnx_names)} output(s) "
-                f"({onnx_names}). Was the file exported from this model?"
-            )
-        references = half.for_trial(trial_args, flat, report.notes) if half is not None else None
-        problems: list[str] = []
-        compared_bad = False
-        ort_outputs: list[Any] | None = (
-            None  # handed to localize, which then need not run the file again
+        actual = run_onnx(session, run.proto, tuple(trial_args), run.binding)
+        mismatches = run.declared.run(
+            backend,
+            trial.index,
+            tuple(trial_args),
+            run.binding,
+            dict(zip(run.onnx_names, actual, strict=True)),
+            input_shapes,
         )
-        # the export shape runs what a default ORT session runs; other sizes run the file as written
-        pool = as_written if trial.kind in OTHER_SIZES else sessions
-        for backend, session in pool.items():
-            try:
-                if (
-                    session is None
-                ):  # not needed yet, or dropped before an earlier trial's localization
-                    session = pool[backend] = _make_backend(
-                        backend, proto, kernels, as_written=pool is as_written
-                    )
-                actual = run_onnx(session, proto, tuple(trial_args), binding)
-                mismatches = declared.run(
-                    backend,
-                    trial.index,
-                    tuple(trial_args),
-                    binding,
-                    dict(zip(onnx_names, actual, strict=True)),
-                    input_shapes,
-                )
-                if backend == "onnxruntime":
-                    ort_outputs = list(actual)
-            except KernelRunError as exc:
-                if trial.kind not in OTHER_SIZES:
-                    raise  # at the example's shape: the kernel's own typed error, as always
-                # at other sizes: a failing trial like any other (raise_on_mismatch=False gets the
-                # report), named by its shapes, which the kernel's message cannot know
-                kernel_error = kernel_error or exc
-                problems.append(_run_failure(backend, trial, input_shapes, exc))
-                continue
-            except OnnxCustomError:
-                raise
-            except Exception as exc:
-                problems.append(_run_failure(backend, trial, input_shapes, exc))
-                continue
-            if mismatches:
-                report.type_mismatches += mismatches
-                problems.append(
-                    f"{len(mismatches)} declared type(s) contradicted:"
-                    f" {', '.join(repr(m.value) for m in mismatches)}"
-                )
-            for i, ((path, exp), act, onnx_name) in enumerate(
-                zip(flat, actual, onnx_names, strict=True)
-            ):
-                reference = references[i] if references else None
-                comparison = compare_arrays(
-                    exp,
-                    act,
-                    name=f"{path}={onnx_name}",
-                    trial=trial.index,
-                    rtol=rtol,
-                    atol=atol,
-                    backend=backend,
-                    reference=reference,
-                )
-                compared_bad |= not comparison.passed
-                report.comparisons.append(comparison)
-        if compared_bad:
-            bad = sorted(
-                {c.name for c in report.comparisons if c.trial == trial.index and not c.passed}
-            )
-            problems.append(f"outputs mismatch PyTorch: {', '.join(bad)}")
-        status = "failed" if problems else "passed"
-        report.shapes_tried.append(TrialRecord(**record, status=status, reason="; ".join(problems)))  # type: ignore[arg-type]
-        if localize and compared_bad and report.localization is None:
-            if progress is not None:
-                progress(f"verify: localizing the mismatch of trial {trial.index}")
-            # ORT's session for the whole file goes (weights, arena) before localize's segments
-            # run, also from the shared sessions: it is made again if a later trial needs it.
-            for dropped in sessions.values():
-                release_session(dropped)
-            sessions, as_written = dict.fromkeys(sessions), dict.fromkeys(as_written)
-            with fusing(model, tuple(trial_args), fuse):  # re-exported as the file was
-                report.localization = _localize_safely(
-                    model,
-                    tuple(trial_args),
-                    proto,
-                    trial.index,
-                    exporter=exporter,
-                    opset=opset,
-                    registry=registry,
-                    rtol=rtol,
-                    atol=atol,
-                    kernels=kernels,
-                    eager_outputs=[leaf for _, leaf in flat],
-                    file_outputs=ort_outputs,
-                )
+    except KernelRunError as exc:
+        if trial.kind not in OTHER_SIZES:
+            raise  # at the example's shape: the kernel's own typed error, as always
+        # at other sizes: a failing trial like any other (raise_on_mismatch=False gets the
+        # report), named by its shapes, which the kernel's message cannot know
+        run.kernel_error = run.kernel_error or exc
+        problems.append(_run_failure(backend, trial, input_shapes, exc))
+        return None
+    except OnnxCustomError:
+        raise
+    except Exception as exc:
+        problems.append(_run_failure(backend, trial, input_shapes, exc))
+        return None
+    if mismatches:
+        run.report.type_mismatches += mismatches
+        problems.append(
+            f"{len(mismatches)} declared type(s) contradicted:"
+            f" {', '.join(repr(m.value) for m in mismatches)}"
+        )
+    return actual
+
+
+def _localize(
+    run: _Run,
+    trial: _Trial,
+    trial_args: tuple[Any, ...],
+    flat: list[tuple[str, Any]],
+    ort_outputs: list[Any] | None,
+) -> None:
+    """Localize the first failing trial's mismatch into ``report.localization``."""
+    options = run.options
+    if options.progress is not None:
+        options.progress(f"verify: localizing the mismatch of trial {trial.index}")
+    # ORT's session for the whole file goes (weights, arena) before localize's segments
+    # run, also from the shared sessions: it is made again if a later trial needs it.
+    for dropped in run.sessions.values():
+        release_session(dropped)
+    run.sessions, run.as_written = dict.fromkeys(run.sessions), dict.fromkeys(run.as_written)
+    with fusing(run.model, tuple(trial_args), options.fuse):  # re-exported as the file was
+        run.report.localization = _localize_safely(
+            run.model,
+            tuple(trial_args),
+            run.proto,
+            trial.index,
+            exporter=options.exporter,
+            opset=options.opset,
+            registry=options.registry,
+            rtol=options.rtol,
+            atol=options.atol,
+            kernels=options.kernels,
+            eager_outputs=[leaf for _, leaf in flat],
+            file_outputs=ort_outputs,
+        )
+
+
+def _judge(run: _Run, raise_on_mismatch: bool) -> VerificationReport:
+    """The report, finished; a `VerificationError` carrying it when it failed (if asked)."""
+    report = run.report
     report.trials = len(report.shapes_tried)
-    training = (
-        None if report.passed else _training_note(model)
-    )  # a file exported in training mode may pass
+    # a file exported in training mode may pass: said only on a failure
+    training = None if report.passed else _training_note(run.model)
     if training:
         report.notes.append(training)
     if raise_on_mismatch and not report.passed:
-        raise VerificationError(str(report), report) from kernel_error
+        raise VerificationError(str(report), report) from run.kernel_error
     return report

@@ -114,7 +114,7 @@ def test_localize_without_a_file_reexports(broken_add: onnx_custom.Registry) -> 
 
 
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
-def test_unlocalizable_model_still_reports() -> None:
+def test_a_model_torch_export_refuses_is_localized_from_the_file() -> None:
     class DataDependent(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return x * 2 if x.sum() > 0 else x  # python branch on data: torch.export refuses
@@ -125,9 +125,14 @@ def test_unlocalizable_model_still_reports() -> None:
         model, (-torch.ones(3),), proto, localize=True, raise_on_mismatch=False
     )
     assert not report.passed
-    assert isinstance(report.localization, str) and report.localization.startswith(
-        "Localization unavailable"
-    )
+    # torch.export refuses the model, but the file itself can be paired with eager by code line
+    localization = report.localization
+    assert not isinstance(localization, str), localization
+    assert localization.method == "source"
+    text = str(localization)
+    line = f"test_localize.py:{DataDependent.forward.__code__.co_firstlineno + 1}"
+    assert f"first: (top) @ {line}" in text  # the file's x * 2, which eager did not compute
+    assert f"TracerWarnings: {line}: Converting a tensor to a Python boolean" in text
 
 
 def test_cli_verify_localize_and_report(
