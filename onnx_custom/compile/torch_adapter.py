@@ -92,7 +92,7 @@ def check_torch() -> None:
 
 @functools.cache
 def torchlib_registry(opset: int) -> Any:
-    """torch's ``ONNXRegistry`` of torchlib translations at ``opset`` (built once per process: ~0.3 s)."""
+    """torch's ``ONNXRegistry`` of torchlib translations at ``opset`` (built once per process)."""
     return _modules()["_registration"].ONNXRegistry.from_torchlib(opset_version=opset)
 
 

@@ -45,8 +45,8 @@ struct Sizes {
 };
 
 // One row of C channels per cell (B, S, C) -> channels-first (B, C, S), S = Z*Y*X: the forward
-// accumulates rows, the op's output is channels-first. ATen's permute + contiguous takes ~4 ms for
-// 128x128x80 floats here (it walks 64 KiB-strided columns). Tiles of 16 channels x 1024 cells
+// accumulates rows, the op's output is channels-first. ATen's permute + contiguous is slow for
+// 128x128x80 floats (it walks 64 KiB-strided columns). Tiles of 16 channels x 1024 cells
 // write 4 KiB runs and read the tile's row lines (64 KiB, cached) 16 times.
 template <typename T>
 void rows_to_channels_first(T* channels_first, const T* rows, int64_t B, int64_t C, int64_t S) {
