@@ -445,15 +445,15 @@ __attribute__((target("avx512f"))) void load_tile_avx512(const float* src, int64
 // is read once; no transposed copy of grad is made) and stays in L1 while the interval's points
 // stream by. Points of different intervals may share a feature row or a depth element, so the
 // intervals go in `chunks` contiguous ranges, each accumulating into its own zeroed gradient
-// buffers (no atomics, no sort); `reduce_chunks` sums them. (The previous version grouped points
-// by feature row with a serial counting sort: 1.6x slower; so were a feature-major walk over a
+// buffers (no atomics, no sort); `reduce_chunks` sums them. (Grouping points
+// by feature row with a serial counting sort was slower; so were a feature-major walk over a
 // per-call counting sort, the sort alone ~60% of the kernel, and buckets of feature rows that fit
 // L2, the bucketing and a transposed grad costing more than the L2 hits saved.) Every buffer
 // accumulates in interval order: results depend on the chunk count (so on the thread count for
 // large inputs), never on scheduling.
 // Grad rows of kTile consecutive cells, transposed from the channels-first grad as a tile: each
 // channel's kTile values are 4 whole cache lines. (Gathering one cell's C values at stride S instead
-// hits one cache set C times when S is a power of two, 128x128 = 64 KiB apart: 3x slower.)
+// hits one cache set C times when S is a power of two, 128x128 = 64 KiB apart: much slower.)
 // Intervals come sorted by cell, so each tile is loaded once; no transposed copy of grad is made.
 template <typename scalar_t>
 class GradTiles {
@@ -506,8 +506,8 @@ class GradTiles {
 // Batch by batch (gather_batch), the interval's grad row (GradTiles) stays in L1 while its points
 // stream by. Points of different intervals may share a feature row or a depth element, so the
 // intervals go in `chunks` contiguous ranges, each accumulating into its own zeroed gradient
-// buffers (no atomics, no sort); `reduce_chunks` sums them. (The previous version grouped points
-// by feature row with a serial counting sort: 1.6x slower; so were a feature-major walk over a
+// buffers (no atomics, no sort); `reduce_chunks` sums them. (Grouping points
+// by feature row with a serial counting sort was slower; so were a feature-major walk over a
 // per-call counting sort, the sort alone ~60% of the kernel, and buckets of feature rows that fit
 // L2, the bucketing and a transposed grad costing more than the L2 hits saved.) Every buffer
 // accumulates in interval order, whatever the batch size: results depend on the chunk count (so
