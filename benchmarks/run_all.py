@@ -133,7 +133,7 @@ _PAIR_ROW = re.compile(r"^(?P<a>\S.*?)\s+\d+\.\d+\s{2,}(?P<b>\S.*?)\s+\d+\.\d+\s
 _SUMMARY_RATIO = re.compile(r"\bratio (?P<ratio>\d+\.\d+)")
 _TABLE_ROW = re.compile(r"^(?P<label>\S.*?)\s{2,}[\d.]+(?:\s+[\d.]+)*\s+(?P<last>[\d.]+)$")
 _VALUE_ROW = re.compile(
-    r"^\s+(?P<label>\S.*?)\s{2,}(?P<value>[\d.]+ ?[a-zµ]+)\s+goal (?P<goal>.*)$"
+    r"^\s+(?P<label>\S.*?)\s{2,}(?P<value>-?\d[\d.]*(?: ?[a-zµ]+| / \d+)?)\s+goal (?P<goal>.*)$"
 )
 
 
@@ -162,7 +162,7 @@ def parse_rows(benchmark: str, stdout: str) -> list[Row]:
     """The rows of one benchmark's output (see the module docstring)."""
     rows: list[Row] = []
     column = ""  # the last column of the table being printed, from its header line
-    baseline = section = ""  # a section title and its "(baseline: X)"
+    baseline = section = heading = ""  # a section title and its "(baseline: X)"; a heading
     sections: list[str] = []  # each row's section title
     for raw in stdout.splitlines():
         line = raw.rstrip()
@@ -205,20 +205,19 @@ def parse_rows(benchmark: str, stdout: str) -> list[Row]:
             )
             continue
         if m := _VALUE_ROW.match(line):
-            goal = _GOAL.search(m["goal"])
-            value = float(re.match(r"[\d.]+", m["value"])[0])  # type: ignore[index]
-            rows.append(
-                Row(
-                    benchmark,
-                    m["label"],
-                    m["value"],
-                    m["goal"].strip(),
-                    _status(value, float(goal["goal"]) if goal else None),
-                )
-            )
+            goal, wanted = _GOAL.search(m["goal"]), m["goal"].split("(")[0].strip()
+            value = float(re.match(r"-?[\d.]+", m["value"])[0])  # type: ignore[index]
+            if goal:
+                status = _status(value, float(goal["goal"]))
+            else:  # "goal 0", "goal 1 / 1": exactly that
+                status = "met" if m["value"] == wanted else "MISS"
+            sections += [""] * (len(rows) - len(sections)) + [heading]
+            rows.append(Row(benchmark, m["label"], m["value"], m["goal"].strip(), status))
             continue
         ratios = list(_RATIO.finditer(line))
         if not ratios:
+            if not line.startswith(" "):  # a heading of the rows indented under it
+                heading = line.strip()
             continue
         ratio = ratios[0]  # wall time: a CPU-time ratio may follow
         if baseline and all(float(r["ratio"]) == 1.0 for r in ratios):
@@ -342,6 +341,8 @@ def load_raw(benchmark: Benchmark, raw: Path) -> Run | None:
 
 
 def render(runs: list[Run], *, quick: bool, host: str) -> str:
+    ones = [float(load.split("/")[0]) for r in runs for load in (r.load_before, r.load_after)]
+    ones = ones or [0.0]
     lines = [
         "# Benchmarks",
         "",
@@ -353,7 +354,9 @@ def render(runs: list[Run], *, quick: bool, host: str) -> str:
         "machines better than times, but both move with load: judge a row by its load column.",
         "",
         f"**This run:** {'quick mode (`--quick`: few rounds, small sweeps; smoke figures)' if quick else 'full mode'},"
-        f" on {host}, Python {platform.python_version()}.",
+        f" on {host}, Python {platform.python_version()}; 1-minute load average between"
+        f" {min(ones):.1f} and {max(ones):.1f} while it ran"
+        f"{' (a shared, loaded machine: treat the figures as rough)' if max(ones) > (os.cpu_count() or 1) else ''}.",
         "",
         "| benchmark | row | figure | goal | status | machine | date | load before → after | command |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -384,8 +387,13 @@ def render(runs: list[Run], *, quick: bool, host: str) -> str:
     lines += ["", "## What each benchmark measures", ""]
     for r in runs:
         lines.append(
-            f"- `{r.benchmark.name}.py`: {r.benchmark.what} (ran {r.seconds:.0f} s,"
-            f" exit {r.returncode}; `--help` lists its options)."
+            f"- `{r.benchmark.name}.py`: {r.benchmark.what} (ran {r.seconds:.0f} s, "
+            + (
+                "timed out: the rows it printed before"
+                if r.returncode == -1
+                else f"exit {r.returncode}"
+            )
+            + "; `--help` lists its options)."
         )
     lines.append("")
     return "\n".join(lines)
