@@ -280,7 +280,7 @@ def build_torch_extension(
 
 class KernelModule:
     """An op family's C++ kernels as a Python module (`build_torch_extension` with
-    ``is_python_module=True``): built on the first `load` (~30 s; one thread builds while the
+    ``is_python_module=True``): built on the first `load` (one thread builds while the
     others wait), then served from memory without a lock. ``cflags`` is called when needed, not
     at import (it may ask torch about the CPU)."""
 

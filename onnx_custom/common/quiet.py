@@ -95,7 +95,7 @@ def _patched_onnx_logging() -> Iterator[None]:
 # The filters `quiet_torch` puts in front, as warnings.filterwarnings("ignore", ...) writes them
 # (action, message, category, module, lineno), in the order it would leave them. Compiled once:
 # three filterwarnings calls (a regex-cache lookup, a scan for a duplicate and a list insert
-# each) cost ~50 us per export with the caches cold after torch's own export.
+# each) cost time on every export, with the caches cold after torch's own export.
 _FILTERS = [
     # Our shipped ops' modules branch on static sizes while torch traces them (msda's 2- or
     # 4-value reference points, as mmcv's module does); the trace keeps them as constants,

@@ -95,7 +95,7 @@ class OnnxCustomBackend:
     # ------------------------------------------------------------------ setup (once per backend)
 
     def _prepare(self) -> tuple[Any, dict[Any, Any], dict[Any, Any]]:
-        """(torchlib registry, our translations, aot decompositions): ~1-2 s once per process."""
+        """(torchlib registry, our translations, aot decompositions): once per process."""
         with self._lock:
             if self._setup is None:
                 from onnx_custom.exporter.dynamo import translation_table

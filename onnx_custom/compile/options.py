@@ -24,7 +24,7 @@ _MIN_OPSET = 13  # our opset lowering relabels torchlib's opset-18 nodes down to
 
 @dataclasses.dataclass(frozen=True)
 class CompileOptions:
-    """What ``compile_backend(**options)`` accepts (every field documented in the README).
+    """What ``compile_backend(**options)`` accepts (each documented in the torch.compile how-to).
 
     - ``opset``: default-domain opset of the ONNX graphs (13..max; built at >= 18, then lowered).
     - ``registry`` / ``variants``: our translations (default registry), preferring ``variants``.

@@ -1,8 +1,8 @@
 """The ONE place the compile backend touches torch's private ONNX exporter API.
 
 Translating a graph with torch's own FX -> ONNX translator (``_core._translate_fx_graph``, the
-function ``torch.onnx.export(dynamo=True)`` runs after ``torch.export``) costs 14-36 ms; a whole
-``torch.onnx.export`` per graph costs 1.3-2 s. So the backend calls the translator directly, and
+function ``torch.onnx.export(dynamo=True)`` runs after ``torch.export``) costs a small fraction
+of a whole ``torch.onnx.export`` per graph. So the backend calls the translator directly, and
 every private name it needs is imported here, once, and checked against the torch versions this
 adapter was written for (`SUPPORTED_TORCH`): any other torch raises `CompileError` saying so.
 """
@@ -94,8 +94,7 @@ def check_torch() -> None:
 
 @functools.cache
 def torchlib_registry(opset: int) -> Any:
-    """torch's ``ONNXRegistry`` of torchlib translations at ``opset`` (built once per process:
-    ~0.3 s)."""
+    """torch's ``ONNXRegistry`` of torchlib translations at ``opset`` (built once per process)."""
     return _modules()["_registration"].ONNXRegistry.from_torchlib(opset_version=opset)
 
 

@@ -88,7 +88,7 @@ def function_symbolic_error(cls: type, exc: BaseException) -> SymbolicError:
         f"exporter='torchscript' (which uses {name}.symbolic), or make forward's computation a "
         "torch.library.custom_op with register_fake and register the same function for that op: "
         f"onnx_custom.register_custom_op_symbolic('ns::op', {name}.symbolic, 11) serves both "
-        "exporters (README 'Symbolics you already have')."
+        "exporters (docs: 'Plug in existing torch-style symbolics')."
     )
     error.__cause__ = exc
     return error

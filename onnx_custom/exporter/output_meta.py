@@ -202,7 +202,7 @@ def layout(outputs: Outputs) -> list[int | None]:
 
 # -- fake outputs remembered across exports ----------------------------------------------------
 #
-# A symbolic fake run costs ~2 ms (a ShapeEnv, a FakeTensorMode, torch's dispatch), more than
+# A symbolic fake run is costly (a ShapeEnv, a FakeTensorMode, torch's dispatch), more than
 # the rest of a custom node's translation; the same model exported again asks the same
 # questions. Entries are keyed by the op's fake implementation as registered now
 # (`fake_fingerprint`: a re-registered fake kernel is another key), the argument types (scalars

@@ -243,7 +243,7 @@ def _tensor_bytes(model: Any) -> int:
     viewing part of a larger storage writes only that part).
 
     Read off each module's own tensor dicts: ``parameters()``/``buffers()`` and a storage object
-    per tensor cost ~0.1 ms per export with the caches cold, a tenth of our whole overhead.
+    per tensor cost a visible part of our export overhead with the caches cold.
     """
     if not isinstance(model, torch.nn.Module):
         return 0

@@ -1,7 +1,7 @@
 """The ``torch.export`` program the dynamo exporter traced last, kept for localization to reuse.
 
 Localization runs the model's ``torch.export`` program node by node; tracing it again costs more
-than a whole `verify` (issue 25's profile: 180 of 470 ms CPU for a 59-node DCN net). When the
+than a whole `verify` (profiled with benchmarks/verify_cost.py on the DCN net). When the
 file was exported in this process, the exporter already traced that very program (its FX node
 names are the file's value names), so `remember` keeps it and `recall` hands it back.
 

@@ -261,8 +261,8 @@ def _fake_arg(value: Any, typ: Any, dims: TsDims) -> Any:
 
 
 def _node_outputs(node: Any) -> list[Any]:
-    """``list(node.outputs())`` without torch's iterator over the values (~65 us per call, the
-    indexed reads cost ~1 us each)."""
+    """``list(node.outputs())`` without torch's iterator over the values (slow per call; the
+    indexed reads are cheap)."""
     return [node.outputsAt(i) for i in range(node.outputsSize())]
 
 

@@ -25,8 +25,8 @@ __all__ = ["check_graph_functional", "mutations_refused"]
 _TORCH_NAMESPACES = frozenset({"aten", "prim", "prims", "onnx", "quantized"})
 
 
-# Kinds that never own blocks and fill traced graphs: asking a node for its blocks costs ~15-30 us
-# in torch's bindings (an iterator object per call, ~1.2 ms for a 40-node graph), a kind ~1 us.
+# Kinds that never own blocks and fill traced graphs: asking a node for its blocks is slow in
+# torch's bindings (an iterator object per call), asking for its kind is cheap.
 # Blocks come from control flow (prim::If, prim::Loop, closures): every other kind is still asked.
 _LEAF_KINDS = frozenset(
     {

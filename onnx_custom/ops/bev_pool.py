@@ -126,7 +126,7 @@ _KERNELS = KernelModule(_EXTENSION, _SOURCE, _cflags)
 build_directory = (
     _KERNELS.directory
 )  # the C++ kernels' build-cache folder (the zoo announces a build)
-load_extension = _KERNELS.load  # build (first call, ~30 s) or load the cached C++ kernels
+load_extension = _KERNELS.load  # build (first call) or load the cached C++ kernels
 
 
 @functools.cache
@@ -328,7 +328,7 @@ def bev_pool_v2_backward(
     native = _native(grad, depth, feat, *ranks)
     if native is not None:
         grad_depth, grad_feat, valid = native.backward(grad, depth, feat, *ranks)
-        if not valid:  # the named tuple only here: binding it costs ~70 us, 2% of the backward
+        if not valid:  # the named tuple only here: binding it costs a visible part of the backward
             _raise_index_error(bev_arguments(depth, feat, *ranks[:3], shape, *ranks[3:]))
         return grad_depth, grad_feat
     args = bev_arguments(depth, feat, *ranks[:3], shape, *ranks[3:])

@@ -177,7 +177,7 @@ _KERNELS = KernelModule(_EXTENSION, _SOURCE, _cflags, headers=_headers)
 build_directory = (
     _KERNELS.directory
 )  # the C++ kernels' build-cache folder (the zoo announces a build)
-load_extension = _KERNELS.load  # build (first call, ~30 s) or load the cached C++ kernels
+load_extension = _KERNELS.load  # build (first call) or load the cached C++ kernels
 
 
 def output_size(

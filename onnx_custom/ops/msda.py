@@ -178,7 +178,7 @@ def _cflags() -> list[str]:
 
 _KERNELS = KernelModule("onnx_custom_msda", Path(__file__).parent / "csrc" / "msda.cpp", _cflags)
 build_directory = _KERNELS.directory  # the C++ kernels' build-cache folder
-load_extension = _KERNELS.load  # build (first call, ~30 s) or load the cached C++ kernels
+load_extension = _KERNELS.load  # build (first call) or load the cached C++ kernels
 
 
 def _shape(t: torch.Tensor) -> tuple[Any, ...]:

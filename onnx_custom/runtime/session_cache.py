@@ -1,6 +1,6 @@
 """ONNX Runtime sessions shared across calls on the same file (`SessionCache`).
 
-``verify`` used to make a new session per call: 3-7 ms of session creation plus the first-touch
+A new session per ``verify`` call would cost session creation plus the first-touch
 memory of its arena and worker thread, for a file it often verified a moment earlier (the
 samples of ``check_op``, a test suite, a loop). A cached session is reused only when nothing that
 decides what it computes has changed:

@@ -139,7 +139,7 @@ def _cached_shim() -> tuple[Path, Path]:
 
 
 def shim_built() -> bool:
-    """Whether the shim is already in the build cache (else the first use compiles it, ~5 s)."""
+    """Whether the shim is already in the build cache (else the first use compiles it)."""
     return _cached_shim()[0].exists()
 
 

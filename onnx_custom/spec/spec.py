@@ -125,7 +125,7 @@ class OpSpec:
     devices: Sequence[str] = ()
     # Each output's parsed shape rule (None: no rule), parsed once here when the spec is made:
     # the eager op and the fake kernel evaluate them on every call (re-parsing with `ast` cost
-    # ~0.3 ms per call, a fifth of a small op's forward).
+    # a sizeable part of a small op's forward).
     _shape_rules: tuple[ShapeRule | None, ...] = dataclasses.field(
         default=(), init=False, repr=False, compare=False
     )

@@ -48,7 +48,7 @@ def missing_fix(missing: list[MissingOp], opset: int) -> str:
         node = (
             " For code ONNX cannot express (numpy, C++), the translation can emit a custom node, "
             f"g.op('{ns}::{op.split('.')[0]}', ...), run by your kernel: @onnx_custom.kernel "
-            "(Python) or a spec's native: (C++), README 'Running custom nodes' / 'Op specs'."
+            "(Python) or a spec's native: (C++), see the docs' kernel and op-spec how-tos."
         )
     other = ", or pick an opset listed above" if any(m.available for m in missing) else ""
     return (

@@ -64,7 +64,7 @@ class _Layout:
 @functools.cache
 def _layout(op_type: str, opset: int) -> _Layout | None:
     """The op's schema at ``opset`` with its names read once: pybind builds a new dict on every
-    ``schema.attributes`` access (~1 us), which every node of every export would pay."""
+    ``schema.attributes`` access, which every node of every export would pay."""
     try:
         schema = onnx.defs.get_schema(op_type, opset, "")
     except onnx.defs.SchemaError:

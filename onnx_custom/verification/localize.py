@@ -201,7 +201,7 @@ def _translation_describer(
     registry: Registry, opset: int, exporter: str
 ) -> Callable[[torch.fx.Node], str]:
     """node -> the translation it used, memoized per op for one localization (a registry lookup
-    scans its entries, ~1 ms, and a model repeats a few ops many times; the registry is mutable,
+    scans its entries, and a model repeats a few ops many times; the registry is mutable,
     so nothing is kept across calls)."""
     memo: dict[object, str] = {}
 

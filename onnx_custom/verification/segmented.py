@@ -24,10 +24,8 @@ from onnx_custom.verification.runner import _from_ort_value, custom_node_types
 
 __all__ = ["SegmentedRun"]
 
-# Peak memory vs sessions (issue 25, N=32 DCN net, 227 nodes): 1/2/4/8 MiB cost the same CPU time
-# within noise (371/429/371/353 ms for 68/46/23/12 segments; paired again at 1 vs 2 MiB: 350 vs
-# 369 ms at N=32, 93 vs 106 at N=8), while the peak RSS the segments add grows with it (+24 MiB
-# over the exported process at 1 MiB, +32 at 2, +37 at 8, +98 at 32).
+# Peak memory vs sessions (benchmarks/verify_cost.py, DCN net): budgets from 1 to 8 MiB cost the
+# same CPU time within noise, while the peak RSS the segments add grows with the budget.
 DEFAULT_BUDGET_BYTES = 1 << 20
 _UNKNOWN_VALUE_BYTES = 1 << 20  # a value whose shape the file does not state
 
@@ -79,7 +77,7 @@ def _session(model: onnx.ModelProto, kernels: Any) -> ort.InferenceSession:
     options = quiet_session_options()  # failures are reported by localize, not ORT's log
     options.enable_cpu_mem_arena = False
     # No spin-waiting between a segment's ops: a spinning pool burns the CPU time of a whole
-    # core per thread (measured: 118 vs 56 ms CPU for one run of a 59-node DCN net, same wall time).
+    # core per thread (about twice the CPU time for one run of the DCN net, at the same wall time).
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     if not custom_node_types(model):

@@ -1,4 +1,4 @@
-"""The README's "Your own native kernel" section, run as written, then deployed without Python.
+"""The "Write a kernel in C++" docs page, run as written, then deployed without Python.
 
 The section's blocks (acme_ops.py, acme_kernels.cpp, acme.yaml, the build command) are written
 into an empty folder and run in order, as a user would. Then: a model calling
@@ -29,15 +29,15 @@ from onnx_custom.runtime.native import NativeLibrary
 from onnx_custom.spec import spec_scope
 
 REPO = Path(__file__).resolve().parents[2]
-README = REPO / "README.md"
+PAGE = REPO / "docs" / "howto" / "cpp-kernel.md"
 BIN = Path(sys.executable).parent
 TOL = {"float32": (1.3e-6, 1e-5), "float16": (1e-3, 1e-5)}
 
 
 def readme_blocks() -> dict[str, tuple[str, str]]:
     """``{file name or "build": (language, text)}`` of the section's fenced blocks."""
-    text = README.read_text(encoding="utf-8")
-    section = text[text.index("## Your own native kernel\n") :]
+    text = PAGE.read_text(encoding="utf-8")
+    section = text[text.index("# Write a kernel in C++\n") :]
     section = section[: section.index("\n## ", 10)] if "\n## " in section[10:] else section
     section = section[: section.index("\n### ")] if "\n### " in section else section
     blocks: dict[str, tuple[str, str]] = {}
@@ -71,7 +71,7 @@ def test_readme_section_has_the_contracts_blocks() -> None:
 
 @pytest.fixture(scope="module")
 def user_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An empty folder with the README's files written and its build command run."""
+    """An empty folder with the page's files written and its build command run."""
     folder = tmp_path_factory.mktemp("acme")
     for name, (lang, body) in readme_blocks().items():
         if lang == "bash":

@@ -1,7 +1,9 @@
-"""The README's runnable examples run as written (each in a fresh interpreter, in tmp_path).
+"""The runnable examples of the README and the docs site run as written (each in a fresh
+interpreter, in tmp_path).
 
-A block preceded by ``<!-- readme-test: NAME -->`` is run; blocks named alike run in order in
-one script. Keeping the README true is the point: an API change that breaks an example fails here.
+A block preceded by ``<!-- readme-test: NAME -->`` in README.md or any docs/**/*.md page is run;
+blocks named alike run in order in one script (a name belongs to one page). Keeping the pages
+true is the point: an API change that breaks an example fails here.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+PAGES = (README, *sorted((ROOT / "docs").rglob("*.md")))
 _BLOCK = re.compile(
     r"<!-- readme-test: (?P<name>[\w-]+) -->\s*```(?P<lang>\w+)\n(?P<body>.*?)```", re.S
 )
@@ -27,20 +31,34 @@ ACME_OPS = textwrap.dedent("""
     """)
 
 
-def _examples() -> dict[str, list[tuple[str, str]]]:
+def _examples() -> tuple[dict[str, list[tuple[str, str]]], dict[str, set[Path]]]:
     found: dict[str, list[tuple[str, str]]] = {}
-    for match in _BLOCK.finditer(README.read_text(encoding="utf-8")):
-        found.setdefault(match["name"], []).append((match["lang"], match["body"]))
-    return found
+    pages: dict[str, set[Path]] = {}
+    for page in PAGES:
+        for match in _BLOCK.finditer(page.read_text(encoding="utf-8")):
+            found.setdefault(match["name"], []).append((match["lang"], match["body"]))
+            pages.setdefault(match["name"], set()).add(page)
+    return found, pages
 
 
-EXAMPLES = _examples()
+EXAMPLES, EXAMPLE_PAGES = _examples()
 
 
 def test_readme_marks_its_examples() -> None:
-    assert {"quick-start", "op-spec", "op-spec-yaml", "torch-style"} <= set(EXAMPLES), sorted(
-        EXAMPLES
-    )
+    expected = {
+        "quick-start",
+        "compile",
+        "export-custom-op",
+        "op-spec",
+        "op-spec-yaml",
+        "torch-style",
+        "half-precision",
+        "external-data",
+        "msda",
+    }
+    assert expected <= set(EXAMPLES), sorted(EXAMPLES)
+    shared = {name: sorted(map(str, p)) for name, p in EXAMPLE_PAGES.items() if len(p) > 1}
+    assert not shared, f"an example name belongs to one page: {shared}"
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
@@ -61,10 +79,10 @@ def test_readme_example_runs(name: str, tmp_path: Path) -> None:
         timeout=600,
         env={**os.environ, "PYTHONPATH": str(tmp_path)},
     )
-    assert result.returncode == 0, f"README example {name!r} failed:\n{result.stderr[-3000:]}"
-    verifies = ("quick-start", "torch-style")  # these print verify() reports
+    assert result.returncode == 0, f"example {name!r} failed:\n{result.stderr[-3000:]}"
+    verifies = ("quick-start", "export-custom-op", "torch-style")  # these print verify() reports
     assert name not in verifies or result.stdout.count("Verification PASSED") == 2, result.stdout
-    if (
-        name == "quick-start"
-    ):  # the second block runs a file whose custom node runs the kernel shown
+    if name == "export-custom-op":  # the second block runs a file whose custom node runs the kernel
         assert "['ScaleAdd']" in result.stdout, result.stdout
+    if name == "bev-pool":
+        assert "['BEVPoolV2']" in result.stdout and "True" in result.stdout, result.stdout

@@ -1,12 +1,13 @@
-"""Every code block of README.md runs as written and shows what it says (issue 21, point 4).
+"""Every code block of README.md and of the docs site (docs/**/*.md) runs as written and shows
+what it says.
 
 `test_readme.py` runs the blocks marked ``<!-- readme-test: NAME -->`` (whole examples);
-`test_native_user_deploy.py` runs the "Your own native kernel" section's files and command. This
+`test_native_user_deploy.py` runs the "Write a kernel in C++" page's files and command. This
 file covers the rest: every other ``python`` block runs in a fresh interpreter in ``tmp_path``
 after the context the surrounding prose assumes (``PRELUDES``: the ``model``/``x``/``m.onnx``
-the block names, written here, not in the README), followed by a check that it did what the
-README says; the ``onnx-custom`` command of a ``console`` block runs and prints the lines shown.
-A README block that none of these cover fails `test_every_readme_block_is_covered`.
+the block names, written here, not on the page), followed by a check that it did what the
+page says; the ``onnx-custom`` command of a ``console`` block runs and prints the lines shown.
+A block that none of these cover fails `test_every_readme_block_is_covered`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")))
 _FENCE = re.compile(
     r"(?P<marker><!-- readme-test: [\w-]+ -->\s*)?```(?P<lang>\w*)\n(?P<body>.*?)```", re.S
 )
@@ -30,6 +32,7 @@ _FENCE = re.compile(
 
 @dataclasses.dataclass(frozen=True)
 class Block:
+    page: str
     line: int
     lang: str
     body: str
@@ -42,11 +45,15 @@ class Block:
 
 
 def readme_blocks() -> list[Block]:
-    text = README.read_text(encoding="utf-8")
-    return [
-        Block(text[: m.start()].count("\n") + 1, m["lang"], m["body"], bool(m["marker"]))
-        for m in _FENCE.finditer(text)
-    ]
+    blocks = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        name = page.relative_to(ROOT).as_posix()
+        blocks += [
+            Block(name, text[: m.start()].count("\n") + 1, m["lang"], m["body"], bool(m["marker"]))
+            for m in _FENCE.finditer(text)
+        ]
+    return blocks
 
 
 # -- context the prose assumes, and what each block must show ---------------------------------
@@ -173,9 +180,11 @@ assert not os.path.exists("model.onnx") and os.path.exists("failing.onnx")
 # python blocks another test runs as written
 COVERED = {
     "# acme_ops.py": (
-        "tests/integration/test_native_user_deploy.py (the 'Your own native kernel' files and"
-        " build)"
+        "tests/integration/test_native_user_deploy.py (the 'Write a kernel in C++' files and build)"
     ),
+    # the design notes quote shipped modules, which the suite imports and runs throughout
+    "# symbolics/seed.py": "tests/ops/test_shipped_ops.py (the shipped seed translations)",
+    "# ort_kernels/seed.py": "tests/ops/test_shipped_ops.py (the shipped seed kernels)",
 }
 # console blocks: the command runs and prints these lines of the block (others vary: timings)
 CONSOLE = ("$ onnx-custom export asinh -o asinh.onnx --dynamic --verify",)
@@ -192,18 +201,23 @@ def test_every_readme_block_is_covered() -> None:
     blocks = readme_blocks()
     assert len(blocks) > 10
     uncovered = [
-        f"line {b.line}: {b.key}"
+        f"{b.page} line {b.line}: {b.key}"
         for b in _python(blocks)
         if b.key not in PRELUDES and b.key not in COVERED
     ]
     assert not uncovered, (
-        f"README python blocks no test runs: {uncovered}; add them to PRELUDES (or mark a whole"
+        f"python blocks no test runs: {uncovered}; add them to PRELUDES (or mark a whole"
         " example readme-test)"
     )
     consoles = [b.key for b in blocks if b.lang == "console"]
     assert set(consoles) == set(CONSOLE) | set(SLOW_CONSOLE), consoles
     stale = set(PRELUDES) - {b.key for b in _python(blocks)}
-    assert not stale, f"PRELUDES name blocks the README no longer has: {stale}"
+    assert not stale, f"PRELUDES name blocks no page has any more: {stale}"
+    keys = [b.key for b in _python(blocks)]
+    twice = {k for k in keys if keys.count(k) > 1 and k in PRELUDES}
+    assert not twice, f"one block per PRELUDES key: {twice}"
+    for key in CONSOLE:  # a console block shown on several pages shows the same lines
+        assert len({b.body for b in blocks if b.lang == "console" and b.key == key}) == 1, key
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -239,7 +253,7 @@ def test_readme_python_block_runs(key: str, tmp_path: Path) -> None:
         env=_env(tmp_path),
     )
     assert result.returncode == 0, (
-        f"README block at line {block.line} failed:\n{result.stderr[-3000:]}"
+        f"{block.page} block at line {block.line} failed:\n{result.stderr[-3000:]}"
     )
     for text in run.stdout:
         assert text in result.stdout, (text, result.stdout[-3000:])
@@ -248,7 +262,7 @@ def test_readme_python_block_runs(key: str, tmp_path: Path) -> None:
 @pytest.mark.slow  # an export with verification at 4 sizes in a fresh interpreter (~30 s)
 @pytest.mark.parametrize("key", sorted(CONSOLE))
 def test_readme_console_block_prints_what_it_shows(key: str, tmp_path: Path) -> None:
-    (block,) = [b for b in readme_blocks() if b.lang == "console" and b.key == key]
+    block = next(b for b in readme_blocks() if b.lang == "console" and b.key == key)
     command, *shown = block.body.strip().splitlines()
     result = subprocess.run(
         shlex.split(command.removeprefix("$ ")),
@@ -260,4 +274,6 @@ def test_readme_console_block_prints_what_it_shows(key: str, tmp_path: Path) -> 
     )
     assert result.returncode == 0, result.stderr[-3000:]
     printed = result.stdout.splitlines()
-    assert printed == shown, "\n".join(["README shows:", *shown, "the command printed:", *printed])
+    assert printed == shown, "\n".join(
+        ["the page shows:", *shown, "the command printed:", *printed]
+    )

@@ -45,8 +45,8 @@ struct Sizes {
 };
 
 // One row of C channels per cell (B, S, C) -> channels-first (B, C, S), S = Z*Y*X: the forward
-// accumulates rows, the op's output is channels-first. ATen's permute + contiguous takes ~4 ms for
-// 128x128x80 floats here (it walks 64 KiB-strided columns). Tiles of 16 channels x 1024 cells
+// accumulates rows, the op's output is channels-first. ATen's permute + contiguous is slow for
+// 128x128x80 floats (it walks 64 KiB-strided columns). Tiles of 16 channels x 1024 cells
 // write 4 KiB runs and read the tile's row lines (64 KiB, cached) 16 times.
 template <typename T>
 void rows_to_channels_first(T* channels_first, const T* rows, int64_t B, int64_t C, int64_t S) {
@@ -445,15 +445,15 @@ __attribute__((target("avx512f"))) void load_tile_avx512(const float* src, int64
 // is read once; no transposed copy of grad is made) and stays in L1 while the interval's points
 // stream by. Points of different intervals may share a feature row or a depth element, so the
 // intervals go in `chunks` contiguous ranges, each accumulating into its own zeroed gradient
-// buffers (no atomics, no sort); `reduce_chunks` sums them. (The previous version grouped points
-// by feature row with a serial counting sort: 1.6x slower; so were a feature-major walk over a
+// buffers (no atomics, no sort); `reduce_chunks` sums them. (Grouping points
+// by feature row with a serial counting sort was slower; so were a feature-major walk over a
 // per-call counting sort, the sort alone ~60% of the kernel, and buckets of feature rows that fit
 // L2, the bucketing and a transposed grad costing more than the L2 hits saved.) Every buffer
 // accumulates in interval order: results depend on the chunk count (so on the thread count for
 // large inputs), never on scheduling.
 // Grad rows of kTile consecutive cells, transposed from the channels-first grad as a tile: each
 // channel's kTile values are 4 whole cache lines. (Gathering one cell's C values at stride S instead
-// hits one cache set C times when S is a power of two, 128x128 = 64 KiB apart: 3x slower.)
+// hits one cache set C times when S is a power of two, 128x128 = 64 KiB apart: much slower.)
 // Intervals come sorted by cell, so each tile is loaded once; no transposed copy of grad is made.
 template <typename scalar_t>
 class GradTiles {
@@ -506,8 +506,8 @@ class GradTiles {
 // Batch by batch (gather_batch), the interval's grad row (GradTiles) stays in L1 while its points
 // stream by. Points of different intervals may share a feature row or a depth element, so the
 // intervals go in `chunks` contiguous ranges, each accumulating into its own zeroed gradient
-// buffers (no atomics, no sort); `reduce_chunks` sums them. (The previous version grouped points
-// by feature row with a serial counting sort: 1.6x slower; so were a feature-major walk over a
+// buffers (no atomics, no sort); `reduce_chunks` sums them. (Grouping points
+// by feature row with a serial counting sort was slower; so were a feature-major walk over a
 // per-call counting sort, the sort alone ~60% of the kernel, and buckets of feature rows that fit
 // L2, the bucketing and a transposed grad costing more than the L2 hits saved.) Every buffer
 // accumulates in interval order, whatever the batch size: results depend on the chunk count (so
