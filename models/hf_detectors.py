@@ -50,23 +50,61 @@ class Outputs(nn.Module):
         self.m = model
         self.keys = keys
 
-    def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
-        out = self.m(*args, return_dict=True)
+    def _pick(self, out: Any) -> tuple[torch.Tensor, ...]:
         return tuple(out[k] for k in self.keys)
 
+    def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self._pick(self.m(pixel_values=pixel_values, return_dict=True))
 
-class _Keyword(nn.Module):
-    """Calls the wrapped model with keyword inputs (for models whose inputs are not positional)."""
 
-    def __init__(self, model: nn.Module, names: tuple[str, ...], keys: tuple[str, ...]) -> None:
-        super().__init__()
-        self.m = model
-        self.names = names
-        self.keys = keys
+class TextOutputs(Outputs):
+    """An image + text-prompt model (Grounding DINO)."""
 
-    def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
-        out = self.m(**dict(zip(self.names, args, strict=True)), return_dict=True)
-        return tuple(out[k] for k in self.keys)
+    def forward(  # type: ignore[override]
+        self, pixel_values: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        out = self.m(
+            pixel_values=pixel_values,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            return_dict=True,
+        )
+        return self._pick(out)
+
+
+class TaskOutputs(Outputs):
+    """An image + task-token model (OneFormer)."""
+
+    def forward(  # type: ignore[override]
+        self, pixel_values: torch.Tensor, task_inputs: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        return self._pick(
+            self.m(pixel_values=pixel_values, task_inputs=task_inputs, return_dict=True)
+        )
+
+
+class PromptOutputs(Outputs):
+    """An image + class and task prompts model (OmDet-Turbo)."""
+
+    def forward(  # type: ignore[override]
+        self,
+        pixel_values: torch.Tensor,
+        classes_input_ids: torch.Tensor,
+        classes_attention_mask: torch.Tensor,
+        tasks_input_ids: torch.Tensor,
+        tasks_attention_mask: torch.Tensor,
+        classes_structure: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        out = self.m(
+            pixel_values=pixel_values,
+            classes_input_ids=classes_input_ids,
+            classes_attention_mask=classes_attention_mask,
+            tasks_input_ids=tasks_input_ids,
+            tasks_attention_mask=tasks_attention_mask,
+            classes_structure=classes_structure,
+            return_dict=True,
+        )
+        return self._pick(out)
 
 
 def _resnet(channels: tuple[int, ...] = (16, 32, 64, 128), out: tuple[int, ...] = (2, 3, 4)) -> Any:
@@ -200,8 +238,7 @@ def grounding_dino(seed: int = 0) -> tuple[nn.Module, tuple[Any, ...]]:
         max_text_len=16,
         disable_custom_kernels=True,
     )
-    names = ("pixel_values", "input_ids", "attention_mask")
-    model = _Keyword(GroundingDinoModel(config), names, ("last_hidden_state",))
+    model = TextOutputs(GroundingDinoModel(config), ("last_hidden_state",))
     ids = torch.tensor([[1, 5, 7, 9, 2, 3]])
     return model.eval(), (_pixels(), ids, torch.ones_like(ids))
 
@@ -249,9 +286,8 @@ def oneformer(seed: int = 0) -> tuple[nn.Module, tuple[Any, ...]]:
         text_encoder_context_length=8,
         query_dec_layers=1,
     )
-    names = ("pixel_values", "task_inputs")
     keys = ("transformer_decoder_object_queries", "transformer_decoder_mask_predictions")
-    model = _Keyword(OneFormerModel(config), names, keys)
+    model = TaskOutputs(OneFormerModel(config), keys)
     task = torch.randint(0, 100, (1, 8))
     return model.eval(), (_pixels(), task)
 
@@ -293,16 +329,8 @@ def omdet_turbo(seed: int = 0) -> tuple[nn.Module, tuple[Any, ...]]:
         apply_layernorm_after_vision_backbone=False,
         disable_custom_kernels=True,
     )
-    names = (
-        "pixel_values",
-        "classes_input_ids",
-        "classes_attention_mask",
-        "tasks_input_ids",
-        "tasks_attention_mask",
-        "classes_structure",
-    )
     keys = ("decoder_coord_logits", "decoder_class_logits")
-    model = _Keyword(OmDetTurboForObjectDetection(config), names, keys)
+    model = PromptOutputs(OmDetTurboForObjectDetection(config), keys)
     classes = torch.randint(1, 100, (2, 6))
     tasks = torch.randint(1, 100, (1, 6))
     inputs = (

@@ -10,11 +10,21 @@ initializer that holds its values (or their transpose for 2-D ones); failing tha
 with the first unclaimed initializer of the same (or transposed) shape and dtype, in order
 (reported as "shape+order": a folded constant that merely shares the shape can be paired by
 mistake). Parameters with no candidate are not reported (folded into something else).
+
+Folded BatchNorm: the TorchScript exporter folds an eval-mode ``BatchNorm`` into the ``Conv``
+(or ``Linear``) feeding it, so the file holds ``weight * gamma / sqrt(var + eps)`` per output
+channel and a folded bias instead of either module's parameters. Each Conv/Linear followed by a
+BatchNorm of its output width (consecutive modules under one parent, as in ``conv``/``norm``
+blocks) is folded here the same way; an unclaimed initializer holding the folded weight explains
+the pair (both modules' parameters and buffers, and the initializer holding the folded bias),
+so nothing is reported. A file from other weights holds no such initializer: the parameters are
+paired as usual and reported.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import sys
 import warnings
 from typing import Any
@@ -116,6 +126,87 @@ def _same(param: np.ndarray, diff: float) -> bool:
     return diff <= 1e-6 + 1e-5 * scale
 
 
+@dataclasses.dataclass(frozen=True)
+class _Fold:
+    """A Conv/Linear followed by a BatchNorm, and what folding them into one node gives."""
+
+    names: tuple[str, ...]  # the state entries of both modules
+    weight: np.ndarray
+    bias: np.ndarray
+
+
+_CONV_OR_LINEAR = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.Linear)
+_BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d)
+
+
+def _batch_norm_folds(model: torch.nn.Module) -> list[_Fold]:
+    """Every Conv/Linear directly followed by a BatchNorm over its output channels (module doc)."""
+    folds = []
+    for parent_name, parent in model.named_modules():
+        children = list(parent.named_children())
+        for (name, first), (norm_name, norm) in itertools.pairwise(children):
+            if not isinstance(first, _CONV_OR_LINEAR) or not isinstance(norm, _BATCH_NORMS):
+                continue
+            out = first.out_features if isinstance(first, torch.nn.Linear) else first.out_channels
+            if norm.num_features != out or norm.running_var is None or norm.running_mean is None:
+                continue
+            fold = _fold(first, norm)
+            prefix = f"{parent_name}." if parent_name else ""
+            names = tuple(
+                f"{prefix}{module}.{entry}"
+                for module, sub in ((name, first), (norm_name, norm))
+                for entry in sub.state_dict(keep_vars=True)
+            )
+            folds.append(_Fold(names, *fold))
+    return folds
+
+
+def _fold(first: torch.nn.Module, norm: Any) -> tuple[np.ndarray, np.ndarray]:
+    with torch.no_grad():
+        var = norm.running_var.double()
+        scale = torch.rsqrt(var + norm.eps)
+        if norm.weight is not None:
+            scale = scale * norm.weight.double()
+        weight = first.weight.double()
+        folded = weight * scale.reshape(-1, *([1] * (weight.dim() - 1)))
+        bias = (
+            first.bias.double()
+            if first.bias is not None
+            else torch.zeros_like(var, dtype=torch.float64)
+        )
+        shift = norm.bias.double() if norm.bias is not None else 0.0
+        folded_bias = (bias - norm.running_mean.double()) * scale + shift
+    return folded.numpy(), folded_bias.numpy()
+
+
+def _folded_close(expected: np.ndarray, init: np.ndarray) -> bool:
+    """``init`` holds ``expected`` (computed in float64) up to the exporter's float32 rounding."""
+    if expected.shape != init.shape:
+        return False
+    diff = float(np.max(np.abs(expected - _as_float(init)), initial=0.0))
+    return diff <= 1e-5 + 1e-4 * float(np.max(np.abs(expected), initial=0.0))
+
+
+def _claim_folds(
+    model: torch.nn.Module, inits: dict[str, np.ndarray], unclaimed: list[str], params: set[str]
+) -> set[str]:
+    """The parameters explained by a folded BatchNorm whose folded weight the file holds; the
+    initializers holding it (and the folded bias) leave ``unclaimed``."""
+    explained: set[str] = set()
+    for fold in _batch_norm_folds(model):
+        if not any(n in params and n not in inits for n in fold.names):
+            continue  # the exporter kept the modules apart (matched by name)
+        weight = next((n for n in unclaimed if _folded_close(fold.weight, inits[n])), None)
+        if weight is None:
+            continue
+        unclaimed.remove(weight)
+        bias = next((n for n in unclaimed if _folded_close(fold.bias, inits[n])), None)
+        if bias is not None:
+            unclaimed.remove(bias)
+        explained.update(fold.names)
+    return explained
+
+
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
     t = tensor.detach().cpu()
     return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
@@ -145,9 +236,11 @@ def compare_initializers(
     found: list[InitializerMismatch] = []
     unclaimed = [n for n in inits if n not in params]
     unmatched = []
+    explained = _claim_folds(model, inits, unclaimed, set(params)) if unclaimed else set()
     for name, param in params.items():
         if name not in inits:
-            unmatched.append(name)
+            if name not in explained:
+                unmatched.append(name)
             continue
         diff = _difference(param, inits[name])
         if diff is None or not _same(param, diff):
