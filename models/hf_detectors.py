@@ -168,6 +168,7 @@ def _rt_detr_config(cls: Any, **extra: Any) -> Any:
         decoder_n_points=2,
         num_queries=10,
         num_denoising=0,
+        initializer_range=0.2,
         **extra,
     )
 
@@ -407,28 +408,31 @@ class HfFamily:
 
     name: str
     builder: Callable[[int], tuple[nn.Module, tuple[Any, ...]]]
-    # Per input: the dims that vary ({dim index: name}); None: the model allows no dynamic dims.
+    # Per input: the dims that vary ({dim index: name}); None: a static file (see ``note``).
     dynamic: tuple[dict[int, str] | None, ...] | None = None
-    # Other inputs to verify a static file at (another batch/size needs a dynamic file).
-    note: str = ""
+    note: str = ""  # why the file is static
 
 
-_IMAGE_DIMS = {0: "batch", 2: "height", 3: "width"}
+_SPECIALIZED = (
+    "static file: torch.export specializes batch and image size (transformers 5.23 computes the"
+    " feature maps' spatial shapes as Python ints)"
+)
+_TEXT = "static file: the text inputs' length is specialized as well"
 
 FAMILIES: dict[str, HfFamily] = {
     f.name: f
     for f in (
-        HfFamily("DeformableDetr", deformable_detr, (_IMAGE_DIMS,)),
-        HfFamily("RTDetr", rt_detr, (_IMAGE_DIMS,)),
-        HfFamily("RTDetrV2", rt_detr_v2, (_IMAGE_DIMS,)),
-        HfFamily("DFine", d_fine, (_IMAGE_DIMS,)),
-        HfFamily("Deimv2", deimv2, (_IMAGE_DIMS,)),
-        HfFamily("GroundingDino", grounding_dino, (_IMAGE_DIMS, None, None)),
-        HfFamily("Mask2Former", mask2former, (_IMAGE_DIMS,)),
-        HfFamily("OneFormer", oneformer, (_IMAGE_DIMS, None)),
-        HfFamily("OmDetTurbo", omdet_turbo),
-        HfFamily("LwDetr", lw_detr),
-        HfFamily("RfDetr", rf_detr),
+        HfFamily("DeformableDetr", deformable_detr, note=_SPECIALIZED),
+        HfFamily("RTDetr", rt_detr, note=_SPECIALIZED),
+        HfFamily("RTDetrV2", rt_detr_v2, note=_SPECIALIZED),
+        HfFamily("DFine", d_fine, note=_SPECIALIZED),
+        HfFamily("Deimv2", deimv2, note=_SPECIALIZED),
+        HfFamily("GroundingDino", grounding_dino, note=_TEXT),
+        HfFamily("Mask2Former", mask2former, note=_SPECIALIZED),
+        HfFamily("OneFormer", oneformer, note=_TEXT),
+        HfFamily("OmDetTurbo", omdet_turbo, note=_TEXT),
+        HfFamily("LwDetr", lw_detr, note=_SPECIALIZED),
+        HfFamily("RfDetr", rf_detr, note=_SPECIALIZED),
     )
 }
 
@@ -439,4 +443,21 @@ def family_names() -> list[str]:
 
 def build(name: str, seed: int = 0) -> tuple[nn.Module, tuple[Any, ...]]:
     """The family's model (eval mode) and example inputs, seeded."""
-    return FAMILIES[name].builder(seed)
+    model, args = FAMILIES[name].builder(seed)
+    return _untied(model, seed), args
+
+
+def _untied(model: nn.Module, seed: int) -> nn.Module:
+    """``model`` with its constant-initialised tensors (zero biases, unit norms) jittered (seeded).
+
+    With transformers' initialisation RT-DETR-style encoders score every query the same and
+    ``topk`` picks among exact ties, an order no two runtimes share. Trained weights never tie,
+    so the zoo perturbs these.
+    """
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for param in model.parameters():
+            flat = param.flatten()
+            if flat.numel() > 1 and bool((flat == flat[0]).all()):
+                param.add_(torch.randn(param.shape, generator=generator) * 0.02)
+    return model

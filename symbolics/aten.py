@@ -22,24 +22,23 @@ def asinh(g, self):  # type: ignore[no-untyped-def]
     return g.op("Asinh", self)
 
 
-def _reduce_bool(g, self, reduce: str):  # type: ignore[no-untyped-def]
-    """A 0-d bool: ``reduce`` (ReduceMin: all, ReduceMax: any) over every element, computed on
-    int32 (ONNX Runtime has no bool reductions). An empty tensor reduces to the reduction's
-    identity (the type's max for ReduceMin: True; its min for ReduceMax: False), as torch does."""
+def _all(g, self):  # type: ignore[no-untyped-def]
+    """A 0-d bool: every element true, as a ReduceMin over int32 (ONNX Runtime has no bool
+    reductions). An empty tensor reduces to int32's max, so to True, as torch's ``all``."""
     as_int = g.op("Cast", self, to=onnx.TensorProto.INT32)
-    return g.op("Cast", g.op(reduce, as_int, keepdims=0), to=onnx.TensorProto.BOOL)
+    return g.op("Cast", g.op("ReduceMin", as_int, keepdims=0), to=onnx.TensorProto.BOOL)
 
 
 @registry.symbolic("aten::_is_all_true", opset=18)
 def is_all_true(g, self):  # type: ignore[no-untyped-def]
     """aten::_is_all_true(Tensor self) -> Tensor"""
-    return _reduce_bool(g, self, "ReduceMin")
+    return _all(g, self)
 
 
 @registry.symbolic("aten::_is_any_true", opset=18)
 def is_any_true(g, self):  # type: ignore[no-untyped-def]
-    """aten::_is_any_true(Tensor self) -> Tensor"""
-    return _reduce_bool(g, self, "ReduceMax")
+    """aten::_is_any_true(Tensor self) -> Tensor: not all false (an empty tensor: False)."""
+    return g.op("Not", _all(g, g.op("Not", self)))
 
 
 def _cumulative(g, self, dim: int, reduce: str):  # type: ignore[no-untyped-def]

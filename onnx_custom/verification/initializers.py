@@ -131,6 +131,8 @@ class _Fold:
     """A Conv/Linear followed by a BatchNorm, and what folding them into one node gives."""
 
     names: tuple[str, ...]  # the state entries of both modules
+    weight_name: str  # the Conv/Linear weight's name (the dynamo exporter keeps it when folding)
+    bias_name: str
     weight: np.ndarray
     bias: np.ndarray
 
@@ -157,11 +159,11 @@ def _batch_norm_folds(model: torch.nn.Module) -> list[_Fold]:
                 for module, sub in ((name, first), (norm_name, norm))
                 for entry in sub.state_dict(keep_vars=True)
             )
-            folds.append(_Fold(names, *fold))
+            folds.append(_Fold(names, f"{prefix}{name}.weight", f"{prefix}{name}.bias", *fold))
     return folds
 
 
-def _fold(first: torch.nn.Module, norm: Any) -> tuple[np.ndarray, np.ndarray]:
+def _fold(first: Any, norm: Any) -> tuple[np.ndarray, np.ndarray]:
     with torch.no_grad():
         var = norm.running_var.double()
         scale = torch.rsqrt(var + norm.eps)
@@ -188,23 +190,29 @@ def _folded_close(expected: np.ndarray, init: np.ndarray) -> bool:
 
 
 def _claim_folds(
-    model: torch.nn.Module, inits: dict[str, np.ndarray], unclaimed: list[str], params: set[str]
+    model: torch.nn.Module, inits: dict[str, np.ndarray], unclaimed: list[str]
 ) -> set[str]:
-    """The parameters explained by a folded BatchNorm whose folded weight the file holds; the
-    initializers holding it (and the folded bias) leave ``unclaimed``."""
+    """The parameters explained by a folded BatchNorm whose folded weight the file holds (under
+    the Conv's own name, as the dynamo exporter's optimizer leaves it, or a new one, as TorchScript
+    names it); the initializers holding it (and the folded bias) leave ``unclaimed``."""
     explained: set[str] = set()
     for fold in _batch_norm_folds(model):
-        if not any(n in params and n not in inits for n in fold.names):
-            continue  # the exporter kept the modules apart (matched by name)
-        weight = next((n for n in unclaimed if _folded_close(fold.weight, inits[n])), None)
+        weight = _holding(fold.weight, fold.weight_name, inits, unclaimed)
         if weight is None:
             continue
-        unclaimed.remove(weight)
-        bias = next((n for n in unclaimed if _folded_close(fold.bias, inits[n])), None)
-        if bias is not None:
-            unclaimed.remove(bias)
+        bias = _holding(fold.bias, fold.bias_name, inits, unclaimed)
+        for name in (weight, bias):
+            if name in unclaimed:
+                unclaimed.remove(name)
         explained.update(fold.names)
     return explained
+
+
+def _holding(
+    expected: np.ndarray, own: str, inits: dict[str, np.ndarray], unclaimed: list[str]
+) -> str | None:
+    candidates = [own] if own in inits else []
+    return next((n for n in [*candidates, *unclaimed] if _folded_close(expected, inits[n])), None)
 
 
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
@@ -236,11 +244,13 @@ def compare_initializers(
     found: list[InitializerMismatch] = []
     unclaimed = [n for n in inits if n not in params]
     unmatched = []
-    explained = _claim_folds(model, inits, unclaimed, set(params)) if unclaimed else set()
+    has_norm = any(isinstance(m, _BATCH_NORMS) for m in model.modules())
+    explained = _claim_folds(model, inits, unclaimed) if has_norm else set()
     for name, param in params.items():
+        if name in explained:
+            continue
         if name not in inits:
-            if name not in explained:
-                unmatched.append(name)
+            unmatched.append(name)
             continue
         diff = _difference(param, inits[name])
         if diff is None or not _same(param, diff):
