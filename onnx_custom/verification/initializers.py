@@ -9,7 +9,9 @@ without a same-named initializer (the TorchScript exporter folds ``weight.t()`` 
 initializer that holds its values (or their transpose for 2-D ones); failing that, it is paired
 with the first unclaimed initializer of the same (or transposed) shape and dtype, in order
 (reported as "shape+order": a folded constant that merely shares the shape can be paired by
-mistake). Parameters with no candidate are not reported (folded into something else).
+mistake). Parameters with no candidate are not reported (folded into something else). When
+every parameter the file holds under its own name equals the model's, such shape-and-order
+pairings are folded constants and are not reported either.
 
 Folded BatchNorm: the TorchScript exporter folds an eval-mode ``BatchNorm`` into the ``Conv``
 (or ``Linear``) feeding it, so the file holds ``weight * gamma / sqrt(var + eps)`` per output
@@ -279,6 +281,12 @@ def compare_initializers(
                     diffs[fitting[0]],  # type: ignore[arg-type]
                 )
             )
+    named = [n for n in params if n in inits and n not in explained]
+    if named and not any(m.matched_by == "name" for m in found):
+        # Every parameter the file holds by name is the model's: a parameter paired with a
+        # differing initializer by shape and order alone was folded into a constant (the dynamo
+        # exporter's optimizer folds ``bias + constant``), not exported from other weights.
+        found = []
     if warn:
         for mismatch in found:
             warnings.warn(mismatch.describe(), InitializerMismatchWarning, stacklevel=3)

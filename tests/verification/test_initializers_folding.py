@@ -72,3 +72,26 @@ def test_dynamo_keeps_the_modules_apart_and_is_matched_by_name() -> None:
     proto = onnx_custom.export(model, (x,), exporter="dynamo")
     assert compare_initializers(model, proto, warn=False) == []
     assert compare_initializers(conv_bn(1), proto, warn=False)
+
+
+class FoldedBias(torch.nn.Module):
+    """``bias * 2`` is a constant expression: the dynamo exporter's optimizer folds it into a new
+    initializer, leaving ``bias`` without a same-named one (as D-FINE's box head)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.bias = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) + self.bias * 2
+
+
+def test_a_constant_folded_parameter_is_not_reported() -> None:
+    torch.manual_seed(0)
+    model, x = FoldedBias().eval(), torch.rand(3, 4)
+    proto = onnx_custom.export(model, (x,), exporter="dynamo")
+    assert "bias" not in {i.name for i in proto.graph.initializer}  # the pattern under test
+    assert compare_initializers(model, proto, warn=False) == []
+    torch.manual_seed(1)
+    assert compare_initializers(FoldedBias().eval(), proto, warn=False)
