@@ -140,4 +140,4 @@ def test_beyond_torch_under_dynamo(family: str) -> None:
     assert raw_torch_export(model, args, "dynamo").startswith("fails")
     proto = onnx_custom.export(model, args, exporter="dynamo")
     ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    assert onnx_custom.verify(model, args, proto).passed
+    assert onnx_custom.verify(model, args, proto, rtol=1e-4, atol=1e-4).passed
