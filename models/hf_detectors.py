@@ -22,9 +22,6 @@ __all__ = ["FAMILIES", "HfFamily", "build", "family_names"]
 IMAGE = 64
 """The export image size (square): small enough for a loaded 2-core box."""
 
-OTHER_IMAGE = 96
-"""Another image size the dynamic rows verify at."""
-
 
 def _require_transformers() -> Any:
     try:
