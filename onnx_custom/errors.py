@@ -16,6 +16,7 @@ __all__ = [
     "HalfPrecisionError",
     "InvalidArgumentError",
     "KernelError",
+    "MixedFloatTypesError",
     "ModelLoadError",
     "ModelNotFoundError",
     "MultiScaleDeformableAttnDtypeError",
@@ -61,6 +62,12 @@ class HalfPrecisionError(SymbolicError):
     """A float16/bfloat16 node ONNX Runtime's CPU provider cannot run, and the export may not (or
     cannot) compute it in float32 (``half_precision=``): raised at export, before anything is
     written, naming the op, the dtype and the provider."""
+
+
+class MixedFloatTypesError(SymbolicError):
+    """A node mixing float element types (a float64 ``GridSample`` grid beside a float32 image)
+    that ONNX Runtime's CPU provider cannot run, and the export may not (``half_precision=
+    'strict'``) or cannot repair with a ``Cast``: raised at export, before anything is written."""
 
 
 class DynamicShapesError(OnnxCustomError, ValueError):

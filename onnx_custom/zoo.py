@@ -52,6 +52,9 @@ MIN_OTHER_SIZES = 3
 one."""
 
 
+NOT_ZOO_MODELS = frozenset({"hf_detectors"})
+"""Modules of `onnx_custom.models` that are not zoo models (``onnx-custom zoo --hf`` runs them)."""
+
 MODULE_ROW = ZooCase("", 0)
 """The case of a result that stands for a whole model module (import failed or skipped)."""
 
@@ -215,7 +218,9 @@ def discover(names: Iterable[str] | None = None) -> dict[str, Any]:
     wanted = set(names) if names else None
     found = {}
     for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
-        if info.name.startswith("_") or (wanted is not None and info.name not in wanted):
+        if info.name.startswith("_") or info.name in NOT_ZOO_MODELS:
+            continue
+        if wanted is not None and info.name not in wanted:
             continue
         found[info.name] = f"{package.__name__}.{info.name}"
     if wanted is not None and wanted - set(found):

@@ -31,6 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("testing",),
     ("models",),
     ("zoo",),
+    ("hf_zoo",),
     ("cli",),
 )
 LAYER_OF = {group: i for i, groups in enumerate(LAYERS) for group in groups}

@@ -496,5 +496,23 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_SEED,
         help="seed of torch's RNG while each model is built",
     )
+    p.add_argument(
+        "--hf",
+        action="store_true",
+        help="run the real-model zoo instead: transformers detectors (needs the hf extra);"
+        " NAMEs pick families (DeformableDetr, RTDetrV2, ...)",
+    )
+    p.add_argument(
+        "--exporter",
+        choices=("dynamo", "torchscript"),
+        action="append",
+        help="with --hf: only this exporter (repeatable; default: both)",
+    )
+    p.add_argument(
+        "--no-torch-check",
+        action="store_true",
+        help="with --hf: skip the raw torch.onnx.export of rows that export (the 'beyond torch'"
+        " column stays empty; rows that fail are always checked)",
+    )
     p.set_defaults(func=zoo.cmd_zoo)
     return parser

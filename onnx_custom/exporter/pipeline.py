@@ -71,6 +71,7 @@ from onnx_custom.exporter.scalar_bounds import float_clamp_bounds
 from onnx_custom.exporter.torchscript import registered
 from onnx_custom.exporter.torchscript_shapes import ExportDims, export_dims, name_derived_dims
 from onnx_custom.runtime.half_precision import DEFAULT_MODE, check_mode, widen_model
+from onnx_custom.runtime.mixed_types import repair_mixed_floats
 from onnx_custom.translate.coverage import (
     format_missing,
     missing_ops_dynamo,
@@ -652,7 +653,7 @@ def export_with_census(request: ExportRequest) -> tuple[onnx.ModelProto, ModelCe
     # the passes below rename values and add Identity and Cast nodes only: the census's graphs,
     # nodes with a domain and attribute facts stay true (its names do not, and are not read again)
     write_metadata(proto, spec, graphs=census.graphs)
-    return (
-        widen_model(finalize_model(proto, census=census), request.half_precision, census=census),
-        census,
+    widened = widen_model(
+        finalize_model(proto, census=census), request.half_precision, census=census
     )
+    return repair_mixed_floats(widened, request.half_precision), census

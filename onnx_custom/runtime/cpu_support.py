@@ -4,10 +4,11 @@ No hand-kept table: `cpu_runs(node, opset, input_types)` builds a one-node model
 (its attributes, inputs of the given element types and no declared shape), creates a CPU session
 (where ONNX Runtime looks up kernels) and runs it once on zeros of the known sizes. A refusal that
 names a type (the schema rejecting the type, "Could not find an implementation", a kernel saying the
-data type "is not supported" at run time, as ScatterND's ``reduction='add'`` does for float16) means
-"no"; any other failure (the zero inputs not fitting the node, say) means "not known to be refused"
-and counts as yes. Each answer is cached per process by (op, domain, opset, input types, output
-count, attributes), so an export asks at most once per distinct node kind.
+data type "is not supported" at run time, as ScatterND's ``reduction='add'`` does for float16; a
+type parameter "bound to different types" by mixed float inputs) means "no"; any other failure
+(the zero inputs not fitting the node, say) means "not known to be refused" and counts as yes.
+Each answer is cached per process by (op, domain, opset, input types, output count, attributes),
+so an export asks at most once per distinct node kind.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ _MAX_PROBE_ELEMENTS = 1 << 16  # static sizes above this are probed at size 1 in
 _REFUSED = re.compile(
     r"Could not find an implementation|Type Error: Type '[^']*' of (?:input|output) parameter"
     r"|data type is not supported|type is not supported|not supported for type|Unsupported data"
-    r" type",
+    r" type|bound to different types",
     re.IGNORECASE,
 )
 

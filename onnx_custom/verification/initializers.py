@@ -9,12 +9,24 @@ without a same-named initializer (the TorchScript exporter folds ``weight.t()`` 
 initializer that holds its values (or their transpose for 2-D ones); failing that, it is paired
 with the first unclaimed initializer of the same (or transposed) shape and dtype, in order
 (reported as "shape+order": a folded constant that merely shares the shape can be paired by
-mistake). Parameters with no candidate are not reported (folded into something else).
+mistake). Parameters with no candidate are not reported (folded into something else). When
+every parameter the file holds under its own name equals the model's, such shape-and-order
+pairings are folded constants and are not reported either.
+
+Folded BatchNorm: the TorchScript exporter folds an eval-mode ``BatchNorm`` into the ``Conv``
+(or ``Linear``) feeding it, so the file holds ``weight * gamma / sqrt(var + eps)`` per output
+channel and a folded bias instead of either module's parameters. Each Conv/Linear followed by a
+BatchNorm of its output width (consecutive modules under one parent, as in ``conv``/``norm``
+blocks) is folded here the same way; an unclaimed initializer holding the folded weight explains
+the pair (both modules' parameters and buffers, and the initializer holding the folded bias),
+so nothing is reported. A file from other weights holds no such initializer: the parameters are
+paired as usual and reported.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import sys
 import warnings
 from typing import Any
@@ -116,6 +128,95 @@ def _same(param: np.ndarray, diff: float) -> bool:
     return diff <= 1e-6 + 1e-5 * scale
 
 
+@dataclasses.dataclass(frozen=True)
+class _Fold:
+    """A Conv/Linear followed by a BatchNorm, and what folding them into one node gives."""
+
+    names: tuple[str, ...]  # the state entries of both modules
+    weight_name: str  # the Conv/Linear weight's name (the dynamo exporter keeps it when folding)
+    bias_name: str
+    weight: np.ndarray
+    bias: np.ndarray
+
+
+_CONV_OR_LINEAR = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.Linear)
+_BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d)
+
+
+def _batch_norm_folds(model: torch.nn.Module) -> list[_Fold]:
+    """Every Conv/Linear directly followed by a BatchNorm over its output channels (module doc)."""
+    folds = []
+    for parent_name, parent in model.named_modules():
+        children = list(parent.named_children())
+        for (name, first), (norm_name, norm) in itertools.pairwise(children):
+            if not isinstance(first, _CONV_OR_LINEAR) or not isinstance(norm, _BATCH_NORMS):
+                continue
+            out = first.out_features if isinstance(first, torch.nn.Linear) else first.out_channels
+            if norm.num_features != out or norm.running_var is None or norm.running_mean is None:
+                continue
+            fold = _fold(first, norm)
+            prefix = f"{parent_name}." if parent_name else ""
+            names = tuple(
+                f"{prefix}{module}.{entry}"
+                for module, sub in ((name, first), (norm_name, norm))
+                for entry in sub.state_dict(keep_vars=True)
+            )
+            folds.append(_Fold(names, f"{prefix}{name}.weight", f"{prefix}{name}.bias", *fold))
+    return folds
+
+
+def _fold(first: Any, norm: Any) -> tuple[np.ndarray, np.ndarray]:
+    with torch.no_grad():
+        var = norm.running_var.double()
+        scale = torch.rsqrt(var + norm.eps)
+        if norm.weight is not None:
+            scale = scale * norm.weight.double()
+        weight = first.weight.double()
+        folded = weight * scale.reshape(-1, *([1] * (weight.dim() - 1)))
+        bias = (
+            first.bias.double()
+            if first.bias is not None
+            else torch.zeros_like(var, dtype=torch.float64)
+        )
+        shift = norm.bias.double() if norm.bias is not None else 0.0
+        folded_bias = (bias - norm.running_mean.double()) * scale + shift
+    return folded.numpy(), folded_bias.numpy()
+
+
+def _folded_close(expected: np.ndarray, init: np.ndarray) -> bool:
+    """``init`` holds ``expected`` (computed in float64) up to the exporter's float32 rounding."""
+    if expected.shape != init.shape:
+        return False
+    diff = float(np.max(np.abs(expected - _as_float(init)), initial=0.0))
+    return diff <= 1e-5 + 1e-4 * float(np.max(np.abs(expected), initial=0.0))
+
+
+def _claim_folds(
+    model: torch.nn.Module, inits: dict[str, np.ndarray], unclaimed: list[str]
+) -> set[str]:
+    """The parameters explained by a folded BatchNorm whose folded weight the file holds (under
+    the Conv's own name, as the dynamo exporter's optimizer leaves it, or a new one, as TorchScript
+    names it); the initializers holding it (and the folded bias) leave ``unclaimed``."""
+    explained: set[str] = set()
+    for fold in _batch_norm_folds(model):
+        weight = _holding(fold.weight, fold.weight_name, inits, unclaimed)
+        if weight is None:
+            continue
+        bias = _holding(fold.bias, fold.bias_name, inits, unclaimed)
+        for name in (weight, bias):
+            if name in unclaimed:
+                unclaimed.remove(name)
+        explained.update(fold.names)
+    return explained
+
+
+def _holding(
+    expected: np.ndarray, own: str, inits: dict[str, np.ndarray], unclaimed: list[str]
+) -> str | None:
+    candidates = [own] if own in inits else []
+    return next((n for n in [*candidates, *unclaimed] if _folded_close(expected, inits[n])), None)
+
+
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
     t = tensor.detach().cpu()
     return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
@@ -145,7 +246,11 @@ def compare_initializers(
     found: list[InitializerMismatch] = []
     unclaimed = [n for n in inits if n not in params]
     unmatched = []
+    has_norm = any(isinstance(m, _BATCH_NORMS) for m in model.modules())
+    explained = _claim_folds(model, inits, unclaimed) if has_norm else set()
     for name, param in params.items():
+        if name in explained:
+            continue
         if name not in inits:
             unmatched.append(name)
             continue
@@ -176,6 +281,12 @@ def compare_initializers(
                     diffs[fitting[0]],  # type: ignore[arg-type]
                 )
             )
+    named = [n for n in params if n in inits and n not in explained]
+    if named and not any(m.matched_by == "name" for m in found):
+        # Every parameter the file holds by name is the model's: a parameter paired with a
+        # differing initializer by shape and order alone was folded into a constant (the dynamo
+        # exporter's optimizer folds ``bias + constant``), not exported from other weights.
+        found = []
     if warn:
         for mismatch in found:
             warnings.warn(mismatch.describe(), InitializerMismatchWarning, stacklevel=3)
