@@ -2,7 +2,7 @@
 // emitted for deform_conv2d below opset 19. Inputs (input, weight, offset, mask, bias), INT
 // attributes stride_h .. use_mask; semantics of ort_kernels/deform_conv.py and ops/deform_conv.py.
 //
-// Algorithm (the eager op's, without torch; deform_conv_kernels.h holds the math both share).
+// Algorithm (the eager op's, without torch; onnx_custom/kernels/deform_conv.h holds the math both share).
 // Output positions are cut into tiles; one thread-pool task per (image, tile) samples its im2col
 // columns and multiplies them by the weights straight into the output rows. With at least 8
 // channels per offset group the image is first converted to a zero-bordered channels-last copy
@@ -15,7 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "deform_conv_kernels.h"
+#include "onnx_custom/kernels/deform_conv.h"
 #include "gemm.h"
 #include "numeric.h"
 #include "ort_gemm.h"
@@ -311,7 +311,7 @@ void bordered_channels_last(Context& ctx, const Geometry& g, const T* input, int
 }
 
 // The channels-last path of deform_conv (at least 8 channels per offset group): the eager op's
-// forward (deform_conv_kernels.h), tile by tile. avx512: the float sampler and GEMM run the
+// forward (onnx_custom/kernels/deform_conv.h), tile by tile. avx512: the float sampler and GEMM run the
 // AVX-512 kernels (the caller checked the CPU); else the compiler's sampling loop and gemm().
 template <typename T>
 void deform_conv_channels_last(Context& ctx, const Geometry& g, const T* input, const T* weight,

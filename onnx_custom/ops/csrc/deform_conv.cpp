@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "deform_conv_kernels.h"  // ort_kernels/native: the kernels the native library runs too
+#include "onnx_custom/kernels/deform_conv.h"  // onnx_custom/runtime/include: shared with the native library
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -164,7 +164,7 @@ void im2col_tile(const Geometry& g, const T* padded, const T* off, const T* mask
 bool avx512_disabled = false;
 
 bool use_avx512() {
-#ifdef ONNX_CUSTOM_DCN_AVX512  // defined by deform_conv_kernels.h
+#ifdef ONNX_CUSTOM_DCN_AVX512  // defined by onnx_custom/kernels/deform_conv.h
   return onnx_custom_dcn::cpu_has_avx512f() && !avx512_disabled;
 #else
   return false;

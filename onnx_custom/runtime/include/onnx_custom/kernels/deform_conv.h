@@ -1,7 +1,8 @@
-// deform_conv2d's torch-free CPU kernels, shared by the eager op (onnx_custom/ops/csrc/deform_conv.cpp,
-// built with -I<this folder>) and the native ORT kernel (deform_conv.cpp here): one copy of the
-// tap builder, the channels-last forward sampler and the AVX-512 forward GEMM, so the compiled
-// graph runs exactly the eager op's math.
+// deform_conv2d's torch-free CPU kernels, shared by the eager op (onnx_custom/ops/csrc/deform_conv.cpp)
+// and the native ORT kernel (ort_kernels/native/deform_conv.cpp), both including it as
+// "onnx_custom/kernels/deform_conv.h": one copy of the tap builder, the channels-last forward
+// sampler and the AVX-512 forward GEMM, so the compiled graph runs exactly the eager op's math. It
+// lives in the runtime layer's include folder, below both of its users in the layer order.
 //
 // Plain C++17 and <immintrin.h>; no torch, no ONNX Runtime. Each library includes this header from
 // one source file; everything sits in an anonymous namespace so neither library exports (or picks
