@@ -1,7 +1,7 @@
 """Shared scaffolding of the benchmarks (``deform_conv2d.py``, ``msda.py``, ``bev_pool.py``,
-``function_bodies.py``, ``verify_half.py``): timing contenders side by side in one process, round
-by round in alternating order (wall or CPU time), the ratio table with goals, ORT session options,
-and the peak-RSS measurement of one warm call in a fresh subprocess.
+``function_bodies.py``, ``native_ops.py``, ``verify_half.py``): timing contenders side by side in
+one process, round by round in alternating order (wall or CPU time), the ratio table with goals,
+ORT session options, and the peak-RSS measurement of one warm call in a fresh subprocess.
 
 A benchmark imports it as ``harness`` (``python benchmarks/x.py`` puts this folder on ``sys.path``;
 a benchmark also adds its folder itself, for the smoke tests that load it from its file path).
@@ -15,24 +15,28 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import onnxruntime as ort
 
 __all__ = [
     "alternating_rounds",
     "median_ms",
+    "median_wall_cpu_ms",
     "ort_options",
     "paired_ratio",
     "paired_rounds",
     "peak_memory",
     "print_ratios",
     "rounds_ms",
+    "rounds_wall_cpu_ms",
     "rss_child",
     "status_kib",
 ]
 
 
 Clock = Callable[[], float]
+_T = TypeVar("_T")
 
 
 def median_ms(
@@ -50,6 +54,33 @@ def median_ms(
     return statistics.median(times)
 
 
+def median_wall_cpu_ms(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
+    """(median wall ms, median process CPU ms, all threads) of the same ``repeat`` calls."""
+    walls, cpus = [], []
+    for _ in range(repeat):
+        wall, cpu = time.perf_counter(), time.process_time()
+        fn()
+        walls.append((time.perf_counter() - wall) * 1e3)
+        cpus.append((time.process_time() - cpu) * 1e3)
+    return statistics.median(walls), statistics.median(cpus)
+
+
+def _alternate(
+    fns: dict[str, Callable[[], object]], rounds: int, warmup: int, measure: Callable[..., _T]
+) -> dict[str, list[_T]]:
+    """``measure(fn)`` per contender and round, in forward order on even rounds and reverse order
+    on odd ones, after ``warmup`` untimed calls of each."""
+    for fn in fns.values():  # lazy inits, allocator pools
+        for _ in range(warmup):
+            fn()
+    per_round: dict[str, list[_T]] = {label: [] for label in fns}
+    items = list(fns.items())
+    for r in range(rounds):
+        for label, fn in items if r % 2 == 0 else reversed(items):
+            per_round[label].append(measure(fn))
+    return per_round
+
+
 def rounds_ms(
     fns: dict[str, Callable[[], object]],
     rounds: int,
@@ -61,15 +92,15 @@ def rounds_ms(
     """Milliseconds per contender and round: every round times each contender (the median of
     ``repeat`` calls), in forward order on even rounds and reverse order on odd ones, so load
     drift and cache warmth hit all alike. Pair rounds with `paired_ratio`."""
-    for fn in fns.values():  # lazy inits, allocator pools
-        for _ in range(warmup):
-            fn()
-    per_round: dict[str, list[float]] = {label: [] for label in fns}
-    items = list(fns.items())
-    for r in range(rounds):
-        for label, fn in items if r % 2 == 0 else reversed(items):
-            per_round[label].append(median_ms(fn, repeat, clock=clock))
-    return per_round
+    return _alternate(fns, rounds, warmup, lambda fn: median_ms(fn, repeat, clock=clock))
+
+
+def rounds_wall_cpu_ms(
+    fns: dict[str, Callable[[], object]], rounds: int, repeat: int, *, warmup: int = 1
+) -> dict[str, list[tuple[float, float]]]:
+    """`rounds_ms` with both clocks on the same calls: (wall ms, CPU ms) per contender and round
+    (`median_wall_cpu_ms`); CPU time is the steadier of the two on a loaded machine."""
+    return _alternate(fns, rounds, warmup, lambda fn: median_wall_cpu_ms(fn, repeat))
 
 
 def paired_ratio(contender: Sequence[float], baseline: Sequence[float]) -> float:
