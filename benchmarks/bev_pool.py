@@ -2,7 +2,8 @@
 
 6 cameras, 59 depth bins, 16x44 features, C=80, a 128x128 BEV grid from ``synthetic_frustum`` /
 ``prepare_bev_ranks`` (230,592 points in 9,604 intervals). Rows, paired (contender and baseline
-alternate round by round in one process; medians):
+alternate round by round in one process, ``harness.paired_rounds``; the ratio is the median of the
+rounds' ratios):
 
 - the custom node ``onnx_custom::BEVPoolV2`` in ONNX Runtime (our Python kernel) / the eager op;
 - the eager forward / the standard-op translation (Gather, Mul, ScatterND) in ONNX Runtime;
@@ -21,10 +22,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import statistics
+import sys
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import onnx
@@ -36,7 +38,11 @@ import onnx_custom.symbolics.bev_pool
 from onnx_custom.ops.bev_pool import bev_pool_v2, prepare_bev_ranks, synthetic_frustum
 from onnx_custom.ort_kernels.bev_pool import bev_pool_v2_numpy
 
-__all__ = ["Pool", "inputs", "main", "paired"]
+if str(Path(__file__).resolve().parent) not in sys.path:  # loaded from its path (a smoke test)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import paired_rounds
+
+__all__ = ["Pool", "inputs", "main"]
 
 CAMERAS, DEPTH_BINS, FEAT_HW, CHANNELS = 6, 59, (16, 44), 80
 GRID_LOWER, GRID_STEP, GRID_SIZE = (-51.2, -51.2, -5.0), (0.8, 0.8, 8.0), (128, 128, 1)
@@ -91,28 +97,6 @@ def _export(model: Pool, args: tuple[torch.Tensor, ...], variant: str | None) ->
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return onnx_custom.export(model, args, exporter="dynamo", opset=18, registry=registry)
-
-
-def paired(
-    contender: Callable[[], object],
-    baseline: Callable[[], object],
-    rounds: int,
-    clock: Callable[[], float] = time.perf_counter,
-) -> tuple[float, float]:
-    """Median seconds of (contender, baseline), alternating which runs first each round."""
-    mine: list[float] = []
-    base: list[float] = []
-    for r in range(rounds):
-        order = (
-            ((mine, contender), (base, baseline))
-            if r % 2 == 0
-            else ((base, baseline), (mine, contender))
-        )
-        for times, fn in order:
-            start = clock()
-            fn()
-            times.append(clock() - start)
-    return statistics.median(mine), statistics.median(base)
 
 
 def contenders(threads: int) -> dict[str, Callable[[], Any]]:
@@ -192,14 +176,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"{'contender':<30}{'ms':>9}  {'baseline':<24}{'ms':>9}{'ratio':>8}")
     results: dict[str, float] = {}
     for label, base_label, goal in ROWS:
-        mine, base = paired(fns[label], fns[base_label], args.rounds, clock)
-        ratio = mine / base
+        mine, base, ratio = paired_rounds(fns[label], fns[base_label], args.rounds, 1, clock)
         results[f"{label} / {base_label}"] = ratio
         verdict = "" if goal is None else f"goal <= {goal:g}: {'ok' if ratio <= goal else 'MISS'}"
-        print(
-            f"{label:<30}{mine * 1e3:>9.2f}  {base_label:<24}{base * 1e3:>9.2f}{ratio:>7.2f}x "
-            f" {verdict}"
-        )
+        print(f"{label:<30}{mine:>9.2f}  {base_label:<24}{base:>9.2f}{ratio:>7.2f}x  {verdict}")
     return results
 
 

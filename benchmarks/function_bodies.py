@@ -193,11 +193,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     for label, fn in contenders.items():
         np.testing.assert_allclose(fn()[0], expected, rtol=1e-4, atol=1e-4, err_msg=label)
 
+    harness: Any = _sibling("harness")
     labels = list(contenders)
-    rounds: dict[str, list[float]] = {label: [] for label in labels}
-    for r in range(args.rounds):  # paired rounds, order reversed every other round
-        for label in labels if r % 2 == 0 else labels[::-1]:
-            rounds[label].append(bench.time_fn(contenders[label], args.repeat))
+    rounds = harness.rounds_ms(contenders, args.rounds, args.repeat, warmup=3)
     with tempfile.TemporaryDirectory() as tmp:
         feeds_path = Path(tmp) / "feeds.npz"
         np.savez(feeds_path, **feeds)
@@ -220,7 +218,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )
     results: dict[str, float] = {}
     for label in labels:
-        ratio = statistics.median(a / b for a, b in zip(rounds[label], rounds[base], strict=True))
+        ratio = harness.paired_ratio(rounds[label], rounds[base])
         results[f"{label} / {base}"] = ratio
         results[f"{label} peak_bytes"], results[f"{label} warm_peak_bytes"] = peaks[label]
         instr = (

@@ -3,9 +3,10 @@
 Run: ``python benchmarks/native_ops.py [--rounds 7] [--repeat 10] [--only dcn,my_add,bev,gemm]``
 
 Every ORT session uses 2 intra-op threads with spinning off; torch uses 2 threads. Contenders of
-one comparison run interleaved (the order flips every round) and each ratio is the median of the
-per-round ratios of medians, so load drift hits both sides alike. CPU time (all threads) is
-reported next to wall time: on a loaded machine it is the steadier of the two.
+one comparison run interleaved (the order flips every round; ``harness.rounds_wall_cpu_ms``) and
+each ratio is the median of the per-round ratios of medians, so load drift hits both sides alike.
+CPU time (all threads) is reported next to wall time: on a loaded machine it is the steadier of
+the two.
 
 - dcn: native onnx_custom::DeformConv2d vs ORT's built-in DeformConv (opset 19), N=4, C=64, 56x56,
   3x3, Cout=64, mask on (goal <= 1.0); also our kernel with ORT's Gemm (CreateOp/InvokeOp) in
@@ -27,8 +28,10 @@ import argparse
 import functools
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -37,6 +40,10 @@ import torch
 from onnx import TensorProto, helper
 
 from onnx_custom.runtime.native import library_path
+
+if str(Path(__file__).resolve().parent) not in sys.path:  # loaded from its path (a smoke test)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import paired_ratio, rounds_wall_cpu_ms
 
 __all__ = ["compare", "main"]
 
@@ -82,17 +89,6 @@ def _model(
     return helper.make_model(graph, opset_imports=imports, ir_version=9)
 
 
-def _measure(fn: Fn, repeat: int) -> tuple[float, float]:
-    """(median wall ms, median CPU ms) over ``repeat`` calls."""
-    walls, cpus = [], []
-    for _ in range(repeat):
-        w, c = time.perf_counter(), time.process_time()
-        fn()
-        walls.append((time.perf_counter() - w) * 1e3)
-        cpus.append((time.process_time() - c) * 1e3)
-    return statistics.median(walls), statistics.median(cpus)
-
-
 def compare(
     title: str,
     fns: dict[str, Fn],
@@ -102,14 +98,9 @@ def compare(
     goals: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """Prints wall/CPU medians and paired ratios against ``baseline``; returns wall ratios."""
-    for fn in fns.values():  # warm up: kernel creation, thread pools, caches
-        fn()
-        fn()
+    # (2 untimed calls each first: kernel creation, thread pools, caches)
+    per_round = rounds_wall_cpu_ms(fns, rounds, repeat, warmup=2)
     names = list(fns)
-    per_round: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
-    for r in range(rounds):
-        for name in names if r % 2 == 0 else reversed(names):
-            per_round[name].append(_measure(fns[name], repeat))
     print(f"\n{title}")
     print(
         f"  {'contender':<40}{'wall ms':>9}{'cpu ms':>9}{'wall ratio':>12}{'cpu ratio':>11}  goal"
@@ -118,12 +109,8 @@ def compare(
     for name in names:
         wall = statistics.median(w for w, _ in per_round[name])
         cpu = statistics.median(c for _, c in per_round[name])
-        rw = statistics.median(
-            a[0] / b[0] for a, b in zip(per_round[name], per_round[baseline], strict=True)
-        )
-        rc = statistics.median(
-            a[1] / b[1] for a, b in zip(per_round[name], per_round[baseline], strict=True)
-        )
+        rw = paired_ratio([w for w, _ in per_round[name]], [w for w, _ in per_round[baseline]])
+        rc = paired_ratio([c for _, c in per_round[name]], [c for _, c in per_round[baseline]])
         ratios[name] = rw
         goal = (goals or {}).get(name)
         verdict = "" if goal is None else f"<= {goal:.1f} {'ok' if rw <= goal else 'MISS'}"

@@ -4,7 +4,8 @@ Rows: ``verify(model, args, file, shapes=())`` of shipped models at float16/bflo
 reference (the model once more in float32, plus `PERTURBATIONS` nudged runs) against the same
 call with it switched off (the one-ulp-of-max|expected| bound it replaced). Paired: both run back
 to back in one process, alternating which goes first, CPU time (``time.process_time``: ORT's
-threads included) with torch at one thread; medians over the rounds and of the pair ratios.
+threads included) with torch at one thread (``harness.paired_rounds``); medians over the rounds
+and of the pair ratios.
 
 Run: ``python benchmarks/verify_half.py [--rounds 9] [--models custom_linear deform_conv msda]``.
 """
@@ -13,10 +14,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import statistics
+import sys
 import time
 import warnings
-from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,13 +26,11 @@ import onnx_custom
 from onnx_custom.verification.half_reference import HalfReference
 from onnx_custom.verification.verifier import verify
 
+if str(Path(__file__).resolve().parent) not in sys.path:  # loaded from its path (a smoke test)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import paired_rounds
+
 __all__ = ["main"]
-
-
-def _cpu_ms(fn: Callable[[], object]) -> float:
-    start = time.process_time()
-    fn()
-    return (time.process_time() - start) * 1e3
 
 
 def _case(name: str, dtype: torch.dtype) -> tuple[Any, tuple[Any, ...], Any]:
@@ -60,14 +59,7 @@ def _paired(
         return verify(model, args, proto, shapes=(), raise_on_mismatch=False)
 
     with_reference(), without()  # warm: lazy inits, kernels, sessions' first runs
-    mine, base, ratios = [], [], []
-    for r in range(rounds):
-        order = (with_reference, without) if r % 2 == 0 else (without, with_reference)
-        times = {fn: _cpu_ms(fn) for fn in order}
-        mine.append(times[with_reference])
-        base.append(times[without])
-        ratios.append(mine[-1] / base[-1])
-    return statistics.median(mine), statistics.median(base), statistics.median(ratios)
+    return paired_rounds(with_reference, without, rounds, 1, clock=time.process_time)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,13 +3,18 @@ names across subpackages, and the two documented by-name lookups checked where t
 
 The order is written in docs/design.md ("Layers"); this test is its enforcement. Every import
 counts, also those inside functions and under ``TYPE_CHECKING``: a lazy import is still a
-dependency a newcomer has to follow.
+dependency a newcomer has to follow. So do the two other kinds of edge between our folders: a
+C/C++ ``#include`` (the eager ops' sources in ``ops/csrc``, the native kernels in
+``ort_kernels/native``, the runtime's headers) and an op spec's ``"module:function"`` reference
+(Python constants, f-strings built from module constants, and YAML specs).
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -301,3 +306,219 @@ def test_every_package_folder_is_listed_for_installation() -> None:
     assert packages == listed, (
         f"not listed: {sorted(packages - listed)}; listed but absent: {sorted(listed - packages)}"
     )
+
+
+# --- C/C++ includes ----------------------------------------------------------------------------
+
+_C_SUFFIXES = (".c", ".h", ".cpp")
+_INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.MULTILINE)
+
+
+def _folder_module(path: Path) -> str:
+    """The dotted name of the folder a file sits in (``onnx_custom.runtime.include....``)."""
+    for package, folder in sorted(_roots().items(), key=lambda item: -len(str(item[1]))):
+        if path.is_relative_to(folder):
+            return ".".join([*package.split("."), *path.parent.relative_to(folder).parts])
+    raise AssertionError(f"{path} is outside the package")
+
+
+def _include_dirs() -> list[Path]:
+    """The include path every build of ours uses besides the including file's own folder: the
+    runtime's header folder (the eager ops get a copy of it; the native build and the shim
+    ``-I`` it)."""
+    return [_roots()["onnx_custom"] / "runtime" / "include"]
+
+
+def _c_files() -> list[Path]:
+    files = {
+        p for folder in _roots().values() for p in folder.rglob("*") if p.suffix in _C_SUFFIXES
+    }
+    return sorted(files)
+
+
+def _c_include_edges(path: Path) -> list[tuple[str, Path | None, int]]:
+    """(include name, the file it resolves to or None, line) for every include of one file:
+    quoted ones always, ``<...>`` ones when they name one of our headers."""
+    edges = []
+    text = path.read_text(errors="replace")
+    for match in _INCLUDE.finditer(text):
+        bracket, name = match.groups()
+        line = text.count("\n", 0, match.start()) + 1
+        folders = [path.parent, *_include_dirs()] if bracket == '"' else _include_dirs()
+        found = next((f / name for f in folders if (f / name).is_file()), None)
+        if found is not None or bracket == '"':
+            edges.append((name, found, line))
+    return edges
+
+
+def _c_include_violations(files: list[tuple[Path, str]]) -> list[str]:
+    """Problems of (file, its group) pairs: an include found nowhere, or reaching up or sideways."""
+    problems = []
+    for path, group in files:
+        for name, found, line in _c_include_edges(path):
+            if found is None:
+                problems.append(f'{path.name}:{line} includes "{name}", found on no include path')
+                continue
+            target_group = _group(_folder_module(found))
+            if target_group != group and LAYER_OF[target_group] >= LAYER_OF[group]:
+                problems.append(
+                    f"{path.name}:{line} ({group}) includes {name} from a higher layer or a"
+                    f" sibling ({target_group})"
+                )
+    return problems
+
+
+def test_c_includes_follow_the_layer_order() -> None:
+    files = _c_files()
+    assert any(p.suffix == ".cpp" for p in files), "no C++ sources found"
+    problems = _c_include_violations([(p, _group(_folder_module(p))) for p in files])
+    assert problems == [], "C/C++ includes against the layer order:\n" + "\n".join(problems)
+
+
+def test_shared_kernel_headers_are_included_by_both_users() -> None:
+    """Each header in ``onnx_custom/kernels`` holds the math of one op family for its eager op and
+    its native kernel: both include it (one copy of the math)."""
+    kernels = _include_dirs()[0] / "onnx_custom" / "kernels"
+    headers = sorted(kernels.glob("*.h"))
+    assert headers, f"no shared kernel headers in {kernels}"
+    for header in headers:
+        users = {
+            _group(_folder_module(p))
+            for p in _c_files()
+            if any(found == header for _, found, _ in _c_include_edges(p))
+        }
+        assert users >= {"ops", "ort_kernels"}, f"{header.name} is included only by {users}"
+
+
+def test_c_include_check_finds_a_planted_upward_include(tmp_path: Path) -> None:
+    # a runtime header reaching into the native kernels' folder, and a name found nowhere
+    numeric = _roots()["onnx_custom.ort_kernels"] / "native" / "numeric.h"
+    planted = tmp_path / "planted.h"
+    planted.write_text(f'#include "{numeric}"\n#include "missing.h"\n#include <vector>\n')
+    problems = _c_include_violations([(planted, "runtime")])
+    assert any("numeric.h from a higher layer" in p for p in problems), problems
+    assert any('"missing.h", found on no include path' in p for p in problems), problems
+    assert len(problems) == 2, problems
+
+
+# --- spec "module:function" references ---------------------------------------------------------
+
+_REFERENCE = re.compile(r"^(onnx_custom(?:\.\w+)+):(\w+)$")
+
+# An op spec names the parts of its family by string, resolved when first used: its translations
+# (symbolics) and its Python kernels (ort_kernels) sit a layer above the op (ops), so these two
+# upward references are the documented ones; every other reference follows the layer order.
+SPEC_REFERENCES_UP = {"ops": {"symbolics", "ort_kernels"}}
+
+
+def _module_constants(tree: ast.Module) -> dict[str, str]:
+    constants = {}
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            constants[node.targets[0].id] = node.value.value
+    return constants
+
+
+def _string_value(node: ast.AST, constants: dict[str, str]) -> str | None:
+    """A string constant, or an f-string whose parts are module-level string constants."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        parts = []
+        for value in node.values:
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                parts.append(value.value)
+            elif (
+                isinstance(value, ast.FormattedValue)
+                and isinstance(value.value, ast.Name)
+                and value.value.id in constants
+                and value.format_spec is None
+            ):
+                parts.append(constants[value.value.id])
+            else:
+                return None
+        return "".join(parts)
+    return None
+
+
+def _spec_references(path: Path) -> list[tuple[str, str, int]]:
+    """(module, attribute, line) for every ``"onnx_custom.x.y:name"`` string in one file."""
+    found = []
+    if path.suffix == ".py":
+        tree = ast.parse(path.read_text())
+        constants = _module_constants(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FormattedValue):
+                continue
+            text = _string_value(node, constants)
+            match = _REFERENCE.match(text or "")
+            if match:
+                found.append((match[1], match[2], getattr(node, "lineno", 0)))
+    else:
+        for line, row in enumerate(path.read_text().splitlines(), 1):
+            for text in re.findall(r"[\"']([^\"']+)[\"']", row):
+                match = _REFERENCE.match(text)
+                if match:
+                    found.append((match[1], match[2], line))
+    return found
+
+
+def _spec_files() -> list[Path]:
+    files = set(MODULES.values())
+    files |= {p for folder in _roots().values() for p in folder.rglob("*.yaml")}
+    return sorted(files)
+
+
+def _spec_reference_violations(files: list[tuple[Path, str]]) -> list[str]:
+    """Problems of (file, its group) pairs: a reference to no module of ours, or one reaching up
+    or sideways other than the documented ones."""
+    problems = []
+    for path, group in files:
+        for module, _, line in _spec_references(path):
+            if module not in MODULES:
+                problems.append(f"{path.name}:{line} names {module}, which is no module of ours")
+                continue
+            target_group = _group(module)
+            if target_group in ("", group) or target_group in SPEC_REFERENCES_UP.get(group, ()):
+                continue
+            if group == "" or LAYER_OF[target_group] >= LAYER_OF[group]:
+                problems.append(
+                    f"{path.name}:{line} ({group or 'package'}) names {module} in a higher layer"
+                    f" or a sibling ({target_group})"
+                )
+    return problems
+
+
+def test_spec_references_follow_the_layer_order() -> None:
+    files = _spec_files()
+    assert sum(len(_spec_references(p)) for p in files) >= 20, "spec references not found"
+    problems = _spec_reference_violations([(p, _group(_folder_module(p))) for p in files])
+    assert problems == [], "spec references against the layer order:\n" + "\n".join(problems)
+
+
+def test_spec_references_resolve() -> None:
+    """Every reference names an existing function (a rename breaks here, not at first use)."""
+    missing = []
+    for path in _spec_files():
+        for module, name, line in _spec_references(path):
+            if module in MODULES and not hasattr(importlib.import_module(module), name):
+                missing.append(f"{path.name}:{line} {module}:{name}")
+    assert missing == [], "\n".join(missing)
+
+
+def test_spec_reference_check_finds_a_planted_upward_reference(tmp_path: Path) -> None:
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        '_KERNELS = "onnx_custom.ort_kernels.seed"\n'
+        'A = f"{_KERNELS}:my_add"\nB = "onnx_custom.nowhere:f"\nC = "onnx_custom.errors:X"\n'
+    )
+    problems = _spec_reference_violations([(planted, "translate")])
+    assert any("names onnx_custom.ort_kernels.seed in a higher layer" in p for p in problems)
+    assert any("onnx_custom.nowhere, which is no module" in p for p in problems), problems
+    assert len(problems) == 2, problems

@@ -151,14 +151,15 @@ def process_lock(directory: Path) -> Iterator[None]:
 
 
 def extension_directory(
-    name: str, source: Path, flags: Sequence[str], headers: Sequence[Path] = ()
+    name: str, source: Path, flags: Sequence[str], headers: Sequence[tuple[str, Path]] = ()
 ) -> Path:
-    """Cache folder keyed by source, headers, flags, torch, python and compiler."""
+    """Cache folder keyed by source, headers (include name and content), flags, torch, python and
+    compiler."""
     import torch
 
     key = hashlib.sha256(source.read_bytes())
-    for header in headers:
-        key.update(header.name.encode())
+    for include_name, header in headers:
+        key.update(include_name.encode())
         key.update(header.read_bytes())
     # torch's location too: build.ninja names its include paths, so two venvs sharing one cache
     # would otherwise keep rebuilding each other's copy.
@@ -224,14 +225,15 @@ def build_torch_extension(
     is_python_module: bool,
     verbose: bool = False,
     usual: str = "30-60 s",
-    headers: Sequence[Path] = (),
+    headers: Sequence[tuple[str, Path]] = (),
 ) -> ModuleType | Path:
     """Build (first call) or load ``source`` with ``torch.utils.cpp_extension.load``.
 
-    ``headers``: files the source includes by bare name (``#include "x.h"``), copied beside it into
-    the build folder and part of its key (e.g. the kernels the eager op shares with the native
-    library). Returns the Python module, or with ``is_python_module=False`` (a ``TORCH_LIBRARY`` op
-    library) the loaded shared library's path.
+    ``headers``: (include name, file) pairs the source includes as ``#include "<include name>"``
+    (e.g. ``onnx_custom/kernels/deform_conv.h``, the kernels the eager op shares with the native
+    library), copied under ``include/`` in the build folder, which is on the include path, and
+    part of its key. Returns the Python module, or with ``is_python_module=False`` (a
+    ``TORCH_LIBRARY`` op library) the loaded shared library's path.
     """
     from torch.utils import cpp_extension
 
@@ -254,9 +256,12 @@ def build_torch_extension(
             return _import_extension(name, library) if is_python_module else _load_library(library)
         # Build from a copy inside the keyed folder: build.ninja then names the same path for
         # every checkout/venv sharing the cache, so identical sources never rebuild each other.
-        for file in (source, *headers):
-            local = directory / file.name
+        include = directory / "include"
+        copies = [(directory / source.name, source)]
+        copies += [(include / rel, header) for rel, header in headers]
+        for local, file in copies:
             if not local.exists() or local.read_bytes() != file.read_bytes():
+                local.parent.mkdir(parents=True, exist_ok=True)
                 local.write_bytes(file.read_bytes())
         local = directory / source.name
         try:
@@ -265,6 +270,7 @@ def build_torch_extension(
                     name=name,
                     sources=[str(local)],
                     extra_cflags=list(extra_cflags),
+                    extra_include_paths=[str(include)] if headers else None,
                     build_directory=str(directory),
                     is_python_module=is_python_module,
                     verbose=verbose,
@@ -290,7 +296,7 @@ class KernelModule:
         source: Path,
         cflags: Callable[[], Sequence[str]],
         usual: str = "30-60 s",
-        headers: Callable[[], Sequence[Path]] = tuple,
+        headers: Callable[[], Sequence[tuple[str, Path]]] = tuple,
     ) -> None:
         self.name, self.source, self._cflags, self.usual = name, source, cflags, usual
         self._headers = headers  # called when needed: finding them may import a sibling package

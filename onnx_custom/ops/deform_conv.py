@@ -164,13 +164,14 @@ def _cflags() -> list[str]:
     return flags
 
 
-def _headers() -> list[Path]:
+def _headers() -> list[tuple[str, Path]]:
     # The kernels the native library runs too (one copy of the forward's math): the torch-free
-    # header in ort_kernels/native, found like the native build finds its sources (imported here:
-    # importing the op should not load the native build machinery).
-    from onnx_custom.runtime.native import sources_dir
+    # header in the runtime's include folder (imported here: importing the op should not load the
+    # build machinery).
+    from onnx_custom.runtime.shim_build import abi_include_dir
 
-    return [sources_dir() / "deform_conv_kernels.h"]
+    name = "onnx_custom/kernels/deform_conv.h"
+    return [(name, abi_include_dir() / name)]
 
 
 _KERNELS = KernelModule(_EXTENSION, _SOURCE, _cflags, headers=_headers)

@@ -176,7 +176,18 @@ def _cflags() -> list[str]:
     return flags
 
 
-_KERNELS = KernelModule("onnx_custom_msda", Path(__file__).parent / "csrc" / "msda.cpp", _cflags)
+def _headers() -> list[tuple[str, Path]]:
+    # The bilinear sample the native kernel runs too: the torch-free header in the runtime's
+    # include folder (imported here: importing the op should not load the build machinery).
+    from onnx_custom.runtime.shim_build import abi_include_dir
+
+    name = "onnx_custom/kernels/msda.h"
+    return [(name, abi_include_dir() / name)]
+
+
+_KERNELS = KernelModule(
+    "onnx_custom_msda", Path(__file__).parent / "csrc" / "msda.cpp", _cflags, headers=_headers
+)
 build_directory = _KERNELS.directory  # the C++ kernels' build-cache folder
 load_extension = _KERNELS.load  # build (first call) or load the cached C++ kernels
 

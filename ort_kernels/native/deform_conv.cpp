@@ -2,7 +2,7 @@
 // emitted for deform_conv2d below opset 19. Inputs (input, weight, offset, mask, bias), INT
 // attributes stride_h .. use_mask; semantics of ort_kernels/deform_conv.py and ops/deform_conv.py.
 //
-// Algorithm (the eager op's, without torch; deform_conv_kernels.h holds the math both share).
+// Algorithm (the eager op's, without torch; onnx_custom/kernels/deform_conv.h holds the math both share).
 // Output positions are cut into tiles; one thread-pool task per (image, tile) samples its im2col
 // columns and multiplies them by the weights straight into the output rows. With at least 8
 // channels per offset group the image is first converted to a zero-bordered channels-last copy
@@ -15,15 +15,10 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "deform_conv_kernels.h"
+#include "onnx_custom/kernels/deform_conv.h"
 #include "gemm.h"
 #include "numeric.h"
 #include "ort_gemm.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define OC_X86 1
-#endif
 
 namespace oc {
 namespace {
@@ -49,118 +44,15 @@ int64_t out_size(int64_t size, int64_t kernel, int64_t stride, int64_t pad, int6
   return room < 0 ? (room - stride + 1) / stride + 1 : room / stride + 1;  // floor division
 }
 
-// Taps of one tile: per sample the padded-plane index of its top-left corner and 4 bilinear
-// weights with the mask folded in (pairs: top row, bottom row). Off-image samples point at a
-// block of zeros with zero weights, so they read as exactly 0 even next to Inf/NaN pixels.
-template <typename T>
-struct Taps {
-  std::vector<int32_t> base;
-  std::vector<T> top, bottom;
-  void resize(size_t n) {
-    if (base.size() < n) {
-      base.resize(n);
-      top.resize(2 * n);
-      bottom.resize(2 * n);
-    }
-  }
-};
+using onnx_custom_dcn::PlaneTaps;
 
-template <typename T>
-void build_taps(const Geometry& g, const T* off, const T* mask, int64_t og, int64_t k, int64_t p0,
-                int64_t len, Taps<T>& t, int64_t at) {
-  const int32_t zeros = static_cast<int32_t>((g.H + 1) * g.Wp);
-  onnx_custom_dcn::build_taps<onnx_custom_dcn::Support::kForward>(
-      g, off, mask, og, k, p0, len, at,
-      [&](int64_t e, int64_t base, T ly, T lx, T m) {
-        const T hy = T(1) - ly, hx = T(1) - lx;
-        t.base[e] = static_cast<int32_t>(base);
-        t.top[2 * e] = hy * hx * m;
-        t.top[2 * e + 1] = hy * lx * m;
-        t.bottom[2 * e] = ly * hx * m;
-        t.bottom[2 * e + 1] = ly * lx * m;
-      },
-      [&](int64_t e) {
-        t.base[e] = zeros;
-        t.top[2 * e] = t.top[2 * e + 1] = t.bottom[2 * e] = t.bottom[2 * e + 1] = T(0);
-      });
-}
-
-template <typename T>
-void sample_row_generic(const T* plane, int64_t Wp, const int32_t* base, const T* top,
-                        const T* bottom, int64_t len, T* row) {
-  for (int64_t i = 0; i < len; ++i) {
-    const T* q = plane + base[i];
-    row[i] = (top[2 * i] * q[0] + top[2 * i + 1] * q[1]) +
-             (bottom[2 * i] * q[Wp] + bottom[2 * i + 1] * q[Wp + 1]);
-  }
-}
-
-#ifdef OC_X86
-// 8 bilinear samples from their corner pairs: t0/t1 hold the top pairs (x0, x0 + 1) of samples
-// 0-3 / 4-7, d0/d1 the bottom pairs; top/bottom hold the matching interleaved weights.
-__attribute__((target("avx2,fma"))) inline void blend8(__m256 t0, __m256 t1, __m256 d0, __m256 d1,
-                                                       const float* top, const float* bottom,
-                                                       float* row) {
-  const __m256 s0 = _mm256_fmadd_ps(d0, _mm256_loadu_ps(bottom), _mm256_mul_ps(t0, _mm256_loadu_ps(top)));
-  const __m256 s1 =
-      _mm256_fmadd_ps(d1, _mm256_loadu_ps(bottom + 8), _mm256_mul_ps(t1, _mm256_loadu_ps(top + 8)));
-  // hadd yields (o0 o1 o4 o5 | o2 o3 o6 o7); reorder the 64-bit lanes to (o0 .. o7)
-  const __m256 h = _mm256_hadd_ps(s0, s1);
-  _mm256_storeu_ps(row, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(h), 0xD8)));
-}
-
-// 8 samples per step: each horizontal pixel pair is one 64-bit gather lane, so four 4-lane
-// gathers fetch all 32 corners; the pair sums collapse with one horizontal add.
-__attribute__((target("avx2,fma"))) void sample_row_avx2(const float* plane, int64_t Wp,
-                                                         const int32_t* base, const float* top,
-                                                         const float* bottom, int64_t len,
-                                                         float* row) {
-  const __m128i wp = _mm_set1_epi32(static_cast<int32_t>(Wp));
-  const auto* pairs = reinterpret_cast<const long long*>(plane);
-  int64_t i = 0;
-  for (; i + 8 <= len; i += 8) {
-    const __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + i));
-    const __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + i + 4));
-    const __m256 t0 = _mm256_castsi256_ps(_mm256_i32gather_epi64(pairs, b0, 4));
-    const __m256 t1 = _mm256_castsi256_ps(_mm256_i32gather_epi64(pairs, b1, 4));
-    const __m256 d0 = _mm256_castsi256_ps(_mm256_i32gather_epi64(pairs, _mm_add_epi32(b0, wp), 4));
-    const __m256 d1 = _mm256_castsi256_ps(_mm256_i32gather_epi64(pairs, _mm_add_epi32(b1, wp), 4));
-    blend8(t0, t1, d0, d1, top + 2 * i, bottom + 2 * i, row + i);
-  }
-  sample_row_generic(plane, Wp, base + i, top + 2 * i, bottom + 2 * i, len - i, row + i);
-}
-
-// The same 8 samples from plain 64-bit loads: each corner pair is one movq/movhps. On CPUs with
-// slow gathers (AMD Zen) this is faster; see sampler().
-__attribute__((target("avx2,fma"))) void sample_row_pairs(const float* plane, int64_t Wp,
-                                                          const int32_t* base, const float* top,
-                                                          const float* bottom, int64_t len,
-                                                          float* row) {
-  int64_t i = 0;
-  const auto pair = [](const float* lo, const float* hi) {  // (lo[0], lo[1], hi[0], hi[1])
-    double a, b;  // 8-byte loads from 4-byte aligned addresses: memcpy keeps them well defined
-    std::memcpy(&a, lo, sizeof a);
-    std::memcpy(&b, hi, sizeof b);
-    return _mm_castpd_ps(_mm_set_pd(b, a));
-  };
-  for (; i + 8 <= len; i += 8) {
-    const float* q[8];
-    for (int j = 0; j < 8; ++j) q[j] = plane + base[i + j];
-    const __m256 t0 = _mm256_set_m128(pair(q[2], q[3]), pair(q[0], q[1]));
-    const __m256 t1 = _mm256_set_m128(pair(q[6], q[7]), pair(q[4], q[5]));
-    const __m256 d0 = _mm256_set_m128(pair(q[2] + Wp, q[3] + Wp), pair(q[0] + Wp, q[1] + Wp));
-    const __m256 d1 = _mm256_set_m128(pair(q[6] + Wp, q[7] + Wp), pair(q[4] + Wp, q[5] + Wp));
-    blend8(t0, t1, d0, d1, top + 2 * i, bottom + 2 * i, row + i);
-  }
-  sample_row_generic(plane, Wp, base + i, top + 2 * i, bottom + 2 * i, len - i, row + i);
-}
-
+#ifdef ONNX_CUSTOM_DCN_AVX2
 bool has_avx2() {
   static const bool yes = [] {
     __builtin_cpu_init();
     const char* cap = std::getenv("ONNX_CUSTOM_NATIVE_ISA");
     const bool capped = cap != nullptr && std::strcmp(cap, "generic") == 0;
-    return !capped && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return !capped && onnx_custom_dcn::cpu_has_avx2_fma();
   }();
   return yes;
 }
@@ -171,22 +63,24 @@ using Sampler = void (*)(const T*, int64_t, const int32_t*, const T*, const T*, 
 
 template <typename T>
 Sampler<T> sampler() {
-#ifdef OC_X86
+#ifdef ONNX_CUSTOM_DCN_AVX2
   if constexpr (std::is_same_v<T, float>) {
     if (has_avx2()) {
       const char* choice = std::getenv("ONNX_CUSTOM_NATIVE_SAMPLER");
-      if (choice != nullptr && std::strcmp(choice, "gather") == 0) return sample_row_avx2;
-      return sample_row_pairs;
+      if (choice != nullptr && std::strcmp(choice, "gather") == 0) {
+        return onnx_custom_dcn::sample_plane_row_gather;
+      }
+      return onnx_custom_dcn::sample_plane_row_pairs;
     }
   }
 #endif
-  return sample_row_generic<T>;
+  return onnx_custom_dcn::sample_plane_row<T>;
 }
 
 // Samples of one im2col row (len positions) written into column strips of width S, `stride`
 // apart; the last strip's columns past len are zeroed (the GEMM reads whole strips).
 template <typename T>
-void sample_row(Sampler<T> sample, const T* plane, int64_t Wp, const Taps<T>& t, int64_t at,
+void sample_row(Sampler<T> sample, const T* plane, int64_t Wp, const PlaneTaps<T>& t, int64_t at,
                 int64_t len, int64_t S, int64_t stride, T* dst) {
   for (int64_t s0 = 0; s0 < len; s0 += S, dst += stride) {
     const int64_t n = std::min(S, len - s0);
@@ -202,11 +96,13 @@ void sample_row(Sampler<T> sample, const T* plane, int64_t Wp, const Taps<T>& t,
 // a plain row-major matrix).
 template <typename T>
 void im2col_tile(const Geometry& g, Sampler<T> sample, const T* padded, const T* off,
-                 const T* mask, int64_t p0, int64_t len, int64_t S, Taps<T>& taps, T* cols) {
+                 const T* mask, int64_t p0, int64_t len, int64_t S, PlaneTaps<T>& taps, T* cols) {
   const int64_t rows = g.cin_g * g.K, strips = (len + S - 1) / S;
   const int64_t strip_stride = rows * S, group_stride = strips * strip_stride;
   for (int64_t og = 0; og < g.offset_groups; ++og) {
-    for (int64_t k = 0; k < g.K; ++k) build_taps(g, off, mask, og, k, p0, len, taps, k * len);
+    for (int64_t k = 0; k < g.K; ++k) {
+      onnx_custom_dcn::build_plane_taps(g, off, mask, og, k, p0, len, taps, k * len);
+    }
     for (int64_t c = og * g.cpog; c < (og + 1) * g.cpog; ++c) {
       const int64_t gi = c / g.cin_g, first_row = (c - gi * g.cin_g) * g.K;
       for (int64_t k = 0; k < g.K; ++k) {
@@ -251,12 +147,12 @@ void deform_conv_planes(Context& ctx, const Geometry& g, const T* input, const T
   }
   const Sampler<T> sample = sampler<T>();
   ctx.parallel_for(static_cast<size_t>(g.N * tiles), [&](size_t item) {
-    thread_local Taps<T> taps;
+    thread_local PlaneTaps<T> taps;
     thread_local std::vector<T> cols, staged;
     const int64_t n = static_cast<int64_t>(item) / tiles, p0 = (static_cast<int64_t>(item) % tiles) * kTile;
     const int64_t len = std::min(kTile, g.P - p0), width = ours ? S : len;
     const int64_t group_stride = (len + width - 1) / width * width * rows;
-    taps.resize(static_cast<size_t>(g.K * kTile));
+    taps.reserve(g.K * kTile);
     if (cols.size() < static_cast<size_t>(group_stride * g.groups)) cols.resize(group_stride * g.groups);
     im2col_tile(g, sample, padded.get() + n * g.C * g.plane, offset + n * off_stride,
                 g.use_mask ? mask + n * mask_stride : nullptr, p0, len, width, taps, cols.data());
@@ -311,7 +207,7 @@ void bordered_channels_last(Context& ctx, const Geometry& g, const T* input, int
 }
 
 // The channels-last path of deform_conv (at least 8 channels per offset group): the eager op's
-// forward (deform_conv_kernels.h), tile by tile. avx512: the float sampler and GEMM run the
+// forward (onnx_custom/kernels/deform_conv.h), tile by tile. avx512: the float sampler and GEMM run the
 // AVX-512 kernels (the caller checked the CPU); else the compiler's sampling loop and gemm().
 template <typename T>
 void deform_conv_channels_last(Context& ctx, const Geometry& g, const T* input, const T* weight,

@@ -13,6 +13,7 @@
 // Everything here is a template or inline: the generated binding includes this file, and the
 // shipped build (Makefile, CMake, the one-line command) also compiles it on its own.
 #include <onnx_custom/kernel.h>
+#include <onnx_custom/kernels/msda.h>  // the bilinear sample, shared with the eager op
 
 #include <algorithm>
 #include <cmath>
@@ -30,40 +31,6 @@ struct Geometry {
 };
 
 inline std::string shape_text(const onnx_custom::Shape& s) { return onnx_custom::to_string(s); }
-
-// The bilinear taps of one sample at (x, y) in [0, 1]^2 of an H x W level: the four corners' key
-// offsets within the level and weights, `inside[c]` false for a corner outside the level (zero
-// padding). Returns false when no corner is inside (far outside, or a non-finite location). Shared
-// by every loop that samples (the forward rows here; a backward scatters through the same taps).
-// Four fixed slots, not a compacted list: the caller's corner loop keeps a fixed trip count (the
-// compacted form measured 30% slower).
-template <typename C>
-struct Taps {
-  int64_t key[4];
-  C weight[4];
-  bool inside[4];
-};
-
-template <typename C>
-inline bool bilinear_taps(C loc_x, C loc_y, int64_t H, int64_t W, Taps<C>& t) {
-  const C x = loc_x * static_cast<C>(W) - C(0.5);
-  const C y = loc_y * static_cast<C>(H) - C(0.5);
-  // Outside [-1, W] x [-1, H] (or NaN) every corner is outside, and floor() of a huge or NaN
-  // coordinate never reaches the integer cast.
-  if (!(x >= C(-1) && x <= static_cast<C>(W) && y >= C(-1) && y <= static_cast<C>(H))) return false;
-  const int64_t x0 = static_cast<int64_t>(std::floor(x)), y0 = static_cast<int64_t>(std::floor(y));
-  const C lx = x - static_cast<C>(x0), ly = y - static_cast<C>(y0);
-  t.weight[0] = (1 - ly) * (1 - lx);
-  t.weight[1] = (1 - ly) * lx;
-  t.weight[2] = ly * (1 - lx);
-  t.weight[3] = ly * lx;
-  for (int corner = 0; corner < 4; ++corner) {
-    const int64_t cy = y0 + (corner >> 1), cx = x0 + (corner & 1);
-    t.inside[corner] = cy >= 0 && cy < H && cx >= 0 && cx < W;
-    t.key[corner] = cy * W + cx;
-  }
-  return true;
-}
 
 // The level tensors' values against num_keys: 0 <= H, W < 2^31, sum(H*W) == num_keys and
 // level_start_index == the exclusive cumulative sum of H*W. Fills g.H, g.W, g.start.
@@ -149,7 +116,8 @@ void forward_rows(const Geometry& g, const V* value, const T* loc, const T* attn
   using C = onnx_custom::acc_t<T>;
   const int64_t key_stride = g.M * g.D;
   std::vector<C> acc(static_cast<size_t>(g.D));
-  Taps<C> taps;
+  onnx_custom_msda_math::Cell<C> cell;
+  C weight[4];
   for (int64_t bq = begin; bq < end; ++bq) {
     const V* vb = value + (bq / g.Q) * g.K * key_stride;
     for (int64_t h = 0; h < g.M; ++h) {
@@ -162,12 +130,14 @@ void forward_rows(const Geometry& g, const V* value, const T* loc, const T* attn
         const int64_t H = g.H[l], W = g.W[l];
         for (int64_t p = 0; p < g.P; ++p) {
           const int64_t s = sample0 + l * g.P + p;
-          if (!bilinear_taps<C>(static_cast<C>(loc[2 * s]), static_cast<C>(loc[2 * s + 1]), H, W, taps)) continue;
+          const C x = static_cast<C>(loc[2 * s]), y = static_cast<C>(loc[2 * s + 1]);
+          if (!onnx_custom_msda_math::sample_cell<C>(x, y, H, W, 0, &cell)) continue;
+          onnx_custom_msda_math::corner_weights(cell, weight);
           const C a = static_cast<C>(attn[s]);
           for (int corner = 0; corner < 4; ++corner) {
-            if (!taps.inside[corner]) continue;
-            const V* __restrict v = vl + taps.key[corner] * key_stride;
-            const C aw = a * taps.weight[corner];
+            if (!cell.in[corner]) continue;
+            const V* __restrict v = vl + onnx_custom_msda_math::corner_row(cell, corner, W) * key_stride;
+            const C aw = a * weight[corner];
             for (int64_t d = 0; d < g.D; ++d) a_[d] += aw * static_cast<C>(v[d]);
           }
         }

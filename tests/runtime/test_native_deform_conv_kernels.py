@@ -1,6 +1,6 @@
 """The native library's channels-last ``onnx_custom::DeformConv2d`` forward (>= 8 channels per
-offset group): the kernels it shares with the eager op
-(``ort_kernels/native/deform_conv_kernels.h``: the AVX-512 GEMM and sampler, the tap builder) and
+offset group): the kernels it shares with the eager op (``onnx_custom/kernels/deform_conv.h`` in
+``onnx_custom/runtime/include``: the AVX-512 GEMM and sampler, the tap builder) and
 its portable path (the compiler's sampling loop, the library's ``gemm()``), selected per kernel with
 ``ONNX_CUSTOM_NATIVE_DCN=portable``. Against the independent pure-torch reference at the blocks'
 edges (the eager op's kernel-test cases: positions around the 6-row block and the 128-position tile,

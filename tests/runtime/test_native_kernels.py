@@ -368,7 +368,7 @@ DCN_CASES = [
     (1, 3, 5, 40, 2, 2, 3, (1, 2), (0, 1), (2, 1), 1, 1, 1),
     (0, 4, 6, 6, 4, 3, 3, 1, 1, 1, 1, 1, 1),
     (2, 16, 20, 33, 24, 3, 3, 1, 1, 1, 2, 4, 1),  # several tiles of output positions
-    # >= 8 channels per offset group: the channels-last path (deform_conv_kernels.h), 2 tiles
+    # >= 8 channels per offset group: the channels-last path (kernels/deform_conv.h), 2 tiles
     (2, 24, 13, 12, 20, 3, 3, 1, 1, 1, 1, 3, 1),
 ]
 

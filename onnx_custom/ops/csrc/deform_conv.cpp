@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "deform_conv_kernels.h"  // ort_kernels/native: the kernels the native library runs too
+#include "onnx_custom/kernels/deform_conv.h"  // onnx_custom/runtime/include: shared with the native library
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -26,6 +26,7 @@ using onnx_custom_dcn::build_taps;
 using onnx_custom_dcn::ForwardTaps;
 using onnx_custom_dcn::Geometry;
 using onnx_custom_dcn::kChannelsLastMinChannels;
+using onnx_custom_dcn::PlaneTaps;
 using onnx_custom_dcn::Segment;
 using onnx_custom_dcn::segments;
 using onnx_custom_dcn::Support;
@@ -69,87 +70,32 @@ inline at::Tensor padded_copy(const at::Tensor& input, at::ScalarType ct) {
   return padded;
 }
 
-// Forward taps on a zero-bordered image (H+3 x W+2), structure-of-arrays so the sampling loop
-// vectorizes: per sample one base index (corners base, base+1, base+Wp, base+Wp+1 are always in
-// bounds) and four bilinear weights with the mask folded in; off-image samples weigh 0.
-// Weights are interleaved per row pair: top = (w00, w01), bottom = (w10, w11), matching the two
-// adjacent pixels a 64-bit load fetches.
+// Samples of one im2col row from one bordered plane (onnx_custom/kernels/deform_conv.h): AVX2
+// gathers for float where the build targets AVX2 (-mavx2 -mfma where the CPU has them).
 template <typename T>
-struct TapBlock {
-  std::vector<int32_t> base;
-  std::vector<T> top, bottom;
-  explicit TapBlock(int64_t n) : base(n), top(2 * n), bottom(2 * n) {}
-};
-
-// Forward taps of kernel tap k at positions [p0, p0 + len), stored at entries [at, at + len).
-template <typename T>
-void build_pad_taps(const Geometry& g, const T* off, const T* mask, int64_t og, int64_t k,
-                    int64_t p0, int64_t len, TapBlock<T>& tb, int64_t at) {
-  build_taps<Support::kForward>(
-      g, off, mask, og, k, p0, len, at,
-      [&](int64_t i, int64_t base, T ly, T lx, T m) {
-        tb.base[i] = static_cast<int32_t>(base);
-        tb.top[2 * i] = (1 - ly) * (1 - lx) * m;
-        tb.top[2 * i + 1] = (1 - ly) * lx * m;
-        tb.bottom[2 * i] = ly * (1 - lx) * m;
-        tb.bottom[2 * i + 1] = ly * lx * m;
-      },
-      [&](int64_t i) {
-        tb.base[i] = static_cast<int32_t>((g.H + 1) * (g.W + 2));  // zeros: see padded_copy
-        tb.top[2 * i] = tb.top[2 * i + 1] = tb.bottom[2 * i] = tb.bottom[2 * i + 1] = T(0);
-      });
-}
-
-// row[i] = bilinear sample of one padded plane at taps [at, at + len).
-template <typename T>
-inline void sample_row(const T* __restrict plane, int64_t Wp, const TapBlock<T>& tb, int64_t at,
-                       int64_t len, T* __restrict row) {
-  const int32_t* __restrict base = tb.base.data() + at;
-  const T* __restrict top = tb.top.data() + 2 * at;
-  const T* __restrict bottom = tb.bottom.data() + 2 * at;
-  const int32_t wp = static_cast<int32_t>(Wp);
-  int64_t i = 0;
-#if defined(__AVX2__) && defined(__FMA__)
+inline void sample_row(const T* plane, int64_t Wp, const PlaneTaps<T>& tb, int64_t at, int64_t len,
+                       T* row) {
+  const int32_t* base = tb.base.data() + at;
+  const T* top = tb.top.data() + 2 * at;
+  const T* bottom = tb.bottom.data() + 2 * at;
+#if defined(__AVX2__) && defined(__FMA__) && defined(ONNX_CUSTOM_DCN_AVX2)
   if constexpr (std::is_same_v<T, float>) {
-    // 8 samples per step: each pixel pair (q[b], q[b+1]) is one 64-bit gather lane, so 4
-    // four-lane gathers fetch all 32 corners; pair sums then collapse with one hadd.
-    const __m128i wpv = _mm_set1_epi32(wp);
-    const auto* plane64 = reinterpret_cast<const long long*>(plane);
-    for (; i + 8 <= len; i += 8) {
-      const __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + i));
-      const __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + i + 4));
-      const __m256 t0 = _mm256_castsi256_ps(_mm256_i32gather_epi64(plane64, b0, 4));
-      const __m256 t1 = _mm256_castsi256_ps(_mm256_i32gather_epi64(plane64, b1, 4));
-      const __m256 d0 =
-          _mm256_castsi256_ps(_mm256_i32gather_epi64(plane64, _mm_add_epi32(b0, wpv), 4));
-      const __m256 d1 =
-          _mm256_castsi256_ps(_mm256_i32gather_epi64(plane64, _mm_add_epi32(b1, wpv), 4));
-      const __m256 s0 = _mm256_fmadd_ps(d0, _mm256_loadu_ps(bottom + 2 * i),
-                                        _mm256_mul_ps(t0, _mm256_loadu_ps(top + 2 * i)));
-      const __m256 s1 = _mm256_fmadd_ps(d1, _mm256_loadu_ps(bottom + 2 * i + 8),
-                                        _mm256_mul_ps(t1, _mm256_loadu_ps(top + 2 * i + 8)));
-      // hadd gives (o0 o1 o4 o5 | o2 o3 o6 o7); reorder the 64-bit lanes to (o0 .. o7).
-      const __m256 h = _mm256_hadd_ps(s0, s1);
-      _mm256_storeu_ps(row + i, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(h), 0xD8)));
-    }
+    onnx_custom_dcn::sample_plane_row_gather(plane, Wp, base, top, bottom, len, row);
+    return;
   }
 #endif
-  for (; i < len; ++i) {
-    const int32_t b = base[i];
-    row[i] = (top[2 * i] * plane[b] + top[2 * i + 1] * plane[b + 1]) +
-             (bottom[2 * i] * plane[b + wp] + bottom[2 * i + 1] * plane[b + wp + 1]);
-  }
+  onnx_custom_dcn::sample_plane_row(plane, Wp, base, top, bottom, len, row);
 }
 
 // One tile of output positions [p0, p0 + len) of one image: cols[(c*K + k) * len + t] is the
 // bilinear sample for channel c, tap k, position p0 + t. tb needs K * len entries.
 template <typename T>
 void im2col_tile(const Geometry& g, const T* padded, const T* off, const T* mask, int64_t p0,
-                 int64_t len, TapBlock<T>& tb, T* cols) {
+                 int64_t len, PlaneTaps<T>& tb, T* cols) {
   const int64_t HWp = (g.H + 3) * (g.W + 2), Wp = g.W + 2;
   for (int64_t og = 0; og < g.offset_groups; ++og) {
     for (int64_t k = 0; k < g.K; ++k) {
-      build_pad_taps(g, off, mask, og, k, p0, len, tb, k * len);
+      onnx_custom_dcn::build_plane_taps(g, off, mask, og, k, p0, len, tb, k * len);
     }
     for (int64_t c = og * g.cpog; c < (og + 1) * g.cpog; ++c) {
       for (int64_t k = 0; k < g.K; ++k) {
@@ -164,7 +110,7 @@ void im2col_tile(const Geometry& g, const T* padded, const T* off, const T* mask
 bool avx512_disabled = false;
 
 bool use_avx512() {
-#ifdef ONNX_CUSTOM_DCN_AVX512  // defined by deform_conv_kernels.h
+#ifdef ONNX_CUSTOM_DCN_AVX512  // defined by onnx_custom/kernels/deform_conv.h
   return onnx_custom_dcn::cpu_has_avx512f() && !avx512_disabled;
 #else
   return false;
@@ -414,7 +360,7 @@ at::Tensor forward(const at::Tensor& input_, const at::Tensor& weight_, const at
     at::parallel_for(0, g.N * tiles, 1, [&](int64_t b0, int64_t b1) {
       at::ThreadLocalStateGuard tls_guard(tls);
       at::Tensor cols = at::empty({g.C * g.K * kTile}, output.options());
-      TapBlock<scalar_t> taps(g.K * kTile);
+      PlaneTaps<scalar_t> taps(g.K * kTile);
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t n = b / tiles, p0 = (b % tiles) * kTile, len = std::min(kTile, g.P - p0);
         const scalar_t* m = use_mask ? mask.data_ptr<scalar_t>() + n * mask_stride : nullptr;

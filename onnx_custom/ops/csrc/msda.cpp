@@ -30,11 +30,18 @@
 #include <cmath>
 #include <vector>
 
+#include "onnx_custom/kernels/msda.h"  // onnx_custom/runtime/include: shared with the native kernel
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
 
 namespace {
+
+using onnx_custom_msda_math::Cell;
+using onnx_custom_msda_math::corner_row;
+using onnx_custom_msda_math::corner_weights;
+using onnx_custom_msda_math::sample_cell;
 
 inline at::ScalarType compute_type(at::ScalarType t) {
   return (t == at::kHalf || t == at::kBFloat16) ? at::kFloat : t;
@@ -59,43 +66,6 @@ Geometry make_geometry(const at::Tensor& value, const at::Tensor& shapes, const 
     g.start.push_back(stp[l]);
   }
   return g;
-}
-
-// One sample's cell: corner (dy, dx) is value row `row + (dy * W + dx)` when `in[2*dy+dx]`.
-template <typename T>
-struct Cell {
-  int64_t row;
-  T lx, ly;
-  bool in[4];
-};
-
-// False when the sample is outside [-1, W] x [-1, H] (or not finite): it then contributes nothing.
-template <typename T>
-inline bool sample_cell(T loc_x, T loc_y, int64_t H, int64_t W, int64_t start, Cell<T>* c) {
-  const T x = loc_x * static_cast<T>(W) - T(0.5), y = loc_y * static_cast<T>(H) - T(0.5);
-  if (!(x >= T(-1) && x <= static_cast<T>(W) && y >= T(-1) && y <= static_cast<T>(H))) return false;
-  const int64_t x0 = static_cast<int64_t>(std::floor(x)), y0 = static_cast<int64_t>(std::floor(y));
-  c->lx = x - static_cast<T>(x0);
-  c->ly = y - static_cast<T>(y0);
-  c->row = start + y0 * W + x0;
-  const bool x0_in = x0 >= 0 && x0 < W, x1_in = x0 + 1 >= 0 && x0 + 1 < W;
-  const bool y0_in = y0 >= 0 && y0 < H, y1_in = y0 + 1 >= 0 && y0 + 1 < H;
-  c->in[0] = y0_in && x0_in;
-  c->in[1] = y0_in && x1_in;
-  c->in[2] = y1_in && x0_in;
-  c->in[3] = y1_in && x1_in;
-  return c->in[0] || c->in[1] || c->in[2] || c->in[3];
-}
-
-template <typename T>
-inline int64_t corner_row(const Cell<T>& c, int corner, int64_t W) {
-  return c.row + (corner >> 1) * W + (corner & 1);
-}
-
-template <typename T>
-inline void corner_weights(const Cell<T>& c, T* w) {
-  const T hx = T(1) - c.lx, hy = T(1) - c.ly;
-  w[0] = hy * hx; w[1] = hy * c.lx; w[2] = c.ly * hx; w[3] = c.ly * c.lx;
 }
 
 // Head dims are processed in chunks of kChunk numbers with a compile-time width, so the

@@ -1,7 +1,8 @@
-// deform_conv2d's torch-free CPU kernels, shared by the eager op (onnx_custom/ops/csrc/deform_conv.cpp,
-// built with -I<this folder>) and the native ORT kernel (deform_conv.cpp here): one copy of the
-// tap builder, the channels-last forward sampler and the AVX-512 forward GEMM, so the compiled
-// graph runs exactly the eager op's math.
+// deform_conv2d's torch-free CPU kernels, shared by the eager op (onnx_custom/ops/csrc/deform_conv.cpp)
+// and the native ORT kernel (ort_kernels/native/deform_conv.cpp), both including it as
+// "onnx_custom/kernels/deform_conv.h": one copy of the tap builder, the channels-last forward
+// sampler and the AVX-512 forward GEMM, so the compiled graph runs exactly the eager op's math. It
+// lives in the runtime layer's include folder, below both of its users in the layer order.
 //
 // Plain C++17 and <immintrin.h>; no torch, no ONNX Runtime. Each library includes this header from
 // one source file; everything sits in an anonymous namespace so neither library exports (or picks
@@ -15,10 +16,12 @@
 #include <type_traits>
 #include <vector>
 
-// GCC and clang on x86-64 compile the AVX-512 kernels (target attributes) whatever -m flags the
-// build uses; they run only where the CPU has AVX-512F (checked at run time by the caller).
+// GCC and clang on x86-64 compile the AVX2 and AVX-512 kernels (target attributes) whatever -m
+// flags the build uses; they run only where the CPU has the ISA (checked at run time by the
+// caller, or at compile time where the build targets it).
 #if defined(__GNUC__) && defined(__x86_64__)
 #define ONNX_CUSTOM_DCN_AVX512 1
+#define ONNX_CUSTOM_DCN_AVX2 1
 #include <immintrin.h>
 #endif
 
@@ -108,6 +111,138 @@ inline std::vector<Segment> segments(const Geometry& g, int64_t og) {
   }
   return out;
 }
+
+// ---- forward, per plane (the gather path) ---------------------------------------------------
+//
+// With few channels per offset group the forward samples each channel's zero-bordered NCHW plane
+// ((H+3) x (W+2): one border pixel around the image and one more zero row below, so every corner
+// of every tap is in bounds) with the taps of its offset group. Off-image taps point at the
+// bottom border's first pixel, so all four of their corners read zeros (pointing them at pixel 0
+// read the image's first pixel as a corner: an Inf or NaN there made every off-image sample NaN,
+// 0 * Inf, where torchvision gives 0), with zero weights.
+
+// Taps of one tile, structure-of-arrays so the sampling loop vectorizes: per sample the plane
+// index of its top-left corner (corners base, base+1, base+Wp, base+Wp+1) and four bilinear
+// weights with the mask folded in, interleaved per row pair: top = (w00, w01), bottom = (w10,
+// w11), matching the two adjacent pixels a 64-bit load fetches.
+template <typename T>
+struct PlaneTaps {
+  std::vector<int32_t> base;
+  std::vector<T> top, bottom;
+  PlaneTaps() = default;
+  explicit PlaneTaps(int64_t n) { reserve(n); }
+  void reserve(int64_t n) {  // grows only (a thread's scratch serves calls of any size)
+    if (static_cast<int64_t>(base.size()) < n) {
+      base.resize(n);
+      top.resize(2 * n);
+      bottom.resize(2 * n);
+    }
+  }
+};
+
+// Forward taps of kernel tap k at positions [p0, p0 + len), stored at entries [at, at + len).
+template <typename T>
+void build_plane_taps(const Geometry& g, const T* off, const T* mask, int64_t og, int64_t k,
+                      int64_t p0, int64_t len, PlaneTaps<T>& t, int64_t at) {
+  const int32_t zeros = static_cast<int32_t>((g.H + 1) * (g.W + 2));
+  build_taps<Support::kForward>(
+      g, off, mask, og, k, p0, len, at,
+      [&](int64_t i, int64_t base, T ly, T lx, T m) {
+        const T hy = T(1) - ly, hx = T(1) - lx;
+        t.base[i] = static_cast<int32_t>(base);
+        t.top[2 * i] = hy * hx * m;
+        t.top[2 * i + 1] = hy * lx * m;
+        t.bottom[2 * i] = ly * hx * m;
+        t.bottom[2 * i + 1] = ly * lx * m;
+      },
+      [&](int64_t i) {
+        t.base[i] = zeros;
+        t.top[2 * i] = t.top[2 * i + 1] = t.bottom[2 * i] = t.bottom[2 * i + 1] = T(0);
+      });
+}
+
+// row[i] = the bilinear sample of one bordered plane (rows Wp apart) at taps i of (base, top,
+// bottom), i < len.
+template <typename T>
+inline void sample_plane_row(const T* __restrict plane, int64_t Wp, const int32_t* __restrict base,
+                             const T* __restrict top, const T* __restrict bottom, int64_t len,
+                             T* __restrict row) {
+  for (int64_t i = 0; i < len; ++i) {
+    const T* q = plane + base[i];
+    row[i] = (top[2 * i] * q[0] + top[2 * i + 1] * q[1]) +
+             (bottom[2 * i] * q[Wp] + bottom[2 * i + 1] * q[Wp + 1]);
+  }
+}
+
+#ifdef ONNX_CUSTOM_DCN_AVX2
+// Whether this CPU runs the AVX2 samplers below.
+inline bool cpu_has_avx2_fma() {
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0;
+  }();
+  return yes;
+}
+
+// 8 bilinear samples from their corner pairs: t0/t1 hold the top pairs (x0, x0 + 1) of samples
+// 0-3 / 4-7, d0/d1 the bottom pairs; top/bottom hold the matching interleaved weights.
+__attribute__((target("avx2,fma"))) inline void blend8(__m256 t0, __m256 t1, __m256 d0, __m256 d1,
+                                                       const float* top, const float* bottom,
+                                                       float* row) {
+  const __m256 s0 =
+      _mm256_fmadd_ps(d0, _mm256_loadu_ps(bottom), _mm256_mul_ps(t0, _mm256_loadu_ps(top)));
+  const __m256 s1 = _mm256_fmadd_ps(d1, _mm256_loadu_ps(bottom + 8),
+                                    _mm256_mul_ps(t1, _mm256_loadu_ps(top + 8)));
+  // hadd yields (o0 o1 o4 o5 | o2 o3 o6 o7); reorder the 64-bit lanes to (o0 .. o7)
+  const __m256 h = _mm256_hadd_ps(s0, s1);
+  _mm256_storeu_ps(row, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(h), 0xD8)));
+}
+
+// sample_plane_row for float, 8 samples per step: each horizontal pixel pair is one 64-bit gather
+// lane, so four 4-lane gathers fetch all 32 corners; the pair sums collapse with one horizontal
+// add.
+__attribute__((target("avx2,fma"))) inline void sample_plane_row_gather(
+    const float* plane, int64_t Wp, const int32_t* base, const float* top, const float* bottom,
+    int64_t len, float* row) {
+  const __m128i wp = _mm_set1_epi32(static_cast<int32_t>(Wp));
+  const auto* pairs = reinterpret_cast<const long long*>(plane);
+  int64_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    const __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + i));
+    const __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + i + 4));
+    const __m256 t0 = _mm256_castsi256_ps(_mm256_i32gather_epi64(pairs, b0, 4));
+    const __m256 t1 = _mm256_castsi256_ps(_mm256_i32gather_epi64(pairs, b1, 4));
+    const __m256 d0 = _mm256_castsi256_ps(_mm256_i32gather_epi64(pairs, _mm_add_epi32(b0, wp), 4));
+    const __m256 d1 = _mm256_castsi256_ps(_mm256_i32gather_epi64(pairs, _mm_add_epi32(b1, wp), 4));
+    blend8(t0, t1, d0, d1, top + 2 * i, bottom + 2 * i, row + i);
+  }
+  sample_plane_row(plane, Wp, base + i, top + 2 * i, bottom + 2 * i, len - i, row + i);
+}
+
+// The same 8 samples from plain 64-bit loads: each corner pair is one movq/movhps. On CPUs with
+// slow gathers (AMD Zen) this is faster than the gathers.
+__attribute__((target("avx2,fma"))) inline void sample_plane_row_pairs(
+    const float* plane, int64_t Wp, const int32_t* base, const float* top, const float* bottom,
+    int64_t len, float* row) {
+  int64_t i = 0;
+  const auto pair = [](const float* lo, const float* hi) {  // (lo[0], lo[1], hi[0], hi[1])
+    double a, b;  // 8-byte loads from 4-byte aligned addresses: memcpy keeps them well defined
+    std::memcpy(&a, lo, sizeof a);
+    std::memcpy(&b, hi, sizeof b);
+    return _mm_castpd_ps(_mm_set_pd(b, a));
+  };
+  for (; i + 8 <= len; i += 8) {
+    const float* q[8];
+    for (int j = 0; j < 8; ++j) q[j] = plane + base[i + j];
+    const __m256 t0 = _mm256_set_m128(pair(q[2], q[3]), pair(q[0], q[1]));
+    const __m256 t1 = _mm256_set_m128(pair(q[6], q[7]), pair(q[4], q[5]));
+    const __m256 d0 = _mm256_set_m128(pair(q[2] + Wp, q[3] + Wp), pair(q[0] + Wp, q[1] + Wp));
+    const __m256 d1 = _mm256_set_m128(pair(q[6] + Wp, q[7] + Wp), pair(q[4] + Wp, q[5] + Wp));
+    blend8(t0, t1, d0, d1, top + 2 * i, bottom + 2 * i, row + i);
+  }
+  sample_plane_row(plane, Wp, base + i, top + 2 * i, bottom + 2 * i, len - i, row + i);
+}
+#endif
 
 // ---- forward, channels-last ------------------------------------------------------------------
 //
