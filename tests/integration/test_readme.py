@@ -8,6 +8,7 @@ true is the point: an API change that breaks an example fails here.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -61,8 +62,14 @@ def test_readme_marks_its_examples() -> None:
     assert not shared, f"an example name belongs to one page: {shared}"
 
 
+# examples that need an optional extra: skipped, with the reason, where it is not installed
+NEEDS_EXTRA = {"real-models": ("transformers", "the [hf] extra")}
+
+
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_readme_example_runs(name: str, tmp_path: Path) -> None:
+    if name in NEEDS_EXTRA and importlib.util.find_spec(NEEDS_EXTRA[name][0]) is None:
+        pytest.skip(f"example {name!r} needs {NEEDS_EXTRA[name][1]}")
     (tmp_path / "acme_ops.py").write_text(ACME_OPS, encoding="utf-8")
     script = []
     for lang, body in EXAMPLES[name]:
