@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 import onnxscript
+import onnxscript.evaluator
 import torch
 from onnxscript.onnx_types import TensorType
-from torch.onnx._internal.exporter import _building, _tensors
 
+from onnx_custom.common.torch_onnx import dynamo_exporter
 from onnx_custom.errors import InvalidArgumentError, OpsetError, SymbolicError
 from onnx_custom.exporter.dynamo_shapes import fx_outputs, value_outputs
 from onnx_custom.exporter.output_meta import Outputs, flat_outputs, layout
@@ -30,6 +31,9 @@ from onnx_custom.translate.builder import GraphBuilder, OutputMeta, call_transla
 from onnx_custom.translate.names import QualifiedName, Target
 from onnx_custom.translate.registry import Registry, SymbolicEntry, resolve_registry
 from onnx_custom.translate.scalar_types import dtype_argument
+
+_building = dynamo_exporter("_building")
+_tensors = dynamo_exporter("_tensors")
 
 __all__ = [
     "DynamoBuilder",

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from onnx_custom.common.torch_onnx import torchscript_exporter
 from onnx_custom.errors import SymbolicError
 from onnx_custom.translate.names import Target, normalize_target
 from onnx_custom.translate.registry import Registry, SymbolicEntry, resolve_registry
@@ -94,7 +95,7 @@ def unregister_custom_op_symbolic(
 
 def _torch_custom_symbolics() -> dict[str, dict[int, Callable[..., Any]]]:
     """``{name: {opset: fn}}`` registered with ``torch.onnx.register_custom_op_symbolic``."""
-    from torch.onnx._internal.torchscript_exporter import registration
+    registration = torchscript_exporter("registration")
 
     found: dict[str, dict[int, Callable[..., Any]]] = {}
     for name, group in list(registration.registry._registry.items()):
