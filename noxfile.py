@@ -2,7 +2,8 @@
 
 Each session makes its own venv, installs that torch with the package's other pins (the
 constraints file named below), runs ``onnx-custom zoo`` and the default suite (``-m "not slow"``).
-Arguments after ``--`` replace the pytest arguments: ``nox -s tests-2.15 -- tests/compile -x``.
+Arguments after ``--`` run pytest with those arguments instead (no zoo):
+``nox -s tests-2.15 -- tests/compile -x``.
 See docs/torch-versions.md for what each release supports and which sessions CI runs.
 """
 
@@ -32,9 +33,11 @@ def _tests(session: nox.Session, constraints: str) -> None:
     session.env["PIP_CONSTRAINT"] = path
     session.install("-c", path, "-e", f"{ROOT}[test]")
     session.run("python", "-c", "import torch; print('torch', torch.__version__)")
+    if session.posargs:
+        session.run("python", "-m", "pytest", *session.posargs)
+        return
     session.run("onnx-custom", "zoo")
-    args = session.posargs or ["-m", "not slow", "-q", "-p", "no:cacheprovider"]
-    session.run("python", "-m", "pytest", *args)
+    session.run("python", "-m", "pytest", "-m", "not slow", "-q", "-p", "no:cacheprovider")
 
 
 for _version, _constraints in TORCH.items():
