@@ -36,7 +36,7 @@ __all__ = [
 
 # Private names used, by module (torch.onnx._internal.exporter.<module>): checked in check_torch.
 _NEEDED = {
-    "_core": ("_translate_fx_graph",),
+    "_core": ("_translate_fx_graph", "TorchTensor"),
     "_registration": ("ONNXRegistry", "OnnxDecompMeta"),
     "_decomp": ("create_onnx_friendly_decomposition_table", "get_onnx_implemented_overloads"),
     "_ir_passes": ("add_opset_imports",),
@@ -204,15 +204,15 @@ def translate_graph(graph: torch.fx.Graph, registry: Any, graph_name: str = "mai
         ir_version=10,
         producer_name="onnx_custom.compile",
     )
-    # The translator writes a get_attr tensor constant (a tensor made from Python data inside
-    # forward) from its meta["val"], which aot_autograd leaves fake: hand it the real tensor.
+    # A get_attr tensor constant (a tensor made from Python data inside forward) is translated as
+    # an input, then made an initializer holding the real tensor: torch's translator handles such
+    # nodes itself only from 2.13 (and from a real meta["val"], which aot_autograd leaves fake).
     constants = _tensor_constants(graph)
-    saved = {node: node.meta.get("val") for node in constants}
+    for node in constants:
+        node.op = "placeholder"
     # aot_autograd calls its compilers inside its fake mode: translations make real constants.
     try:
         with unset_fake_temporarily():
-            for node, value in constants.items():
-                node.meta["val"] = value
             modules["_core"]._translate_fx_graph(
                 graph,
                 model,
@@ -222,8 +222,15 @@ def translate_graph(graph: torch.fx.Graph, registry: Any, graph_name: str = "mai
                 registry=registry,
             )
     finally:
-        for node, before in saved.items():
-            node.meta["val"] = before
+        for node in constants:
+            node.op = "get_attr"
+    if constants:
+        inputs = {value.name: value for value in model.graph.inputs}
+        for node, tensor in constants.items():
+            value = inputs[node.name]
+            model.graph.inputs.remove(value)
+            value.const_value = modules["_core"].TorchTensor(tensor, name=node.name)
+            model.graph.initializers[node.name] = value
     modules["_ir_passes"].add_opset_imports(model)
     return model
 
