@@ -522,3 +522,83 @@ def test_spec_reference_check_finds_a_planted_upward_reference(tmp_path: Path) -
     assert any("names onnx_custom.ort_kernels.seed in a higher layer" in p for p in problems)
     assert any("onnx_custom.nowhere, which is no module" in p for p in problems), problems
     assert len(problems) == 2, problems
+
+
+# torch's private modules, each reached through one door (docs/torch-versions.md, "Private seams"):
+# torch.onnx._internal only through these two adapters, which find every name by feature.
+TORCH_ONNX_INTERNAL_DOORS = {"onnx_custom.common.torch_onnx", "onnx_custom.compile.torch_adapter"}
+# Other private torch modules imported by name (import statements), each where its reason is:
+PRIVATE_TORCH_IMPORTS = {
+    # custom-op registries (fake/autograd kernels of our ops) and the fake-tensor mode the
+    # output-metadata probe runs ops in
+    "onnx_custom.spec.torch_op": {"torch._library"},
+    "onnx_custom.exporter.output_meta": {
+        "torch._library",
+        "torch._dynamo.source",
+        "torch._subclasses.fake_tensor",
+    },
+    # the compile backend's aot_autograd and fake-mode switches
+    "onnx_custom.compile.torch_adapter": {"torch._dynamo.backends.common", "torch._subclasses"},
+}
+# torch._C (TorchScript graph and value objects, the ONNX log switch) is used as attributes of
+# ``torch._C`` by the TorchScript exporter path and the quiet rules; it is not imported by name.
+
+
+def _torch_private_uses(path: Path) -> list[tuple[str, int]]:
+    """(dotted name, line) for every import of ``torch._*``/``torch.onnx._internal`` and every
+    ``torch.onnx._internal...`` attribute chain in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.module, node.lineno))
+        elif isinstance(node, ast.Import):
+            found.extend((a.name, node.lineno) for a in node.names)
+        elif isinstance(node, ast.Attribute):
+            text = ast.unparse(node)
+            if text.startswith("torch.onnx._internal"):
+                found.append((text, node.lineno))
+    return [
+        (name, line)
+        for name, line in found
+        if name.startswith("torch._") or name.startswith("torch.onnx._internal")
+    ]
+
+
+def test_torch_onnx_internal_only_through_its_adapters() -> None:
+    problems = [
+        f"{path.name}:{line} {module} uses {name}"
+        for module, path in sorted(MODULES.items())
+        if module not in TORCH_ONNX_INTERNAL_DOORS
+        for name, line in _torch_private_uses(path)
+        if name.startswith("torch.onnx._internal")
+    ]
+    assert not problems, "\n".join(
+        [*problems, "Fix: get the module from onnx_custom.common.torch_onnx"]
+    )
+
+
+def test_private_torch_imports_only_where_documented() -> None:
+    problems = []
+    for module, path in sorted(MODULES.items()):
+        allowed = PRIVATE_TORCH_IMPORTS.get(module, set())
+        for name, line in _torch_private_uses(path):
+            if name.startswith("torch.onnx._internal") or any(
+                name == a or name.startswith(a + ".") for a in allowed
+            ):
+                continue
+            problems.append(f"{path.name}:{line} {module} imports {name}")
+    assert not problems, "\n".join(problems)
+
+
+def test_private_torch_check_finds_a_planted_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "import torch\nfrom torch.onnx._internal.exporter import _core\n"
+        "x = torch.onnx._internal.exporter\n"
+    )
+    uses = _torch_private_uses(planted)
+    assert ("torch.onnx._internal.exporter", 2) in uses
+    assert ("torch.onnx._internal.exporter", 3) in uses
+    assert {line for _, line in uses} == {2, 3}

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from onnx_custom.cli.parser import DEFAULT_OPSET, build_parser
 from onnx_custom.cli.shared import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, stderr
+from onnx_custom.common.torch_notices import drop_cuda_home_notice
 
 __all__ = ["DEFAULT_OPSET", "EXIT_ERROR", "EXIT_FAILED", "build_parser", "main"]
 
@@ -43,6 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ns = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, usage errors (already printed)
         return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+    drop_cuda_home_notice()  # torch's import-time CUDA_HOME line, whichever module imports it
     try:
         return int(ns.func(ns))
     except KeyboardInterrupt:

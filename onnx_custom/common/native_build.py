@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 
+from onnx_custom.common.torch_notices import drop_cuda_home_notice
 from onnx_custom.errors import ExtensionBuildError
 
 __all__ = [
@@ -104,6 +105,7 @@ def _cxx() -> str:
 @contextlib.contextmanager
 def _tools_on_path(name: str) -> Iterator[None]:
     """Check the compiler and ninja; use the venv's ninja (pip ``ninja``) when PATH lacks one."""
+    drop_cuda_home_notice()
     from torch.utils import cpp_extension
 
     if shutil.which(_cxx()) is None:
@@ -235,6 +237,7 @@ def build_torch_extension(
     part of its key. Returns the Python module, or with ``is_python_module=False`` (a
     ``TORCH_LIBRARY`` op library) the loaded shared library's path.
     """
+    drop_cuda_home_notice()
     from torch.utils import cpp_extension
 
     directory = extension_directory(name, source, extra_cflags, headers)

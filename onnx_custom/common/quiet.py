@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from onnx_custom.common.torch_onnx import optional_torchscript_exporter
+
 __all__ = ["LIBRARY_MODULES", "OUR_CALLERS", "drop_fake_tensor_logs_of_typed_errors", "quiet_torch"]
 
 # Modules whose own warnings are implementation chatter during an export.
@@ -72,11 +74,7 @@ def _onnx_log_only_when_verbose(verbose: bool = False) -> Iterator[None]:
         torch._C._jit_set_onnx_log_enabled(was)
 
 
-_ts_utils: Any
-try:
-    from torch.onnx._internal.torchscript_exporter import utils as _ts_utils
-except ImportError:  # pragma: no cover - other torch versions
-    _ts_utils = None
+_ts_utils: Any = optional_torchscript_exporter("utils")
 
 
 @contextlib.contextmanager

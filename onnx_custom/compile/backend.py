@@ -120,6 +120,9 @@ class OnnxCustomBackend:
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
     ) -> Callable[..., Any]:
         self._check_devices(example_inputs)
+        missing = torch_adapter.missing_features()
+        if missing and self.options.fallback == "eager":
+            return self._eager(gm, missing)
         if self.options.fuse is not False and self.options.fuse is not None:
             from onnx_custom.fusion import fuse_graph
 
@@ -136,6 +139,19 @@ class OnnxCustomBackend:
             decompositions=table,
         )
         return aot(gm, example_inputs)  # type: ignore[no-any-return]
+
+    def _eager(self, gm: torch.fx.GraphModule, missing: Sequence[str]) -> Callable[..., Any]:
+        """fallback="eager" on a torch without the translator pieces: the graph runs in PyTorch
+        (one warning per backend), as a node without a translation would."""
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"onnx_custom backend: torch {torch.__version__} lacks {', '.join(missing)}, so"
+                " every graph runs in PyTorch (fallback='eager'). Fix: install torch 2.11 to 2.15,"
+                " or compile with fallback='error' to raise instead.",
+                stacklevel=2,
+            )
+        return gm.forward  # type: ignore[no-any-return]
 
     def _check_devices(self, example_inputs: Sequence[Any]) -> None:
         for value in example_inputs:

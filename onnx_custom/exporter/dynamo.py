@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 import onnxscript
+import onnxscript.evaluator
 import torch
 from onnxscript.onnx_types import TensorType
-from torch.onnx._internal.exporter import _building, _tensors
 
+from onnx_custom.common.torch_onnx import dynamo_exporter
 from onnx_custom.errors import InvalidArgumentError, OpsetError, SymbolicError, UnsupportedOpError
 from onnx_custom.exporter.dynamo_shapes import fx_node, fx_outputs, value_outputs
 from onnx_custom.exporter.output_meta import Outputs, flat_outputs, layout
@@ -32,6 +33,9 @@ from onnx_custom.translate.names import QualifiedName, Target
 from onnx_custom.translate.registry import Registry, SymbolicEntry, resolve_registry
 from onnx_custom.translate.scalar_types import dtype_argument
 from onnx_custom.translate.torch_symbolics import torch_builtin_newer
+
+_building = dynamo_exporter("_building")
+_tensors = dynamo_exporter("_tensors")
 
 __all__ = [
     "DynamoBuilder",

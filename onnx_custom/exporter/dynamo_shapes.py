@@ -25,6 +25,7 @@ from typing import Any
 import sympy
 import torch
 
+from onnx_custom.common.torch_onnx import dynamo_exporter
 from onnx_custom.exporter.output_meta import DimNames, Outputs, TensorDesc, run_fake
 
 __all__ = ["dim_names", "fx_node", "fx_outputs", "symbol_names", "value_outputs"]
@@ -77,7 +78,7 @@ def _users_mapping(model: Any) -> dict[str, str]:
     if not spec or model is None:
         return {}
     try:
-        from torch.onnx._internal.exporter import _dynamic_shapes
+        _dynamic_shapes = dynamo_exporter("_dynamic_shapes")
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

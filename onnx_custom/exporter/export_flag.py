@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from onnx_custom.common.torch_onnx import dynamo_exporter
+
 __all__ = ["onnx_exporting"]
 
 
@@ -20,7 +22,7 @@ def onnx_exporting() -> Iterator[None]:
     """Inside the block ``torch.onnx.is_in_onnx_export()`` is True; the previous value returns
     after it, also on an exception (torch's own flag setter resets to False, which would end an
     enclosing export's flag early)."""
-    from torch.onnx._internal.exporter import _flags  # the flag torch's dynamo exporter sets
+    _flags = dynamo_exporter("_flags")  # the flag torch's dynamo exporter sets
 
     previous = _flags._is_onnx_exporting
     _flags._is_onnx_exporting = True

@@ -56,7 +56,7 @@ def recording_function_failures(
 
     def apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            result = original.__func__(cls, *args, **kwargs)
+            result = original.__get__(None, cls)(*args, **kwargs)
         except Exception:
             if not failed and threading.get_ident() == owner and _has_symbolic(cls):
                 failed.append(cls)

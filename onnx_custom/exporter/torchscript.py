@@ -16,9 +16,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.onnx._internal.torchscript_exporter import registration as ts_registration
-from torch.onnx._internal.torchscript_exporter import symbolic_helper
 
+from onnx_custom.common.torch_onnx import torchscript_exporter
 from onnx_custom.errors import InvalidArgumentError, SymbolicError
 from onnx_custom.exporter.output_meta import Outputs, TensorDesc, flat_outputs, layout
 from onnx_custom.exporter.torchscript_mutation import mutations_refused
@@ -30,6 +29,9 @@ from onnx_custom.translate.registry import Registry, resolve_registry
 from onnx_custom.translate.scalar_types import dtype_argument
 from onnx_custom.translate.torch_errors import check_functional
 from onnx_custom.translate.torch_symbolics import torch_builtin_newer
+
+ts_registration = torchscript_exporter("registration")
+symbolic_helper = torchscript_exporter("symbolic_helper")
 
 __all__ = ["TS_MAX_OPSET", "TS_MIN_OPSET", "TorchScriptBuilder", "registered"]
 

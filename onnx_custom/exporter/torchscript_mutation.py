@@ -14,9 +14,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.onnx._internal.torchscript_exporter import utils as ts_utils
 
+from onnx_custom.common.torch_onnx import torchscript_exporter
 from onnx_custom.translate.torch_errors import check_functional
+
+ts_utils = torchscript_exporter("utils")
 
 __all__ = ["check_graph_functional", "mutations_refused"]
 

@@ -31,6 +31,8 @@ from typing import Any
 import onnx
 import torch
 
+from onnx_custom.common.torch_onnx import optional_torchscript_exporter
+
 __all__ = [
     "METADATA_KEY",
     "SOURCE_KEY",
@@ -171,9 +173,8 @@ def read(model: onnx.ModelProto) -> list[TracerWarningRecord]:
 def sources_requested(log: bool) -> Iterator[None]:
     """Inside the block ``torch.onnx.export(..., verbose=True)`` writes each node's source frames
     in its doc string without printing the graph (unless ``log``: the user's own ``verbose``)."""
-    try:
-        from torch.onnx._internal.torchscript_exporter import utils
-    except ImportError:  # pragma: no cover - other torch versions
+    utils = optional_torchscript_exporter("utils")
+    if utils is None:  # pragma: no cover - a torch without the TorchScript exporter
         yield
         return
     original = utils.setup_onnx_logging

@@ -149,6 +149,9 @@ SPECS = (MSDA,)
 def _compiler_is_gcc() -> bool:
     import subprocess
 
+    from onnx_custom.common.torch_notices import drop_cuda_home_notice
+
+    drop_cuda_home_notice()
     from torch.utils.cpp_extension import get_cxx_compiler
 
     try:

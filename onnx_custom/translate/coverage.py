@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from onnx_custom.common.torch_onnx import dynamo_exporter, torchscript_exporter
 from onnx_custom.translate.names import QualifiedName, Target
 from onnx_custom.translate.registry import Registry, resolve_registry
 
@@ -68,7 +69,8 @@ def format_missing(missing: list[MissingOp], exporter: str, opset: int) -> str:
 
 @functools.lru_cache(maxsize=8)
 def _torchlib_supported(opset: int) -> frozenset[Any]:
-    from torch.onnx._internal.exporter import _decomp, _registration
+    _decomp = dynamo_exporter("_decomp")
+    _registration = dynamo_exporter("_registration")
 
     registry = _registration.ONNXRegistry.from_torchlib(opset)
     supported = set(_decomp.get_onnx_implemented_overloads(registry))
@@ -163,7 +165,7 @@ _TS_ERASED = {
 
 
 def _ts_has_symbolic(kind: str, opset: int) -> bool:
-    from torch.onnx._internal.torchscript_exporter import registration
+    registration = torchscript_exporter("registration")
 
     if kind.endswith("_"):
         kind = kind[:-1]

@@ -75,7 +75,9 @@ class _TorchStyleType:
         dtype = self.dtype()
         if dtype is None:
             return None
-        from torch.onnx._internal.torchscript_exporter import _type_utils
+        from onnx_custom.common.torch_onnx import torchscript_exporter
+
+        _type_utils = torchscript_exporter("_type_utils")
 
         return str(_type_utils.JitScalarType.from_dtype(dtype).scalar_name())
 

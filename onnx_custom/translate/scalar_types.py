@@ -13,7 +13,10 @@ import numbers
 from typing import Any
 
 import torch
-from torch.onnx._internal.torchscript_exporter import _type_utils
+
+from onnx_custom.common.torch_onnx import torchscript_exporter
+
+_type_utils = torchscript_exporter("_type_utils")
 
 __all__ = ["SCALAR_TYPES", "dtype_argument", "real_type", "scalar_type_index"]
 

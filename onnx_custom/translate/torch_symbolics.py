@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from onnx_custom.common.torch_onnx import optional_torchscript_exporter, torchscript_exporter
 from onnx_custom.errors import SymbolicError
 from onnx_custom.translate.names import Target, normalize_target
 from onnx_custom.translate.registry import Registry, SymbolicEntry, resolve_registry
@@ -120,8 +121,7 @@ def _forced(translation: Callable[..., Any]) -> Callable[..., Any]:
 
 def _torch_builtin_versions(name: str) -> tuple[int, ...]:
     """The opsets at which torch's TorchScript exporter has its own symbolic for ``name``."""
-    from torch.onnx._internal.torchscript_exporter import registration
-
+    registration = torchscript_exporter("registration")
     _load_torch_symbolics()  # torch registers each opset's symbolics when its module loads
     group = registration.registry.get_function_group(name)
     return tuple(sorted(getattr(getattr(group, "_functions", None), "_base", None) or ()))
@@ -129,15 +129,9 @@ def _torch_builtin_versions(name: str) -> tuple[int, ...]:
 
 @functools.cache
 def _load_torch_symbolics() -> None:
-    import importlib
 
     for version in range(7, 30):
-        try:
-            importlib.import_module(
-                f"torch.onnx._internal.torchscript_exporter.symbolic_opset{version}"
-            )
-        except ImportError:
-            continue
+        optional_torchscript_exporter(f"symbolic_opset{version}")
 
 
 def torch_builtin_newer(entry: SymbolicEntry, opset: int) -> int | None:
@@ -167,7 +161,7 @@ def unregister_custom_op_symbolic(
 
 def _torch_custom_symbolics() -> dict[str, dict[int, Callable[..., Any]]]:
     """``{name: {opset: fn}}`` registered with ``torch.onnx.register_custom_op_symbolic``."""
-    from torch.onnx._internal.torchscript_exporter import registration
+    registration = torchscript_exporter("registration")
 
     found: dict[str, dict[int, Callable[..., Any]]] = {}
     for name, group in list(registration.registry._registry.items()):

@@ -18,7 +18,8 @@ import pytest
 
 EXE = str(Path(sys.executable).with_name("onnx-custom"))
 ORT_LOG_MARKS = ("[E:onnxruntime", "[W:onnxruntime", "[I:onnxruntime")
-CHATTER = ("torchvision is not installed",)
+# The CUDA_HOME line: torch.utils.cpp_extension at import, regular (CUDA) wheels on a CPU machine.
+CHATTER = ("torchvision is not installed", "No CUDA runtime is found")
 
 API_SCRIPT = textwrap.dedent("""
     import sys
@@ -170,3 +171,21 @@ def test_cli_commands_print_no_ort_log_lines(
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     _no_noise(proc.stderr)
+
+
+def test_cuda_home_notice_is_dropped_and_other_records_stay(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The CUDA wheels log the notice at import only where a CUDA toolkit exists without a GPU;
+    the filter is checked directly so that every machine and torch build runs this test."""
+    import logging
+
+    from onnx_custom.common.torch_notices import CPP_EXTENSION_LOGGER, drop_cuda_home_notice
+
+    drop_cuda_home_notice()
+    drop_cuda_home_notice()  # idempotent
+    logger = logging.getLogger(CPP_EXTENSION_LOGGER)
+    with caplog.at_level(logging.WARNING, logger=CPP_EXTENSION_LOGGER):
+        logger.warning("No CUDA runtime is found, using CUDA_HOME='%s'", "/usr/local/cuda")
+        logger.warning("Error checking compiler version for %s", "c++")
+    assert [r.getMessage() for r in caplog.records] == ["Error checking compiler version for c++"]
