@@ -135,7 +135,7 @@ BENCHMARKS = (
         "transformers' Deformable DETR exported with `fuse=True` (native kernel) against the"
         " unfused `GridSample` file (goal <= 0.6; needs transformers)",
         (),
-        ("--rounds", "1", "--repeat", "2", "--size", "128"),
+        ("--rounds", "1", "--repeat", "2"),
         requires=("transformers",),
     ),
 )
