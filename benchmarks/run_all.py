@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -37,6 +38,7 @@ class Benchmark:
     what: str  # one line for the page
     args: tuple[str, ...] = ()
     quick: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()  # modules it imports beyond the project's dependencies
 
 
 BENCHMARKS = (
@@ -121,13 +123,29 @@ BENCHMARKS = (
         (),
         ("--rounds", "1"),
     ),
+    Benchmark(
+        "fuse_file",
+        "`fuse_file` on a file of stacked `grid_sample` attention blocks: fuse and proof time;"
+        " fused file (native kernel, Python kernels) against the original (goal <= 0.6)",
+        (),
+        ("--blocks", "2", "--rounds", "1", "--repeat", "2"),
+    ),
+    Benchmark(
+        "hf_models",
+        "transformers' Deformable DETR exported with `fuse=True` (native kernel) against the"
+        " unfused `GridSample` file (goal <= 0.6; needs transformers)",
+        (),
+        ("--rounds", "1", "--repeat", "2"),
+        requires=("transformers",),
+    ),
 )
 
 # a goal stated on a line: "<= 1.2 ok", "goal <= 2 s", "(goal <= 1.0)"
 _GOAL = re.compile(r"(?:goal\s*)?(?:<=|≤)\s*(?P<goal>[\d.]+)\s*(?P<unit>[a-zµ]*)", re.I)
 _RATIO = re.compile(r"(?<![\w.])(?P<ratio>\d+\.\d+)x(?!\w)")
 _EXPORT_ROW = re.compile(
-    r"^(?P<label>dynamo|torchscript|TS, plain)\s+[\d.]+ ms\s+[\d.]+ ms\s+(?P<ratio>[\d.]+)(?P<rest>.*)$"
+    r"^(?P<label>dynamo|torchscript|TS, plain)\s+[\d.]+ ms\s+[\d.]+ ms\s+"
+    r"(?P<ratio>[\d.]+)(?P<rest>.*)$"
 )
 _PAIR_ROW = re.compile(r"^(?P<a>\S.*?)\s+\d+\.\d+\s{2,}(?P<b>\S.*?)\s+\d+\.\d+\s+\d+\.\d+x")
 _SUMMARY_RATIO = re.compile(r"\bratio (?P<ratio>\d+\.\d+)")
@@ -176,9 +194,12 @@ def parse_rows(benchmark: str, stdout: str) -> list[Row]:
             continue
         if m := _SUMMARY_RATIO.search(line):  # "...: ratio 1.120 (+1489 us)"
             ratio = float(m["ratio"])
-            rows.append(
-                Row(benchmark, line[: m.start()].strip(" :,"), f"{ratio:.3f}", "report", "report")
-            )
+            label = line[: m.start()].strip(" :,")
+            if goal := _GOAL.search(line, m.end()):  # "ratio 0.55x (goal <= 0.6 ok)"
+                status = _verdict(line[goal.end() :]) or _status(ratio, float(goal["goal"]))
+                rows.append(Row(benchmark, label, f"{ratio:.3f}", f"<= {goal['goal']}", status))
+            else:
+                rows.append(Row(benchmark, label, f"{ratio:.3f}", "report", "report"))
             continue
         if column and (m := _TABLE_ROW.match(line)) and not _RATIO.search(line):
             value = float(m["last"])
@@ -194,10 +215,11 @@ def parse_rows(benchmark: str, stdout: str) -> list[Row]:
             ratio = float(m["ratio"])
             plain = m["label"] == "TS, plain"  # against torch with plain symbolics: a report
             label = "torchscript, plain torch symbolics" if plain else m["label"]
+            rest = m["rest"].strip()
             rows.append(
                 Row(
                     benchmark,
-                    f"{label}: onnx_custom.export / torch.onnx.export{m['rest'].strip() and ' ' + m['rest'].strip()}",
+                    f"{label}: onnx_custom.export / torch.onnx.export{rest and ' ' + rest}",
                     f"{ratio:.3f}",
                     "report" if plain else "<= 1.03",
                     _status(ratio, None if plain else 1.03),
@@ -282,9 +304,19 @@ class Run:
     date: str
 
 
+def missing(benchmark: Benchmark) -> list[str]:
+    """The modules ``benchmark.requires`` that this interpreter cannot import."""
+    return [m for m in benchmark.requires if importlib.util.find_spec(m) is None]
+
+
 def run(benchmark: Benchmark, *, quick: bool, timeout: float, raw: Path | None = None) -> Run:
     args = benchmark.quick if quick else benchmark.args
     command = ["python", f"benchmarks/{benchmark.name}.py", *args]
+    if absent := missing(benchmark):  # a row that says so, not a failed run
+        date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+        label = f"(not run: {', '.join(absent)} not installed)"
+        rows = [Row(benchmark.name, label, "—", "—", "not run")]
+        return Run(benchmark, " ".join(command), rows, 0, 0.0, _load(), _load(), date)
     load_before = _load()
     start = time.monotonic()
     try:
@@ -343,6 +375,14 @@ def load_raw(benchmark: Benchmark, raw: Path) -> Run | None:
 def render(runs: list[Run], *, quick: bool, host: str) -> str:
     ones = [float(load.split("/")[0]) for r in runs for load in (r.load_before, r.load_after)]
     ones = ones or [0.0]
+    mode = (
+        "quick mode (`--quick`: few rounds, small sweeps; smoke figures)" if quick else "full mode"
+    )
+    loaded = (
+        " (a shared, loaded machine: treat the figures as rough)"
+        if max(ones) > (os.cpu_count() or 1)
+        else ""
+    )
     lines = [
         "# Benchmarks",
         "",
@@ -353,12 +393,11 @@ def render(runs: list[Run], *, quick: bool, host: str) -> str:
         "and after its benchmark ran, and the command that reproduces it. Ratios travel between",
         "machines better than times, but both move with load: judge a row by its load column.",
         "",
-        f"**This run:** {'quick mode (`--quick`: few rounds, small sweeps; smoke figures)' if quick else 'full mode'},"
-        f" on {host}, Python {platform.python_version()}; 1-minute load average between"
-        f" {min(ones):.1f} and {max(ones):.1f} while it ran"
-        f"{' (a shared, loaded machine: treat the figures as rough)' if max(ones) > (os.cpu_count() or 1) else ''}.",
+        f"**This run:** {mode}, on {host}, Python {platform.python_version()}; 1-minute load"
+        f" average between {min(ones):.1f} and {max(ones):.1f} while it ran{loaded}.",
         "",
-        "| benchmark | row | figure | goal | status | machine | date | load before → after | command |",
+        "| benchmark | row | figure | goal | status | machine | date"
+        " | load before → after | command |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:

@@ -2,10 +2,10 @@
 
 Hand-off without copies: inputs are wrapped as ``OrtValue``s over the tensors' own memory
 (``OrtValueVector.push_back_batch``) and ORT's outputs become torch tensors through DLPack
-(``OrtValueVector.to_dlpacks``), a few microseconds per call. Wrapping by data pointer ignores strides, so a
-non-contiguous input is made contiguous first (the only copy, and only when needed); bool outputs
-arrive as uint8 through DLPack and are viewed back as bool; Python ints/floats (SymInt inputs)
-become 0-d tensors.
+(``OrtValueVector.to_dlpacks``), a few microseconds per call. Wrapping by data pointer ignores
+strides, so a non-contiguous input is made contiguous first (the only copy, and only when needed);
+bool outputs arrive as uint8 through DLPack and are viewed back as bool; Python ints/floats
+(SymInt inputs) become 0-d tensors.
 """
 
 from __future__ import annotations

@@ -83,7 +83,8 @@ def test_benchmarks_page_comes_from_the_generator() -> None:
             id="harness-row",
         ),
         pytest.param(
-            "  native DeformConv2d / ORT DeformConv     4.100    4.000      1.22x      1.20x  <= 1.0",
+            "  native DeformConv2d / ORT DeformConv     4.100    4.000"
+            "      1.22x      1.20x  <= 1.0",
             "1.22x",
             "<= 1.0",
             "MISS",
@@ -110,6 +111,13 @@ def test_benchmarks_page_comes_from_the_generator() -> None:
             "report",
             id="report",
         ),
+        pytest.param(
+            "Detr 128x128: fused 3.10 ms, GridSample file 6.20 ms, ratio 0.70x (goal <= 0.6 MISS)",
+            "0.700",
+            "<= 0.6",
+            "MISS",
+            id="summary-ratio-with-goal",
+        ),
     ],
 )
 def test_run_all_reads_benchmark_lines(line: str, figure: str, goal: str, status: str) -> None:
@@ -131,6 +139,16 @@ native Mul+Add x4, 2x3                                           23.5         66
         ("1.120", "report", "report"),
         ("0.36 us", "<= 5 us", "met"),
         ("2.85", "report", "report"),
+    ]
+
+
+def test_run_all_reports_a_benchmark_whose_requirement_is_absent() -> None:
+    run_all = _load(ROOT / "benchmarks" / "run_all.py")
+    bench = run_all.Benchmark("absent", "needs a module", requires=("no_such_module_for_tests",))
+    result = run_all.run(bench, quick=True, timeout=10)
+    assert result.returncode == 0, result
+    assert [(r.label, r.status) for r in result.rows] == [
+        ("(not run: no_such_module_for_tests not installed)", "not run")
     ]
 
 
