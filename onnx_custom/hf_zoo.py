@@ -34,6 +34,7 @@ __all__ = [
     "family_names",
     "format_hf_table",
     "raw_torch_export",
+    "recognised_attention",
     "run_hf_row",
     "run_hf_zoo",
     "transformers_missing",
@@ -304,7 +305,11 @@ def fused_step(
         fused.status = "not-fused"
         fused.detail = fused.reasons[0] if fused.reasons else "the fusion report is empty"
         return fused
-    verified = verify_step(model, args, proto, dynamic, options)
+    try:
+        verified = verify_step(model, args, proto, dynamic, options)
+    except Exception as exc:
+        fused.detail = _first_line(exc)
+        return fused
     if not verified.passed:
         fused.detail = str(verified).strip().splitlines()[0]
         return fused
