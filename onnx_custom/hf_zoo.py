@@ -3,7 +3,8 @@ both exporters, verified in ONNX Runtime, and checked against what raw ``torch.o
 
 ``onnx-custom zoo --hf`` runs it. Each row (a family under one exporter) is a chain of steps, one
 function each, whose options pass through (`HfOptions`): build, export, raw torch export,
-verify at the export size, verify at other sizes/batches (a dynamic file), ORT run. A row whose
+verify at the export size, verify at other sizes/batches (a dynamic file), ORT run, and with
+``fuse=True`` a fused export verified against the unfused model (`HfFused`). A row whose
 export fails is checked against raw ``torch.onnx.export``: when torch fails too the row says
 ``torch-fails`` with torch's reason, never a silent skip; when ours exports and torch's does not,
 the row's "beyond torch" column says so.
@@ -27,11 +28,13 @@ from onnx_custom.errors import OnnxCustomError
 
 __all__ = [
     "EXPORTERS",
+    "HfFused",
     "HfOptions",
     "HfResult",
     "family_names",
     "format_hf_table",
     "raw_torch_export",
+    "recognised_attention",
     "run_hf_row",
     "run_hf_zoo",
     "transformers_missing",
@@ -74,6 +77,28 @@ class HfOptions:
     rtol: float | None = 1e-4
     atol: float | None = 1e-4
     export_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    fuse: bool = False  # also export with fuse=True and verify that file (the "fused" column)
+
+
+@dataclasses.dataclass
+class HfFused:
+    """The fused column: an export with ``fuse=True`` verified against the model as written."""
+
+    status: str  # "pass", "fail", "not-fused" (no attention module our op computes)
+    msda_nodes: int = 0  # onnx_custom::MultiScaleDeformableAttn nodes in the fused file
+    grid_samples: int = 0  # GridSample nodes left in the fused file
+    reasons: list[str] = dataclasses.field(default_factory=list)  # the report's not-fused sites
+    detail: str = ""  # why it failed, or why nothing was fused
+
+    def describe(self) -> str:
+        if self.status == "not-fused":
+            return f"not fused: {self.detail}"
+        text = f"{self.msda_nodes} MSDA, {self.grid_samples} GridSample"
+        if self.reasons:
+            text += f"; {len(self.reasons)} not fused: {self.reasons[0]}"
+        if self.status == "fail":
+            text += f"; FAIL: {self.detail}"
+        return text
 
 
 @dataclasses.dataclass
@@ -86,6 +111,7 @@ class HfResult:
     sizes: str = ""  # where verify ran: "1x3x64x64" and other sizes
     nodes: int = 0
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # per step
+    fused: HfFused | None = None  # with HfOptions(fuse=True) and an unfused export that passed
 
     @property
     def beyond_torch(self) -> bool:
@@ -142,6 +168,7 @@ def export_step(
             exporter=exporter,
             opset=options.opset,
             dynamic_shapes=dynamic,
+            fuse=options.fuse,
             **options.export_kwargs,
         )
 
@@ -217,12 +244,86 @@ def _sizes(report: Any, args: tuple[Any, ...]) -> tuple[str, int]:
     return text, len(other)
 
 
+def _count_nodes(proto: Any, op_type: str, domain: str | None = None) -> int:
+    """Nodes of ``op_type`` in the graph, its subgraphs and the file's functions."""
+
+    def walk(nodes: Iterable[Any]) -> int:
+        total = 0
+        for node in nodes:
+            if node.op_type == op_type and (domain is None or node.domain == domain):
+                total += 1
+            for attr in node.attribute:
+                for graph in [*([attr.g] if attr.HasField("g") else []), *attr.graphs]:
+                    total += walk(graph.node)
+        return total
+
+    return walk(proto.graph.node) + sum(walk(f.node) for f in proto.functions)
+
+
+def recognised_attention(model: Any) -> int:
+    """How many places fusion can replace: module instances of a recognised attention class, and
+    the recognised attention functions the model's own modeling modules define or import."""
+    import sys
+
+    from onnx_custom.fusion import msda
+
+    classes = tuple(msda.library_modules())
+    instances = sum(isinstance(m, classes) for m in model.modules()) if classes else 0
+    functions = msda.library_functions()
+    namespaces = {type(m).__module__ for m in model.modules()}
+    used = {
+        id(fn)
+        for name in namespaces
+        if (module := sys.modules.get(name)) is not None
+        for fn in functions
+        if any(v is fn for v in vars(module).values())
+    }
+    return instances + len(used)
+
+
+def fused_step(
+    model: Any, args: tuple[Any, ...], entry: Any, exporter: str, dynamic: Any, options: HfOptions
+) -> HfFused:
+    """Export with ``fuse=True`` and verify the file against the model as written (unfused)."""
+    from onnx_custom.fusion import fusion_report
+
+    if not recognised_attention(model):
+        why = entry.fusion_note or "no recognised deformable attention implementation in the model"
+        return HfFused("not-fused", detail=why)
+    try:
+        proto = export_step(model, args, exporter, dynamic, dataclasses.replace(options, fuse=True))
+    except Exception as exc:
+        return HfFused("fail", detail=_first_line(exc))
+    report = fusion_report(proto)
+    fused = HfFused(
+        "fail",
+        msda_nodes=_count_nodes(proto, "MultiScaleDeformableAttn", "onnx_custom"),
+        grid_samples=_count_nodes(proto, "GridSample"),
+        reasons=[s.describe() for s in report.not_fused] if report is not None else [],
+    )
+    if report is None or not report.fused:
+        fused.status = "not-fused"
+        fused.detail = fused.reasons[0] if fused.reasons else "the fusion report is empty"
+        return fused
+    try:
+        verified = verify_step(model, args, proto, dynamic, options)
+    except Exception as exc:
+        fused.detail = _first_line(exc)
+        return fused
+    if not verified.passed:
+        fused.detail = str(verified).strip().splitlines()[0]
+        return fused
+    fused.status = "pass"
+    return fused
+
+
 # ---------------------------------------------------------------------------- a row
 
 
 def run_hf_row(family: str, exporter: str, options: HfOptions | None = None) -> HfResult:
     """Build, export, verify and run one family under one exporter; never raises."""
     options = options or HfOptions()
+    unfused = dataclasses.replace(options, fuse=False)
     result = HfResult(family, exporter, "fail")
     clock = time.perf_counter()
 
@@ -237,7 +338,7 @@ def run_hf_row(family: str, exporter: str, options: HfOptions | None = None) -> 
         lap("build")
         dynamic = dynamic_shapes_of(entry, exporter) if options.dynamic else None
         try:
-            proto = export_step(model, args, exporter, dynamic, options)
+            proto = export_step(model, args, exporter, dynamic, unfused)
         except Exception as exc:
             lap("export")
             result.detail = _first_line(exc)
@@ -263,6 +364,9 @@ def run_hf_row(family: str, exporter: str, options: HfOptions | None = None) -> 
         result.seconds["ort run"] = ort_run_step(model, proto, args)
         clock = time.perf_counter()
         result.status = "pass"
+        if options.fuse:
+            result.fused = fused_step(model, args, entry, exporter, dynamic, options)
+            lap("fused")
     except Exception as exc:
         result.detail = _first_line(exc)
         if not isinstance(exc, OnnxCustomError):
@@ -303,9 +407,10 @@ def format_hf_row(r: HfResult) -> str:
     steps = ", ".join(f"{k} {v:.1f}s" for k, v in r.seconds.items() if k != "ort run")
     ort = f"; ORT run {r.seconds['ort run'] * 1000:.1f} ms" if "ort run" in r.seconds else ""
     what = r.sizes if r.status == "pass" else r.detail
+    fused = f"  fused: {r.fused.describe()}" if r.fused is not None else ""
     return (
         f"{r.family:<15} {r.exporter:<12} {r.status.upper():<12} {r.total:>6.1f}s"
-        f"  {beyond:<6} {torch_col:<60}  {what} ({steps}{ort})"
+        f"  {beyond:<6} {torch_col:<60}  {what} ({steps}{ort}){fused}"
     )
 
 
@@ -322,4 +427,11 @@ def format_hf_table(results: Sequence[HfResult]) -> str:
         f"{passed} passed, {failed} failed, {torch_fails} that torch cannot export either;"
         f" {beyond} beyond torch"
     )
+    fused = [r.fused for r in results if r.fused is not None]
+    if fused:
+        counts += (
+            f"; fused: {sum(f.status == 'pass' for f in fused)} passed,"
+            f" {sum(f.status == 'fail' for f in fused)} failed,"
+            f" {sum(f.status == 'not-fused' for f in fused)} not fused"
+        )
     return "\n".join([head, *map(format_hf_row, results), counts])

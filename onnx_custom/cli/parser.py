@@ -514,5 +514,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --hf: skip the raw torch.onnx.export of rows that export (the 'beyond torch'"
         " column stays empty; rows that fail are always checked)",
     )
+    p.add_argument(
+        "--fuse",
+        action="store_true",
+        help="with --hf: also export each row with fuse=True and verify that file against the"
+        " unfused model (the 'fused' column: MSDA nodes, GridSample left, what was not fused)",
+    )
     p.set_defaults(func=zoo.cmd_zoo)
     return parser

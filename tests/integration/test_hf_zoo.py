@@ -16,7 +16,13 @@ import pytest
 import torch
 
 import onnx_custom
-from onnx_custom.hf_zoo import HfOptions, raw_torch_export, run_hf_row, transformers_missing
+from onnx_custom.hf_zoo import (
+    HfOptions,
+    format_hf_table,
+    raw_torch_export,
+    run_hf_row,
+    transformers_missing,
+)
 
 pytestmark = pytest.mark.skipif(bool(transformers_missing()), reason=transformers_missing())
 
@@ -106,6 +112,47 @@ def test_a_row_torch_cannot_export_says_why() -> None:
     assert result.status == "torch-fails"
     assert "_upsample_bicubic2d_aa" in result.torch
     assert "_upsample_bicubic2d_aa" in result.detail
+
+
+def _attention_modules(model: torch.nn.Module) -> int:
+    """transformers' deformable attention kernels in the model, by class name."""
+    return sum(type(m).__name__ == "MultiScaleDeformableAttention" for m in model.modules())
+
+
+def test_fused_column_replaces_every_attention_module() -> None:
+    """LW-DETR under TorchScript: one custom MSDA node per attention module, no GridSample left,
+    and the fused file verifies against the model as written."""
+    result = run_hf_row("LwDetr", "torchscript", HfOptions(check_torch=False, fuse=True))
+    assert result.status == "pass", result.detail
+    assert result.fused is not None
+    assert result.fused.status == "pass", result.fused.detail
+    model, _ = _build("LwDetr")
+    expected = _attention_modules(model)
+    assert expected >= 1
+    assert result.fused.msda_nodes == expected
+    assert result.fused.grid_samples == 0
+    assert result.fused.reasons == []
+    assert f"fused: {expected} MSDA, 0 GridSample" in format_hf_table([result])
+    # the unfused file of the same model keeps the GridSample form
+    unfused = onnx_custom.export(model, _build("LwDetr")[1], exporter="torchscript")
+    assert any(n.op_type == "GridSample" for n in unfused.graph.node)
+
+
+def test_fused_column_says_why_a_v2_attention_is_not_fused() -> None:
+    """RT-DETRv2 computes a v2 attention our op does not: the row says so, it is not left out."""
+    result = run_hf_row(
+        "RTDetrV2", "torchscript", HfOptions(check_torch=False, dynamic=False, fuse=True)
+    )
+    assert result.status == "pass", result.detail
+    assert result.fused is not None
+    assert result.fused.status == "not-fused"
+    assert "multi_scale_deformable_attention_v2" in result.fused.detail
+    assert "not fused: multi_scale_deformable_attention_v2" in format_hf_table([result])
+    assert "1 not fused" in format_hf_table([result])
+
+
+def test_rows_are_unfused_by_default() -> None:
+    assert HfOptions().fuse is False
 
 
 def test_cli_lists_the_families() -> None:

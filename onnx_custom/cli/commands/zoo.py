@@ -50,7 +50,7 @@ def _cmd_hf_zoo(ns: argparse.Namespace) -> int:
     if ns.list:
         print("\n".join(family_names()))
         return 0
-    options = HfOptions(seed=ns.seed, check_torch=not ns.no_torch_check)
+    options = HfOptions(seed=ns.seed, check_torch=not ns.no_torch_check, fuse=ns.fuse)
     exporters = tuple(ns.exporter) if ns.exporter else EXPORTERS
     results = run_hf_zoo(
         ns.models or None,
@@ -59,4 +59,5 @@ def _cmd_hf_zoo(ns: argparse.Namespace) -> int:
         on_row=lambda r: print(format_hf_row(r), file=sys.stderr, flush=True),
     )
     print(format_hf_table(results))
-    return EXIT_FAILED if any(r.status == "fail" for r in results) else 0
+    fused_failed = any(r.fused is not None and r.fused.status == "fail" for r in results)
+    return EXIT_FAILED if fused_failed or any(r.status == "fail" for r in results) else 0
