@@ -12,7 +12,7 @@ Rows (paired: contender and baseline alternate round by round in one process; me
   (ORT, hand-off, the rest: eager fallback nodes and torch's wrappers) and the ORT partitions;
 - ``dynamic=True`` batch sweep 2..64 on the MLP: recompiles and sessions.
 
-The closing note compares every ratio with the goal of issue 23.
+The closing note compares every ratio with its goal.
 Run: ``python benchmarks/compile.py [--rounds 5] [--threads 1] [--cpu-time] [--only dcn]``
 (``--cpu-time``: process CPU time instead of wall time, for a shared machine; use it with 1 thread).
 """
@@ -329,10 +329,7 @@ def main() -> None:
             results["recompiles"] == 0 and results["sessions_per_graph"] == 1,
         ),
     ]
-    print(
-        "goals (issue 23): "
-        + "; ".join(f"{name}: {'met' if ok else 'NOT met'}" for name, ok in goals)
-    )
+    print("goals: " + "; ".join(f"{name}: {'met' if ok else 'NOT met'}" for name, ok in goals))
 
 
 if __name__ == "__main__":

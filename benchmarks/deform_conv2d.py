@@ -188,7 +188,7 @@ def _comparisons(
     return [
         ("eager op (C++)", "ORT DeformConv op19", eager, ort_native, 1.2),
         ("F.conv2d (no deformation)", "ORT DeformConv op19", conv, ort_native, None),
-        ("eager op (C++)", "F.conv2d (no deformation)", eager, conv, 1.6),  # issue 25
+        ("eager op (C++)", "F.conv2d (no deformation)", eager, conv, 1.6),
         ("ORT custom-node kernel", "eager op (C++)", kernel, eager, 1.1),
         ("DCN net, ORT opset 19", "DCN net, eager", net19, net_eager, 1.0),
         ("DCN net, ORT opset 11 (kernel)", "DCN net, eager", net11, net_eager, None),
@@ -199,7 +199,7 @@ def _comparisons(
 
 
 TRAIN, CONV_TRAIN = "eager fwd+bwd (C++)", "F.conv2d fwd+bwd"
-FORWARD_GOAL = 1.6  # eager forward / F.conv2d forward (issue 25)
+FORWARD_GOAL = 1.6  # eager forward / F.conv2d forward
 
 
 def forward_row(rounds: int, repeat: int, threads: int, cpu_time: bool) -> dict[str, float]:

@@ -15,7 +15,7 @@ rounds' ratios, robust to load drifting on a shared machine. Peak memory is the 
 increase of one warm fwd+bwd call in a fresh subprocess (``MALLOC_MMAP_THRESHOLD_`` so freed buffers
 are not silently reused).
 
-Goals (issue 24): eager fwd / grid_sample fwd <= 0.5; eager (fwd+bwd)/fwd <= 2.5; native ORT
+Goals: eager fwd / grid_sample fwd <= 0.5; eager (fwd+bwd)/fwd <= 2.5; native ORT
 kernel / ORT GridSample decomposition <= 0.3; Python kernel / eager <= 1.1; peak memory of eager
 fwd+bwd <= 1.0x the grid_sample formulation's.
 """

@@ -179,7 +179,7 @@ def raw_torch_export(model: Any, args: tuple[Any, ...], exporter: str, dynamic: 
     import onnxruntime as ort
     import torch
 
-    from onnx_custom.common.quiet import quiet_torch
+    from onnx_custom.common.torch_chatter import quiet_torch
 
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "raw.onnx")

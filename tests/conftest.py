@@ -24,7 +24,7 @@ for _folder in sorted(
 if str(_TESTS) not in sys.path:
     sys.path.insert(0, str(_TESTS))
 
-# The whole-suite guard: a test that lets an ONNX Runtime log line reach stderr fails (issue 21).
+# The whole-suite guard: a test that lets an ONNX Runtime log line reach stderr fails.
 from ort_log_guard import (  # noqa: E402
     pytest_configure,  # noqa: F401
     pytest_runtest_makereport,  # noqa: F401

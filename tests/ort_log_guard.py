@@ -1,9 +1,9 @@
-"""A pytest plugin: a test that lets an ONNX Runtime log line reach stderr fails (issue 21).
+"""A pytest plugin: a test that lets an ONNX Runtime log line reach stderr fails.
 
-Our sessions log nothing by default (`onnx_custom.runtime.quiet`): a failure reaches the caller
-once, as a typed error. A line like ``[E:onnxruntime:, sequential_executor.cc:677 ExecuteKernel]``
-on stderr therefore means a session was built without our quiet options, in the library or in a
-test. This plugin inspects, for every phase (setup, call, teardown) of every test:
+Our sessions log nothing by default (`onnx_custom.runtime.ort_log_level`): a failure reaches the
+caller once, as a typed error. A line like ``[E:onnxruntime:, sequential_executor.cc:677
+ExecuteKernel]`` on stderr therefore means a session was built without our quiet options, in the
+library or in a test. This plugin inspects, for every phase (setup, call, teardown) of every test:
 
 - the phase's captured stderr (pytest's default ``--capture=fd`` catches ORT's C++ logger, which
   writes to file descriptor 2, and the stderr of child processes that inherit it);
@@ -89,8 +89,8 @@ def pytest_runtest_makereport(
     message = (
         f"ONNX Runtime log lines reached stderr during {report.when} ({len(lines)}"
         f" line(s)):\n{shown}\nA session was created without onnx_custom's quiet options"
-        " (onnx_custom.runtime.quiet.quiet_session_options). Build it with them, or mark the test"
-        " @pytest.mark.ort_logs if it asks ORT for its logs on purpose."
+        " (onnx_custom.runtime.ort_log_level.quiet_session_options). Build it with them, or mark"
+        " the test @pytest.mark.ort_logs if it asks ORT for its logs on purpose."
     )
     if report.passed:
         report.outcome = "failed"

@@ -1,7 +1,7 @@
 """Translations for ATen ops that aot_autograd graphs contain and torchlib lacks.
 
 Written with our own `Registry` (the machinery of every user translation) and used only where
-torchlib has no translation (`onnx_custom.compile.translate.scoped_translations`):
+torchlib has no translation (`onnx_custom.compile.fx_to_onnx.scoped_translations`):
 
 - ``aten::sym_numel`` (training batch norm's decomposition counts elements): ``Size``;
 - ``aten::convolution_backward`` (every conv's backward): grad_input as ``ConvTranspose`` of

@@ -24,14 +24,14 @@ from typing import Any
 
 import torch
 
-from onnx_custom.common.quiet import quiet_torch
+from onnx_custom.common.torch_chatter import quiet_torch
 from onnx_custom.compile import torch_adapter
 from onnx_custom.compile.aten_extra import aten_extra_registry
 from onnx_custom.compile.backward_ops import backward_registry
+from onnx_custom.compile.fx_to_onnx import TranslationFailure, translate
 from onnx_custom.compile.options import CompileOptions
 from onnx_custom.compile.partition import Fallback, OrtSupport, fill_placeholder_meta, fuse
 from onnx_custom.compile.session import OrtPartition, SessionCache
-from onnx_custom.compile.translate import TranslationFailure, translate
 from onnx_custom.errors import CompileError, VerificationError
 
 __all__ = [

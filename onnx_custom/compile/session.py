@@ -23,8 +23,8 @@ import torch
 from onnxruntime.capi import _pybind_state as ortc
 from torch.utils.dlpack import from_dlpack
 
+from onnx_custom.compile.fx_to_onnx import TranslatedGraph
 from onnx_custom.compile.options import CompileOptions
-from onnx_custom.compile.translate import TranslatedGraph
 from onnx_custom.errors import OnnxCustomError
 
 __all__ = ["OrtPartition", "SessionCache"]

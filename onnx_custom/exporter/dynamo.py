@@ -25,7 +25,7 @@ from onnxscript.onnx_types import TensorType
 
 from onnx_custom.common.torch_onnx import dynamo_exporter
 from onnx_custom.errors import InvalidArgumentError, OpsetError, SymbolicError, UnsupportedOpError
-from onnx_custom.exporter.dynamo_shapes import fx_node, fx_outputs, value_outputs
+from onnx_custom.exporter.dynamo_output_types import fx_node, fx_outputs, value_outputs
 from onnx_custom.exporter.output_meta import Outputs, flat_outputs, layout
 from onnx_custom.translate.attributes import AttrKind, AttrValue, c_contiguous
 from onnx_custom.translate.builder import GraphBuilder, OutputMeta, call_translation

@@ -32,7 +32,7 @@ from onnx_custom.common.external_data import (
     serialized_size,
 )
 from onnx_custom.common.onnx_utils import ModelCensus, function_nodes, iter_nodes, model_census
-from onnx_custom.common.quiet import quiet_torch
+from onnx_custom.common.torch_chatter import quiet_torch
 from onnx_custom.errors import (
     InvalidArgumentError,
     OnnxCustomError,
@@ -58,7 +58,7 @@ from onnx_custom.exporter.constraints import (
 )
 from onnx_custom.exporter.dim_params import rename_dims, write_metadata
 from onnx_custom.exporter.dynamic_shapes import DynamicSpec, resolve_dynamic_shapes
-from onnx_custom.exporter.dynamo_shapes import symbol_names
+from onnx_custom.exporter.dynamo_output_types import symbol_names
 from onnx_custom.exporter.export_flag import onnx_exporting
 from onnx_custom.exporter.function_symbolics import (
     function_symbolic_error,

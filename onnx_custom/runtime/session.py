@@ -33,7 +33,7 @@ from onnx_custom.runtime.host import register_kernels
 from onnx_custom.runtime.implementations import Implementation, node_implementations
 from onnx_custom.runtime.kernel_spec import RESERVED_DOMAINS, KernelSpec
 from onnx_custom.runtime.native import NativeLibrary, plan_native, register_library, shipped_library
-from onnx_custom.runtime.quiet import ORT_LOG_ENV, ort_log_severity, quiet_session_options
+from onnx_custom.runtime.ort_log_level import ORT_LOG_ENV, ort_log_severity, quiet_session_options
 from onnx_custom.runtime.registry import KernelRegistry, default_kernel_registry
 from onnx_custom.runtime.validate import validate_model
 

@@ -30,7 +30,7 @@ import onnx
 from google.protobuf.message import EncodeError
 
 from onnx_custom.common.external_data import external_threshold
-from onnx_custom.runtime.quiet import ort_log_severity
+from onnx_custom.runtime.ort_log_level import ort_log_severity
 from onnx_custom.runtime.registry import KernelRegistry
 from onnx_custom.runtime.session import required_kernels
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from onnx_custom.common.quiet import drop_fake_tensor_logs_of_typed_errors
+from onnx_custom.common.torch_chatter import drop_fake_tensor_logs_of_typed_errors
 from onnx_custom.errors import InvalidArgumentError, OnnxCustomError
 from onnx_custom.spec.shape_rules import (
     Arithmetic,

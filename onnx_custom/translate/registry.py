@@ -353,7 +353,7 @@ class Registry:
         self._lock = threading.RLock()
         # Entries sorted by key and grouped by target key, rebuilt after a change: every
         # TorchScript symbolic call looks its op up, and sorting all entries per lookup cost
-        # more than the translation itself (issue 25).
+        # more than the translation itself.
         self._sorted: tuple[SymbolicEntry, ...] | None = None
         self._by_target: dict[str, list[SymbolicEntry]] = {}
         self.prefer: tuple[str, ...] = tuple(prefer)

@@ -33,7 +33,7 @@ from onnx_custom.exporter.trace_provenance import (
     source_frames,
 )
 from onnx_custom.verification.compare import compare_arrays
-from onnx_custom.verification.localization import Localization, NodeLocalization, ValueDiff
+from onnx_custom.verification.localization_report import Localization, NodeLocalization, ValueDiff
 from onnx_custom.verification.runner import _to_ort_value, input_names, tensor_inputs
 from onnx_custom.verification.segmented import SegmentedRun
 

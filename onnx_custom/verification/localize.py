@@ -23,7 +23,7 @@ buffers are compared with the file's initializers of the same name (a file expor
 weights is named as such); model inputs are fed to both sides.
 
 The result records (`Localization`, `NodeLocalization`, `ValueDiff`) live in
-`onnx_custom.verification.localization`; this module computes them.
+`onnx_custom.verification.localization_report`; this module computes them.
 
 Nodes are reported in topological order; a node is an *origin* when its output diverges while
 all its observed inputs still agree (the translation of that node is the suspect).
@@ -53,7 +53,7 @@ from onnx_custom.exporter.pipeline import DEFAULT_OPSET, EXPORTERS, export_model
 from onnx_custom.translate.registry import Registry, default_registry
 from onnx_custom.verification.compare import compare_arrays
 from onnx_custom.verification.file_localize import has_sources, localize_file
-from onnx_custom.verification.localization import (
+from onnx_custom.verification.localization_report import (
     INPUT_NOTE,
     PARAMETER_NOTE,
     Localization,

@@ -24,7 +24,7 @@ import onnx
 import torch
 
 from onnx_custom.common.onnx_utils import iter_nodes
-from onnx_custom.common.quiet import quiet_torch
+from onnx_custom.common.torch_chatter import quiet_torch
 from onnx_custom.errors import (
     InvalidArgumentError,
     OnnxCustomError,

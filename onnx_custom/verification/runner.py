@@ -339,7 +339,7 @@ def run_onnx(
 
 
 def _session_options(as_written: bool) -> Any:
-    from onnx_custom.runtime.quiet import quiet_session_options
+    from onnx_custom.runtime.ort_log_level import quiet_session_options
 
     # quiet: a failing trial is reported by the verifier, not also by ORT's log on stderr
     options = quiet_session_options()

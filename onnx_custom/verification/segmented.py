@@ -72,7 +72,7 @@ def _session(model: onnx.ModelProto, kernels: Any) -> ort.InferenceSession:
     """A session for one segment, without ORT's memory arena: a segment runs once, and the arena
     (growing by powers of two, kept until the session goes) would hold up to twice its values.
     Plain ORT unless the segment has custom nodes (then our kernel host)."""
-    from onnx_custom.runtime.quiet import quiet_session_options
+    from onnx_custom.runtime.ort_log_level import quiet_session_options
 
     options = quiet_session_options()  # failures are reported by localize, not ORT's log
     options.enable_cpu_mem_arena = False

@@ -1,4 +1,4 @@
-"""A new user's first hour at the command line (issue 21, items 3 and 4): argument and path
+"""A new user's first hour at the command line: argument and path
 mistakes are answered before torch is imported; an import error names the file that failed; a
 model given inputs of the wrong rank fails with one line, not "unexpected RuntimeError".
 """

@@ -1,4 +1,4 @@
-"""``inspect`` explains its columns and reports schemas truthfully (issue 21, item 4): a custom
+"""``inspect`` explains its columns and reports schemas truthfully: a custom
 node whose kernel declares ``shape_fn`` has a schema (the kernel registers it with every session),
 one whose kernel declares none does not, and an unknown node has neither.
 """

@@ -1,4 +1,4 @@
-"""The partition hand-off (`OrtPartition.run`, one pass over the inputs since issue 25) takes
+"""The partition hand-off (`OrtPartition.run`, one pass over the inputs now) takes
 every input kind it did before: contiguous tensors as they are, non-contiguous views (copied),
 ``nn.Parameter``s, and refuses a dtype ONNX Runtime cannot wrap with a typed error naming it.
 The reference is PyTorch eager on the same inputs."""

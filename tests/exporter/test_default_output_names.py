@@ -1,4 +1,4 @@
-"""Without ``output_names``, outputs get predictable names with both exporters (issue 21, item
+"""Without ``output_names``, outputs get predictable names with both exporters item
 4): the fields of ``forward``'s NamedTuple return annotation, else ``output_0..n`` — not the
 exporter's value numbering ('3', 'add_3'). Each file is run by ONNX Runtime and verified.
 """
@@ -86,7 +86,7 @@ class Late(torch.nn.Module):
 
 
 def test_names_follow_a_changed_annotation(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The resolved annotation is remembered per forward (issue 25): replacing it, or defining
+    """The resolved annotation is remembered per forward: replacing it, or defining
     the class a string annotation names after a first export, must show in the next export."""
     assert [
         o.name for o in onnx_custom.export(Annotated(), ARGS, exporter="torchscript").graph.output

@@ -1,5 +1,5 @@
 """A custom node whose attributes contradict its registered kernel's declaration is refused at
-export (issue 21, point 4), with the `NodeDeclarationError` creating a session raises, BEFORE
+export, with the `NodeDeclarationError` creating a session raises, BEFORE
 any file is written, under both exporters; the kernel may be passed as ``kernels=`` or registered
 globally with ``@onnx_custom.runtime.kernel``. The symbolic is written the way torch's tutorials
 write one (``g.op("mydomain::MyOp", x, alpha_f=alpha)``, registered with torch's signature).

@@ -1,4 +1,4 @@
-"""Silent wrongs of the export path, each refused or fixed (issue 11), and files written whole.
+"""Silent wrongs of the export path, each refused or fixed, and files written whole.
 
 Each test here failed (or passed wrongly) before: a translation returning None/a float/an eager
 tensor, an opset the dynamo exporter silently ignored, ``export(f=...)`` writing in place (a

@@ -1,4 +1,4 @@
-"""The model + external data pair is crash-safe for ANY reader (issue 21): plain
+"""The model + external data pair is crash-safe for ANY reader: plain
 ``onnxruntime.InferenceSession(path)`` and ``onnx.load`` see the old complete pair or the new
 complete pair, never the old model with new data or the reverse, whichever step a write dies at;
 and no stale data file accumulates across repeated (or interrupted) writes.

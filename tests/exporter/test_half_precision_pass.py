@@ -20,7 +20,7 @@ from onnx import helper
 from onnx_custom.errors import HalfPrecisionError, InvalidArgumentError
 from onnx_custom.runtime.cpu_support import cpu_runs
 from onnx_custom.runtime.half_precision import widen_function, widen_model
-from onnx_custom.runtime.quiet import quiet_session_options
+from onnx_custom.runtime.ort_log_level import quiet_session_options
 
 F16, BF16, F32, I64 = T.FLOAT16, T.BFLOAT16, T.FLOAT, T.INT64
 NP: dict[int, Any] = {F16: np.float16, BF16: ml_dtypes.bfloat16, F32: np.float32, I64: np.int64}

@@ -423,7 +423,7 @@ def test_dynamo_without_the_fx_node_runs_the_fake_kernel_on_onnx_types() -> None
     import onnx_ir as ir
 
     from onnx_custom.exporter.dynamo import DynamoBuilder
-    from onnx_custom.exporter.dynamo_shapes import symbol_names, value_outputs
+    from onnx_custom.exporter.dynamo_output_types import symbol_names, value_outputs
     from onnx_custom.exporter.output_meta import flat_outputs
     from onnx_custom.models import multi_out3  # noqa: F401  (defines onnx_custom::multi_out3)
 

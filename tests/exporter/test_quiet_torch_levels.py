@@ -1,5 +1,5 @@
 """`quiet_torch` silences torch's exporter loggers below ERROR inside the block and restores
-them exactly after; it changes levels without clearing every logger's cache (issue 25), so
+them exactly after; it changes levels without clearing every logger's cache, so
 these check what ``logging`` answers (``isEnabledFor``, whose results loggers cache) before,
 inside and after, for existing loggers, loggers created inside the block and user loggers."""
 
@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 
-from onnx_custom.common.quiet import quiet_torch
+from onnx_custom.common.torch_chatter import quiet_torch
 
 QUIETED = [
     "torch.onnx",
@@ -81,7 +81,7 @@ def _filterwarnings_result(before: list[object]) -> list[object]:
     """The filters the three public calls `quiet_torch` stands for would leave (reference)."""
     import torch
 
-    from onnx_custom.common.quiet import LIBRARY_MODULES, OUR_CALLERS
+    from onnx_custom.common.torch_chatter import LIBRARY_MODULES, OUR_CALLERS
 
     with warnings.catch_warnings():
         warnings.filters[:] = before  # type: ignore[index]

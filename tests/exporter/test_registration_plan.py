@@ -1,4 +1,4 @@
-"""The TorchScript exporter's symbolics are planned once per registry and opset (issue 25): a
+"""The TorchScript exporter's symbolics are planned once per registry and opset: a
 registry changed between exports (a translation replaced, one added) must export with its new
 translations, a registry no longer used must not be kept alive by the plan, and torch's
 symbolic table is left as it was after each export. The reference is the ONNX file itself

@@ -1,4 +1,4 @@
-"""Bad inputs across the public API (issue 11): each row is one wrong call a user makes.
+"""Bad inputs across the public API: each row is one wrong call a user makes.
 
 Every row asserts the error's type (always an `OnnxCustomError` subclass; the builtin it may also
 be, such as `TypeError` or `FileNotFoundError`, is asserted too where ours subclasses it) and three

@@ -66,7 +66,7 @@ PLANTED = textwrap.dedent("""
         assert "onnxruntime" in proc.stderr
 
     def test_quiet_session():
-        from onnx_custom.runtime.quiet import quiet_session_options
+        from onnx_custom.runtime.ort_log_level import quiet_session_options
         session = ort.InferenceSession(
             model_bytes(), quiet_session_options(), providers=["CPUExecutionProvider"])
         session.run(None, {"x": np.ones(2, np.float32)})

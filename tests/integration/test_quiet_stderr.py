@@ -1,4 +1,4 @@
-"""Nothing but our own words on stderr (issue 21, item 3): no ONNX Runtime log line
+"""Nothing but our own words on stderr: no ONNX Runtime log line
 (``[E:onnxruntime`` / ``[W:onnxruntime``) and no torch exporter chatter ("torchvision is not
 installed") from a representative run of the public API and the command line, including the
 failing paths that used to print them: a kernel that raises (reported once, by KernelRunError), a

@@ -335,7 +335,7 @@ def test_zero_offset_padding1_hand_derived_gradients() -> None:
     torch.testing.assert_close(weight.grad, expect_weight.view(1, 1, 3, 3))
     torch.testing.assert_close(bias.grad, torch.tensor([float(n * ho * wo)], dtype=torch.float64))
     # The entries on the lines y = -1 / x = -1 are the ones a skip-outside rule zeroes: 70 of the
-    # 1512 offset-gradient entries here (what issue 10 measured).
+    # 1512 offset-gradient entries here (what was measured).
     on_minus_one = (expect_dy > 0).sum() + (expect_dx > 0).sum()
     assert (on_minus_one, offset.grad.numel()) == (70, 2 * 9 * 2 * ho * wo)
 

@@ -1,5 +1,5 @@
-"""None and wrong-rank inputs to every shipped op are `InvalidArgumentError`s naming the argument
-(issue 21, item 3), called the way users call them: ``torch.ops.<ns>.<op>(...)`` positionally,
+"""None and wrong-rank inputs to every shipped op are `InvalidArgumentError`s naming the argument,
+called the way users call them: ``torch.ops.<ns>.<op>(...)`` positionally,
 and the ``onnx_custom.ops`` drop-ins; and torchvision's own ``test_wrong_sizes`` expectations
 (``RuntimeError`` with "the shape of the offset" / "mask.shape[1] is not valid") against our
 ``DeformConv2d``.

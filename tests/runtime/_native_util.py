@@ -16,7 +16,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from onnx_custom.runtime.native import library_path
-from onnx_custom.runtime.quiet import quiet_session_options
+from onnx_custom.runtime.ort_log_level import quiet_session_options
 
 __all__ = [
     "DOMAINS",

@@ -1,4 +1,4 @@
-"""Every first-time native build announces itself on stderr wherever it happens (issue 21, item 4):
+"""Every first-time native build announces itself on stderr wherever it happens:
 one line before (what, how long it usually takes, where it is cached), one after (how long it
 took); a cache hit says nothing. Real compiles into an empty cache, in fresh interpreters.
 """

@@ -1,5 +1,5 @@
 """float16/bfloat16 NumPy inputs of any flavour reach ONNX Runtime through InferenceSession.run
-(issue 21, item 3): ``ml_dtypes.bfloat16`` arrays (ORT's own ``run`` says "Numpy_type 256 can't
+: ``ml_dtypes.bfloat16`` arrays (ORT's own ``run`` says "Numpy_type 256 can't
 be converted to MLDataType"), ``uint16`` views of the bits, non-contiguous arrays; bfloat16
 outputs come back as ``ml_dtypes.bfloat16``. Results are checked against NumPy on the same
 rounded values; the wrapping of contiguous 2-byte arrays is zero-copy. Also: the

@@ -27,7 +27,7 @@ from test_deform_conv_reference import Geometry, reference_deform_conv2d
 
 from onnx_custom.ops.deform_conv import load_extension
 from onnx_custom.runtime.native import library_path
-from onnx_custom.runtime.quiet import quiet_session_options
+from onnx_custom.runtime.ort_log_level import quiet_session_options
 
 OP = torch.ops.onnx_custom.deform_conv2d.default
 NAMES = ("input", "weight", "offset", "mask", "bias")

@@ -1,5 +1,5 @@
 """``InferenceSession(kernels="native")`` says which custom op types fell back to Python kernels,
-once, when the session is made (issue 21, item 4); a model the library serves whole says nothing.
+once, when the session is made; a model the library serves whole says nothing.
 Real native library (built on first use), real ONNX Runtime.
 """
 

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_custom.runtime import KernelRegistry
-from onnx_custom.runtime.quiet import ORT_LOG_ENV
+from onnx_custom.runtime.ort_log_level import ORT_LOG_ENV
 from onnx_custom.runtime.session_cache import SessionCache
 from onnx_custom.verification.runner import make_session, plain_session
 

@@ -1,7 +1,7 @@
-"""`check_op` runs ONNX Runtime at other sizes along the dims the op leaves free (issue 21,
-point 4), lists the shapes it tried in each case (``CheckCase.shapes`` and the detail line), and
-says which dims could not vary and why. A planted op whose ORT kernel is right only at the
-sample's shape FAILS (before, check_op verified the sample's shape only and passed it).
+"""`check_op` runs ONNX Runtime at other sizes along the dims the op leaves free, lists the shapes
+it tried in each case (``CheckCase.shapes`` and the detail line), and says which dims could not
+vary and why. A planted op whose ORT kernel is right only at the sample's shape FAILS (before,
+check_op verified the sample's shape only and passed it).
 
 Real exporters (both), real ONNX Runtime; each op's eager math and kernel are written apart.
 """

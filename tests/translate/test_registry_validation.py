@@ -1,4 +1,4 @@
-"""Translation registry validations (issue 11): signatures against the torch schema, different
+"""Translation registry validations: signatures against the torch schema, different
 code under one key, and what a translation returns -- each a typed error naming the op."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """compare_initializers reads initializers without copies and compares in one pass when it can
-(issue 25): the verdicts must be those of the slow path -- NaN positions, signed zeros, every
+: the verdicts must be those of the slow path -- NaN positions, signed zeros, every
 viewable dtype, bfloat16 and external data falling back to onnx's own reader."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import torch
 
 import onnx_custom
 from onnx_custom.exporter import trace_provenance
-from onnx_custom.verification.localization import Localization
+from onnx_custom.verification.localization_report import Localization
 
 
 class SignBranch(torch.nn.Module):

@@ -1,4 +1,4 @@
-"""`verify`'s report names which implementation ran each custom node (issue 21, point 4): a Python
+"""`verify`'s report names which implementation ran each custom node: a Python
 kernel, a native kernel (the shipped ``libonnx_custom_ops.so`` or a user's library), the file's
 ONNX function body, or an op ONNX Runtime has built in (a ``com.microsoft`` contrib op) — in the
 text report, the structured (JSON) report and the ``onnx-custom verify`` output.

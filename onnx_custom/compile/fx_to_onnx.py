@@ -22,7 +22,7 @@ from typing import Any
 import onnx
 import torch
 
-from onnx_custom.common.quiet import quiet_torch
+from onnx_custom.common.torch_chatter import quiet_torch
 from onnx_custom.compile import torch_adapter
 from onnx_custom.errors import OnnxCustomError
 

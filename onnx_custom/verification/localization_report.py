@@ -1,4 +1,4 @@
-"""``onnx_custom.verification.localization``: what a localization found,
+"""``onnx_custom.verification.localization_report``: what a localization found,
 one frozen record per level.
 
 `ValueDiff` is one compared value, `NodeLocalization` one torch op call and the ONNX nodes its
