@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from onnx_custom.common.seeding import DEFAULT_SEED
+from onnx_custom.common.rng import DEFAULT_SEED
 from onnx_custom.errors import OnnxCustomError
 
 __all__ = [

@@ -23,7 +23,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from onnx_custom.common.native_build import builds_announced_by_caller
-from onnx_custom.common.seeding import DEFAULT_SEED, seeded
+from onnx_custom.common.rng import DEFAULT_SEED, seeded
 from onnx_custom.errors import OnnxCustomError
 from onnx_custom.testing import ZooCase
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from onnx_custom.common.seeding import DEFAULT_SEED, seeded
+from onnx_custom.common.rng import DEFAULT_SEED, seeded
 from onnx_custom.errors import CliInputError, OnnxCustomError
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from onnx_custom.cli.commands import (
     zoo,
 )
 from onnx_custom.cli.shared import EXIT_ERROR
-from onnx_custom.common.seeding import DEFAULT_SEED
+from onnx_custom.common.rng import DEFAULT_SEED
 
 __all__ = ["DEFAULT_OPSET", "build_parser"]
 
