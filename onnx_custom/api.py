@@ -10,24 +10,19 @@ from typing import Any
 import onnx
 import torch
 
-from onnx_custom.common.atomic import check_output_path
 from onnx_custom.common.onnx_utils import ModelCensus
 from onnx_custom.common.progress import ProgressArg, progress_for
 from onnx_custom.common.progress import close as close_progress
 from onnx_custom.errors import (
-    InvalidArgumentError,
-    KernelError,
     NodeDeclarationError,
     OnnxCustomError,
     VerificationError,
 )
-from onnx_custom.exporter.arguments import check_names, check_output
 from onnx_custom.exporter.pipeline import (
     DEFAULT_OPSET,
     EXPORTERS,
     MAX_IR_VERSION,
     check_export_request,
-    check_external_data_option,
     export_with_census,
     finalize_model,
     save_model,
@@ -127,22 +122,14 @@ def export(
         output_names=output_names,
         registry=registry,
         half_precision=half_precision,
+        f=f,
+        external_data=external_data,
+        kernels=kernels,
+        keep_failed=keep_failed,
+        verify=verify,
         **exporter_kwargs,
     )
-    check_output(f)
-    check_external_data_option(external_data, f)
-    check_names(input_names, "input_names")
-    check_names(output_names, "output_names")
-    if kernels is not None:
-        _check_kernels(kernels)
-    if keep_failed is not None:
-        if not verify:
-            raise InvalidArgumentError(
-                f"keep_failed={keep_failed!r} keeps a model that failed verification, so it needs "
-                "verify=True; received verify=False. Fix: pass verify=True, or drop keep_failed."
-            )
-        check_output_path(keep_failed, what="keep_failed")
-    check_fuse(fuse)
+    check_fuse(fuse)  # fusion sits above the exporter in the layer order: its check stays here
     reporter = progress_for(progress)
     try:
         return _export_checked(
@@ -265,18 +252,6 @@ def _check_nodes_against_kernels(
         if f is not None:
             exc.args = (f"{exc.args[0]}\nNothing was written to {_describe(f)}.", *exc.args[1:])
         raise
-
-
-def _check_kernels(kernels: Any) -> None:
-    """``kernels=`` before the export runs (its consumers check it only after)."""
-    from onnx_custom.runtime import KernelRegistry
-
-    if not isinstance(kernels, KernelRegistry) and kernels != "native":
-        raise KernelError(
-            f"kernels= expects a KernelRegistry, None or 'native'; received {kernels!r:.60}. Fix:"
-            " pass an onnx_custom.runtime.KernelRegistry with your kernels, kernels='native', or"
-            " leave it out."
-        )
 
 
 def _describe(f: Any) -> str:

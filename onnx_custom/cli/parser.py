@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeAlias
 
 from onnx_custom import __version__
 from onnx_custom.cli.commands import (
@@ -255,29 +255,22 @@ def _add_verify_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--atol", type=_tolerance, help="absolute tolerance (with --rtol)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="onnx-custom", description=_DESCRIPTION, epilog=_EPILOG, formatter_class=_HelpFormatter
-    )
-    parser.add_argument("--version", action="version", version=f"onnx-custom {__version__}")
-    parser.add_argument(
-        "--debug", action="store_true", default=False, help="on error, print the full traceback"
-    )
-    sub = parser.add_subparsers(
-        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
-    )
+_Subparsers: TypeAlias = "argparse._SubParsersAction[_Parser]"
 
-    def command(name: str, help_text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(
-            name,
-            help=help_text,
-            description=help_text[0].upper() + help_text[1:] + ".",
-            formatter_class=_HelpFormatter,
-        )
-        _add_common(p)
-        return p
 
-    p = command("export", "export a model to ONNX with our translations")
+def _command(sub: _Subparsers, name: str, help_text: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        name,
+        help=help_text,
+        description=help_text[0].upper() + help_text[1:] + ".",
+        formatter_class=_HelpFormatter,
+    )
+    _add_common(p)
+    return p
+
+
+def _add_export_parser(sub: _Subparsers) -> None:
+    p = _command(sub, "export", "export a model to ONNX with our translations")
     _add_model_args(p)
     p.add_argument(
         "-o",
@@ -309,7 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_imports(p)
     p.set_defaults(func=export.cmd_export)
 
-    p = command("verify", "compare PyTorch eager with ONNX Runtime on an exported file")
+
+def _add_verify_parser(sub: _Subparsers) -> None:
+    p = _command(sub, "verify", "compare PyTorch eager with ONNX Runtime on an exported file")
     _add_model_args(p)
     p.add_argument("onnx", metavar="FILE.onnx", help="the ONNX file")
     _add_verify_args(p)
@@ -361,7 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_imports(p)
     p.set_defaults(func=verify.cmd_verify)
 
-    p = command(
+
+def _add_check_parser(sub: _Subparsers) -> None:
+    p = _command(
+        sub,
         "check",
         "pre-flight: ops without translations and custom nodes without kernels (writes nothing)",
     )
@@ -370,7 +368,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_imports(p)
     p.set_defaults(func=check.cmd_check)
 
-    p = command(
+
+def _add_fuse_parser(sub: _Subparsers) -> None:
+    p = _command(
+        sub,
         "fuse",
         "fuse the GridSample-based multi-scale deformable attention of an ONNX file into one node,"
         " proven in ONNX Runtime before writing",
@@ -410,19 +411,30 @@ def build_parser() -> argparse.ArgumentParser:
     _add_imports(p)
     p.set_defaults(func=fuse.cmd_fuse)
 
-    p = command("inspect", "summarize an ONNX file: domains, custom nodes and what can run them")
+
+def _add_inspect_parser(sub: _Subparsers) -> None:
+    p = _command(
+        sub, "inspect", "summarize an ONNX file: domains, custom nodes and what can run them"
+    )
     p.add_argument("onnx", metavar="FILE.onnx", help="the ONNX file")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     _add_imports(p)
     p.set_defaults(func=inspect.cmd_inspect)
 
-    p = command(
-        "ops", "list the translations: targets, opsets, variants, custom nodes and their kernels"
+
+def _add_ops_parser(sub: _Subparsers) -> None:
+    p = _command(
+        sub,
+        "ops",
+        "list the translations: targets, opsets, variants, custom nodes and their kernels",
     )
     _add_imports(p)
     p.set_defaults(func=ops.cmd_ops)
 
-    p = command(
+
+def _add_build_library_parser(sub: _Subparsers) -> None:
+    p = _command(
+        sub,
         "build-library",
         "build libonnx_custom_ops.so (or, with --spec, a library of your C++ kernels) for plain"
         " ONNX Runtime, and print its path",
@@ -459,7 +471,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=build_library.cmd_build_library)
 
-    p = command(
+
+def _add_package_parser(sub: _Subparsers) -> None:
+    p = _command(
+        sub,
         "package",
         "write a model, the native library its custom nodes need and a README with load snippets",
     )
@@ -479,7 +494,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", metavar="NAME", help="with --spec: library name, lib<NAME>_ops.so")
     p.set_defaults(func=package.cmd_package)
 
-    p = command("zoo", "export and verify every example model with both exporters")
+
+def _add_zoo_parser(sub: _Subparsers) -> None:
+    p = _command(sub, "zoo", "export and verify every example model with both exporters")
     p.add_argument("models", nargs="*", metavar="NAME", help="only these zoo models (default: all)")
     p.add_argument(
         "--list", action="store_true", help="list the zoo models and their rows, run nothing"
@@ -521,4 +538,29 @@ def build_parser() -> argparse.ArgumentParser:
         " unfused model (the 'fused' column: MSDA nodes, GridSample left, what was not fused)",
     )
     p.set_defaults(func=zoo.cmd_zoo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="onnx-custom", description=_DESCRIPTION, epilog=_EPILOG, formatter_class=_HelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"onnx-custom {__version__}")
+    parser.add_argument(
+        "--debug", action="store_true", default=False, help="on error, print the full traceback"
+    )
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
+    for add in (
+        _add_export_parser,
+        _add_verify_parser,
+        _add_check_parser,
+        _add_fuse_parser,
+        _add_inspect_parser,
+        _add_ops_parser,
+        _add_build_library_parser,
+        _add_package_parser,
+        _add_zoo_parser,
+    ):
+        add(sub)
     return parser

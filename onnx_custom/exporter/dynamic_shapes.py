@@ -534,22 +534,7 @@ def resolve_dynamic_shapes(
         )
     bound = _bound_inputs(model, args, kwargs or {})
     leaves = _leaves(bound, input_names)
-    raw: dict[str, Any] = {}  # ONNX input name -> axes spec
-    if dynamic_shapes is not None:
-        per_param = _specs_by_param(dynamic_shapes, bound, model)
-        for param, value in bound:
-            paths: dict[tuple[Any, ...], Any] = {}
-            _match(value, per_param.get(param), repr(param), (), paths)
-            for leaf in leaves:
-                if leaf.param == param and leaf.path in paths:
-                    raw[leaf.onnx_name] = paths[leaf.path]
-    elif dynamic_axes is not None:
-        if not isinstance(dynamic_axes, Mapping):
-            raise DynamicShapesError(
-                "dynamic_axes must be a dict keyed by input name, got"
-                f" {type(dynamic_axes).__name__}."
-            )
-        raw = _axes_from_dynamic_axes(dynamic_axes, leaves, list(output_names or ()))
+    raw = _raw_axes(model, bound, leaves, dynamic_shapes, dynamic_axes, output_names)
 
     axes: dict[str, dict[int, _Axis]] = {
         leaf.onnx_name: _axes_of(leaf, raw.get(leaf.onnx_name)) for leaf in leaves
@@ -558,43 +543,8 @@ def resolve_dynamic_shapes(
     for leaf in leaves:
         for axis, ax in axes[leaf.onnx_name].items():
             by_name.setdefault(ax.name, []).append((leaf, axis, ax))
-
-    dims: dict[str, DimSpec] = {}
-    for name, sites in by_name.items():
-        derived = sites[0][2].derived
-        low, high = (None, None) if derived else _check_sites(name, sites)
-        dims[name] = DimSpec(
-            name,
-            low,
-            high,
-            tuple((leaf.onnx_name, axis) for leaf, axis, _ in sites),
-            derived,
-            sites[0][2].root,
-        )
-        for _, _, ax in sites:
-            if ax.derived and ax.root and ax.root not in dims and ax.root not in by_name:
-                root = ax.torch_dim.root
-                dims[ax.root] = DimSpec(
-                    ax.root, _bound(root.min, lower=True), _bound(root.max, lower=False), ()
-                )
-
-    # torch.export needs Dim objects: one per string name (shared with a Dim of the same name).
-    taken = {
-        ax.torch_dim.__name__
-        for sites in by_name.values()
-        for _, _, ax in sites
-        if isinstance(ax.torch_dim, Dim)
-    }
-    torch_dims: dict[str, Any] = {}
-    torch_names: dict[str, str] = {}
-    for name, sites in by_name.items():
-        given = next((ax.torch_dim for _, _, ax in sites if ax.torch_dim is not None), None)
-        if given is None:
-            spec = dims[name]
-            given = Dim(_identifier(name, taken), min=spec.min, max=spec.max)
-        torch_dims[name] = given
-        if isinstance(given, Dim):
-            torch_names[given.__name__] = name
+    dims = _dim_specs(by_name)
+    torch_dims, torch_names = _torch_dims(by_name, dims)
 
     per_leaf = {
         leaf.onnx_name: {
@@ -616,6 +566,81 @@ def resolve_dynamic_shapes(
         export_shapes=export_shapes,
         torch_names=torch_names,
     )
+
+
+def _raw_axes(
+    model: Any,
+    bound: list[tuple[str, Any]],
+    leaves: list[InputLeaf],
+    dynamic_shapes: Any,
+    dynamic_axes: Mapping[str, Any] | None,
+    output_names: Sequence[str] | None,
+) -> dict[str, Any]:
+    """ONNX input name -> its axes spec, from ``dynamic_shapes`` or ``dynamic_axes``."""
+    raw: dict[str, Any] = {}
+    if dynamic_shapes is not None:
+        per_param = _specs_by_param(dynamic_shapes, bound, model)
+        for param, value in bound:
+            paths: dict[tuple[Any, ...], Any] = {}
+            _match(value, per_param.get(param), repr(param), (), paths)
+            for leaf in leaves:
+                if leaf.param == param and leaf.path in paths:
+                    raw[leaf.onnx_name] = paths[leaf.path]
+    elif dynamic_axes is not None:
+        if not isinstance(dynamic_axes, Mapping):
+            raise DynamicShapesError(
+                "dynamic_axes must be a dict keyed by input name, got"
+                f" {type(dynamic_axes).__name__}."
+            )
+        raw = _axes_from_dynamic_axes(dynamic_axes, leaves, list(output_names or ()))
+    return raw
+
+
+def _dim_specs(by_name: dict[str, list[tuple[InputLeaf, int, _Axis]]]) -> dict[str, DimSpec]:
+    """One `DimSpec` per dim name (sizes checked across its sites), plus derived dims' roots."""
+    dims: dict[str, DimSpec] = {}
+    for name, sites in by_name.items():
+        derived = sites[0][2].derived
+        low, high = (None, None) if derived else _check_sites(name, sites)
+        dims[name] = DimSpec(
+            name,
+            low,
+            high,
+            tuple((leaf.onnx_name, axis) for leaf, axis, _ in sites),
+            derived,
+            sites[0][2].root,
+        )
+        for _, _, ax in sites:
+            if ax.derived and ax.root and ax.root not in dims and ax.root not in by_name:
+                root = ax.torch_dim.root
+                dims[ax.root] = DimSpec(
+                    ax.root, _bound(root.min, lower=True), _bound(root.max, lower=False), ()
+                )
+    return dims
+
+
+def _torch_dims(
+    by_name: dict[str, list[tuple[InputLeaf, int, _Axis]]], dims: dict[str, DimSpec]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """torch.export needs Dim objects: one per string name (shared with a Dim of the same name).
+    Returns (dim name -> torch dim, torch Dim name -> dim name)."""
+    taken = {
+        ax.torch_dim.__name__
+        for sites in by_name.values()
+        for _, _, ax in sites
+        if isinstance(ax.torch_dim, Dim)
+    }
+    torch_dims: dict[str, Any] = {}
+    torch_names: dict[str, str] = {}
+    for name, sites in by_name.items():
+        given = next((ax.torch_dim for _, _, ax in sites if ax.torch_dim is not None), None)
+        if given is None:
+            spec = dims[name]
+            given = Dim(_identifier(name, taken), min=spec.min, max=spec.max)
+        torch_dims[name] = given
+        if isinstance(given, Dim):
+            torch_names[given.__name__] = name
+    return torch_dims, torch_names
 
 
 def _rebuild(

@@ -35,6 +35,7 @@ from onnx_custom.common.onnx_utils import ModelCensus, function_nodes, iter_node
 from onnx_custom.common.torch_chatter import quiet_torch
 from onnx_custom.errors import (
     InvalidArgumentError,
+    KernelError,
     OnnxCustomError,
     SymbolicError,
     UnsupportedOpError,
@@ -47,7 +48,9 @@ from onnx_custom.exporter.arguments import (
     check_exporter,
     check_exporter_kwargs,
     check_model,
+    check_names,
     check_opset,
+    check_output,
     check_registry,
 )
 from onnx_custom.exporter.constraints import (
@@ -547,7 +550,8 @@ class ExportRequest:
 
 
 EXPORT_LOCK = threading.RLock()
-"""Held for the length of each export (`run_export`); re-entrant (localization re-exports)."""
+"""Held for the length of each export (`export_with_census`); re-entrant (localization
+re-exports)."""
 
 
 def check_export_request(
@@ -562,10 +566,17 @@ def check_export_request(
     output_names: Sequence[str] | None = None,
     registry: Registry | None = None,
     half_precision: str = DEFAULT_MODE,
+    f: Any = None,
+    external_data: Any = None,
+    kernels: Any = None,
+    keep_failed: Any = None,
+    verify: bool = False,
     **exporter_kwargs: Any,
 ) -> ExportRequest:
-    """Every check of `export_model`'s arguments, in the order a user reads them; the one place
-    the export path validates the model."""
+    """Every check of `export_model`'s and `onnx_custom.export`'s arguments, in the order a user
+    reads them; the one place the export path validates its arguments. ``f``, ``external_data``,
+    ``kernels``, ``keep_failed`` and ``verify`` are `onnx_custom.export`'s (checked here, used
+    there; their defaults check nothing)."""
     opset = DEFAULT_OPSET if opset is None else opset
     check_exporter(exporter)
     check_model(model, exporter)
@@ -575,6 +586,7 @@ def check_export_request(
     check_exporter_kwargs(exporter_kwargs)
     args = check_args(args)
     check_dynamic_for_program(model, dynamic_shapes, dynamic_axes)
+    _check_output_options(f, external_data, input_names, output_names, kernels, keep_failed, verify)
     return ExportRequest(
         model,
         args,
@@ -588,6 +600,44 @@ def check_export_request(
         dict(exporter_kwargs),
         half_precision,
     )
+
+
+def _check_output_options(
+    f: Any,
+    external_data: Any,
+    input_names: Any,
+    output_names: Any,
+    kernels: Any,
+    keep_failed: Any,
+    verify: bool,
+) -> None:
+    """The arguments about what an export writes and runs it with: ``f``, ``external_data``,
+    the names, ``kernels`` and ``keep_failed``."""
+    check_output(f)
+    check_external_data_option(external_data, f)
+    check_names(input_names, "input_names")
+    check_names(output_names, "output_names")
+    if kernels is not None:
+        _check_kernels(kernels)
+    if keep_failed is not None:
+        if not verify:
+            raise InvalidArgumentError(
+                f"keep_failed={keep_failed!r} keeps a model that failed verification, so it needs "
+                "verify=True; received verify=False. Fix: pass verify=True, or drop keep_failed."
+            )
+        check_output_path(keep_failed, what="keep_failed")
+
+
+def _check_kernels(kernels: Any) -> None:
+    """``kernels=`` before the export runs (its consumers check it only after)."""
+    from onnx_custom.runtime import KernelRegistry
+
+    if not isinstance(kernels, KernelRegistry) and kernels != "native":
+        raise KernelError(
+            f"kernels= expects a KernelRegistry, None or 'native'; received {kernels!r:.60}. Fix:"
+            " pass an onnx_custom.runtime.KernelRegistry with your kernels, kernels='native', or"
+            " leave it out."
+        )
 
 
 def export_model(model: Any, args: Any, **options: Any) -> onnx.ModelProto:

@@ -212,13 +212,31 @@ def validate_deform_conv2d(args: Any) -> tuple[Any, Any, Any, Any]:
     Raises `DeformConv2dDtypeError` (a ``TypeError``) for dtype problems and `DeformConv2dError`
     (a ``ValueError``) for shape, layout and parameter problems.
     """
-    input, weight, offset, mask, bias = args.input, args.weight, args.offset, args.mask, args.bias
-    stride_h, stride_w, pad_h, pad_w = args.stride_h, args.stride_w, args.pad_h, args.pad_w
-    dilation_h, dilation_w, use_mask = args.dilation_h, args.dilation_w, args.use_mask
-    groups, offset_groups = args.groups, args.offset_groups
-    named = {"input": input, "weight": weight, "offset": offset, "bias": bias}
-    if use_mask:
-        named["mask"] = mask
+    input, weight, bias = args.input, args.weight, args.bias
+    named = {"input": input, "weight": weight, "offset": args.offset, "bias": bias}
+    if args.use_mask:
+        named["mask"] = args.mask
+    _check_dtypes(named)
+    _check_parameters(args)
+    _check_ranks(named)
+    n, _, h, w = input.shape
+    cout, _, kh, kw = weight.shape
+    _check_channels(input, weight, bias, args.groups, args.offset_groups)
+    ho = output_size(h, kh, args.stride_h, args.pad_h, args.dilation_h)
+    wo = output_size(w, kw, args.stride_w, args.pad_w, args.dilation_w)
+    _check_offset_and_mask(args, (n, ho, wo))
+    for name, t in named.items():
+        if t.device != input.device:
+            raise DeformConv2dError(
+                f"deform_conv2d: {name} is on {t.device} but input on {input.device}; move it "
+                f"with .to({str(input.device)!r})."
+            )
+    return n, cout, ho, wo
+
+
+def _check_dtypes(named: dict[str, torch.Tensor]) -> None:
+    """Input in `DTYPES`, every other tensor in the input's dtype."""
+    input = named["input"]
     if input.dtype not in DTYPES:
         raise DeformConv2dDtypeError(
             f"deform_conv2d supports {_dtype_names()} input, got {input.dtype}; cast with .float()."
@@ -230,32 +248,41 @@ def validate_deform_conv2d(args: Any) -> tuple[Any, Any, Any, Any]:
                 "tensors must share one dtype (float16/bfloat16 already accumulate in float32): "
                 f"cast with {name}.to({input.dtype}), or run the op in {t.dtype} throughout."
             )
-    for name, value in (
-        ("stride_h", stride_h),
-        ("stride_w", stride_w),
-        ("dilation_h", dilation_h),
-        ("dilation_w", dilation_w),
-        ("groups", groups),
-        ("offset_groups", offset_groups),
-    ):
+
+
+def _check_parameters(args: Any) -> None:
+    """Strides, dilations and groups positive; padding non-negative."""
+    for name in ("stride_h", "stride_w", "dilation_h", "dilation_w", "groups", "offset_groups"):
+        value = getattr(args, name)
         if value <= 0:
             raise DeformConv2dError(
                 f"deform_conv2d: {name} must be positive, got {value}; fix: pass 1 or more."
             )
-    if pad_h < 0 or pad_w < 0:
+    if args.pad_h < 0 or args.pad_w < 0:
         raise DeformConv2dError(
-            f"deform_conv2d: padding must be non-negative, got ({pad_h}, {pad_w})."
+            f"deform_conv2d: padding must be non-negative, got ({args.pad_h}, {args.pad_w})."
         )
-    for name in ("input", "weight", "offset") + (("mask",) if use_mask else ()):
+
+
+def _check_ranks(named: dict[str, torch.Tensor]) -> None:
+    """input, weight, offset (and mask when used) 4-D; bias 1-D."""
+    for name in ("input", "weight", "offset") + (("mask",) if "mask" in named else ()):
         if named[name].dim() != 4:
             raise DeformConv2dError(
                 f"deform_conv2d: {name} must be 4-D (N, C, H, W), got shape {_shape(named[name])};"
                 f" fix: add the batch dim with {name}.unsqueeze(0), or reshape it."
             )
+    bias = named["bias"]
     if bias.dim() != 1:
         raise DeformConv2dError(f"deform_conv2d: bias must be 1-D, got shape {_shape(bias)}.")
-    n, c, h, w = input.shape
-    cout, cin_g, kh, kw = weight.shape
+
+
+def _check_channels(
+    input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, groups: int, offset_groups: int
+) -> None:
+    """Channel counts consistent across input, weight, bias, groups and offset groups."""
+    c = input.shape[1]
+    cout, cin_g = weight.shape[0], weight.shape[1]
     if c % groups != 0 or cin_g * groups != c:
         raise DeformConv2dError(
             f"deform_conv2d: input channels {c} (input {_shape(input)}) must equal "
@@ -275,25 +302,30 @@ def validate_deform_conv2d(args: Any) -> tuple[Any, Any, Any, Any]:
             f"deform_conv2d: bias shape {_shape(bias)} does not match out channels {cout}; fix:"
             f" pass a bias of shape ({cout},) (weight.shape[0]), or bias=None."
         )
-    ho = output_size(h, kh, stride_h, pad_h, dilation_h)
-    wo = output_size(w, kw, stride_w, pad_w, dilation_w)
+
+
+def _check_offset_and_mask(args: Any, out: tuple[Any, Any, Any]) -> None:
+    """A positive output size ``out = (N, Ho, Wo)``; offset (and mask) shaped for it."""
+    input, offset, mask = args.input, args.offset, args.mask
+    kh, kw = args.weight.shape[2], args.weight.shape[3]
+    n, ho, wo = out
     if ho <= 0 or wo <= 0:
         raise DeformConv2dError(
             f"deform_conv2d: input {_shape(input)} is too small for kernel ({kh}, {kw}), "
-            f"padding ({pad_h}, {pad_w}), dilation ({dilation_h}, {dilation_w}): output would be "
-            f"({ho}, {wo})."
+            f"padding ({args.pad_h}, {args.pad_w}), dilation ({args.dilation_h},"
+            f" {args.dilation_w}): output would be ({ho}, {wo})."
         )
-    expected = (n, 2 * offset_groups * kh * kw, ho, wo)
+    expected = (n, 2 * args.offset_groups * kh * kw, ho, wo)
     if _shape(offset) != expected:
         raise DeformConv2dError(
             "deform_conv2d: the shape of the offset tensor is not valid: offset must have shape"
             f" (N, 2*offset_groups*kh*kw, Ho, Wo) = {expected}, got {_shape(offset)} (input"
-            f" {_shape(input)}, weight {_shape(weight)}); fix: produce the offset with"
+            f" {_shape(input)}, weight {_shape(args.weight)}); fix: produce the offset with"
             f" {expected[1]} channels at the output size {expected[2:]}."
             + _layout_hint(offset, expected)
         )
-    if use_mask:
-        expected = (n, offset_groups * kh * kw, ho, wo)
+    if args.use_mask:
+        expected = (n, args.offset_groups * kh * kw, ho, wo)
         if _shape(mask) != expected:
             raise DeformConv2dError(  # torchvision's words: "mask.shape[1] is not valid"
                 "deform_conv2d: mask.shape[1] is not valid: mask must have shape (N,"
@@ -301,13 +333,6 @@ def validate_deform_conv2d(args: Any) -> tuple[Any, Any, Any, Any]:
                 f" {_shape(offset)}); fix: produce the mask with {expected[1]} channels (half the"
                 " offset's), or pass mask=None." + _layout_hint(mask, expected)
             )
-    for name, t in named.items():
-        if t.device != input.device:
-            raise DeformConv2dError(
-                f"deform_conv2d: {name} is on {t.device} but input on {input.device}; move it "
-                f"with .to({str(input.device)!r})."
-            )
-    return n, cout, ho, wo
 
 
 @op_arguments(DEFORM_CONV2D)

@@ -335,13 +335,26 @@ class _OpWriter:
         )
 
     def write(self) -> None:
-        spec, k = self.spec, self.k
+        spec = self.spec
         attrs = _attributes(spec)
         self.emit(
             f"// ---- {spec.name} -> node"
             f" {spec.node_type}{f' ({spec.source})' if spec.source else ''}"
         )
         rules = self.rule_functions()
+        self.write_defaults(attrs)
+        self.emit(f"\nclass {self.k} final : public oc::Kernel {{\n public:")
+        self.write_constructor(attrs)
+        self.write_compute()
+        self.write_infer(rules)
+        self.write_run(attrs, rules)
+        for a in attrs:
+            self.emit(f"  {_ATTR_CPP[a.type][0]} m_{a.name};")
+        self.emit("};\n")
+
+    def write_defaults(self, attrs: list[Attribute]) -> None:
+        """The constants holding the attributes' ONNX defaults."""
+        k = self.k
         for a in attrs:
             if a.onnx_default is not NO_DEFAULT:
                 self.emit(
@@ -352,7 +365,10 @@ class _OpWriter:
                     self.emit(
                         f"const int64_t {k}_default_int_{a.name} = {int(bool(a.onnx_default))};"
                     )
-        self.emit(f"\nclass {k} final : public oc::Kernel {{\n public:")
+
+    def write_constructor(self, attrs: list[Attribute]) -> None:
+        """The constructor, reading each attribute into its member."""
+        k = self.k
         inits = []
         for a in attrs:
             reader = _ATTR_CPP[a.type][1]
@@ -373,10 +389,12 @@ class _OpWriter:
             + ("" if inits else " (void)attrs;")
             + "}"
         )
-        # compute: dtype dispatch
+
+    def write_compute(self) -> None:
+        """compute(): the dtype dispatch to run<T...>."""
         self.emit("\n  void compute(oc::Context& ctx) override {")
         self.emit(
-            f"    const oc::binding::Inputs in(ctx, {self.names(spec.inputs)},"
+            f"    const oc::binding::Inputs in(ctx, {self.names(self.spec.inputs)},"
             f" {str(self.variadic).lower()});"
         )
         for g, (members, dtypes) in enumerate(self.groups):
@@ -397,13 +415,14 @@ class _OpWriter:
         if self.groups:
             self.emit('    oc::fail("internal: no kernel instantiation for these dtypes");')
         self.emit("  }")
-        self.write_infer(rules)
-        # run<T...>
+
+    def write_run(self, attrs: list[Attribute], rules: dict[int, tuple[str, list[str]]]) -> None:
+        """run<T...>(): bind inputs and outputs, allocate outputs, call the kernel function."""
         self.emit("\n private:")
         tparams = ", ".join(f"typename T{g}" for g in range(len(self.groups)))
         self.emit(f"  template <{tparams}>" if tparams else "  template <int = 0>")
         self.emit("  void run(oc::Context& ctx, const oc::binding::Inputs& in) {")
-        for index, (item, typ) in enumerate(zip(spec.inputs, self.in_types, strict=True)):
+        for index, (item, typ) in enumerate(zip(self.spec.inputs, self.in_types, strict=True)):
             if item.variadic:
                 self.emit(
                     f"    const std::vector<onnx_custom::Tensor<{typ}>> a_{item.name} ="
@@ -415,18 +434,20 @@ class _OpWriter:
                     f" in.tensor<{typ}>({index});"
                 )
         elems = ", ".join(self.elem_of(t) for t in self.out_types)
-        self.emit(f"    oc::binding::Outputs outs(ctx, {self.names(spec.outputs)}, {{{elems}}});")
-        for index, (output, typ) in enumerate(zip(spec.outputs, self.out_types, strict=True)):
+        self.emit(
+            f"    oc::binding::Outputs outs(ctx, {self.names(self.spec.outputs)}, {{{elems}}});"
+        )
+        for index, (output, typ) in enumerate(zip(self.spec.outputs, self.out_types, strict=True)):
             self.emit(
                 f"    onnx_custom::Tensor<{typ}> a_{output.name} = outs.tensor<{typ}>({index});"
             )
-        for index, output in enumerate(spec.outputs):
+        for index, output in enumerate(self.spec.outputs):
             shape = self.runtime_shape(index, rules)
             if shape is not None:
                 self.emit(f"    a_{output.name}.allocate({shape});")
         args = (
-            [f"a_{i.name}" for i in spec.inputs]
-            + [f"a_{o.name}" for o in spec.outputs]
+            [f"a_{i.name}" for i in self.spec.inputs]
+            + [f"a_{o.name}" for o in self.spec.outputs]
             + [f"m_{a.name}" for a in attrs]
         )
         self.emit("    {")
@@ -439,9 +460,6 @@ class _OpWriter:
         self.emit("    }")
         self.emit("    outs.finish();")
         self.emit("  }\n")
-        for a in attrs:
-            self.emit(f"  {_ATTR_CPP[a.type][0]} m_{a.name};")
-        self.emit("};\n")
 
     def runtime_shape(self, index: int, rules: dict[int, tuple[str, list[str]]]) -> str | None:
         rule = self.spec.shape_rule(index)

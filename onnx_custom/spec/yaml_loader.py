@@ -367,6 +367,30 @@ def _parse_op(
 ) -> _ParsedOp:
     index: dict[tuple[Any, ...], yaml.Node] = {}
     entries = doc.mapping(node, f"op entry {position}", _OP_KEYS, "", "")
+    op = _op_name(doc, node, entries, position, namespace)
+    values: dict[str, Any] = {}
+    for key, (key_node, value_node) in entries.items():
+        index[(key,)] = value_node if isinstance(value_node, yaml.ScalarNode) else key_node
+        values[key] = doc.typed(entries, key, _OP_KEYS[key], op, key)
+    items = _parse_items(doc, node, entries, op, index)
+    _index_translations(doc, entries, index)
+    for n, item in enumerate(items["output_desc"]):
+        _kind_flags(doc, item, "output_desc", index[("output_desc", n)], op)
+    try:
+        spec = _op_spec(doc, node, op, values, items, index)
+    except SpecError as exc:
+        raise _placed(doc, _ParsedOp(None, node, index), exc) from None  # type: ignore[arg-type]
+    return _ParsedOp(spec, node, index)
+
+
+def _op_name(
+    doc: _Document,
+    node: yaml.Node,
+    entries: dict[str, tuple[yaml.Node, yaml.Node]],
+    position: int,
+    namespace: str,
+) -> str:
+    """The entry's qualified op name (``namespace::op`` when the entry names the op alone)."""
     if "op_name" not in entries:
         raise doc.error(
             node,
@@ -376,10 +400,17 @@ def _parse_op(
     op = str(doc.value(entries["op_name"][1]))
     if ":" not in op:  # the op-plugin style names the op alone
         op = f"{namespace}::{op}"
-    values: dict[str, Any] = {}
-    for key, (key_node, value_node) in entries.items():
-        index[(key,)] = value_node if isinstance(value_node, yaml.ScalarNode) else key_node
-        values[key] = doc.typed(entries, key, _OP_KEYS[key], op, key)
+    return op
+
+
+def _parse_items(
+    doc: _Document,
+    node: yaml.Node,
+    entries: dict[str, tuple[yaml.Node, yaml.Node]],
+    op: str,
+    index: dict[tuple[Any, ...], yaml.Node],
+) -> dict[str, list[dict[str, Any]]]:
+    """The entry's input/output/attribute lists, each item type-checked and indexed."""
     items: dict[str, list[dict[str, Any]]] = {}
     for list_key in ("input_desc", "output_desc", "attr_desc", "node_attr_desc"):
         if list_key not in entries:
@@ -392,27 +423,46 @@ def _parse_op(
                     list_key,
                 )
             continue
-        parsed = []
-        for i, item_node in enumerate(entries[list_key][1].value):
-            item_entries = doc.mapping(
-                item_node, f"{list_key}[{i}]", _ITEM_KEYS[list_key], op, f"{list_key}[{i}]"
-            )
-            index[(list_key, i)] = item_node
-            item: dict[str, Any] = {}
-            for key, (_, value_node) in item_entries.items():
-                index[(list_key, i, key)] = value_node
-                item[key] = doc.typed(
-                    item_entries, key, _ITEM_KEYS[list_key][key], op, f"{list_key}[{i}].{key}"
-                )
-            if "name" not in item:
-                raise doc.error(
-                    item_node,
-                    f"{list_key}[{i}] has no name; expected e.g. {{name: x, dtype: [float32]}}.",
-                    op,
-                    f"{list_key}[{i}].name",
-                )
-            parsed.append(item)
-        items[list_key] = parsed
+        items[list_key] = [
+            _parse_item(doc, item_node, list_key, i, op, index)
+            for i, item_node in enumerate(entries[list_key][1].value)
+        ]
+    return items
+
+
+def _parse_item(
+    doc: _Document,
+    item_node: yaml.Node,
+    list_key: str,
+    i: int,
+    op: str,
+    index: dict[tuple[Any, ...], yaml.Node],
+) -> dict[str, Any]:
+    item_entries = doc.mapping(
+        item_node, f"{list_key}[{i}]", _ITEM_KEYS[list_key], op, f"{list_key}[{i}]"
+    )
+    index[(list_key, i)] = item_node
+    item: dict[str, Any] = {}
+    for key, (_, value_node) in item_entries.items():
+        index[(list_key, i, key)] = value_node
+        item[key] = doc.typed(
+            item_entries, key, _ITEM_KEYS[list_key][key], op, f"{list_key}[{i}].{key}"
+        )
+    if "name" not in item:
+        raise doc.error(
+            item_node,
+            f"{list_key}[{i}] has no name; expected e.g. {{name: x, dtype: [float32]}}.",
+            op,
+            f"{list_key}[{i}].name",
+        )
+    return item
+
+
+def _index_translations(
+    doc: _Document,
+    entries: dict[str, tuple[yaml.Node, yaml.Node]],
+    index: dict[tuple[Any, ...], yaml.Node],
+) -> None:
     if "translations" in entries:
         for key_node, value_node in entries["translations"][1].value:
             opset = doc.value(key_node)
@@ -420,66 +470,68 @@ def _parse_op(
             if isinstance(value_node, yaml.MappingNode):  # {variant: translation}
                 for variant_node, ref_node in value_node.value:
                     index[("translations", opset, doc.value(variant_node))] = ref_node
-    for n, item in enumerate(items["output_desc"]):
-        _kind_flags(doc, item, "output_desc", index[("output_desc", n)], op)
-    try:
-        spec = OpSpec(
-            name=op,
-            op_type=values.get("op_type"),
-            domain=values.get("domain"),
-            doc=values.get("doc", ""),
-            inputs=tuple(
-                Input(
-                    i["name"],
-                    _dtypes(i.get("dtype")),
-                    *_kind_flags(doc, i, "input_desc", index[("input_desc", n)], op),
-                    i.get("format"),
-                    i.get("doc", ""),
-                )
-                for n, i in enumerate(items["input_desc"])
-            ),
-            outputs=tuple(
-                Output(
-                    o["name"],
-                    _dtypes(o.get("dtype")),
-                    o.get("shape"),
-                    o.get("format"),
-                    o.get("doc", ""),
-                )
-                for o in items["output_desc"]
-            ),
-            attributes=tuple(
-                Attribute(
-                    a["name"],
-                    a.get("dtype", ""),
-                    a.get("default_value", NO_DEFAULT),
-                    a.get("doc", ""),
-                    a.get("after"),
-                    a.get("node_default", NO_DEFAULT),
-                )
-                for a in items.get("attr_desc", [])
-            ),
-            node_attributes=tuple(
-                Attribute(
-                    a["name"], a.get("dtype", ""), a.get("value", NO_DEFAULT), a.get("doc", "")
-                )
-                for a in items.get("node_attr_desc", [])
-            ),
-            check=values.get("check"),
-            devices=tuple(values.get("devices", ())),
-            impl=values.get("impl"),
-            kernel=values.get("kernel"),
-            backward=values.get("backward"),
-            setup_context=values.get("setup_context"),
-            shape=values.get("shape"),
-            native=native_field(op, values.get("native", False), Path(doc.path).resolve().parent),
-            function=values.get("function"),
-            translations=values.get("translations", {}),
-            source=f"{doc.path}:{node.start_mark.line + 1}",
-        )
-    except SpecError as exc:
-        raise _placed(doc, _ParsedOp(None, node, index), exc) from None  # type: ignore[arg-type]
-    return _ParsedOp(spec, node, index)
+
+
+def _op_spec(
+    doc: _Document,
+    node: yaml.Node,
+    op: str,
+    values: dict[str, Any],
+    items: dict[str, list[dict[str, Any]]],
+    index: dict[tuple[Any, ...], yaml.Node],
+) -> OpSpec:
+    return OpSpec(
+        name=op,
+        op_type=values.get("op_type"),
+        domain=values.get("domain"),
+        doc=values.get("doc", ""),
+        inputs=tuple(
+            Input(
+                i["name"],
+                _dtypes(i.get("dtype")),
+                *_kind_flags(doc, i, "input_desc", index[("input_desc", n)], op),
+                i.get("format"),
+                i.get("doc", ""),
+            )
+            for n, i in enumerate(items["input_desc"])
+        ),
+        outputs=tuple(
+            Output(
+                o["name"],
+                _dtypes(o.get("dtype")),
+                o.get("shape"),
+                o.get("format"),
+                o.get("doc", ""),
+            )
+            for o in items["output_desc"]
+        ),
+        attributes=tuple(
+            Attribute(
+                a["name"],
+                a.get("dtype", ""),
+                a.get("default_value", NO_DEFAULT),
+                a.get("doc", ""),
+                a.get("after"),
+                a.get("node_default", NO_DEFAULT),
+            )
+            for a in items.get("attr_desc", [])
+        ),
+        node_attributes=tuple(
+            Attribute(a["name"], a.get("dtype", ""), a.get("value", NO_DEFAULT), a.get("doc", ""))
+            for a in items.get("node_attr_desc", [])
+        ),
+        check=values.get("check"),
+        devices=tuple(values.get("devices", ())),
+        impl=values.get("impl"),
+        kernel=values.get("kernel"),
+        backward=values.get("backward"),
+        setup_context=values.get("setup_context"),
+        shape=values.get("shape"),
+        native=native_field(op, values.get("native", False), Path(doc.path).resolve().parent),
+        function=values.get("function"),
+        translations=values.get("translations", {}),
+        source=f"{doc.path}:{node.start_mark.line + 1}",
+    )
 
 
 def _placed(doc: _Document, parsed: _ParsedOp, exc: SpecError) -> SpecError:
