@@ -113,8 +113,9 @@ def warn_traced_functions(traced: list[type]) -> None:
 
 def _outside_the_exporter() -> int:
     """The stacklevel of the first caller outside ``onnx_custom.exporter``: warnings attributed to
-    the export stage's modules are dropped as torch's chatter (`common.torch_chatter.OUR_CALLERS`), and
-    export, check and localize reach here through different depths."""
+    the export stage's modules are dropped as torch's chatter
+    (`common.torch_chatter.OUR_CALLERS`), and export, check and localize reach here through
+    different depths."""
     frame, level = sys._getframe(1), 1
     while frame.f_back is not None and re.match(
         r"onnx_custom\.exporter\.", frame.f_globals.get("__name__", "")
