@@ -41,6 +41,20 @@ def is_any_true(g, self):  # type: ignore[no-untyped-def]
     return g.op("Not", _all(g, g.op("Not", self)))
 
 
+def _static_int(g, value, target: str) -> int:  # type: ignore[no-untyped-def]
+    """An ``int`` argument as a Python int: some torch releases' TorchScript exporters hand it
+    over as a graph constant rather than a Python value."""
+    if isinstance(value, int):
+        return value
+    constant = g.constant_value(value)
+    if constant is None or constant.size != 1:
+        raise SymbolicError(
+            f"{target}: dim must be a constant int; received a value computed in the graph."
+            " Fix: pass dim as a Python int."
+        )
+    return int(constant.reshape(()))
+
+
 def _cumulative(g, self, dim: int, reduce: str):  # type: ignore[no-untyped-def]
     """(values, indices) of a running max/min along ``dim``: every prefix compared at once over a
     lower-triangular mask (the sizes these models scan, a prompt's tokens, are small). ``indices``
@@ -54,7 +68,7 @@ def _cumulative(g, self, dim: int, reduce: str):  # type: ignore[no-untyped-def]
     rank = len(shape)
     if rank == 0:
         return self, g.constant(0, dtype=torch.int64)
-    d = dim % rank
+    d = _static_int(g, dim, f"aten::cum{reduce[6:].lower()}") % rank
     size = g.op("Squeeze", g.op("Shape", self, start=d, end=d + 1))
     index = g.op("Range", g.constant(0, dtype=torch.int64), size, g.constant(1, dtype=torch.int64))
     trailing = list(range(2, 2 + rank - 1 - d))

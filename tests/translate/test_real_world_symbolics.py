@@ -825,6 +825,22 @@ BUILTINS = {
 }
 
 
+# torch 2.11's TorchScript exporter hands the user's softmax symbolic an argument list whose
+# schema we cannot match (arg 1 arrives typed as a tensor), so its parse_args check refuses it.
+_SCHEMA_GAP = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13)
+_FORCED_OPS = [
+    pytest.param(
+        op,
+        marks=pytest.mark.xfail(
+            _SCHEMA_GAP and op == "softmax",
+            reason="torch < 2.13: aten::softmax's schema is not matched for a user symbolic",
+            strict=True,
+        ),
+    )
+    for op in BUILTINS
+]
+
+
 def _builtin_reference(op: str, model: Builtin, x: torch.Tensor, grid: torch.Tensor) -> Any:
     if op == "softmax":
         e = (x.double() - x.double().amax(dim=-1, keepdim=True)).exp()
@@ -857,7 +873,7 @@ def test_torchs_newer_builtin_wins_over_a_symbolic_registered_at_11(
     )
 
 
-@pytest.mark.parametrize("op", list(BUILTINS))
+@pytest.mark.parametrize("op", _FORCED_OPS)
 def test_override_builtins_makes_the_users_symbolic_win(op: str, tmp_path: Path) -> None:
     symbolic, users_node, torchs_node = BUILTINS[op]
     reg = _registry()
@@ -870,7 +886,7 @@ def test_override_builtins_makes_the_users_symbolic_win(op: str, tmp_path: Path)
     assert users_node in types and torchs_node not in types, types
 
 
-@pytest.mark.parametrize("op", list(BUILTINS))
+@pytest.mark.parametrize("op", _FORCED_OPS)
 def test_below_torchs_newer_builtin_the_users_symbolic_serves(op: str, tmp_path: Path) -> None:
     symbolic, users_node, _ = BUILTINS[op]
     reg = _registry()
