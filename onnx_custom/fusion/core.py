@@ -28,7 +28,7 @@ import torch
 
 from onnx_custom.errors import InvalidArgumentError
 from onnx_custom.exporter.pipeline import EXPORT_LOCK
-from onnx_custom.fusion import msda
+from onnx_custom.fusion import bev_pool, msda
 
 __all__ = [
     "METADATA_KEY",
@@ -162,6 +162,10 @@ def _rule(target: Any, replacement: Callable[..., Any] | None, source: str) -> F
             f"fuse: the replacement of {_qualname(target)} must be callable; received"
             f" {replacement!r:.80}. Fix: pass (target, replacement_function)."
         )
+    if replacement is None and bev_pool.has_bev_pool_signature(target):
+        return FusionRule(
+            target, bev_pool.bev_pool_from_function_args, bev_pool.BEV_POOL_OP, source
+        )
     if replacement is None:
         return FusionRule(target, _default_replacement(target), source=source)
     return FusionRule(target, replacement, op=_qualname(replacement), source=source)
@@ -174,7 +178,9 @@ def register_fusion(target: Any, replacement: Callable[..., Any] | None = None) 
     ``(value, value_spatial_shapes, sampling_locations, attention_weights)``, or an ``nn.Module``
     class whose ``forward`` has transformers' ``MultiScaleDeformableAttention`` signature
     ``(value, value_spatial_shapes, value_spatial_shapes_list, level_start_index,
-    sampling_locations, attention_weights, im2col_step)``; ``replacement`` (optional): your own
+    sampling_locations, attention_weights, im2col_step)``, or a function with BEVDet's
+    ``bev_pool_v2`` signature ``(depth, feat, ranks_depth, ranks_feat, ranks_bev,
+    bev_feat_shape, interval_starts, interval_lengths)``; ``replacement`` (optional): your own
     function of the same arguments (default: ours for that signature). Each use is still checked
     numerically on the example input."""
     rule = _rule(target, replacement, "registered")
@@ -220,6 +226,9 @@ def check_fuse(fuse: Any) -> list[FusionRule]:
         rules[cls] = FusionRule(cls, msda.msda_from_module_args, source=_library(cls))
     for fn in msda.library_functions():
         rules[fn] = FusionRule(fn, msda.msda_from_function_args, source=_library(fn))
+    for fn in bev_pool.library_functions():
+        replace = bev_pool.bev_pool_from_function_args
+        rules[fn] = FusionRule(fn, replace, bev_pool.BEV_POOL_OP, _library(fn))
     for rule in [*registered_fusions(), *extra]:
         rules[rule.target] = rule
     return list(rules.values())
