@@ -37,9 +37,10 @@ class CompileOptions:
       raise `VerificationError` on a mismatch.
     - ``save_dir``: write each ORT partition's ``.onnx`` there.
     - ``cache_size``: sessions kept (LRU) per backend.
-    - ``fuse``: as `onnx_custom.export`'s: each recognised attention module's traced code is
-      replaced by our op (static level sizes; checked on the first call's inputs); the
-      backend's ``fusion_reports`` say what was fused.
+    - ``fuse``: as `onnx_custom.export`'s: the traced code of each recognised attention module
+      and of each call of a recognised MSDA function is replaced by our op (static or symbolic
+      level sizes; checked on each graph's first inputs); the backend's ``fusion_reports`` say
+      what was fused.
     """
 
     opset: int = DEFAULT_OPSET

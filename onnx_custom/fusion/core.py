@@ -222,13 +222,13 @@ def check_fuse(fuse: Any) -> list[FusionRule]:
             else:
                 extra.append(_rule(item, None, "user"))
     rules: dict[Any, FusionRule] = {}
+    for fn in bev_pool.library_functions():
+        replace = bev_pool.bev_pool_from_function_args
+        rules[fn] = FusionRule(fn, replace, bev_pool.BEV_POOL_OP, _library(fn))
     for cls in msda.library_modules():
         rules[cls] = FusionRule(cls, msda.msda_from_module_args, source=_library(cls))
     for fn in msda.library_functions():
         rules[fn] = FusionRule(fn, msda.msda_from_function_args, source=_library(fn))
-    for fn in bev_pool.library_functions():
-        replace = bev_pool.bev_pool_from_function_args
-        rules[fn] = FusionRule(fn, replace, bev_pool.BEV_POOL_OP, _library(fn))
     for rule in [*registered_fusions(), *extra]:
         rules[rule.target] = rule
     return list(rules.values())

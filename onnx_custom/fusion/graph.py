@@ -1,19 +1,22 @@
 """``fuse=`` for graphs already traced: the ``torch.compile`` backend's form of `fusing`.
 
-Dynamo has inlined every module by the time a backend sees the graph, but each node keeps the
-module stack it came from (``meta["nn_module_stack"]``). The nodes of one recognised attention
-module instance form a region; the region's tensor inputs are ``value`` (4-D), the sampling
-locations (6-D) and the attention weights (5-D), its levels are the maps its ``grid_sample``
-calls read. The region is replaced by one call of our op when it has exactly one output and its
-level sizes are static, after the same numeric check as `fusing` (on the backend's example
-inputs). The function form (mmcv's) leaves no module stack, so it is not fused here.
+Dynamo has inlined every module and function by the time a backend sees the graph, but each node
+keeps the module stack it came from (``meta["nn_module_stack"]``) and the Python frames that made
+it (``meta["stack_trace"]``). The nodes of one recognised attention module instance form a
+region; so do the nodes of one call of a recognised function (mmcv's, Mask2Former's, yours: the
+consecutive nodes made while that function's code ran). The region's tensor inputs are ``value``
+(4-D), the sampling locations (6-D) and the attention weights (5-D), its levels are the maps its
+``grid_sample`` calls read. The region is replaced by one call of our op when it has exactly one
+output, after the same numeric check as `fusing` (on the backend's example inputs). Level sizes
+that are symbolic (``dynamic=True``, sizes that follow the input) are read from those maps in the
+graph, so the fused graph stays dynamic.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -25,12 +28,14 @@ from onnx_custom.fusion.core import TOLERANCES, FusionReport, FusionSite, check_
 __all__ = ["fuse_graph"]
 
 _GRID_SAMPLE = (torch.nn.functional.grid_sample, torch.grid_sampler)
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 
 @dataclasses.dataclass
 class _Region:
     path: str
-    cls: type
+    cls: Any  # the module class, or the function
     nodes: list[fx.Node]
     site: FusionSite | None = None
 
@@ -38,7 +43,7 @@ class _Region:
         self.site = FusionSite(self.path, _qualname(self.cls), msda.MSDA_OP, False, reason, 1, diff)
 
 
-def _qualname(cls: type) -> str:
+def _qualname(cls: Any) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
@@ -55,13 +60,73 @@ def _regions(gm: fx.GraphModule, classes: Sequence[type]) -> list[_Region]:
     return list(found.values())
 
 
+def _code_span(fn: Callable[..., Any]) -> tuple[str, str, int, int] | None:
+    """(file, name, first line, last line) of ``fn``'s code; None for non-Python callables."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    lines = [line for _, _, line in code.co_lines() if line is not None]
+    return code.co_filename, code.co_name, code.co_firstlineno, max(lines, default=0)
+
+
+def _call_key(node: fx.Node, span: tuple[str, str, int, int]) -> tuple[Any, ...] | None:
+    """The frames down to (and including) the call of ``span``'s function that made ``node``;
+    None when that function was not running."""
+    filename, name, first, last = span
+    frames = _FRAME.findall(str(node.meta.get("stack_trace") or ""))
+    for i, (file, line, function) in enumerate(frames):
+        if function == name and file == filename and first <= int(line) <= last:
+            return tuple(frames[:i])
+    return None
+
+
+def _function_regions(
+    gm: fx.GraphModule, functions: Sequence[Callable[..., Any]], taken: set[fx.Node]
+) -> list[_Region]:
+    """One region per call of each function: the consecutive nodes made by that call (from the
+    same caller frames); nodes of a module region are left to it."""
+    regions: list[_Region] = []
+    for fn in functions:
+        span = _code_span(fn)
+        if span is None:
+            continue
+        runs: list[list[fx.Node]] = []
+        previous: tuple[Any, ...] | None = None
+        for node in gm.graph.nodes:
+            if node.op not in ("call_function", "call_method", "call_module") or node in taken:
+                continue
+            key = _call_key(node, span)
+            if key is not None and key == previous:
+                runs[-1].append(node)
+            elif key is not None:
+                runs.append([node])
+            previous = key
+        name = _qualname(fn)
+        for i, nodes in enumerate(runs):
+            path = name if len(runs) == 1 else f"{name} (call {i + 1})"
+            regions.append(_Region(path, fn, nodes))
+    return regions
+
+
+def _concrete(value: Any) -> Any:
+    """An example input as a plain value: a SymInt (``dynamic=True``) becomes its hint."""
+    if isinstance(value, _SYMBOLIC):
+        hint = getattr(value.node, "hint", None)
+        if hint is None:
+            raise ValueError(f"the example input {value} has no concrete value")
+        return hint
+    return value
+
+
 def _example(node: Any) -> Any:
     return node.meta.get("example_value") if isinstance(node, fx.Node) else node
 
 
-def _plan(gm: fx.GraphModule, region: _Region) -> tuple[list[fx.Node], fx.Node, list[Any]] | None:
-    """(value, locations, weights), the output node and the level sizes; None (and the reason
-    in ``region.site``) when the region is not MSDA-shaped."""
+def _plan(
+    gm: fx.GraphModule, region: _Region
+) -> tuple[list[fx.Node], fx.Node, list[Any], list[fx.Node]] | None:
+    """(value, locations, weights), the output node, the level sizes (ints or SymInts) and the
+    level maps; None (and the reason in ``region.site``) when the region is not MSDA-shaped."""
     members = set(region.nodes)
     inputs: list[fx.Node] = []
     for node in region.nodes:
@@ -77,22 +142,20 @@ def _plan(gm: fx.GraphModule, region: _Region) -> tuple[list[fx.Node], fx.Node, 
         example = _example(arg)
         if isinstance(example, torch.Tensor) and example.is_floating_point():
             by_rank.setdefault(example.dim(), []).append(arg)
-        elif not isinstance(example, (torch.Tensor, int, float, bool)) and example is not None:
-            region.refuse("its level sizes are symbolic (dynamic shapes): fused only when static")
-            return None
     if any(len(by_rank.get(rank, ())) != 1 for rank in (4, 5, 6)):
         region.refuse("its inputs are not one value (4-D), locations (6-D) and weights (5-D)")
         return None
     grids = [n for n in region.nodes if n.target in _GRID_SAMPLE]
-    sizes = [tuple(_example(n.args[0]).shape[-2:]) for n in grids]
-    if not grids or not all(isinstance(v, int) for pair in sizes for v in pair):
-        region.refuse("its level sizes are symbolic (dynamic shapes): fused only when static")
+    maps = [n.args[0] for n in grids]
+    if not grids or not all(isinstance(_example(m), torch.Tensor) for m in maps):
+        region.refuse("no grid_sample reads a level map of the region")
         return None
+    sizes = [tuple(_example(m).shape[-2:]) for m in maps]
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     if any(order[a] > order[outputs[0]] for a in inputs):
         region.refuse("an input is computed after the region's output")
         return None
-    return [by_rank[4][0], by_rank[6][0], by_rank[5][0]], outputs[0], sizes
+    return [by_rank[4][0], by_rank[6][0], by_rank[5][0]], outputs[0], sizes, maps  # type: ignore[return-value]
 
 
 class _Capture(fx.Interpreter):
@@ -124,25 +187,56 @@ def _int64_node(graph: fx.Graph, values: torch.Tensor) -> fx.Node:
     return graph.call_method("view", (flat, *values.shape))
 
 
+def _level_nodes(graph: fx.Graph, sizes: list[Any], maps: list[fx.Node]) -> tuple[fx.Node, fx.Node]:
+    """Nodes computing the level shapes and start index, symbolic sizes read off the maps."""
+    parts = []
+    for (h, w), level_map in zip(sizes, maps, strict=True):
+        for dim, size in ((-2, h), (-1, w)):
+            fill = size if isinstance(size, int) else graph.call_method("size", (level_map, dim))
+            parts.append(graph.call_function(torch.full, ((1,), fill), {"dtype": torch.int64}))
+    flat = graph.call_function(torch.cat, (parts,))
+    shapes = graph.call_method("view", (flat, len(sizes), 2))
+    areas = graph.call_function(torch.prod, (shapes, 1))
+    ends = graph.call_function(torch.cumsum, (areas, 0))
+    return shapes, graph.call_function(torch.sub, (ends, areas))
+
+
 def fuse_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], fuse: Any) -> FusionReport:
-    """Replace each recognised attention module's region of ``gm`` by our op (in place)."""
-    classes = [r.target for r in check_fuse(fuse) if r.is_module]
+    """Replace each recognised attention module's region, and each call of a recognised
+    function, of ``gm`` by our op (in place)."""
+    rules = check_fuse(fuse)
+    classes = [r.target for r in rules if r.is_module]
     regions = _regions(gm, classes) if classes else []
+    functions = [
+        r.target for r in rules if not r.is_module and r.replacement is msda.msda_from_function_args
+    ]
+    if functions:
+        taken = {n for r in regions for n in r.nodes}
+        regions += _function_regions(gm, functions, taken)
     plans = {id(r): _plan(gm, r) for r in regions}
-    wanted = {n for p in plans.values() if p is not None for n in (*p[0], p[1])}
+    wanted = {n for p in plans.values() if p is not None for n in (*p[0], p[1], *p[3])}
     values: dict[fx.Node, Any] = {}
     if wanted:
+        try:
+            concrete = [_concrete(v) for v in example_inputs]
+        except ValueError as exc:
+            for region in regions:
+                if plans[id(region)] is not None:
+                    region.refuse(f"no numeric check possible: {exc}")
+            return FusionReport([r.site for r in regions if r.site is not None])
         capture = _Capture(gm, wanted)
         with torch.no_grad():
-            capture.run(*example_inputs)
+            capture.run(*concrete)
         values = capture.values
     changed = False
     for region in regions:
         plan = plans[id(region)]
         if plan is None:
             continue
-        (value, locations, weights), output, sizes = plan
-        shapes, starts = _level_tensors(sizes)
+        (value, locations, weights), output, sizes, maps = plan
+        static = all(isinstance(v, int) for pair in sizes for v in pair)
+        concrete_sizes = [tuple(values[m].shape[-2:]) for m in maps]
+        shapes, starts = _level_tensors(concrete_sizes)
         expected = values[output]
         try:
             with torch.no_grad():
@@ -168,8 +262,11 @@ def fuse_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], fuse: Any) -> 
             continue
         with gm.graph.inserting_before(output):
             # factory calls, not tensor constants: the graph's constants must come from dynamo
-            shape_node = _int64_node(gm.graph, shapes)
-            start_node = _int64_node(gm.graph, starts)
+            if static:
+                shape_node = _int64_node(gm.graph, shapes)
+                start_node = _int64_node(gm.graph, starts)
+            else:
+                shape_node, start_node = _level_nodes(gm.graph, sizes, maps)
             fused = gm.graph.call_function(
                 torch.ops.onnx_custom.multi_scale_deformable_attn.default,
                 (value, shape_node, start_node, locations, weights, 64),
