@@ -146,8 +146,9 @@ def _plan(
         region.refuse("its inputs are not one value (4-D), locations (6-D) and weights (5-D)")
         return None
     grids = [n for n in region.nodes if n.target in _GRID_SAMPLE]
-    maps = [n.args[0] for n in grids]
-    if not grids or not all(isinstance(_example(m), torch.Tensor) for m in maps):
+    maps = [m for n in grids if isinstance(m := n.args[0], fx.Node)]
+    traced = all(isinstance(_example(m), torch.Tensor) for m in maps)
+    if not grids or len(maps) != len(grids) or not traced:
         region.refuse("no grid_sample reads a level map of the region")
         return None
     sizes = [tuple(_example(m).shape[-2:]) for m in maps]
@@ -155,7 +156,7 @@ def _plan(
     if any(order[a] > order[outputs[0]] for a in inputs):
         region.refuse("an input is computed after the region's output")
         return None
-    return [by_rank[4][0], by_rank[6][0], by_rank[5][0]], outputs[0], sizes, maps  # type: ignore[return-value]
+    return [by_rank[4][0], by_rank[6][0], by_rank[5][0]], outputs[0], sizes, maps
 
 
 class _Capture(fx.Interpreter):
@@ -204,11 +205,12 @@ def _level_nodes(graph: fx.Graph, sizes: list[Any], maps: list[fx.Node]) -> tupl
 def fuse_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], fuse: Any) -> FusionReport:
     """Replace each recognised attention module's region, and each call of a recognised
     function, of ``gm`` by our op (in place)."""
-    rules = check_fuse(fuse)
-    classes = [r.target for r in rules if r.is_module]
+    classes = [r.target for r in check_fuse(fuse) if r.is_module]
     regions = _regions(gm, classes) if classes else []
-    functions = [
-        r.target for r in rules if not r.is_module and r.replacement is msda.msda_from_function_args
+    functions = [  # the function form of MSDA (not a user's replacement pair, not bev_pool_v2)
+        r.target
+        for r in check_fuse(fuse)
+        if not r.is_module and r.replacement is msda.msda_from_function_args
     ]
     if functions:
         taken = {n for r in regions for n in r.nodes}
