@@ -43,6 +43,17 @@ def test_user_function_is_fused_into_one_node(exporter: str, impl: str) -> None:
     onnx_custom.verify(model, args, proto)  # against the unfused model
 
 
+def test_default_registry_writes_the_standard_form() -> None:
+    """The default translation of the fused op: standard ops (one ScatterND), no custom node."""
+    model = BEVModel().eval()
+    args = rig()
+    proto = onnx_custom.export(model, args, exporter="dynamo", fuse=[bev_cases.scatter_bev_pool])
+    counts = op_counts(proto)
+    assert NODE not in counts and counts.get("ScatterND") == 1, counts
+    assert len(fusion_report(proto).fused) == 1  # type: ignore[union-attr]
+    onnx_custom.verify(model, args, proto)
+
+
 def test_unfused_export_keeps_the_users_code() -> None:
     model = BEVModel().eval()
     proto = onnx_custom.export(model, rig(), exporter="dynamo", registry=CUSTOM)
