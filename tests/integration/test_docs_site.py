@@ -72,6 +72,33 @@ def test_benchmarks_page_comes_from_the_generator() -> None:
     assert "| benchmark | row | figure | goal | status | machine | date |" in text
 
 
+def test_readme_benchmark_rows_are_the_pages_rows() -> None:
+    """The README's figures are copied by the generator from the page's run, never typed."""
+    run_all = _load(ROOT / "benchmarks" / "run_all.py")
+    text = README.read_text(encoding="utf-8")
+    start, end = text.index(run_all.README_START), text.index(run_all.README_END)
+    rows = [line for line in text[start:end].splitlines()[3:] if line.startswith("| `")]
+    assert rows, "run python benchmarks/run_all.py: the README's benchmark rows are empty"
+    page = (DOCS / "benchmarks.md").read_text(encoding="utf-8")
+    for row in rows:
+        name, label, figure, goal, status, _ = (c.strip() for c in row.strip("| ").split(" | "))
+        assert name.strip("`") in run_all.README_BENCHMARKS
+        assert f"| {name} | {label} | {figure} | {goal} | {status} |" in page, row
+
+
+def test_update_readme_replaces_only_the_table(tmp_path: Path) -> None:
+    run_all = _load(ROOT / "benchmarks" / "run_all.py")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{run_all.README_START}\n| old |\n{run_all.README_END}\nrest\n")
+    assert run_all.update_readme(readme, ["| a |", "| b |"])
+    assert readme.read_text() == (
+        f"intro\n{run_all.README_START}\n| a |\n| b |\n{run_all.README_END}\nrest\n"
+    )
+    assert not run_all.update_readme(readme, [])  # nothing measured: the table stays
+    (tmp_path / "plain.md").write_text("no markers\n")
+    assert not run_all.update_readme(tmp_path / "plain.md", ["| a |"])
+
+
 @pytest.mark.parametrize(
     ("line", "figure", "goal", "status"),
     [
