@@ -65,6 +65,7 @@ from onnx_custom.exporter.dim_params import rename_dims, write_metadata
 from onnx_custom.exporter.dynamic_shapes import DynamicSpec, resolve_dynamic_shapes
 from onnx_custom.exporter.dynamo_output_types import symbol_names
 from onnx_custom.exporter.export_flag import onnx_exporting
+from onnx_custom.exporter.fake_kernels import check_fake_kernels
 from onnx_custom.exporter.function_symbolics import (
     function_symbolic_error,
     recording_function_failures,
@@ -445,6 +446,7 @@ def _export_dynamo(
 ) -> tuple[onnx.ModelProto, DynamicSpec, ModelCensus]:
     from onnx_custom.exporter.dynamo import program_constants, translation_table
 
+    model_kwargs = None
     if isinstance(model, torch.export.ExportedProgram):
         program, names = model, {}  # its dims are torch's (s77): no user names to give them
     else:
@@ -456,6 +458,7 @@ def _export_dynamo(
             )  # localize reuses it instead of tracing again
         names = symbol_names_of(program, spec)
     _check_no_mutating_ops(program)
+    check_fake_kernels(program, args, model_kwargs)  # the file gets the fakes' ranks and dtypes
     float_clamp_bounds(program)  # torch's type promotion fails on clamp(0, 1.5) of a float tensor
     missing = missing_ops_dynamo(program, opset, reg)
     if missing:
