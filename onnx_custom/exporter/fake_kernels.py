@@ -14,11 +14,13 @@ The shipped ``onnx_custom::`` ops are not run (their op specs check the meta fun
 eager already). Never a false alarm: a call is skipped when the op has no CPU kernel (a CUDA-only
 op, a fake-only op), when an input's size is data-dependent (no example value), when its inputs
 would exceed `MAX_INPUT_BYTES`, or when the real kernel raises on these inputs (zeros may be
-invalid input).
+invalid input). An op spec's eager call compares its meta function with the impl itself: its
+shape disagreement becomes a `FakeKernelError` too.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -26,7 +28,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from onnx_custom.common.op_namespace import NAMESPACE
-from onnx_custom.errors import FakeKernelError
+from onnx_custom.errors import FakeKernelError, SpecError
 
 __all__ = ["MAX_INPUT_BYTES", "check_fake_kernels"]
 
@@ -115,6 +117,8 @@ def _materialize(value: Any, node: Any, known: Mapping[str, torch.Tensor]) -> tu
     if isinstance(meta, torch.Tensor):
         real = known.get(value.name) if value.op == "placeholder" else None
         shape = [_size(d) for d in meta.shape]
+        if math.prod(shape) * meta.element_size() > MAX_INPUT_BYTES:
+            raise _Skip  # not even one such input is made
         if (
             real is None
             or list(real.shape) != shape
@@ -124,6 +128,8 @@ def _materialize(value: Any, node: Any, known: Mapping[str, torch.Tensor]) -> tu
             if meta.device.type not in ("cpu", "meta"):
                 raise _Skip  # traced for another device: the CPU kernel is not the one used
             real = torch.zeros(shape, dtype=meta.dtype)
+        else:
+            real = real.detach().clone()  # a kernel writing into its input must not touch ours
         return real, real.numel() * real.element_size()
     if meta is None:
         raise _Skip
@@ -176,6 +182,14 @@ def check_fake_kernels(
         try:
             with torch.no_grad():
                 result = op(*real_args, **real_kwargs)
+        except SpecError as exc:
+            if exc.key == ("shape",) and exc.op:  # an op spec's eager call compared its meta
+                raise FakeKernelError(  # function with the impl: they disagree
+                    f"The custom op {op.name()}: its meta function and its real kernel disagree on"
+                    " the example inputs, and the dynamo exporter writes the meta function's"
+                    f" shapes into the ONNX file. {exc}"
+                ) from exc
+            continue
         except Exception:  # zeros may be invalid input for this kernel: nothing to compare
             continue
         ran += 1

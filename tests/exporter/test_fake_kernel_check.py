@@ -174,3 +174,13 @@ def test_an_op_reading_the_input_directly_runs_on_the_example_value() -> None:
     """On the real example input the picky kernel runs: the check is done, not skipped."""
     program = torch.export.export(OnInput(), (torch.rand(4, 3) + 1,), strict=False)
     assert check_fake_kernels(program, (torch.rand(4, 3) + 1,)) == 1
+
+
+def test_calls_with_inputs_over_the_limit_are_not_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from onnx_custom.exporter import fake_kernels
+
+    program = torch.export.export(Twice(), (torch.randn(5, 3),), strict=False)
+    monkeypatch.setattr(fake_kernels, "MAX_INPUT_BYTES", 32)  # x[5,3] float32 is 60 bytes
+    RUNS["good"] = 0
+    assert check_fake_kernels(program, (torch.randn(5, 3),)) == 1  # only the x[1,2] call runs
+    assert RUNS["good"] == 1
