@@ -232,18 +232,24 @@ def upsample_opset10(g, x, factor, mode):  # type: ignore[no-untyped-def]
 
 
 class Upsample(torch.nn.Module):
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: str, factor: int = 2) -> None:
         super().__init__()
-        self.mode = mode
+        self.mode, self.factor = mode, factor
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.rwsym.upsample(x, 2, self.mode)
+        return torch.ops.rwsym.upsample(x, self.factor, self.mode)
 
 
+# Factor 3 tells each of opset 10's nearest attributes apart from opset 11's defaults (at factor 2
+# asymmetric + floor and half_pixel + round_prefer_floor pick the same pixels; at 3 a mix does not).
 @pytest.mark.parametrize("exporter", EXPORTERS)
-@pytest.mark.parametrize("mode", ["nearest", "linear"], ids=lambda m: f"{m}-x[2,3,4,5]")
+@pytest.mark.parametrize(
+    ("mode", "factor"),
+    [("nearest", 2), ("nearest", 3), ("linear", 2)],
+    ids=lambda v: str(v) if isinstance(v, str) else f"x{v}-x[2,3,4,5]",
+)
 def test_resize_registered_at_10_keeps_its_coordinates_when_lifted(
-    exporter: str, mode: str, tmp_path: Path
+    exporter: str, mode: str, factor: int, tmp_path: Path
 ) -> None:
     reg = _registry()
     onnx_custom.register_custom_op_symbolic("rwsym::upsample", upsample_opset10, 10, registry=reg)
@@ -251,9 +257,10 @@ def test_resize_registered_at_10_keeps_its_coordinates_when_lifted(
     args = (torch.randn(2, 3, 4, 5),)
     path = tmp_path / "resize.onnx"
     opset = 11 if exporter == "torchscript" else 18
-    _export(Upsample(mode), args, path, exporter, opset, reg, {"x": {0: "n", 2: "h", 3: "w"}})
+    model = Upsample(mode, factor)
+    _export(model, args, path, exporter, opset, reg, {"x": {0: "n", 2: "h", 3: "w"}})
     sizes = [args, (torch.randn(1, 3, 3, 6),)]
-    _check_sizes(path, lambda x: upsample_reference(x, 2, mode), sizes)
+    _check_sizes(path, lambda x: upsample_reference(x, factor, mode), sizes)
 
 
 # -- Softmax registered for opset 11 (normalises the input flattened at axis) ------------------
