@@ -846,6 +846,21 @@ _FORCED_OPS = [
     )
     for op in BUILTINS
 ]
+# The same for both exporters: the schema gap is the TorchScript exporter's alone.
+_FORCED_CASES = [
+    pytest.param(
+        op,
+        exporter,
+        marks=pytest.mark.xfail(
+            _SCHEMA_GAP and op == "softmax" and exporter == "torchscript",
+            reason="torch < 2.13: aten::softmax's schema is not matched for a user symbolic",
+            strict=True,
+        ),
+        id=f"{op}-{exporter}",
+    )
+    for op in BUILTINS
+    for exporter in EXPORTERS
+]
 
 
 def _builtin_reference(op: str, model: Builtin, x: torch.Tensor, grid: torch.Tensor) -> Any:
@@ -880,15 +895,18 @@ def test_torchs_newer_builtin_wins_over_a_symbolic_registered_at_11(
     )
 
 
-@pytest.mark.parametrize("op", _FORCED_OPS)
-def test_override_builtins_makes_the_users_symbolic_win(op: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("op", "exporter"), _FORCED_CASES)
+def test_override_builtins_makes_the_users_symbolic_win(
+    op: str, exporter: str, tmp_path: Path
+) -> None:
     symbolic, users_node, torchs_node = BUILTINS[op]
     reg = _registry()
     onnx_custom.register_custom_op_symbolic(
         f"::{op}", symbolic, 11, registry=reg, override_builtins=True
     )
     model, args = Builtin(op), (torch.randn(2, 6, 5, 6), torch.rand(2, 4, 3, 2) * 2 - 1)
-    proto = _export(model, args, tmp_path / "forced.onnx", "torchscript", 17, reg)
+    opset = 17 if exporter == "torchscript" else 18
+    proto = _export(model, args, tmp_path / "forced.onnx", exporter, opset, reg)
     types = {n.op_type for n in proto.graph.node}
     assert users_node in types and torchs_node not in types, types
 
