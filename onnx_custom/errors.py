@@ -12,6 +12,7 @@ __all__ = [
     "DeformConv2dError",
     "DynamicShapesError",
     "ExtensionBuildError",
+    "FakeKernelError",
     "FuseProofError",
     "HalfPrecisionError",
     "InvalidArgumentError",
@@ -62,6 +63,12 @@ class HalfPrecisionError(SymbolicError):
     """A float16/bfloat16 node ONNX Runtime's CPU provider cannot run, and the export may not (or
     cannot) compute it in float32 (``half_precision=``): raised at export, before anything is
     written, naming the op, the dtype and the provider."""
+
+
+class FakeKernelError(SymbolicError):
+    """A custom op's fake (meta) kernel declares outputs of another rank or dtype than its real
+    kernel returns: the dynamo exporter writes the fake's types into the file, so it is refused
+    at export. Names the op, both declarations and the fix."""
 
 
 class MixedFloatTypesError(SymbolicError):

@@ -4,10 +4,10 @@ Protobuf cannot serialize a message over 2 GiB, so a bigger model keeps its tens
 file next to it. `external_threshold` says when: past protobuf's limit, or past
 ``$ONNX_CUSTOM_EXTERNAL_DATA_THRESHOLD`` bytes when set (tests lower it).
 
-Crash safety, for any reader (ONNX Runtime and ``onnx.load`` included, not only ours): every write
-puts its tensors in a data file of its own, named after a random token of this write
-(`data_file_name`: ``model.onnx.<token>.data``, or ``weights.<token>.bin`` for
-``external_data="weights.bin"``), which the model's ``location`` entries point at. Steps:
+Crash safety, for any reader (ONNX Runtime and ``onnx.load`` included, not only ours): by default
+every write puts its tensors in a data file of its own, named after a random token of this write
+(`data_file_name`: ``model.onnx.<token>.data``), which the model's ``location`` entries point at.
+Steps:
 
 1. the new data file is written whole (temporary file + rename); the previous pair is untouched;
 2. the new model is written whole (temporary file + rename): the one atomic switch to the new pair;
@@ -15,8 +15,13 @@ puts its tensors in a data file of its own, named after a random token of this w
 
 A crash before 2 leaves the old pair (plus an unreferenced new data file, removed by the next
 write); a crash after 2 leaves the new pair (plus the old data file, likewise). No reader can see
-the old model with the new data or the reverse. The data file also starts with a 4 KiB header
-naming its token and model file, and the model records the token (``metadata_props
+the old model with the new data or the reverse. A chosen name (``external_data="weights.bin"``)
+is written exactly: when that file does not exist yet, the same three steps write it directly;
+when it does (the previous model may read it), the write switches through a data file of its own
+(``weights.<token>.bin``) so the same holds (`_save_over_chosen`: only a process killed in the
+instant between its last two steps leaves the model pointing at a missing file, which every reader
+refuses, never at the other write's data). The data file also starts with a
+4 KiB header naming its token and model file, and the model records the token (``metadata_props
 ["onnx_custom.external_data"]``): `check_external_data` (every onnx-custom loader) refuses a data
 file swapped in by hand. Tensor offsets start after the header, so readers need nothing special.
 
@@ -31,6 +36,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import stat
 import tempfile
 import time
@@ -41,12 +47,13 @@ import onnx
 from google.protobuf.message import EncodeError
 
 from onnx_custom.common.atomic import atomic_open, atomic_write
-from onnx_custom.errors import InvalidArgumentError, ModelLoadError
+from onnx_custom.errors import InvalidArgumentError, ModelLoadError, OutputPathError
 
 __all__ = [
     "METADATA_KEY",
     "PROTOBUF_LIMIT",
     "THRESHOLD_ENV",
+    "check_chosen_data_name",
     "check_external_data",
     "data_file_name",
     "external_tensors",
@@ -244,17 +251,14 @@ def _pointing_at(
             tensor.raw_data = data
 
 
-def save_with_external_data(model: onnx.ModelProto, final: Path, chosen: str | None = None) -> str:
-    """Write ``model`` to ``final`` with its tensors of 1 KiB or more in a data file of this write
-    (`data_file_name`; ``chosen`` is the user's ``external_data=`` name, a plain file name), then
-    remove the previous write's data (see the module doc). Returns the data file's name."""
-    token = secrets.token_hex(_TOKEN_CHARS // 2)
-    data_name = data_file_name(final.name, chosen, token)
-    started = time.time()
-    previous = referenced_data_files(final)
+def _write_data(
+    model: onnx.ModelProto, path: Path, token: str, model_name: str
+) -> list[tuple[onnx.TensorProto, int]]:
+    """Write the data file ``path`` whole (temporary file + rename): the header, then every
+    movable tensor page-aligned. Returns each tensor's offset."""
     offsets: list[tuple[onnx.TensorProto, int]] = []
-    with atomic_open(final.with_name(data_name), "wb") as handle:
-        handle.write(_header(token, final.name))
+    with atomic_open(path, "wb") as handle:
+        handle.write(_header(token, model_name))
         position = _ALIGN
         for tensor in _tensors(model.graph):
             if not _movable(tensor):
@@ -265,9 +269,78 @@ def save_with_external_data(model: onnx.ModelProto, final: Path, chosen: str | N
             offsets.append((tensor, position))
             handle.write(tensor.raw_data)
             position += len(tensor.raw_data)
+    return offsets
+
+
+def _write_model(
+    model: onnx.ModelProto,
+    final: Path,
+    data_name: str,
+    token: str,
+    offsets: list[tuple[onnx.TensorProto, int]],
+) -> None:
+    """Replace ``final`` by ``model`` pointing into ``data_name`` (one atomic rename)."""
+    with _pointing_at(model, data_name, token, offsets):
+        atomic_write(final, model.SerializeToString())
+
+
+def _hidden_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+
+
+def _backup(path: Path) -> Path | None:
+    """A hidden second name of the file ``path`` (a hard link, else a copy), or None when the
+    file system allows neither. Only for model files: ``onnx.load`` refuses *data* files with
+    several links."""
+    name = _hidden_name(path)
     try:
-        with _pointing_at(model, data_name, token, offsets):
-            atomic_write(final, model.SerializeToString())
+        os.link(path, name)
+        return name
+    except OSError:
+        pass
+    try:
+        shutil.copy2(path, name)
+        return name
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+        return None
+
+
+def check_chosen_data_name(final: Path, chosen: str) -> None:
+    """``external_data=chosen`` would overwrite the data file of another model in the folder (its
+    header names that model, which still points at it): an `OutputPathError` naming it."""
+    header = _header_of(final.with_name(chosen))
+    if header is None or header[1] is None or header[1] == final.name:
+        return
+    owner = final.with_name(header[1])
+    if chosen in referenced_data_files(owner):
+        raise OutputPathError(
+            f"external_data={chosen!r}: {str(final.with_name(chosen))!r} holds the tensors of the"
+            f" model {str(owner)!r}, which still reads it; writing this model's tensors there"
+            f" would break that model. Fix: choose another name (e.g. external_data="
+            f"'{Path(final.name).stem}.bin'), or remove {str(owner)!r} first."
+        )
+
+
+def save_with_external_data(model: onnx.ModelProto, final: Path, chosen: str | None = None) -> str:
+    """Write ``model`` to ``final`` with its tensors of 1 KiB or more in a data file: one of this
+    write (`data_file_name`) by default, or exactly ``chosen`` (the user's ``external_data=``
+    name, a plain file name); then remove the previous write's data (see the module doc).
+    Returns the data file's name."""
+    token = secrets.token_hex(_TOKEN_CHARS // 2)
+    started = time.time()
+    previous = referenced_data_files(final)
+    if chosen is not None:
+        check_chosen_data_name(final, chosen)
+        if os.path.lexists(final.with_name(chosen)):
+            _save_over_chosen(model, final, chosen, token)
+            remove_stale_data(final, chosen, {chosen}, previous, started)
+            return chosen
+    data_name = chosen if chosen is not None else data_file_name(final.name, None, token)
+    offsets = _write_data(model, final.with_name(data_name), token, final.name)
+    try:
+        _write_model(model, final, data_name, token, offsets)
     except BaseException:
         if data_name not in referenced_data_files(final):  # the model was not replaced: no reader
             with contextlib.suppress(OSError):
@@ -275,6 +348,76 @@ def save_with_external_data(model: onnx.ModelProto, final: Path, chosen: str | N
         raise
     remove_stale_data(final, chosen, {data_name}, previous, started)
     return data_name
+
+
+def _save_over_chosen(model: onnx.ModelProto, final: Path, chosen: str, token: str) -> None:
+    """``chosen`` exists (the current model may read it), so it cannot simply be replaced: for a
+    moment the old model would read the new data. The write switches through a data file of its
+    own instead:
+
+    1. the data goes to ``<chosen stem>.<token>.<suffix>`` (whole, temporary file + rename);
+    2. the model is replaced, pointing there: the atomic switch to the new, complete pair;
+    3. the previous ``chosen`` is renamed to a hidden backup (nothing reads it now), and the new
+       data file is renamed to ``chosen``;
+    4. the model is replaced again, pointing at ``chosen``.
+
+    No moment shows a model with the other write's data. Only a process killed between the last
+    rename of 3 and the end of 4 leaves the model pointing at a missing file (every reader
+    refuses it; the next write repairs it). Any exception before 4 completes restores the previous
+    model and ``chosen`` exactly (`_roll_back`)."""
+    target = final.with_name(chosen)
+    staged = final.with_name(data_file_name(final.name, chosen, token))
+    offsets = _write_data(model, staged, token, final.name)
+    existed = os.path.lexists(final)
+    model_backup = _backup(final) if existed else None
+    data_backup = _hidden_name(target)
+    stage = 0
+    try:
+        _write_model(model, final, staged.name, token, offsets)
+        stage = 1
+        os.replace(target, data_backup)
+        stage = 2
+        os.replace(staged, target)
+        stage = 3
+        _write_model(model, final, chosen, token, offsets)
+        stage = 4
+    except BaseException:
+        _roll_back(final, target, staged, data_backup, model_backup, existed, stage)
+        raise
+    finally:
+        for backup in (model_backup, data_backup):
+            if backup is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(backup)
+        if staged.name not in referenced_data_files(final):
+            with contextlib.suppress(OSError):
+                os.unlink(staged)
+
+
+def _roll_back(
+    final: Path,
+    target: Path,
+    staged: Path,
+    data_backup: Path,
+    model_backup: Path | None,
+    existed: bool,
+    stage: int,
+) -> None:
+    """Undo `_save_over_chosen` interrupted after ``stage`` of its steps (1: the model points at
+    the staged data; 2: ``chosen`` moved to its backup; 3: the staged data renamed to ``chosen``),
+    newest first, so each moment shows one complete pair. Without a backup of the previous model
+    (a file system with neither links nor room for a copy) the new pair stays, complete."""
+    if stage in (0, 4):
+        return
+    if stage >= 3:
+        os.replace(target, staged)  # the new model's data under the name it reads
+    if stage >= 2:
+        os.replace(data_backup, target)  # nothing reads it: the model points at staged
+    if model_backup is not None:
+        os.replace(model_backup, final)  # the switch back to the previous pair
+    elif not existed:
+        with contextlib.suppress(OSError):
+            os.unlink(final)  # there was no model before this write
 
 
 @contextlib.contextmanager

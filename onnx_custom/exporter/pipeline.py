@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import onnx
@@ -24,6 +25,7 @@ import torch
 from onnx_custom.common.atomic import atomic_write, check_output_path, is_file_object
 from onnx_custom.common.external_data import (
     PROTOBUF_LIMIT,
+    check_chosen_data_name,
     data_file_name,
     external_threshold,
     referenced_data_files,
@@ -63,6 +65,7 @@ from onnx_custom.exporter.dim_params import rename_dims, write_metadata
 from onnx_custom.exporter.dynamic_shapes import DynamicSpec, resolve_dynamic_shapes
 from onnx_custom.exporter.dynamo_output_types import symbol_names
 from onnx_custom.exporter.export_flag import onnx_exporting
+from onnx_custom.exporter.fake_kernels import check_fake_kernels
 from onnx_custom.exporter.function_symbolics import (
     function_symbolic_error,
     recording_function_failures,
@@ -172,6 +175,15 @@ def check_external_data_option(external_data: Any, f: Any) -> None:
             " (f='model.onnx'; the tensors go to 'model.onnx.<token>.data'), or leave"
             " external_data out."
         )
+    if not isinstance(external_data, bool) and isinstance(f, (str, os.PathLike)):
+        final = Path(os.fspath(f))
+        if os.fspath(external_data) == final.name:
+            raise InvalidArgumentError(
+                f"external_data={os.fspath(external_data)!r} names the model file itself; the"
+                " tensors need a second file next to it. Fix: choose another name, e.g."
+                f" external_data='{final.stem}.bin'."
+            )
+        check_chosen_data_name(final, os.fspath(external_data))
 
 
 def save_model(
@@ -188,7 +200,7 @@ def save_model(
     the model (``<f>.<token>.data``, one per write) when it serializes to more than
     `external_threshold` bytes (protobuf's 2 GiB limit, or
     ``$ONNX_CUSTOM_EXTERNAL_DATA_THRESHOLD``); True always; False never (an error past 2 GiB); a
-    file name (``weights.bin``): always, in ``weights.<token>.bin``. The data file is written first,
+    file name (``weights.bin``): always, in exactly that file. The data file is written first,
     then the model, then the previous write's data file is removed: crash-safe for any reader
     (`onnx_custom.common.external_data`); ``model`` itself is never modified.
     A file object receives the bytes only once the whole model serialized.
@@ -221,7 +233,8 @@ def save_model(
         return
     chosen = os.fspath(external_data) if isinstance(external_data, (str, os.PathLike)) else None
     check_output_path(
-        final.with_name(data_file_name(final.name, chosen, "0" * 16)), what="the external data file"
+        final.with_name(chosen or data_file_name(final.name, None, "0" * 16)),
+        what="the external data file",
     )
     save_with_external_data(model, final, chosen)
 
@@ -433,6 +446,7 @@ def _export_dynamo(
 ) -> tuple[onnx.ModelProto, DynamicSpec, ModelCensus]:
     from onnx_custom.exporter.dynamo import program_constants, translation_table
 
+    model_kwargs = None
     if isinstance(model, torch.export.ExportedProgram):
         program, names = model, {}  # its dims are torch's (s77): no user names to give them
     else:
@@ -444,6 +458,7 @@ def _export_dynamo(
             )  # localize reuses it instead of tracing again
         names = symbol_names_of(program, spec)
     _check_no_mutating_ops(program)
+    check_fake_kernels(program, args, model_kwargs)  # the file gets the fakes' ranks and dtypes
     float_clamp_bounds(program)  # torch's type promotion fails on clamp(0, 1.5) of a float tensor
     missing = missing_ops_dynamo(program, opset, reg)
     if missing:

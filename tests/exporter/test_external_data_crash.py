@@ -26,7 +26,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_custom.common.external_data import referenced_data_files
-from onnx_custom.errors import ModelLoadError
+from onnx_custom.errors import ModelLoadError, OutputPathError
 from onnx_custom.exporter.pipeline import save_model
 from onnx_custom.runtime import InferenceSession
 
@@ -131,15 +131,52 @@ def _crash_at(monkeypatch: pytest.MonkeyPatch, function: str, step: int) -> None
     monkeypatch.setattr(os, function, maybe_crash)
 
 
-# The write's steps: replace #0 puts the data file in place, replace #1 the model (the switch),
-# unlink #0 removes the previous write's data file (hidden probes and temporaries not counted).
-STEPS = [("replace", 0, "old"), ("replace", 1, "old"), ("unlink", 0, "new")]
+# The write's steps, per choice. Default name: fsync #0 finishes the data file, replace #0 puts it
+# in place, replace #1 the model (the switch), unlink #0 removes the previous write's data file.
+# A chosen name that exists already (the previous model reads it): replace #0 puts the data in
+# place under this write's own name, replace #1 the model pointing there (the switch), replace #2
+# moves the previous chosen file to a hidden backup, replace #3 renames the new data to the chosen
+# name, replace #4 points the model at it. (Hidden probes, temporaries and backups not counted.)
+STEPS = {
+    "default-name": [
+        ("fsync", 0, "old"),
+        ("replace", 0, "old"),
+        ("replace", 1, "old"),
+        ("unlink", 0, "new"),
+    ],
+    "weights.bin": [
+        ("fsync", 0, "old"),
+        ("replace", 0, "old"),
+        ("replace", 1, "old"),
+        ("replace", 2, "old"),
+        ("replace", 3, "old"),
+        ("replace", 4, "old"),
+    ],
+}
+# After a killed process no handler ran: from the switch on, the folder holds the new pair; a
+# chosen name killed between its last rename and the model's last write leaves the model pointing
+# at a missing file ("missing": refused by every reader, never read with other data).
+KILLED = {
+    "default-name": [("replace", 0, "old"), ("replace", 1, "old"), ("unlink", 0, "new")],
+    "weights.bin": [
+        ("replace", 0, "old"),
+        ("replace", 1, "old"),
+        ("replace", 2, "new"),
+        ("replace", 3, "new"),
+        ("replace", 4, "missing"),
+    ],
+}
 
 
-@pytest.mark.parametrize("choice", CHOICES, ids=["default-name", "weights.bin"])
-@pytest.mark.parametrize(
-    ("function", "step", "pair"), STEPS, ids=["data-rename", "model-rename", "old-data-removal"]
-)
+def _cases(table: dict[str, list[tuple[str, int, str]]]) -> list[Any]:
+    return [
+        pytest.param(choice, *step, id=f"{name}-{step[0]}{step[1]}")
+        for name, choice in zip(("default-name", "weights.bin"), CHOICES, strict=True)
+        for step in table[name]
+    ]
+
+
+@pytest.mark.parametrize(("choice", "function", "step", "pair"), _cases(STEPS))
 def test_an_interrupted_write_leaves_one_complete_pair(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -151,11 +188,14 @@ def test_an_interrupted_write_leaves_one_complete_pair(
     path = tmp_path / "model.onnx"
     save_model(_old()[0], path, external_data=choice)
     assert _which_pair(path) == "old"
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     _crash_at(monkeypatch, function, step)
     with pytest.raises(Crash):
         save_model(_new()[0], path, external_data=choice)
     monkeypatch.undo()
     assert _which_pair(path) == pair
+    if pair == "old":  # the previous files exactly as they were, and nothing else
+        assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
     assert not [
         p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")
     ]  # handlers removed temporaries
@@ -183,18 +223,16 @@ _HARD_CRASH = textwrap.dedent("""
         return original(*args, **kwargs)
 
     setattr(os, function, die)
-    save_model(_new()[0], path, external_data=True)
+    save_model(_new()[0], path, external_data=eval(sys.argv[5]))
     """)
 
 
-@pytest.mark.parametrize(
-    ("function", "step", "pair"), STEPS, ids=["data-rename", "model-rename", "old-data-removal"]
-)
+@pytest.mark.parametrize(("choice", "function", "step", "pair"), _cases(KILLED))
 def test_a_killed_write_leaves_one_complete_pair(
-    tmp_path: Path, function: str, step: int, pair: str
+    tmp_path: Path, choice: Any, function: str, step: int, pair: str
 ) -> None:
     path = tmp_path / "model.onnx"
-    save_model(_old()[0], path, external_data=True)
+    save_model(_old()[0], path, external_data=choice)
     proc = subprocess.run(
         [
             sys.executable,
@@ -204,14 +242,21 @@ def test_a_killed_write_leaves_one_complete_pair(
             str(step),
             str(path),
             str(Path(__file__).parent),
+            repr(choice),
         ],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 3, proc.stderr[-2000:]
-    assert _which_pair(path) == pair
-    save_model(_new()[0], path, external_data=True)
+    if pair == "missing":
+        with pytest.raises(Exception, match="weights\\.[0-9a-f]{16}\\.bin"):
+            ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        with pytest.raises(ModelLoadError, match="is missing"):
+            InferenceSession(path)
+    else:
+        assert _which_pair(path) == pair
+    save_model(_new()[0], path, external_data=choice)
     assert _which_pair(path) == "new"
     _assert_one_pair(tmp_path)  # stale data files of the killed write are gone (a killed
     # process's hidden '.<name>.<random>.tmp' temporary may remain:
@@ -226,12 +271,12 @@ def test_repeated_writes_keep_exactly_one_data_file(tmp_path: Path, choice: Any)
         save_model((_old if i % 2 else _new)()[0], path, external_data=choice)
         _assert_one_pair(tmp_path)
         names |= referenced_data_files(path)
-    assert len(names) == 4  # each write had a data file of its own
     assert _which_pair(path) == "old"
-    pattern = (
-        r"model\.onnx\.[0-9a-f]{16}\.data" if choice is True else r"weights\.[0-9a-f]{16}\.bin"
-    )
-    assert all(re.fullmatch(pattern, n) for n in names), names
+    if choice is True:
+        assert len(names) == 4  # each write had a data file of its own
+        assert all(re.fullmatch(r"model\.onnx\.[0-9a-f]{16}\.data", n) for n in names), names
+    else:
+        assert names == {"weights.bin"}  # the chosen name, exactly
 
 
 def test_switching_to_one_file_removes_the_previous_data(tmp_path: Path) -> None:
@@ -246,17 +291,39 @@ def test_switching_to_one_file_removes_the_previous_data(tmp_path: Path) -> None
 
 def test_files_that_are_not_this_models_data_are_kept(tmp_path: Path) -> None:
     """Only data files onnx-custom wrote for *this* model are removed: not a user's file that
-    happens to match the naming, and not another model's data sharing the chosen name."""
+    happens to match the naming, and not another model's data."""
     foreign = tmp_path / "model.onnx.0123456789abcdef.data"
     foreign.write_bytes(b"the user's own bytes")
     save_model(_old()[0], tmp_path / "other.onnx", external_data="weights.bin")
-    other_data = referenced_data_files(tmp_path / "other.onnx")
     for _ in range(2):
-        save_model(_new()[0], tmp_path / "model.onnx", external_data="weights.bin")
+        save_model(_new()[0], tmp_path / "model.onnx", external_data=True)
+        save_model(_new()[0], tmp_path / "model.onnx", external_data="model.bin")
     assert foreign.read_bytes() == b"the user's own bytes"
-    assert all((tmp_path / n).is_file() for n in other_data)
     assert _which_pair(tmp_path / "other.onnx") == "old"
-    assert len(referenced_data_files(tmp_path / "model.onnx")) == 1
+    assert referenced_data_files(tmp_path / "model.onnx") == {"model.bin"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["model.onnx", "model.bin", "other.onnx", "weights.bin", foreign.name]
+    )
+
+
+def test_a_chosen_name_another_model_reads_is_refused(tmp_path: Path) -> None:
+    """Two models cannot share one chosen data file: the second write would break the first."""
+    save_model(_old()[0], tmp_path / "other.onnx", external_data="weights.bin")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(OutputPathError, match=r"other\.onnx.*still reads it.*Fix: choose another"):
+        save_model(_new()[0], tmp_path / "model.onnx", external_data="weights.bin")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    (tmp_path / "other.onnx").unlink()  # its model gone, the name is free to take
+    save_model(_new()[0], tmp_path / "model.onnx", external_data="weights.bin")
+    assert _which_pair(tmp_path / "model.onnx") == "new"
+
+
+def test_a_users_file_under_the_chosen_name_is_replaced(tmp_path: Path) -> None:
+    """The chosen name is what the user asked for: a file of theirs there is replaced, whole."""
+    (tmp_path / "weights.bin").write_bytes(b"x" * 10)
+    save_model(_new()[0], tmp_path / "model.onnx", external_data="weights.bin")
+    assert _which_pair(tmp_path / "model.onnx") == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "weights.bin"]
 
 
 def test_data_swapped_in_by_hand_is_still_refused_by_our_loaders(tmp_path: Path) -> None:

@@ -112,3 +112,48 @@ def test_an_explicit_opset_still_refuses_another_recording_opset() -> None:
             custom_translation_table=onnx_custom.translation_table(opset=18),
             verbose=False,
         )
+
+
+@torch.library.custom_op("plaintable::twice", mutates_args=())
+def twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@twice.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+class Twice(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.plaintable.twice(x)
+
+
+@pytest.mark.parametrize(
+    ("opset", "op_type"),
+    [(18, "Add"), (19, "Add"), (20, "Mul"), (21, "Mul")],
+    ids=lambda v: f"opset_version={v}" if isinstance(v, int) else v,
+)
+def test_plain_table_picks_the_translation_of_the_recording_opset(opset: int, op_type: str) -> None:
+    """Two translations of one op (from opset 1: x + x; from opset 20: x * 2): the table made
+    without an opset serves the one valid at the opset each export records at."""
+    reg = onnx_custom.Registry()
+    reg.symbolic("plaintable::twice", opset=1)(lambda g, x: g.op("Add", x, x))
+    reg.symbolic("plaintable::twice", opset=20)(
+        lambda g, x: g.op("Mul", x, g.constant(2.0, like=x))
+    )
+    x = torch.randn(2, 3)
+    program = torch.onnx.export(
+        Twice(),
+        (x,),
+        dynamo=True,
+        opset_version=opset,
+        custom_translation_table=onnx_custom.translation_table(registry=reg),
+        verbose=False,
+    )
+    assert program is not None
+    proto = program.model_proto
+    assert [n.op_type for n in proto.graph.node] == [op_type]
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    torch.testing.assert_close(torch.from_numpy(got), x * 2)
