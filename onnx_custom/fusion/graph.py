@@ -6,7 +6,8 @@ module instance form a region; the region's tensor inputs are ``value`` (4-D), t
 locations (6-D) and the attention weights (5-D), its levels are the maps its ``grid_sample``
 calls read. The region is replaced by one call of our op when it has exactly one output and its
 level sizes are static, after the same numeric check as `fusing` (on the backend's example
-inputs). The function form (mmcv's) leaves no module stack, so it is not fused here.
+inputs). The function form (mmcv's) leaves no module stack, so it is not fused here, nor is
+transformers' v2 attention (its module computes the projections too, not only MSDA).
 """
 
 from __future__ import annotations
@@ -126,7 +127,8 @@ def _int64_node(graph: fx.Graph, values: torch.Tensor) -> fx.Node:
 
 def fuse_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], fuse: Any) -> FusionReport:
     """Replace each recognised attention module's region of ``gm`` by our op (in place)."""
-    classes = [r.target for r in check_fuse(fuse) if r.is_module]
+    # the v2 attention classes (``inner`` rules) compute more than MSDA: not a region to replace
+    classes = [r.target for r in check_fuse(fuse) if r.is_module and r.inner is None]
     regions = _regions(gm, classes) if classes else []
     plans = {id(r): _plan(gm, r) for r in regions}
     wanted = {n for p in plans.values() if p is not None for n in (*p[0], p[1])}
