@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+import onnx
 import pytest
 import torch
 from fusion_cases import op_counts
@@ -177,6 +178,32 @@ def test_discrete_method_is_reported_not_fused(family: str, exporter: str) -> No
     assert onnx_custom.verify(model, _inputs(), proto).passed
 
 
+class TwoLayers(nn.Module):
+    """Two attention instances of one class, the second reading the first's output."""
+
+    def __init__(self, first: nn.Module, second: nn.Module) -> None:
+        super().__init__()
+        self.first = V2Model(first)
+        self.second = V2Model(second)
+
+    def forward(self, queries: Tensor, memory: Tensor, boxes: Tensor) -> Tensor:
+        return self.second(self.first(queries, memory, boxes), memory, boxes)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("family", ["rt_detr_v2", "d_fine"])
+def test_each_instance_is_its_own_site(family: str) -> None:
+    """One site per attention instance: a default-method instance is fused, a discrete one in
+    the same model keeps its own code, and the file matches the model."""
+    model = TwoLayers(_attention(family), _attention(family, method="discrete"))
+    proto = _export(model, "torchscript")
+    assert op_counts(proto).get("MultiScaleDeformableAttn") == 1
+    report = fusion_report(proto)
+    assert report is not None
+    assert [s.name for s in report.fused] == ["first.attn"]
+    assert [s.name for s in report.not_fused] == ["second.attn"]
+    assert onnx_custom.verify(model, _inputs(), proto).passed
+
+
 def test_patches_are_removed_after_the_export() -> None:
     """The module's forward, the module-level name and D-FINE's instance attribute holding the
     function are all restored."""
@@ -241,3 +268,48 @@ def test_zoo_model_is_fused(name: str, family: str, exporter: str) -> None:
     assert len(fusion_report(proto).fused) == expected  # type: ignore[union-attr]
     verified = onnx_custom.verify(model, args, proto, fuse=True, rtol=1e-4, atol=1e-4)
     assert verified.passed, str(verified)
+
+
+# ---------------------------------------------------------------------------- fuse_file
+
+
+def _run(proto: Any, args: tuple[Tensor, ...]) -> Any:
+    session = onnx_custom.InferenceSession(proto)
+    names = [i.name for i in proto.graph.input]
+    return session.run(None, {n: a.numpy() for n, a in zip(names, args, strict=True)})[0]
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+@pytest.mark.parametrize("case", [("rt_detr_v2", 2), ("d_fine", [3, 1, 2])], ids=_case_id)
+def test_fuse_file_fuses_the_v2_form(case: tuple[str, Any], exporter: str) -> None:
+    """A file exported unfused: fuse_file replaces the v2 chain with one node (proven in ONNX
+    Runtime), and the fused file computes what the torch model computes."""
+    family, points = case
+    model = V2Model(_attention(family, points))
+    proto = onnx_custom.export(model, _inputs(), exporter=exporter)
+    fused, report = onnx_custom.fuse_file(proto)
+    assert report.count == 1 and report.proven and not report.near_misses, str(report)
+    counts = op_counts(fused)
+    assert counts.get("MultiScaleDeformableAttn") == 1 and "GridSample" not in counts, counts
+    assert ("Pad" in counts) == isinstance(points, list)  # padding only for unequal counts
+    for seed in (0, 3):
+        args = _inputs(seed)
+        with torch.no_grad():
+            expected = model(*args)
+        torch.testing.assert_close(torch.from_numpy(_run(fused, args)), expected)
+
+
+def test_fuse_file_v2_near_miss_says_why() -> None:
+    """A v2 chain that samples with another padding mode is a near-miss naming its levels."""
+    model = V2Model(_attention("d_fine", [3, 1, 2]))
+    proto = onnx_custom.export(model, _inputs(), exporter="torchscript")
+    for node in proto.graph.node:
+        if node.op_type == "GridSample":
+            kept = [a for a in node.attribute if a.name != "padding_mode"]
+            del node.attribute[:]
+            node.attribute.extend([*kept, onnx.helper.make_attribute("padding_mode", "border")])
+    fused, report = onnx_custom.fuse_file(proto)
+    assert report.count == 0
+    (miss,) = report.near_misses
+    assert len(miss.nodes) == len(LEVELS) and "padding_mode='border'" in miss.reason, miss.reason
+    assert op_counts(fused).get("GridSample") == len(LEVELS)
