@@ -18,6 +18,9 @@ one rule per level count, and could not say which step of an almost-matching cha
 Every ``GridSample`` that is not part of a match becomes a `NearMiss` naming the first step that
 differed. (H, W) per level come from the level's Reshape target: constants, or for symbolic
 dims the run-time elements of that target (`LevelShape`).
+
+transformers' v2 form (RT-DETRv2, D-FINE, DEIMv2) concatenates the levels' samples on the points
+axis instead (`_match_v2`); the match then carries the points per level (`MsdaMatch.points`).
 """
 
 from __future__ import annotations
@@ -267,6 +270,33 @@ def _split_parts(
     return split, sizes
 
 
+def _value_parts(w: _Walker, names: list[str]) -> tuple[str, list[tuple[int, int] | None]]:
+    """The v2 value's levels: one Split on the last axis, or (TorchScript when the sizes are
+    traced) one Slice per level of the same tensor. The tensor split, and each level's key range
+    when constant."""
+    first = w.producer(names[0], ("Split", "Slice"), "value")
+    if first.op_type == "Split":
+        split, sizes = _split_parts(w, names, (-1, 2), "value")
+        if sizes is None or len(sizes) != len(names):
+            return split.input[0], [None] * len(names)
+        starts = [sum(sizes[:k]) for k in range(len(sizes))]
+        return split.input[0], [(a, a + n) for a, n in zip(starts, sizes, strict=True)]
+    ranges: list[tuple[int, int] | None] = []
+    for k, name in enumerate(names):
+        part = w.producer(name, ("Slice",), f"level {k} value")
+        if part.input[0] != first.input[0]:
+            raise _Miss("the levels slice different value tensors")
+        axes = w.ix.int_list(part.input[3]) if len(part.input) > 3 and part.input[3] else None
+        steps = w.ix.int_list(part.input[4]) if len(part.input) > 4 and part.input[4] else [1]
+        if axes not in ([-1], [2]) or steps != [1]:
+            raise _Miss(
+                f"level {k}: value is sliced on axes {axes} steps {steps}, expected [-1], [1]"
+            )
+        lo, hi = w.ix.int_list(part.input[1]), w.ix.int_list(part.input[2])
+        ranges.append((lo[0], hi[0]) if lo and hi and len(lo) == len(hi) == 1 else None)
+    return first.input[0], ranges
+
+
 def _match_v2(w: _Walker, concat: onnx.NodeProto) -> MsdaMatch:
     """transformers' ``multi_scale_deformable_attention_v2`` (RT-DETRv2, D-FINE, DEIMv2)::
 
@@ -300,8 +330,8 @@ def _match_v2(w: _Walker, concat: onnx.NodeProto) -> MsdaMatch:
             w.producer(gs.input[0], ("Reshape",), f"level {k} X")
             for k, gs in enumerate(grid_samples)
         ]
-        split, key_sizes = _split_parts(w, [im.input[0] for im in images], (-1, 2), "value")
-        flat = w.producer(split.input[0], ("Reshape",), "value (bs*heads, dim, keys)")
+        source, key_ranges = _value_parts(w, [im.input[0] for im in images])
+        flat = w.producer(source, ("Reshape",), "value (bs*heads, dim, keys)")
         value_t = w.producer(flat.input[0], ("Transpose",), "value")
         w.perm(value_t, [0, 2, 3, 1], "value")
 
@@ -316,8 +346,14 @@ def _match_v2(w: _Walker, concat: onnx.NodeProto) -> MsdaMatch:
         levels = tuple(_level_shape(w, im.input[1], k) for k, im in enumerate(images))
         if all(lv.height is not None and lv.width is not None for lv in levels):
             hw = [lv.height * lv.width for lv in levels]  # type: ignore[operator]
-            if key_sizes is not None and key_sizes != hw:
-                raise _Miss(f"the split sizes {key_sizes} differ from H*W of the levels {hw}")
+            starts = [sum(hw[:k]) for k in range(len(hw))]
+            expected = [(a, a + n) for a, n in zip(starts, hw, strict=True)]
+            for k, got in enumerate(key_ranges):
+                if got is not None and got != expected[k]:
+                    raise _Miss(
+                        f"level {k} reads value keys {got[0]}:{got[1]}, expected"
+                        f" {expected[k][0]}:{expected[k][1]} (H*W of the levels {hw})"
+                    )
         for name, rank, role in (
             (value_t.input[0], 4, "value"),
             (loc, 5, "sampling locations"),

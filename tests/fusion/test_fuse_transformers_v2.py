@@ -4,7 +4,11 @@ counts per level and both sampling methods, against the unfused model; whole zoo
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
+import warnings
+from pathlib import Path
 from typing import Any
 
 import onnx
@@ -313,3 +317,48 @@ def test_fuse_file_v2_near_miss_says_why() -> None:
     (miss,) = report.near_misses
     assert len(miss.nodes) == len(LEVELS) and "padding_mode='border'" in miss.reason, miss.reason
     assert op_counts(fused).get("GridSample") == len(LEVELS)
+
+
+def _raw_torchscript(model: nn.Module, args: tuple[Tensor, ...], path: Path) -> Any:
+    """The file ``torch.onnx.export`` itself writes (TorchScript slices each level's values when
+    the level sizes are traced)."""
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, args, str(path), dynamo=False, opset_version=18)
+    return onnx.load(str(path))
+
+
+ZOO = [("RTDetrV2", "rt_detr_v2"), ("DFine", "d_fine"), ("Deimv2", "deimv2")]
+ZOO_FILES = [
+    pytest.param(*ZOO[0], "torch-torchscript", id="RTDetrV2-torch-torchscript"),
+    *(
+        pytest.param(name, family, how, id=f"{name}-{how}", marks=pytest.mark.slow)
+        for name, family in ZOO
+        for how in ("torch-torchscript", "dynamo")
+        if (name, how) != ("RTDetrV2", "torch-torchscript")
+    ),
+]
+
+
+@pytest.mark.parametrize("name,family,how", ZOO_FILES)
+def test_fuse_file_on_zoo_model_files(name: str, family: str, how: str, tmp_path: Path) -> None:
+    """Whole models: raw torch.onnx.export's TorchScript file and our dynamo export, fused by
+    fuse_file (one node per attention module, proven), compared with the torch model."""
+    from onnx_custom.models.hf_detectors import build
+
+    model, args = build(name)
+    if how == "dynamo":
+        proto = onnx_custom.export(model, args, exporter="dynamo")
+    else:
+        proto = _raw_torchscript(model, args, tmp_path / "model.onnx")
+    fused, report = onnx_custom.fuse_file(proto)
+    expected = _attention_modules(model, family)
+    assert report.count == expected and report.proven and not report.near_misses, str(report)
+    counts = op_counts(fused)
+    assert counts.get("MultiScaleDeformableAttn") == expected and "GridSample" not in counts
+    session = onnx_custom.InferenceSession(fused)
+    outputs = session.run(None, {fused.graph.input[0].name: args[0].numpy()})
+    with torch.no_grad():
+        reference = model(*args)
+    for ours, theirs in zip(outputs, reference, strict=True):
+        torch.testing.assert_close(torch.from_numpy(ours), theirs, rtol=1e-4, atol=1e-4)
