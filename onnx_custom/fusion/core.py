@@ -228,6 +228,13 @@ def check_fuse(fuse: Any) -> list[FusionRule]:
             cls, msda.msda_v2_from_function_args, source=_library(cls), inner=fn
         )
     for rule in [*registered_fusions(), *extra]:
+        known = rules.get(rule.target)
+        if (
+            known is not None
+            and known.inner is not None
+            and rule.replacement is msda.msda_from_module_args
+        ):  # a v2 class named without a replacement: it is fused the library's way
+            continue
         rules[rule.target] = rule
     return list(rules.values())
 

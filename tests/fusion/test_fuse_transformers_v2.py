@@ -208,6 +208,17 @@ def test_each_instance_is_its_own_site(family: str) -> None:
     assert onnx_custom.verify(model, _inputs(), proto).passed
 
 
+def test_v2_class_named_in_the_list_is_fused_the_library_way() -> None:
+    """fuse=[the v2 class] (no replacement) fuses it as fuse=True does."""
+    model = V2Model(_attention("d_fine", [3, 1, 2]))
+    cls = type(model.attn)
+    proto = onnx_custom.export(
+        model, _inputs(), exporter="torchscript", registry=CUSTOM, fuse=[cls]
+    )
+    assert op_counts(proto).get("MultiScaleDeformableAttn") == 1
+    assert [s.name for s in fusion_report(proto).fused] == ["attn"]  # type: ignore[union-attr]
+
+
 def test_patches_are_removed_after_the_export() -> None:
     """The module's forward, the module-level name and D-FINE's instance attribute holding the
     function are all restored."""
