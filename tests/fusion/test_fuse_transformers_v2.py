@@ -285,6 +285,28 @@ def test_zoo_model_is_fused(name: str, family: str, exporter: str) -> None:
     assert verified.passed, str(verified)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_d_fine_model_with_unequal_points(exporter: str) -> None:
+    """A whole D-FINE, two decoder layers with points [3, 1, 2] per level: one node each."""
+    from transformers import DFineConfig, DFineModel
+
+    from onnx_custom.models import hf_detectors
+
+    config = hf_detectors._rt_detr_config(DFineConfig, lqe_hidden_dim=8, max_num_bins=8)
+    config.decoder_n_points, config.decoder_layers = [3, 1, 2], 2
+    torch.manual_seed(0)
+    model = hf_detectors.Outputs(DFineModel(config), ("last_hidden_state",)).eval()
+    model = hf_detectors._untied(model, 0)
+    args = (torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(1)),)
+    proto = onnx_custom.export(model, args, exporter=exporter, registry=CUSTOM, fuse=True)
+    counts = op_counts(proto)
+    assert counts.get("MultiScaleDeformableAttn") == 2 and "GridSample" not in counts
+    assert len(fusion_report(proto).fused) == 2  # type: ignore[union-attr]
+    verified = onnx_custom.verify(model, args, proto, fuse=True, rtol=1e-4, atol=1e-4)
+    assert verified.passed, str(verified)
+
+
 # ---------------------------------------------------------------------------- fuse_file
 
 
