@@ -416,19 +416,14 @@ _SPECIALIZED = (
     " feature maps' spatial shapes as Python ints)"
 )
 _TEXT = "static file: the text inputs' length is specialized as well"
-_MSDA_V2 = (
-    "multi_scale_deformable_attention_v2 (per-level point counts, discrete sampling method):"
-    " an attention our op does not compute, not recognised"
-)
-
 FAMILIES: dict[str, HfFamily] = {
     f.name: f
     for f in (
         HfFamily("DeformableDetr", deformable_detr, note=_SPECIALIZED),
         HfFamily("RTDetr", rt_detr, note=_SPECIALIZED),
-        HfFamily("RTDetrV2", rt_detr_v2, note=_SPECIALIZED, fusion_note=_MSDA_V2),
-        HfFamily("DFine", d_fine, note=_SPECIALIZED, fusion_note=_MSDA_V2),
-        HfFamily("Deimv2", deimv2, note=_SPECIALIZED, fusion_note=_MSDA_V2),
+        HfFamily("RTDetrV2", rt_detr_v2, note=_SPECIALIZED),
+        HfFamily("DFine", d_fine, note=_SPECIALIZED),
+        HfFamily("Deimv2", deimv2, note=_SPECIALIZED),
         HfFamily("GroundingDino", grounding_dino, note=_TEXT),
         HfFamily("Mask2Former", mask2former, note=_SPECIALIZED),
         HfFamily("OneFormer", oneformer, note=_TEXT),

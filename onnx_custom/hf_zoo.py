@@ -267,7 +267,7 @@ def recognised_attention(model: Any) -> int:
 
     from onnx_custom.fusion import msda
 
-    classes = tuple(msda.library_modules())
+    classes = (*msda.library_modules(), *(cls for cls, _ in msda.library_v2_modules()))
     instances = sum(isinstance(m, classes) for m in model.modules()) if classes else 0
     functions = msda.library_functions()
     namespaces = {type(m).__module__ for m in model.modules()}

@@ -65,6 +65,9 @@ class FusionRule:
     replacement: Callable[..., Any]
     op: str = msda.MSDA_OP
     source: str = "user"
+    # A function ``target``'s forward calls: then only the instance's calls of that function are
+    # replaced (``replacement`` takes the function's arguments); the rest of forward runs as is.
+    inner: Any = None
 
     @property
     def is_module(self) -> bool:
@@ -229,7 +232,18 @@ def check_fuse(fuse: Any) -> list[FusionRule]:
         rules[cls] = FusionRule(cls, msda.msda_from_module_args, source=_library(cls))
     for fn in msda.library_functions():
         rules[fn] = FusionRule(fn, msda.msda_from_function_args, source=_library(fn))
+    for cls, fn in msda.library_v2_modules():
+        rules[cls] = FusionRule(
+            cls, msda.msda_v2_from_function_args, source=_library(cls), inner=fn
+        )
     for rule in [*registered_fusions(), *extra]:
+        known = rules.get(rule.target)
+        if (
+            known is not None
+            and known.inner is not None
+            and rule.replacement is msda.msda_from_module_args
+        ):  # a v2 class named without a replacement: it is fused the library's way
+            continue
         rules[rule.target] = rule
     return list(rules.values())
 
@@ -295,6 +309,8 @@ class _Site:
         try:
             with torch.no_grad():
                 ours = self.rule.replacement(*self._positional(args, kwargs))
+        except msda.NotFusable as exc:
+            return self._refuse(str(exc))
         except Exception as exc:
             return self._refuse(f"the replacement raised {type(exc).__name__}: {exc}"[:300])
         if not isinstance(result, torch.Tensor) or not isinstance(ours, torch.Tensor):
@@ -358,6 +374,7 @@ class _Patches:
     def __init__(self) -> None:
         self.sites: list[_Site] = []
         self._undo: list[Callable[[], None]] = []
+        self._local = threading.local()  # per thread: the scoped sites whose forward is running
 
     def patch_module(self, path: str, module: torch.nn.Module, rule: FusionRule) -> None:
         had_own = "forward" in module.__dict__
@@ -415,6 +432,75 @@ class _Patches:
         self.sites.append(site)
         self._undo.append(undo)
 
+    def patch_scoped(self, path: str, module: torch.nn.Module, rule: FusionRule) -> None:
+        """``module``'s calls of ``rule.inner`` (during its ``forward``) go to one site."""
+        had_own = "forward" in module.__dict__
+        previous = module.__dict__.get("forward")
+        original_forward = module.forward
+        site = _Site(path or type(module).__name__, rule, rule.inner)
+
+        @functools.wraps(original_forward)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            stack = self._scopes()
+            stack.append(site)
+            try:
+                return original_forward(*args, **kwargs)
+            finally:
+                stack.pop()
+
+        module.forward = forward  # type: ignore[method-assign]
+
+        def undo() -> None:
+            if had_own:
+                module.forward = previous  # type: ignore[method-assign,assignment]
+            else:
+                module.__dict__.pop("forward", None)
+
+        self.sites.append(site)
+        self._undo.append(undo)
+
+    def _scopes(self) -> list[_Site]:
+        stack: list[_Site] | None = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
+
+    def patch_dispatch(self, fn: Callable[..., Any], model: Any) -> None:
+        """Rebind ``fn`` (module-level names, and attributes of ``model``'s modules holding it) to
+        a dispatcher: called inside a scoped instance's ``forward`` it is that site's call,
+        elsewhere the original."""
+
+        @functools.wraps(fn)
+        def dispatch(*args: Any, **kwargs: Any) -> Any:
+            stack = self._scopes()
+            if stack and stack[-1].original is fn:
+                return stack[-1].call(*args, **kwargs)
+            return fn(*args, **kwargs)
+
+        rebound: list[tuple[dict[str, Any], str]] = []
+        namespaces = [
+            namespace
+            for module in list(sys.modules.values())
+            if (namespace := getattr(module, "__dict__", None)) is not None
+        ]
+        if isinstance(model, torch.nn.Module):
+            namespaces += [m.__dict__ for m in model.modules()]
+        for namespace in namespaces:
+            try:
+                names = [k for k, v in list(namespace.items()) if v is fn]
+            except Exception:  # an exotic module namespace: nothing of ours there
+                continue
+            for key in names:
+                namespace[key] = dispatch
+                rebound.append((namespace, key))
+
+        def undo() -> None:
+            for namespace, key in rebound:
+                if namespace.get(key) is dispatch:
+                    namespace[key] = fn
+
+        self._undo.append(undo)
+
     def remove(self) -> None:
         while self._undo:
             self._undo.pop()()
@@ -428,7 +514,14 @@ def _find_sites(model: Any, rules: Sequence[FusionRule], patches: _Patches) -> N
             matches = [r for r in classes if isinstance(module, r.target)]
             if matches:
                 best = max(matches, key=lambda r: len(r.target.__mro__))
-                patches.patch_module(path, module, best)
+                if best.inner is None:
+                    patches.patch_module(path, module, best)
+                else:
+                    patches.patch_scoped(path, module, best)
+        inner = {id(r.inner): r.inner for r in classes if r.inner is not None}
+        for fn in inner.values():
+            if any(s.original is fn for s in patches.sites):
+                patches.patch_dispatch(fn, model)
     for rule in rules:
         if not rule.is_module:
             patches.patch_function(rule)

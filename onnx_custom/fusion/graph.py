@@ -9,7 +9,8 @@ consecutive nodes made while that function's code ran). The region's tensor inpu
 ``grid_sample`` calls read. The region is replaced by one call of our op when it has exactly one
 output, after the same numeric check as `fusing` (on the backend's example inputs). Level sizes
 that are symbolic (``dynamic=True``, sizes that follow the input) are read from those maps in the
-graph, so the fused graph stays dynamic.
+graph, so the fused graph stays dynamic. transformers' v2 attention is not
+fused here (its module computes the projections too, not only MSDA).
 """
 
 from __future__ import annotations
@@ -205,7 +206,8 @@ def _level_nodes(graph: fx.Graph, sizes: list[Any], maps: list[fx.Node]) -> tupl
 def fuse_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], fuse: Any) -> FusionReport:
     """Replace each recognised attention module's region, and each call of a recognised
     function, of ``gm`` by our op (in place)."""
-    classes = [r.target for r in check_fuse(fuse) if r.is_module]
+    # the v2 attention classes (``inner`` rules) compute more than MSDA: not a region to replace
+    classes = [r.target for r in check_fuse(fuse) if r.is_module and r.inner is None]
     regions = _regions(gm, classes) if classes else []
     functions = [  # the function form of MSDA (not a user's replacement pair, not bev_pool_v2)
         r.target

@@ -6,7 +6,9 @@ else reads what they produce (a value the rest of the graph also reads keeps its
 so are the initializers only they read. Every other node keeps its position, name and
 attributes; every other initializer stays as it was. (H, W) per level and the level start
 indices become int64 initializers when the file fixes them, else a few shape nodes read them
-from the levels' Reshape targets at run time.
+from the levels' Reshape targets at run time. transformers' v2 form (the levels' points
+concatenated, a count per level) gets a Reshape per input to the per-level layout, after a
+zero Pad of each level with fewer points than the largest (weight 0: the same sum).
 """
 
 from __future__ import annotations
@@ -134,6 +136,64 @@ def _shape_inputs(
     return nodes, shapes, starts
 
 
+def _per_level_inputs(
+    match: MsdaMatch, base: str, names: _Names, new_init: list[onnx.TensorProto]
+) -> tuple[list[onnx.NodeProto], str, str]:
+    """(nodes to add, sampling locations, attention weights) in the fused node's layout: as
+    matched, or for the v2 form the concatenated points reshaped per level, a level with fewer
+    points than the largest padded with zeros (weight 0: the same sum)."""
+    if not match.points:
+        return [], match.sampling_locations, match.attention_weights
+    counts = list(match.points)
+    levels, points = len(counts), max(counts)
+    nodes: list[onnx.NodeProto] = []
+    outputs = []
+    for source, label, tail in (
+        (match.sampling_locations, "locations", [2]),
+        (match.attention_weights, "weights", []),
+    ):
+        laid_out = source
+        if len(set(counts)) > 1:
+            rank = 4 + len(tail)
+            sizes = _i64(names, new_init, f"{base}_{label}_points", counts)
+            parts = [names.fresh(f"{base}_{label}_level{k}") for k in range(levels)]
+            nodes.append(
+                helper.make_node(
+                    "Split", [source, sizes], parts, axis=3, name=names.fresh(f"{base}_Split")
+                )
+            )
+            padded = []
+            for k, (part, n) in enumerate(zip(parts, counts, strict=True)):
+                if n == points:
+                    padded.append(part)
+                    continue
+                pads = [0] * (2 * rank)
+                pads[rank + 3] = points - n  # the end of axis 3
+                pad_name = _i64(names, new_init, f"{base}_{label}_pads{k}", pads)
+                out = names.fresh(f"{base}_{label}_padded{k}")
+                nodes.append(
+                    helper.make_node(
+                        "Pad", [part, pad_name], [out], name=names.fresh(f"{base}_Pad")
+                    )
+                )
+                padded.append(out)
+            laid_out = names.fresh(f"{base}_{label}_padded")
+            nodes.append(
+                helper.make_node(
+                    "Concat", padded, [laid_out], axis=3, name=names.fresh(f"{base}_Concat")
+                )
+            )
+        target = _i64(names, new_init, f"{base}_{label}_shape", [0, 0, 0, levels, points, *tail])
+        out = names.fresh(f"{base}_{label}_per_level")
+        nodes.append(
+            helper.make_node(
+                "Reshape", [laid_out, target], [out], name=names.fresh(f"{base}_PerLevel")
+            )
+        )
+        outputs.append(out)
+    return nodes, outputs[0], outputs[1]
+
+
 def _candidates(index: GraphIndex, match: MsdaMatch) -> set[int]:
     """Nodes the subgraph's output depends on, up to its boundary values."""
     stop = {match.value, match.sampling_locations, match.attention_weights}
@@ -169,15 +229,11 @@ def apply_matches(
         base = names.fresh(f"{_scope(index, match)}{op_type}")
         bases.append(base)
         extra, shapes, start = _shape_inputs(match, base, names, new_init)
+        layout, locations, weights = _per_level_inputs(match, base, names, new_init)
+        extra += layout
         fused = helper.make_node(
             op_type,
-            [
-                match.value,
-                shapes,
-                start,
-                match.sampling_locations,
-                match.attention_weights,
-            ],
+            [match.value, shapes, start, locations, weights],
             [match.output],
             name=base,
             domain=domain,

@@ -18,6 +18,9 @@ one rule per level count, and could not say which step of an almost-matching cha
 Every ``GridSample`` that is not part of a match becomes a `NearMiss` naming the first step that
 differed. (H, W) per level come from the level's Reshape target: constants, or for symbolic
 dims the run-time elements of that target (`LevelShape`).
+
+transformers' v2 form (RT-DETRv2, D-FINE, DEIMv2) concatenates the levels' samples on the points
+axis instead (`_match_v2`); the match then carries the points per level (`MsdaMatch.points`).
 """
 
 from __future__ import annotations
@@ -55,6 +58,10 @@ class MsdaMatch:
     grid_samples: tuple[int, ...]  # node indices, level order
     levels: tuple[LevelShape, ...]
     affine: tuple[int, ...] = ()  # the Mul/Sub nodes of 2 * loc - 1
+    # transformers' v2 form: the points per level. Then ``sampling_locations`` is (bs, Q, heads,
+    # sum(points), 2) and ``attention_weights`` (bs, Q, heads, sum(points)), the levels' points
+    # concatenated; the fused node reads them laid out per level (padded with weight 0).
+    points: tuple[int, ...] = ()
 
     @property
     def static(self) -> bool:
@@ -232,7 +239,149 @@ def _level_shape(w: _Walker, target: str, level: int) -> LevelShape:
     return LevelShape(target, h, wd)
 
 
+def _v2_concat(w: _Walker, gs: onnx.NodeProto) -> onnx.NodeProto | None:
+    """The Concat on the last axis reading ``gs`` and only GridSamples: transformers' v2 form."""
+    readers = w.ix.readers_of(gs.output[0])
+    if len(readers) != 1 or readers[0].op_type != "Concat" or readers[0].domain not in _STANDARD:
+        return None
+    concat = readers[0]
+    if _attr(concat, "axis", None) not in (-1, 3) or len(concat.input) < 2:
+        return None
+    levels = [w.ix.node_of(part) for part in concat.input]
+    if not all(n is not None and n.op_type == "GridSample" for n in levels):
+        return None
+    return concat
+
+
+def _split_parts(
+    w: _Walker, names: list[str], axes: tuple[int, ...], what: str
+) -> tuple[onnx.NodeProto, list[int] | None]:
+    """The Split producing ``names`` in order (one output each, on one of ``axes``), and its
+    sizes when constant."""
+    split = w.producer(names[0], ("Split",), what)
+    if list(split.output) != names:
+        raise _Miss(f"{what}: the levels read {names}, not the outputs of one Split in order")
+    if _attr(split, "axis", 0) not in axes:
+        raise _Miss(f"{what}: split on axis {_attr(split, 'axis', 0)}, expected {axes[0]}")
+    sizes = w.ix.int_list(split.input[1]) if len(split.input) > 1 and split.input[1] else None
+    if sizes is None:
+        sizes = _attr(split, "split", None)  # type: ignore[assignment]
+        sizes = list(sizes) if sizes is not None else None
+    return split, sizes
+
+
+def _value_parts(w: _Walker, names: list[str]) -> tuple[str, list[tuple[int, int] | None]]:
+    """The v2 value's levels: one Split on the last axis, or (TorchScript when the sizes are
+    traced) one Slice per level of the same tensor. The tensor split, and each level's key range
+    when constant."""
+    first = w.producer(names[0], ("Split", "Slice"), "value")
+    if first.op_type == "Split":
+        split, sizes = _split_parts(w, names, (-1, 2), "value")
+        if sizes is None or len(sizes) != len(names):
+            return split.input[0], [None] * len(names)
+        starts = [sum(sizes[:k]) for k in range(len(sizes))]
+        return split.input[0], [(a, a + n) for a, n in zip(starts, sizes, strict=True)]
+    ranges: list[tuple[int, int] | None] = []
+    for k, name in enumerate(names):
+        part = w.producer(name, ("Slice",), f"level {k} value")
+        if part.input[0] != first.input[0]:
+            raise _Miss("the levels slice different value tensors")
+        axes = w.ix.int_list(part.input[3]) if len(part.input) > 3 and part.input[3] else None
+        steps = w.ix.int_list(part.input[4]) if len(part.input) > 4 and part.input[4] else [1]
+        if axes not in ([-1], [2]) or steps != [1]:
+            raise _Miss(
+                f"level {k}: value is sliced on axes {axes} steps {steps}, expected [-1], [1]"
+            )
+        lo, hi = w.ix.int_list(part.input[1]), w.ix.int_list(part.input[2])
+        ranges.append((lo[0], hi[0]) if lo and hi and len(lo) == len(hi) == 1 else None)
+    return first.input[0], ranges
+
+
+def _match_v2(w: _Walker, concat: onnx.NodeProto) -> MsdaMatch:
+    """transformers' ``multi_scale_deformable_attention_v2`` (RT-DETRv2, D-FINE, DEIMv2)::
+
+    value (bs, keys, heads, dim) --Transpose[0,2,3,1]--> --Reshape (bs*heads, dim, keys)-->
+        --Split(-1, H*W per level)--> --Reshape (bs*heads, dim, H_l, W_l)--> X_l
+    loc (bs, Q, heads, sum(P), 2) --Mul 2--> --Sub 1--> --Transpose[0,2,1,3,4]-->
+        --Reshape (bs*heads, Q, sum(P), 2)--> --Split(-2, P per level)--> grid_l
+    GridSample(X_l, grid_l) --Concat(-1)--> Mul(weights) --ReduceSum(-1)--> --Reshape-->
+        --Transpose[0,2,1]--> output
+    weights (bs, Q, heads, sum(P)) --Transpose[0,2,1,3]--> --Reshape--> weights
+    """
+    grid_samples = [w.producer(part, ("GridSample",), "a level") for part in concat.input]
+    indices = tuple(w.ix.producer[gs.output[0]] for gs in grid_samples)
+    try:
+        for gs in grid_samples:
+            _check_grid_sample(w, gs)
+        mul = w.reader(concat.output[0], "Mul", "the concatenated levels (times attention weights)")
+        weights = mul.input[1] if mul.input[0] == concat.output[0] else mul.input[0]
+        reduce = w.reader(mul.output[0], "ReduceSum", "the weighted samples")
+        if w.axes(reduce) not in ([-1], [3]) or _attr(reduce, "keepdims", 1) != 0:
+            raise _Miss("the weighted samples are not summed over the last axis (keepdims 0)")
+        view = w.reader(reduce.output[0], "Reshape", "the summed samples")
+        last = w.reader(view.output[0], "Transpose", "the output (bs, heads*dim, Q)")
+        w.perm(last, [0, 2, 1], "the output")
+        w_reshape = w.producer(weights, ("Reshape",), "the attention weights")
+        w_t = w.producer(w_reshape.input[0], ("Transpose",), "the attention weights")
+        w.perm(w_t, [0, 2, 1, 3], "the attention weights")
+        attn = w_t.input[0]
+
+        images = [
+            w.producer(gs.input[0], ("Reshape",), f"level {k} X")
+            for k, gs in enumerate(grid_samples)
+        ]
+        source, key_ranges = _value_parts(w, [im.input[0] for im in images])
+        flat = w.producer(source, ("Reshape",), "value (bs*heads, dim, keys)")
+        value_t = w.producer(flat.input[0], ("Transpose",), "value")
+        w.perm(value_t, [0, 2, 3, 1], "value")
+
+        gsplit, points = _split_parts(w, [gs.input[1] for gs in grid_samples], (-2, 2), "the grid")
+        if points is None or len(points) != len(grid_samples) or min(points) < 1:
+            raise _Miss(f"the points per level are not constant (grid split sizes {points})")
+        grid = w.producer(gsplit.input[0], ("Reshape",), "the grid (bs*heads, Q, points, 2)")
+        grid_t = w.producer(grid.input[0], ("Transpose",), "the grid")
+        w.perm(grid_t, [0, 2, 1, 3, 4], "the grid")
+        loc, affine = _affine_source(w, grid_t.input[0])
+
+        levels = tuple(_level_shape(w, im.input[1], k) for k, im in enumerate(images))
+        if all(lv.height is not None and lv.width is not None for lv in levels):
+            hw = [lv.height * lv.width for lv in levels]  # type: ignore[operator]
+            starts = [sum(hw[:k]) for k in range(len(hw))]
+            expected = [(a, a + n) for a, n in zip(starts, hw, strict=True)]
+            for k, got in enumerate(key_ranges):
+                if got is not None and got != expected[k]:
+                    raise _Miss(
+                        f"level {k} reads value keys {got[0]}:{got[1]}, expected"
+                        f" {expected[k][0]}:{expected[k][1]} (H*W of the levels {hw})"
+                    )
+        for name, rank, role in (
+            (value_t.input[0], 4, "value"),
+            (loc, 5, "sampling locations"),
+            (attn, 4, "attention weights"),
+        ):
+            found = w.rank(name)
+            if found is not None and found != rank:
+                raise _Miss(f"{role} has rank {found}, expected {rank}")
+    except _Miss as miss:
+        miss.grid_samples = indices
+        raise
+    return MsdaMatch(
+        value=value_t.input[0],
+        sampling_locations=loc,
+        attention_weights=attn,
+        output=last.output[0],
+        last=w.ix.producer[last.output[0]],
+        grid_samples=indices,
+        levels=levels,
+        affine=affine,
+        points=tuple(points),
+    )
+
+
 def _match(w: _Walker, anchor: onnx.NodeProto) -> MsdaMatch:
+    v2 = _v2_concat(w, anchor)
+    if v2 is not None:
+        return _match_v2(w, v2)
     try:
         concat, grid_samples = _stack(w, anchor)
     except _Miss:

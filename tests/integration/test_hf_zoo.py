@@ -138,17 +138,24 @@ def test_fused_column_replaces_every_attention_module() -> None:
     assert any(n.op_type == "GridSample" for n in unfused.graph.node)
 
 
-def test_fused_column_says_why_a_v2_attention_is_not_fused() -> None:
-    """RT-DETRv2 computes a v2 attention our op does not: the row says so, it is not left out."""
+def test_fused_column_fuses_the_v2_attention() -> None:
+    """RT-DETRv2's v2 attention (default sampling method): one custom MSDA node per attention
+    module, and the fused file verifies against the model as written."""
     result = run_hf_row(
         "RTDetrV2", "torchscript", HfOptions(check_torch=False, dynamic=False, fuse=True)
     )
     assert result.status == "pass", result.detail
     assert result.fused is not None
-    assert result.fused.status == "not-fused"
-    assert "multi_scale_deformable_attention_v2" in result.fused.detail
-    assert "not fused: multi_scale_deformable_attention_v2" in format_hf_table([result])
-    assert "1 not fused" in format_hf_table([result])
+    assert result.fused.status == "pass", result.fused.detail
+    model, _ = _build("RTDetrV2")
+    expected = sum(
+        type(m).__name__ == "RTDetrV2MultiscaleDeformableAttention" for m in model.modules()
+    )
+    assert expected >= 1
+    assert result.fused.msda_nodes == expected
+    assert result.fused.grid_samples == 0
+    assert result.fused.reasons == []
+    assert f"fused: {expected} MSDA, 0 GridSample" in format_hf_table([result])
 
 
 def test_rows_are_unfused_by_default() -> None:
