@@ -56,6 +56,7 @@ from onnx_custom.exporter.arguments import (
 from onnx_custom.exporter.constraints import (
     check_with_torch_export,
     constraint_violation,
+    note_data_dependent,
     static_axes,
     symbol_names_of,
 )
@@ -415,6 +416,7 @@ def trace_program(
         if failure is None and failed_functions:
             failure = function_symbolic_error(failed_functions[0], exc)
         if failure is None:
+            note_data_dependent(exc)
             raise
     if failure is not None:
         raise failure

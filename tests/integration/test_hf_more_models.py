@@ -58,3 +58,17 @@ def test_omdet_turbo_traced_fresh_verifies() -> None:
     fresh, _ = _omdet_turbo()
     report = onnx_custom.verify(fresh, args, proto, rtol=1e-4, atol=1e-4)
     assert report.passed, str(report)
+
+
+@pytest.mark.slow
+def test_omdet_turbo_dynamo_row_names_the_data_dependent_line() -> None:
+    """torch.export cannot trace OmDet-Turbo's text-embedding cache (keyed by the token ids'
+    values, read with .tolist()): the row says it is torch's failure and where (the fast
+    variant: tests/exporter/test_export_errors.py)."""
+    from onnx_custom.hf_zoo import HfOptions, run_hf_row
+
+    result = run_hf_row("OmDetTurbo", "dynamo", HfOptions(check_torch=False, dynamic=False))
+    assert result.status == "torch-fails", result.detail
+    assert "GuardOnDataDependentSymNode" in result.detail
+    assert "modeling_omdet_turbo.py:" in result.detail
+    assert "_get_cache_key_at_index" in result.detail
