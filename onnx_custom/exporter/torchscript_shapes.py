@@ -292,12 +292,13 @@ def recorded_outputs(model: Any) -> Iterator[list[tuple[int, ...]]]:
         if shapes:
             return
         leaves = [t for t in torch.utils._pytree.tree_leaves(output) if isinstance(t, torch.Tensor)]
-        state = torch._C._get_tracing_state()  # traced sizes are tensors; the sizes themselves
-        torch._C._set_tracing_state(None)  # are read with the tracer paused (nothing recorded)
+        # traced sizes are tensors: read with the tracer paused, so nothing is recorded
+        state = torch._C._get_tracing_state()
+        torch._C._set_tracing_state(None)  # type: ignore[attr-defined]
         try:
             shapes.extend(tuple(int(d) for d in t.shape) for t in leaves)
         finally:
-            torch._C._set_tracing_state(state)
+            torch._C._set_tracing_state(state)  # type: ignore[attr-defined]
 
     handle = model.register_forward_hook(hook) if isinstance(model, torch.nn.Module) else None
     try:
