@@ -344,8 +344,7 @@ def _export_torchscript(
     name_derived_dims(
         proto, dims, census=census
     )  # drops attributes and renames dims: the census stays true
-    if spec.dynamic_axes:  # a static export declares the traced sizes themselves
-        drop_contradicted_output_dims(proto, dims, example_outputs)
+    drop_contradicted_output_dims(proto, dims, example_outputs)
     return proto, spec, census
 
 

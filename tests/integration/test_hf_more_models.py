@@ -72,3 +72,61 @@ def test_omdet_turbo_dynamo_row_names_the_data_dependent_line() -> None:
     assert "GuardOnDataDependentSymNode" in result.detail
     assert "modeling_omdet_turbo.py:" in result.detail
     assert "_get_cache_key_at_index" in result.detail
+
+
+def _dpt() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """DPT depth estimation (ViT backbone, 64x64 images in 16x16 patches), seeded."""
+    from transformers import DPTConfig, DPTForDepthEstimation
+
+    torch.manual_seed(0)
+    config = DPTConfig(
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=64,
+        patch_size=16,
+        backbone_out_indices=[0, 1, 2, 3],
+        neck_hidden_sizes=[8, 16, 32, 32],
+        fusion_hidden_size=16,
+        reassemble_factors=[4, 2, 1, 0.5],
+    )
+    model = DPTForDepthEstimation(config).eval()
+
+    class Depth(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = model
+
+        def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+            return self.m(pixel_values=pixel_values).predicted_depth
+
+    return Depth().eval(), (torch.rand(2, 3, 64, 64),)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "dynamic",
+    [None, {0: "batch", 2: "h", 3: "w"}],
+    ids=["static-2x3x64x64", "batch-h-w"],
+)
+def test_dpt_torchscript_declares_the_depth_map_it_returns(dynamic: dict[int, str] | None) -> None:
+    """torch declares DPT's squeezed depth map [S_dim_0, S_dim_0, S_dim_2] (batch == height),
+    also for a static export; our file leaves those dims unknown and verifies."""
+    from torch.export import Dim
+
+    model, args = _dpt()
+    shapes = None
+    if dynamic is not None:
+        dims = {0: Dim("batch", min=1, max=8), 2: Dim("h", min=40), 3: Dim("w", min=40)}
+        shapes = ({axis: dims[axis] for axis in dynamic},)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        proto = onnx_custom.export(model, args, exporter="torchscript", dynamic_shapes=shapes)
+    (output,) = proto.graph.output
+    names = [d.dim_param for d in output.type.tensor_type.shape.dim if d.dim_param]
+    assert len(names) == len(set(names)), names
+    report = onnx_custom.verify(model, args, proto, rtol=1e-4, atol=1e-4)
+    assert report.passed and not report.type_mismatches, str(report)
+    if dynamic is not None:
+        assert any(r.kind == "shape" and r.status == "passed" for r in report.shapes_tried)
