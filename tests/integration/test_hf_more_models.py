@@ -48,6 +48,7 @@ def test_omdet_turbo_traced_after_a_call_fails_verification() -> None:
     assert pruned.status == "failed" and "classes_input_ids" in pruned.reason
 
 
+@pytest.mark.slow
 def test_omdet_turbo_traced_fresh_verifies() -> None:
     """Exported before any call, the trace runs the text encoder: the file takes the tokens."""
     model, args = _omdet_turbo()
@@ -130,3 +131,115 @@ def test_dpt_torchscript_declares_the_depth_map_it_returns(dynamic: dict[int, st
     assert report.passed and not report.type_mismatches, str(report)
     if dynamic is not None:
         assert any(r.kind == "shape" and r.status == "passed" for r in report.shapes_tried)
+
+
+def _resnet() -> object:
+    from transformers import ResNetConfig
+
+    return ResNetConfig(
+        embedding_size=16,
+        hidden_sizes=[16, 32, 64, 128],
+        depths=[1, 1, 1, 1],
+        layer_type="basic",
+        out_features=["stage4"],
+    )
+
+
+class _Picked(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, key: str) -> None:
+        super().__init__()
+        self.m, self.key = model, key
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.m(pixel_values=pixel_values, return_dict=True)[self.key]
+
+
+def _detr() -> torch.nn.Module:
+    from transformers import DetrConfig, DetrModel
+
+    config = DetrConfig(
+        use_timm_backbone=False,
+        use_pretrained_backbone=False,
+        backbone_config=_resnet(),
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        num_queries=10,
+    )
+    return _Picked(DetrModel(config), "last_hidden_state")
+
+
+def _dinov2() -> torch.nn.Module:
+    from transformers import Dinov2Config, Dinov2Model
+
+    config = Dinov2Config(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=56,
+        patch_size=14,
+    )
+    return _Picked(Dinov2Model(config), "last_hidden_state")
+
+
+def _segformer() -> torch.nn.Module:
+    from transformers import SegformerConfig, SegformerForSemanticSegmentation
+
+    config = SegformerConfig(
+        num_encoder_blocks=2,
+        depths=[1, 1],
+        sr_ratios=[2, 1],
+        hidden_sizes=[16, 32],
+        num_attention_heads=[1, 2],
+        decoder_hidden_size=32,
+        num_labels=3,
+        patch_sizes=[7, 3],
+        strides=[4, 2],
+        mlp_ratios=[2, 2],
+    )
+    return _Picked(SegformerForSemanticSegmentation(config), "logits")
+
+
+BUILDERS = {"Detr": _detr, "Dinov2": _dinov2, "Segformer": _segformer}
+
+
+@pytest.mark.parametrize(
+    ("name", "size"),
+    # Dinov2 at 70x70: its position embeddings (trained for 56x56) are interpolated bicubically
+    [("Detr", 64), ("Dinov2", 70), ("Segformer", 64)],
+    ids=["Detr-1x3x64x64", "Dinov2-1x3x70x70", "Segformer-1x3x64x64"],
+)
+def test_torchscript_file_verifies_at_the_export_size(name: str, size: int) -> None:
+    torch.manual_seed(0)
+    model = BUILDERS[name]().eval()
+    args = (torch.rand(1, 3, size, size),)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        proto = onnx_custom.export(model, args, exporter="torchscript")
+    report = onnx_custom.verify(model, args, proto, rtol=1e-4, atol=1e-4)
+    assert report.passed, str(report)
+
+
+def test_dinov2_torchscript_file_is_dynamic_in_batch_and_image_size() -> None:
+    """Dinov2 interpolates its position embeddings to the image: a traced file with dynamic
+    batch, height and width verifies at other sizes (and unequal height and width)."""
+    from torch.export import Dim
+
+    torch.manual_seed(0)
+    model = _dinov2().eval()
+    args = (torch.rand(2, 3, 70, 70),)
+    # torch.export's check of the dims: the patch embedding needs 28 pixels (min=28)
+    dims = {0: Dim("batch", max=8), 2: Dim("h", min=28), 3: Dim("w", min=28)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        proto = onnx_custom.export(model, args, exporter="torchscript", dynamic_shapes=(dims,))
+    report = onnx_custom.verify(
+        model, args, proto, rtol=1e-4, atol=1e-4, shapes=[{"batch": 1, "h": 84, "w": 112}]
+    )
+    assert report.passed, str(report)
+    assert [r.status for r in report.shapes_tried if r.kind == "shape"] == ["passed"]
