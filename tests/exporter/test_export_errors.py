@@ -360,3 +360,22 @@ def test_a_data_dependent_line_torch_export_cannot_trace_is_named() -> None:
     # the traced file runs: the trace fixed the example's count of non-zero ids
     proto = onnx_custom.export(TokenList(), args, exporter="torchscript")
     assert onnx_custom.verify(TokenList(), args, proto).passed
+
+
+def test_an_op_torchs_own_symbolic_refuses_is_named() -> None:
+    """torch's adaptive_avg_pool2d symbolic refuses an output size that does not divide the input
+    (UperNet's pyramid pooling): the error names that op, not the constant torch blames."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.AdaptiveAvgPool2d(3)).eval()
+    args = (torch.rand(1, 3, 4, 4),)
+    assert raw_torch_export(model, args, "torchscript").startswith("fails")
+    with pytest.raises(SymbolicError) as caught:
+        onnx_custom.export(model, args, exporter="torchscript")
+    text = str(caught.value)
+    assert "could not translate aten::adaptive_avg_pool2d" in text
+    assert "output size that are not factor of input size" in text
+    assert "@onnx_custom.symbolic('aten::adaptive_avg_pool2d')" in text
+    assert "onnx::Constant" not in text
+    # the advice holds: the dynamo exporter takes it
+    with contextlib.redirect_stdout(io.StringIO()):
+        proto = onnx_custom.export(model, args, exporter="dynamo")
+    assert onnx_custom.verify(model, args, proto).passed
