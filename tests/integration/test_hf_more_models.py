@@ -8,6 +8,7 @@ Skipped when transformers is absent (``pip install -c constraints.txt -e '.[hf]'
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -136,12 +137,13 @@ def test_dpt_torchscript_declares_the_depth_map_it_returns(dynamic: dict[int, st
 def _resnet() -> object:
     from transformers import ResNetConfig
 
-    return ResNetConfig(
+    config: Any = ResNetConfig  # out_indices goes through **kwargs (BackboneConfigMixin)
+    return config(
         embedding_size=16,
         hidden_sizes=[16, 32, 64, 128],
         depths=[1, 1, 1, 1],
         layer_type="basic",
-        out_features=["stage4"],
+        out_indices=[4],
     )
 
 
@@ -158,8 +160,6 @@ def _detr() -> torch.nn.Module:
     from transformers import DetrConfig, DetrModel
 
     config = DetrConfig(
-        use_timm_backbone=False,
-        use_pretrained_backbone=False,
         backbone_config=_resnet(),
         d_model=32,
         encoder_layers=1,
@@ -180,7 +180,7 @@ def _dinov2() -> torch.nn.Module:
         hidden_size=32,
         num_hidden_layers=2,
         num_attention_heads=2,
-        intermediate_size=64,
+        mlp_ratio=2,
         image_size=56,
         patch_size=14,
     )
@@ -197,7 +197,6 @@ def _segformer() -> torch.nn.Module:
         hidden_sizes=[16, 32],
         num_attention_heads=[1, 2],
         decoder_hidden_size=32,
-        num_labels=3,
         patch_sizes=[7, 3],
         strides=[4, 2],
         mlp_ratios=[2, 2],
