@@ -145,7 +145,10 @@ def dynamic_shapes_of(entry: Any, exporter: str) -> Any:
 
 def _first_line(exc: BaseException) -> str:
     """The reason in one line: the innermost cause's first line (torch wraps the missing op in
-    two generic "Failed to convert" layers), without terminal colours."""
+    two generic "Failed to convert" layers), without terminal colours; for torch.export's
+    data-dependent guard, the model's line that raised it."""
+    from onnx_custom.exporter.constraints import data_dependent_site
+
     inner = exc
     while inner.__cause__ is not None:
         inner = inner.__cause__
@@ -153,7 +156,9 @@ def _first_line(exc: BaseException) -> str:
     head = lines[0] if lines else ""
     if len(lines) > 1 and len(head) < 40:  # a bare header ("4 op(s) cannot be exported:")
         head = f"{head} {lines[1]}"
-    return f"{type(inner).__name__}: {head[:300]}"
+    site = data_dependent_site(inner)
+    where = f" (at {site})" if site else ""
+    return f"{type(inner).__name__}: {head[:300]}{where}"
 
 
 def export_step(

@@ -24,6 +24,8 @@ from onnx_custom.exporter.export_flag import onnx_exporting
 __all__ = [
     "check_with_torch_export",
     "constraint_violation",
+    "data_dependent_site",
+    "note_data_dependent",
     "static_axes",
     "symbol_names_of",
     "unchecked_zero_one",
@@ -36,6 +38,10 @@ _SPECIALIZED = re.compile(
 )
 _ZERO_ONE = re.compile(
     r"0/1 specialized due to hint of (\d+) for dimension (\S+?)\.?$", re.MULTILINE
+)
+_RAISED_AT = re.compile(
+    r'The following call raised this error:\s*File "(?P<file>[^"]+)", line (?P<line>\d+),'
+    r" in (?P<function>\S+)\n\s*(?P<code>[^\n]+)"
 )
 _TIED = re.compile(r"The values of (\S+) = .*? and (\S+) = .*? must always be equal")
 
@@ -267,3 +273,32 @@ def symbol_names_of(program: torch.export.ExportedProgram, spec: DynamicSpec) ->
             ):  # 2*s77 for 2*Dim("n"): s77 is n
                 mapping.setdefault(str(next(iter(expr.free_symbols))), dim.root)
     return mapping
+
+
+def data_dependent_site(exc: BaseException) -> str:
+    """Where the model's code read a tensor's values into a Python decision that torch.export
+    cannot trace (``file:line in function: code``), from torch's data-dependent guard error;
+    "" for any other error."""
+    if not isinstance(exc, torch.fx.experimental.symbolic_shapes.GuardOnDataDependentSymNode):
+        return ""
+    found = _RAISED_AT.search(str(exc))
+    if found is None:
+        return ""
+    where = f"{found['file'].rsplit('/', 1)[-1]}:{found['line']}"
+    return f"{where} in {found['function']}: {found['code'].strip()}"
+
+
+def note_data_dependent(exc: BaseException) -> None:
+    """Add to torch's data-dependent guard error whose failure it is, the model's line, and what
+    to do (the message itself ends in torch's traced graph, which buries the line)."""
+    site = data_dependent_site(exc)
+    if site:
+        exc.add_note(
+            "torch.export cannot trace this model (torch's failure, not a translation's: a raw"
+            " torch.onnx.export(..., dynamo=True) fails the same way): the model's code at"
+            f" {site} turns a tensor's values into Python values (.tolist(), .item(), a loop over"
+            " a tensor) that decide what it computes next. Fix: export with"
+            " exporter='torchscript', which fixes that decision to the example's values (verify"
+            " the file with other input values), or rewrite that line without Python values"
+            " (torch._check for sizes, torch.cond for branches)."
+        )

@@ -58,6 +58,7 @@ from onnx_custom.exporter.arguments import (
 from onnx_custom.exporter.constraints import (
     check_with_torch_export,
     constraint_violation,
+    note_data_dependent,
     static_axes,
     symbol_names_of,
 )
@@ -75,7 +76,13 @@ from onnx_custom.exporter.opset_compat import lower_default_opset
 from onnx_custom.exporter.output_names import default_output_names, rename_outputs
 from onnx_custom.exporter.scalar_bounds import float_clamp_bounds
 from onnx_custom.exporter.torchscript import registered
-from onnx_custom.exporter.torchscript_shapes import ExportDims, export_dims, name_derived_dims
+from onnx_custom.exporter.torchscript_shapes import (
+    ExportDims,
+    drop_contradicted_output_dims,
+    export_dims,
+    name_derived_dims,
+    recorded_outputs,
+)
 from onnx_custom.runtime.half_precision import DEFAULT_MODE, check_mode, widen_model
 from onnx_custom.runtime.mixed_types import repair_mixed_floats
 from onnx_custom.translate.coverage import (
@@ -308,6 +315,7 @@ def _export_torchscript(
             registered(reg, opset=opset),
             trace_provenance.recorded() as warned,
             trace_provenance.sources_requested(log=verbose),
+            recorded_outputs(model) as example_outputs,
         ):
             # TorchScript writes past 2 GiB only to a path (tensors as files next to it): a big
             # model goes through a temporary folder and is read back with its data.
@@ -349,6 +357,7 @@ def _export_torchscript(
     name_derived_dims(
         proto, dims, census=census
     )  # drops attributes and renames dims: the census stays true
+    drop_contradicted_output_dims(proto, dims, example_outputs)
     return proto, spec, census
 
 
@@ -428,6 +437,7 @@ def trace_program(
         if failure is None and failed_functions:
             failure = function_symbolic_error(failed_functions[0], exc)
         if failure is None:
+            note_data_dependent(exc)
             raise
     if failure is not None:
         raise failure

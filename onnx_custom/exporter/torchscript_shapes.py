@@ -27,7 +27,17 @@ from onnx_custom.exporter.dim_params import rename_dims, tensor_dims, value_info
 from onnx_custom.exporter.output_meta import DimNames, Outputs, TensorDesc, cached_run_fake
 from onnx_custom.translate.builder import OutputMeta
 
-__all__ = ["TAG", "ExportDims", "TsDims", "export_dims", "name_derived_dims", "session", "ts_dims"]
+__all__ = [
+    "TAG",
+    "ExportDims",
+    "TsDims",
+    "drop_contradicted_output_dims",
+    "export_dims",
+    "name_derived_dims",
+    "recorded_outputs",
+    "session",
+    "ts_dims",
+]
 
 
 TAG = "onnx_custom_tag"  # temporary attribute marking our custom nodes in our own exports
@@ -270,6 +280,67 @@ def _adopt_inferred_names(model: Any, known: set[str]) -> None:
             ):
                 clashes.add(old.dim_param)
     rename_dims(model, {k: v for k, v in mapping.items() if k not in clashes}, exact=True)
+
+
+@contextlib.contextmanager
+def recorded_outputs(model: Any) -> Iterator[list[tuple[int, ...]]]:
+    """Inside the block, the shapes of the tensors the first call of ``model`` (an nn.Module:
+    the trace's call) returns, flattened in order (empty for other callables)."""
+    shapes: list[tuple[int, ...]] = []
+
+    def hook(module: Any, inputs: Any, output: Any) -> None:
+        if shapes:
+            return
+        leaves = [t for t in torch.utils._pytree.tree_leaves(output) if isinstance(t, torch.Tensor)]
+        # traced sizes are tensors: read with the tracer paused, so nothing is recorded
+        state = torch._C._get_tracing_state()
+        torch._C._set_tracing_state(None)  # type: ignore[attr-defined]
+        try:
+            shapes.extend(tuple(int(d) for d in t.shape) for t in leaves)
+        finally:
+            torch._C._set_tracing_state(state)  # type: ignore[attr-defined]
+
+    handle = model.register_forward_hook(hook) if isinstance(model, torch.nn.Module) else None
+    try:
+        yield shapes
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+def drop_contradicted_output_dims(
+    model: Any, spec: ExportDims, example_outputs: Sequence[tuple[int, ...]]
+) -> None:
+    """Clear the graph outputs' ``dim_param``s that the traced outputs contradict.
+
+    torch's shape inference can give one name to dims of different sizes (``squeeze(1)`` of a
+    ``[batch, 1, h, w]`` output is declared ``[Squeeze_dim_0, Squeeze_dim_0, Squeeze_dim_2]``);
+    a runtime or a user reading that declaration is misled. A name stands for one size in the
+    traced example: an input's dim name for that input's example size, any other name for one
+    size everywhere it appears. An output dim whose example size is not its name's is left
+    unnamed (unknown), which is true. Nothing changes when the outputs' count differs."""
+    outputs = list(model.graph.output)
+    if len(outputs) != len(example_outputs):
+        return
+    sizes: dict[str, set[int]] = {}
+    for name, shape in zip(spec.input_names, spec.example_shapes, strict=False):
+        for axis, dim_name in spec.dynamic_axes.get(name, {}).items():
+            if axis < len(shape):
+                sizes.setdefault(dim_name, set()).add(shape[axis])
+    inputs = set(sizes)
+    seen: dict[str, set[int]] = {}
+    for info, shape in zip(outputs, example_outputs, strict=True):
+        for dim, size in zip(tensor_dims(info), shape, strict=False):
+            if dim.dim_param and dim.dim_param not in inputs:
+                seen.setdefault(dim.dim_param, set()).add(size)
+    sizes |= {name: found for name, found in seen.items() if len(found) == 1}
+    for info, shape in zip(outputs, example_outputs, strict=True):
+        dims = list(tensor_dims(info))
+        if len(dims) != len(shape):
+            continue
+        for dim, size in zip(dims, shape, strict=True):
+            if dim.dim_param and sizes.get(dim.dim_param) != {size}:
+                dim.Clear()
 
 
 def _all_nodes(graph: Any) -> Iterator[Any]:

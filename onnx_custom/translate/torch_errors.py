@@ -30,6 +30,8 @@ __all__ = [
 
 _OCCURRED = re.compile(r"\(Occurred when translating (?P<op>[\w:.]+)\)")
 _CONTAINING = re.compile(r"The containing node has kind '(?P<op>[\w:]+)'")
+# torch's own symbolic refusing its arguments: the op it names, not the node that made the value
+_REFUSED = re.compile(r"Unsupported: ONNX export of operator (?P<op>\w+)")
 _NODE = re.compile(r"Error when translating node %(?P<node>[\w.]+) : .*?target=(?P<target>[\w.:]+)")
 _ATTRIBUTE = re.compile(r"serialize_attribute_into with: Attr\('(?P<name>[^']+)'")
 _SERDE_NODE = re.compile(
@@ -191,10 +193,10 @@ def unwrap_torchscript_error(exc: BaseException) -> OnnxCustomError | None:
             " with such an argument. Fix: export with exporter='dynamo' (the default), or declare"
             " the op with @onnx_custom.symbolic, which serves both exporters."
         )
-    match = _OCCURRED.search(text) or _CONTAINING.search(text)
+    match = _OCCURRED.search(text) or _REFUSED.search(text) or _CONTAINING.search(text)
     if match is None:
         return None
-    op = match["op"]
+    op = match["op"] if match.re is not _REFUSED else f"aten::{match['op']}"
     register = (
         f"@onnx_custom.symbolic({op!r})"
         if "::" in op

@@ -59,6 +59,7 @@ __all__ = [
     "apart_case",
     "default_cases",
     "describe_sizes",
+    "map_tensors",
     "one_dim_cases",
     "plan_dims",
     "resize_inputs",
@@ -532,6 +533,11 @@ def _map_tensors(
     if isinstance(value, (tuple, list)):
         return type(value)(_map_tensors(v, fn, counter) for v in value)
     return value
+
+
+def map_tensors(args: tuple[Any, ...], fn: Callable[[int, torch.Tensor], torch.Tensor]) -> Any:
+    """``args`` with its ``i``-th tensor ``t`` (flattened in order) replaced by ``fn(i, t)``."""
+    return _map_tensors(args, fn, [0])
 
 
 def resize_inputs(

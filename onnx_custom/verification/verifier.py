@@ -60,6 +60,7 @@ from onnx_custom.verification.trial_shapes import (
     apart_case,
     default_cases,
     describe_sizes,
+    map_tensors,
     plan_dims,
     resize_inputs,
     resolve_cases,
@@ -103,8 +104,10 @@ class TrialRecord:
     """One trial: its dynamic-dim sizes, the input shapes fed, and how it went.
 
     ``kind``: ``"example"`` (the example inputs), ``"values"`` (new values at the export shape),
-    ``"shape"`` (other sizes of the dynamic dims) or ``"apart"`` (dims the file names apart but
-    that every shape trial gives one size, at sizes of their own: `trial_shapes.apart_case`).
+    ``"shape"`` (other sizes of the dynamic dims), ``"apart"`` (dims the file names apart but
+    that every shape trial gives one size, at sizes of their own: `trial_shapes.apart_case`) or
+    ``"pruned"`` (the example with the values of the inputs the file does not take permuted,
+    for a traced file whose TracerWarnings say the trace fixed values: `_permute_pruned`).
     ``status``: ``"passed"``, ``"failed"`` or ``"skipped"`` (PyTorch eager cannot take these
     sizes; ``reason`` holds its error).
     """
@@ -433,14 +436,61 @@ def _trial_plan(
     cases: list[dict[str, int]],
     sign_trial: bool = False,
     apart: ApartCase | None = None,
+    pruned_trial: bool = False,
 ) -> list[_Trial]:
     plan = [_Trial(t, "example" if t == 0 else "values", {}) for t in range(trials)]
     if sign_trial:
         plan.append(_Trial(trials, "values", {}, optional=True))
+    if pruned_trial:
+        plan.append(_Trial(len(plan), "pruned", {}, optional=True))
     plan += [_Trial(len(plan) + i, "shape", case) for i, case in enumerate(cases)]
     if apart is not None and apart.sizes not in cases:
         plan.append(_Trial(len(plan), "apart", apart.sizes))
     return plan
+
+
+def _permuted(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s values in reverse order (same shape, dtype and value set: token ids stay
+    valid ids, a mask stays a mask)."""
+    return tensor.detach().flatten().flip(0).reshape(tensor.shape).clone()
+
+
+def _permutable_pruned(binding: InputBinding, args: tuple[Any, ...]) -> list[str]:
+    """The inputs the file does not take whose values a permutation changes. Left out: one that
+    shares memory with an input the file takes (the same tensor passed twice), and one whose
+    values are all equal (``torch.ones`` masks: no permutation moves them)."""
+    tensors = tensor_inputs(args)
+    fed = {tensors[p].data_ptr() for p in binding.positions if tensors[p].numel()}
+    found = []
+    for name, tensor in zip(binding.leaf_names, tensors, strict=False):
+        if name not in binding.pruned or tensor.numel() < 2 or tensor.data_ptr() in fed:
+            continue
+        if not torch.equal(_permuted(tensor), tensor):
+            found.append(name)
+    return found
+
+
+def _permute_pruned(args: tuple[Any, ...], binding: InputBinding) -> tuple[Any, ...]:
+    """``args`` with the permutable inputs the file does not take permuted (`_permuted`)."""
+    names = set(_permutable_pruned(binding, args))
+    leaf_names = binding.leaf_names
+
+    def permute(position: int, tensor: torch.Tensor) -> torch.Tensor:
+        if position < len(leaf_names) and leaf_names[position] in names:
+            return _permuted(tensor)
+        return tensor
+
+    return tuple(map_tensors(args, permute))
+
+
+def _pruned_reason(names: Sequence[str]) -> str:
+    """Why a "pruned" trial failed: the file cannot see these inputs, PyTorch can."""
+    return (
+        f"PyTorch's outputs changed with the values of {', '.join(names)} (permuted here), which"
+        " the file does not take: the trace fixed their example values into the file (see the"
+        " TracerWarnings below; a cache or branch keyed on tensor values). Fix: export with"
+        " exporter='dynamo', or make the code trace-safe"
+    )
 
 
 def _run_failure(
@@ -561,6 +611,7 @@ def _trial_args(
     plan: DimPlan,
     generator: torch.Generator,
     input_generator: InputGenerator | None,
+    binding: InputBinding,
 ) -> tuple[Any, ...]:
     if trial.kind == "example":
         return args
@@ -568,6 +619,8 @@ def _trial_args(
         return (
             input_generator(trial.index, args) if input_generator else _random_like(args, generator)
         )
+    if trial.kind == "pruned":
+        return _permute_pruned(args, binding)
     # "shape", "apart"
     resized = resize_inputs(args, trial.sizes, plan, generator)
     return input_generator(trial.index, resized) if input_generator else resized
@@ -825,6 +878,9 @@ def _plan_trials(model: Any, args: tuple[Any, ...], onnx_model: Any, options: _O
     if one_signed:
         report.notes.append(_sign_note(one_signed, trials))
     default_tolerances = options.rtol is None and options.atol is None
+    # a traced file that dropped inputs while its trace turned tensors into Python values: one
+    # trial permutes those inputs, which the file cannot see (a value cache, a branch on them)
+    pruned_trial = bool(report.tracer_warnings) and bool(_permutable_pruned(binding, args))
     return _Run(
         model=model,
         args=args,
@@ -833,7 +889,9 @@ def _plan_trials(model: Any, args: tuple[Any, ...], onnx_model: Any, options: _O
         binding=binding,
         plan=plan,
         apart=apart,
-        schedule=_trial_plan(trials, cases, sign_trial=bool(one_signed), apart=apart),
+        schedule=_trial_plan(
+            trials, cases, sign_trial=bool(one_signed), apart=apart, pruned_trial=pruned_trial
+        ),
         report=report,
         sessions=sessions,
         as_written=dict.fromkeys(backends),
@@ -852,7 +910,9 @@ def _run_trial(run: _Run, trial: _Trial) -> None:
         _stage(progress, f"verify: trial {trial.index + 1}/{len(run.schedule)}{where}: eager")
     export_sizes = {k: d.export_size for k, d in run.plan.dims.items()}
     sizes = trial.sizes or export_sizes
-    trial_args = _trial_args(trial, run.args, run.plan, run.generator, run.options.input_generator)
+    trial_args = _trial_args(
+        trial, run.args, run.plan, run.generator, run.options.input_generator, run.binding
+    )
     input_shapes = {
         n: tuple(t.shape) for n, t in run.binding.feeds(tensor_inputs(trial_args)).items()
     }
@@ -876,6 +936,8 @@ def _run_trial(run: _Run, trial: _Trial) -> None:
             {c.name for c in run.report.comparisons if c.trial == trial.index and not c.passed}
         )
         problems.append(f"outputs mismatch PyTorch: {', '.join(bad)}")
+        if trial.kind == "pruned":
+            problems.append(_pruned_reason(_permutable_pruned(run.binding, run.args)))
     status = "failed" if problems else "passed"
     run.report.shapes_tried.append(TrialRecord(**record, status=status, reason="; ".join(problems)))
     if run.options.localize and compared_bad and run.report.localization is None:
@@ -898,7 +960,13 @@ def _run_eager(
                 f"The PyTorch model raised in eager mode on trial {trial.index}:"
                 f" {type(exc).__name__}: {exc}"
             ) from exc
-        taken = "N(0, 1) values" if trial.optional else describe_sizes(trial.sizes)
+        taken = (
+            describe_sizes(trial.sizes)
+            if not trial.optional
+            else "permuted values of the inputs the file does not take"
+            if trial.kind == "pruned"
+            else "N(0, 1) values"
+        )
         reason = f"the model cannot take {taken}: {_first_line(exc)}"
         report.shapes_tried.append(TrialRecord(**record, status="skipped", reason=reason))
         if trial.kind == "apart" and run.apart is not None:

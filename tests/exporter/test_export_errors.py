@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import io
 from pathlib import Path
 
 import pytest
 import torch
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 import onnx_custom
 import onnx_custom.ops.seed
@@ -17,6 +20,7 @@ from onnx_custom import (
     UnsupportedOpError,
     VerificationError,
 )
+from onnx_custom.hf_zoo import raw_torch_export
 
 EXPORTERS = [("torchscript", 13), ("dynamo", 18)]
 
@@ -330,3 +334,48 @@ def test_a_custom_op_writing_into_its_argument_is_refused_under_torchscript(
     # and torch is left as it was: a functional model exports afterwards
     onnx_custom.export(MyAdd(), ARGS2, path, exporter="torchscript")
     assert path.exists()
+
+
+class TokenList(torch.nn.Module):
+    """Reads the non-zero ids into a Python list: a size torch.export cannot know."""
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        kept = ids[ids != 0].tolist()  # the data-dependent line
+        return x[: len(kept)] * 2
+
+
+def test_a_data_dependent_line_torch_export_cannot_trace_is_named() -> None:
+    """torch's own failure: the raw exporter fails the same way, and ours names the model's line
+    (torch's message ends in the traced graph) and what to do."""
+    args = (torch.randn(4, 3), torch.tensor([1, 0, 2]))
+    assert raw_torch_export(TokenList(), args, "dynamo").startswith("fails")
+    lines, start = inspect.getsourcelines(TokenList.forward)
+    line = start + next(i for i, text in enumerate(lines) if "the data-dependent line" in text)
+    with pytest.raises(GuardOnDataDependentSymNode) as caught:
+        with contextlib.redirect_stdout(io.StringIO()):
+            onnx_custom.export(TokenList(), args, exporter="dynamo")
+    (note,) = caught.value.__notes__
+    assert f"test_export_errors.py:{line} in forward: kept = ids[ids != 0].tolist()" in note
+    assert "torch's failure" in note and "exporter='torchscript'" in note
+    # the traced file runs: the trace fixed the example's count of non-zero ids
+    proto = onnx_custom.export(TokenList(), args, exporter="torchscript")
+    assert onnx_custom.verify(TokenList(), args, proto).passed
+
+
+def test_an_op_torchs_own_symbolic_refuses_is_named() -> None:
+    """torch's adaptive_avg_pool2d symbolic refuses an output size that does not divide the input
+    (UperNet's pyramid pooling): the error names that op, not the constant torch blames."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.AdaptiveAvgPool2d(3)).eval()
+    args = (torch.rand(1, 3, 4, 4),)
+    assert raw_torch_export(model, args, "torchscript").startswith("fails")
+    with pytest.raises(SymbolicError) as caught:
+        onnx_custom.export(model, args, exporter="torchscript")
+    text = str(caught.value)
+    assert "could not translate aten::adaptive_avg_pool2d" in text
+    assert "output size that are not factor of input size" in text
+    assert "@onnx_custom.symbolic('aten::adaptive_avg_pool2d')" in text
+    assert "onnx::Constant" not in text
+    # the advice holds: the dynamo exporter takes it
+    with contextlib.redirect_stdout(io.StringIO()):
+        proto = onnx_custom.export(model, args, exporter="dynamo")
+    assert onnx_custom.verify(model, args, proto).passed
