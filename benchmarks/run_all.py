@@ -138,7 +138,7 @@ BENCHMARKS = (
         " time (<= 1.05) and peak RSS (<= 1.1), `verify` cost (<= 1.3), `torch.compile` against"
         " eager (<= 0.8; needs transformers)",
         (),
-        ("--config", "small", "--size", "128", "--rounds", "1", "--repeat", "1"),
+        ("--config", "small", "--size", "128", "--rounds", "3", "--repeat", "5"),
         requires=("transformers",),
     ),
 )
