@@ -263,22 +263,29 @@ def compare_initializers(
             )
     for name in unmatched:
         param = params[name]
-        diffs = {n: _difference(param, inits[n]) for n in unclaimed}
-        fitting = [
-            n for n, d in diffs.items() if d is not None and inits[n].dtype.kind == param.dtype.kind
-        ]
-        equal = [n for n in fitting if _same(param, diffs[n])]  # type: ignore[arg-type]
-        if equal:
-            unclaimed.remove(equal[0])
-        elif fitting:
-            unclaimed.remove(fitting[0])
+        # the first unclaimed initializer (file order) holding the same values, else the first
+        # that fits; the scan stops at the first equal one (files list the weights mostly in the
+        # model's order, so a model of hundreds of same-shape biases is not compared all-to-all)
+        first_fit: tuple[str, float] | None = None
+        equal = None
+        for n in unclaimed:
+            if inits[n].dtype.kind != param.dtype.kind:
+                continue
+            d = _difference(param, inits[n])
+            if d is None:
+                continue
+            if _same(param, d):
+                equal = n
+                break
+            if first_fit is None:
+                first_fit = (n, d)
+        if equal is not None:
+            unclaimed.remove(equal)
+        elif first_fit is not None:
+            unclaimed.remove(first_fit[0])
             found.append(
                 InitializerMismatch(
-                    name,
-                    fitting[0],
-                    "shape+order",
-                    tuple(param.shape),
-                    diffs[fitting[0]],  # type: ignore[arg-type]
+                    name, first_fit[0], "shape+order", tuple(param.shape), first_fit[1]
                 )
             )
     named = [n for n in params if n in inits and n not in explained]

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace onnx_custom_msda {
@@ -110,42 +111,64 @@ Geometry validate(const Tensor<T>& value, const Tensor<int64_t>& shapes, const T
 
 // Output rows [begin, end) of (bs * Q): out[bq, h*D:(h+1)*D] for every head. V: value's compute-type
 // storage (float for the 16-bit formats, converted once up front); T: the storage type of
-// locations, weights and output.
+// locations, weights and output. Each (query, head) first lists its taps (the shared header's
+// list_taps: every in-level corner with its attention x bilinear weight), then sums them with the
+// accumulators in registers (sum_taps) and writes its output row once.
 template <typename T, typename V>
-void forward_rows(const Geometry& g, const V* value, const T* loc, const T* attn, T* out, int64_t begin, int64_t end) {
+inline void forward_rows_impl(const Geometry& g, const V* value, const T* loc, const T* attn, T* out, int64_t begin,
+                              int64_t end) {
   using C = onnx_custom::acc_t<T>;
-  const int64_t key_stride = g.M * g.D;
-  std::vector<C> acc(static_cast<size_t>(g.D));
-  onnx_custom_msda_math::Cell<C> cell;
-  C weight[4];
+  const int64_t key_stride = g.M * g.D, samples = g.L * g.P;
+  std::vector<onnx_custom_msda_math::Tap<C>> taps(static_cast<size_t>(4 * samples));
+  std::vector<C> row(std::is_same_v<T, C> ? 0 : static_cast<size_t>(g.D));
   for (int64_t bq = begin; bq < end; ++bq) {
     const V* vb = value + (bq / g.Q) * g.K * key_stride;
     for (int64_t h = 0; h < g.M; ++h) {
-      std::fill(acc.begin(), acc.end(), C(0));
-      C* __restrict a_ = acc.data();
-      const V* vh = vb + h * g.D;
-      const int64_t sample0 = (bq * g.M + h) * g.L * g.P;
-      for (int64_t l = 0; l < g.L; ++l) {
-        const V* vl = vh + g.start[l] * key_stride;
-        const int64_t H = g.H[l], W = g.W[l];
-        for (int64_t p = 0; p < g.P; ++p) {
-          const int64_t s = sample0 + l * g.P + p;
-          const C x = static_cast<C>(loc[2 * s]), y = static_cast<C>(loc[2 * s + 1]);
-          if (!onnx_custom_msda_math::sample_cell<C>(x, y, H, W, 0, &cell)) continue;
-          onnx_custom_msda_math::corner_weights(cell, weight);
-          const C a = static_cast<C>(attn[s]);
-          for (int corner = 0; corner < 4; ++corner) {
-            if (!cell.in[corner]) continue;
-            const V* __restrict v = vl + onnx_custom_msda_math::corner_row(cell, corner, W) * key_stride;
-            const C aw = a * weight[corner];
-            for (int64_t d = 0; d < g.D; ++d) a_[d] += aw * static_cast<C>(v[d]);
-          }
-        }
-      }
+      const int64_t s0 = (bq * g.M + h) * samples;
+      const int64_t n = onnx_custom_msda_math::list_taps<C, T>(loc + 2 * s0, attn + s0, g.L, g.P, g.H.data(),
+                                                              g.W.data(), g.start.data(), taps.data());
       T* o = out + bq * key_stride + h * g.D;
-      for (int64_t d = 0; d < g.D; ++d) o[d] = static_cast<T>(a_[d]);
+      if constexpr (std::is_same_v<T, C>) {
+        onnx_custom_msda_math::sum_taps(taps.data(), n, vb + h * g.D, key_stride, g.D, o);
+      } else {
+        onnx_custom_msda_math::sum_taps(taps.data(), n, vb + h * g.D, key_stride, g.D, row.data());
+        for (int64_t d = 0; d < g.D; ++d) o[d] = static_cast<T>(row[static_cast<size_t>(d)]);
+      }
     }
   }
+}
+
+#if ONNX_CUSTOM_MSDA_X86
+// The float32 rows with AVX2 + FMA, picked at run time where the CPU has them.
+__attribute__((target("avx2,fma"))) inline void forward_rows_avx2(const Geometry& g, const float* value,
+                                                                  const float* loc, const float* attn, float* out,
+                                                                  int64_t begin, int64_t end) {
+  const int64_t key_stride = g.M * g.D, samples = g.L * g.P;
+  std::vector<onnx_custom_msda_math::Tap<float>> taps(static_cast<size_t>(4 * samples));
+  for (int64_t bq = begin; bq < end; ++bq) {
+    const float* vb = value + (bq / g.Q) * g.K * key_stride;
+    for (int64_t h = 0; h < g.M; ++h) {
+      const int64_t s0 = (bq * g.M + h) * samples;
+      const int64_t n = onnx_custom_msda_math::list_taps<float, float>(loc + 2 * s0, attn + s0, g.L, g.P, g.H.data(),
+                                                                      g.W.data(), g.start.data(), taps.data());
+      onnx_custom_msda_math::sum_taps_avx2(taps.data(), n, vb + h * g.D, key_stride, g.D,
+                                           out + bq * key_stride + h * g.D);
+    }
+  }
+}
+#endif
+
+template <typename T, typename V>
+void forward_rows(const Geometry& g, const V* value, const T* loc, const T* attn, T* out, int64_t begin, int64_t end) {
+#if ONNX_CUSTOM_MSDA_X86
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<V, float>) {
+    if (onnx_custom_msda_math::has_avx2_fma()) {
+      forward_rows_avx2(g, value, loc, attn, out, begin, end);
+      return;
+    }
+  }
+#endif
+  forward_rows_impl<T, V>(g, value, loc, attn, out, begin, end);
 }
 
 constexpr int64_t kRowsPerTask = 16;
