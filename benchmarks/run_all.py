@@ -311,6 +311,7 @@ class Run:
     load_before: str
     load_after: str
     date: str
+    quick: bool = False  # ran with the benchmark's --quick arguments
 
 
 def missing(benchmark: Benchmark) -> list[str]:
@@ -325,7 +326,7 @@ def run(benchmark: Benchmark, *, quick: bool, timeout: float, raw: Path | None =
         date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
         label = f"(not run: {', '.join(absent)} not installed)"
         rows = [Row(benchmark.name, label, "—", "—", "not run")]
-        return Run(benchmark, " ".join(command), rows, 0, 0.0, _load(), _load(), date)
+        return Run(benchmark, " ".join(command), rows, 0, 0.0, _load(), _load(), date, quick)
     load_before = _load()
     start = time.monotonic()
     try:
@@ -351,6 +352,7 @@ def run(benchmark: Benchmark, *, quick: bool, timeout: float, raw: Path | None =
         "load_before": load_before,
         "load_after": _load(),
         "date": date,
+        "quick": quick,
     }
     if raw is not None:  # what the benchmark printed, to check the rows against or re-render
         raw.mkdir(parents=True, exist_ok=True)
@@ -369,6 +371,7 @@ def _run_from(benchmark: Benchmark, stdout: str, meta: dict[str, Any]) -> Run:
         meta["load_before"],
         meta["load_after"],
         meta["date"],
+        bool(meta.get("quick", False)),
     )
 
 
@@ -384,9 +387,14 @@ def load_raw(benchmark: Benchmark, raw: Path) -> Run | None:
 def render(runs: list[Run], *, quick: bool, host: str) -> str:
     ones = [float(load.split("/")[0]) for r in runs for load in (r.load_before, r.load_after)]
     ones = ones or [0.0]
-    mode = (
-        "quick mode (`--quick`: few rounds, small sweeps; smoke figures)" if quick else "full mode"
-    )
+    quick_runs = [f"`{r.benchmark.name}`" for r in runs if r.quick or quick]
+    smoke = "(`--quick`: few rounds, small sweeps; smoke figures)"
+    if quick_runs and len(quick_runs) == len(runs):
+        mode = f"quick mode {smoke}"
+    elif quick_runs:
+        mode = f"full mode, except {', '.join(quick_runs)} in quick mode {smoke}"
+    else:
+        mode = "full mode"
     loaded = (
         " (a shared, loaded machine: treat the figures as rough)"
         if max(ones) > (os.cpu_count() or 1)
