@@ -19,6 +19,7 @@ ROOT = Path(__file__).parent
 TORCH = {
     "2.11": "constraints-torch-2.11.txt",
     "2.13": "constraints.txt",
+    "2.14": "constraints-torch-2.14.txt",
     "2.15": "constraints-torch-2.15.txt",
 }
 

@@ -539,6 +539,8 @@ PRIVATE_TORCH_IMPORTS = {
     },
     # the compile backend's aot_autograd and fake-mode switches
     "onnx_custom.compile.torch_adapter": {"torch._dynamo.backends.common", "torch._subclasses"},
+    # the pooling output-size helper that torch_fixes mends on older torch
+    "onnx_custom.common.torch_onnx": {"torch._meta_registrations"},
 }
 # torch._C (TorchScript graph and value objects, the ONNX log switch) is used as attributes of
 # ``torch._C`` by the TorchScript exporter path and the quiet rules; it is not imported by name.

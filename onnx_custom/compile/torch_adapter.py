@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from onnx_custom.common.torch_onnx import torch_fixes
 from onnx_custom.errors import CompileError
 
 __all__ = [
@@ -188,7 +189,7 @@ def prepare_graph(gm: torch.fx.GraphModule) -> None:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     passes = _modules()["_fx_passes"]
-    with unset_fake_temporarily():
+    with unset_fake_temporarily(), torch_fixes():
         passes.remove_assertion_nodes(gm)
         passes.insert_type_promotion_nodes(gm)
     gm.recompile()

@@ -35,6 +35,7 @@ from onnx_custom.common.external_data import (
 )
 from onnx_custom.common.onnx_utils import ModelCensus, function_nodes, iter_nodes, model_census
 from onnx_custom.common.torch_chatter import quiet_torch
+from onnx_custom.common.torch_onnx import torch_fixes
 from onnx_custom.errors import (
     InvalidArgumentError,
     KernelError,
@@ -711,7 +712,13 @@ def export_with_census(request: ExportRequest) -> tuple[onnx.ModelProto, ModelCe
     # registries), so two threads exporting with different specs would see each other's.
     # The half-precision pass below fixes (or refuses) float16/bfloat16 nodes a schema refuses, so
     # the translations' type check leaves those to it unless the user turned it off.
-    with EXPORT_LOCK, quiet_torch(), deferring_half_precision(request.half_precision != "off"):
+    # `torch_fixes`: older torch's pieces that refuse right models, mended for the export.
+    with (
+        EXPORT_LOCK,
+        quiet_torch(),
+        torch_fixes(),
+        deferring_half_precision(request.half_precision != "off"),
+    ):
         proto, spec, census = run(
             model, args, request.opset, reg, spec, request.output_names, kwargs
         )

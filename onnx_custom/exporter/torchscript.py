@@ -182,7 +182,9 @@ def _schema_for(ctx: Any, op_name: str) -> torch._C.FunctionSchema | None:
 def _overload_schemas(op_name: str, node: Any) -> list[torch._C.FunctionSchema]:
     """The op's overload schemas that can have made ``node``. By the ONNX pass torch has turned
     its scalar arguments into tensor constants, so the node has no schema of its own; its input
-    count still tells overloads of different arity apart."""
+    count still tells overloads of different arity apart. Named-tensor overloads (``Dimname``
+    arguments, which a trace never records) do not count: torch 2.11 still has
+    ``aten::softmax.Dimname`` beside ``aten::softmax.int``, both of three arguments."""
     ns, _, name = op_name.partition("::")
     schemas: list[torch._C.FunctionSchema] = []
     with contextlib.suppress(Exception):
@@ -191,7 +193,9 @@ def _overload_schemas(op_name: str, node: Any) -> list[torch._C.FunctionSchema]:
     if len(schemas) <= 1 or node is None:
         return schemas
     count = node.inputsSize()
-    return [s for s in schemas if len(s.arguments) == count]
+    fits = [s for s in schemas if len(s.arguments) == count]
+    unnamed = [s for s in fits if "Dimname" not in s.overload_name]
+    return unnamed if unnamed else fits
 
 
 def _is_tensor_type(typ: Any) -> bool:
