@@ -458,7 +458,7 @@ def render(runs: list[Run], *, quick: bool, host: str) -> str:
 def readme_rows(runs: list[Run], *, host: str) -> list[str]:
     """The README's table: the rows of ``README_BENCHMARKS`` in ``runs``, with machine and date."""
     lines = [
-        "| benchmark | row | figure | goal | status | machine, date, load |",
+        "| benchmark | row | figure | goal | status | machine, date, 1-min load before → after |",
         "|---|---|---|---|---|---|",
     ]
     for r in runs:
@@ -466,7 +466,8 @@ def readme_rows(runs: list[Run], *, host: str) -> list[str]:
             continue
         for row in r.rows:
             label = row.label.replace("|", "\\|")
-            where = f"{host}, {r.date}, load {r.load_before.split('/')[0]}"
+            loads = f"{r.load_before.split('/')[0]} → {r.load_after.split('/')[0]}"
+            where = f"{host}, {r.date}, load {loads}"
             cells = [f"`{r.benchmark.name}`", label, row.figure, row.goal, row.status, where]
             lines.append("| " + " | ".join(cells) + " |")
     return lines if len(lines) > 2 else []
