@@ -285,7 +285,7 @@ def _adopt_inferred_names(model: Any, known: set[str]) -> None:
 @contextlib.contextmanager
 def recorded_outputs(model: Any) -> Iterator[list[tuple[int, ...]]]:
     """Inside the block, the shapes of the tensors the first call of ``model`` (an nn.Module:
-    the trace's call) returns, flattened in order (empty for other callables)."""
+    the trace's call) returns, flattened in order (empty for other callables and ScriptModules)."""
     shapes: list[tuple[int, ...]] = []
 
     def hook(module: Any, inputs: Any, output: Any) -> None:
@@ -300,7 +300,9 @@ def recorded_outputs(model: Any) -> Iterator[list[tuple[int, ...]]]:
         finally:
             torch._C._set_tracing_state(state)  # type: ignore[attr-defined]
 
-    handle = model.register_forward_hook(hook) if isinstance(model, torch.nn.Module) else None
+    # a ScriptModule takes no Python hooks: its outputs stay unrecorded (nothing is cleared)
+    hooked = isinstance(model, torch.nn.Module) and not isinstance(model, torch.jit.ScriptModule)
+    handle = model.register_forward_hook(hook) if hooked else None
     try:
         yield shapes
     finally:
