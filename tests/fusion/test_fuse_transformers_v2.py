@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import io
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -109,8 +110,38 @@ def test_replacement_matches_the_library_function(family: str, points: tuple[int
 # ---------------------------------------------------------------------------- fused exports
 
 
+def _root(error: BaseException) -> str:
+    """The first line of the error at the root of ``error``'s chain (not torch's next steps)."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip().splitlines()[0][:160]
+
+
+def _export_where_torch_can(
+    model: nn.Module, args: tuple[Any, ...], exporter: str, **options: Any
+) -> Any:
+    """``onnx_custom.export``; where it fails under dynamo and torch's own exporter fails on the
+    same model unfused (torch 2.11's decomposition fails on the runtime check transformers' v2
+    attention makes), the test is skipped with both reasons."""
+    try:
+        return onnx_custom.export(model, args, exporter=exporter, **options)
+    except Exception as ours:
+        if exporter != "dynamo":
+            raise
+        try:
+            with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+                warnings.simplefilter("ignore")
+                torch.onnx.export(model, args, dynamo=True)
+        except Exception as torchs:
+            pytest.skip(
+                f"on torch {torch.__version__} onnx_custom.export fails ({_root(ours)}) and"
+                f" torch's own dynamo export fails too ({_root(torchs)})"
+            )
+        raise
+
+
 def _export(model: nn.Module, exporter: str, registry: Any = CUSTOM) -> Any:
-    return onnx_custom.export(model, _inputs(), exporter=exporter, registry=registry, fuse=True)
+    return _export_where_torch_can(model, _inputs(), exporter, registry=registry, fuse=True)
 
 
 CASES = [
@@ -275,7 +306,7 @@ def test_zoo_model_is_fused(name: str, family: str, exporter: str) -> None:
     from onnx_custom.models.hf_detectors import build
 
     model, args = build(name)
-    proto = onnx_custom.export(model, args, exporter=exporter, registry=CUSTOM, fuse=True)
+    proto = _export_where_torch_can(model, args, exporter, registry=CUSTOM, fuse=True)
     expected = _attention_modules(model, family)
     assert expected >= 1
     counts = op_counts(proto)
@@ -299,7 +330,7 @@ def test_d_fine_model_with_unequal_points(exporter: str) -> None:
     model = hf_detectors.Outputs(DFineModel(config), ("last_hidden_state",)).eval()
     model = hf_detectors._untied(model, 0)
     args = (torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(1)),)
-    proto = onnx_custom.export(model, args, exporter=exporter, registry=CUSTOM, fuse=True)
+    proto = _export_where_torch_can(model, args, exporter, registry=CUSTOM, fuse=True)
     counts = op_counts(proto)
     assert counts.get("MultiScaleDeformableAttn") == 2 and "GridSample" not in counts
     assert len(fusion_report(proto).fused) == 2  # type: ignore[union-attr]
@@ -323,7 +354,7 @@ def test_fuse_file_fuses_the_v2_form(case: tuple[str, Any], exporter: str) -> No
     Runtime), and the fused file computes what the torch model computes."""
     family, points = case
     model = V2Model(_attention(family, points))
-    proto = onnx_custom.export(model, _inputs(), exporter=exporter)
+    proto = _export_where_torch_can(model, _inputs(), exporter)
     fused, report = onnx_custom.fuse_file(proto)
     assert report.count == 1 and report.proven and not report.near_misses, str(report)
     counts = op_counts(fused)
@@ -381,7 +412,7 @@ def test_fuse_file_on_zoo_model_files(name: str, family: str, how: str, tmp_path
 
     model, args = build(name)
     if how == "dynamo":
-        proto = onnx_custom.export(model, args, exporter="dynamo")
+        proto = _export_where_torch_can(model, args, "dynamo")
     else:
         proto = _raw_torchscript(model, args, tmp_path / "model.onnx")
     fused, report = onnx_custom.fuse_file(proto)
