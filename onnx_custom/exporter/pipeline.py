@@ -401,10 +401,13 @@ def trace_program(
     kwargs: dict[str, Any] | None = None,
     dynamic_shapes: Any = None,
     spec: DynamicSpec | None = None,
+    deferred_asserts: bool = False,
 ) -> torch.export.ExportedProgram:
     """``torch.export`` as the dynamo exporter runs it, with our errors for its sharp edges
     (a registered autograd.Function, a custom op without a fake kernel, a dynamic dim the model
-    specializes); others propagate. ``dynamic_shapes`` may be any form `export` accepts."""
+    specializes); others propagate. ``dynamic_shapes`` may be any form `export` accepts.
+    ``deferred_asserts``: guards on data-dependent values become runtime asserts in the graph
+    (what ``torch.onnx.export``'s own capture asks for)."""
     if spec is None:
         spec = resolve_dynamic_shapes(model, args, kwargs, dynamic_shapes=dynamic_shapes)
     failure: BaseException | None = None
@@ -417,8 +420,16 @@ def trace_program(
             quiet_torch(),
             onnx_exporting(),
         ):
+            deferred: dict[str, Any] = (
+                {"prefer_deferred_runtime_asserts_over_guards": True} if deferred_asserts else {}
+            )
             program = torch.export.export(
-                model, args, kwargs=kwargs, dynamic_shapes=spec.export_shapes, strict=False
+                model,
+                args,
+                kwargs=kwargs,
+                dynamic_shapes=spec.export_shapes,
+                strict=False,
+                **deferred,
             )
     except Exception as exc:
         failure = _ours(exc)
@@ -454,6 +465,7 @@ def _export_dynamo(
     spec: DynamicSpec,
     output_names: Any,
     kwargs: dict[str, Any],
+    deferred_asserts: bool = False,
 ) -> tuple[onnx.ModelProto, DynamicSpec, ModelCensus]:
     from onnx_custom.exporter.dynamo import program_constants, translation_table
 
@@ -462,7 +474,9 @@ def _export_dynamo(
         program, names = model, {}  # its dims are torch's (s77): no user names to give them
     else:
         model_kwargs = kwargs.pop("kwargs", None)
-        program = trace_program(model, args, reg, kwargs=model_kwargs, spec=spec)
+        program = trace_program(
+            model, args, reg, kwargs=model_kwargs, spec=spec, deferred_asserts=deferred_asserts
+        )
         if not model_kwargs:
             program_cache.remember(
                 model, args, program
@@ -495,6 +509,18 @@ def _export_dynamo(
             )
     except Exception as exc:
         failure = _ours(exc, unwrap_dynamo_error)
+        traced_here = not isinstance(model, torch.export.ExportedProgram)
+        if failure is None and traced_here and not deferred_asserts:
+            # torch.onnx.export's own capture defers data-dependent guards to runtime asserts;
+            # torch 2.11's decomposition fails on some guards kept as guards (transformers'
+            # v2 attention checks a tensor's values): trace once more the way torch does
+            retry = kwargs if model_kwargs is None else {**kwargs, "kwargs": model_kwargs}
+            try:
+                return _export_dynamo(
+                    model, args, opset, reg, spec, output_names, retry, deferred_asserts=True
+                )
+            except Exception:
+                pass  # the first attempt's error is the one to report
         if failure is None:
             raise
     if failure is not None:
