@@ -121,8 +121,8 @@ def _export_where_torch_can(
     model: nn.Module, args: tuple[Any, ...], exporter: str, **options: Any
 ) -> Any:
     """``onnx_custom.export``; where it fails under dynamo and torch's own exporter fails on the
-    same model unfused (torch 2.11's decomposition fails on the runtime check transformers' v2
-    attention makes), the test is skipped with both reasons."""
+    same model unfused too (a torch release that cannot export transformers' code), the test is
+    skipped with both reasons."""
     try:
         return onnx_custom.export(model, args, exporter=exporter, **options)
     except Exception as ours:
