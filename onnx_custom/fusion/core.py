@@ -376,15 +376,13 @@ class _Patches:
         self._undo: list[Callable[[], None]] = []
         self._local = threading.local()  # per thread: the scoped sites whose forward is running
 
-    def patch_module(self, path: str, module: torch.nn.Module, rule: FusionRule) -> None:
+    def _swap_forward(
+        self, module: torch.nn.Module, forward: Callable[..., Any], site: _Site
+    ) -> None:
+        """``module.forward`` becomes ``forward`` until `remove` (an instance attribute of its
+        own, if it had one, comes back; else the class's forward shows through again)."""
         had_own = "forward" in module.__dict__
         previous = module.__dict__.get("forward")
-        site = _Site(path or type(module).__name__, rule, module.forward)
-
-        @functools.wraps(module.forward)
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            return site.call(*args, **kwargs)
-
         module.forward = forward  # type: ignore[method-assign]
 
         def undo() -> None:
@@ -395,6 +393,15 @@ class _Patches:
 
         self.sites.append(site)
         self._undo.append(undo)
+
+    def patch_module(self, path: str, module: torch.nn.Module, rule: FusionRule) -> None:
+        site = _Site(path or type(module).__name__, rule, module.forward)
+
+        @functools.wraps(module.forward)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            return site.call(*args, **kwargs)
+
+        self._swap_forward(module, forward, site)
 
     def patch_function(self, rule: FusionRule) -> None:
         fn = rule.target
@@ -434,8 +441,6 @@ class _Patches:
 
     def patch_scoped(self, path: str, module: torch.nn.Module, rule: FusionRule) -> None:
         """``module``'s calls of ``rule.inner`` (during its ``forward``) go to one site."""
-        had_own = "forward" in module.__dict__
-        previous = module.__dict__.get("forward")
         original_forward = module.forward
         site = _Site(path or type(module).__name__, rule, rule.inner)
 
@@ -448,16 +453,7 @@ class _Patches:
             finally:
                 stack.pop()
 
-        module.forward = forward  # type: ignore[method-assign]
-
-        def undo() -> None:
-            if had_own:
-                module.forward = previous  # type: ignore[method-assign,assignment]
-            else:
-                module.__dict__.pop("forward", None)
-
-        self.sites.append(site)
-        self._undo.append(undo)
+        self._swap_forward(module, forward, site)
 
     def _scopes(self) -> list[_Site]:
         stack: list[_Site] | None = getattr(self._local, "stack", None)
