@@ -297,6 +297,27 @@ def _value_parts(w: _Walker, names: list[str]) -> tuple[str, list[tuple[int, int
     return first.input[0], ranges
 
 
+def _weighted_sum(
+    w: _Walker, sampled: str, what: str, weights_perm: list[int]
+) -> tuple[str, onnx.NodeProto]:
+    """The tail both attention forms share: ``sampled`` times the attention weights, summed over
+    the last axis, reshaped and transposed to ``(bs, Q, heads*dim)``. Returns the attention
+    weights as the model gives them (before their ``Transpose[weights_perm]`` and ``Reshape``)
+    and the output ``Transpose``."""
+    mul = w.reader(sampled, "Mul", f"{what} (times attention weights)")
+    weights = mul.input[1] if mul.input[0] == sampled else mul.input[0]
+    reduce = w.reader(mul.output[0], "ReduceSum", "the weighted samples")
+    if w.axes(reduce) not in ([-1], [3]) or _attr(reduce, "keepdims", 1) != 0:
+        raise _Miss("the weighted samples are not summed over the last axis (keepdims 0)")
+    view = w.reader(reduce.output[0], "Reshape", "the summed samples")
+    last = w.reader(view.output[0], "Transpose", "the output (bs, heads*dim, Q)")
+    w.perm(last, [0, 2, 1], "the output")
+    w_reshape = w.producer(weights, ("Reshape",), "the attention weights")
+    w_t = w.producer(w_reshape.input[0], ("Transpose",), "the attention weights")
+    w.perm(w_t, weights_perm, "the attention weights")
+    return w_t.input[0], last
+
+
 def _match_v2(w: _Walker, concat: onnx.NodeProto) -> MsdaMatch:
     """transformers' ``multi_scale_deformable_attention_v2`` (RT-DETRv2, D-FINE, DEIMv2)::
 
@@ -313,18 +334,7 @@ def _match_v2(w: _Walker, concat: onnx.NodeProto) -> MsdaMatch:
     try:
         for gs in grid_samples:
             _check_grid_sample(w, gs)
-        mul = w.reader(concat.output[0], "Mul", "the concatenated levels (times attention weights)")
-        weights = mul.input[1] if mul.input[0] == concat.output[0] else mul.input[0]
-        reduce = w.reader(mul.output[0], "ReduceSum", "the weighted samples")
-        if w.axes(reduce) not in ([-1], [3]) or _attr(reduce, "keepdims", 1) != 0:
-            raise _Miss("the weighted samples are not summed over the last axis (keepdims 0)")
-        view = w.reader(reduce.output[0], "Reshape", "the summed samples")
-        last = w.reader(view.output[0], "Transpose", "the output (bs, heads*dim, Q)")
-        w.perm(last, [0, 2, 1], "the output")
-        w_reshape = w.producer(weights, ("Reshape",), "the attention weights")
-        w_t = w.producer(w_reshape.input[0], ("Transpose",), "the attention weights")
-        w.perm(w_t, [0, 2, 1, 3], "the attention weights")
-        attn = w_t.input[0]
+        attn, last = _weighted_sum(w, concat.output[0], "the concatenated levels", [0, 2, 1, 3])
 
         images = [
             w.producer(gs.input[0], ("Reshape",), f"level {k} X")
@@ -392,18 +402,7 @@ def _match(w: _Walker, anchor: onnx.NodeProto) -> MsdaMatch:
         for gs in grid_samples:
             _check_grid_sample(w, gs)
         flat = w.reader(concat.output[0], "Reshape", "the stacked levels")
-        mul = w.reader(flat.output[0], "Mul", "the flattened levels (times attention weights)")
-        weights = mul.input[1] if mul.input[0] == flat.output[0] else mul.input[0]
-        reduce = w.reader(mul.output[0], "ReduceSum", "the weighted samples")
-        if w.axes(reduce) not in ([-1], [3]) or _attr(reduce, "keepdims", 1) != 0:
-            raise _Miss("the weighted samples are not summed over the last axis (keepdims 0)")
-        view = w.reader(reduce.output[0], "Reshape", "the summed samples")
-        last = w.reader(view.output[0], "Transpose", "the output (bs, heads*dim, Q)")
-        w.perm(last, [0, 2, 1], "the output")
-        w_reshape = w.producer(weights, ("Reshape",), "the attention weights")
-        w_t = w.producer(w_reshape.input[0], ("Transpose",), "the attention weights")
-        w.perm(w_t, [0, 2, 1, 3, 4], "the attention weights")
-        attn = w_t.input[0]
+        attn, last = _weighted_sum(w, flat.output[0], "the flattened levels", [0, 2, 1, 3, 4])
 
         per_level = [_level(w, gs, i) for i, gs in enumerate(grid_samples)]
         values = {p[0] for p in per_level}
